@@ -1,0 +1,128 @@
+"""Agent profiles: how to run a real CLI (claude, codex, gemini) headless, as shipped data.
+
+Each profile is a TOML file beside this module (see README.md here for every flag and where it was
+checked). A profile gives the argv template, the arguments that select a model, the untracked
+per-repo config files the CLI reads (seeded into each worktree when `[scm] seed_adapter_defaults`
+is on), environment variables it needs, how a review reports its verdict, and per-phase tasks that
+replace the default ones (`bmad_loop.prompts.DEFAULT_TASKS`); the ground rules always follow.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import PurePosixPath
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+from ..errors import ConfigError
+from ..prompts import DEFAULT_TASKS, PHASE_INSTRUCTIONS, PHASES, compose
+
+__all__ = ["Profile", "known_profiles", "load_profile", "resolve_command", "phase_instructions"]
+
+_KEYS = {"description", "command", "model_args", "seed_files", "env", "verdict", "instructions"}
+_VERDICTS = ("exit", "marker")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    command: tuple[str, ...]
+    model_args: tuple[str, ...]  # appended only when a model is set (no dangling --model)
+    seed_files: tuple[str, ...]  # repo-relative, untracked config files the CLI reads
+    instructions: Mapping[str, str]  # phase -> full instructions (task + ground rules), every phase
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # merged by the caller, under [adapter.env]
+    verdict: str = "exit"  # "exit": exit status is the review verdict; "marker": a printed line
+    description: str = ""
+
+
+def known_profiles() -> tuple[str, ...]:
+    """Names of the shipped profiles."""
+    folder = resources.files(__name__)
+    return tuple(sorted(entry.name[: -len(".toml")] for entry in folder.iterdir() if entry.name.endswith(".toml")))
+
+
+def load_profile(name: str) -> Profile:
+    """The shipped profile `name`; a ConfigError for unknown names or malformed data."""
+    known = known_profiles()
+    if name not in known:
+        raise ConfigError(f"[adapter] profile: unknown profile {name!r} (known: {', '.join(known)})")
+    source = f"profile {name!r}"
+    try:
+        data = tomllib.loads(resources.files(__name__).joinpath(f"{name}.toml").read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: invalid TOML: {exc}") from exc
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown key {unknown[0]!r}")
+
+    command = _strings(data.get("command"), f"{source} command")
+    if not command:
+        raise ConfigError(f"{source} command: must not be empty")
+    seed_files = _strings(data.get("seed_files", []), f"{source} seed_files")
+    for path in seed_files:
+        pure = PurePosixPath(path)
+        if pure.is_absolute() or ".." in pure.parts or not path:
+            raise ConfigError(f"{source} seed_files: {path!r} must be a path inside the repository")
+    verdict = data.get("verdict", "exit")
+    if verdict not in _VERDICTS:
+        raise ConfigError(f"{source} verdict: must be one of {', '.join(_VERDICTS)}, not {verdict!r}")
+    env = data.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ConfigError(f"{source} env: must be a table of strings")
+    tasks = data.get("instructions", {})
+    if not isinstance(tasks, dict) or not all(isinstance(v, str) for v in tasks.values()):
+        raise ConfigError(f"{source} instructions: must be a table of strings")
+    for phase in tasks:
+        if phase not in PHASES:
+            raise ConfigError(f"{source} instructions: unknown phase {phase!r} (known: {', '.join(PHASES)})")
+
+    return Profile(
+        name=name,
+        command=command,
+        model_args=_strings(data.get("model_args", []), f"{source} model_args"),
+        seed_files=seed_files,
+        instructions=MappingProxyType({p: compose(p, tasks.get(p, DEFAULT_TASKS[p])) for p in PHASES}),
+        env=MappingProxyType(dict(env)),
+        verdict=verdict,
+        description=str(data.get("description", "")),
+    )
+
+
+def resolve_command(
+    *,
+    profile: str,
+    command: Sequence[str],
+    phase_command: Sequence[str] | None,
+    model: str,
+    tier_args: Sequence[str],
+) -> list[str]:
+    """The argv template for one session, before placeholders are rendered.
+
+    The phase's own `command` wins over `[adapter] command`, which wins over the profile's command
+    (plus its `model_args` when `model` is non-empty). The tier's extra arguments come last.
+    """
+    if phase_command:
+        template = list(phase_command)
+    elif command:
+        template = list(command)
+    elif profile:
+        chosen = load_profile(profile)
+        template = list(chosen.command) + (list(chosen.model_args) if model else [])
+    else:
+        raise ConfigError("[adapter]: set either profile or command")
+    return template + list(tier_args)
+
+
+def phase_instructions(phase: str, profile: str = "") -> str:
+    """The instructions for `phase`: the profile's when a profile is named, else the defaults."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r} (known: {', '.join(PHASES)})")
+    return load_profile(profile).instructions[phase] if profile else PHASE_INSTRUCTIONS[phase]
+
+
+def _strings(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: must be a list of strings")
+    return tuple(value)

@@ -1,0 +1,501 @@
+"""The command adapter: how bmad-loop starts one agent session and ends it.
+
+Any CLI can be an agent. Its argv template holds `{placeholders}` (see `PLACEHOLDERS`), it runs
+with no shell, cwd = the story's worktree, stdin = /dev/null, the `BMAD_LOOP_*` environment of the
+contract, and stdout+stderr appended to the session log. Exit 0 = success (review: approved).
+
+Ending a session ends everything it started. The agent is the leader of its own session and process
+group (`start_new_session=True`); to end it bmad-loop sends SIGTERM, waits a short grace, then
+SIGKILL, each to the whole group *and* to every process found by a walk of /proc taken before the
+first signal: the agent's descendants by parent pid (so a grandchild that called setsid is found
+while its parent still lives), the members of its group and session, and any process whose
+environment carries the session's private `BMAD_LOOP_SESSION_TOKEN` (so a daemon that double-forked
+away from the tree is found too). This is best effort: a process that both left the tree and
+scrubbed its environment cannot be told apart from the rest of the machine. Before each signal the
+pid's start time is compared with the one recorded, so a recycled pid is never hit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from types import MappingProxyType
+from typing import Callable, Iterable, Mapping, Sequence
+
+from .errors import ConfigError
+
+__all__ = [
+    "PLACEHOLDERS",
+    "PHASES",
+    "SESSION_TOKEN_VAR",
+    "VERDICT_PREFIX",
+    "AgentCall",
+    "AgentResult",
+    "render_argv",
+    "agent_env",
+    "check_binary",
+    "run_agent",
+    "session_output",
+    "read_verdict",
+    "review_approved",
+]
+
+PLACEHOLDERS = ("phase", "story_key", "story_file", "prompt_file", "worktree", "run_id", "attempt", "model", "tier")
+PHASES = ("dev", "review", "fix")
+
+SESSION_TOKEN_VAR = "BMAD_LOOP_SESSION_TOKEN"  # private marker used to find escaped descendants
+VERDICT_PREFIX = "BMAD-LOOP-VERDICT:"  # see read_verdict
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_HEADER_ARGV_MAX = 2000
+
+
+@dataclass(frozen=True)
+class AgentCall:
+    """Everything one agent session is told about its work."""
+
+    phase: str  # dev | review | fix
+    story_key: str
+    story_file: str
+    prompt_file: str
+    worktree: str
+    run_id: str
+    attempt: int  # 1 on the first try
+    base_sha: str
+    model: str = ""
+    tier: str = ""
+    # [adapter.env] merged with the phase's env and the lane-sandbox variables, by the caller.
+    extra_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def placeholder_values(self) -> dict[str, str]:
+        return {
+            "phase": self.phase,
+            "story_key": self.story_key,
+            "story_file": self.story_file,
+            "prompt_file": self.prompt_file,
+            "worktree": self.worktree,
+            "run_id": self.run_id,
+            "attempt": str(self.attempt),
+            "model": self.model,
+            "tier": self.tier,
+        }
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    """How a session ended.
+
+    `exit_code` is the agent's own exit status (negative: killed by that signal from elsewhere), or
+    None when bmad-loop ended it (`timed_out` or `interrupted`). `log_start`/`log_end` are the byte
+    offsets of this session's output in the log, header and footer lines excluded.
+    """
+
+    exit_code: int | None
+    timed_out: bool
+    interrupted: bool
+    duration_s: float
+    pid: int
+    log_start: int = 0
+    log_end: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.interrupted
+
+
+# --------------------------------------------------------------------------- argv and environment
+
+
+def render_argv(template: Sequence[str], call: AgentCall) -> list[str]:
+    """Substitute `{placeholders}` in each element of `template`.
+
+    An element that is exactly one placeholder whose value is empty is dropped (`{model}` with no
+    model). Text that is not `{identifier}` (JSON, `{}`) is left alone. An unknown placeholder is a
+    ConfigError naming it.
+    """
+    values = call.placeholder_values()
+    argv: list[str] = []
+    for element in template:
+        element = str(element)
+        for name in _PLACEHOLDER.findall(element):
+            if name not in values:
+                raise ConfigError(f"[adapter] command: unknown placeholder {{{name}}}"
+                                  f" (known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
+        whole = _PLACEHOLDER.fullmatch(element)
+        if whole and values[whole.group(1)] == "":
+            continue
+        argv.append(_PLACEHOLDER.sub(lambda m: values[m.group(1)], element))
+    return argv
+
+
+def agent_env(call: AgentCall, base_env: Mapping[str, str]) -> dict[str, str]:
+    """The agent's environment: `base_env`, then `call.extra_env`, then the contract variables.
+
+    The `BMAD_LOOP_*` variables of the contract come last so that no policy or lane variable can
+    make an agent believe it works on another story.
+    """
+    env = {str(k): str(v) for k, v in base_env.items()}
+    env.update({str(k): str(v) for k, v in call.extra_env.items()})
+    env.update({
+        "BMAD_LOOP_RUN_ID": call.run_id,
+        "BMAD_LOOP_STORY_KEY": call.story_key,
+        "BMAD_LOOP_PHASE": call.phase,
+        "BMAD_LOOP_WORKTREE": call.worktree,
+        "BMAD_LOOP_STORY_FILE": call.story_file,
+        "BMAD_LOOP_PROMPT_FILE": call.prompt_file,
+        "BMAD_LOOP_ATTEMPT": str(call.attempt),
+        "BMAD_LOOP_BASE_SHA": call.base_sha,
+        "BMAD_LOOP_MODEL": call.model,
+        "BMAD_LOOP_TIER": call.tier,
+    })
+    return env
+
+
+def check_binary(argv0: str, source: str, *, path: str | None = None, cwd: str | os.PathLike | None = None) -> str:
+    """Resolve the agent binary like exec would, or raise a ConfigError naming it and `source`.
+
+    A name without a slash is looked up on `path` (default: this process's PATH); one with a slash
+    must be an executable file (relative to `cwd` when given). Returns the resolved path.
+    """
+    if not argv0:
+        raise ConfigError(f"{source}: the agent command is empty")
+    if os.sep in argv0 or (os.altsep and os.altsep in argv0):
+        candidate = Path(argv0)
+        if not candidate.is_absolute() and cwd is not None:
+            candidate = Path(cwd) / candidate
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate.absolute())
+        raise ConfigError(f"{source}: agent binary '{argv0}' not found or not executable")
+    found = shutil.which(argv0, path=path)
+    if found is None:
+        raise ConfigError(f"{source}: agent binary '{argv0}' not found on PATH")
+    return found
+
+
+# --------------------------------------------------------------------------- running a session
+
+
+def run_agent(
+    argv: list[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    timeout_s: float,
+    stop_event: threading.Event | None = None,
+    on_start: Callable[[int], None] | None = None,
+    poll_s: float = 0.2,
+    kill_grace_s: float = 3.0,
+    label: str | None = None,
+) -> AgentResult:
+    """Run one agent session to its end and return how it ended.
+
+    No shell; stdin is /dev/null; stdout and stderr are appended to `log_path` (parents created)
+    between a header and a footer line. `on_start(pid)` is called right after the spawn. The session
+    is killed, whole tree, when `timeout_s` passes (`timed_out`) or `stop_event` is set
+    (`interrupted`); whatever it left running when it exits by itself is ended too. Any exception
+    while waiting (including `StopRequested` or Ctrl+C) kills the tree before it propagates.
+    """
+    if not argv:
+        raise ConfigError("[adapter] command: the agent command is empty")
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(16)
+    child_env = {str(k): str(v) for k, v in env.items()}
+    child_env[SESSION_TOKEN_VAR] = token
+    label = label or _label_from_env(child_env)
+
+    with open(log_path, "ab", buffering=0) as log:
+        log.write(f"=== bmad-loop {label} started {_utc_now()}: {_show_argv(argv)} ===\n".encode())
+        log_start = log.tell()
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                [str(a) for a in argv], cwd=str(cwd), env=child_env, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+            )
+        except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+            log.write(f"=== bmad-loop {label} could not start: {exc} ===\n".encode())
+            if exc.filename is not None and str(exc.filename) == str(cwd):
+                raise
+            raise ConfigError(f"[adapter] command: cannot run agent binary '{argv[0]}': {exc.strerror}") from exc
+
+        timed_out = interrupted = False
+        waiter = _ExitWaiter(proc)
+        try:
+            if on_start is not None:
+                on_start(proc.pid)
+            deadline = started + timeout_s
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    timed_out = True
+                    break
+                if waiter.wait(remaining if stop_event is None else min(poll_s, remaining)):
+                    break
+                if stop_event is not None and stop_event.is_set():
+                    interrupted = True
+                    break
+        except BaseException:
+            _end_session(proc, token, kill_grace_s)
+            waiter.close()
+            log.write(f"=== bmad-loop {label} killed: bmad-loop itself was interrupted ===\n".encode())
+            raise
+        waiter.close()
+
+        _end_session(proc, token, kill_grace_s)
+        duration = time.monotonic() - started
+        log_end = log_path.stat().st_size
+        if timed_out:
+            how = f"timed out after {timeout_s:g}s: process tree killed"
+        elif interrupted:
+            how = "stopped: process tree killed"
+        else:
+            how = f"exited {proc.returncode}"
+        newline = b"" if log_end == log_start or _last_byte(log_path) == b"\n" else b"\n"
+        log.write(newline + f"=== bmad-loop {label} {how} ({duration:.1f}s) ===\n".encode())
+
+    return AgentResult(
+        exit_code=None if (timed_out or interrupted) else proc.returncode,
+        timed_out=timed_out, interrupted=interrupted, duration_s=duration, pid=proc.pid,
+        log_start=log_start, log_end=log_end,
+    )
+
+
+def session_output(log_path: Path, result: AgentResult, *, max_chars: int | None = None) -> str:
+    """The text one session wrote to its log (e.g. a review's notes), optionally only its tail."""
+    try:
+        with open(log_path, "rb") as handle:
+            handle.seek(result.log_start)
+            data = handle.read(max(0, result.log_end - result.log_start))
+    except OSError:
+        return ""
+    text = data.decode("utf-8", "replace")
+    return text[-max_chars:] if max_chars else text
+
+
+def read_verdict(text: str) -> bool | None:
+    """The last `BMAD-LOOP-VERDICT: APPROVED | CHANGES-REQUESTED` line in `text`, or None.
+
+    Real CLIs exit 0 whenever their session completes, so a review run through them cannot say
+    "changes requested" with its exit status; the shipped profiles ask the reviewer to print this
+    line instead (profile `verdict = "marker"`).
+    """
+    verdict: bool | None = None
+    for line in text.splitlines():
+        line = line.strip().strip("*`_ ").strip()
+        if line.upper().startswith(VERDICT_PREFIX):
+            word = line[len(VERDICT_PREFIX):].strip().strip("*`_ .").upper()
+            if word.startswith("APPROVE"):
+                verdict = True
+            elif word.startswith("CHANGES"):
+                verdict = False
+    return verdict
+
+
+def review_approved(result: AgentResult, output: str, *, verdict: str = "exit") -> bool:
+    """Did a review session approve? `verdict` is the profile's: "exit" or "marker".
+
+    "exit": exit 0 approves (the contract for any CLI). "marker": the session must also have exited
+    0 and its output must end its verdict with `BMAD-LOOP-VERDICT: APPROVED`; no marker is not an
+    approval. Either way a session that timed out or was stopped approves nothing.
+    """
+    if not result.ok:
+        return False
+    if verdict == "marker":
+        return read_verdict(output) is True
+    if verdict != "exit":
+        raise ConfigError(f"[adapter] verdict: unknown verdict mode {verdict!r} (known: exit, marker)")
+    return True
+
+
+# --------------------------------------------------------------------------- ending a process tree
+
+
+@dataclass(frozen=True)
+class _ProcInfo:
+    ppid: int
+    pgrp: int
+    session: int
+    starttime: int
+    state: str
+
+
+class _ExitWaiter:
+    """Waits for the agent to exit without reaping it, so its pid (and group id) stay reserved
+    until the tree is cleaned up. Uses a pidfd (Linux 5.3+); elsewhere falls back to Popen.wait."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self._proc = proc
+        try:
+            self._fd: int | None = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            self._fd = None
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once the agent has exited; False when `timeout_s` passed first."""
+        if self._fd is None:
+            try:
+                self._proc.wait(timeout=timeout_s)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        readable, _, _ = select.select([self._fd], [], [], max(0.0, timeout_s))
+        return bool(readable)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _end_session(proc: subprocess.Popen, token: str, grace_s: float) -> None:
+    """End the agent and everything it started: SIGTERM, grace, SIGKILL; then reap the agent.
+
+    Nothing is reaped before the last signal, so no pid in the tree can have been recycled.
+    """
+    tree = proc.returncode is None  # False only on the fallback path, where the agent was reaped
+    targets = _collect(proc.pid, token, tree=tree)
+    if _any_alive(targets):
+        _signal_all(proc.pid if tree else None, targets, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _any_alive(targets):
+            time.sleep(0.02)
+        targets.update(_collect(proc.pid, token, tree=tree))  # anything started during the grace
+        _signal_all(proc.pid if tree else None, targets, signal.SIGKILL)
+    proc.wait()
+
+
+def _collect(root: int, token: str, *, tree: bool = True) -> dict[int, int]:
+    """pid -> start time of every process belonging to the session rooted at `root`.
+
+    `tree=False` (the agent was already reaped, its pid may be reused) skips the walk by parent pid
+    and the group/session match, leaving only the token.
+    """
+    table = _process_table()
+    me = os.getpid()
+    found: dict[int, int] = {}
+    children: dict[int, list[int]] = {}
+    for pid, info in table.items():
+        children.setdefault(info.ppid, []).append(pid)
+    stack = [root] if tree else []
+    while stack:
+        pid = stack.pop()
+        if pid in table and pid not in found:
+            found[pid] = table[pid].starttime
+            stack.extend(children.get(pid, ()))
+    for pid, info in table.items():
+        if tree and (info.pgrp == root or info.session == root):
+            found.setdefault(pid, info.starttime)
+    needle = f"{SESSION_TOKEN_VAR}={token}".encode()
+    for pid, info in table.items():
+        if pid not in found and _environ_has(pid, needle):
+            found[pid] = info.starttime
+    found.pop(me, None)
+    found.pop(1, None)
+    return found
+
+
+def _process_table() -> dict[int, _ProcInfo]:
+    table: dict[int, _ProcInfo] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if name.isdigit():
+            info = _stat(int(name))
+            if info is not None:
+                table[int(name)] = info
+    return table
+
+
+def _stat(pid: int) -> _ProcInfo | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt utime
+    #  stime cutime cstime priority nice num_threads itrealvalue starttime ..."; comm may hold ")".
+    fields = raw[raw.rfind(")") + 2:].split()
+    try:
+        return _ProcInfo(ppid=int(fields[1]), pgrp=int(fields[2]), session=int(fields[3]),
+                         starttime=int(fields[19]), state=fields[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def _environ_has(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return needle in handle.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _same_process(pid: int, starttime: int) -> bool:
+    info = _stat(pid)
+    return info is not None and info.starttime == starttime and info.state != "Z"
+
+
+def _any_alive(targets: Mapping[int, int]) -> bool:
+    return any(_same_process(pid, st) for pid, st in targets.items())
+
+
+def _signal_all(pgid: int | None, targets: Mapping[int, int], sig: int) -> None:
+    if pgid is not None:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid, starttime in targets.items():
+        if _same_process(pid, starttime):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _label_from_env(env: Mapping[str, str]) -> str:
+    phase = env.get("BMAD_LOOP_PHASE")
+    if not phase:
+        return "session"
+    parts = [phase]
+    if env.get("BMAD_LOOP_ATTEMPT"):
+        parts.append(f"attempt {env['BMAD_LOOP_ATTEMPT']}")
+    if env.get("BMAD_LOOP_STORY_KEY"):
+        parts.append(f"story {env['BMAD_LOOP_STORY_KEY']}")
+    return " ".join(parts)
+
+
+def _last_byte(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1)
+    except OSError:
+        return b""
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _show_argv(argv: Iterable[str]) -> str:
+    shown = shlex.join(str(a) for a in argv).replace("\n", " ")
+    return shown if len(shown) <= _HEADER_ARGV_MAX else shown[:_HEADER_ARGV_MAX] + " …"

@@ -1,0 +1,358 @@
+"""The `bmad-loop` command line. Each command parses options, calls one service, prints."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import EXIT_OK, EXIT_USAGE, BmadLoopError, ConfigError
+
+__all__ = ["main", "cli"]
+
+
+def project_option(fn):
+    return click.option("--project", "project_dir", default=".", envvar="BMAD_LOOP_PROJECT",
+                        show_default=True, type=click.Path(file_okay=False, path_type=Path),
+                        help="The repository (or any folder holding .bmad-loop/policy.toml).")(fn)
+
+
+def json_option(fn):
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(fn)
+
+
+def selection_options(fn):
+    fn = click.option("--max-stories", type=int, default=None, help="Run at most N stories.")(fn)
+    fn = click.option("--story", "stories", multiple=True,
+                      help="Story key, E-S, E.S or a unique slug fragment (repeatable).")(fn)
+    fn = click.option("--epic", type=int, default=None, help="Only stories of epic N.")(fn)
+    fn = click.option("--parallel", type=str, default=None,
+                      help="Override [scm] max_parallel for this run.")(fn)
+    return fn
+
+
+def handle_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BmadLoopError as exc:
+            click.echo(f"bmad-loop: {exc}", err=True)
+            sys.exit(exc.exit_code)
+    return wrapper
+
+
+def _open(project_dir: Path):
+    from .engine.project import Project
+
+    if not project_dir.is_dir():
+        raise ConfigError(f"--project: {project_dir} is not a folder")
+    return Project.open(project_dir)
+
+
+def _policy_for_run(project, parallel: str | None):
+    policy = project.policy
+    if parallel is None:
+        return policy
+    try:
+        value = int(parallel)
+    except ValueError:
+        raise ConfigError(f"--parallel: expected an integer >= 1, got '{parallel}'") from None
+    return policy.with_max_parallel(value, source="--parallel")
+
+
+def _selection(epic, stories, max_stories):
+    from .engine.planning import Selection
+
+    if max_stories is not None and max_stories < 1:
+        raise ConfigError(f"--max-stories: must be >= 1, got {max_stories}")
+    return Selection(epic=epic, stories=tuple(stories), max_stories=max_stories)
+
+
+def _progress_printer(ci: bool = False):
+    def show(event):
+        ts = event.ts.strftime("%H:%M:%S")
+        story = f" {event.story}" if event.story else ""
+        data = event.data or {}
+        detail = " ".join(f"{k}={_short(v)}" for k, v in data.items()
+                          if k in ("phase", "attempt", "state", "reason", "new", "sha", "paths",
+                                   "command", "exit_code", "plan", "strategy", "candidate_sha"))
+        click.echo(f"{ts} {event.kind}{story} {detail}".rstrip())
+    return show
+
+
+def _short(value):
+    if isinstance(value, str) and len(value) == 40 and all(c in "0123456789abcdef" for c in value):
+        return value[:10]
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return value
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="bmad-loop")
+def cli():
+    """Drive coding agents through the stories of a BMAD sprint, several at once,
+    without ever corrupting the target branch."""
+
+
+# ---------------------------------------------------------------------------- set-up
+@cli.command()
+@project_option
+@click.option("--force", is_flag=True, help="Overwrite an existing policy.toml.")
+@handle_errors
+def init(project_dir, force):
+    """Write a commented .bmad-loop/policy.toml and create the state database."""
+    from .engine.project import Project, ensure_state_dir
+    from .policy import default_policy_text, load_policy, policy_path
+
+    root = project_dir.resolve()
+    state = ensure_state_dir(root)
+    path = policy_path(root)
+    if path.exists() and not force:
+        click.echo(f"kept existing {path} (use --force to overwrite)")
+    else:
+        path.write_text(default_policy_text())
+        click.echo(f"wrote {path}")
+    project = Project(root=root, policy=load_policy(root))
+    project.db  # create and migrate
+    click.echo(f"state database ready at {project.database_url}")
+    click.echo(f"runtime files under {state} are git-ignored by {state / '.gitignore'}")
+
+
+@cli.command()
+@project_option
+@json_option
+@handle_errors
+def validate(project_dir, as_json):
+    """Preflight: policy, git repository, target branch, stories, footprints, agent command."""
+    from .engine.preflight import preflight
+
+    report = preflight(project_dir.resolve())
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        for check in report["checks"]:
+            mark = {"ok": "ok  ", "warn": "warn", "error": "FAIL"}[check["status"]]
+            click.echo(f"{mark} {check['name']}: {check['detail']}")
+    sys.exit(EXIT_OK if report["ok"] else EXIT_USAGE)
+
+
+# ---------------------------------------------------------------------------- running
+@cli.command()
+@project_option
+@selection_options
+@handle_errors
+def enqueue(project_dir, parallel, epic, stories, max_stories):
+    """Create a run and its plan; print the run id. Consumers (`worker`) do the work."""
+    from .engine.planning import enqueue as do_enqueue
+    from .tasks import Tasks
+
+    project = _open(project_dir)
+    policy = _policy_for_run(project, parallel)
+    tasks = Tasks(project)
+    run_id, plan = do_enqueue(project, tasks, policy, _selection(epic, stories, max_stories))
+    if run_id is None:
+        click.echo("nothing to do: no actionable story matches the selection", err=True)
+        return
+    click.echo(run_id)
+
+
+@cli.command()
+@project_option
+@click.option("--queue", "queue", type=click.Choice(["stories", "integration", "all"]),
+              default="all", show_default=True)
+@click.option("-w", "--workers", type=int, default=None,
+              help="Story consumer threads [default: [scm] max_parallel].")
+@handle_errors
+def worker(project_dir, queue, workers):
+    """Run consumers until interrupted (Ctrl+C finishes the tasks in hand, then exits)."""
+    import signal
+    import threading
+
+    from .engine.consumers import ConsumerSet
+
+    project = _open(project_dir)
+    if workers is None:
+        workers = 1 if queue == "integration" else project.policy.scm.max_parallel
+    consumers = ConsumerSet(project, queue=queue, workers=workers)
+    done = threading.Event()
+    signal.signal(signal.SIGINT, lambda *a: done.set())
+    signal.signal(signal.SIGTERM, lambda *a: done.set())
+    consumers.start()
+    click.echo(f"bmad-loop worker: queue={queue} workers={workers} project={project.root}", err=True)
+    while not done.wait(1.0):
+        pass
+    click.echo("bmad-loop worker: stopping (waiting for tasks in hand)", err=True)
+    consumers.stop(graceful=True)
+
+
+@cli.command()
+@project_option
+@selection_options
+@click.option("--enqueue-only", is_flag=True, help="Only queue the work for separate workers.")
+@click.option("--ci", is_flag=True, help="CI batch mode: plain progress lines, no prompts.")
+@handle_errors
+def run(project_dir, parallel, epic, stories, max_stories, enqueue_only, ci):
+    """Enqueue a run and drive it in this process until it completes, pauses or stops.
+
+    Exit codes: 0 completed, 1 failed, 2 bad input, 3 needs a human, 4 stopped, 130 second Ctrl+C.
+    """
+    from .engine.driver import drive
+    from .engine.planning import enqueue as do_enqueue
+    from .tasks import Tasks
+
+    project = _open(project_dir)
+    policy = _policy_for_run(project, parallel)
+    tasks = Tasks(project)
+    run_id, plan = do_enqueue(project, tasks, policy, _selection(epic, stories, max_stories))
+    if run_id is None:
+        click.echo("nothing to do: no actionable story matches the selection")
+        return
+    click.echo(f"run {run_id}: {len(plan.stories)} stories on {plan.target_branch} "
+               f"(max_parallel={policy.scm.max_parallel}, strategy={policy.scm.merge_strategy})")
+    if enqueue_only:
+        click.echo(run_id)
+        return
+    code = drive(project, tasks, run_id, workers=policy.scm.max_parallel,
+                 progress=_progress_printer(ci))
+    _print_outcome(project, run_id)
+    sys.exit(code)
+
+
+@cli.command()
+@project_option
+@click.argument("run_ref", metavar="RUN", required=False)
+@click.option("--enqueue-only", is_flag=True, help="Only queue the work for separate workers.")
+@handle_errors
+def resume(project_dir, run_ref, enqueue_only):
+    """Continue a paused, stopped or crashed run (same plan, scope and target)."""
+    from .engine.control import resume as do_resume
+    from .engine.driver import drive
+    from .tasks import Tasks
+
+    project = _open(project_dir)
+    tasks = Tasks(project)
+    run = do_resume(project, tasks, run_ref)
+    click.echo(f"run {run.id} resumed")
+    if enqueue_only:
+        return
+    code = drive(project, tasks, run.id, workers=run.max_parallel, progress=_progress_printer())
+    _print_outcome(project, run.id)
+    sys.exit(code)
+
+
+def _print_outcome(project, run_id):
+    from .db.models import Run
+    from .engine.rows import stories_of
+
+    with project.db.transaction() as s:
+        run = s.get(Run, run_id)
+        stories = stories_of(s, run_id)
+        click.echo(f"run {run.id} {run.state}" + (f": {run.reason}" if run.reason else ""))
+        for story in stories:
+            extra = f" ({story.reason})" if story.reason else ""
+            click.echo(f"  {story.seq:>3} {story.key:<40} {story.state}{extra}")
+
+
+@cli.command()
+@project_option
+@click.argument("run_ref", metavar="RUN", required=False)
+@click.option("--now", is_flag=True, help="Kill agent sessions now (attempts are not counted).")
+@handle_errors
+def stop(project_dir, run_ref, now):
+    """Stop a run: no new dispatch; running stories stop at a safe boundary (or now)."""
+    from .engine.control import stop as do_stop
+    from .tasks import Tasks
+
+    project = _open(project_dir)
+    run = do_stop(project, Tasks(project), run_ref, now=now)
+    click.echo(f"run {run.id} {run.state}")
+
+
+@cli.command()
+@project_option
+@click.argument("run_ref", metavar="RUN")
+@click.argument("story")
+@handle_errors
+def approve(project_dir, run_ref, story):
+    """Approve a story's spec (gates.mode = per-story-spec-approval)."""
+    from .engine.control import approve as do_approve
+    from .tasks import Tasks
+
+    project = _open(project_dir)
+    row = do_approve(project, Tasks(project), run_ref, story)
+    click.echo(f"approved {row.key}; `bmad-loop resume {run_ref}` continues a paused run")
+
+
+# ---------------------------------------------------------------------------- reading
+@cli.command()
+@project_option
+@click.argument("run_ref", metavar="RUN", required=False)
+@json_option
+@handle_errors
+def status(project_dir, run_ref, as_json):
+    """The run (newest by default), its stories and candidates."""
+    from .engine.control import find_run
+    from .engine.status import run_status
+
+    project = _open(project_dir)
+    with project.db.transaction() as s:
+        data = run_status(s, find_run(s, project, run_ref))
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    from .render import render_status
+
+    click.echo(render_status(data))
+
+
+@cli.command()
+@project_option
+@click.argument("run_ref", metavar="RUN", required=False)
+@click.option("--kind", "kinds", multiple=True, help="Only events of this kind (repeatable).")
+@click.option("--story", default=None, help="Only events of this story.")
+@json_option
+@handle_errors
+def journal(project_dir, run_ref, kinds, story, as_json):
+    """The run's journal, in order (one JSON object per line with --json)."""
+    from .engine.control import find_run
+    from .engine.status import journal_lines
+
+    project = _open(project_dir)
+    with project.db.transaction() as s:
+        run = find_run(s, project, run_ref)
+        lines = journal_lines(s, run.id, kinds=kinds, story=story)
+    for line in lines:
+        if as_json:
+            click.echo(json.dumps(line, sort_keys=True))
+        else:
+            story_part = f" {line['story']}" if line["story"] else ""
+            data = " ".join(f"{k}={_short(v)}" for k, v in line["data"].items())
+            click.echo(f"{line['seq']:>5} {line['ts']} {line['kind']}{story_part} {data}".rstrip())
+
+
+@cli.command()
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where to build the demo repository [default: a new temporary folder].")
+@click.option("--parallel", type=int, default=2, show_default=True)
+@click.option("--stories", "count", type=int, default=5, show_default=True)
+@json_option
+@handle_errors
+def demo(directory, parallel, count, as_json):
+    """Build a small BMAD repository with a scripted agent, run the loop on it, show the result."""
+    from .demo import run_demo
+
+    result = run_demo(directory, parallel=parallel, count=count,
+                      echo=None if as_json else click.echo)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    sys.exit(result["exit_code"])
+
+
+def main():
+    cli(prog_name="bmad-loop")

@@ -1,0 +1,489 @@
+"""Commits, composition, compare-and-swap and checkout sync — everything that moves content.
+
+`compose` builds the integration lane's candidate commit without touching any worktree or ref,
+from plumbing alone (``merge-tree --write-tree``, ``commit-tree``). It is deterministic: the lane's
+commits take their identity from `Git.identity` and both their dates from the story branch head's
+committer date, so composing the same inputs twice yields the same SHA.
+
+git 2.39 has no ``merge-tree --merge-base``, so replaying a commit (the ``ff`` strategy on a moved
+target) is a cherry-pick in pure plumbing: for commit C with parent P, make a synthetic root B'
+(tree of P), X' (tree of C, parent B') and T' (tree of the current tip, parent B'); then
+``merge-tree --write-tree T' X'`` merges with P's tree as the base. The synthetic commits are
+never referenced and are collected by ``git gc`` like any unreachable object.
+
+Globs (`path_matches`, used for lane-owned files) follow gitignore rules from the repository root:
+a pattern without a slash (other than a trailing one) matches at any depth; a leading ``/`` or a
+slash in the middle anchors it at the root; ``*`` and ``?`` and ``[...]`` never cross ``/``;
+``**/`` matches any number of leading folders, ``/**`` everything inside, ``/**/`` zero or more
+folders; a trailing ``/`` matches folders only; a pattern that matches a folder matches everything
+under it; ``\\`` escapes. ``!`` negation is not supported.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from bmad_loop.errors import GitError
+from bmad_loop.gitcmd import Git, repo_lock
+
+__all__ = [
+    "Composition",
+    "STRATEGIES",
+    "dirty_paths",
+    "changed_paths",
+    "blob_at",
+    "replace_blob",
+    "path_matches",
+    "commit_worktree",
+    "compose",
+    "cas_advance",
+    "overlapping_dirty",
+    "sync_checkout",
+]
+
+STRATEGIES = ("ff", "merge", "squash")
+_LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+def dirty_paths(git: Git, worktree: Path) -> set[str]:
+    """Paths that are modified, staged, deleted or untracked in `worktree` (not ignored ones).
+
+    Repository-relative. A rename counts as both its paths.
+    """
+    raw = git.run(
+        "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", cwd=worktree
+    ).stdout
+    fields = raw.split("\0")
+    paths: set[str] = set()
+    i = 0
+    while i < len(fields):
+        entry = fields[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        paths.add(entry[3:])
+        if "R" in entry[:2] or "C" in entry[:2]:  # renames despite --no-renames: source follows
+            if i < len(fields) and fields[i]:
+                paths.add(fields[i])
+            i += 1
+    return paths
+
+
+def changed_paths(git: Git, base: str, head: str) -> list[str]:
+    """Paths that differ between commits (or trees) `base` and `head`, renames as two paths."""
+    return _diff_names(git, base, head)
+
+
+def _diff_names(git: Git, base: str, head: str, *filters: str) -> list[str]:
+    raw = git.run(
+        "diff-tree", "-r", "-z", "--name-only", "--no-renames", *filters, base, head
+    ).stdout
+    return [p for p in raw.split("\0") if p]
+
+
+def blob_at(git: Git, commit: str, path: str) -> bytes | None:
+    """Content of `path` in `commit`, as stored (no filters), or None when it holds no such file."""
+    proc = git.run("cat-file", "blob", f"{commit}:{path}", check=False, text=False)
+    if proc.returncode == 0:
+        return proc.stdout
+    if git.run("cat-file", "-e", f"{commit}^{{tree}}", check=False).returncode != 0:
+        raise GitError(f"no commit or tree {commit}", returncode=proc.returncode,
+                       stderr=proc.stderr.decode("utf-8", "replace"))
+    return None
+
+
+def _tree_of(git: Git, rev: str) -> str:
+    return git.out("rev-parse", "--verify", "--end-of-options", f"{rev}^{{tree}}")
+
+
+# -- trees and commits --------------------------------------------------------------------------
+
+
+def replace_blob(git: Git, tree: str, path: str, content: bytes | None) -> str:
+    """A new tree: `tree` with `path` holding `content` (None removes it). No worktree involved.
+
+    Keeps an existing file's executable bit. Uses a temporary index (``GIT_INDEX_FILE``).
+    """
+    entry = git.run("ls-tree", "-z", tree, "--", path, env=_LITERAL).stdout.split("\0")[0]
+    mode = "100644"
+    if entry:
+        meta, _, _name = entry.partition("\t")
+        old_mode, kind, _sha = meta.split(" ")
+        if kind == "tree":
+            raise GitError(f"{path} is a folder in tree {tree}, not a file")
+        if old_mode == "100755":
+            mode = old_mode
+    with tempfile.TemporaryDirectory(prefix="bmad-loop-index-") as tmp:
+        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        git.run("read-tree", tree, env=env)
+        if content is None:
+            line = f"0 {'0' * 40}\t{path}\0"
+        else:
+            blob = git.out("hash-object", "-w", "--stdin", input=content)
+            line = f"{mode} {blob}\t{path}\0"
+        git.run("update-index", "-z", "--index-info", input=line, env=env)
+        return git.out("write-tree", env=env)
+
+
+def _commit_tree(git: Git, tree: str, parents: Iterable[str], message: str, env: dict) -> str:
+    argv = ["commit-tree", "--no-gpg-sign", tree]
+    for p in parents:
+        argv += ["-p", p]
+    return git.out(*argv, input=message, env=env)
+
+
+def _lane_text(message: str) -> str:
+    return message if message.endswith("\n") else message + "\n"
+
+
+# -- globs --------------------------------------------------------------------------------------
+
+
+def path_matches(globs: Iterable[str], path: str) -> bool:
+    """True when repository-relative `path` matches any of the gitignore-style `globs`."""
+    return any(_glob_regex(g).match(path) for g in globs if g.strip())
+
+
+@lru_cache(maxsize=512)
+def _glob_regex(pattern: str) -> re.Pattern:
+    p = pattern.strip()
+    if p.startswith("!"):
+        raise ValueError(f"negated glob {pattern!r} is not supported")
+    dir_only = p.endswith("/")
+    p = p.rstrip("/")
+    anchored = "/" in p
+    p = p.lstrip("/")
+    out: list[str] = []
+    i, n = 0, len(p)
+    while i < n:
+        at_segment_start = i == 0 or p[i - 1] == "/"
+        if at_segment_start and p.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+            continue
+        if at_segment_start and p.startswith("**", i) and i + 2 == n:
+            out.append(".*")
+            i += 2
+            continue
+        c = p[i]
+        if c == "*":
+            while i + 1 < n and p[i + 1] == "*":  # other runs of asterisks are one asterisk
+                i += 1
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = i + 1
+            if j < n and p[j] in "!^":
+                j += 1
+            if j < n and p[j] == "]":
+                j += 1
+            close = p.find("]", j)
+            if close < 0:
+                out.append(re.escape(c))
+            else:
+                body = p[i + 1 : close]
+                neg = body[:1] in ("!", "^")
+                body = body[1:] if neg else body
+                body = body.replace("\\", "\\\\")
+                out.append("(?!/)[" + ("^" if neg else "") + body + "]")
+                i = close
+        elif c == "\\" and i + 1 < n:
+            i += 1
+            out.append(re.escape(p[i]))
+        else:
+            out.append(re.escape(c))
+        i += 1
+    prefix = "" if anchored else "(?:.*/)?"
+    suffix = "/.*" if dir_only else "(?:/.*)?"
+    return re.compile(prefix + "".join(out) + suffix + r"\Z", re.DOTALL)
+
+
+# -- the worker's commit ------------------------------------------------------------------------
+
+
+def commit_worktree(
+    git: Git,
+    worktree: Path,
+    message: str,
+    base_sha: str,
+    revert_globs: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+) -> tuple[str, list[str]]:
+    """Commit what the agent left in `worktree`, after reverting lane-owned files.
+
+    Every path matching `revert_globs` that the agent changed relative to `base_sha` (in its own
+    commits or uncommitted) is restored to its `base_sha` content, or deleted if `base_sha` lacks
+    it. Then everything else is staged (``add -A``; repository-relative `exclude` paths, e.g.
+    seeded untracked files, are left out) and committed with `git.identity`, without hooks that
+    could refuse it and unsigned — if anything is staged. Returns (HEAD sha, reverted paths).
+    """
+    worktree = Path(worktree)
+    reverted: list[str] = []
+    if revert_globs:
+        head = git.rev("HEAD", cwd=worktree)
+        touched = dirty_paths(git, worktree)
+        if head is not None:
+            touched |= set(changed_paths(git, base_sha, head))
+        reverted = sorted(p for p in touched if path_matches(revert_globs, p))
+        restore = [p for p in reverted if blob_at(git, base_sha, p) is not None]
+        for p in reverted:
+            if p not in restore and os.path.lexists(worktree / p):
+                os.unlink(worktree / p)
+        if restore:
+            git.run(
+                "checkout", "--quiet", base_sha, "--pathspec-from-file=-", "--pathspec-file-nul",
+                input="\0".join(restore), cwd=worktree, env=_LITERAL,
+            )
+    spec = (["--", "."] + [f":(exclude,literal){p}" for p in exclude]) if exclude else []
+    git.run("add", "-A", *spec, cwd=worktree)
+    staged = git.run("diff-index", "--cached", "--quiet", "HEAD", "--", cwd=worktree, check=False)
+    if staged.returncode not in (0, 1):
+        raise GitError(f"cannot tell what is staged in {worktree}", returncode=staged.returncode,
+                       stderr=staged.stderr)
+    if staged.returncode == 1:
+        git.run(
+            "-c", "commit.gpgsign=false", "commit", "--no-verify", "--quiet", "-m", message,
+            cwd=worktree, env=git.identity_env(),
+        )
+    head = git.rev("HEAD", cwd=worktree)
+    if head is None:
+        raise GitError(f"{worktree} has no HEAD commit")
+    return head, reverted
+
+
+# -- composition --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Composition:
+    """A candidate: `sha` None means a conflict, `tree` is then the tree with conflict markers."""
+
+    sha: str | None
+    tree: str | None
+    conflicts: tuple[str, ...]
+    strategy: str
+    rebased: bool  # ff only: the story's commits were replayed onto a moved target
+
+    @property
+    def ok(self) -> bool:
+        return self.sha is not None
+
+
+def _merge_trees(git: Git, ours: str, theirs: str) -> tuple[str, tuple[str, ...]]:
+    """``merge-tree --write-tree``: (tree, conflicted paths); no paths means a clean merge."""
+    proc = git.run(
+        "merge-tree", "--write-tree", "-z", "--name-only", ours, theirs, check=False
+    )
+    fields = proc.stdout.split("\0")
+    if proc.returncode == 0:
+        return fields[0], ()
+    if proc.returncode != 1 or not fields[0]:
+        raise GitError(
+            f"git merge-tree {ours} {theirs} failed (exit {proc.returncode}): "
+            f"{proc.stderr.strip()}",
+            returncode=proc.returncode, stderr=proc.stderr,
+        )
+    conflicts: list[str] = []
+    i = 1
+    while i < len(fields) and fields[i]:  # conflicted file info, up to an empty field
+        conflicts.append(fields[i])
+        i += 1
+    i += 1
+    while i < len(fields) and fields[i].isdigit():  # messages: count, paths, type, text
+        count = int(fields[i])
+        paths = fields[i + 1 : i + 1 + count]
+        kind = fields[i + 1 + count] if i + 1 + count < len(fields) else ""
+        if kind.startswith("CONFLICT"):
+            conflicts.extend(paths)
+        i += count + 3
+    unique = tuple(dict.fromkeys(conflicts))
+    return fields[0], unique or ("(unnamed conflict)",)
+
+
+def compose(
+    git: Git,
+    strategy: str,
+    target_sha: str,
+    branch_sha: str,
+    message: str,
+    tree_edit: Callable[[str], str] | None = None,
+    lane_message: str = "",
+) -> Composition:
+    """Build the candidate for integrating `branch_sha` onto `target_sha`; touches no ref.
+
+    `merge`: a merge commit (parents target, branch) of the merged tree; `squash`: one commit on
+    target with that tree; `ff`: the branch itself when target is its ancestor, else the story's
+    commits replayed onto target. `tree_edit` (tree sha -> tree sha, e.g. the board update) is
+    folded into the merge or squash commit; for `ff` it becomes one lane commit with
+    `lane_message` on top (none when the edit changes nothing).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown merge strategy {strategy!r} (expected one of {STRATEGIES})")
+    target = _commit(git, target_sha)
+    branch = _commit(git, branch_sha)
+    env = git.identity_env(git.commit_date(branch))
+    if strategy in ("merge", "squash"):
+        tree, conflicts = _merge_trees(git, target, branch)
+        if conflicts:
+            return Composition(None, tree, conflicts, strategy, False)
+        if tree_edit is not None:
+            tree = tree_edit(tree)
+        parents = [target, branch] if strategy == "merge" else [target]
+        sha = _commit_tree(git, tree, parents, _lane_text(message), env)
+        return Composition(sha, tree, (), strategy, False)
+
+    rebased = not git.is_ancestor(target, branch)
+    if rebased:
+        tip, tree, conflicts = _replay(git, target, branch)
+        if conflicts:
+            return Composition(None, tree, conflicts, strategy, True)
+    else:
+        tip, tree = branch, _tree_of(git, branch)
+    if tree_edit is not None:
+        edited = tree_edit(tree)
+        if edited != tree:
+            tip = _commit_tree(git, edited, [tip], _lane_text(lane_message or message), env)
+            tree = edited
+    return Composition(tip, tree, (), strategy, rebased)
+
+
+def _commit(git: Git, rev: str) -> str:
+    sha = git.rev(rev)
+    if sha is None:
+        raise GitError(f"no such commit {rev}")
+    return sha
+
+
+def _replay(git: Git, target: str, branch: str) -> tuple[str, str, tuple[str, ...]]:
+    """Replay the story's own commits onto `target`: (tip, tree, conflicts)."""
+    proc = git.run("merge-base", target, branch, check=False)
+    if proc.returncode != 0:
+        raise GitError(f"{branch} and {target} have no common history", returncode=proc.returncode,
+                       stderr=proc.stderr)
+    base = proc.stdout.strip()
+    commits = git.out(
+        "rev-list", "--reverse", "--topo-order", "--no-merges", f"{base}..{branch}"
+    ).split()
+    tip, tip_tree = target, _tree_of(git, target)
+    for c in commits:
+        info = git.commit_header(c)
+        parent_tree = _tree_of(git, info["parents"][0]) if info["parents"] else _empty_tree(git)
+        c_tree = info["tree"]
+        if c_tree == parent_tree:  # an empty commit stays an empty commit
+            new_tree = tip_tree
+        elif parent_tree == tip_tree:
+            new_tree = c_tree
+        else:
+            new_tree, conflicts = _pick(git, parent_tree, c_tree, tip_tree, info["committer"][2])
+            if conflicts:
+                return tip, new_tree, conflicts
+            if new_tree == tip_tree:  # already upstream: dropped, as git rebase does
+                continue
+        author_name, author_email, author_date = info["author"]
+        env = git.identity_env()
+        env.update(
+            GIT_AUTHOR_NAME=author_name,
+            GIT_AUTHOR_EMAIL=author_email,
+            GIT_AUTHOR_DATE=author_date,
+            GIT_COMMITTER_DATE=info["committer"][2],
+        )
+        tip = _commit_tree(git, new_tree, [tip], info["message"], env)
+        tip_tree = new_tree
+    return tip, tip_tree, ()
+
+
+def _pick(git: Git, base_tree: str, theirs_tree: str, ours_tree: str, date: str):
+    """Three-way merge of trees with `base_tree` as the merge base (no --merge-base on 2.39)."""
+    env = git.identity_env(date)
+    root = _commit_tree(git, base_tree, [], "bmad-loop: pick base\n", env)
+    theirs = _commit_tree(git, theirs_tree, [root], "bmad-loop: pick theirs\n", env)
+    ours = _commit_tree(git, ours_tree, [root], "bmad-loop: pick ours\n", env)
+    return _merge_trees(git, ours, theirs)
+
+
+def _empty_tree(git: Git) -> str:
+    return git.out("mktree", input="")
+
+
+# -- advancing the target -----------------------------------------------------------------------
+
+
+def cas_advance(git: Git, branch: str, new: str, old: str) -> bool:
+    """Move ``refs/heads/<branch>`` from `old` to `new` atomically.
+
+    True when it moved (or already was `new`: an advance is idempotent); False when it is no
+    longer `old` (someone else moved it — never force it). Any other failure is a `GitError`.
+    """
+    ref = f"refs/heads/{branch.removeprefix('refs/heads/')}"
+    new, old = _commit(git, new), _commit(git, old)
+    with repo_lock(git):
+        current = git.rev(ref)
+        if current == new:
+            return True
+        if current != old:
+            return False
+        proc = git.run("update-ref", "-m", "bmad-loop: advance", ref, new, old, check=False)
+        if proc.returncode == 0:
+            return True
+        current = git.rev(ref)
+        if current == new:
+            return True
+        if current != old:
+            return False
+        raise GitError(
+            f"cannot advance {ref} to {new}: {proc.stderr.strip()}",
+            returncode=proc.returncode, stderr=proc.stderr,
+        )
+
+
+def overlapping_dirty(git: Git, checkout: Path, old: str, new: str) -> list[str]:
+    """Local changes in `checkout` (at `old`) that advancing it to `new` would touch, sorted.
+
+    Call it before the target moves. Counts modified, staged, deleted and untracked paths that the
+    advance changes, or that sit inside or above one (a file where a folder must go, or the
+    reverse), and also files on disk — even ignored ones, which ``read-tree -u`` would overwrite
+    without a word — where the advance creates a file.
+    """
+    touched = set(changed_paths(git, old, new))
+    if not touched:
+        return []
+    above = {str(parent) for t in touched for parent in Path(t).parents if str(parent) != "."}
+    hits: set[str] = set()
+    for d in dirty_paths(git, checkout):
+        if d in touched or d in above or any(str(p) in touched for p in Path(d).parents):
+            hits.add(d)
+    for t in _diff_names(git, old, new, "--diff-filter=A"):
+        if t in hits:
+            continue
+        if os.path.lexists(checkout / t):
+            hits.add(t)
+            continue
+        for parent in Path(t).parents:
+            p = str(parent)
+            if p == "." or p in touched:
+                continue
+            full = checkout / p
+            if os.path.lexists(full) and not full.is_dir():
+                hits.add(p)
+    return sorted(hits)
+
+
+def sync_checkout(git: Git, checkout: Path, old: str, new: str) -> None:
+    """Bring `checkout` along after its branch moved `old` -> `new` (``read-tree -m -u``).
+
+    Index and files follow the advance; unrelated local changes, staged or not, survive. Refuses
+    (GitError, nothing changed) when a local change is in the way — check `overlapping_dirty`
+    before the target moves.
+    """
+    git.run("update-index", "-q", "--refresh", cwd=checkout, check=False)
+    git.run("read-tree", "-m", "-u", old, new, cwd=checkout)

@@ -1,0 +1,103 @@
+"""Engine, sessions and migrations for the state database.
+
+Embedded default: SQLite in WAL mode under `.bmad-loop/state.db`. Every write transaction on
+SQLite starts with BEGIN IMMEDIATE, so several consumer processes never hit the deferred
+read-then-write "database is locked" failure and never lose an update (see docs/architecture.md).
+Any other SQLAlchemy URL (PostgreSQL for scale-out) is used as given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+from pathlib import Path
+from typing import Iterator
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+__all__ = ["Database", "default_database_url", "migrations_dir"]
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def default_database_url(state_dir: Path) -> str:
+    return f"sqlite:///{state_dir / 'state.db'}"
+
+
+def migrations_dir() -> Path:
+    """The alembic scripts: packaged as bmad_loop._migrations, or the source tree's migrations/."""
+    try:
+        import bmad_loop._migrations as packaged
+
+        return Path(packaged.__file__).resolve().parent
+    except ImportError:  # running from a source checkout without an install
+        return Path(__file__).resolve().parents[3] / "migrations"
+
+
+def _install_sqlite_hooks(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        # Let SQLAlchemy's `begin` event emit the BEGIN itself (pysqlite's own is deferred).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA journal_mode = WAL")
+        cur.execute("PRAGMA synchronous = NORMAL")
+        cur.execute("PRAGMA foreign_keys = ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+class Database:
+    """One engine and its session factory. Create after a fork, never before."""
+
+    def __init__(self, url: str, *, lock_dir: Path | None = None):
+        self.url = url
+        self.is_sqlite = url.startswith("sqlite")
+        self._lock_dir = lock_dir
+        if self.is_sqlite:
+            path = url.split("///", 1)[-1]
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+            _install_sqlite_hooks(self.engine)
+        else:
+            self.engine = create_engine(url, pool_pre_ping=True)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """A short write transaction: commit on success, roll back on error. Keep slow work out."""
+        with self._sessions.begin() as session:
+            yield session
+
+    def session(self) -> Session:
+        return self._sessions()
+
+    def migrate(self) -> None:
+        """Bring the schema to head, once, under a file lock (concurrent upgrades race)."""
+        from . import migrate
+
+        with self._migration_lock():
+            migrate.upgrade(self.engine)
+
+    @contextlib.contextmanager
+    def _migration_lock(self):
+        if self._lock_dir is None:
+            yield
+            return
+        self._lock_dir.mkdir(parents=True, exist_ok=True)
+        with open(self._lock_dir / "migrate.lock", "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def dispose(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,36 @@
+"""Run the alembic migrations from code (no alembic.ini needed)."""
+
+from __future__ import annotations
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Engine
+
+from .database import migrations_dir
+
+__all__ = ["alembic_config", "upgrade", "current_revision", "head_revision"]
+
+
+def alembic_config(engine: Engine | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    if engine is not None:
+        cfg.attributes["engine"] = engine
+    return cfg
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision() -> str:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def upgrade(engine: Engine) -> None:
+    if current_revision(engine) == head_revision():
+        return
+    command.upgrade(alembic_config(engine), "head")

@@ -1,0 +1,255 @@
+"""The tables: the single source of truth for runs, stories, attempts, candidates, events, leases.
+
+huey messages only say "look at row X"; everything the engine knows lives here, so a lost
+message costs a re-queue and never work. The models are the schema's source of truth:
+migrations follow them and a test checks that the two never drift.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+__all__ = [
+    "Base",
+    "Run",
+    "Story",
+    "Attempt",
+    "Candidate",
+    "Event",
+    "Lease",
+    "RUN_STATES",
+    "RUN_LIVE_STATES",
+    "RUN_TERMINAL_STATES",
+    "STORY_STATES",
+    "STORY_TERMINAL_STATES",
+    "STORY_PHASES",
+    "CANDIDATE_STATES",
+    "utcnow",
+]
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+RUN_STATES = ("running", "pausing", "paused", "stopping", "stopped", "completed", "failed")
+RUN_LIVE_STATES = ("running", "pausing", "stopping")  # consumers re-queue these on start
+RUN_TERMINAL_STATES = ("completed", "failed")
+
+STORY_STATES = (
+    "pending", "queued", "working", "ready", "integrating", "held",
+    "integrated", "escalated", "blocked", "skipped", "failed",
+)
+# Terminal for scheduling purposes: nothing more happens to the story in this run
+# unless an operator resumes it (escalated/blocked get a fresh budget on resume).
+STORY_TERMINAL_STATES = ("integrated", "escalated", "blocked", "skipped", "failed")
+STORY_PHASES = ("prepare", "dev", "verify", "review", "fix", "commit")
+
+CANDIDATE_STATES = (
+    "composing", "verifying", "verified", "advancing", "advanced",
+    "stale", "conflict", "verify-failed", "abandoned",
+)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class UtcDateTime(TypeDecorator):
+    """Stores naive UTC, returns aware UTC (SQLite drops the zone; PostgreSQL keeps it)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        return value.replace(tzinfo=dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dict: JSON, list: JSON}
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    project: Mapped[str] = mapped_column(Text)
+    target_branch: Mapped[str] = mapped_column(String(255))
+    # target_sha: where the target stood when the run started; head_sha: where it stands now.
+    target_sha: Mapped[str] = mapped_column(String(64))
+    head_sha: Mapped[str | None] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    max_parallel: Mapped[int] = mapped_column(Integer, default=1)
+    merge_strategy: Mapped[str] = mapped_column(String(16))
+    isolation: Mapped[str] = mapped_column(String(16))
+    selection: Mapped[dict] = mapped_column(JSON, default=dict)
+    policy: Mapped[dict] = mapped_column(JSON, default=dict)
+    board_path: Mapped[str] = mapped_column(Text)
+    # Why the run is paused/stopped/failed, for humans and `status`.
+    reason: Mapped[str | None] = mapped_column(Text)
+    # How a stop was asked for: "graceful" (safe boundaries) or "now" (kill agent sessions).
+    stop_mode: Mapped[str | None] = mapped_column(String(16))
+    # Epic gates already passed (per-epic mode), as a list of epic numbers.
+    gates_passed: Mapped[list] = mapped_column(JSON, default=list)
+    # The epic whose gate the run is paused at (per-epic mode); `resume` passes it.
+    gate_epic: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    host: Mapped[str | None] = mapped_column(String(255))
+
+    stories: Mapped[list[Story]] = relationship(back_populates="run", order_by="Story.seq")
+
+
+class Story(Base):
+    __tablename__ = "stories"
+    __table_args__ = (UniqueConstraint("run_id", "key"), UniqueConstraint("run_id", "seq"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    key: Mapped[str] = mapped_column(String(255))
+    seq: Mapped[int] = mapped_column(Integer)  # plan order = integration order, fixed at enqueue
+    epic: Mapped[int] = mapped_column(Integer)
+    title: Mapped[str] = mapped_column(Text, default="")
+    story_path: Mapped[str | None] = mapped_column(Text)  # repository-relative
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    phase: Mapped[str | None] = mapped_column(String(16))
+    footprint: Mapped[dict] = mapped_column(JSON, default=dict)
+    footprint_reason: Mapped[str | None] = mapped_column(Text)
+    depends_on: Mapped[list] = mapped_column(JSON, default=list)
+    merge_class: Mapped[str] = mapped_column(String(16), default="self")
+    tier: Mapped[str | None] = mapped_column(String(64))
+    done_checkpoint: Mapped[bool] = mapped_column(Boolean, default=False)
+    approved: Mapped[bool] = mapped_column(Boolean, default=False)  # spec approval gate
+    worktree: Mapped[str | None] = mapped_column(Text)
+    branch: Mapped[str | None] = mapped_column(String(255))
+    base_sha: Mapped[str | None] = mapped_column(String(64))
+    head_sha: Mapped[str | None] = mapped_column(String(64))
+    integrated_sha: Mapped[str | None] = mapped_column(String(64))
+    dev_attempts: Mapped[int] = mapped_column(Integer, default=0)  # counted dev attempts
+    review_cycles: Mapped[int] = mapped_column(Integer, default=0)
+    # Last verify failure / review notes, handed to the next attempt's prompt.
+    feedback: Mapped[dict] = mapped_column(JSON, default=dict)
+    # What holds a pending story back (conflict, resource, gate); journaled when it changes.
+    wait_reason: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Text)  # why escalated / blocked / skipped / failed
+    session: Mapped[str | None] = mapped_column(String(255))
+    log: Mapped[str | None] = mapped_column(Text)
+    host: Mapped[str | None] = mapped_column(String(255))
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    queued_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    ready_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+
+    run: Mapped[Run] = relationship(back_populates="stories")
+
+
+class Attempt(Base):
+    """One agent session (dev, review or fix) of one story."""
+
+    __tablename__ = "attempts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    story_id: Mapped[int] = mapped_column(ForeignKey("stories.id"), index=True)
+    phase: Mapped[str] = mapped_column(String(16))
+    number: Mapped[int] = mapped_column(Integer)  # BMAD_LOOP_ATTEMPT
+    # running | succeeded | failed | timed-out | crashed | interrupted
+    state: Mapped[str] = mapped_column(String(16))
+    counted: Mapped[bool] = mapped_column(Boolean, default=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    worktree: Mapped[str | None] = mapped_column(Text)
+    branch: Mapped[str | None] = mapped_column(String(255))
+    base_sha: Mapped[str | None] = mapped_column(String(64))
+    head_sha: Mapped[str | None] = mapped_column(String(64))
+    session: Mapped[str | None] = mapped_column(String(255))
+    log: Mapped[str | None] = mapped_column(Text)
+    host: Mapped[str | None] = mapped_column(String(255))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    started_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    duration_s: Mapped[float | None] = mapped_column(Float)
+
+
+class Candidate(Base):
+    """One composition of one story onto the target (attempt 1, 2, … on recomposition)."""
+
+    __tablename__ = "candidates"
+    __table_args__ = (UniqueConstraint("story_id", "attempt"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    story_id: Mapped[int] = mapped_column(ForeignKey("stories.id"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    strategy: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))
+    ref: Mapped[str | None] = mapped_column(String(255))
+    worktree: Mapped[str | None] = mapped_column(Text)
+    target_sha: Mapped[str] = mapped_column(String(64))  # the target it was composed on
+    branch_sha: Mapped[str | None] = mapped_column(String(64))
+    candidate_sha: Mapped[str | None] = mapped_column(String(64))
+    evidence: Mapped[str | None] = mapped_column(Text)  # path of a JSON file
+    reason: Mapped[str | None] = mapped_column(Text)
+    verify_s: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+
+
+class Event(Base):
+    """The journal: append-only, ordered by seq."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_run_id_seq", "run_id", "seq"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(40))
+    ts: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    kind: Mapped[str] = mapped_column(String(64), index=True)
+    story: Mapped[str | None] = mapped_column(String(255))
+    data: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class Lease(Base):
+    """A named lease with a fencing token: the lane, or one in-flight worker attempt."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str | None] = mapped_column(String(255))
+    token: Mapped[int] = mapped_column(Integer, default=1)  # grows on every takeover
+    acquired_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    renewed_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    expires_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+

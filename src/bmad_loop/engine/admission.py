@@ -1,0 +1,136 @@
+"""Admission: which pending stories get a worker slot now, and what holds the others back.
+
+A pure function of the story rows, so it is easy to test and to reason about:
+
+- at most `max_parallel` stories are in flight (queued or working);
+- a slot goes to the earliest story in plan order that is *eligible*: every earlier story whose
+  footprint conflicts with it is integrated or terminally failed/skipped, every dependency is
+  integrated, every resource it names has free capacity, and its epic's gate is open;
+- resources are held from dispatch until the story is integrated or terminal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from ..footprint import Footprint, footprints_conflict
+
+__all__ = ["StoryView", "Admission", "admit", "IN_FLIGHT", "HOLDS_RESOURCES"]
+
+IN_FLIGHT = ("queued", "working")
+HOLDS_RESOURCES = ("queued", "working", "ready", "integrating", "held")
+DONE_FOR_CONFLICTS = ("integrated", "skipped", "failed")
+
+
+@dataclass(frozen=True)
+class StoryView:
+    key: str
+    seq: int
+    epic: int
+    state: str
+    footprint: Footprint
+    depends_on: tuple[str, ...] = ()
+    approved: bool = True  # spec-approval gate
+
+
+@dataclass
+class Admission:
+    dispatch: list[str] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)  # key -> what holds it back
+    gate: int | None = None  # an epic whose gate must be passed before it can start
+    approvals: list[str] = field(default_factory=list)  # stories waiting for `approve`
+
+
+def admit(
+    stories: Sequence[StoryView],
+    *,
+    max_parallel: int,
+    capacity: Callable[[str], int],
+    gates_mode: str,
+    gates_passed: Sequence[int] = (),
+    conflict: Callable[[Footprint, Footprint], str | None] = footprints_conflict,
+) -> Admission:
+    ordered = sorted(stories, key=lambda s: s.seq)
+    by_key = {s.key: s for s in ordered}
+    result = Admission()
+    in_flight = sum(1 for s in ordered if s.state in IN_FLIGHT)
+    used: dict[str, int] = {}
+    for s in ordered:
+        if s.state in HOLDS_RESOURCES:
+            for name in s.footprint.resources:
+                used[name] = used.get(name, 0) + 1
+    first_epic = ordered[0].epic if ordered else None
+
+    for index, story in enumerate(ordered):
+        if story.state != "pending":
+            continue
+        earlier = ordered[:index]
+        reason = _epic_barrier(story, earlier, gates_mode, gates_passed, first_epic)
+        if reason == "gate":
+            result.gate = story.epic
+            result.waiting[story.key] = f"gate before epic {story.epic}"
+            break  # nothing of a later epic may pass a closed gate either
+        if reason:
+            result.waiting[story.key] = reason
+            continue
+        reason = _conflict_with_earlier(story, earlier, conflict) or _dependencies(story, by_key)
+        if reason is None and gates_mode == "per-story-spec-approval" and not story.approved:
+            result.approvals.append(story.key)
+            reason = "awaiting spec approval (bmad-loop approve)"
+        if reason is None:
+            reason = _resources(story, used, capacity)
+        if reason is None and in_flight >= max_parallel:
+            reason = f"all {max_parallel} worker slot(s) busy"
+        if reason:
+            result.waiting[story.key] = reason
+            continue
+        result.dispatch.append(story.key)
+        in_flight += 1
+        for name in story.footprint.resources:
+            used[name] = used.get(name, 0) + 1
+    return result
+
+
+def _epic_barrier(story, earlier, gates_mode, gates_passed, first_epic) -> str | None:
+    earlier_epics = [s for s in earlier if s.epic != story.epic]
+    if not earlier_epics:
+        return None
+    if gates_mode == "per-epic":
+        open_stories = [s for s in earlier_epics if s.state not in ("integrated", "skipped")]
+        if open_stories:
+            return f"epic {story.epic} waits for epic {open_stories[0].epic} ({open_stories[0].key})"
+        if story.epic != first_epic and story.epic not in gates_passed:
+            return "gate"
+        return None
+    # gates "none" (and spec approval): the next epic starts once the current one is dispatched.
+    pending = [s for s in earlier_epics if s.state == "pending"]
+    if pending:
+        return f"epic {story.epic} waits until epic {pending[0].epic} is dispatched ({pending[0].key})"
+    return None
+
+
+def _conflict_with_earlier(story, earlier, conflict) -> str | None:
+    for other in earlier:
+        if other.state in DONE_FOR_CONFLICTS:
+            continue
+        why = conflict(story.footprint, other.footprint)
+        if why:
+            return f"conflicts with {other.key}: {why}"
+    return None
+
+
+def _dependencies(story, by_key: Mapping[str, StoryView]) -> str | None:
+    for dep in story.depends_on:
+        other = by_key.get(dep)
+        if other is not None and other.state not in ("integrated", "skipped"):
+            return f"depends on {dep} ({other.state})"
+    return None
+
+
+def _resources(story, used, capacity) -> str | None:
+    for name in story.footprint.resources:
+        cap = capacity(name)
+        if used.get(name, 0) >= cap:
+            return f"resource {name} at capacity ({cap})"
+    return None

@@ -1,0 +1,174 @@
+"""Operator actions on a run: find it, resume it, stop it, approve a story, recover on start.
+
+Recovery never runs work directly: it puts rows back into a claimable state and sends the
+wake-up messages, and the normal claim takes it from there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import or_, select
+
+from ..db.models import Run, Story, utcnow
+from ..errors import ConfigError
+from .journal import record
+from .planning import LIVE_FOR_TARGET
+from .rows import run_policy, stories_of, transition_run
+
+__all__ = ["find_run", "resume", "stop", "approve", "recover_live_runs", "requeue_run"]
+
+RESUMABLE = ("paused", "stopped", "running", "pausing", "stopping")
+
+
+def find_run(session, project, ref: str | None) -> Run:
+    """A run by id, unique prefix or unique suffix; the newest run when ref is None."""
+    query = select(Run).where(Run.project == str(project.root))
+    if ref is None:
+        run = session.scalars(query.order_by(Run.created_at.desc(), Run.id.desc())).first()
+        if run is None:
+            raise ConfigError(f"{project.root}: no runs yet")
+        return run
+    matches = list(session.scalars(query.where(or_(Run.id == ref, Run.id.startswith(ref),
+                                                    Run.id.endswith(ref)))))
+    exact = [r for r in matches if r.id == ref]
+    if exact:
+        return exact[0]
+    if not matches:
+        raise ConfigError(f"no run matches '{ref}'")
+    if len(matches) > 1:
+        raise ConfigError(f"run '{ref}' is ambiguous: " + ", ".join(sorted(r.id for r in matches)))
+    return matches[0]
+
+
+def resume(project, tasks, ref: str | None) -> Run:
+    """Continue a paused, stopped or crashed run: same plan, scope and target."""
+    db = project.db
+    with db.transaction() as s:
+        run = find_run(s, project, ref)
+        if run.state not in RESUMABLE:
+            raise ConfigError(f"run {run.id} is {run.state}: nothing to resume")
+        other = s.scalars(select(Run).where(Run.target_branch == run.target_branch,
+                                            Run.project == run.project, Run.id != run.id,
+                                            Run.state.in_(LIVE_FOR_TARGET))).first()
+        if other is not None:
+            raise ConfigError(f"run {other.id} is {other.state} on {run.target_branch}: "
+                              "stop it before resuming this one")
+        policy = run_policy(run)
+        previous = run.state
+        gates = list(run.gates_passed or [])
+        if run.gate_epic is not None and run.gate_epic not in gates:
+            gates.append(run.gate_epic)
+        run.state, run.reason, run.stop_mode, run.gate_epic = "running", None, None, None
+        run.gates_passed, run.ended_at = gates, None
+        git = project.git(policy)
+        for story in stories_of(s, run.id):
+            _reset_for_resume(s, git, run, story)
+        record(s, run.id, "run.resumed", previous=previous, gates_passed=gates)
+        run_id = run.id
+    requeue_run(project, tasks, run_id, stale_after=None)
+    with db.transaction() as s:
+        return s.get(Run, run_id)
+
+
+def _reset_for_resume(session, git, run: Run, story: Story) -> None:
+    if story.state in ("escalated", "blocked"):
+        branch_head = git.rev(f"refs/heads/{story.branch}") if story.branch else None
+        human_fix = bool(branch_head and story.head_sha and branch_head != story.head_sha)
+        if human_fix:
+            # A human changed the branch: verify and integrate it without the agent.
+            story.state, story.phase = "pending", "prepare"
+            story.feedback = {"human_fix": True}
+            story.head_sha = branch_head
+            record(session, run.id, "story.human_fix", story.key, head_sha=branch_head)
+        else:
+            story.state, story.phase = "pending", story.phase if story.worktree else None
+            if story.phase in ("commit", "integrate", None) or not story.worktree:
+                story.phase = None
+            else:
+                story.phase = "dev"
+            story.dev_attempts, story.review_cycles = 0, 0
+            story.feedback = {k: v for k, v in (story.feedback or {}).items()
+                              if k in ("verify_output", "review_notes", "pre_dirty")}
+            record(session, run.id, "story.retry", story.key, reason=story.reason)
+        story.reason, story.ended_at = None, None
+    elif story.state == "working":
+        # Interrupted by a crash or a stop: it goes back in line; its phase is kept.
+        story.state = "pending"
+
+
+def requeue_run(project, tasks, run_id: str, stale_after: dt.timedelta | None) -> int:
+    """Send wake-ups for a live run: its claimable stories and the lane. Returns stories re-sent.
+
+    `stale_after` None re-sends every queued story (resume); otherwise only working stories
+    whose heartbeat is older than that are taken back (consumer start after a crash).
+    """
+    resent = []
+    with project.db.transaction() as s:
+        now = utcnow()
+        for story in stories_of(s, run_id):
+            if story.state == "working" and stale_after is not None:
+                beat = story.heartbeat_at or story.started_at
+                if beat is None or now - beat > stale_after:
+                    story.state = "queued"
+                    record(s, run_id, "story.recovered", story.key, phase=story.phase,
+                           heartbeat_at=str(beat))
+            if story.state == "queued":
+                resent.append(story.id)
+    for story_id in resent:
+        tasks.enqueue_story(run_id, story_id)
+    tasks.enqueue_lane(run_id)
+    return len(resent)
+
+
+def recover_live_runs(project, tasks, stale_after: dt.timedelta) -> list[str]:
+    """On consumer start: re-queue runs that are running, pausing or stopping."""
+    with project.db.transaction() as s:
+        ids = [r.id for r in s.scalars(select(Run).where(
+            Run.project == str(project.root), Run.state.in_(("running", "pausing", "stopping"))))]
+    for run_id in ids:
+        requeue_run(project, tasks, run_id, stale_after)
+    return ids
+
+
+def stop(project, tasks, ref: str | None, now: bool = False) -> Run:
+    with project.db.transaction() as s:
+        run = find_run(s, project, ref)
+        if run.state in ("completed", "failed"):
+            raise ConfigError(f"run {run.id} is {run.state}: nothing to stop")
+        if run.state in ("paused", "stopped"):
+            run.state, run.reason = "stopped", run.reason or "stopped by operator"
+            record(s, run.id, "run.stopped", reason="stopped by operator", now=now)
+            return run
+        mode = "now" if now else "graceful"
+        transition_run(s, run.id, ("running", "pausing", "stopping"), state="stopping",
+                       stop_mode=mode, reason=f"stop requested ({mode})")
+        record(s, run.id, "run.stopping", mode=mode)
+        run_id = run.id
+    tasks.enqueue_lane(run_id)
+    with project.db.transaction() as s:
+        return s.get(Run, run_id)
+
+
+def approve(project, tasks, ref: str | None, story_key: str) -> Story:
+    with project.db.transaction() as s:
+        run = find_run(s, project, ref)
+        story = _story_by_key(s, run, story_key)
+        story.approved = True
+        record(s, run.id, "story.approved", story.key)
+        run_id = run.id
+    tasks.enqueue_lane(run_id)
+    return story
+
+
+def _story_by_key(session, run: Run, key: str) -> Story:
+    stories = stories_of(session, run.id)
+    exact = [s for s in stories if s.key == key]
+    if exact:
+        return exact[0]
+    loose = [s for s in stories if s.key.startswith(key + "-") or key in s.key]
+    if len(loose) == 1:
+        return loose[0]
+    if not loose:
+        raise ConfigError(f"run {run.id}: no story '{key}'")
+    raise ConfigError(f"run {run.id}: story '{key}' is ambiguous: " + ", ".join(s.key for s in loose))

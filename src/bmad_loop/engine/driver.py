@@ -1,0 +1,74 @@
+"""Drive a run in this process: consumers on, progress lines out, until the run settles.
+
+`bmad-loop run` and `bmad-loop resume` use this. A first Ctrl+C asks for a graceful stop
+(exit 4 once the run is stopped); a second one stops now: agent sessions are killed, attempts
+are marked interrupted, and the command exits 130. Both leave the run resumable.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Callable
+
+from ..db.models import Run
+from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NEEDS_HUMAN, EXIT_OK, EXIT_STOPPED
+from .consumers import ConsumerSet
+from .control import stop
+from .journal import events_after
+from .rows import stories_of
+
+__all__ = ["drive", "exit_code_for", "SETTLED"]
+
+SETTLED = ("completed", "failed", "paused", "stopped")
+
+
+def exit_code_for(run: Run, stories) -> int:
+    if run.state == "completed":
+        if all(s.state in ("integrated", "skipped") for s in stories):
+            return EXIT_OK
+        return EXIT_NEEDS_HUMAN
+    return {"failed": EXIT_FAILED, "paused": EXIT_NEEDS_HUMAN, "stopped": EXIT_STOPPED}.get(
+        run.state, EXIT_FAILED)
+
+
+def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[object], None] | None,
+          poll_s: float = 0.2, install_signals: bool = True) -> int:
+    consumers = ConsumerSet(project, queue="all", workers=workers, tasks=tasks)
+    interrupts = {"count": 0}
+    woke = threading.Event()
+    previous = None
+
+    def on_sigint(signum, frame):
+        interrupts["count"] += 1
+        woke.set()
+
+    if install_signals and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    consumers.start()
+    last_seq = 0
+    handled = 0
+    try:
+        while True:
+            if interrupts["count"] > handled:
+                handled = interrupts["count"]
+                stop(project, tasks, run_id, now=handled >= 2)
+            with project.db.transaction() as s:
+                for event in events_after(s, run_id, last_seq):
+                    last_seq = event.seq
+                    if progress:
+                        progress(event)
+                run = s.get(Run, run_id)
+                settled = run.state in SETTLED
+                stories = stories_of(s, run_id) if settled else []
+            if settled:
+                break
+            woke.wait(poll_s)
+            woke.clear()
+    finally:
+        consumers.stop(graceful=True)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if handled >= 2:
+        return EXIT_INTERRUPTED
+    return exit_code_for(run, stories)

@@ -1,0 +1,299 @@
+"""Integrate one ready story: compose a candidate on the latest target, verify it, advance by CAS.
+
+Runs only on the lane (the single `integration` consumer thread). Steps, each persisted on the
+candidate row: composing → verifying → verified → advancing → advanced. A target that moved
+between composition and advance is never force-moved: the candidate goes `stale` and the story
+is recomposed on the new target (up to `max_recompose`), then escalated. Conflicts and
+verification failures escalate with the candidate's ref, worktree and an evidence file kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from ..board import set_status
+from ..compose import (
+    blob_at, cas_advance, changed_paths, compose, overlapping_dirty, replace_blob, sync_checkout,
+)
+from ..db.models import Candidate, Run, Story, utcnow
+from ..worktrees import checkout_of, delete_branch, delete_ref, ensure_detached_worktree, remove_worktree
+from .journal import record
+from .layout import Layout
+from .rows import transition_story
+from .verify import run_verify
+
+__all__ = ["Integrator"]
+
+log = logging.getLogger(__name__)
+
+
+class Integrator:
+    def __init__(self, project, run: Run, policy):
+        self.project = project
+        self.db = project.db
+        self.run_id = run.id
+        self.target = run.target_branch
+        self.policy = policy
+        self.git = project.git(policy)
+        self.layout = Layout(project.state_dir, run.id)
+        self.board_rel = _relative(run.board_path, project.root)
+
+    def integrate(self, story_id: int) -> str:
+        """Returns the story's new state: integrated, escalated or ready (to retry later)."""
+        with self.db.transaction() as s:
+            story = s.get(Story, story_id)
+            if story.state == "ready":
+                transition_story(s, story_id, "ready", state="integrating")
+                record(s, self.run_id, "story.integrating", story.key)
+            elif story.state != "integrating":
+                return story.state
+            story = s.get(Story, story_id)
+        resumed = self._resume_candidate(story)
+        if resumed:
+            return resumed
+        while True:
+            outcome = self._one_composition(story)
+            if outcome != "stale":
+                return outcome
+
+    # ------------------------------------------------------------------ one attempt
+    def _one_composition(self, story: Story) -> str:
+        strategy = self.policy.scm.merge_strategy
+        with self.db.transaction() as s:
+            attempts = s.scalar(select(func.count()).select_from(Candidate)
+                                .where(Candidate.story_id == story.id)) or 0
+            stale = s.scalar(select(func.count()).select_from(Candidate)
+                             .where(Candidate.story_id == story.id, Candidate.state == "stale")) or 0
+        if stale > self.policy.limits.max_recompose:
+            return self._escalate(story, None, f"target kept moving: {stale} stale compositions "
+                                  f"(max_recompose = {self.policy.limits.max_recompose})")
+        attempt = attempts + 1
+        target_sha = self.git.rev(f"refs/heads/{self.target}")
+        branch_sha = story.head_sha
+        with self.db.transaction() as s:
+            cand = Candidate(run_id=self.run_id, story_id=story.id, attempt=attempt,
+                             strategy=strategy, state="composing", target_sha=target_sha,
+                             branch_sha=branch_sha)
+            s.add(cand)
+            s.flush()
+            cand_id = cand.id
+        comp = compose(self.git, strategy, target_sha, branch_sha, self._message(story, strategy),
+                       tree_edit=self._board_edit(story), lane_message=f"bmad-loop: mark {story.key} done")
+        ref = self.layout.candidate_ref(story.key, attempt)
+        if comp.conflicts:
+            return self._conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)
+        self.git.run("update-ref", ref, comp.sha)
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            cand.candidate_sha, cand.ref, cand.state = comp.sha, ref, "verifying"
+            record(s, self.run_id, "candidate.composed", story.key, attempt=attempt,
+                   strategy=strategy, target_sha=target_sha, branch_sha=branch_sha,
+                   candidate_sha=comp.sha, rebased=comp.rebased)
+        verdict = self._verify(story, cand_id, attempt, comp.sha, target_sha, branch_sha)
+        if verdict != "verified":
+            return verdict
+        return self._advance(story, cand_id, attempt, comp.sha, target_sha)
+
+    def _verify(self, story, cand_id, attempt, sha, target_sha, branch_sha) -> str:
+        commands = self.policy.verify.commands
+        worktree = None
+        if commands:
+            worktree = self.layout.candidate_worktree(story.key, attempt)
+            ensure_detached_worktree(self.git, worktree, sha)
+        result = run_verify(commands, cwd=worktree or self.project.root,
+                            log_path=self.layout.verify_log(story.key, f"candidate-{attempt}"),
+                            timeout_s=self.policy.verify.timeout_s)
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            cand.worktree = str(worktree) if worktree else None
+            cand.verify_s = round(result.duration_s, 3)
+            if result.ok:
+                cand.state = "verified"
+                record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,
+                       duration_s=cand.verify_s, commands=len(commands))
+                return "verified"
+        evidence = self._write_evidence(story.key, attempt, {
+            "kind": "verify-failed", "story": story.key, "attempt": attempt,
+            "target_sha": target_sha, "branch_sha": branch_sha, "candidate_sha": sha,
+            "command": result.failed_command, "exit_code": result.exit_code,
+            "timed_out": result.timed_out, "output": result.output, "log": result.log,
+        })
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            cand.state, cand.evidence, cand.ended_at = "verify-failed", str(evidence), utcnow()
+            cand.reason = f"verify failed on the candidate: {result.failed_command}"
+            record(s, self.run_id, "candidate.verify_failed", story.key, attempt=attempt,
+                   command=result.failed_command, evidence=str(evidence))
+        return self._escalate(story, cand_id, f"candidate verification failed: {result.failed_command}")
+
+    def _advance(self, story, cand_id, attempt, sha, target_sha) -> str:
+        checkout = checkout_of(self.git, self.target)
+        if checkout is not None:
+            overlap = overlapping_dirty(self.git, checkout, target_sha, sha)
+            if overlap:
+                evidence = self._write_evidence(story.key, attempt, {
+                    "kind": "dirty-target-checkout", "story": story.key, "checkout": str(checkout),
+                    "paths": overlap, "target_sha": target_sha, "candidate_sha": sha,
+                })
+                with self.db.transaction() as s:
+                    cand = s.get(Candidate, cand_id)
+                    cand.state, cand.evidence, cand.ended_at = "abandoned", str(evidence), utcnow()
+                    cand.reason = f"local changes in {checkout} overlap: {', '.join(overlap)}"
+                return self._escalate(story, cand_id, f"the target checkout {checkout} has local "
+                                      f"changes that overlap the candidate: {', '.join(overlap)}")
+        with self.db.transaction() as s:
+            s.get(Candidate, cand_id).state = "advancing"
+        advanced = cas_advance(self.git, self.target, sha, target_sha)
+        if not advanced:
+            with self.db.transaction() as s:
+                cand = s.get(Candidate, cand_id)
+                cand.state, cand.ended_at = "stale", utcnow()
+                now_at = self.git.rev(f"refs/heads/{self.target}")
+                record(s, self.run_id, "candidate.stale", story.key, attempt=attempt,
+                       composed_on=target_sha, target_now=now_at)
+            self._drop_candidate(story.key, attempt)
+            return "stale"
+        if checkout is not None:
+            sync_checkout(self.git, checkout, target_sha, sha)
+        return self._finish(story, cand_id, attempt, sha, target_sha)
+
+    def _finish(self, story, cand_id, attempt, sha, target_sha) -> str:
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            cand.state, cand.ended_at = "advanced", utcnow()
+            transition_story(s, story.id, "integrating", state="integrated", integrated_sha=sha,
+                             ended_at=utcnow(), phase=None)
+            run = s.get(Run, self.run_id)
+            run.head_sha = sha
+            record(s, self.run_id, "target.advanced", story.key, attempt=attempt,
+                   old=target_sha, new=sha, strategy=self.policy.scm.merge_strategy)
+            record(s, self.run_id, "story.integrated", story.key, sha=sha)
+        self._clean_after_integration(story, attempt)
+        return "integrated"
+
+    def _resume_candidate(self, story: Story) -> str | None:
+        """A lane that died mid-integration: pick up the last candidate where it stopped."""
+        with self.db.transaction() as s:
+            cand = s.scalars(select(Candidate).where(Candidate.story_id == story.id)
+                             .order_by(Candidate.attempt.desc())).first()
+        if cand is None or cand.state not in ("verified", "advancing", "composing", "verifying"):
+            return None
+        target_now = self.git.rev(f"refs/heads/{self.target}")
+        if cand.candidate_sha and target_now == cand.candidate_sha:
+            # The CAS happened but the row was not written: that counts as advanced.
+            checkout = checkout_of(self.git, self.target)
+            if checkout is not None:
+                sync_checkout(self.git, checkout, cand.target_sha, cand.candidate_sha)
+            return self._finish(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
+        if cand.state in ("verified", "advancing") and target_now == cand.target_sha:
+            return self._advance(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
+        with self.db.transaction() as s:
+            row = s.get(Candidate, cand.id)
+            row.state, row.ended_at = "abandoned", utcnow()
+            row.reason = "interrupted; recomposed"
+        return None
+
+    # ------------------------------------------------------------------ outcomes
+    def _conflict(self, story, cand_id, attempt, comp, target_sha, branch_sha, ref) -> str:
+        # Keep the conflicted tree (with markers) as a commit and a worktree for a human.
+        preserved = None
+        if comp.tree:
+            preserved = self.git.out("commit-tree", comp.tree, "-p", target_sha, "-p", branch_sha,
+                                     "-m", f"bmad-loop: conflicted candidate for {story.key}",
+                                     env=self.git.identity_env(self.git.commit_date(branch_sha)))
+            self.git.run("update-ref", ref, preserved)
+            worktree = self.layout.candidate_worktree(story.key, attempt)
+            ensure_detached_worktree(self.git, worktree, preserved)
+        else:
+            worktree = None
+        evidence = self._write_evidence(story.key, attempt, {
+            "kind": "conflict", "story": story.key, "attempt": attempt,
+            "strategy": comp.strategy, "conflicts": list(comp.conflicts),
+            "target_sha": target_sha, "branch_sha": branch_sha, "candidate_ref": ref if preserved else None,
+        })
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            cand.state, cand.evidence, cand.ended_at = "conflict", str(evidence), utcnow()
+            cand.ref = ref if preserved else None
+            cand.candidate_sha = preserved
+            cand.worktree = str(worktree) if worktree else None
+            cand.reason = f"conflict in {', '.join(comp.conflicts)}"
+            record(s, self.run_id, "candidate.conflict", story.key, attempt=attempt,
+                   paths=list(comp.conflicts), evidence=str(evidence))
+        return self._escalate(story, cand_id, f"merge conflict with the target in "
+                              f"{', '.join(comp.conflicts)}")
+
+    def _escalate(self, story, cand_id, reason: str) -> str:
+        with self.db.transaction() as s:
+            row = s.get(Story, story.id)
+            feedback = dict(row.feedback or {})
+            # A fresh attempt after resume sees why integration failed.
+            feedback["verify_output"] = f"Integration onto {self.target} failed: {reason}"
+            if transition_story(s, story.id, ("integrating", "ready"), state="escalated",
+                                reason=reason, ended_at=utcnow(), feedback=feedback):
+                record(s, self.run_id, "story.escalated", story.key, reason=reason,
+                       candidate=cand_id, phase="integrate")
+        return "escalated"
+
+    # ------------------------------------------------------------------ pieces
+    def _message(self, story: Story, strategy: str) -> str:
+        title = self.policy.scm.commit_message_template.format(
+            story_key=story.key, story_title=story.title or story.key, run_id=self.run_id,
+            epic=story.epic)
+        if strategy == "merge":
+            return f"Merge {story.branch}\n\n{title}\n"
+        return f"{title}\n"
+
+    def _board_edit(self, story: Story):
+        """The lane marks the story done on the board inside the candidate."""
+        if not self.board_rel:
+            return None
+        board_rel, key, git = self.board_rel, story.key, self.git
+
+        def edit(tree: str) -> str:
+            current = blob_at(git, tree, board_rel)
+            if current is None:
+                return tree  # the board is not tracked: nothing to fold in
+            updated = set_status(current.decode("utf-8"), key, "done").encode("utf-8")
+            return tree if updated == current else replace_blob(git, tree, board_rel, updated)
+
+        return edit
+
+    def _write_evidence(self, key: str, attempt: int, payload: dict) -> Path:
+        path = self.layout.evidence(key, attempt)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2, sort_keys=True))
+        return path
+
+    def _drop_candidate(self, key: str, attempt: int) -> None:
+        remove_worktree(self.git, self.layout.candidate_worktree(key, attempt))
+        delete_ref(self.git, self.layout.candidate_ref(key, attempt))
+
+    def _clean_after_integration(self, story: Story, attempt: int) -> None:
+        """Candidates and, per policy, the story's worktree and branch go once it landed."""
+        with self.db.transaction() as s:
+            attempts = [c.attempt for c in s.scalars(select(Candidate).where(Candidate.story_id == story.id))]
+            row = s.get(Story, story.id)
+        for n in attempts:
+            self._drop_candidate(story.key, n)
+        if self.policy.scm.isolation == "none":
+            if self.policy.scm.delete_branch and row.branch:
+                delete_branch(self.git, row.branch)
+            return
+        if self.policy.scm.branch_per == "run":
+            return  # the run branch and its worktree serve the next story
+        if row.worktree:
+            remove_worktree(self.git, Path(row.worktree))
+        if self.policy.scm.delete_branch and row.branch:
+            delete_branch(self.git, row.branch)
+
+
+def _relative(path: str, root: Path) -> str | None:
+    try:
+        return Path(path).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return None

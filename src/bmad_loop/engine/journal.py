@@ -1,0 +1,46 @@
+"""The journal: one row per thing that happened, in order. `bmad-loop journal` reads it."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..db.models import Event, utcnow
+
+__all__ = ["record", "events_after", "event_json"]
+
+
+def record(session: Session, run_id: str, kind: str, story: str | None = None, **data) -> Event:
+    """Append an event inside the caller's transaction (never commits)."""
+    event = Event(run_id=run_id, ts=utcnow(), kind=kind, story=story, data=_jsonable(data))
+    session.add(event)
+    return event
+
+
+def events_after(session: Session, run_id: str, after_seq: int = 0, kinds=(), story=None):
+    query = select(Event).where(Event.run_id == run_id, Event.seq > after_seq)
+    if kinds:
+        query = query.where(Event.kind.in_(list(kinds)))
+    if story:
+        query = query.where(Event.story == story)
+    return list(session.scalars(query.order_by(Event.seq)))
+
+
+def event_json(event: Event) -> dict:
+    return {
+        "seq": event.seq,
+        "ts": event.ts.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "kind": event.kind,
+        "story": event.story,
+        "data": event.data or {},
+    }
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)

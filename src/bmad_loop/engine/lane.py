@@ -1,0 +1,217 @@
+"""The lane: the coordinator of a run, body of every `integration` task.
+
+Each tick re-reads the rows and does whatever is due, in this order, until nothing is:
+
+1. integrate finished stories strictly in plan order (a finished story waits for every earlier
+   one to be integrated or terminal; under `on_escalation = "pause"` an escalated story stops
+   the scan, so later finished stories wait as `ready`);
+2. turn an escalation into `pausing` (stop dispatching; running siblings finish their story);
+3. admit pending stories into free worker slots (see admission.py);
+4. settle the run: pausing/stopping with nothing in flight becomes paused/stopped; all stories
+   terminal becomes completed; a run that cannot move without a human pauses and says why.
+
+Ticks are idempotent: a duplicate or late tick finds nothing to do.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..db.models import Run, Story, utcnow
+from ..footprint import Footprint
+from .admission import IN_FLIGHT, StoryView, admit
+from .integrate import Integrator
+from .journal import record
+from .notify import notify
+from .rows import run_policy, stories_of, transition_run, transition_story
+
+__all__ = ["tick"]
+
+log = logging.getLogger(__name__)
+
+LIVE = ("running", "pausing", "stopping")
+
+
+def tick(project, tasks, run_id: str) -> None:
+    db = project.db
+    with db.transaction() as s:
+        run = s.get(Run, run_id)
+        if run is None or run.state not in LIVE:
+            return
+        policy = run_policy(run)
+    try:
+        _Lane(project, tasks, run, policy).loop()
+    except Exception as exc:
+        log.exception("lane tick failed for run %s", run_id)
+        with db.transaction() as s:
+            if transition_run(s, run_id, LIVE, state="failed", reason=f"lane error: {exc}",
+                              ended_at=utcnow()):
+                record(s, run_id, "run.failed", reason=f"lane error: {exc}")
+        notify(db, policy, run_id, "run.failed", reason=str(exc))
+
+
+class _Lane:
+    def __init__(self, project, tasks, run: Run, policy):
+        self.project = project
+        self.tasks = tasks
+        self.db = project.db
+        self.run_id = run.id
+        self.policy = policy
+        self.integrator = Integrator(project, run, policy)
+        self.pause_on_escalation = policy.parallel.on_escalation == "pause"
+
+    def loop(self) -> None:
+        for _ in range(10_000):  # bounded: each pass either progresses or returns
+            run, stories = self._load()
+            if run.state not in LIVE:
+                return
+            if self._integrate_next(run, stories):
+                continue
+            if self._pause_for_escalation(run, stories):
+                continue
+            if run.state == "running" and self._dispatch(run, stories):
+                continue
+            self._settle(run, stories)
+            return
+
+    def _load(self):
+        with self.db.transaction() as s:
+            return s.get(Run, self.run_id), stories_of(s, self.run_id)
+
+    # ------------------------------------------------------------ 1. integration
+    def _integrate_next(self, run: Run, stories: list[Story]) -> bool:
+        if run.state not in ("running", "pausing"):
+            return False
+        if run.state == "pausing" and (run.reason or "").startswith("checkpoint"):
+            return False  # a checkpoint pauses right after its story: nothing later lands
+        for story in stories:
+            if story.state in ("integrated", "skipped", "failed"):
+                continue
+            if story.state in ("escalated", "blocked"):
+                if self.pause_on_escalation:
+                    return False
+                continue
+            if story.state not in ("ready", "integrating"):
+                return False  # the earliest open story is not finished: later ones wait
+            outcome = self.integrator.integrate(story.id)
+            if outcome == "integrated" and story.done_checkpoint:
+                self._request_pause(f"checkpoint after {story.key}", kind="checkpoint",
+                                    story=story.key)
+            if outcome == "escalated":
+                notify(self.db, self.policy, self.run_id, "story.escalated", story=story.key,
+                       reason=self._story(story.id).reason)
+            return True
+        return False
+
+    # ------------------------------------------------------------ 2. escalation
+    def _pause_for_escalation(self, run: Run, stories: list[Story]) -> bool:
+        if run.state != "running" or not self.pause_on_escalation:
+            return False
+        escalated = [s for s in stories if s.state == "escalated"]
+        if not escalated:
+            return False
+        first = escalated[0]
+        self._request_pause(f"{first.key} escalated: {first.reason}", kind="escalation",
+                            story=first.key)
+        return True
+
+    def _request_pause(self, reason: str, **data) -> None:
+        with self.db.transaction() as s:
+            if transition_run(s, self.run_id, "running", state="pausing", reason=reason):
+                record(s, self.run_id, "run.pausing", data.get("story"), reason=reason, **data)
+
+    # ------------------------------------------------------------ 3. admission
+    def _dispatch(self, run: Run, stories: list[Story]) -> bool:
+        views = [StoryView(key=s.key, seq=s.seq, epic=s.epic, state=s.state,
+                           footprint=_footprint(s), depends_on=tuple(s.depends_on or ()),
+                           approved=s.approved) for s in stories]
+        decision = admit(views, max_parallel=run.max_parallel,
+                         capacity=self.policy.resources.capacity,
+                         gates_mode=self.policy.gates.mode, gates_passed=run.gates_passed or ())
+        by_key = {s.key: s for s in stories}
+        queued = []
+        with self.db.transaction() as s:
+            for key, why in decision.waiting.items():
+                row = by_key[key]
+                if row.wait_reason != why:
+                    s.get(Story, row.id).wait_reason = why
+                    record(s, self.run_id, "story.waiting", key, reason=why)
+            for key in decision.dispatch:
+                row = by_key[key]
+                if transition_story(s, row.id, "pending", state="queued", queued_at=utcnow(),
+                                    wait_reason=None):
+                    record(s, self.run_id, "story.queued", key, seq=row.seq)
+                    queued.append(row.id)
+            if decision.gate is not None:
+                self._gate = decision.gate
+        for story_id in queued:
+            self.tasks.enqueue_story(self.run_id, story_id)
+        self._decision = decision
+        return False  # dispatching never unblocks the lane itself; settle next
+
+    # ------------------------------------------------------------ 4. settling
+    def _settle(self, run: Run, stories: list[Story]) -> None:
+        in_flight = [s for s in stories if s.state in IN_FLIGHT]
+        if in_flight:
+            return  # workers will wake the lane when they finish
+        states = {s.state for s in stories}
+        if run.state == "stopping":
+            return self._end_pause("stopped", run.reason or "stopped")
+        if run.state == "pausing":
+            return self._end_pause("paused", run.reason or "paused")
+        if states <= {"integrated", "skipped"}:
+            return self._complete()
+        if "ready" in states or "integrating" in states:
+            if not self.pause_on_escalation or not ({"escalated", "blocked"} & states):
+                return  # integration is due; the next tick does it
+        decision = getattr(self, "_decision", None)
+        if decision is not None and decision.gate is not None:
+            self._set_gate(decision.gate)
+            return self._end_pause("paused", f"gate before epic {decision.gate}: "
+                                   "`bmad-loop resume` opens it")
+        if decision is not None and decision.approvals:
+            return self._end_pause("paused", "waiting for spec approval of "
+                                   + ", ".join(decision.approvals))
+        parked = [s for s in stories if s.state in ("escalated", "blocked", "held", "failed")]
+        if parked:
+            listing = "; ".join(f"{s.key} {s.state}: {s.reason}" for s in parked)
+            return self._end_pause("paused", f"needs a human: {listing}")
+        waiting = [s for s in stories if s.state == "pending"]
+        if waiting and (decision is None or not decision.dispatch):
+            listing = "; ".join(f"{s.key}: {s.wait_reason}" for s in waiting[:5])
+            return self._end_pause("paused", f"no story can start: {listing}")
+
+    def _set_gate(self, epic: int) -> None:
+        with self.db.transaction() as s:
+            s.get(Run, self.run_id).gate_epic = epic
+            record(s, self.run_id, "gate.reached", epic=epic)
+
+    def _end_pause(self, state: str, reason: str) -> None:
+        with self.db.transaction() as s:
+            if transition_run(s, self.run_id, LIVE, state=state, reason=reason):
+                record(s, self.run_id, f"run.{state}", reason=reason)
+            else:
+                return
+        notify(self.db, self.policy, self.run_id, f"run.{state}", reason=reason)
+
+    def _complete(self) -> None:
+        with self.db.transaction() as s:
+            if transition_run(s, self.run_id, ("running",), state="completed", ended_at=utcnow(),
+                              reason=None):
+                stories = stories_of(s, self.run_id)
+                record(s, self.run_id, "run.completed",
+                       integrated=sum(1 for x in stories if x.state == "integrated"),
+                       skipped=sum(1 for x in stories if x.state == "skipped"))
+            else:
+                return
+        notify(self.db, self.policy, self.run_id, "run.completed")
+
+    def _story(self, story_id: int) -> Story:
+        with self.db.transaction() as s:
+            return s.get(Story, story_id)
+
+
+def _footprint(story: Story) -> Footprint:
+    fp = story.footprint or {}
+    return Footprint(files=tuple(fp.get("files", ())), shared=tuple(fp.get("shared", ())),
+                     resources=tuple(fp.get("resources", ())), reason=story.footprint_reason)

@@ -1,0 +1,172 @@
+"""Preflight and enqueue: turn a selection into a run with a fixed plan.
+
+Everything that can be wrong with the input is checked before the first row is written, so
+bad input leaves no rows, refs or worktrees behind.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import select
+
+from ..adapter import check_binary
+from ..board import Board, load_board, resolve_board_path, resolve_story_dir
+from ..db.models import Run, Story, utcnow
+from ..errors import ConfigError
+from ..footprint import footprint_from_mapping
+from ..gitcmd import branch_name_ok
+from ..profiles import resolve_command
+from ..selection import StorySpec, check_dependencies, load_stories, select_stories
+from .journal import record
+from .layout import Layout
+
+__all__ = ["Plan", "Selection", "build_plan", "enqueue", "new_run_id", "LIVE_FOR_TARGET"]
+
+# A target branch has at most one run in these states; stopped runs wait for resume but do
+# not block a new run (resume re-checks).
+LIVE_FOR_TARGET = ("running", "pausing", "paused", "stopping")
+
+
+@dataclass(frozen=True)
+class Selection:
+    epic: int | None = None
+    stories: tuple[str, ...] = ()
+    max_stories: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"epic": self.epic, "story": list(self.stories), "max_stories": self.max_stories}
+
+
+@dataclass
+class Plan:
+    target_branch: str
+    target_sha: str
+    board: Board
+    stories: list[StorySpec]
+    all_stories: list[StorySpec]
+    agent_argv: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def new_run_id(now=None) -> str:
+    now = now or utcnow()
+    return now.strftime("%Y%m%d-%H%M%S-") + f"{random.getrandbits(16):04x}"
+
+
+def target_branch_of(project, policy) -> tuple[str, str]:
+    git = project.git(policy)
+    if git.toplevel() is None:
+        raise ConfigError(f"{project.root}: not a git repository")
+    branch = policy.scm.target_branch or git.current_branch()
+    if not branch:
+        raise ConfigError(f"{project.root}: HEAD is detached and [scm] target_branch is not set")
+    sha = git.rev(f"refs/heads/{branch}")
+    if sha is None:
+        raise ConfigError(f"{policy.source}: [scm] target_branch: branch '{branch}' does not exist")
+    return branch, sha
+
+
+def load_board_and_stories(project, policy):
+    board_path = resolve_board_path(project.root, policy.stories.sprint_status)
+    board = load_board(board_path)
+    story_dir = resolve_story_dir(project.root, board, policy.stories.story_dir)
+    overrides = {k: {"files": list(v.files), "shared": list(v.shared), "resources": list(v.resources)}
+                 for k, v in policy.footprints.overrides.items()}
+    for key in overrides:
+        if board.entry(key) is None:
+            raise ConfigError(f"{policy.source}: [footprints.\"{key}\"]: no such story on {board_path}")
+        fp = footprint_from_mapping(overrides[key])
+        if fp.reason and fp.reason.startswith("invalid"):
+            raise ConfigError(f"{policy.source}: [footprints.\"{key}\"]: {fp.reason}")
+    return board, load_stories(project.root, board, story_dir, overrides)
+
+
+def agent_command(policy) -> list[str]:
+    """The dev-phase argv template, with its binary checked: a missing agent is bad input."""
+    adapter = policy.adapter
+    if not adapter.profile and not adapter.command and not adapter.phase("dev").command:
+        raise ConfigError(f"{policy.source}: [adapter]: no agent configured "
+                          "(set [adapter] profile or [adapter] command)")
+    checked = []
+    for phase in ("dev", "review", "fix"):
+        if phase != "dev" and phase == "review" and not policy.review.enabled:
+            continue
+        template = resolve_command(profile=adapter.profile, command=adapter.command,
+                                   phase_command=adapter.phase(phase).command, model="",
+                                   tier_args=())
+        if not template:
+            raise ConfigError(f"{policy.source}: [adapter] command: empty argv for phase {phase}")
+        if template[0] not in checked:
+            check_binary(template[0], f"{policy.source}: [adapter]")
+            checked.append(template[0])
+        if phase == "dev":
+            dev = template
+    return dev
+
+
+def build_plan(project, policy, selection: Selection, run_id_for_checks: str = "20000101-000000-0000") -> Plan:
+    target_branch, target_sha = target_branch_of(project, policy)
+    board, all_stories = load_board_and_stories(project, policy)
+    chosen = select_stories(all_stories, board, epic=selection.epic, story=selection.stories,
+                            max_stories=selection.max_stories)
+    check_dependencies(all_stories, chosen)
+    layout = Layout(project.state_dir, run_id_for_checks)
+    for spec in chosen:
+        branch = layout.story_branch(spec.key, policy.scm.branch_per)
+        if not branch_name_ok(branch):
+            raise ConfigError(f"{board.path}: story '{spec.key}': git refuses the branch name {branch}")
+        if spec.tier and spec.tier not in policy.adapter.tiers:
+            raise ConfigError(f"{spec.story_file or board.path}: story '{spec.key}': tier "
+                              f"'{spec.tier}' is not defined in [adapter.tiers]")
+    argv = agent_command(policy) if chosen else []
+    warnings = []
+    if policy.scm.isolation == "worktree" and policy.scm.max_parallel > 1 and policy.scm.rollback_on_failure:
+        warnings.append("[scm] rollback_on_failure is ignored in parallel worktree mode")
+    return Plan(target_branch, target_sha, board, chosen, all_stories, argv, warnings)
+
+
+def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, Plan]:
+    """Create the run and its plan; returns (run id or None when there is nothing to do, plan)."""
+    plan = build_plan(project, policy, selection)
+    if not plan.stories:
+        return None, plan
+    db = project.db
+    run_id = new_run_id()
+    with db.transaction() as s:
+        live = s.scalars(select(Run).where(Run.target_branch == plan.target_branch,
+                                           Run.project == str(project.root),
+                                           Run.state.in_(LIVE_FOR_TARGET))).first()
+        if live is not None:
+            raise ConfigError(f"run {live.id} is already {live.state} on {plan.target_branch}: "
+                              f"resume or stop it first")
+        run = Run(id=run_id, project=str(project.root), target_branch=plan.target_branch,
+                  target_sha=plan.target_sha, head_sha=plan.target_sha, state="running",
+                  max_parallel=policy.scm.max_parallel, merge_strategy=policy.scm.merge_strategy,
+                  isolation=policy.scm.isolation, selection=selection.to_dict(),
+                  policy=policy.to_dict(), board_path=str(plan.board.path), gates_passed=[],
+                  created_at=utcnow(), started_at=utcnow(), host=project.host)
+        s.add(run)
+        for seq, spec in enumerate(plan.stories, start=1):
+            s.add(Story(
+                run_id=run_id, key=spec.key, seq=seq, epic=spec.epic, title=spec.title,
+                story_path=spec.story_path, state="pending", footprint=spec.footprint.to_dict(),
+                footprint_reason=spec.footprint.reason, depends_on=list(spec.depends_on),
+                merge_class=spec.merge_class or policy.parallel.merge_class,
+                tier=spec.tier or (policy.parallel.tier or None),
+                done_checkpoint=spec.done_checkpoint, feedback={},
+            ))
+        record(s, run_id, "run.created", target_branch=plan.target_branch,
+               target_sha=plan.target_sha, max_parallel=policy.scm.max_parallel,
+               strategy=policy.scm.merge_strategy, isolation=policy.scm.isolation,
+               plan=[spec.key for spec in plan.stories], selection=selection.to_dict())
+        for spec in plan.stories:
+            if spec.footprint.reason:
+                record(s, run_id, "footprint.exclusive", spec.key, reason=spec.footprint.reason)
+        for warning in plan.warnings:
+            record(s, run_id, "run.warning", message=warning)
+    tasks.enqueue_lane(run_id)
+    return run_id, plan

@@ -1,0 +1,55 @@
+"""`bmad-loop validate`: every check enqueue would make, reported one by one instead of failing fast."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import BmadLoopError
+from ..policy import load_policy
+from .planning import agent_command, load_board_and_stories, target_branch_of
+from .project import Project
+
+__all__ = ["preflight"]
+
+
+def preflight(root: Path) -> dict:
+    checks: list[dict] = []
+
+    def add(name, status, detail):
+        checks.append({"name": name, "status": status, "detail": detail})
+
+    try:
+        policy = load_policy(root)
+        add("policy", "ok", policy.source)
+    except BmadLoopError as exc:
+        add("policy", "error", str(exc))
+        return _report(checks)
+    project = Project(root=root, policy=policy)
+    try:
+        branch, sha = target_branch_of(project, policy)
+        add("git", "ok", f"target branch {branch} at {sha[:10]}")
+    except BmadLoopError as exc:
+        add("git", "error", str(exc))
+    try:
+        board, stories = load_board_and_stories(project, policy)
+        actionable = [s for s in stories if s.status in ("backlog", "ready-for-dev", "drafted")]
+        add("stories", "ok", f"{board.path}: {len(stories)} stories, {len(actionable)} actionable")
+        for entry in board.others():
+            add("board", "warn", f"{board.path}: key '{entry.key}' (line {entry.line}) is not an "
+                "epic, retrospective or story; it is not run")
+        for spec in actionable:
+            if spec.footprint.reason:
+                add("footprint", "warn", f"story {spec.key}: footprint {spec.footprint.reason} "
+                    "(treated as exclusive)")
+    except BmadLoopError as exc:
+        add("stories", "error", str(exc))
+    try:
+        argv = agent_command(policy)
+        add("agent", "ok", " ".join(argv))
+    except BmadLoopError as exc:
+        add("agent", "error", str(exc))
+    return _report(checks)
+
+
+def _report(checks):
+    return {"ok": all(c["status"] != "error" for c in checks), "checks": checks}

@@ -1,0 +1,106 @@
+"""Read models for `status`, `journal` and friends: plain dicts built from the rows."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from ..db.models import Candidate, Run, Story, utcnow
+from .journal import event_json, events_after
+from .rows import stories_of
+
+__all__ = ["run_status", "run_json", "story_json", "candidate_json", "journal_lines"]
+
+
+def _iso(value):
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
+
+
+def run_json(run: Run) -> dict:
+    return {
+        "id": run.id,
+        "state": run.state,
+        "target_branch": run.target_branch,
+        "target_sha": run.head_sha or run.target_sha,
+        "start_sha": run.target_sha,
+        "max_parallel": run.max_parallel,
+        "merge_strategy": run.merge_strategy,
+        "isolation": run.isolation,
+        "reason": run.reason,
+        "created_at": _iso(run.created_at),
+        "ended_at": _iso(run.ended_at),
+        "host": run.host,
+    }
+
+
+def story_json(story: Story, now=None) -> dict:
+    now = now or utcnow()
+    start = story.started_at
+    end = story.ended_at or (story.ready_at if story.state in ("ready",) else None)
+    elapsed = None
+    if start is not None:
+        elapsed = round(((end or now) - start).total_seconds(), 1)
+    fp = story.footprint or {}
+    return {
+        "key": story.key,
+        "seq": story.seq,
+        "epic": story.epic,
+        "title": story.title,
+        "state": story.state,
+        "phase": story.phase,
+        "worktree": story.worktree,
+        "branch": story.branch,
+        "base_sha": story.base_sha,
+        "head_sha": story.head_sha,
+        "integrated_sha": story.integrated_sha,
+        "session": story.session,
+        "log": story.log,
+        "attempt": story.dev_attempts,
+        "review_cycles": story.review_cycles,
+        "footprint": {"files": fp.get("files", []), "shared": fp.get("shared", []),
+                      "resources": fp.get("resources", [])},
+        "footprint_reason": story.footprint_reason,
+        "host": story.host,
+        "heartbeat_at": _iso(story.heartbeat_at),
+        "elapsed_s": elapsed,
+        "reason": story.reason,
+        "waiting_for": story.wait_reason,
+        "depends_on": list(story.depends_on or []),
+        "merge_class": story.merge_class,
+        "tier": story.tier,
+        "done_checkpoint": story.done_checkpoint,
+        "approved": story.approved,
+    }
+
+
+def candidate_json(candidate: Candidate, story_key: str) -> dict:
+    return {
+        "story": story_key,
+        "attempt": candidate.attempt,
+        "strategy": candidate.strategy,
+        "state": candidate.state,
+        "ref": candidate.ref,
+        "worktree": candidate.worktree,
+        "target_sha": candidate.target_sha,
+        "branch_sha": candidate.branch_sha,
+        "candidate_sha": candidate.candidate_sha,
+        "evidence": candidate.evidence,
+        "reason": candidate.reason,
+        "verify_s": candidate.verify_s,
+    }
+
+
+def run_status(session, run: Run) -> dict:
+    stories = stories_of(session, run.id)
+    keys = {s.id: s.key for s in stories}
+    candidates = list(session.scalars(select(Candidate).where(Candidate.run_id == run.id)
+                                      .order_by(Candidate.id)))
+    now = utcnow()
+    return {
+        "run": run_json(run),
+        "stories": [story_json(s, now) for s in stories],
+        "candidates": [candidate_json(c, keys.get(c.story_id, "?")) for c in candidates],
+    }
+
+
+def journal_lines(session, run_id: str, after_seq: int = 0, kinds=(), story=None) -> list[dict]:
+    return [event_json(e) for e in events_after(session, run_id, after_seq, kinds, story)]

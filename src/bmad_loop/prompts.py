@@ -1,0 +1,167 @@
+"""The prompt file an agent session reads: the phase's instructions, the story, and the evidence.
+
+Instructions are two parts: the phase's *task* (what to do — replaceable by a profile, e.g. "run
+the BMAD dev-story workflow") and the *ground rules* (what never to do — always there). `compose`
+joins them; `PHASE_INSTRUCTIONS` holds the default, composed, per phase.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
+
+__all__ = [
+    "PHASES",
+    "DEFAULT_TASKS",
+    "GROUND_RULES",
+    "PHASE_INSTRUCTIONS",
+    "MAX_EVIDENCE_CHARS",
+    "compose",
+    "build_prompt",
+    "write_prompt",
+]
+
+PHASES = ("dev", "review", "fix")
+MAX_EVIDENCE_CHARS = 40_000  # verify output or review notes beyond this keep only their tail
+
+_COMMON_RULES = """\
+- You run unattended: nobody will answer a question. Never stop to wait for input; where a workflow
+  asks the user to choose, take the choice that lets the work continue and note it in the story's
+  Dev Agent Record.
+- Work only inside your worktree, the current directory (also in $BMAD_LOOP_WORKTREE). Do not
+  change any file outside it.
+- Do not edit the sprint board (sprint-status.yaml) or any other ledger of the sprint: bmad-loop
+  records story statuses itself, and reverts any change an agent makes to them. Skip any workflow
+  step that would update them. The story file itself is yours to update.
+- Git: stay on the branch that is checked out. Do not create, move, reset, rebase, delete or push
+  any other branch or tag, do not push at all, and do not run `git update-ref`, `git branch -f`,
+  `git checkout`/`git switch` of another branch or `git worktree`. An attempt to move the target
+  branch is blocked and escalates the story."""
+
+_CHANGE_RULES = """\
+- You may commit your work on the current branch, or leave it uncommitted: whatever you leave
+  in the worktree when you finish is committed by bmad-loop. Never rewrite commits you did not make.
+- Exit with status 0 when the work is done; a non-zero exit means this attempt failed."""
+
+_REVIEW_RULES = """\
+- This is a review: change no file and make no commit.
+- Write your review notes to standard output: each finding with its file, line and what must
+  change. They are handed to the fix session as they are.
+- Your verdict: exit with status 0 to approve, non-zero to request changes. Also end your output
+  with exactly one verdict line, `BMAD-LOOP-VERDICT: APPROVED` or
+  `BMAD-LOOP-VERDICT: CHANGES-REQUESTED` (for agents whose CLI cannot set its exit status)."""
+
+GROUND_RULES: Mapping[str, str] = MappingProxyType({
+    "dev": f"Ground rules:\n{_COMMON_RULES}\n{_CHANGE_RULES}",
+    "fix": f"Ground rules:\n{_COMMON_RULES}\n{_CHANGE_RULES}",
+    "review": f"Ground rules:\n{_COMMON_RULES}\n{_REVIEW_RULES}",
+})
+
+DEFAULT_TASKS: Mapping[str, str] = MappingProxyType({
+    "dev": """\
+Implement the story below, completely. Work through its tasks and subtasks in order; for each,
+write the code and the tests that prove it, and run the project's tests. Mark a task done in the
+story file only when it is implemented and its tests pass. Fill in the story's Dev Agent Record
+(notes, debug log), File List and Change Log, and set its Status to `review` when every task is
+done. If a previous attempt failed verification, its output is below: fix that cause first.""",
+    "review": """\
+Review the changes made for the story below, as a senior reviewer who expects to find problems.
+See them with `git diff $BMAD_LOOP_BASE_SHA` (committed and uncommitted) and
+`git log $BMAD_LOOP_BASE_SHA..HEAD`. Check every acceptance criterion and every task marked done
+against the code; look for bugs, missing or weak tests, security and error-handling gaps, and
+changes outside the story's scope. Approve only when the story is truly done.""",
+    "fix": """\
+The story below was implemented, but verification failed or the review requested changes; the
+evidence is below. Fix every problem it names, with the smallest change that fixes it, and add or
+adjust tests so each stays fixed. Run the project's tests. Record what you fixed in the story's
+Dev Agent Record and Change Log.""",
+})
+
+
+def _check_phase(phase: str) -> None:
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r} (known: {', '.join(PHASES)})")
+
+
+def compose(phase: str, task: str) -> str:
+    """A phase's full instructions: `task` followed by the phase's ground rules."""
+    _check_phase(phase)
+    return f"{task.strip()}\n\n{GROUND_RULES[phase]}"
+
+
+PHASE_INSTRUCTIONS: Mapping[str, str] = MappingProxyType({p: compose(p, DEFAULT_TASKS[p]) for p in PHASES})
+
+
+def build_prompt(
+    *,
+    phase: str,
+    story_key: str,
+    story_title: str,
+    story_text: str,
+    instructions: str,
+    attempt: int,
+    verify_output: str = "",
+    review_notes: str = "",
+    worktree: str = "",
+) -> str:
+    """The text of one session's prompt file.
+
+    It holds the phase's `instructions`, the full story file, and the evidence: for `fix`, the
+    failing verify output and the review's notes; for a later `dev` attempt, the previous attempt's
+    failing verify output. Evidence longer than `MAX_EVIDENCE_CHARS` keeps its tail.
+    """
+    _check_phase(phase)
+    title = f"{story_key}: {story_title}" if story_title else story_key
+    head = [f"# bmad-loop {phase} session — story {title}", "", f"- Phase: {phase}", f"- Attempt: {attempt}"]
+    if worktree:
+        head.append(f"- Worktree (your working directory): {worktree}")
+    parts = ["\n".join(head), "## Instructions\n\n" + instructions.strip()]
+    parts.append(f"## The story ({story_key})\n\n{_fenced(story_text, 'markdown')}")
+
+    if phase == "fix":
+        if verify_output.strip():
+            parts.append("## Verification failed — its output\n\n" + _evidence(verify_output))
+        else:
+            parts.append("## Verification\n\nVerification passed; the review requested changes.")
+        if review_notes.strip():
+            parts.append("## The review's notes\n\n" + _evidence(review_notes))
+    elif phase == "dev" and verify_output.strip():
+        parts.append(f"## The previous attempt failed verification — its output\n\n{_evidence(verify_output)}")
+    elif phase == "dev" and review_notes.strip():
+        parts.append("## Review notes from earlier\n\n" + _evidence(review_notes))
+    return "\n\n".join(parts) + "\n"
+
+
+def write_prompt(path: Path, text: str) -> Path:
+    """Write `text` to `path` atomically (parents created); return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _evidence(text: str) -> str:
+    text = text.rstrip()
+    note = ""
+    if len(text) > MAX_EVIDENCE_CHARS:
+        text = text[-MAX_EVIDENCE_CHARS:]
+        note = f"(only the last {MAX_EVIDENCE_CHARS} characters are shown)\n\n"
+    return note + _fenced(text, "text")
+
+
+def _fenced(text: str, lang: str) -> str:
+    """`text` in a code fence longer than any backtick run inside it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{text.rstrip()}\n{fence}"

@@ -1,0 +1,53 @@
+"""The huey tasks, by stable name. Messages carry row ids only; bodies re-read the rows.
+
+Task names are part of the on-disk contract: a queued message names its task, so renaming
+one strands the messages already queued. Keep them.
+"""
+
+from __future__ import annotations
+
+from .queue import INTEGRATION, STORIES, QueueConfig, make_huey
+
+__all__ = ["Tasks", "queue_config", "STORY_TASK", "LANE_TASK"]
+
+STORY_TASK = "bmad_loop.story"
+LANE_TASK = "bmad_loop.lane"
+
+
+def queue_config(project) -> QueueConfig:
+    q = project.policy.queue
+    if q.backend == "redis":
+        return QueueConfig(backend="redis", url=q.url)
+    path = project.path("queue.db") if not q.url else project.root / q.url
+    return QueueConfig(backend="sqlite", sqlite_path=path)
+
+
+class Tasks:
+    """One project's two queues with the two task bodies bound to it."""
+
+    def __init__(self, project):
+        self.project = project
+        config = queue_config(project)
+        self.stories = make_huey(config, STORIES)
+        self.integration = make_huey(config, INTEGRATION)
+        self._story = self.stories.task(name=STORY_TASK)(self._story_body)
+        self._lane = self.integration.task(name=LANE_TASK)(self._lane_body)
+
+    def enqueue_story(self, run_id: str, story_id: int) -> None:
+        self._story(run_id, story_id)
+
+    def enqueue_lane(self, run_id: str) -> None:
+        self._lane(run_id)
+
+    def lane_pending(self) -> int:
+        return self.integration.pending_count()
+
+    def _story_body(self, run_id: str, story_id: int) -> None:
+        from .engine.worker import work
+
+        work(self.project, self, run_id, story_id)
+
+    def _lane_body(self, run_id: str) -> None:
+        from .engine.lane import tick
+
+        tick(self.project, self, run_id)

@@ -1,0 +1,295 @@
+"""Worktrees and branches of one repository, made and removed idempotently.
+
+Every mutation here (worktree add/remove/prune, branch create/delete, ref delete), and the
+``worktree list`` read, runs under `repo_lock`: concurrent ``git worktree add`` in one repository
+fails intermittently otherwise (the branch is created even when the add fails), and ``worktree
+list`` fails when it meets an add half way through. Every ``ensure_*`` function can be re-run after a
+crash at any point: a half-made worktree — a folder without ``.git``, a registration whose folder
+is gone, or a checkout still marked ``locked initializing`` because ``worktree add`` was killed —
+is removed properly (unlock, ``worktree remove -f -f``, remove the folder, ``prune``) and made again.
+A complete worktree is never thrown away by an ``ensure_*`` call: one that is on another branch
+raises `GitError` instead, so a kept (escalated) worktree cannot lose a human's edits by accident.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from bmad_loop.errors import GitError
+from bmad_loop.gitcmd import Git, branch_name_ok, repo_lock
+
+__all__ = [
+    "WorktreeInfo",
+    "list_worktrees",
+    "checkout_of",
+    "ensure_worktree",
+    "ensure_detached_worktree",
+    "remove_worktree",
+    "delete_branch",
+    "delete_ref",
+    "prune",
+]
+
+_ZERO_SHA = "0" * 40
+_INITIALIZING = "initializing"
+
+
+@dataclass(frozen=True)
+class WorktreeInfo:
+    """One entry of ``git worktree list --porcelain``."""
+
+    path: Path
+    head: str | None
+    branch: str | None  # short name, without refs/heads/
+    detached: bool
+    locked: bool
+    prunable: bool
+    bare: bool
+    lock_reason: str = ""
+
+    @property
+    def half_made(self) -> bool:
+        """Registered but not a usable checkout: folder or its .git gone, or an interrupted add."""
+        if self.bare:
+            return False
+        return (
+            self.prunable
+            or (self.locked and self.lock_reason == _INITIALIZING)
+            or not (self.path / ".git").exists()
+        )
+
+
+def list_worktrees(git: Git) -> list[WorktreeInfo]:
+    """Every registered worktree, the main one first (parses ``worktree list --porcelain -z``).
+
+    Reads under the repository lock too: ``worktree list`` fails ("failed to read .../commondir")
+    when it meets a ``worktree add`` half way through.
+    """
+    with repo_lock(git):
+        raw = git.run("worktree", "list", "--porcelain", "-z").stdout
+    infos: list[WorktreeInfo] = []
+    record: dict = {}
+    for field in raw.split("\0"):
+        if field == "":
+            if record:
+                infos.append(_info(record))
+                record = {}
+            continue
+        key, _, value = field.partition(" ")
+        record[key] = value
+    if record:
+        infos.append(_info(record))
+    return infos
+
+
+def _info(record: dict) -> WorktreeInfo:
+    head = record.get("HEAD") or None
+    branch = record.get("branch")
+    return WorktreeInfo(
+        path=Path(record["worktree"]),
+        head=None if head in (None, _ZERO_SHA) else head,
+        branch=branch.removeprefix("refs/heads/") if branch else None,
+        detached="detached" in record,
+        locked="locked" in record,
+        prunable="prunable" in record,
+        bare="bare" in record,
+        lock_reason=record.get("locked", ""),
+    )
+
+
+def checkout_of(git: Git, branch: str) -> Path | None:
+    """The worktree where `branch` is checked out (a half-made registration does not count)."""
+    name = branch.removeprefix("refs/heads/")
+    for info in list_worktrees(git):
+        if info.branch == name and not info.half_made:
+            return info.path
+    return None
+
+
+def ensure_worktree(git: Git, path: Path, branch: str, start_sha: str) -> str:
+    """Make `path` a worktree on `branch`, creating the branch at `start_sha` if it is absent.
+
+    Idempotent: an existing worktree on that branch at `path` is reused as it is (an existing
+    branch is never moved). A half-made one is removed and made again. Returns the branch head.
+    """
+    if not branch_name_ok(branch):
+        raise GitError(f"git refuses {branch!r} as a branch name")
+    path = _abs(path)
+    ref = f"refs/heads/{branch}"
+    with repo_lock(git):
+        info = _find(git, path)
+        if info is not None and not info.half_made:
+            if info.branch == branch:
+                return _rev_or_fail(git, ref)
+            where = f"branch {info.branch}" if info.branch else f"detached at {info.head}"
+            raise GitError(f"{path} is already a worktree on {where}, not on {branch}")
+        _discard(git, path, info)
+        _free_branch(git, branch, path)
+        if git.rev(ref) is None:
+            git.run("branch", "--no-track", branch, start_sha)
+        _add(git, path, branch)
+        return _rev_or_fail(git, ref)
+
+
+def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
+    """Make `path` a worktree with a detached HEAD at `sha` (candidate worktrees).
+
+    Idempotent: an existing detached worktree at `path` is reused; if it is at another commit it is
+    reset to `sha` (``checkout --detach -f`` and ``clean -ffdx``). A half-made one is made again.
+    """
+    path = _abs(path)
+    with repo_lock(git):
+        info = _find(git, path)
+        if info is not None and not info.half_made:
+            if not info.detached:
+                raise GitError(f"{path} is a worktree on branch {info.branch}, not detached")
+            if info.head != git.rev(sha):
+                git.run("checkout", "--quiet", "--detach", "-f", sha, cwd=path)
+                git.run("clean", "-ffdxq", cwd=path)
+            return
+        _discard(git, path, info)
+        _add(git, path, sha, detach=True)
+
+
+def remove_worktree(git: Git, path: Path) -> None:
+    """Remove the worktree at `path`, its folder and its registration. Missing is fine."""
+    path = _abs(path)
+    with repo_lock(git):
+        info = _find(git, path)
+        if info is not None and (info.bare or _is_main(git, info)):
+            raise GitError(f"refusing to remove the main worktree {path}")
+        _discard(git, path, info)
+
+
+def delete_branch(git: Git, name: str) -> None:
+    """Delete branch `name`. Missing is fine; a branch checked out in a live worktree is an error.
+
+    Prunes first: ``branch -D`` refuses a branch checked out in any worktree, even a stale one.
+    """
+    name = name.removeprefix("refs/heads/")
+    with repo_lock(git):
+        _prune(git)
+        for info in list_worktrees(git):
+            if info.branch == name and info.half_made and not _is_main(git, info):
+                _discard(git, info.path, info)
+        proc = git.run("branch", "-D", "--", name, check=False)
+        if proc.returncode != 0 and git.rev(f"refs/heads/{name}") is not None:
+            raise GitError(
+                f"cannot delete branch {name}: {proc.stderr.strip()}",
+                returncode=proc.returncode,
+                stderr=proc.stderr,
+            )
+
+
+def delete_ref(git: Git, ref: str) -> None:
+    """Delete `ref` itself (never what a symbolic ref points to). Missing is fine."""
+    with repo_lock(git):
+        git.run("update-ref", "--no-deref", "-d", ref)
+
+
+def prune(git: Git) -> None:
+    """``git worktree prune`` under the repository lock."""
+    with repo_lock(git):
+        _prune(git)
+
+
+# -- internals (callers hold the lock) ---------------------------------------------------------
+
+
+def _prune(git: Git) -> None:
+    git.run("worktree", "prune")
+
+
+def _abs(path: Path) -> Path:
+    return Path(os.path.abspath(os.fspath(path)))
+
+
+def _same(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve()
+
+
+def _find(git: Git, path: Path) -> WorktreeInfo | None:
+    for info in list_worktrees(git):
+        if _same(info.path, path):
+            return info
+    return None
+
+
+def _is_main(git: Git, info: WorktreeInfo) -> bool:
+    main = list_worktrees(git)[0]
+    return _same(main.path, info.path)
+
+
+def _rev_or_fail(git: Git, ref: str) -> str:
+    sha = git.rev(ref)
+    if sha is None:
+        raise GitError(f"{ref} vanished while its worktree was being made")
+    return sha
+
+
+def _add(git: Git, path: Path, what: str, *, detach: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["worktree", "add", "--quiet"] + (["--detach"] if detach else []) + [path, what]
+    try:
+        git.run(*argv)
+    except GitError:
+        _discard(git, path, _find(git, path))
+        raise
+
+
+def _free_branch(git: Git, branch: str, path: Path) -> None:
+    """Make sure `branch` is not checked out anywhere but (possibly) `path`."""
+    for info in list_worktrees(git):
+        if info.branch != branch or _same(info.path, path):
+            continue
+        if info.half_made and not _is_main(git, info):
+            _discard(git, info.path, info)
+        else:
+            raise GitError(f"branch {branch} is already checked out at {info.path}")
+
+
+def _discard(git: Git, path: Path, info: WorktreeInfo | None) -> None:
+    """Remove whatever is at `path`: registration (even locked), folder, stale admin entries."""
+    _guard(git, path)
+    if info is not None:
+        if info.locked:
+            git.run("worktree", "unlock", info.path, check=False)
+        git.run("worktree", "remove", "-f", "-f", info.path, check=False)
+    if os.path.lexists(path):
+        _rmtree(path)
+    _prune(git)
+    if info is not None and _find(git, path) is not None:
+        raise GitError(f"could not remove the worktree registered at {path}")
+
+
+def _guard(git: Git, path: Path) -> None:
+    """Never delete the main working tree, the git directory, or a folder containing either."""
+    target = path.resolve()
+    protected = [git.common_dir()]
+    main = list_worktrees(git)[0]
+    if not main.bare:
+        protected.append(main.path.resolve())
+    for p in protected:
+        if p == target or target in p.parents:
+            raise GitError(f"refusing to delete {path}: it holds the repository {p}")
+
+
+def _rmtree(path: Path) -> None:
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+        return
+    try:
+        shutil.rmtree(path)
+    except OSError:
+        # Read-only folders (a Go module cache, say): make everything writable, then retry.
+        os.chmod(path, os.stat(path).st_mode | stat.S_IRWXU)
+        for root, dirs, _files in os.walk(path):
+            for d in dirs:
+                p = os.path.join(root, d)
+                if not os.path.islink(p):
+                    os.chmod(p, os.stat(p).st_mode | stat.S_IRWXU)
+        shutil.rmtree(path)
