@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-12-02 12:51:51.598961
+Create Date: 2026-12-02 12:59:04.522016
 """
 from alembic import op
 import sqlalchemy as sa
@@ -54,7 +54,9 @@ def upgrade() -> None:
     sa.Column('policy', sa.JSON(), nullable=False),
     sa.Column('board_path', sa.Text(), nullable=False),
     sa.Column('reason', sa.Text(), nullable=True),
+    sa.Column('stop_mode', sa.String(length=16), nullable=True),
     sa.Column('gates_passed', sa.JSON(), nullable=False),
+    sa.Column('gate_epic', sa.Integer(), nullable=True),
     sa.Column('created_at', bmad_loop.db.models.UtcDateTime(), nullable=False),
     sa.Column('started_at', bmad_loop.db.models.UtcDateTime(), nullable=True),
     sa.Column('ended_at', bmad_loop.db.models.UtcDateTime(), nullable=True),
@@ -89,6 +91,7 @@ def upgrade() -> None:
     sa.Column('dev_attempts', sa.Integer(), nullable=False),
     sa.Column('review_cycles', sa.Integer(), nullable=False),
     sa.Column('feedback', sa.JSON(), nullable=False),
+    sa.Column('wait_reason', sa.Text(), nullable=True),
     sa.Column('reason', sa.Text(), nullable=True),
     sa.Column('session', sa.String(length=255), nullable=True),
     sa.Column('log', sa.Text(), nullable=True),

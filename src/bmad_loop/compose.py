@@ -483,7 +483,10 @@ def sync_checkout(git: Git, checkout: Path, old: str, new: str) -> None:
 
     Index and files follow the advance; unrelated local changes, staged or not, survive. Refuses
     (GitError, nothing changed) when a local change is in the way — check `overlapping_dirty`
-    before the target moves.
+    before the target moves — or when the checkout's HEAD is not `new` (not on that branch).
     """
+    head = git.rev("HEAD", cwd=checkout)
+    if head != git.rev(new):
+        raise GitError(f"{checkout} is at {head}, not at {new}: it is not on the advanced branch")
     git.run("update-index", "-q", "--refresh", cwd=checkout, check=False)
     git.run("read-tree", "-m", "-u", old, new, cwd=checkout)

@@ -26,10 +26,10 @@ __all__ = ["run_demo", "build_demo_repo"]
 
 # (key, title, files footprint, shared footprint, files written, lines appended)
 STORIES = [
-    ("1-1-greeting", "Greeting", ["src/greet.py"], ["NOTES.md"],
+    ("1-1-greeting", "Greeting", ["src/greet.py"], ["/NOTES.md"],
      {"src/greet.py": "def greet(name):\n    return f'Hello, {name}!'\n"},
      {"NOTES.md": "- 1-1: greet()\n"}),
-    ("1-2-arithmetic", "Arithmetic helpers", ["src/arith.py"], ["NOTES.md"],
+    ("1-2-arithmetic", "Arithmetic helpers", ["src/arith.py"], ["/NOTES.md"],
      {"src/arith.py": "def add(a, b):\n    return a + b\n"},
      {}),
     ("1-3-farewell", "Farewell (same file as the greeting: serialised)", ["src/greet.py"], [],

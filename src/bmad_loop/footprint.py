@@ -387,11 +387,9 @@ def parse_story_text(text: str) -> StoryMeta:
             errors.append(f"front matter is not valid YAML{where}")
             front_invalid = "invalid: front matter is not valid YAML"
         else:
-            if loaded is None:
-                pass
-            elif isinstance(loaded, Mapping):
+            if isinstance(loaded, Mapping):
                 front = loaded
-            else:
+            elif loaded is not None:
                 errors.append("front matter is not a mapping")
                 front_invalid = "invalid: front matter is not a mapping"
     elif errors:

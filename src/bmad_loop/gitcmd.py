@@ -12,8 +12,8 @@ another repository, index, object store or configuration (``GIT_DIR``, ``GIT_WOR
 ``GIT_INDEX_FILE``, ``GIT_OBJECT_DIRECTORY``, ``GIT_CONFIG_*``, identities, dates …) is dropped
 before our own variables are added, so bmad-loop started from inside a git hook, or by an agent,
 cannot be pointed at the wrong place. Transport and tracing variables (``GIT_SSH*``,
-``GIT_ASKPASS``, ``GIT_TRACE*`` …) are kept. ``LC_ALL=C`` makes messages parseable,
-``GIT_TERMINAL_PROMPT=0`` keeps git from ever waiting on a terminal, and
+``GIT_ASKPASS``, ``GIT_TRACE*`` …) and ``GIT_CONFIG_NOSYSTEM`` are kept. ``LC_ALL=C`` makes
+messages parseable, ``GIT_TERMINAL_PROMPT=0`` keeps git from ever waiting on a terminal, and
 ``GIT_OPTIONAL_LOCKS=0`` keeps read-only commands such as ``status`` from taking the index lock of
 a worktree an agent is working in.
 
@@ -52,6 +52,7 @@ _KEEP_GIT_VARS = frozenset(
         "GIT_HTTP_USER_AGENT",
         "GIT_CURL_VERBOSE",
         "GIT_EXEC_PATH",
+        "GIT_CONFIG_NOSYSTEM",  # can only make git read less configuration
     }
 )
 
@@ -255,8 +256,8 @@ def repo_lock(git: Git) -> Iterator[None]:
 
     Each outermost acquisition opens its own file description, so threads of one process exclude
     each other as well as processes do; the kernel releases it if the holder is killed (even with
-    SIGKILL). Re-entrant within one thread. Works only among processes on one machine (the
-    scale-out mode needs a lease instead).
+    SIGKILL). Re-entrant within one thread. Do not fork while holding it (the child would share
+    it). Works only among processes on one machine (the scale-out mode needs a lease instead).
     """
     path = str(git.common_dir() / LOCK_FILE_NAME)
     depths = _held.__dict__.setdefault("depths", {})

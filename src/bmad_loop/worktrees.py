@@ -3,12 +3,14 @@
 Every mutation here (worktree add/remove/prune, branch create/delete, ref delete), and the
 ``worktree list`` read, runs under `repo_lock`: concurrent ``git worktree add`` in one repository
 fails intermittently otherwise (the branch is created even when the add fails), and ``worktree
-list`` fails when it meets an add half way through. Every ``ensure_*`` function can be re-run after a
-crash at any point: a half-made worktree — a folder without ``.git``, a registration whose folder
-is gone, or a checkout still marked ``locked initializing`` because ``worktree add`` was killed —
-is removed properly (unlock, ``worktree remove -f -f``, remove the folder, ``prune``) and made again.
-A complete worktree is never thrown away by an ``ensure_*`` call: one that is on another branch
-raises `GitError` instead, so a kept (escalated) worktree cannot lose a human's edits by accident.
+list`` fails when it meets an add half way through.
+
+Every ``ensure_*`` function can be re-run after a crash at any point: a half-made worktree — a
+folder without ``.git``, a registration whose folder is gone, or a checkout still marked ``locked
+initializing`` because ``worktree add`` was killed — is removed properly (unlock, ``worktree
+remove -f -f``, remove the folder, ``prune``) and made again. A complete worktree is never thrown
+away by an ``ensure_*`` call: one on another branch raises `GitError` instead, so a kept
+(escalated) worktree cannot lose a human's edits by accident.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ class _Lane:
                 return False  # the earliest open story is not finished: later ones wait
             outcome = self.integrator.integrate(story.id)
             if outcome == "integrated" and story.done_checkpoint:
-                self._request_pause(f"checkpoint after {story.key}", kind="checkpoint",
+                self._request_pause(f"checkpoint after {story.key}", pause="checkpoint",
                                     story=story.key)
             if outcome == "escalated":
                 notify(self.db, self.policy, self.run_id, "story.escalated", story=story.key,
@@ -111,14 +111,14 @@ class _Lane:
         if not escalated:
             return False
         first = escalated[0]
-        self._request_pause(f"{first.key} escalated: {first.reason}", kind="escalation",
+        self._request_pause(f"{first.key} escalated: {first.reason}", pause="escalation",
                             story=first.key)
         return True
 
-    def _request_pause(self, reason: str, **data) -> None:
+    def _request_pause(self, reason: str, *, pause: str, story: str | None = None) -> None:
         with self.db.transaction() as s:
             if transition_run(s, self.run_id, "running", state="pausing", reason=reason):
-                record(s, self.run_id, "run.pausing", data.get("story"), reason=reason, **data)
+                record(s, self.run_id, "run.pausing", story, reason=reason, pause=pause)
 
     # ------------------------------------------------------------ 3. admission
     def _dispatch(self, run: Run, stories: list[Story]) -> bool:

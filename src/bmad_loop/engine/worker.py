@@ -17,14 +17,14 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from ..adapter import AgentCall, agent_env, render_argv, run_agent
+from ..adapter import AgentCall, agent_env, render_argv, review_approved, run_agent, session_output
 from ..compose import changed_paths, commit_worktree, dirty_paths
 from ..db.models import Attempt, Run, Story, utcnow
 from ..errors import StopRequested
 from ..prompts import PHASE_INSTRUCTIONS, build_prompt, write_prompt
 from ..profiles import load_profile, resolve_command
 from ..worktrees import ensure_worktree
-from .globs import path_matches_any
+from ..footprint import path_matches
 from .journal import record
 from .layout import Layout
 from .rows import run_policy, transition_story
@@ -206,8 +206,7 @@ class StoryWorker:
             with self.db.transaction() as s:
                 record(s, self.run_id, "review.approved", self.key, cycle=story.review_cycles + 1)
             return "commit"
-        notes = _read_tail(result["log"], result["log_offset"])
-        self._feedback(review_notes=notes)
+        self._feedback(review_notes=result["output"][-20_000:])
         with self.db.transaction() as s:
             record(s, self.run_id, "review.changes_requested", self.key,
                    cycle=story.review_cycles + 1, summary=result["summary"])
@@ -276,7 +275,9 @@ class StoryWorker:
         )
         timeout = (tier.timeout_s if tier and tier.timeout_s else None) or phase_over.timeout_s \
             or policy.adapter.timeout_s
-        prompt_path = self.layout.prompt(self.key, phase, attempt)
+        # Inside the worktree: headless agents may not read files outside their folder.
+        prompt_path = Path(story.worktree) / SESSION_DIR / f"{phase}-{attempt}.md"
+        _exclude_session_dir(self.git)
         log_path = self.layout.log(self.key, phase, attempt)
         story_text = _read(self.project.root / story.story_path) if story.story_path else ""
         instructions = (self.profile.instructions.get(phase) if self.profile else None) \
@@ -290,7 +291,9 @@ class StoryWorker:
         ))
         worktree = Path(story.worktree)
         story_file = str(worktree / story.story_path) if story.story_path else ""
-        extra_env = dict(policy.adapter.env)
+        # Profile defaults first, so the user's [adapter.env] wins.
+        extra_env = dict(self.profile.env) if self.profile and not policy.adapter.command else {}
+        extra_env.update(policy.adapter.env)
         extra_env.update(phase_over.env)
         extra_env.update(self._sandbox_vars())
         call = AgentCall(phase=phase, story_key=self.key, story_file=story_file,
@@ -312,7 +315,6 @@ class StoryWorker:
             row.session, row.log = session, str(log_path)
             record(s, self.run_id, "attempt.started", self.key, phase=phase, attempt=attempt,
                    argv=argv, log=str(log_path))
-        log_offset = log_path.stat().st_size if log_path.exists() else 0
         with _Heartbeat(self, attempt_id):
             result = run_agent(argv, cwd=worktree, env=env, log_path=log_path, timeout_s=timeout,
                                stop_event=self.stop_event,
@@ -332,8 +334,13 @@ class StoryWorker:
                    state=state, exit_code=result.exit_code, duration_s=att.duration_s)
         if result.interrupted:
             raise StopRequested()
-        return {"ok": state == "succeeded", "interrupted": False, "summary": summary,
-                "log": log_path, "log_offset": log_offset}
+        output = session_output(log_path, result)
+        ok = state == "succeeded"
+        if phase == "review":
+            ok = review_approved(result, output, verdict=self._verdict_mode())
+            if not ok and state == "succeeded":
+                summary = "review requested changes"
+        return {"ok": ok, "interrupted": False, "summary": summary, "output": output}
 
     def _set_pid(self, attempt_id: int, pid: int) -> None:
         with self.db.transaction() as s:
@@ -387,7 +394,7 @@ class StoryWorker:
             return []
         declared = list(story.footprint.get("files", [])) + list(story.footprint.get("shared", []))
         ignored = [self.board_rel] if self.board_rel else []
-        return [p for p in changed if p not in ignored and not path_matches_any(p, declared)]
+        return [p for p in changed if p not in ignored and not _matches_any(p, declared)]
 
     def _sandbox_vars(self) -> dict:
         scratch = self.layout.scratch(self.key)
@@ -452,7 +459,7 @@ class StoryWorker:
 
     def _commit_in_place(self, story: Story, message: str, revert_globs: list[str]):
         paths = self._agent_paths_in_place(story)
-        reverted = [p for p in paths if path_matches_any(p, revert_globs)]
+        reverted = [p for p in paths if _matches_any(p, revert_globs)]
         for rel in reverted:
             if self.git.run("cat-file", "-e", f"{story.base_sha}:{rel}", check=False).returncode == 0:
                 self.git.run("checkout", story.base_sha, "--", rel)
@@ -485,6 +492,32 @@ class StoryWorker:
         head = self.git.rev("HEAD")
         self.git.run("checkout", "-q", self.target_branch)
         return head
+
+
+    def _verdict_mode(self) -> str:
+        """Profiles whose CLI always exits 0 mark their verdict in the output; commands use exit codes."""
+        adapter = self.policy.adapter
+        if self.profile and not adapter.command and not adapter.phase("review").command:
+            return self.profile.verdict
+        return "exit"
+
+
+SESSION_DIR = ".bmad-loop-session"
+
+
+def _exclude_session_dir(git) -> None:
+    """Keep the per-worktree session folder (prompt files) out of every `git add -A`."""
+    exclude = git.common_dir() / "info" / "exclude"
+    line = f"/{SESSION_DIR}/"
+    try:
+        current = exclude.read_text() if exclude.exists() else ""
+    except OSError:
+        return
+    if line not in current.splitlines():
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        with open(exclude, "a") as handle:
+            handle.write(("" if current.endswith("\n") or not current else "\n")
+                         + f"# bmad-loop prompt files\n{line}\n")
 
 
 class _Heartbeat:
@@ -524,6 +557,10 @@ class _Heartbeat:
                 log.exception("heartbeat failed")
 
 
+def _matches_any(path: str, patterns) -> bool:
+    return any(path_matches(pattern, path) for pattern in patterns)
+
+
 def _clean_env() -> dict:
     import os
 
@@ -540,14 +577,5 @@ def _relative(path: str, root: Path) -> str | None:
 def _read(path: Path) -> str:
     try:
         return path.read_text()
-    except OSError:
-        return ""
-
-
-def _read_tail(path: Path, offset: int, limit: int = 20_000) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            return handle.read().decode("utf-8", "replace")[-limit:]
     except OSError:
         return ""

@@ -1,0 +1,144 @@
+"""The story loop end to end: real repository, real huey consumers, scripted agent."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import StoryDef
+
+THREE = [
+    StoryDef("1-1-alpha", files=["src/alpha.py"]),
+    StoryDef("1-2-beta", files=["src/beta.py"]),
+    StoryDef("1-3-gamma", files=["src/gamma.py"]),
+]
+
+
+def _script_writing_one_file_each(commit: bool):
+    return {s.key: {"dev": [{"write": {s.files[0]: f"NAME = '{s.key}'\n"}, "commit": commit}]}
+            for s in THREE}
+
+
+@pytest.mark.parametrize("isolation", ["worktree", "none"])
+@pytest.mark.parametrize("strategy", ["ff", "merge", "squash"])
+def test_three_story_run_leaves_exactly_the_expected_target_history(make_repo, strategy, isolation):
+    repo = make_repo(THREE, script=_script_writing_one_file_each(commit=(strategy == "ff")),
+                     policy=f'[scm]\nmerge_strategy = "{strategy}"\nisolation = "{isolation}"\n'
+                            '[gates]\nmode = "none"\n')
+    start = repo.git("rev-parse", "main")
+    result = repo.cli("run")
+    assert result.exit_code == 0, result.output
+
+    history = repo.first_parent_trees()
+    assert history[0]["sha"] == start
+    later = history[1:]
+    if strategy == "merge":
+        assert [c["subject"] for c in later] == [
+            f"Merge bmad-loop/{_run_id(repo)}/{s.key}" for s in THREE]
+        assert all(c["parents"] == 2 for c in later)
+    elif strategy == "squash":
+        assert [c["subject"] for c in later] == [
+            "1-1-alpha: Alpha", "1-2-beta: Beta", "1-3-gamma: Gamma"]
+        assert all(c["parents"] == 1 for c in later)
+    else:  # ff: the agent's own commit, then one lane commit marking the board
+        assert [c["subject"] for c in later] == [
+            "1-1-alpha: agent commit", "bmad-loop: mark 1-1-alpha done",
+            "1-2-beta: agent commit", "bmad-loop: mark 1-2-beta done",
+            "1-3-gamma: agent commit", "bmad-loop: mark 1-3-gamma done"]
+        assert all(c["parents"] == 1 for c in later)
+    # Each integration step adds exactly its story's file, in plan order.
+    added = [s.files[0] for s in THREE]
+    step_trees = [c for c in later if not c["subject"].startswith("1-") or strategy != "ff"]
+    for index, story_file in enumerate(added):
+        assert story_file in history[-1]["files"]
+    seen = [next(c for c in later if f in c["files"]) for f in added]
+    assert [later.index(c) for c in seen] == sorted(later.index(c) for c in seen)
+    for story in THREE:
+        assert repo.board_status(story.key) == "done"
+    # Policy defaults: delete_branch = true, worktrees removed once integrated.
+    assert repo.bmad_branches() == []
+    assert repo.worktrees() == [str(repo.root)]
+    # The checkout of the target followed every advance.
+    assert repo.git("status", "--porcelain") == ""
+    assert repo.git("rev-parse", "HEAD") == repo.git("rev-parse", "main")
+    kinds = [e["kind"] for e in repo.journal()]
+    assert kinds[0] == "run.created" and kinds[-1] == "run.completed"
+    assert kinds.count("story.integrated") == 3
+    assert kinds.count("target.advanced") == 3
+
+
+def _run_id(repo):
+    return repo.status()["run"]["id"]
+
+
+def test_failing_verify_gives_a_second_dev_attempt_that_sees_the_failure(make_repo, tmp_path):
+    marker = tmp_path / "fixed"
+    stories = [StoryDef("1-1-alpha", files=["src/alpha.py"])]
+    script = {"1-1-alpha": {"dev": [
+        {"write": {"src/alpha.py": "bad\n"}},
+        {"write": {"src/alpha.py": "good\n"}},
+    ]}}
+    repo = make_repo(stories, script=script, policy=(
+        '[verify]\ncommands = ["grep -q good src/alpha.py || (echo ALPHA IS BROKEN; exit 1)"]\n'))
+    result = repo.cli("run")
+    assert result.exit_code == 0, result.output
+    dev_calls = [c for c in repo.calls() if c["phase"] == "dev"]
+    assert [c["attempt"] for c in dev_calls] == [1, 2]
+    assert "ALPHA IS BROKEN" not in dev_calls[0]["prompt"]
+    assert "ALPHA IS BROKEN" in dev_calls[1]["prompt"]
+    kinds = [e["kind"] for e in repo.journal()]
+    assert kinds.count("verify.failed") == 1 and kinds.count("verify.passed") == 1
+    assert repo.git("show", "main:src/alpha.py") == "good"
+
+
+def test_exhausted_dev_attempts_escalate_pause_and_resume_after_a_fix_completes(make_repo):
+    stories = [StoryDef("1-1-alpha", files=["src/alpha.py"])]
+    script = {"1-1-alpha": {"dev": [{"write": {"src/alpha.py": "bad\n"}}]}}
+    repo = make_repo(stories, script=script,
+                     policy='[verify]\ncommands = ["grep -q good src/alpha.py"]\n')
+    result = repo.cli("run")
+    assert result.exit_code == 3, result.output
+    status = repo.status()
+    assert status["run"]["state"] == "paused"
+    story = status["stories"][0]
+    assert story["state"] == "escalated" and "dev attempts" in story["reason"]
+    # keep_failed = true: the branch and its worktree survive for a human.
+    assert f"refs/heads/{story['branch']}" in repo.bmad_branches()
+    assert Path(story["worktree"]).is_dir()
+    assert repo.git("rev-parse", "main") == status["run"]["start_sha"]
+    # The agent learns: its next attempt writes the right thing.
+    repo.write_script({"1-1-alpha": {"dev": [{"write": {"src/alpha.py": "good\n"}}]}})
+    result = repo.cli("resume", status["run"]["id"])
+    assert result.exit_code == 0, result.output
+    assert repo.status()["stories"][0]["state"] == "integrated"
+    assert repo.git("show", "main:src/alpha.py") == "good"
+    assert repo.board_status("1-1-alpha") == "done"
+
+
+def test_review_requesting_changes_runs_a_fix_cycle(make_repo):
+    stories = [StoryDef("1-1-alpha", files=["src/alpha.py"])]
+    script = {"1-1-alpha": {
+        "dev": [{"write": {"src/alpha.py": "v1\n"}}],
+        "review": [{"exit": 1, "say": "PLEASE ADD A DOCSTRING"}, {"exit": 0}],
+        "fix": [{"write": {"src/alpha.py": '"""doc"""\nv1\n'}}],
+    }}
+    repo = make_repo(stories, script=script)
+    result = repo.cli("run")
+    assert result.exit_code == 0, result.output
+    phases = [c["phase"] for c in repo.calls()]
+    assert phases == ["dev", "review", "fix", "review"]
+    fix_prompt = next(c["prompt"] for c in repo.calls() if c["phase"] == "fix")
+    assert "PLEASE ADD A DOCSTRING" in fix_prompt
+    assert repo.git("show", "main:src/alpha.py").startswith('"""doc"""')
+
+
+def test_too_many_review_cycles_escalate(make_repo):
+    stories = [StoryDef("1-1-alpha", files=["src/alpha.py"])]
+    script = {"1-1-alpha": {"dev": [{"write": {"src/alpha.py": "v1\n"}}],
+                            "review": [{"exit": 1, "say": "no"}]}}
+    repo = make_repo(stories, script=script, policy="[limits]\nmax_review_cycles = 2\n")
+    result = repo.cli("run")
+    assert result.exit_code == 3, result.output
+    story = repo.status()["stories"][0]
+    assert story["state"] == "escalated" and "review cycles exhausted" in story["reason"]
+    assert [c["phase"] for c in repo.calls()] == ["dev", "review", "fix", "review", "fix", "review"]
