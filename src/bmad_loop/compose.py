@@ -22,11 +22,9 @@ under it; ``\\`` escapes. ``!`` negation is not supported.
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from bmad_loop.errors import GitError
@@ -149,66 +147,13 @@ def _lane_text(message: str) -> str:
 
 
 def path_matches(globs: Iterable[str], path: str) -> bool:
-    """True when repository-relative `path` matches any of the gitignore-style `globs`."""
-    return any(_glob_regex(g).match(path) for g in globs if g.strip())
+    """True when repository-relative `path` matches any of the gitignore-style `globs`.
 
+    One matcher for the whole project: footprints, drift and lane-owned files agree.
+    """
+    from .footprint import path_matches as matches
 
-@lru_cache(maxsize=512)
-def _glob_regex(pattern: str) -> re.Pattern:
-    p = pattern.strip()
-    if p.startswith("!"):
-        raise ValueError(f"negated glob {pattern!r} is not supported")
-    dir_only = p.endswith("/")
-    p = p.rstrip("/")
-    anchored = "/" in p
-    p = p.lstrip("/")
-    out: list[str] = []
-    i, n = 0, len(p)
-    while i < n:
-        at_segment_start = i == 0 or p[i - 1] == "/"
-        if at_segment_start and p.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-            continue
-        if at_segment_start and p.startswith("**", i) and i + 2 == n:
-            out.append(".*")
-            i += 2
-            continue
-        c = p[i]
-        if c == "*":
-            while i + 1 < n and p[i + 1] == "*":  # other runs of asterisks are one asterisk
-                i += 1
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "[":
-            j = i + 1
-            if j < n and p[j] in "!^":
-                j += 1
-            if j < n and p[j] == "]":
-                j += 1
-            close = p.find("]", j)
-            if close < 0:
-                out.append(re.escape(c))
-            else:
-                body = p[i + 1 : close]
-                neg = body[:1] in ("!", "^")
-                body = body[1:] if neg else body
-                body = body.replace("\\", "\\\\")
-                out.append("(?!/)[" + ("^" if neg else "") + body + "]")
-                i = close
-        elif c == "\\" and i + 1 < n:
-            i += 1
-            out.append(re.escape(p[i]))
-        else:
-            out.append(re.escape(c))
-        i += 1
-    prefix = "" if anchored else "(?:.*/)?"
-    suffix = "/.*" if dir_only else "(?:/.*)?"
-    return re.compile(prefix + "".join(out) + suffix + r"\Z", re.DOTALL)
-
-
-# -- the worker's commit ------------------------------------------------------------------------
+    return any(matches(g, path) for g in globs if g.strip())
 
 
 def commit_worktree(

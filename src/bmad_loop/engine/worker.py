@@ -240,7 +240,8 @@ class StoryWorker:
         if self.in_place:
             head, reverted = self._commit_in_place(story, message, revert)
         else:
-            head, reverted = commit_worktree(self.git, worktree, message, story.base_sha, revert)
+            head, reverted = commit_worktree(self.git, worktree, message, story.base_sha, revert,
+                                             exclude=self._seed_names())
         changed = changed_paths(self.git, story.base_sha, head)
         drift = self._drift(story, changed)
         with self.db.transaction() as s:
@@ -407,12 +408,15 @@ class StoryWorker:
         env.update(self._sandbox_vars())
         return env
 
-    def _seed(self, worktree: Path) -> None:
-        """Copy untracked seed files (policy list + the agent profile's config) into a worktree."""
+    def _seed_names(self) -> list[str]:
         names = list(self.policy.scm.worktree_seed)
         if self.policy.scm.seed_adapter_defaults and self.profile:
             names += list(self.profile.seed_files)
-        for name in names:
+        return names
+
+    def _seed(self, worktree: Path) -> None:
+        """Copy untracked seed files (policy list + the agent profile's config) into a worktree."""
+        for name in self._seed_names():
             source = self.project.root / name
             if not source.exists() or (worktree / name).exists():
                 continue
