@@ -27,6 +27,7 @@ class Tasks:
 
     def __init__(self, project):
         self.project = project
+        self.lane_holder = None  # set by the consumer set that runs the lane (fencing)
         config = queue_config(project)
         self.stories = make_huey(config, STORIES)
         self.integration = make_huey(config, INTEGRATION)

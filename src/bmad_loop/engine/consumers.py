@@ -17,6 +17,7 @@ from ..db.models import Run
 from ..errors import ConfigError
 from ..queue import BackgroundConsumer
 from ..tasks import Tasks
+from . import leases
 from .control import recover_live_runs
 
 __all__ = ["ConsumerSet", "QUEUES"]
@@ -37,6 +38,9 @@ class ConsumerSet:
         self.workers = workers
         self.tasks = tasks or Tasks(project)
         self._consumers: list[BackgroundConsumer] = []
+        self._lane: BackgroundConsumer | None = None
+        self._lane_lock = threading.Lock()
+        self.holder: leases.LeaseHolder | None = None
         self._watchdog_stop = threading.Event()
         self._watchdog: threading.Thread | None = None
 
@@ -50,20 +54,50 @@ class ConsumerSet:
         ttl = project.policy.leases.ttl_s
         recover_live_runs(project, self.tasks, stale_after=dt.timedelta(seconds=ttl))
         if self.queue in ("stories", "all"):
-            self._consumers.append(BackgroundConsumer(self.tasks.stories, self.workers))
-        if self.runs_lane:
-            self._consumers.append(BackgroundConsumer(self.tasks.integration, 1))
-        for consumer in self._consumers:
+            consumer = BackgroundConsumer(self.tasks.stories, self.workers)
+            self._consumers.append(consumer)
             consumer.start()
         if self.runs_lane:
+            # One lane per project: hold the lease first, consume only while holding it.
+            self.holder = leases.LeaseHolder(project.db, project.lane_lease_name,
+                                             leases.owner_id("lane"), ttl,
+                                             on_acquired=self._lane_acquired,
+                                             on_lost=self._lane_lost)
+            self.tasks.lane_holder = self.holder
+            self.holder.start()
             self._watchdog = threading.Thread(target=self._watch, daemon=True, name="bmad-watchdog")
             self._watchdog.start()
+
+    @property
+    def is_standby(self) -> bool:
+        return self.holder is not None and not self.holder.held
+
+    def _lane_acquired(self, token: int) -> None:
+        with self._lane_lock:
+            if self._lane is None:
+                self._lane = BackgroundConsumer(self.tasks.integration, 1)
+                self._lane.start()
+        recover_live_runs(self.project, self.tasks,
+                          stale_after=dt.timedelta(seconds=self.project.policy.leases.ttl_s))
+
+    def _lane_lost(self) -> None:
+        # Fenced: stop taking ticks at once; a tick in hand is refused at its CAS.
+        with self._lane_lock:
+            lane, self._lane = self._lane, None
+        if lane is not None:
+            threading.Thread(target=lane.stop, kwargs={"graceful": True}, daemon=True).start()
 
     def stop(self, graceful: bool = True) -> None:
         self._watchdog_stop.set()
         for consumer in self._consumers:
             consumer.stop(graceful=graceful)
         self._consumers.clear()
+        with self._lane_lock:
+            lane, self._lane = self._lane, None
+        if lane is not None:
+            lane.stop(graceful=graceful)
+        if self.holder is not None:
+            self.holder.stop(release_lease=True)
         if self._watchdog is not None:
             self._watchdog.join(timeout=5)
 
@@ -71,7 +105,7 @@ class ConsumerSet:
         interval = max(min(self.project.policy.leases.ttl_s / 3.0, 5.0), 0.5)
         while not self._watchdog_stop.wait(interval):
             try:
-                if self.tasks.lane_pending() > 0:
+                if self.is_standby or self.tasks.lane_pending() > 0:
                     continue
                 with self.project.db.transaction() as s:
                     ids = list(s.scalars(select(Run.id).where(

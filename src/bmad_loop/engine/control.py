@@ -13,6 +13,7 @@ from sqlalchemy import or_, select
 from ..db.models import Run, Story, utcnow
 from ..errors import ConfigError
 from .journal import record
+from .recovery import recover_orphans
 from .planning import LIVE_FOR_TARGET
 from .rows import run_policy, stories_of, transition_run
 
@@ -92,29 +93,22 @@ def _reset_for_resume(session, git, run: Run, story: Story) -> None:
                               if k in ("verify_output", "review_notes", "pre_dirty")}
             record(session, run.id, "story.retry", story.key, reason=story.reason)
         story.reason, story.ended_at = None, None
-    elif story.state == "working":
-        # Interrupted by a crash or a stop: it goes back in line; its phase is kept.
-        story.state = "pending"
+    # A `working` story is left alone: if its worker died, its lease says so and orphan
+    # recovery re-queues it; if it is alive (another host), it finishes.
 
 
 def requeue_run(project, tasks, run_id: str, stale_after: dt.timedelta | None) -> int:
-    """Send wake-ups for a live run: its claimable stories and the lane. Returns stories re-sent.
+    """Send wake-ups for a live run: orphaned and queued stories, and the lane.
 
-    `stale_after` None re-sends every queued story (resume); otherwise only working stories
-    whose heartbeat is older than that are taken back (consumer start after a crash).
+    `stale_after` None (resume) re-sends every queued story; otherwise only orphans found by
+    their leases are taken back first (consumer start after a crash).
     """
+    with project.db.transaction() as s:
+        ttl = run_policy(s.get(Run, run_id)).leases.ttl_s
+    recover_orphans(project.db, tasks, run_id, ttl)
     resent = []
     with project.db.transaction() as s:
-        now = utcnow()
-        for story in stories_of(s, run_id):
-            if story.state == "working" and stale_after is not None:
-                beat = story.heartbeat_at or story.started_at
-                if beat is None or now - beat > stale_after:
-                    story.state = "queued"
-                    record(s, run_id, "story.recovered", story.key, phase=story.phase,
-                           heartbeat_at=str(beat))
-            if story.state == "queued":
-                resent.append(story.id)
+        resent = [story.id for story in stories_of(s, run_id) if story.state == "queued"]
     for story_id in resent:
         tasks.enqueue_story(run_id, story_id)
     tasks.enqueue_lane(run_id)

@@ -21,18 +21,23 @@ from ..compose import (
 )
 from ..db.models import Candidate, Run, Story, utcnow
 from ..worktrees import checkout_of, delete_branch, delete_ref, ensure_detached_worktree, remove_worktree
+from .faults import crash_point
 from .journal import record
 from .layout import Layout
 from .rows import transition_story
 from .verify import run_verify
 
-__all__ = ["Integrator"]
+__all__ = ["Integrator", "LaneFenced"]
+
+
+class LaneFenced(Exception):
+    """This lane lost its lease to another one: it must not move the target."""
 
 log = logging.getLogger(__name__)
 
 
 class Integrator:
-    def __init__(self, project, run: Run, policy):
+    def __init__(self, project, run: Run, policy, fence=None):
         self.project = project
         self.db = project.db
         self.run_id = run.id
@@ -41,6 +46,7 @@ class Integrator:
         self.git = project.git(policy)
         self.layout = Layout(project.state_dir, run.id)
         self.board_rel = _relative(run.board_path, project.root)
+        self.fence = fence  # () -> bool: does this lane still hold its lease?
 
     def integrate(self, story_id: int) -> str:
         """Returns the story's new state: integrated, escalated or ready (to retry later)."""
@@ -87,6 +93,7 @@ class Integrator:
         if comp.conflicts:
             return self._conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)
         self.git.run("update-ref", ref, comp.sha)
+        crash_point("lane.after_compose")
         with self.db.transaction() as s:
             cand = s.get(Candidate, cand_id)
             cand.candidate_sha, cand.ref, cand.state = comp.sha, ref, "verifying"
@@ -96,6 +103,7 @@ class Integrator:
         verdict = self._verify(story, cand_id, attempt, comp.sha, target_sha, branch_sha)
         if verdict != "verified":
             return verdict
+        crash_point("lane.after_verify")
         return self._advance(story, cand_id, attempt, comp.sha, target_sha)
 
     def _verify(self, story, cand_id, attempt, sha, target_sha, branch_sha) -> str:
@@ -147,7 +155,10 @@ class Integrator:
                                       f"changes that overlap the candidate: {', '.join(overlap)}")
         with self.db.transaction() as s:
             s.get(Candidate, cand_id).state = "advancing"
+        if self.fence is not None and not self.fence():
+            raise LaneFenced(f"lost the lane lease before advancing {self.target} for {story.key}")
         advanced = cas_advance(self.git, self.target, sha, target_sha)
+        crash_point("lane.after_cas")
         if not advanced:
             with self.db.transaction() as s:
                 cand = s.get(Candidate, cand_id)
@@ -280,6 +291,7 @@ class Integrator:
             row = s.get(Story, story.id)
         for n in attempts:
             self._drop_candidate(story.key, n)
+        crash_point("lane.during_cleanup")
         if self.policy.scm.isolation == "none":
             if self.policy.scm.delete_branch and row.branch:
                 delete_branch(self.git, row.branch)

@@ -20,9 +20,10 @@ import logging
 from ..db.models import Run, Story, utcnow
 from ..footprint import Footprint
 from .admission import IN_FLIGHT, StoryView, admit
-from .integrate import Integrator
+from .integrate import Integrator, LaneFenced
 from .journal import record
 from .notify import notify
+from .recovery import recover_orphans
 from .rows import run_policy, stories_of, transition_run, transition_story
 
 __all__ = ["tick"]
@@ -39,8 +40,15 @@ def tick(project, tasks, run_id: str) -> None:
         if run is None or run.state not in LIVE:
             return
         policy = run_policy(run)
+    holder = getattr(tasks, "lane_holder", None)
+    if holder is not None and not holder.held:
+        return  # a standby lane never acts; the active one has this run
     try:
-        _Lane(project, tasks, run, policy).loop()
+        _Lane(project, tasks, run, policy, holder).loop()
+    except LaneFenced as exc:
+        log.warning("%s", exc)
+        with db.transaction() as s:
+            record(s, run_id, "lane.fenced", reason=str(exc))
     except Exception as exc:
         log.exception("lane tick failed for run %s", run_id)
         with db.transaction() as s:
@@ -51,16 +59,18 @@ def tick(project, tasks, run_id: str) -> None:
 
 
 class _Lane:
-    def __init__(self, project, tasks, run: Run, policy):
+    def __init__(self, project, tasks, run: Run, policy, holder=None):
         self.project = project
         self.tasks = tasks
         self.db = project.db
         self.run_id = run.id
         self.policy = policy
-        self.integrator = Integrator(project, run, policy)
+        self.integrator = Integrator(project, run, policy,
+                                     fence=holder.still_holds if holder is not None else None)
         self.pause_on_escalation = policy.parallel.on_escalation == "pause"
 
     def loop(self) -> None:
+        recover_orphans(self.db, self.tasks, self.run_id, self.policy.leases.ttl_s)
         for _ in range(10_000):  # bounded: each pass either progresses or returns
             run, stories = self._load()
             if run.state not in LIVE:

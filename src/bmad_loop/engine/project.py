@@ -73,6 +73,11 @@ class Project:
         return Git(self.root, Identity(scm.author_name, scm.author_email))
 
     @property
+    def lane_lease_name(self) -> str:
+        """One integration lane per project (and per state database)."""
+        return f"lane:{self.root}"
+
+    @property
     def host(self) -> str:
         return socket.gethostname()
 

@@ -1,0 +1,200 @@
+#!/usr/bin/env python
+"""The loop's own cost per story, beside the same git operations run bare.
+
+    python bench/overhead.py [--files 2000] [--stories 10] [--strategy merge] [--no-write]
+
+Builds a BMAD-shaped repository with `--files` small tracked files and `--stories` independent
+stories, then:
+
+1. *bare*: for each story, the git operations the loop cannot avoid, run by hand on the same
+   repository: ``worktree add -b``, write a file, ``add -A`` + ``commit``, ``merge-tree
+   --write-tree``, ``commit-tree``, ``update-ref`` (compare-and-swap, on a scratch branch),
+   ``worktree remove``, ``branch -D``;
+2. *loop*: one real run (``enqueue`` + ``drive``, in process, real huey consumers on the embedded
+   SQLite queue) with ``max_parallel = 1``, ``merge_strategy = "merge"``, review disabled, no
+   verify commands, gates ``none``, and an agent that is a tiny Python script: it appends one
+   line to ``work/<story>.txt`` (so the worker has something to commit, like the bare sequence)
+   and exits 0 (``--no-write``: it writes nothing).
+
+Prints Markdown tables: per-story time of both, their ratio, and the loop's time split into
+phases from the journal (``events``) and the attempt rows. Not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402
+    BenchStory, build_repo, git, machine, mean, median, ms, policy_text, run_loop, table,
+)
+
+AGENT = '''import os, sys
+if os.environ.get("BENCH_WRITE", "1") == "1":
+    key = os.environ["BMAD_LOOP_STORY_KEY"]
+    with open(os.path.join("work", key + ".txt"), "a") as handle:
+        handle.write(key + "\\n")
+sys.exit(0)
+'''
+
+# (label, from event, to event): consecutive spans of one story at max_parallel = 1.
+PHASES = [
+    ("dispatch (queued → worker picks it up)", "story.queued", "story.started"),
+    ("prepare (worktree add, seed)", "story.started", "story.prepared"),
+    ("agent set-up (prompt, attempt row)", "story.prepared", "attempt.started"),
+    ("agent process (spawn → exit)", "attempt.started", "attempt.finished"),
+    ("verify (no commands) + commit + drift", "attempt.finished", "story.ready"),
+    ("lane wake-up (ready → lane picks it)", "story.ready", "story.integrating"),
+    ("compose (merge-tree, board edit, commit-tree)", "story.integrating", "candidate.composed"),
+    ("candidate verify (no commands)", "candidate.composed", "candidate.verified"),
+    ("advance (dirty check, CAS, checkout sync)", "candidate.verified", "story.integrated"),
+]
+
+
+def bare(root: Path, count: int, write: bool) -> tuple[list[float], dict[str, list[float]]]:
+    """The loop's unavoidable git work, by hand; per-story seconds and per-operation seconds."""
+    target = "bench-bare-target"
+    git(root, "branch", target, "main")
+    folder = root / ".bmad-loop" / "bare-worktrees"
+    folder.mkdir(parents=True, exist_ok=True)
+    per_story: list[float] = []
+    per_op: dict[str, list[float]] = {}
+
+    def timed(name, fn):
+        t = time.perf_counter()
+        out = fn()
+        per_op.setdefault(name, []).append(time.perf_counter() - t)
+        return out
+
+    for i in range(count):
+        branch, wt = f"bench-bare/{i}", folder / f"s{i}"
+        started = time.perf_counter()
+        old = git(root, "rev-parse", f"refs/heads/{target}")
+        timed("worktree add -b", lambda: git(root, "worktree", "add", "-q", "-b", branch, str(wt), old))
+        if write:
+            timed("write a file", lambda: (wt / "work" / f"bare-{i}.txt").write_text(f"{i}\n"))
+        else:
+            timed("write a file", lambda: None)
+        timed("add -A", lambda: git(wt, "add", "-A"))
+        timed("commit", lambda: git(wt, "commit", "-q", "--allow-empty", "-m", f"bare story {i}"))
+        head = git(wt, "rev-parse", "HEAD")
+        tree = timed("merge-tree --write-tree",
+                     lambda: git(root, "merge-tree", "--write-tree", old, head).splitlines()[0])
+        new = timed("commit-tree", lambda: git(root, "commit-tree", tree, "-p", old, "-p", head,
+                                               input=f"Merge {branch}\n"))
+        timed("update-ref (CAS)", lambda: git(root, "update-ref", f"refs/heads/{target}", new, old))
+        timed("worktree remove", lambda: git(root, "worktree", "remove", str(wt)))
+        timed("branch -D", lambda: git(root, "branch", "-D", branch))
+        per_story.append(time.perf_counter() - started)
+    git(root, "branch", "-D", target)
+    return per_story, per_op
+
+
+def loop_breakdown(result, keys: list[str]) -> tuple[list[list[str]], dict]:
+    """Per-phase mean/median over stories from the journal, plus the gaps between stories."""
+    rows = []
+    spans: dict[str, list[float]] = {}
+    for label, start, end in PHASES:
+        values = []
+        for key in keys:
+            a, b = result.ts(start, key), result.ts(end, key)
+            if a is not None and b is not None:
+                values.append(b - a)
+        spans[label] = values
+    # Between stories: from story k integrated to story k+1 queued (clean-up + admission);
+    # the last story's clean-up ends at run.completed.
+    between = []
+    for k, key in enumerate(keys):
+        a = result.ts("story.integrated", key)
+        b = result.ts("story.queued", keys[k + 1]) if k + 1 < len(keys) else result.ts("run.completed")
+        if a is not None and b is not None:
+            between.append(b - a)
+    spans["clean-up + admission (integrated → next queued)"] = between
+    first = result.ts("story.queued", keys[0])
+    spans_run = {
+        "enqueue (plan, rows) → run.created": [result.ts("run.created") - result.t_enqueue],
+        "run start (consumers, first admission)": [first - result.ts("run.created")],
+    }
+    return spans, spans_run
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--files", type=int, default=2000, help="tracked filler files [2000]")
+    parser.add_argument("--stories", type=int, default=10, help="stories K [10]")
+    parser.add_argument("--strategy", default="merge", choices=("ff", "merge", "squash"))
+    parser.add_argument("--no-write", action="store_true",
+                        help="the agent writes nothing (the worker then commits nothing)")
+    parser.add_argument("--dir", type=Path, default=None, help="work folder (default: a temp dir)")
+    args = parser.parse_args(argv)
+    write = not args.no_write
+
+    base = args.dir or Path(tempfile.mkdtemp(prefix="bmad-loop-bench-overhead-"))
+    base.mkdir(parents=True, exist_ok=True)
+    agent = base / "agent.py"
+    agent.write_text(AGENT)
+    keys = [f"1-{i + 1}-story{i + 1:02d}" for i in range(args.stories)]
+    stories = [BenchStory(key, files=[f"work/{key}.txt"]) for key in keys]
+    agent_argv = [sys.executable, "-I", "-S", str(agent)]
+    policy = policy_text(parallel=1, agent_argv=agent_argv, strategy=args.strategy)
+    root = build_repo(base / "repo", stories, files=args.files, policy=policy)
+    if not write:
+        (root / ".bmad-loop" / "policy.toml").write_text(
+            policy + '\n[adapter.env]\nBENCH_WRITE = "0"\n')
+
+    print(f"# bench/overhead.py — {args.stories} stories, {args.files} filler files, "
+          f"max_parallel 1, strategy {args.strategy}")
+    print(f"machine: {machine()}")
+    print(f"repository: {root}")
+    print(f"agent: {' '.join(agent_argv)} ({'appends one line to work/<story>.txt' if write else 'writes nothing'}), exit 0\n")
+
+    git(root, "status", "--porcelain")  # warm the file-system cache for both sides alike
+    bare_story, bare_ops = bare(root, args.stories, write)
+    result = run_loop(root, workers=1)
+    if result.state != "completed":
+        print(f"run {result.run_id} ended {result.state} (exit {result.exit_code})", file=sys.stderr)
+        return 1
+
+    agent_s = [a["duration_s"] for a in result.attempts if a["phase"] == "dev"]
+    whole = result.makespan / args.stories
+    steady_span = result.ts("story.integrated", keys[-1]) - result.ts("story.queued", keys[0])
+    steady = steady_span / args.stories
+    bare_mean = mean(bare_story)
+    loop_no_agent = whole - mean(agent_s)
+
+    print("## Per story\n")
+    print(table(["", "ms / story", "× bare"], [
+        ["bare git operations (mean)", ms(bare_mean), "1.0"],
+        ["bare git operations (median)", ms(median(bare_story)), f"{median(bare_story) / bare_mean:.1f}"],
+        ["loop, whole run (enqueue → run.completed) / K", ms(whole), f"{whole / bare_mean:.1f}"],
+        ["loop, first queued → last integrated / K", ms(steady), f"{steady / bare_mean:.1f}"],
+        ["loop, whole run / K, minus the agent process", ms(loop_no_agent),
+         f"{loop_no_agent / bare_mean:.1f}"],
+        ["  of which the agent process (attempt duration_s)", ms(mean(agent_s)), ""],
+    ]))
+    print(f"\nloop / bare = {whole / bare_mean:.2f} (whole run), "
+          f"{loop_no_agent / bare_mean:.2f} without the agent process")
+
+    spans, spans_run = loop_breakdown(result, keys)
+    total = sum(mean(v) for v in spans.values())
+    print("\n## The loop's time per story, by phase (from the journal)\n")
+    rows = [[label, ms(mean(v)), ms(median(v)), f"{100 * mean(v) / total:.0f}%"]
+            for label, v in spans.items()]
+    rows.append(["sum of phases", ms(total), "", "100%"])
+    print(table(["phase", "mean ms", "median ms", "share"], rows))
+    print("\nOnce per run (not per story):\n")
+    print(table(["", "ms"], [[label, ms(v[0])] for label, v in spans_run.items()]))
+
+    print("\n## The bare git operations, per story\n")
+    print(table(["operation", "mean ms"], [[name, ms(mean(v))] for name, v in bare_ops.items()]
+                + [["total", ms(bare_mean)]]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Named crash points: a documented way to kill bmad-loop with SIGKILL at an exact step.
+
+Set `BMAD_LOOP_CRASH_AT=<point>[,<point>…]` in a consumer's environment; with
+`BMAD_LOOP_CRASH_ONCE=<file>` the crash happens only while that file does not exist (it is
+created just before the kill), so a restarted consumer with the same environment carries on.
+The crash matrix tests and `bench/chaos.py` use this; it costs one dict lookup when unset.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+__all__ = ["crash_point", "CRASH_POINTS", "CRASH_ENV", "ONCE_ENV"]
+
+CRASH_ENV = "BMAD_LOOP_CRASH_AT"
+ONCE_ENV = "BMAD_LOOP_CRASH_ONCE"
+
+CRASH_POINTS = (
+    "worker.after_worktree",   # worktree and branch exist, nothing else done
+    "worker.in_agent",         # the agent session is running
+    "worker.after_agent",      # the session ended, its outcome not yet written
+    "worker.after_commit",     # the branch is committed, the story not yet ready
+    "lane.after_compose",      # the candidate commit exists, not yet verified
+    "lane.after_verify",       # verified, not yet advanced
+    "lane.after_cas",          # the target moved, the row does not say so yet
+    "lane.during_cleanup",     # integrated; worktree/branch clean-up half done
+)
+
+
+def crash_point(name: str) -> None:
+    wanted = os.environ.get(CRASH_ENV)
+    if not wanted or name not in wanted.split(","):
+        return
+    marker = os.environ.get(ONCE_ENV)
+    if marker:
+        path = Path(marker)
+        if path.exists():
+            return
+        path.write_text(name)
+    os.kill(os.getpid(), signal.SIGKILL)

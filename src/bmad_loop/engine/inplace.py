@@ -1,0 +1,93 @@
+"""`isolation = "none"`: the agent works in the project's own checkout, sequentially.
+
+The checkout moves onto the story branch for the story's work and back to the target when
+the story is committed, so composition and advance are exactly those of worktree mode. Local
+changes that were there before the story started are left alone: never committed, and an agent
+that edits one of them escalates the story instead of mixing its work with a human's.
+"""
+
+from __future__ import annotations
+
+from ..compose import dirty_paths
+
+__all__ = ["InPlace"]
+
+STATE_PREFIX = ".bmad-loop/"
+
+
+class InPlace:
+    def __init__(self, worker):
+        self.worker = worker
+        self.git = worker.git
+        self.root = worker.project.root
+
+    def prepare(self, branch: str, base_sha: str) -> None:
+        current = self.git.current_branch()
+        if current == branch:
+            return  # resumed: the checkout is already on the story branch
+        if current != self.worker.target_branch:
+            raise self.worker.escalation(
+                f"in-place isolation needs the checkout on {self.worker.target_branch}, "
+                f"it is on {current or 'a detached HEAD'}")
+        snapshot = {p: self._hash(p) for p in self._dirty()}
+        self.git.run("checkout", "-q", "-B", branch, base_sha)
+        self.worker.merge_feedback(pre_dirty=snapshot)
+
+    def agent_paths(self, story) -> list[str]:
+        snapshot = story.feedback.get("pre_dirty", {})
+        touched = []
+        for rel in self._dirty():
+            if rel in snapshot:
+                if self._hash(rel) != snapshot[rel]:
+                    raise self.worker.escalation(
+                        f"the agent changed {rel}, which had local changes before the story "
+                        "started", paths=[rel])
+                continue
+            touched.append(rel)
+        return touched
+
+    def commit(self, story, message: str, revert_matches) -> tuple[str, list[str]]:
+        paths = self.agent_paths(story)
+        reverted = [p for p in paths if revert_matches(p)]
+        for rel in reverted:
+            if self.git.run("cat-file", "-e", f"{story.base_sha}:{rel}", check=False).returncode == 0:
+                self.git.run("checkout", story.base_sha, "--", rel)
+            else:
+                (self.root / rel).unlink(missing_ok=True)
+        paths = [p for p in paths if p not in reverted]
+        if paths:
+            self._commit(paths, message)
+        head = self.git.rev("HEAD")
+        # Back to the target: the lane composes and advances it like any other story.
+        self.git.run("checkout", "-q", self.worker.target_branch)
+        return head, reverted
+
+    def leave(self, story, rollback: bool) -> str | None:
+        """Escalation: keep the agent's work on the story branch; roll the checkout back or not."""
+        if self.git.current_branch() != story.branch:
+            return self.git.rev(f"refs/heads/{story.branch}") if story.branch else None
+        if not rollback:
+            return self.git.rev("HEAD")  # left as the agent left it, for a human to look at
+        try:
+            paths = self.agent_paths(story)
+        except Exception:
+            paths = []
+        if paths:
+            self._commit(paths, f"{story.key}: work in progress (escalated)")
+        head = self.git.rev("HEAD")
+        self.git.run("checkout", "-q", self.worker.target_branch)
+        return head
+
+    def _commit(self, paths: list[str], message: str) -> None:
+        self.git.run("add", "-A", "--", *paths)
+        self.git.run("-c", "commit.gpgsign=false", "commit", "-q", "--no-verify", "-m", message,
+                     env=self.git.identity_env())
+
+    def _dirty(self) -> list[str]:
+        return sorted(p for p in dirty_paths(self.git, self.root) if not p.startswith(STATE_PREFIX))
+
+    def _hash(self, rel: str) -> str | None:
+        path = self.root / rel
+        if not path.is_file():
+            return None
+        return self.git.out("hash-object", "--", rel)

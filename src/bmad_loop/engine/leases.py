@@ -1,0 +1,150 @@
+"""Leases with heartbeats and fencing tokens, kept in the `leases` table.
+
+A lease is a row (name, owner, token, expires_at). Acquiring succeeds when the row is absent,
+expired, or already ours; a takeover from another owner increments the token, so a holder that
+lost its lease (it stalled past the TTL while someone else took over) is *fenced*: every
+renewal or fenced write compares the token it holds with the row's and fails when they differ.
+All decisions take `now` from the caller: tests step a clock instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import threading
+from dataclasses import dataclass
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+
+from ..db.models import Lease, utcnow
+
+__all__ = ["acquire", "renew", "release", "holds", "owner_id", "LeaseHolder", "pid_alive"]
+
+
+def owner_id(tag: str = "") -> str:
+    """host:pid[:tag] — lets a consumer on the same host tell a dead owner from a slow one."""
+    base = f"{socket.gethostname()}:{os.getpid()}"
+    return f"{base}:{tag}" if tag else base
+
+
+def pid_alive(owner: str | None) -> bool | None:
+    """For an owner on this host: is its process alive? None when it is another host's."""
+    if not owner:
+        return None
+    parts = owner.split(":")
+    if len(parts) < 2 or parts[0] != socket.gethostname():
+        return None
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
+def acquire(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int | None:
+    """Take or renew the lease; returns the fencing token, or None while someone else holds it."""
+    now = now or utcnow()
+    expires = now + dt.timedelta(seconds=ttl_s)
+    host = owner.split(":")[0]
+    with db.transaction() as s:
+        row = s.get(Lease, name)
+        if row is None:
+            s.add(Lease(name=name, owner=owner, host=host, token=1, acquired_at=now,
+                        renewed_at=now, expires_at=expires))
+            try:
+                s.flush()
+            except IntegrityError:  # raced with another acquirer: they won
+                return None
+            return 1
+        if row.owner == owner:
+            row.renewed_at, row.expires_at = now, expires
+            return row.token
+        if row.expires_at > now and pid_alive(row.owner) is not False:
+            return None
+        token = row.token + 1
+        result = s.execute(update(Lease).where(Lease.name == name, Lease.token == row.token)
+                           .values(owner=owner, host=host, token=token, acquired_at=now,
+                                   renewed_at=now, expires_at=expires))
+        return token if result.rowcount == 1 else None
+
+
+def renew(db, name: str, owner: str, token: int, ttl_s: float, now: dt.datetime | None = None) -> bool:
+    now = now or utcnow()
+    with db.transaction() as s:
+        result = s.execute(update(Lease).where(Lease.name == name, Lease.owner == owner,
+                                               Lease.token == token)
+                           .values(renewed_at=now, expires_at=now + dt.timedelta(seconds=ttl_s)))
+        return result.rowcount == 1
+
+
+def holds(db, name: str, owner: str, token: int, now: dt.datetime | None = None) -> bool:
+    """The fencing check: is this (owner, token) still the unexpired holder?"""
+    now = now or utcnow()
+    with db.transaction() as s:
+        row = s.get(Lease, name)
+        return bool(row and row.owner == owner and row.token == token and row.expires_at > now)
+
+
+def release(db, name: str, owner: str) -> None:
+    with db.transaction() as s:
+        s.execute(delete(Lease).where(Lease.name == name, Lease.owner == owner))
+
+
+class LeaseHolder:
+    """Keeps one lease renewed from a thread; calls on_acquired / on_lost as it comes and goes."""
+
+    def __init__(self, db, name: str, owner: str, ttl_s: float, *, on_acquired=None, on_lost=None,
+                 clock=utcnow):
+        self.db, self.name, self.owner, self.ttl_s = db, name, owner, ttl_s
+        self.on_acquired, self.on_lost, self.clock = on_acquired, on_lost, clock
+        self.token: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.token is not None
+
+    def still_holds(self) -> bool:
+        return self.token is not None and holds(self.db, self.name, self.owner, self.token, self.clock())
+
+    def step(self) -> None:
+        """One iteration: acquire when free, renew when held, report a loss."""
+        now = self.clock()
+        if self.token is None:
+            token = acquire(self.db, self.name, self.owner, self.ttl_s, now)
+            if token is not None:
+                self.token = token
+                if self.on_acquired:
+                    self.on_acquired(token)
+            return
+        if not renew(self.db, self.name, self.owner, self.token, self.ttl_s, now):
+            self.token = None
+            if self.on_lost:
+                self.on_lost()
+
+    def start(self, interval_s: float | None = None) -> None:
+        interval = interval_s or max(self.ttl_s / 3.0, 0.2)
+        self.step()
+
+        def loop():
+            while not self._stop.wait(interval):
+                try:
+                    self.step()
+                except Exception:  # a database hiccup: try again next beat
+                    continue
+
+        self._thread = threading.Thread(target=loop, daemon=True, name=f"lease-{self.name}")
+        self._thread.start()
+
+    def stop(self, release_lease: bool = True) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        if release_lease and self.token is not None:
+            release(self.db, self.name, self.owner)
+            self.token = None

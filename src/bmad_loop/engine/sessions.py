@@ -1,0 +1,206 @@
+"""One agent session (dev, review or fix) of one story: prompt, argv, environment, run.
+
+The session opens its `attempts` row as `running` before the agent starts; the caller closes
+it in the same transaction that records what the session's outcome means for the story (see
+worker.py), so a crash either re-runs an unfinished session (not counted) or never re-runs a
+finished one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..adapter import AgentCall, agent_env, render_argv, review_approved, run_agent, session_output
+from ..db.models import Attempt, Run, Story, utcnow
+from ..prompts import PHASE_INSTRUCTIONS, build_prompt, write_prompt
+from ..profiles import resolve_command
+from .faults import crash_point
+from .guard import guard_env, read_guard_log
+from .journal import record
+
+__all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "clean_env", "sandbox_vars"]
+
+log = logging.getLogger(__name__)
+
+SESSION_DIR = ".bmad-loop-session"
+
+
+@dataclass
+class SessionResult:
+    attempt_id: int
+    phase: str
+    number: int
+    state: str  # succeeded | failed | timed-out | interrupted
+    ok: bool  # for review: approved
+    summary: str
+    output: str
+    exit_code: int | None
+    duration_s: float
+    head_sha: str | None
+    guard_refusals: list[str]
+
+    def attempt_values(self) -> dict:
+        return {"state": self.state, "exit_code": self.exit_code, "ended_at": utcnow(),
+                "duration_s": round(self.duration_s, 3), "counted": self.state != "interrupted",
+                "head_sha": self.head_sha}
+
+
+def clean_env() -> dict:
+    """The agent's base environment: ours, minus git variables that would redirect its git."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+
+
+def sandbox_vars(worker) -> dict:
+    """Per-story scratch state outside the worktree, so parallel agents never share temp files."""
+    scratch = worker.layout.scratch(worker.key)
+    (scratch / "state").mkdir(parents=True, exist_ok=True)
+    (scratch / "tmp").mkdir(parents=True, exist_ok=True)
+    values = {"BMAD_LOOP_STATE_DIR": str(scratch / "state"), "TMPDIR": str(scratch / "tmp")}
+    values.update(worker.port_block_env())
+    return values
+
+
+def run_session(worker, phase: str, number: int) -> SessionResult:
+    story = worker.load()
+    policy = worker.policy
+    tier_name = story.tier or ""
+    tier = policy.adapter.tiers.get(tier_name) if tier_name else None
+    phase_over = policy.adapter.phase(phase)
+    template = resolve_command(
+        profile=policy.adapter.profile, command=policy.adapter.command,
+        phase_command=phase_over.command, model=tier.model if tier else "",
+        tier_args=tier.args if tier else (),
+    )
+    timeout = (tier.timeout_s if tier and tier.timeout_s else None) or phase_over.timeout_s \
+        or policy.adapter.timeout_s
+    worktree = Path(story.worktree)
+    # Inside the worktree: headless agents may not read files outside their folder.
+    prompt_path = worktree / SESSION_DIR / f"{phase}-{number}.md"
+    _exclude_session_dir(worker.git)
+    log_path = worker.layout.log(worker.key, phase, number)
+    story_text = _read(worker.project.root / story.story_path) if story.story_path else ""
+    instructions = (worker.profile.instructions.get(phase) if worker.profile else None) \
+        or PHASE_INSTRUCTIONS[phase]
+    write_prompt(prompt_path, build_prompt(
+        phase=phase, story_key=worker.key, story_title=story.title, story_text=story_text,
+        instructions=instructions, attempt=number,
+        verify_output=story.feedback.get("verify_output", ""),
+        review_notes=story.feedback.get("review_notes", "") if phase == "fix" else "",
+        worktree=story.worktree,
+    ))
+    story_file = str(worktree / story.story_path) if story.story_path else ""
+    # Profile defaults first, so the user's [adapter.env] wins.
+    extra_env = dict(worker.profile.env) if worker.profile and not policy.adapter.command else {}
+    extra_env.update(policy.adapter.env)
+    extra_env.update(phase_over.env)
+    extra_env.update(sandbox_vars(worker))
+    guard_log = worker.layout.scratch(worker.key) / "guard.log"
+    guard_offset = guard_log.stat().st_size if guard_log.exists() else 0
+    if not worker.in_place:
+        extra_env.update(guard_env(worker.git, worktree, worker.target_branch,
+                                   worker.project.path("guard-hooks"), guard_log))
+    call = AgentCall(phase=phase, story_key=worker.key, story_file=story_file,
+                     prompt_file=str(prompt_path), worktree=str(worktree), run_id=worker.run_id,
+                     attempt=number, base_sha=story.base_sha or "",
+                     model=tier.model if tier else "", tier=tier_name, extra_env=extra_env)
+    argv = render_argv(template, call)
+    env = agent_env(call, clean_env())
+    session = f"{worker.run_id}/{worker.key}/{phase}-{number}"
+    with worker.db.transaction() as s:
+        att = Attempt(run_id=worker.run_id, story_id=worker.story_id, phase=phase, number=number,
+                      state="running", worktree=str(worktree), branch=story.branch,
+                      base_sha=story.base_sha, session=session, log=str(log_path),
+                      host=worker.project.host, heartbeat_at=utcnow())
+        s.add(att)
+        s.flush()
+        attempt_id = att.id
+        row = s.get(Story, worker.story_id)
+        row.session, row.log = session, str(log_path)
+        record(s, worker.run_id, "attempt.started", worker.key, phase=phase, attempt=number,
+               argv=argv, log=str(log_path), tier=tier_name or None)
+
+    def started(pid: int) -> None:
+        with worker.db.transaction() as s:
+            s.get(Attempt, attempt_id).pid = pid
+        crash_point("worker.in_agent")
+
+    with Heartbeat(worker, attempt_id):
+        result = run_agent(argv, cwd=worktree, env=env, log_path=log_path, timeout_s=timeout,
+                           stop_event=worker.stop_event, on_start=started)
+    crash_point("worker.after_agent")
+    state = ("interrupted" if result.interrupted else "timed-out" if result.timed_out
+             else "succeeded" if result.exit_code == 0 else "failed")
+    summary = {"interrupted": "interrupted by stop",
+               "timed-out": f"agent timed out after {timeout}s (process tree killed)",
+               "succeeded": "agent exited 0",
+               "failed": f"agent exited {result.exit_code}"}[state]
+    output = session_output(log_path, result)
+    ok = state == "succeeded"
+    if phase == "review":
+        ok = review_approved(result, output, verdict=worker.verdict_mode())
+        if not ok and state == "succeeded":
+            summary = "review requested changes"
+    head = worker.git.rev("HEAD", cwd=worktree)
+    return SessionResult(attempt_id, phase, number, state, ok, summary, output, result.exit_code,
+                         result.duration_s, head, read_guard_log(guard_log, guard_offset))
+
+
+class Heartbeat:
+    """Renews the story's lease while slow work runs, and turns `stop --now` into a kill."""
+
+    def __init__(self, worker, attempt_id: int | None = None):
+        self.worker = worker
+        self.attempt_id = attempt_id
+        self.interval = max(worker.policy.leases.ttl_s / 3.0, 0.2)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="bmad-heartbeat")
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+
+    def _loop(self):
+        poll = min(self.interval, 0.5)
+        elapsed = 0.0
+        while not self._done.wait(poll):
+            elapsed += poll
+            try:
+                with self.worker.db.transaction() as s:
+                    run = s.get(Run, self.worker.run_id)
+                    if run.state in ("stopping", "stopped") and run.stop_mode == "now":
+                        self.worker.stop_event.set()
+                if elapsed >= self.interval:
+                    elapsed = 0.0
+                    self.worker.beat(self.attempt_id)
+            except Exception:  # a missed heartbeat is not worth killing the session over
+                log.exception("heartbeat failed")
+
+
+def _exclude_session_dir(git) -> None:
+    """Keep the per-worktree session folder (prompt files) out of every `git add -A`."""
+    exclude = git.common_dir() / "info" / "exclude"
+    line = f"/{SESSION_DIR}/"
+    try:
+        current = exclude.read_text() if exclude.exists() else ""
+    except OSError:
+        return
+    if line not in current.splitlines():
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        with open(exclude, "a") as handle:
+            handle.write(("" if current.endswith("\n") or not current else "\n")
+                         + f"# bmad-loop prompt files\n{line}\n")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

@@ -1,0 +1,124 @@
+"""The migrations themselves: empty -> head, re-run is a no-op, two runners at once, no drift.
+
+Each test uses a brand-new SQLite file in tmp_path: the embedded default users get. The models
+(`bmad_loop.db.models.Base.metadata`) are the schema's source of truth; the last test proves the
+migrations build exactly that schema.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+import time
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from bmad_loop.db.database import Database
+from bmad_loop.db.migrate import current_revision, head_revision
+from bmad_loop.db.models import Base
+
+CONTRACT_TABLES = {"runs", "stories", "attempts", "candidates", "events", "leases"}
+
+
+def _url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def _schema(path: Path) -> list[tuple]:
+    """Every table, index and view with its SQL, as SQLite stores it."""
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master "
+                            "ORDER BY type, name").fetchall()
+
+
+def test_migrating_an_empty_database_to_head_creates_every_table(tmp_path):
+    path = tmp_path / "state.db"
+    db = Database(_url(path), lock_dir=tmp_path)
+    try:
+        assert current_revision(db.engine) is None
+        db.migrate()
+        tables = set(sa.inspect(db.engine).get_table_names())
+        assert CONTRACT_TABLES <= tables
+        assert set(Base.metadata.tables) <= tables
+        assert current_revision(db.engine) == head_revision()
+    finally:
+        db.dispose()
+
+
+def test_migrating_again_is_a_no_op_that_keeps_schema_and_rows(tmp_path):
+    path = tmp_path / "state.db"
+    db = Database(_url(path), lock_dir=tmp_path)
+    try:
+        db.migrate()
+        with db.engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO events (run_id, ts, kind, data) "
+                                 "VALUES ('r1', '2026-01-01 00:00:00', 'run.created', '{}')"))
+        before = _schema(path)
+        db.migrate()
+        again = Database(_url(path), lock_dir=tmp_path)  # a later process, same file
+        try:
+            again.migrate()
+        finally:
+            again.dispose()
+        assert _schema(path) == before
+        assert current_revision(db.engine) == head_revision()
+        with db.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT kind FROM events")).scalars().all() == ["run.created"]
+            assert conn.execute(sa.text("SELECT count(*) FROM alembic_version")).scalar() == 1
+    finally:
+        db.dispose()
+
+
+def _migrate_after_barrier(url: str, lock_dir: str, barrier_dir: str, me: int, peers: int) -> None:
+    """Child process body: wait until every peer has started, then migrate the shared file."""
+    barrier = Path(barrier_dir)
+    (barrier / f"ready-{me}").write_text("ready")
+    deadline = time.monotonic() + 60
+    while len(list(barrier.glob("ready-*"))) < peers:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"peer processes never started (barrier in {barrier})")
+        time.sleep(0.005)
+    db = Database(url, lock_dir=Path(lock_dir))
+    try:
+        db.migrate()
+    finally:
+        db.dispose()
+
+
+def test_two_processes_migrating_the_same_new_database_at_once_both_succeed(tmp_path):
+    path = tmp_path / "state.db"
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_migrate_after_barrier,
+                         args=(_url(path), str(tmp_path), str(barrier), n, 2)) for n in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+    assert [proc.exitcode for proc in procs] == [0, 0]
+
+    db = Database(_url(path), lock_dir=tmp_path)
+    try:
+        assert CONTRACT_TABLES <= set(sa.inspect(db.engine).get_table_names())
+        assert current_revision(db.engine) == head_revision()
+        with db.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM alembic_version")).scalar() == 1
+    finally:
+        db.dispose()
+
+
+def test_the_migrated_schema_has_no_autogenerate_diff_against_the_models(tmp_path):
+    db = Database(_url(tmp_path / "state.db"), lock_dir=tmp_path)
+    try:
+        db.migrate()
+        with db.engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True,
+                                                             "render_as_batch": True})
+            diff = compare_metadata(context, Base.metadata)
+        assert diff == [], f"models and migrations drifted: {diff}"
+    finally:
+        db.dispose()
