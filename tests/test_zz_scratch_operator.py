@@ -7,9 +7,9 @@ def test_scratch(make_repo):
     script = {"1-1-alpha": {"dev": [{"write": {"src/alpha.py": "A\n"}, "say": "hello alpha"}]},
               "1-2-beta": {"dev": [{"write": {"src/beta.py": "bad\n"}}]},
               "1-3-gamma": {"dev": [{"write": {"src/alpha.py": "G\n"}}]}}
-    repo = make_repo(stories, script=script, policy='[scm]\nmax_parallel = 2\n[gates]\nmode = "none"\n[verify]\ncommands = ["! grep -q bad src/beta.py"]\n[parallel]\non_escalation = "continue"\n')
+    repo = make_repo(stories, script=script, policy='[scm]\nmax_parallel = 2\n[gates]\nmode = "none"\n[verify]\ncommands = ["! grep -q bad src/beta.py"]\n')
     r = repo.cli("run")
-    print(r.output)
-    import sqlite3; src = sqlite3.connect(repo.root / ".bmad-loop/state.db"); dst = sqlite3.connect("/tmp/optry/state.db"); src.backup(dst); dst.close()
-    print(json.dumps(repo.status(), indent=1))
-    for e in repo.journal(): print(json.dumps(e))
+    for args in [("history",), ("history", "--json"), ("sql", "select story, state, work_s from v_story_runs"), ("sql", "delete from runs"), ("sql", "select * from v_escalations", "--json"),
+                 ("journal", "--kind", "story.escalated"), ("journal", "--follow", "--story", "1-1-alpha"), ("attach", "--no-follow"), ("attach", "--no-follow", "1-1"), ("attach", "1-2"), ("status", "--watch")]:
+        res = repo.cli(*args)
+        print("$", args, res.exit_code); print(res.output)

@@ -290,50 +290,7 @@ def approve(project_dir, run_ref, story):
 
 
 # ---------------------------------------------------------------------------- reading
-@cli.command()
-@project_option
-@click.argument("run_ref", metavar="RUN", required=False)
-@json_option
-@handle_errors
-def status(project_dir, run_ref, as_json):
-    """The run (newest by default), its stories and candidates."""
-    from .engine.control import find_run
-    from .engine.status import run_status
-
-    project = _open(project_dir)
-    with project.db.transaction() as s:
-        data = run_status(s, find_run(s, project, run_ref))
-    if as_json:
-        click.echo(json.dumps(data, indent=2))
-        return
-    from .render import render_status
-
-    click.echo(render_status(data))
-
-
-@cli.command()
-@project_option
-@click.argument("run_ref", metavar="RUN", required=False)
-@click.option("--kind", "kinds", multiple=True, help="Only events of this kind (repeatable).")
-@click.option("--story", default=None, help="Only events of this story.")
-@json_option
-@handle_errors
-def journal(project_dir, run_ref, kinds, story, as_json):
-    """The run's journal, in order (one JSON object per line with --json)."""
-    from .engine.control import find_run
-    from .engine.status import journal_lines
-
-    project = _open(project_dir)
-    with project.db.transaction() as s:
-        run = find_run(s, project, run_ref)
-        lines = journal_lines(s, run.id, kinds=kinds, story=story)
-    for line in lines:
-        if as_json:
-            click.echo(json.dumps(line, sort_keys=True))
-        else:
-            story_part = f" {line['story']}" if line["story"] else ""
-            data = " ".join(f"{k}={_short(v)}" for k, v in line["data"].items())
-            click.echo(f"{line['seq']:>5} {line['ts']} {line['kind']}{story_part} {data}".rstrip())
+# status and journal live in cli_operator.py (with --watch and --follow).
 
 
 @cli.command()
@@ -352,6 +309,34 @@ def demo(directory, parallel, count, as_json):
     if as_json:
         click.echo(json.dumps(result, indent=2))
     sys.exit(result["exit_code"])
+
+
+@cli.command()
+@project_option
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; change nothing.")
+@click.option("--runs", "runs", is_flag=True,
+              help="Also remove logs, evidence and worktrees of finished runs beyond [cleanup] keep_runs.")
+@click.option("--purge", is_flag=True, help="With --runs: delete those runs' rows and journal too.")
+@json_option
+@handle_errors
+def cleanup(project_dir, dry_run, runs, purge, as_json):
+    """Remove worktrees, branches and refs in bmad-loop's namespace that no live row owns."""
+    from .engine.cleanup import cleanup as do_cleanup
+
+    if purge and not runs:
+        raise ConfigError("--purge goes with --runs")
+    project = _open(project_dir)
+    report = do_cleanup(project, dry_run=dry_run, runs=runs, purge=purge,
+                        progress=None if as_json else (lambda m: click.echo(("would " if dry_run else "") + m)))
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(f"{'would remove' if dry_run else 'removed'}: {len(report.worktrees_removed)} worktrees, "
+                   f"{len(report.branches_deleted)} branches, {len(report.refs_deleted)} refs; "
+                   f"kept {len(report.kept)}; rows marked {len(report.rows_marked)}")
+
+
+from . import cli_operator  # noqa: E402,F401  (registers status, journal, attach, history, sql, tui)
 
 
 def main():

@@ -45,6 +45,7 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
 
     if install_signals and threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGINT, on_sigint)
+    _cleanup_at_start(project)
     consumers.start()
     last_seq = 0
     handled = 0
@@ -72,3 +73,15 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
     if handled >= 2:
         return EXIT_INTERRUPTED
     return exit_code_for(run, stories)
+
+
+def _cleanup_at_start(project) -> None:
+    """Debris of earlier crashes goes before the run starts; a failure here is only logged."""
+    import logging
+
+    from .cleanup import cleanup
+
+    try:
+        cleanup(project)
+    except Exception:
+        logging.getLogger(__name__).exception("clean-up at run start failed")

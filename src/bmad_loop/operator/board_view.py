@@ -95,9 +95,14 @@ def lane_queue(status: dict, *, escalation_blocks: bool = True) -> list[tuple[di
 def held_back(status: dict) -> list[tuple[dict, str]]:
     """Stories that cannot move on their own, and why."""
     out = []
+    run_state = status["run"]["state"]
     for story in sorted(status["stories"], key=lambda s: s["seq"]):
         if story["state"] == "pending":
-            out.append((story, story.get("waiting_for") or "not admitted yet"))
+            why = story.get("waiting_for") or "not admitted yet"
+            if run_state != "running":  # nothing is admitted until the run runs again
+                why = f"run {run_state}" + (f" (last: {story['waiting_for']})"
+                                            if story.get("waiting_for") else "")
+            out.append((story, why))
         elif story["state"] in NEEDS_HUMAN or story["state"] == "failed":
             out.append((story, story.get("reason") or story["state"]))
     return out

@@ -1,0 +1,207 @@
+"""Orphan clean-up: compare the rows with `git worktree list` and bmad-loop's ref namespaces.
+
+Only bmad-loop's own things are candidates: worktrees under `.bmad-loop/worktrees/` and
+`.bmad-loop/candidates/`, branches under `refs/heads/bmad-loop/`, candidate refs under
+`refs/bmad-loop/candidates/`. Something is *owned* while a row still needs it:
+
+- a story that is not finished in a run that can still move (running, pausing, paused,
+  stopping, stopped) owns its worktree and branch;
+- an escalated, blocked or failed story keeps its worktree, branch and preserved candidates
+  while its run can resume, and afterwards if `[scm] keep_failed` is true;
+- an integrated story owns nothing (its branch stays only if `[scm] delete_branch` is false).
+
+Everything else in the namespaces is removed; stale worktree metadata is pruned; story rows
+whose worktree folder vanished are marked (`worktree` cleared, journaled), so the next worker
+recreates it from the branch. `--runs` also removes logs, prompts, evidence, scratch folders
+and worktrees of finished runs beyond `[cleanup] keep_runs` (rows stay unless `--purge`).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import delete, select
+
+from ..db.models import Attempt, Candidate, Event, Run, Story
+from ..worktrees import delete_branch, delete_ref, list_worktrees, prune, remove_worktree
+from .journal import record
+from .layout import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE, Layout
+from .rows import run_policy
+
+__all__ = ["CleanupReport", "cleanup"]
+
+RESUMABLE = ("running", "pausing", "paused", "stopping", "stopped")
+PARKED = ("escalated", "blocked", "failed", "held")
+RUN_FOLDERS = ("logs", "prompts", "evidence", "scratch", "worktrees", "candidates")
+
+
+@dataclass
+class CleanupReport:
+    dry_run: bool
+    worktrees_removed: list[str] = field(default_factory=list)
+    branches_deleted: list[str] = field(default_factory=list)
+    refs_deleted: list[str] = field(default_factory=list)
+    rows_marked: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    runs_pruned: list[str] = field(default_factory=list)
+    pruned_metadata: bool = False
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str, str]]]:
+    """Worktree paths, branch names and candidate refs that live rows still need."""
+    paths: set[Path] = set()
+    branches: set[str] = set()
+    refs: set[str] = set()
+    worktree_rows: list[tuple[int, str, str]] = []
+    with project.db.transaction() as s:
+        runs = {r.id: r for r in s.scalars(select(Run).where(Run.project == str(project.root)))}
+        for story in s.scalars(select(Story).where(Story.run_id.in_(list(runs)))):
+            run = runs[story.run_id]
+            policy = run_policy(run)
+            live = run.state in RESUMABLE
+            if story.state == "integrated":
+                keep = not policy.scm.delete_branch
+                needs_worktree = policy.scm.branch_per == "run" and live
+            elif story.state in PARKED:
+                keep = live or policy.scm.keep_failed
+                needs_worktree = keep
+            elif story.state == "skipped":
+                keep = needs_worktree = False
+            else:
+                keep = needs_worktree = live
+                if live:
+                    # Owned by convention too: a worker may be between `worktree add` and
+                    # writing the row, and the lane between composing and recording.
+                    layout = Layout(project.state_dir.resolve(), run.id)
+                    branches.add(layout.story_branch(story.key, policy.scm.branch_per))
+                    paths.add(layout.story_worktree(story.key, policy.scm.branch_per))
+                    for n in range(1, policy.limits.max_recompose + 3):
+                        paths.add(layout.candidate_worktree(story.key, n))
+                        refs.add(layout.candidate_ref(story.key, n))
+            if story.branch and keep:
+                branches.add(story.branch)
+            if story.worktree and needs_worktree:
+                paths.add(Path(story.worktree).resolve())
+                worktree_rows.append((story.id, story.worktree, story.run_id))
+            if story.state in PARKED and (live or policy.scm.keep_failed):
+                for cand in s.scalars(select(Candidate).where(Candidate.story_id == story.id)):
+                    if cand.ref:
+                        refs.add(cand.ref)
+                    if cand.worktree:
+                        paths.add(Path(cand.worktree).resolve())
+            if story.state in ("ready", "integrating", "queued", "working") and live:
+                for cand in s.scalars(select(Candidate).where(Candidate.story_id == story.id)):
+                    if cand.ref:
+                        refs.add(cand.ref)
+                    if cand.worktree:
+                        paths.add(Path(cand.worktree).resolve())
+    return paths, branches, refs, worktree_rows
+
+
+def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool = False,
+            progress=None) -> CleanupReport:
+    report = CleanupReport(dry_run=dry_run)
+    say = progress or (lambda _msg: None)
+    git = project.git()
+    state = project.state_dir.resolve()
+    ours = (state / "worktrees", state / "candidates")
+    if runs:
+        _retention(project, report, dry_run=dry_run, purge=purge, say=say)
+    owned_paths, owned_branches, owned_refs, worktree_rows = _owned(project)
+
+    for info in list_worktrees(git):
+        path = info.path.resolve()
+        if not any(_under(path, base) for base in ours):
+            continue  # never touch a worktree bmad-loop did not make
+        if path in owned_paths:
+            report.kept.append(str(path))
+            continue
+        say(f"remove worktree {path}")
+        report.worktrees_removed.append(str(path))
+        if not dry_run:
+            remove_worktree(git, path)
+    # Folders left behind without git metadata (a kill during `worktree add`).
+    for base in ours:
+        if not base.is_dir():
+            continue
+        for run_dir in base.iterdir():
+            for leaf in (run_dir.iterdir() if run_dir.is_dir() else ()):
+                if leaf.resolve() not in owned_paths and str(leaf.resolve()) not in report.worktrees_removed:
+                    say(f"remove stray folder {leaf}")
+                    report.worktrees_removed.append(str(leaf.resolve()))
+                    if not dry_run:
+                        remove_worktree(git, leaf)
+
+    listing = git.out("for-each-ref", "--format=%(refname)", f"refs/heads/{BRANCH_NAMESPACE.rstrip('/')}",
+                      CANDIDATE_REF_NAMESPACE.rstrip("/"))
+    for ref in [line for line in listing.splitlines() if line]:
+        if ref.startswith("refs/heads/"):
+            name = ref[len("refs/heads/"):]
+            if name in owned_branches:
+                report.kept.append(name)
+                continue
+            say(f"delete branch {name}")
+            report.branches_deleted.append(name)
+            if not dry_run:
+                delete_branch(git, name)
+        else:
+            if ref in owned_refs:
+                report.kept.append(ref)
+                continue
+            say(f"delete ref {ref}")
+            report.refs_deleted.append(ref)
+            if not dry_run:
+                delete_ref(git, ref)
+
+    for story_id, worktree, run_id in worktree_rows:
+        if not Path(worktree).exists():
+            report.rows_marked.append(worktree)
+            if not dry_run:
+                with project.db.transaction() as s:
+                    story = s.get(Story, story_id)
+                    story.worktree = None
+                    if story.phase not in (None, "prepare", "commit"):
+                        story.phase = "prepare"
+                    record(s, run_id, "story.worktree_missing", story.key, worktree=worktree)
+    if not dry_run:
+        prune(git)
+        report.pruned_metadata = True
+    return report
+
+
+def _retention(project, report, *, dry_run, purge, say) -> None:
+    keep = project.policy.cleanup.keep_runs
+    with project.db.transaction() as s:
+        finished = list(s.scalars(select(Run).where(Run.project == str(project.root),
+                                                    Run.state.in_(("completed", "failed")))
+                                  .order_by(Run.created_at.desc(), Run.id.desc())))
+    for run in finished[keep:]:
+        say(f"prune finished run {run.id}")
+        report.runs_pruned.append(run.id)
+        if dry_run:
+            continue
+        for folder in RUN_FOLDERS:
+            target = project.path(folder, run.id)
+            if folder in ("worktrees", "candidates") and target.is_dir():
+                git = project.git()
+                for leaf in target.iterdir():
+                    remove_worktree(git, leaf)
+            shutil.rmtree(target, ignore_errors=True)
+        if purge:
+            with project.db.transaction() as s:
+                for model in (Event, Attempt, Candidate, Story):
+                    s.execute(delete(model).where(model.run_id == run.id))
+                s.execute(delete(Run).where(Run.id == run.id))
+
+
+def _under(path: Path, base: Path) -> bool:
+    try:
+        path.relative_to(base.resolve())
+        return True
+    except ValueError:
+        return False

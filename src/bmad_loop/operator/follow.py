@@ -1,0 +1,156 @@
+"""Followers: `journal --follow` tails the events of a run, `attach` tails a story's session log.
+
+Both poll the rows through a read-only `Reader` (never the write lock), print what is new, and
+end when there is nothing more to come: the run settled (journal), or the story left its worker
+and its last session log is drained (attach). A `stop` event ends either at once (Ctrl+C).
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+from pathlib import Path
+from typing import Callable
+
+from ..db.models import Run
+from ..engine.driver import SETTLED
+from ..engine.journal import event_json, events_after
+from ..engine.rows import stories_of
+from ..errors import ConfigError
+
+__all__ = ["follow_journal", "format_event", "pick_story", "follow_log", "AttachChoice",
+           "IN_FLIGHT"]
+
+IN_FLIGHT = ("queued", "working")
+
+
+def _short(value):
+    if isinstance(value, str) and len(value) == 40 and all(c in "0123456789abcdef" for c in value):
+        return value[:10]
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, str) and "\n" in value:
+        first = value.strip().splitlines()[0] if value.strip() else ""
+        return first + " …"
+    return value
+
+
+def format_event(line: dict) -> str:
+    """One journal line for people: seq, time, kind, story, data."""
+    story_part = f" {line['story']}" if line["story"] else ""
+    data = " ".join(f"{k}={_short(v)}" for k, v in line["data"].items())
+    return f"{line['seq']:>5} {line['ts']} {line['kind']}{story_part} {data}".rstrip()
+
+
+def follow_journal(reader, run_id: str, emit: Callable[[dict], None], *, kinds=(), story=None,
+                   follow: bool = True, poll_s: float = 0.5,
+                   stop: threading.Event | None = None) -> None:
+    """Emit the run's events in order; with `follow`, keep emitting until the run settles."""
+    stop = stop or threading.Event()
+    last = 0
+    settled_seen = False
+    while True:
+        with reader.session() as s:
+            events = events_after(s, run_id, last, kinds, story)
+            run = s.get(Run, run_id)
+            settled = run is None or run.state in SETTLED
+            lines = [event_json(e) for e in events]
+        for line in lines:
+            last = line["seq"]
+            emit(line)
+        if not follow:
+            return
+        if settled:
+            if settled_seen and not lines:
+                return  # one quiet poll after settling: late events (notifications) are in
+            settled_seen = True
+        else:
+            settled_seen = False
+        if stop.wait(poll_s):
+            return
+
+
+# ---------------------------------------------------------------------------- attach
+class AttachChoice(ConfigError):
+    """Several stories could be meant: the message lists them (exit 2)."""
+
+
+def pick_story(reader, run_id: str, ref: str | None) -> str:
+    """The story to attach to: the one named, else the only one in flight, else the only one
+    with a session log. Ambiguity is AttachChoice naming the candidates."""
+    with reader.session() as s:
+        stories = stories_of(s, run_id)
+        rows = [(st.key, st.state, st.phase, st.session, st.log) for st in stories]
+    if ref is not None:
+        exact = [r for r in rows if r[0] == ref]
+        loose = exact or [r for r in rows if r[0].startswith(ref + "-") or ref in r[0]]
+        if len(loose) == 1:
+            return loose[0][0]
+        if not loose:
+            raise ConfigError(f"run {run_id}: no story '{ref}'")
+        raise AttachChoice(f"run {run_id}: story '{ref}' is ambiguous: "
+                           + ", ".join(r[0] for r in loose))
+    flying = [r for r in rows if r[1] in IN_FLIGHT]
+    pool = flying or [r for r in rows if r[4]]
+    if len(pool) == 1:
+        return pool[0][0]
+    if not pool:
+        raise ConfigError(f"run {run_id}: no story has a session yet")
+    what = "in flight" if flying else "with a session log"
+    listing = "; ".join(f"{r[0]} ({r[1]}{', ' + r[2] if r[2] else ''}"
+                        f"{', session ' + r[3] if r[3] else ''})" for r in pool)
+    raise AttachChoice(f"run {run_id}: {len(pool)} stories {what}, name one: {listing}")
+
+
+def follow_log(reader, run_id: str, story_key: str, write: Callable[[str], None], *,
+               follow: bool = True, poll_s: float = 0.2,
+               stop: threading.Event | None = None) -> None:
+    """Print the story's session log; with `follow`, keep printing as it grows, switch to the
+    next session's log when the story moves on (dev → review → fix), and end once the story
+    is no longer in flight and its last log is drained."""
+    stop = stop or threading.Event()
+    tail: _Tail | None = None
+    while True:
+        with reader.session() as s:
+            row = next((st for st in stories_of(s, run_id) if st.key == story_key), None)
+            run = s.get(Run, run_id)
+            state = row.state if row else None
+            log = Path(row.log) if row and row.log else None
+            session = row.session if row else None
+            run_settled = run is None or run.state in SETTLED
+        if log is not None and (tail is None or log != tail.path):
+            if tail is not None:
+                tail.drain(write)
+            tail = _Tail(log)
+            write(f"==> {session or story_key}: {log} <==\n")
+        if tail is not None:
+            tail.drain(write)
+        if not follow:
+            if tail is None:
+                write(f"{story_key}: no session log yet\n")
+            return
+        if state not in IN_FLIGHT or (run_settled and state != "working"):
+            return
+        if stop.wait(poll_s):
+            return
+
+
+class _Tail:
+    """Reads a growing file from where it stopped, decoding UTF-8 across read boundaries."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def drain(self, write: Callable[[str], None]) -> None:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return
+        self.offset += len(data)
+        text = self.decoder.decode(data)
+        if text:
+            write(text)

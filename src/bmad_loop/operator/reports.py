@@ -1,0 +1,125 @@
+"""CI summaries of a run: a JSON report and a JUnit XML file, both from the `status` dict.
+
+One JUnit test case per story: `integrated` passes, `skipped` is skipped, `escalated`,
+`blocked`, `held` and `failed` fail with their reason; a story the run never finished
+(pending, queued, working, ready, integrating: the run paused or stopped first) is skipped
+with a message saying where it stood. `bmad-loop run --ci --report FILE --junit FILE` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+__all__ = ["summary", "write_json_report", "write_junit", "junit_tree", "FAILING", "PASSING"]
+
+PASSING = ("integrated",)
+SKIPPED = ("skipped",)
+FAILING = ("escalated", "blocked", "held", "failed")
+REPORT_FORMAT = 1
+
+
+def summary(status: dict) -> dict:
+    stories = status["stories"]
+    counts: dict[str, int] = {}
+    for story in stories:
+        counts[story["state"]] = counts.get(story["state"], 0) + 1
+    return {
+        "stories": len(stories),
+        "passed": sum(1 for s in stories if s["state"] in PASSING),
+        "failed": sum(1 for s in stories if s["state"] in FAILING),
+        "skipped": sum(1 for s in stories if s["state"] not in PASSING + FAILING),
+        "by_state": counts,
+    }
+
+
+def write_json_report(status: dict, path, *, exit_code: int | None = None) -> Path:
+    """The whole status (run, stories, candidates) plus a summary and the exit code."""
+    report = {
+        "format": REPORT_FORMAT,
+        "run": status["run"],
+        "exit_code": exit_code,
+        "summary": summary(status),
+        "stories": status["stories"],
+        "candidates": status.get("candidates", []),
+    }
+    return _atomic_write(Path(path), json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def junit_tree(status: dict) -> ET.ElementTree:
+    run = status["run"]
+    counts = summary(status)
+    elapsed = sum(float(s.get("elapsed_s") or 0) for s in status["stories"])
+    suites = ET.Element("testsuites", name="bmad-loop", tests=str(counts["stories"]),
+                        failures=str(counts["failed"]), errors="0",
+                        skipped=str(counts["skipped"]), time=f"{elapsed:.3f}")
+    suite = ET.SubElement(suites, "testsuite", name=f"bmad-loop run {run['id']}",
+                          tests=str(counts["stories"]), failures=str(counts["failed"]),
+                          errors="0", skipped=str(counts["skipped"]), time=f"{elapsed:.3f}",
+                          timestamp=run.get("created_at") or "", hostname=run.get("host") or "")
+    props = ET.SubElement(suite, "properties")
+    for name in ("id", "state", "target_branch", "start_sha", "target_sha", "merge_strategy",
+                 "max_parallel", "reason"):
+        if run.get(name) is not None:
+            ET.SubElement(props, "property", name=f"run.{name}", value=str(run[name]))
+    candidates: dict[str, list[dict]] = {}
+    for cand in status.get("candidates", []):
+        candidates.setdefault(cand["story"], []).append(cand)
+    for story in sorted(status["stories"], key=lambda s: s["seq"]):
+        case = ET.SubElement(suite, "testcase", name=story["key"],
+                             classname=f"bmad-loop.epic-{story.get('epic', 0)}",
+                             time=f"{float(story.get('elapsed_s') or 0):.3f}")
+        state = story["state"]
+        reason = story.get("reason") or state
+        if state in FAILING:
+            failure = ET.SubElement(case, "failure", type=state, message=f"{state}: {reason}")
+            failure.text = _details(story, candidates.get(story["key"], []))
+        elif state in SKIPPED:
+            ET.SubElement(case, "skipped", message=f"skipped: {reason}")
+        elif state not in PASSING:
+            where = story.get("waiting_for") or story.get("phase") or ""
+            ET.SubElement(case, "skipped", message=f"not finished: {state}"
+                          + (f" ({where})" if where else "")
+                          + f"; run {run['state']}" + (f": {run['reason']}" if run.get("reason") else ""))
+        out = ET.SubElement(case, "system-out")
+        out.text = _details(story, candidates.get(story["key"], []))
+    ET.indent(suites)
+    return ET.ElementTree(suites)
+
+
+def write_junit(status: dict, path) -> Path:
+    tree = junit_tree(status)
+    text = ET.tostring(tree.getroot(), encoding="unicode", xml_declaration=False)
+    return _atomic_write(Path(path), '<?xml version="1.0" encoding="UTF-8"?>\n' + text + "\n")
+
+
+def _details(story: dict, candidates: list[dict]) -> str:
+    lines = [f"state: {story['state']}" + (f" (phase {story['phase']})" if story.get("phase") else "")]
+    for name in ("reason", "branch", "worktree", "base_sha", "head_sha", "integrated_sha",
+                 "session", "log"):
+        if story.get(name):
+            lines.append(f"{name}: {story[name]}")
+    lines.append(f"dev attempts: {story.get('attempt', 0)}, review cycles: {story.get('review_cycles', 0)}")
+    for cand in candidates:
+        lines.append(f"candidate #{cand['attempt']} {cand['state']}"
+                     + (f" ref {cand['ref']}" if cand.get("ref") else "")
+                     + (f" worktree {cand['worktree']}" if cand.get("worktree") else "")
+                     + (f" evidence {cand['evidence']}" if cand.get("evidence") else "")
+                     + (f": {cand['reason']}" if cand.get("reason") else ""))
+    return "\n".join(lines)
+
+
+def _atomic_write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,344 @@
+"""`bmad-loop tui`: runs, stories, the lane and a tailing journal in one terminal screen.
+
+An observer and a launcher, never the engine. It reads rows through a read-only `Reader`, and
+its keys call the same code as the CLI: `s`/`S` call `engine.control.stop` (graceful / now),
+`r` starts `bmad-loop resume RUN` as a detached process (so the run keeps going when the TUI
+exits), `c` runs `bmad-loop cleanup`, `a` attaches the tail pane to the selected story's
+session log, `j` switches it back to the journal. Needs the `tui` extra (textual).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Footer, Header, RichLog, Static
+
+from ..db.models import Run
+from ..engine.journal import event_json, events_after
+from ..engine.status import run_status
+from .board_view import ACTIVE_CANDIDATE, held_back, lane_queue
+from .follow import _Tail, format_event
+from .history import format_duration, run_history
+from .reader import Reader
+
+__all__ = ["BoardApp", "cli_argv"]
+
+
+def cli_argv(*args: str) -> list[str]:
+    """The argv that runs this very bmad-loop's CLI in a child process."""
+    return [sys.executable, "-m", "bmad_loop", *args]
+
+
+class BoardApp(App):
+    """The operator's board. `refresh_s` is how often rows are re-read."""
+
+    TITLE = "bmad-loop"
+    CSS = """
+    #runs { width: 44; border: round $primary; }
+    #right { width: 1fr; }
+    #stories { height: 1fr; border: round $primary; }
+    #lane { height: auto; max-height: 16; border: round $secondary; padding: 0 1; }
+    #tail { height: 12; border: round $accent; }
+    """
+    BINDINGS = [
+        Binding("s", "stop", "Stop"),
+        Binding("S", "stop_now", "Stop now"),
+        Binding("r", "resume", "Resume"),
+        Binding("c", "cleanup", "Clean up"),
+        Binding("a", "attach", "Attach"),
+        Binding("j", "journal", "Journal"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, project, *, run_ref: str | None = None, refresh_s: float = 1.0):
+        super().__init__()
+        self.project = project
+        self.run_ref = run_ref
+        self.refresh_s = refresh_s
+        self.run_id: str | None = None
+        self.reader: Reader | None = None
+        self.mode = "journal"  # or "attach"
+        self.attached: str | None = None
+        self.tail_lines: list[str] = []  # what the tail pane shows, as plain text
+        self.launched: list[subprocess.Popen] = []
+        self._last_seq = 0
+        self._tail: _Tail | None = None
+        self._signatures: dict[str, object] = {}
+
+    # ------------------------------------------------------------------ layout
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with Horizontal():
+            yield DataTable(id="runs", cursor_type="row", zebra_stripes=True)
+            with Vertical(id="right"):
+                yield DataTable(id="stories", cursor_type="row", zebra_stripes=True)
+                yield Static(id="lane")
+        yield RichLog(id="tail", wrap=False, highlight=False, markup=False, max_lines=2000)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.reader = Reader(self.project)
+        runs = self.query_one("#runs", DataTable)
+        runs.add_columns("run", "state", "outcome")
+        runs.border_title = "runs"
+        stories = self.query_one("#stories", DataTable)
+        stories.add_columns("#", "story", "state", "phase", "elapsed", "attempt", "note")
+        stories.border_title = "stories"
+        self.query_one("#lane", Static).border_title = "lane"
+        self.query_one("#tail", RichLog).border_title = "journal"
+        if self.run_ref is not None:
+            from ..engine.control import find_run
+
+            with self.reader.session() as s:
+                self.run_id = find_run(s, self.project, self.run_ref).id
+        self.refresh_data()
+        self.set_interval(self.refresh_s, self.refresh_data)
+
+    def on_unmount(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+
+    # ------------------------------------------------------------------ reading
+    def refresh_data(self) -> None:
+        with self.reader.session() as s:
+            entries = run_history(s, self.project.root, limit=50)
+            if self.run_id is None and entries:
+                self.run_id = entries[0]["id"]
+            run = s.get(Run, self.run_id) if self.run_id else None
+            status = run_status(s, run) if run is not None else None
+            events = ([event_json(e) for e in events_after(s, self.run_id, self._last_seq)]
+                      if run is not None and self.mode == "journal" else [])
+        self._show_runs(entries)
+        if status is not None:
+            self._show_stories(status)
+            self._show_lane(status)
+            self.sub_title = f"run {status['run']['id']} · {status['run']['state']}"
+        for line in events:
+            self._last_seq = line["seq"]
+            self._write_tail(format_event(line))
+        if self.mode == "attach" and self._tail is not None:
+            self._tail.drain(self._write_tail_text)
+
+    def _changed(self, name: str, signature) -> bool:
+        if self._signatures.get(name) == signature:
+            return False
+        self._signatures[name] = signature
+        return True
+
+    def _show_runs(self, entries) -> None:
+        rows = [(e["id"], e["state"], e["outcome"]) for e in entries]
+        if not self._changed("runs", tuple(rows)):
+            return
+        table = self.query_one("#runs", DataTable)
+        table.clear()
+        for row in rows:
+            table.add_row(row[0], Text(row[1], style=_style(row[1])), row[2], key=row[0])
+        ids = [r[0] for r in rows]
+        if self.run_id in ids:
+            table.move_cursor(row=ids.index(self.run_id))
+
+    def _show_stories(self, status) -> None:
+        rows = []
+        for story in status["stories"]:
+            note = story.get("reason") or story.get("waiting_for") or ""
+            rows.append((str(story["seq"]), story["key"], story["state"], story.get("phase") or "",
+                         format_duration(story.get("elapsed_s")), str(story.get("attempt") or 0),
+                         note))
+        if not self._changed("stories", (status["run"]["id"], tuple(rows))):
+            return
+        table = self.query_one("#stories", DataTable)
+        cursor = table.cursor_row
+        table.clear()
+        for row in rows:
+            table.add_row(row[0], row[1], Text(row[2], style=_style(row[2])), *row[3:], key=row[1])
+        if rows:
+            table.move_cursor(row=min(max(cursor, 0), len(rows) - 1))
+
+    def _show_lane(self, status) -> None:
+        text = lane_text(status, self.project.root)
+        if self._changed("lane", text.plain):
+            self.query_one("#lane", Static).update(text)
+
+    def lane_plain(self) -> str:
+        """What the lane panel shows, as plain text."""
+        sig = self._signatures.get("lane")
+        return sig if isinstance(sig, str) else ""
+
+    def _write_tail(self, line: str) -> None:
+        self.tail_lines.append(line)
+        self.query_one("#tail", RichLog).write(line)
+
+    def _write_tail_text(self, text: str) -> None:
+        for line in text.splitlines():
+            self._write_tail(line)
+
+    def _reset_tail(self, title: str) -> None:
+        self.tail_lines = []
+        log = self.query_one("#tail", RichLog)
+        log.clear()
+        log.border_title = title
+
+    # ------------------------------------------------------------------ selection
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id != "runs" or event.row_key is None:
+            return
+        run_id = event.row_key.value
+        if run_id and run_id != self.run_id:
+            self.run_id = run_id
+            self._last_seq = 0
+            self.mode, self._tail, self.attached = "journal", None, None
+            self._reset_tail("journal")
+            self._signatures.pop("stories", None)
+            self.refresh_data()
+
+    def selected_story(self) -> str | None:
+        table = self.query_one("#stories", DataTable)
+        if table.row_count == 0:
+            return None
+        row = table.get_row_at(max(table.cursor_row, 0))
+        return str(row[1])
+
+    # ------------------------------------------------------------------ actions
+    def action_journal(self) -> None:
+        self.mode, self._tail, self.attached = "journal", None, None
+        self._last_seq = 0
+        self._reset_tail("journal")
+        self.refresh_data()
+
+    def action_attach(self) -> None:
+        key = self.selected_story()
+        if key is None or self.run_id is None:
+            return
+        with self.reader.session() as s:
+            from ..engine.rows import stories_of
+
+            row = next((st for st in stories_of(s, self.run_id) if st.key == key), None)
+            log = row.log if row else None
+        if not log:
+            self.notify(f"{key} has no session log yet", severity="warning")
+            return
+        self.mode, self.attached = "attach", key
+        self._reset_tail(f"attached: {key} ({Path(log).name})")
+        self._write_tail(f"==> {log} <==")
+        self._tail = _Tail(Path(log))
+        self._tail.drain(self._write_tail_text)
+
+    def action_stop(self, now: bool = False) -> None:
+        from ..engine.control import stop
+        from ..errors import BmadLoopError
+        from ..tasks import Tasks
+
+        if self.run_id is None:
+            return
+        try:
+            run = stop(self.project, Tasks(self.project), self.run_id, now=now)
+        except BmadLoopError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        self.notify(f"run {run.id} {run.state}")
+        self.refresh_data()
+
+    def action_stop_now(self) -> None:
+        self.action_stop(now=True)
+
+    def action_resume(self) -> None:
+        """Start `bmad-loop resume RUN` detached: it drives the run and outlives the TUI."""
+        if self.run_id is None:
+            return
+        log_dir = self.project.path("logs", self.run_id)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / f"tui-resume-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(cli_argv("resume", "--project", str(self.project.root),
+                                             self.run_id),
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=self.project.root)
+        self.launched.append(proc)
+        self.notify(f"resuming {self.run_id} (pid {proc.pid}, output in {log_path})")
+
+    def action_cleanup(self) -> None:
+        if self.run_id is None:
+            return
+        self.run_worker(self._cleanup, thread=True, exclusive=True,
+                        group="cleanup")
+
+    def _cleanup(self) -> None:
+        proc = subprocess.run(cli_argv("cleanup", "--project", str(self.project.root)),
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              cwd=self.project.root)
+        message = (proc.stdout + proc.stderr).strip().splitlines()
+        summary = message[-1] if message else f"cleanup exited {proc.returncode}"
+        self.call_from_thread(self.notify, summary,
+                              severity="information" if proc.returncode == 0 else "error")
+        self.call_from_thread(self.refresh_data)
+
+
+def lane_text(status: dict, root: Path | None = None) -> Text:
+    """The lane panel: current candidate, the queue in plan order, candidates with evidence."""
+    text = Text()
+    candidates = status.get("candidates", [])
+    active = [c for c in candidates if c["state"] in ACTIVE_CANDIDATE]
+    if active:
+        cur = active[-1]
+        text.append(f"now: {cur['story']} candidate #{cur['attempt']} ", style="bold")
+        text.append(cur["state"], style=_style(cur["state"]))
+        text.append("\n")
+    else:
+        text.append("now: idle\n", style="bold")
+    queue = lane_queue(status)
+    if queue:
+        text.append("waiting (plan order): ", style="bold")
+        text.append("; ".join(f"{s['key']} waits for {why}" for s, why in queue) + "\n")
+    held = held_back(status)
+    if held:
+        text.append("held back: ", style="bold")
+        text.append("; ".join(f"{s['key']} ({s['state']}): {why}" for s, why in held) + "\n")
+    for cand in candidates:
+        text.append(f"#{cand['attempt']} {cand['story']} ", style="bold")
+        text.append(cand["state"], style=_style(cand["state"]))
+        text.append(f" {cand.get('strategy') or ''} {(cand.get('target_sha') or '')[:10]}"
+                    f" -> {(cand.get('candidate_sha') or '-')[:10]}")
+        if cand.get("verify_s") is not None:
+            text.append(f" verify {cand['verify_s']}s")
+        if cand.get("evidence"):
+            text.append(f"\n   evidence {cand['evidence']}: {_evidence_summary(cand['evidence'])}")
+        elif cand.get("reason"):
+            text.append(f": {cand['reason']}")
+        text.append("\n")
+    if not candidates:
+        text.append("no candidates yet\n", style="dim")
+    text.rstrip()
+    return text
+
+
+def _evidence_summary(path: str) -> str:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return "(unreadable)"
+    parts = [str(data.get("kind", "?"))]
+    for key in ("command", "exit_code", "conflicts", "paths"):
+        if data.get(key) not in (None, [], ""):
+            value = data[key]
+            parts.append(f"{key}={','.join(value) if isinstance(value, list) else value}")
+    return " ".join(parts)
+
+
+def _style(state: str) -> str:
+    if state in ("integrated", "completed", "advanced", "verified", "success"):
+        return "green"
+    if state in ("escalated", "failed", "blocked", "conflict", "verify-failed", "stale"):
+        return "bold red"
+    if state in ("held", "paused", "pausing", "stopping", "stopped"):
+        return "yellow"
+    if state in ("working", "integrating", "running", "composing", "verifying", "advancing"):
+        return "cyan"
+    return ""
