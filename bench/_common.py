@@ -219,3 +219,8 @@ def machine() -> str:
     git_version = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.strip()
     return (f"{os.cpu_count()} CPU(s), Python {sys.version.split()[0]}, {git_version}, "
             f"{os.uname().sysname} {os.uname().release}")
+
+
+def load() -> str:
+    """The 1/5/15-minute load averages: other work on the machine skews every figure."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())

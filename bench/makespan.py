@@ -10,7 +10,10 @@ one line to its story's file:
 - *independent*: every story writes its own file (disjoint footprints);
 - *mixed*: 4 pairs of stories write the same file (file conflicts: the second of a pair starts
   only once the first is integrated), 2 stories share the resource ``service:db`` with
-  capacity 1 (``[resources] "service:db" = 1``), the rest are independent.
+  capacity 1 (``[resources] "service:db" = 1``), the rest are independent. The second story of
+  each pair sits half a sprint after the first, so the lower bound is reachable;
+- *mixed-adjacent* (not run by default): the same, with each pair next to each other in plan
+  order, where plan-order integration itself costs a round at N = 4 (see `layout`).
 
 Each (sprint, N) is a fresh repository and one real run (``enqueue`` + ``drive`` in process: real
 huey consumers on the embedded SQLite queue, real git, real agent processes), ``merge_strategy =
@@ -34,26 +37,43 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    BenchStory, build_repo, machine, mean, median, policy_text, run_loop, table,
+    BenchStory, build_repo, load, machine, mean, median, policy_text, run_loop, table,
 )
 
 RESOURCE = "service:db"
-# Mixed sprint layout (1-based plan positions): file-conflicting pairs and the resource pair.
-PAIRS = [(1, 2), (5, 6), (9, 10), (13, 14)]
-RESOURCE_STORIES = (3, 8)
+SPRINTS = ("independent", "mixed", "mixed-adjacent")
+
+
+def layout(kind: str, k: int) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """1-based plan positions of the 4 file-conflicting pairs and of the 2 resource stories.
+
+    `mixed`: the second of each pair comes half a sprint later (pairs (1, 9), (2, 10), (3, 11),
+    (4, 12) and resource stories 5 and 13 for K = 16), so plan-order admission and plan-order
+    integration can reach the lower bound at N = 2 and 4: the gap measures the engine.
+    `mixed-adjacent`: pairs (1, 2), (5, 6), (9, 10), (13, 14), resource stories 3 and 8: here
+    the contract itself (a finished story integrates only after every earlier one) costs a
+    round at N = 4, which the plan-order schedule column shows.
+    """
+    if kind == "mixed-adjacent":
+        return [(1, 2), (5, 6), (9, 10), (13, 14)], (3, 8)
+    half = max(k // 2, 1)
+    return [(i, i + half) for i in range(1, 5)], (5, 5 + half)
 
 
 def sprint(kind: str, k: int) -> list[BenchStory]:
+    if kind not in SPRINTS:
+        raise SystemExit(f"--sprints: unknown sprint {kind!r} (one of {', '.join(SPRINTS)})")
     keys = [f"1-{i}-s{i:02d}" for i in range(1, k + 1)]
     stories = [BenchStory(key, files=[f"work/{key}.txt"], writes=f"work/{key}.txt") for key in keys]
-    if kind == "mixed":
-        for n, (a, b) in enumerate(PAIRS, start=1):
+    if kind != "independent":
+        pairs, resource_stories = layout(kind, k)
+        for n, (a, b) in enumerate(pairs, start=1):
             if b > k:
                 continue
             for pos in (a, b):
                 stories[pos - 1].files = [f"work/pair-{n}.txt"]
                 stories[pos - 1].writes = f"work/pair-{n}.txt"
-        for pos in RESOURCE_STORIES:
+        for pos in resource_stories:
             if pos <= k:
                 stories[pos - 1].resources = [RESOURCE]
     return stories
@@ -135,6 +155,32 @@ def lane_busy(result, keys: list[str]) -> float:
                if result.ts("story.integrated", k) and result.ts("story.integrating", k))
 
 
+def refill(result) -> tuple[list[float], list[float]]:
+    """Slot refill: each story.ready frees a worker slot; matched first-in first-out with the
+    next story.queued events while stories are still pending. Returns, per refill, its
+    latency (ready → queued) and how much of it the lane spent integrating
+    (story.integrating → story.integrated of any story) instead of dispatching."""
+    events = sorted(result.events, key=lambda e: e["seq"])
+    busy = []
+    for e in events:
+        if e["kind"] == "story.integrating":
+            end = result.ts("story.integrated", e["story"])
+            if end is not None:
+                busy.append((e["ts"], end))
+    queued_total = sum(1 for e in events if e["kind"] == "story.queued")
+    queued_seen, freed, latencies, integrating = 0, [], [], []
+    for e in events:
+        if e["kind"] == "story.queued":
+            queued_seen += 1
+            if freed:
+                r = freed.pop(0)
+                latencies.append(e["ts"] - r)
+                integrating.append(sum(max(0.0, min(b, e["ts"]) - max(a, r)) for a, b in busy))
+        elif e["kind"] == "story.ready" and queued_seen < queued_total:
+            freed.append(e["ts"])
+    return latencies, integrating
+
+
 def max_in_flight(result) -> int:
     level, peak = 0, 0
     for e in result.events:
@@ -154,7 +200,20 @@ def main(argv=None) -> int:
     parser.add_argument("--sprints", default="independent,mixed")
     parser.add_argument("--files", type=int, default=200, help="tracked filler files [200]")
     parser.add_argument("--dir", type=Path, default=None, help="work folder (default: a temp dir)")
+    parser.add_argument("--probe", action="store_true",
+                        help="also measure git calls, database lock waits and queue polls per "
+                             "step of the lane and the workers (bench/_probe.py)")
+    parser.add_argument("--what-if", action="append", default=[], metavar="EXPERIMENT",
+                        help="monkeypatch the engine in this process to try a change: "
+                             "dispatch-first, poll=SECONDS (bench/_whatif.py); repeatable")
     args = parser.parse_args(argv)
+    import _whatif
+
+    banners = [_whatif.apply(spec) for spec in args.what_if]
+    if args.probe:
+        import _probe
+
+        _probe.install()
     ns = sorted({int(x) for x in args.parallel.split(",")})
     if 1 not in ns:
         ns = [1] + ns  # the bound and the speed-up need the N = 1 run
@@ -165,8 +224,12 @@ def main(argv=None) -> int:
 
     print(f"# bench/makespan.py — K = {k} stories, agent T = {t:g} s, N in {ns}, "
           f"{args.files} filler files, strategy merge, review off, no verify commands, gates none")
+    for banner in banners:
+        print(banner)
     print(f"machine: {machine()}")
+    print(f"load average at start: {load()}")
     print(f"work folder: {base}\n")
+    probes = []
 
     rows, detail_rows, model_rows = [], [], []
     for kind in kinds:
@@ -183,6 +246,8 @@ def main(argv=None) -> int:
             policy = policy_text(parallel=n, agent_argv=["/bin/sh", "-c", script],
                                  resources={RESOURCE: 1})
             root = build_repo(base / f"{kind}-n{n}", stories, files=args.files, policy=policy)
+            if args.probe:
+                _probe.reset()
             wall = time.perf_counter()
             result = run_loop(root, workers=n)
             wall = time.perf_counter() - wall
@@ -191,6 +256,8 @@ def main(argv=None) -> int:
                       f"(exit {result.exit_code})", file=sys.stderr)
                 return 1
             by_n[n] = result
+            if args.probe:
+                probes.append((kind, n, _probe.report(k)))
             print(f"  {kind:<11} N={n}: makespan {result.makespan:6.2f} s "
                   f"(drive returned after {wall:.2f} s)", file=sys.stderr, flush=True)
         seq = by_n[1].makespan
@@ -207,14 +274,18 @@ def main(argv=None) -> int:
                          f"{100 * (seq / result.makespan / n):.0f}%"])
             sp = spans(result, keys)
             agent_s = mean([a["duration_s"] for a in result.attempts if a["phase"] == "dev"])
+            lat, integ = refill(result)
             detail_rows.append([kind, n, max_in_flight(result), f"{agent_s:.3f}",
                                 *(f"{sp[x] * 1000:.0f}" for x in
                                   ("dispatch", "prepare", "commit", "wait to integrate", "integrate")),
-                                f"{lane_busy(result, keys):.2f}"])
+                                f"{lane_busy(result, keys):.2f}",
+                                f"{1000 * mean(lat):.0f} / {1000 * max(lat, default=0):.0f}",
+                                f"{sum(lat):.2f} ({sum(integ):.2f})"])
             model_rows.append([kind, n, f"{t:g} + {o:.3f} = {w:.3f}", f"{cp} × w = {bound_cp:.2f}",
                                f"{k} × w / {n} = {bound_work:.2f}", f"{sim:.2f}",
                                f"{result.makespan / sim:.2f}"])
 
+    print(f"\nload average at end: {load()}")
     print("\n## Makespan against the lower bound\n")
     print(table(["sprint", "N", "makespan s", "lower bound s", "bound set by", "makespan / bound",
                  "speed-up vs N=1", "efficiency"], rows, align="lrrrlrrr"))
@@ -233,12 +304,20 @@ def main(argv=None) -> int:
 
     print("\n## Where the time went (means per story, from the journal)\n")
     print(table(["sprint", "N", "max in flight", "agent s", "dispatch ms", "prepare ms",
-                 "commit ms", "ready → integrating ms", "integrate ms", "lane busy s (sum)"],
+                 "commit ms", "ready → integrating ms", "integrate ms", "lane busy s (sum)",
+                 "refill mean / max ms", "refill sum s (lane integrating)"],
                 detail_rows))
     print("\ndispatch = story.queued → story.started (huey poll of the stories queue); prepare = "
           "worktree add + seed; commit = agent exit → story.ready; ready → integrating = waiting "
           "for the lane (its poll of the integration queue, earlier stories, the lane's other "
-          "work); integrate = compose + candidate verify + CAS + checkout sync.")
+          "work); integrate = compose + candidate verify + CAS + checkout sync. refill = a slot "
+          "freed by story.ready until the lane queues the next story (story.queued), matched "
+          "first in, first out while stories are pending; in brackets the part of it the lane "
+          "spent integrating (integrating → integrated) before it dispatched. In the mixed "
+          "sprints a refill may also wait for a conflict to clear.")
+    for kind, n, text in probes:
+        print(f"\n## Probe: {kind}, N = {n} (per story = total / K)\n")
+        print(text)
     return 0
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    BenchStory, build_repo, git, machine, mean, median, ms, policy_text, run_loop, table,
+    BenchStory, build_repo, git, load, machine, mean, median, ms, policy_text, run_loop, table,
 )
 
 AGENT = '''import os, sys
@@ -131,7 +131,16 @@ def main(argv=None) -> int:
     parser.add_argument("--no-write", action="store_true",
                         help="the agent writes nothing (the worker then commits nothing)")
     parser.add_argument("--dir", type=Path, default=None, help="work folder (default: a temp dir)")
+    parser.add_argument("--probe", action="store_true",
+                        help="also measure git calls, database lock waits and queue polls per "
+                             "step of the lane and the worker (bench/_probe.py)")
+    parser.add_argument("--what-if", action="append", default=[], metavar="EXPERIMENT",
+                        help="monkeypatch the engine in this process to try a change: "
+                             "dispatch-first, poll=SECONDS (bench/_whatif.py); repeatable")
     args = parser.parse_args(argv)
+    import _whatif
+
+    banners = [_whatif.apply(spec) for spec in args.what_if]
     write = not args.no_write
 
     base = args.dir or Path(tempfile.mkdtemp(prefix="bmad-loop-bench-overhead-"))
@@ -149,13 +158,21 @@ def main(argv=None) -> int:
 
     print(f"# bench/overhead.py — {args.stories} stories, {args.files} filler files, "
           f"max_parallel 1, strategy {args.strategy}")
+    for banner in banners:
+        print(banner)
     print(f"machine: {machine()}")
+    print(f"load average at start: {load()}")
     print(f"repository: {root}")
     print(f"agent: {' '.join(agent_argv)} ({'appends one line to work/<story>.txt' if write else 'writes nothing'}), exit 0\n")
 
     git(root, "status", "--porcelain")  # warm the file-system cache for both sides alike
     bare_story, bare_ops = bare(root, args.stories, write)
+    if args.probe:
+        import _probe
+
+        _probe.install()
     result = run_loop(root, workers=1)
+    print(f"load average at end: {load()}\n")
     if result.state != "completed":
         print(f"run {result.run_id} ended {result.state} (exit {result.exit_code})", file=sys.stderr)
         return 1
@@ -193,6 +210,9 @@ def main(argv=None) -> int:
     print("\n## The bare git operations, per story\n")
     print(table(["operation", "mean ms"], [[name, ms(mean(v))] for name, v in bare_ops.items()]
                 + [["total", ms(bare_mean)]]))
+    if args.probe:
+        print("\n## Probe: the loop's steps (per story = total / K)\n")
+        print(_probe.report(args.stories))
     return 0
 
 

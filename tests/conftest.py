@@ -57,6 +57,7 @@ class SprintRepo:
     root: Path
     script_path: Path
     board_rel: str = "_bmad-output/implementation-artifacts/sprint-status.yaml"
+    _spawned: list = field(default_factory=list)
 
     @property
     def board(self) -> Path:
@@ -89,6 +90,20 @@ class SprintRepo:
 
     def git(self, *args: str, check: bool = True) -> str:
         return git(self.root, *args, check=check)
+
+    def spawn(self, *args: str, env: dict | None = None, log_name: str = "spawn") -> subprocess.Popen:
+        """`bmad-loop ARGS --project ROOT` as a real process (output to a log beside the repo)."""
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        log = open(self.root.parent / f"{self.root.name}-{log_name}-{len(self._spawned)}.log", "w")
+        proc = subprocess.Popen([sys.executable, "-m", "bmad_loop", args[0], "--project",
+                                 str(self.root), *args[1:]], stdout=log, stderr=subprocess.STDOUT,
+                                env=full_env, start_new_session=True)
+        self._spawned.append(proc)
+        return proc
+
+    def story(self, key: str, run: str | None = None) -> dict:
+        return next(s for s in self.status(run)["stories"] if s["key"] == key)
 
     def commit_all(self, message: str) -> str:
         self.git("add", "-A")
@@ -133,6 +148,25 @@ class SprintRepo:
         raise KeyError(key)
 
 
+def wait_until(predicate, timeout: float = 60.0, what: str = "condition", interval: float = 0.05):
+    """Poll until predicate() is truthy; fail the test with `what` after `timeout` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while True:
+        try:
+            value = predicate()
+        except (AssertionError, KeyError, StopIteration) as exc:  # e.g. the run is not there yet
+            value, last_error = None, exc
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}"
+                                 + (f" (last error: {last_error})" if last_error else ""))
+        time.sleep(interval)
+
+
 def _story_text(story: StoryDef) -> str:
     front = {"title": story.key.split("-", 2)[-1].replace("-", " ").title()}
     if story.footprint:
@@ -147,6 +181,8 @@ def _story_text(story: StoryDef) -> str:
 @pytest.fixture
 def make_repo(tmp_path):
     """Build a real git repository with a BMAD board, story files and a scripted agent."""
+
+    built = []
 
     def build(stories: list[StoryDef], *, policy: str = "", script: dict | None = None,
               files: dict[str, str] | None = None, epic_status: dict[int, str] | None = None,
@@ -176,6 +212,15 @@ def make_repo(tmp_path):
         repo.write_script(script or {})
         repo.write_policy(policy)
         repo.commit_all("initial")
+        built.append(repo)
         return repo
 
-    return build
+    yield build
+    for repo in built:  # never leave consumer processes behind
+        for proc in repo._spawned:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, 9)
+                except ProcessLookupError:
+                    pass
+                proc.wait()

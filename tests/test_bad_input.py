@@ -21,12 +21,7 @@ TWO = [
 
 ENTRY_POINTS = ["run", "enqueue"]
 
-VALIDATE_SKIPS_DEPENDENCIES = pytest.mark.xfail(
-    reason="BUG: engine/preflight.py preflight() never calls selection.check_dependencies, so "
-           "`validate` reports ok for an unknown or cyclic depends_on that enqueue refuses",
-    strict=True)
-WITH_VALIDATE_OF_DEPENDENCIES = ENTRY_POINTS + [
-    pytest.param("validate", marks=VALIDATE_SKIPS_DEPENDENCIES)]
+WITH_VALIDATE_OF_DEPENDENCIES = ENTRY_POINTS + ["validate"]
 
 
 # ------------------------------------------------------------------------------ helpers

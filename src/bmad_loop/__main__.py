@@ -1,4 +1,4 @@
-"""`python -m bmad_loop …` runs the CLI (the TUI launches `resume` this way)."""
+"""`python -m bmad_loop` is the `bmad-loop` command."""
 
 from .cli import main
 

@@ -78,6 +78,7 @@ def build_demo_repo(root: Path, count: int = 5, parallel: int = 2) -> Path:
     (root / "README.md").write_text("# demo shop\n\nA repository made by `bmad-loop demo`.\n")
     (root / "NOTES.md").write_text("# Notes\n")
     (root / "check.py").write_text(CHECK_PY)
+    (root / ".gitignore").write_text("__pycache__/\n*.pyc\n.bmad-loop/\n")
     board = ["# sprint board written by bmad-loop demo", "generated: 2026-12-02", "project: demo",
              "", "development_status:"]
     epics = sorted({int(key.split("-")[0]) for key, *_ in chosen})
@@ -97,7 +98,7 @@ def build_demo_repo(root: Path, count: int = 5, parallel: int = 2) -> Path:
         board.append("")
     (artifacts / "sprint-status.yaml").write_text("\n".join(board))
     state = ensure_state_dir(root)
-    verify = f"{shlex.quote(sys.executable)} check.py"
+    verify = f"{shlex.quote(sys.executable)} -B check.py"
     (state / "policy.toml").write_text(
         "# Policy written by bmad-loop demo\n"
         "[scm]\n"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..board import ACTIONABLE
 from ..errors import BmadLoopError
+from ..selection import check_dependencies
 from ..policy import load_policy
 from .planning import agent_command, load_board_and_stories, target_branch_of
 from .project import Project
@@ -32,7 +34,8 @@ def preflight(root: Path) -> dict:
         add("git", "error", str(exc))
     try:
         board, stories = load_board_and_stories(project, policy)
-        actionable = [s for s in stories if s.status in ("backlog", "ready-for-dev", "drafted")]
+        check_dependencies(stories, [s for s in stories if s.status in ACTIONABLE])
+        actionable = [s for s in stories if s.status in ACTIONABLE]
         add("stories", "ok", f"{board.path}: {len(stories)} stories, {len(actionable)} actionable")
         for entry in board.others():
             add("board", "warn", f"{board.path}: key '{entry.key}' (line {entry.line}) is not an "

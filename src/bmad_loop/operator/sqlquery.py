@@ -244,7 +244,8 @@ def _server_query(url: str, sql: str, max_rows: int | None) -> QueryResult:
                 return QueryResult(columns, [tuple(r) for r in rows])
             except Exception as exc:  # the driver's own error classes
                 message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                if "read-only transaction" in message or "multiple commands" in message:
+                if any(m in message for m in ("read-only transaction", "multiple commands",
+                                              "inside a transaction block")):
                     raise SqlRefused(f"sql is read-only: {message}") from None
                 raise SqlFailed(f"sql: {message}") from None
             finally:

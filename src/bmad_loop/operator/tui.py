@@ -69,6 +69,7 @@ class BoardApp(App):
         self.attached: str | None = None
         self.tail_lines: list[str] = []  # what the tail pane shows, as plain text
         self.launched: list[subprocess.Popen] = []
+        self.last_cleanup: tuple[int, str] | None = None
         self._last_seq = 0
         self._tail: _Tail | None = None
         self._signatures: dict[str, object] = {}
@@ -276,6 +277,7 @@ class BoardApp(App):
                               cwd=self.project.root)
         message = (proc.stdout + proc.stderr).strip().splitlines()
         summary = message[-1] if message else f"cleanup exited {proc.returncode}"
+        self.last_cleanup = (proc.returncode, summary)
         self.call_from_thread(self.notify, summary,
                               severity="information" if proc.returncode == 0 else "error")
         self.call_from_thread(self.refresh_data)

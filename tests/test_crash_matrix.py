@@ -1,0 +1,262 @@
+"""The crash matrix: kill -9 at every named crash point, restart, and nothing is lost or doubled.
+
+For each point of `engine.faults.CRASH_POINTS`, a three-story sprint (disjoint files, strategy
+`merge`) is driven by a real `bmad-loop worker --queue all -w 1` subprocess with
+`BMAD_LOOP_CRASH_AT=<point>`. The process SIGKILLs itself at that point (once: the marker file),
+is started again with the same environment, and must finish the run. Then:
+
+- every story is integrated exactly once (one `story.integrated`, one `target.advanced` each);
+- the target's first-parent sequence of trees equals that of an uninterrupted run of an
+  identically built repository (commit SHAs differ by their dates; trees do not);
+- after `bmad-loop cleanup` no worktree but the main one and no ref in bmad-loop's namespaces
+  remain;
+- the journal and the rows record the recovery: `story.recovered` with the interrupted (not
+  counted) attempts for worker points; for lane points, the integration resumed from the
+  candidate row instead of being redone.
+
+No sleeps-and-hope: every wait polls the database or a file with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bmad_loop.engine.faults import CRASH_ENV, CRASH_POINTS, ONCE_ENV
+from conftest import StoryDef
+
+STORIES = [
+    StoryDef("1-1-alpha", files=["src/alpha.py"]),
+    StoryDef("1-2-beta", files=["src/beta.py"]),
+    StoryDef("1-3-gamma", files=["src/gamma.py"]),
+]
+SCRIPT = {s.key: {"dev": [{"write": {s.files[0]: f"NAME = '{s.key}'\n"}}]} for s in STORIES}
+POLICY = ('[scm]\nmerge_strategy = "merge"\n[gates]\nmode = "none"\n'
+          '[leases]\nttl_s = 3\n')
+CRASH_DEADLINE_S = 60
+FINISH_DEADLINE_S = 60
+
+
+# ------------------------------------------------------------------------------ helpers
+def worker_argv(repo) -> list[str]:
+    return [sys.executable, "-m", "bmad_loop", "worker", "--queue", "all", "-w", "1",
+            "--project", str(repo.root)]
+
+
+def start_worker(repo, env: dict, log: Path) -> subprocess.Popen:
+    handle = open(log, "ab")
+    try:
+        return subprocess.Popen(worker_argv(repo), env=env, stdout=handle, stderr=subprocess.STDOUT)
+    finally:
+        handle.close()
+
+
+def wait_for_exit(proc: subprocess.Popen, deadline_s: float, log: Path) -> int:
+    try:
+        return proc.wait(timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"worker did not die within {deadline_s}s; log:\n{log.read_text()[-4000:]}")
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_state(repo, run_id: str) -> str | None:
+    """Cheap poll of the run row (the final verdict comes from `status --json`)."""
+    path = repo.root / ".bmad-loop" / "state.db"
+    if not path.exists():
+        return None
+    with sqlite3.connect(path, timeout=30) as conn:
+        row = conn.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return row[0] if row else None
+
+
+def wait_until_completed(repo, run_id: str, proc: subprocess.Popen, log: Path) -> dict:
+    deadline = time.monotonic() + FINISH_DEADLINE_S
+    while time.monotonic() < deadline:
+        if run_state(repo, run_id) in ("completed", "failed", "paused", "stopped"):
+            status = repo.status(run_id)
+            if status["run"]["state"] == "completed":
+                return status
+            pytest.fail(f"run settled as {status['run']['state']}: {status['run']['reason']}\n"
+                        + json.dumps(status["stories"], indent=1)[-3000:])
+        if proc.poll() is not None:
+            pytest.fail(f"worker exited {proc.returncode} before the run completed; log:\n"
+                        + log.read_text()[-4000:])
+        time.sleep(0.2)
+    pytest.fail(f"run not completed within {FINISH_DEADLINE_S}s: {repo.status(run_id)['run']}\n"
+                + log.read_text()[-4000:])
+
+
+def enqueue(repo) -> str:
+    result = repo.cli("enqueue")
+    assert result.exit_code == 0, result.output
+    return result.output.strip().splitlines()[-1]
+
+
+def target_trees(repo) -> list[tuple[str, int]]:
+    return [(c["tree"], c["parents"]) for c in repo.first_parent_trees("main")]
+
+
+def max_seq(repo) -> int:
+    with sqlite3.connect(repo.root / ".bmad-loop" / "state.db", timeout=30) as conn:
+        return conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+
+
+def attempt_rows(repo) -> list[dict]:
+    with sqlite3.connect(repo.root / ".bmad-loop" / "state.db", timeout=30) as conn:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute(
+            "SELECT a.id, s.key, a.phase, a.state, a.counted FROM attempts a "
+            "JOIN stories s ON s.id = a.story_id ORDER BY a.id")]
+
+
+@pytest.fixture(scope="session")
+def reference_memo() -> dict:
+    """Holds the reference tree sequence once per test process (it is the same for every point)."""
+    return {}
+
+
+@pytest.fixture
+def reference_trees(make_repo, reference_memo):
+    """The target's tree sequence after an uninterrupted run of an identically built repository.
+
+    Built with the same fixture, stories, script and policy as the crashed repository; driven by
+    `bmad-loop run` in this process (the same engine, without the crash switch).
+    """
+    if "trees" not in reference_memo:
+        repo = make_repo(STORIES, script=SCRIPT, policy=POLICY, name="reference")
+        result = repo.cli("run")
+        assert result.exit_code == 0, result.output
+        trees = target_trees(repo)
+        assert len(trees) == 1 + len(STORIES)
+        reference_memo["trees"] = trees
+    return reference_memo["trees"]
+
+
+# ------------------------------------------------------------------------------ the matrix
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_a_kill_9_at_each_crash_point_loses_nothing_doubles_nothing_and_leaves_no_debris(
+        point, make_repo, reference_trees, tmp_path):
+    repo = make_repo(STORIES, script=SCRIPT, policy=POLICY, name="repo")
+    log = tmp_path / "worker.log"
+    marker = tmp_path / "crashed.marker"
+    env = dict(os.environ, **{CRASH_ENV: point, ONCE_ENV: str(marker)})
+    run_id = enqueue(repo)
+
+    first = start_worker(repo, env, log)
+    code = wait_for_exit(first, CRASH_DEADLINE_S, log)
+    assert code == -signal.SIGKILL, f"exit {code}; log:\n{log.read_text()[-4000:]}"
+    assert marker.read_text() == point  # it died at this point, not somewhere else
+    crash_seq = max_seq(repo)
+    main_at_crash = repo.git("rev-parse", "main")
+    before = {s["key"]: s for s in repo.status(run_id)["stories"]}
+    worktree_at_crash = before["1-1-alpha"]["worktree"]
+    branch_at_crash = before["1-1-alpha"]["branch"]
+
+    second = start_worker(repo, env, log)
+    try:
+        status = wait_until_completed(repo, run_id, second, log)
+    finally:
+        stop_worker(second)
+
+    # Every story integrated exactly once.
+    assert [s["state"] for s in status["stories"]] == ["integrated"] * len(STORIES)
+    journal = repo.journal(run_id)
+    for story in STORIES:
+        mine = [e for e in journal if e["story"] == story.key]
+        assert [e["kind"] for e in mine].count("story.integrated") == 1, story.key
+        assert [e["kind"] for e in mine].count("target.advanced") == 1, story.key
+    # Same history of trees as the uninterrupted run.
+    assert target_trees(repo) == reference_trees
+    # Interrupted sessions never count against the budget: one counted dev attempt each.
+    assert [s["attempt"] for s in status["stories"]] == [1] * len(STORIES)
+
+    # The recovery is on record.
+    after = [e for e in journal if e["seq"] > crash_seq]
+    recovered = [e for e in journal if e["kind"] == "story.recovered"]
+    dev_calls = [c for c in repo.calls() if c["key"] == "1-1-alpha" and c["phase"] == "dev"]
+    attempts = [a for a in attempt_rows(repo) if a["key"] == "1-1-alpha"]
+    if point.startswith("worker."):
+        assert [e["story"] for e in recovered] == ["1-1-alpha"]
+        assert recovered[0]["seq"] > crash_seq
+        interrupted = [a for a in attempts if a["state"] == "interrupted"]
+        assert sorted(recovered[0]["data"]["interrupted_attempts"]) == [a["id"] for a in interrupted]
+        assert all(a["counted"] == 0 for a in interrupted)
+        assert all(a["state"] != "running" for a in attempts)
+        if point in ("worker.in_agent", "worker.after_agent"):
+            # The dev session was cut off (or its outcome unwritten): it runs again, uncounted.
+            assert [a["phase"] for a in interrupted] == ["dev"]
+            assert 1 <= len(dev_calls) <= 2
+            if point == "worker.after_agent":
+                assert len(dev_calls) == 2
+        else:
+            assert interrupted == []
+            # A finished session is never run again (after_commit: dev and review both done).
+            assert len(dev_calls) == 1
+            if point == "worker.after_commit":
+                reviews = [c for c in repo.calls() if c["key"] == "1-1-alpha" and c["phase"] == "review"]
+                assert len(reviews) == 1
+    else:
+        assert recovered == []  # the worker had finished; only the lane died
+        assert len(dev_calls) == 1
+        cands = [c for c in status["candidates"] if c["story"] == "1-1-alpha"]
+        ours = [e for e in after if e["story"] == "1-1-alpha"]
+        if point == "lane.after_compose":
+            # The unrecorded composition is abandoned and composed again, identically.
+            assert [c["state"] for c in cands] == ["abandoned", "advanced"]
+            assert cands[0]["reason"] == "interrupted; recomposed"
+            assert [e["data"]["attempt"] for e in ours if e["kind"] == "candidate.composed"] == [2]
+        elif point == "lane.after_verify":
+            # Verified before the crash: advanced from the row, not composed or verified again.
+            assert [c["state"] for c in cands] == ["advanced"]
+            assert [e["kind"] for e in ours][:1] == ["target.advanced"]
+            assert not any(e["kind"] in ("candidate.composed", "candidate.verified") for e in ours)
+        elif point == "lane.after_cas":
+            # The target had moved when the process died: that counts as advanced, no second CAS.
+            assert [c["state"] for c in cands] == ["advanced"]
+            advanced = [e for e in ours if e["kind"] == "target.advanced"]
+            assert len(advanced) == 1 and advanced[0]["data"]["new"] == main_at_crash
+            assert before["1-1-alpha"]["state"] == "integrating"
+        elif point == "lane.during_cleanup":
+            # Integrated and recorded before the crash; its worktree and branch were left over.
+            assert before["1-1-alpha"]["state"] == "integrated"
+            assert worktree_at_crash and branch_at_crash
+            assert not any(e["kind"] == "target.advanced" for e in ours)
+        else:  # a crash point added to faults.py needs its own expectation here
+            pytest.fail(f"no expectation written for crash point {point}")
+
+    # No debris once cleanup ran.
+    result = repo.cli("cleanup")
+    assert result.exit_code == 0, result.output
+    assert repo.worktrees() == [str(repo.root)]
+    assert repo.bmad_branches() == []
+    assert not any(Path(repo.root, ".bmad-loop", "worktrees", run_id).glob("*"))
+    # The target checkout followed every advance.
+    assert repo.git("status", "--porcelain") == ""
+    assert repo.git("rev-parse", "HEAD") == repo.git("rev-parse", "main")
+
+
+def test_the_crash_matrix_covers_every_declared_point():
+    """A new point in faults.py must get an expectation in the matrix above."""
+    handled = {"worker.after_worktree", "worker.in_agent", "worker.after_agent",
+               "worker.after_commit", "lane.after_compose", "lane.after_verify",
+               "lane.after_cas", "lane.during_cleanup"}
+    assert set(CRASH_POINTS) == handled
