@@ -99,6 +99,31 @@ def install() -> None:
 
     gitcmd.Git.run = run
 
+    # The repository mutation lock (`repo_lock`: flock on <common dir>/bmad-loop.lock): how long
+    # each step waits for it and holds it. gitcmd's own reference to fcntl is replaced, so the
+    # other users of fcntl (the migration lock) are not counted.
+    import fcntl as real_fcntl
+    import types
+
+    def flock(fd, op):
+        if op == real_fcntl.LOCK_EX:
+            t = time.perf_counter()
+            real_fcntl.flock(fd, op)
+            now = time.perf_counter()
+            _add(("lock-wait", _where()), now - t)
+            _local.lock_at = (now, _where())
+        elif op == real_fcntl.LOCK_UN:
+            at = getattr(_local, "lock_at", None)
+            real_fcntl.flock(fd, op)
+            if at is not None:
+                _add(("lock-held", at[1]), time.perf_counter() - at[0])
+                _local.lock_at = None
+        else:
+            real_fcntl.flock(fd, op)
+
+    gitcmd.fcntl = types.SimpleNamespace(LOCK_EX=real_fcntl.LOCK_EX, LOCK_UN=real_fcntl.LOCK_UN,
+                                         flock=flock)
+
     # Steps: the lane's and the worker's parts.
     lane.tick = _step("lane: tick (all)")(lane.tick)
     lane._Lane._dispatch = _step("lane: dispatch")(lane._Lane._dispatch)
@@ -182,18 +207,24 @@ def report(stories: int) -> str:
         b = stats.get(("db-begin", label), [0, 0.0, 0.0])
         tx = stats.get(("db-tx", label), [0, 0.0, 0.0])
         own = stats.get(("self", label), [0, 0.0, 0.0])
+        lw = stats.get(("lock-wait", label), [0, 0.0, 0.0])
+        lh = stats.get(("lock-held", label), [0, 0.0, 0.0])
         rows.append([label, n, f"{1000 * total / stories:.0f}", f"{1000 * own[1] / stories:.0f}",
                      f"{g[0] / stories:.1f}",
                      f"{1000 * g[1] / stories:.0f}", f"{tx[0] / stories:.1f}",
                      f"{1000 * tx[1] / stories:.0f}", f"{1000 * b[1] / stories:.1f}",
-                     f"{1000 * b[2]:.0f}"])
+                     f"{1000 * b[2]:.0f}", f"{1000 * lw[1] / stories:.0f}",
+                     f"{1000 * lh[1] / stories:.0f}"])
     out.append(table(["step", "calls", "total ms/story", "self ms/story", "git calls/story",
                       "git ms/story", "db tx/story", "db tx ms/story", "BEGIN wait ms/story",
-                      "max BEGIN wait ms"], rows))
+                      "max BEGIN wait ms", "repo lock wait ms/story",
+                      "repo lock held ms/story"], rows))
     out.append("\ntotal = the step with the probed steps inside it (the lane's clean-up runs "
                "inside compose+verify+advance, every lane step inside tick); self = without "
                "them. git, db and BEGIN wait count only the step's self part. BEGIN wait = time "
-               "to get SQLite's write lock (BEGIN IMMEDIATE).\n")
+               "to get SQLite's write lock (BEGIN IMMEDIATE). repo lock = `repo_lock` "
+               "(gitcmd.py), which serialises worktree and ref mutations across threads: "
+               "wait to take it, and time held (attributed to the step that took it).\n")
     subs = sorted(((k[1], v) for k, v in stats.items() if k[0] == "git-sub"),
                   key=lambda kv: -kv[1][1])[:15]
     out.append("\nMost expensive git subcommands (by total time):\n")

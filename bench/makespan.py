@@ -2,7 +2,8 @@
 """Makespan of a synthetic sprint at several `max_parallel`, beside the schedule's lower bound.
 
     python bench/makespan.py [--stories 16] [--agent-seconds 2] [--parallel 1,2,4]
-                             [--sprints independent,mixed] [--files 200]
+                             [--sprints independent,mixed[,mixed-adjacent]] [--files 200]
+                             [--repeat 1] [--probe] [--what-if EXPERIMENT]
 
 Two sprints of K stories in one epic, each agent session sleeping T seconds and then appending
 one line to its story's file:
@@ -192,6 +193,24 @@ def max_in_flight(result) -> int:
     return peak
 
 
+def one_run(folder: Path, stories: list[BenchStory], n: int, t: float, files: int):
+    """A fresh repository and one run of the sprint at max_parallel n; None if it did not complete."""
+    folder.mkdir(parents=True)
+    map_file = folder / "agent-writes.map"
+    map_file.write_text("".join(f"{s.key} {s.writes}\n" for s in stories))
+    # The agent: sleep T, then append its key to its story's file; /bin/sh costs ~1 ms.
+    script = (f'sleep {t:g}; f=$(sed -n "s/^$BMAD_LOOP_STORY_KEY //p" {map_file}); '
+              'echo "$BMAD_LOOP_STORY_KEY" >> "$f"')
+    policy = policy_text(parallel=n, agent_argv=["/bin/sh", "-c", script], resources={RESOURCE: 1})
+    root = build_repo(folder / "repo", stories, files=files, policy=policy)
+    result = run_loop(root, workers=n)
+    if result.state != "completed":
+        print(f"N={n}: run {result.run_id} in {root} ended {result.state} "
+              f"(exit {result.exit_code})", file=sys.stderr)
+        return None
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stories", type=int, default=16, help="stories K [16]")
@@ -200,6 +219,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sprints", default="independent,mixed")
     parser.add_argument("--files", type=int, default=200, help="tracked filler files [200]")
     parser.add_argument("--dir", type=Path, default=None, help="work folder (default: a temp dir)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs per (sprint, N), interleaved; the fastest is reported, all "
+                             "are listed [1]")
     parser.add_argument("--probe", action="store_true",
                         help="also measure git calls, database lock waits and queue polls per "
                              "step of the lane and the workers (bench/_probe.py)")
@@ -214,6 +236,7 @@ def main(argv=None) -> int:
         import _probe
 
         _probe.install()
+        _probe.reset()
     ns = sorted({int(x) for x in args.parallel.split(",")})
     if 1 not in ns:
         ns = [1] + ns  # the bound and the speed-up need the N = 1 run
@@ -236,30 +259,20 @@ def main(argv=None) -> int:
         stories = sprint(kind, k)
         keys = [s.key for s in stories]
         cp = critical_path(stories)
-        by_n = {}
-        for n in ns:
-            map_file = base / f"{kind}-n{n}.map"
-            map_file.write_text("".join(f"{s.key} {s.writes}\n" for s in stories))
-            # The agent: sleep T, then append its key to its story's file; /bin/sh costs ~1 ms.
-            script = (f'sleep {t:g}; f=$(sed -n "s/^$BMAD_LOOP_STORY_KEY //p" {map_file}); '
-                      'echo "$BMAD_LOOP_STORY_KEY" >> "$f"')
-            policy = policy_text(parallel=n, agent_argv=["/bin/sh", "-c", script],
-                                 resources={RESOURCE: 1})
-            root = build_repo(base / f"{kind}-n{n}", stories, files=args.files, policy=policy)
-            if args.probe:
-                _probe.reset()
-            wall = time.perf_counter()
-            result = run_loop(root, workers=n)
-            wall = time.perf_counter() - wall
-            if result.state != "completed":
-                print(f"{kind} N={n}: run {result.run_id} ended {result.state} "
-                      f"(exit {result.exit_code})", file=sys.stderr)
-                return 1
-            by_n[n] = result
-            if args.probe:
-                probes.append((kind, n, _probe.report(k)))
-            print(f"  {kind:<11} N={n}: makespan {result.makespan:6.2f} s "
-                  f"(drive returned after {wall:.2f} s)", file=sys.stderr, flush=True)
+        by_n, spread = {}, {}
+        for rep in range(args.repeat):
+            for n in ns:
+                result = one_run(base / f"{kind}-n{n}-r{rep + 1}", stories, n, t, args.files)
+                if result is None:
+                    return 1
+                print(f"  {kind:<14} N={n} run {rep + 1}: makespan {result.makespan:6.2f} s, "
+                      f"load {load()}", file=sys.stderr, flush=True)
+                spread.setdefault(n, []).append(result.makespan)
+                if n not in by_n or result.makespan < by_n[n].makespan:
+                    by_n[n] = result
+                if args.probe:
+                    probes.append((kind, n, rep + 1, _probe.report(k)))
+                    _probe.reset()
         seq = by_n[1].makespan
         o = (seq - k * t) / k
         w = t + o
@@ -268,7 +281,9 @@ def main(argv=None) -> int:
             bound_cp, bound_work = cp * w, k * w / n
             bound = max(bound_cp, bound_work)
             sim = plan_order_schedule(stories, n, w)
-            rows.append([kind, n, f"{result.makespan:.2f}", f"{bound:.2f}",
+            runs = ", ".join(f"{x:.2f}" for x in spread[n]) if args.repeat > 1 else ""
+            rows.append([kind, n, f"{result.makespan:.2f}" + (f" ({runs})" if runs else ""),
+                         f"{bound:.2f}",
                          "critical path" if bound_cp > bound_work else "work / N",
                          f"{result.makespan / bound:.2f}", f"{seq / result.makespan:.2f}",
                          f"{100 * (seq / result.makespan / n):.0f}%"])
@@ -315,8 +330,11 @@ def main(argv=None) -> int:
           "first in, first out while stories are pending; in brackets the part of it the lane "
           "spent integrating (integrating → integrated) before it dispatched. In the mixed "
           "sprints a refill may also wait for a conflict to clear.")
-    for kind, n, text in probes:
-        print(f"\n## Probe: {kind}, N = {n} (per story = total / K)\n")
+    if args.repeat > 1:
+        print("\nmakespan = the fastest of the runs in brackets; the bound uses the fastest "
+              "N = 1 run.")
+    for kind, n, rep, text in probes:
+        print(f"\n## Probe: {kind}, N = {n}, run {rep} (per story = total / K)\n")
         print(text)
     return 0
 

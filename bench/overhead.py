@@ -2,6 +2,7 @@
 """The loop's own cost per story, beside the same git operations run bare.
 
     python bench/overhead.py [--files 2000] [--stories 10] [--strategy merge] [--no-write]
+                             [--probe] [--what-if EXPERIMENT]
 
 Builds a BMAD-shaped repository with `--files` small tracked files and `--stories` independent
 stories, then:

@@ -260,3 +260,51 @@ def test_the_crash_matrix_covers_every_declared_point():
                "worker.after_commit", "lane.after_compose", "lane.after_verify",
                "lane.after_cas", "lane.during_cleanup"}
     assert set(CRASH_POINTS) == handled
+
+
+def test_a_crash_inside_the_agent_session_ends_the_orphaned_agent_before_the_story_runs_again(
+        make_repo, tmp_path):
+    """The agent has its own process group, so it outlives a kill -9 of bmad-loop; the restarted
+    consumer's orphan recovery must end it, or two agents would write one worktree at once."""
+    inside, release = tmp_path / "inside", tmp_path / "release"
+    alpha = STORIES[0]
+    repo = make_repo([alpha], policy=POLICY, script={alpha.key: {"dev": [
+        {"write": {alpha.files[0]: "NAME = 'alpha'\n"}, "touch": [str(inside)],
+         "wait_for": str(release)}]}})
+    log = tmp_path / "worker.log"
+    env = dict(os.environ, **{CRASH_ENV: "worker.in_agent", ONCE_ENV: str(tmp_path / "marker")})
+    run_id = enqueue(repo)
+
+    first = start_worker(repo, env, log)
+    assert wait_for_exit(first, CRASH_DEADLINE_S, log) == -signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while not inside.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    orphan = int(inside.read_text())
+    assert _alive(orphan)  # still blocked on its barrier, its parent gone
+    inside.unlink()
+
+    second = start_worker(repo, env, log)
+    try:
+        deadline = time.monotonic() + 30
+        while not inside.exists() and time.monotonic() < deadline:  # the new session started
+            time.sleep(0.05)
+        assert inside.exists(), log.read_text()[-4000:]
+        assert not _alive(orphan), f"the orphaned agent {orphan} was left running"
+        release.write_text("go")
+        status = wait_until_completed(repo, run_id, second, log)
+    finally:
+        release.write_text("go")
+        stop_worker(second)
+    assert status["stories"][0]["state"] == "integrated"
+    recovered = [e for e in repo.journal(run_id) if e["kind"] == "story.recovered"]
+    assert len(recovered) == 1 and len(recovered[0]["data"]["interrupted_attempts"]) == 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[0] != "Z"

@@ -2,7 +2,7 @@
 
 The golden file holds the target's first-parent sequence of tree SHAs (trees depend only on
 content, so they are reproducible) and the journal's event kinds in order. Regenerate it on
-purpose with BMAD_LOOP_UPDATE_GOLDEN=1 and review the diff.
+purpose with UPDATE_GOLDEN=1 and review the diff.
 """
 
 import json
@@ -42,9 +42,9 @@ def _record(make_repo, n: int, name: str) -> dict:
 
 def test_max_parallel_one_reproduces_the_recorded_sequential_loop(make_repo):
     observed = _record(make_repo, 1, "seq")
-    if os.environ.get("BMAD_LOOP_UPDATE_GOLDEN") == "1" or not GOLDEN.exists():
+    if os.environ.get("UPDATE_GOLDEN") == "1" or not GOLDEN.exists():
         GOLDEN.write_text(json.dumps(observed, indent=1) + "\n")
-        if not os.environ.get("BMAD_LOOP_UPDATE_GOLDEN"):
+        if not os.environ.get("UPDATE_GOLDEN"):
             pytest.fail("golden file was missing and has been written; review and commit it")
     golden = json.loads(GOLDEN.read_text())
     assert observed["trees"] == golden["trees"]

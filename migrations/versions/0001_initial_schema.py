@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-12-02 12:59:04.522016
+Create Date: 2026-12-02 13:39:28.333723
 """
 from alembic import op
 import sqlalchemy as sa
@@ -83,6 +83,8 @@ def upgrade() -> None:
     sa.Column('tier', sa.String(length=64), nullable=True),
     sa.Column('done_checkpoint', sa.Boolean(), nullable=False),
     sa.Column('approved', sa.Boolean(), nullable=False),
+    sa.Column('signed_off', sa.Boolean(), nullable=False),
+    sa.Column('port_block', sa.Integer(), nullable=True),
     sa.Column('worktree', sa.Text(), nullable=True),
     sa.Column('branch', sa.String(length=255), nullable=True),
     sa.Column('base_sha', sa.String(length=64), nullable=True),

@@ -289,6 +289,45 @@ def approve(project_dir, run_ref, story):
     click.echo(f"approved {row.key}; `bmad-loop resume {run_ref}` continues a paused run")
 
 
+@cli.command()
+@project_option
+@click.argument("run_ref", metavar="RUN")
+@click.argument("story")
+@click.option("--reason", required=True, help="Why the candidate is refused (kept on the story).")
+@handle_errors
+def reject(project_dir, run_ref, story, reason):
+    """Refuse a held candidate (merge_class = operator): the story becomes escalated."""
+    from .engine.control import reject as do_reject
+    from .tasks import Tasks
+
+    project = _open(project_dir)
+    row = do_reject(project, Tasks(project), run_ref, story, reason)
+    click.echo(f"rejected {row.key}: {reason}")
+
+
+@cli.command()
+@project_option
+@click.argument("run_ref", metavar="RUN", required=False)
+@json_option
+@handle_errors
+def reconcile(project_dir, run_ref, as_json):
+    """One verdict per story (integrated, held, parked, open); changes nothing.
+
+    Exit 4 when any story is open, else 3 when any is held or parked, else 0.
+    """
+    from .engine.control import reconcile as do_reconcile
+
+    report, code = do_reconcile(_open(project_dir), run_ref)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(f"run {report['run']} {report['state']}")
+        for row in report["stories"]:
+            extra = f" ({row['reason']})" if row["reason"] else ""
+            click.echo(f"  {row['seq']:>3} {row['key']:<40} {row['verdict']:<10} {row['state']}{extra}")
+    sys.exit(code)
+
+
 # ---------------------------------------------------------------------------- reading
 # status and journal live in cli_operator.py (with --watch and --follow).
 

@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .errors import ConfigError
 from .engine.driver import drive
 from .engine.planning import Selection, enqueue
 from .engine.project import Project, ensure_state_dir
@@ -69,7 +70,7 @@ def _git(cwd: Path, *args: str) -> str:
 def build_demo_repo(root: Path, count: int = 5, parallel: int = 2) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     if any(root.iterdir()):
-        raise FileExistsError(f"{root} is not empty")
+        raise ConfigError(f"--dir: {root} is not empty; give a new or empty folder")
     chosen = STORIES[:max(1, min(count, len(STORIES)))]
     _git(root, "init", "-q", "-b", "main")
     artifacts = root / "_bmad-output" / "implementation-artifacts"

@@ -149,7 +149,10 @@ class Story(Base):
     merge_class: Mapped[str] = mapped_column(String(16), default="self")
     tier: Mapped[str | None] = mapped_column(String(64))
     done_checkpoint: Mapped[bool] = mapped_column(Boolean, default=False)
-    approved: Mapped[bool] = mapped_column(Boolean, default=False)  # spec approval gate
+    approved: Mapped[bool] = mapped_column(Boolean, default=False)  # spec approval before dev
+    signed_off: Mapped[bool] = mapped_column(Boolean, default=False)  # operator sign-off (held)
+    # Index of the port block handed to this story's worker ([resources] ports), while in flight.
+    port_block: Mapped[int | None] = mapped_column(Integer)
     worktree: Mapped[str | None] = mapped_column(Text)
     branch: Mapped[str | None] = mapped_column(String(255))
     base_sha: Mapped[str | None] = mapped_column(String(64))

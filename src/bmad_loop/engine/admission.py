@@ -11,7 +11,7 @@ A pure function of the story rows, so it is easy to test and to reason about:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 from ..footprint import Footprint, footprints_conflict
@@ -62,10 +62,13 @@ def admit(
                 used[name] = used.get(name, 0) + 1
     first_epic = ordered[0].epic if ordered else None
 
+    dispatched: set[str] = set()
     for index, story in enumerate(ordered):
         if story.state != "pending":
             continue
-        earlier = ordered[:index]
+        # Stories dispatched earlier in this pass count as queued, so a second pass over the
+        # same rows gives the same answer (and journals nothing new).
+        earlier = [replace(s, state="queued") if s.key in dispatched else s for s in ordered[:index]]
         reason = _epic_barrier(story, earlier, gates_mode, gates_passed, first_epic)
         if reason == "gate":
             result.gate = story.epic
@@ -86,6 +89,7 @@ def admit(
             result.waiting[story.key] = reason
             continue
         result.dispatch.append(story.key)
+        dispatched.add(story.key)
         in_flight += 1
         for name in story.footprint.resources:
             used[name] = used.get(name, 0) + 1

@@ -73,12 +73,22 @@ class ConsumerSet:
         return self.holder is not None and not self.holder.held
 
     def _lane_acquired(self, token: int) -> None:
+        self._journal_live_runs("lane.acquired", token=token, owner=self.holder.owner)
         with self._lane_lock:
             if self._lane is None:
                 self._lane = BackgroundConsumer(self.tasks.integration, 1)
                 self._lane.start()
         recover_live_runs(self.project, self.tasks,
                           stale_after=dt.timedelta(seconds=self.project.policy.leases.ttl_s))
+
+    def _journal_live_runs(self, kind: str, **data) -> None:
+        from .journal import record
+
+        with self.project.db.transaction() as s:
+            for run_id in s.scalars(select(Run.id).where(
+                    Run.project == str(self.project.root),
+                    Run.state.in_(("running", "pausing", "stopping")))):
+                record(s, run_id, kind, **data)
 
     def _lane_lost(self) -> None:
         # Fenced: stop taking ticks at once; a tick in hand is refused at its CAS.

@@ -17,7 +17,8 @@ from .recovery import recover_orphans
 from .planning import LIVE_FOR_TARGET
 from .rows import run_policy, stories_of, transition_run
 
-__all__ = ["find_run", "resume", "stop", "approve", "recover_live_runs", "requeue_run"]
+__all__ = ["find_run", "resume", "stop", "approve", "reject", "reconcile", "recover_live_runs",
+           "requeue_run"]
 
 RESUMABLE = ("paused", "stopped", "running", "pausing", "stopping")
 
@@ -145,14 +146,65 @@ def stop(project, tasks, ref: str | None, now: bool = False) -> Run:
 
 
 def approve(project, tasks, ref: str | None, story_key: str) -> Story:
+    """Spec approval before dev, or sign-off of a held (merge_class = operator) candidate."""
     with project.db.transaction() as s:
         run = find_run(s, project, ref)
         story = _story_by_key(s, run, story_key)
-        story.approved = True
-        record(s, run.id, "story.approved", story.key)
+        if story.state in ("integrated", "skipped", "failed"):
+            raise ConfigError(f"run {run.id}: story {story.key} is {story.state}: nothing to approve")
+        held = story.state == "held"
+        if held:
+            story.signed_off = True
+            story.state, story.reason = "ready", None  # the lane advances its verified candidate
+        else:
+            story.approved = True
+        record(s, run.id, "story.approved", story.key, sign_off=held)
         run_id = run.id
     tasks.enqueue_lane(run_id)
     return story
+
+
+def reject(project, tasks, ref: str | None, story_key: str, reason: str) -> Story:
+    """Refuse a held candidate: the story becomes escalated with the operator's reason."""
+    from ..db.models import Candidate
+
+    with project.db.transaction() as s:
+        run = find_run(s, project, ref)
+        story = _story_by_key(s, run, story_key)
+        if story.state != "held":
+            raise ConfigError(f"run {run.id}: story {story.key} is {story.state}, not held: "
+                              "only a held candidate can be rejected")
+        story.state, story.reason, story.ended_at = "escalated", f"rejected by operator: {reason}", utcnow()
+        for cand in s.scalars(select(Candidate).where(Candidate.story_id == story.id,
+                                                      Candidate.state == "verified")):
+            cand.state, cand.reason = "abandoned", f"rejected: {reason}"
+        record(s, run.id, "story.rejected", story.key, reason=reason)
+        record(s, run.id, "story.escalated", story.key, reason=story.reason, phase="sign-off")
+        run_id = run.id
+    tasks.enqueue_lane(run_id)
+    return story
+
+
+VERDICTS = {
+    "integrated": "integrated", "skipped": "integrated", "held": "held",
+    "escalated": "parked", "blocked": "parked", "failed": "parked",
+}
+
+
+def reconcile(project, ref: str | None) -> tuple[dict, int]:
+    """One verdict per story, changing nothing; exit 4 if any is open, else 3 if any is held
+    or parked, else 0."""
+    with project.db.transaction() as s:
+        run = find_run(s, project, ref)
+        rows = [{"key": st.key, "seq": st.seq, "state": st.state,
+                 "verdict": VERDICTS.get(st.state, "open"),
+                 "reason": st.reason if st.state in VERDICTS and st.state not in ("integrated",) else None}
+                for st in stories_of(s, run.id)]
+        report = {"run": run.id, "state": run.state, "stories": rows}
+    verdicts = {r["verdict"] for r in rows}
+    code = 4 if "open" in verdicts else 3 if verdicts & {"held", "parked"} else 0
+    report["exit_code"] = code
+    return report, code
 
 
 def _story_by_key(session, run: Run, key: str) -> Story:

@@ -104,7 +104,24 @@ class Integrator:
         if verdict != "verified":
             return verdict
         crash_point("lane.after_verify")
+        if self._needs_sign_off(story):
+            return self._hold(story, cand_id, attempt, comp.sha)
         return self._advance(story, cand_id, attempt, comp.sha, target_sha)
+
+    def _needs_sign_off(self, story: Story) -> bool:
+        with self.db.transaction() as s:
+            row = s.get(Story, story.id)
+            return row.merge_class == "operator" and not row.signed_off
+
+    def _hold(self, story, cand_id, attempt, sha) -> str:
+        """merge_class = operator: the verified candidate waits for `approve` or `reject`."""
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            if transition_story(s, story.id, "integrating", state="held",
+                                reason="waiting for operator sign-off (bmad-loop approve/reject)"):
+                record(s, self.run_id, "story.held", story.key, attempt=attempt, candidate_sha=sha,
+                       ref=cand.ref, worktree=cand.worktree)
+        return "held"
 
     def _verify(self, story, cand_id, attempt, sha, target_sha, branch_sha) -> str:
         commands = self.policy.verify.commands
@@ -114,7 +131,7 @@ class Integrator:
             ensure_detached_worktree(self.git, worktree, sha)
         result = run_verify(commands, cwd=worktree or self.project.root,
                             log_path=self.layout.verify_log(story.key, f"candidate-{attempt}"),
-                            timeout_s=self.policy.verify.timeout_s)
+                            timeout_s=self.policy.verify.timeout_s, env=self._verify_env())
         with self.db.transaction() as s:
             cand = s.get(Candidate, cand_id)
             cand.worktree = str(worktree) if worktree else None
@@ -137,6 +154,15 @@ class Integrator:
             record(s, self.run_id, "candidate.verify_failed", story.key, attempt=attempt,
                    command=result.failed_command, evidence=str(evidence))
         return self._escalate(story, cand_id, f"candidate verification failed: {result.failed_command}")
+
+    def _verify_env(self) -> dict:
+        import os
+
+        from .ports import lane_block, port_env
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+        env.update(port_env(lane_block(self.policy)))
+        return env
 
     def _advance(self, story, cand_id, attempt, sha, target_sha) -> str:
         checkout = checkout_of(self.git, self.target)
@@ -174,10 +200,12 @@ class Integrator:
 
     def _finish(self, story, cand_id, attempt, sha, target_sha) -> str:
         with self.db.transaction() as s:
+            if not transition_story(s, story.id, "integrating", state="integrated",
+                                    integrated_sha=sha, ended_at=utcnow(), phase=None,
+                                    port_block=None):
+                return s.get(Story, story.id).state  # another lane finished it: record nothing
             cand = s.get(Candidate, cand_id)
             cand.state, cand.ended_at = "advanced", utcnow()
-            transition_story(s, story.id, "integrating", state="integrated", integrated_sha=sha,
-                             ended_at=utcnow(), phase=None)
             run = s.get(Run, self.run_id)
             run.head_sha = sha
             record(s, self.run_id, "target.advanced", story.key, attempt=attempt,
@@ -206,6 +234,8 @@ class Integrator:
             row = s.get(Candidate, cand.id)
             row.state, row.ended_at = "abandoned", utcnow()
             row.reason = "interrupted; recomposed"
+            record(s, self.run_id, "candidate.abandoned", story.key, attempt=cand.attempt,
+                   was=cand.state, reason=row.reason)
         return None
 
     # ------------------------------------------------------------------ outcomes

@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import logging
 
+from pathlib import Path
+
+from ..board import parse_board
+from ..compose import blob_at
 from ..db.models import Run, Story, utcnow
-from ..footprint import Footprint
+from ..footprint import Footprint, footprints_conflict
 from .admission import IN_FLIGHT, StoryView, admit
 from .integrate import Integrator, LaneFenced
 from .journal import record
@@ -43,6 +47,12 @@ def tick(project, tasks, run_id: str) -> None:
     holder = getattr(tasks, "lane_holder", None)
     if holder is not None and not holder.held:
         return  # a standby lane never acts; the active one has this run
+    if holder is not None and not holder.still_holds():
+        # It thinks it holds the lease, but another lane took over: fenced, change nothing.
+        with db.transaction() as s:
+            record(s, run_id, "lane.fenced", reason="lost the lane lease to another lane; "
+                   "this tick changes nothing", owner=holder.owner)
+        return
     try:
         _Lane(project, tasks, run, policy, holder).loop()
     except LaneFenced as exc:
@@ -79,6 +89,8 @@ class _Lane:
                 continue
             if self._pause_for_escalation(run, stories):
                 continue
+            if not self.pause_on_escalation and self._block_behind_parked(stories):
+                continue
             if run.state == "running" and self._dispatch(run, stories):
                 continue
             self._settle(run, stories)
@@ -97,6 +109,8 @@ class _Lane:
         for story in stories:
             if story.state in ("integrated", "skipped", "failed"):
                 continue
+            if story.state == "held":
+                return False  # integration order is plan order: later stories wait behind it
             if story.state in ("escalated", "blocked"):
                 if self.pause_on_escalation:
                     return False
@@ -104,6 +118,9 @@ class _Lane:
             if story.state not in ("ready", "integrating"):
                 return False  # the earliest open story is not finished: later ones wait
             outcome = self.integrator.integrate(story.id)
+            if outcome == "held":
+                notify(self.db, self.policy, self.run_id, "story.held", story=story.key,
+                       reason="waiting for operator sign-off")
             if outcome == "integrated" and story.done_checkpoint:
                 self._request_pause(f"checkpoint after {story.key}", pause="checkpoint",
                                     story=story.key)
@@ -125,6 +142,47 @@ class _Lane:
                             story=first.key)
         return True
 
+    def _done_on_target(self, rows: list[Story]) -> list[Story]:
+        """Stale-premise check: stories someone shipped since the plan was made."""
+        if not rows or not self.integrator.board_rel:
+            return []
+        git = self.integrator.git
+        blob = blob_at(git, f"refs/heads/{self.integrator.target}", self.integrator.board_rel)
+        if blob is None:
+            return []
+        try:
+            board = parse_board(blob.decode("utf-8"), Path(self.integrator.board_rel))
+        except Exception:  # a board someone broke on the target: the lane's own edit will tell
+            return []
+        done = {e.key for e in board.stories() if e.status == "done"}
+        return [row for row in rows if row.key in done]
+
+    def _block_behind_parked(self, stories: list[Story]) -> bool:
+        """on_escalation = continue: what depends on or conflicts with a parked story is blocked."""
+        parked = [s for s in stories if s.state in ("escalated", "failed", "blocked")]
+        if not parked:
+            return False
+        changed = False
+        with self.db.transaction() as s:
+            for story in stories:
+                if story.state != "pending":
+                    continue
+                why = None
+                for other in parked:
+                    if other.key in (story.depends_on or ()):
+                        why = f"depends on {other.key}, which is {other.state}: {other.reason}"
+                        break
+                    if other.seq < story.seq:
+                        clash = footprints_conflict(_footprint(story), _footprint(other))
+                        if clash:
+                            why = f"conflicts with {other.key} ({other.state}): {clash}"
+                            break
+                if why and transition_story(s, story.id, "pending", state="blocked", reason=why,
+                                            ended_at=utcnow()):
+                    record(s, self.run_id, "story.blocked", story.key, reason=why)
+                    changed = True
+        return changed
+
     def _request_pause(self, reason: str, *, pause: str, story: str | None = None) -> None:
         with self.db.transaction() as s:
             if transition_run(s, self.run_id, "running", state="pausing", reason=reason):
@@ -139,7 +197,17 @@ class _Lane:
                          capacity=self.policy.resources.capacity,
                          gates_mode=self.policy.gates.mode, gates_passed=run.gates_passed or ())
         by_key = {s.key: s for s in stories}
+        shipped = self._done_on_target([by_key[k] for k in decision.dispatch])
+        if shipped:
+            with self.db.transaction() as s:
+                for row in shipped:
+                    if transition_story(s, row.id, "pending", state="skipped", ended_at=utcnow(),
+                                        reason="already done on the target's board"):
+                        record(s, self.run_id, "story.skipped", row.key,
+                               reason="stale premise: the target's board marks it done")
+            return True  # admit again without them
         queued = []
+        used_blocks = {s.port_block for s in stories if s.state in IN_FLIGHT and s.port_block is not None}
         with self.db.transaction() as s:
             for key, why in decision.waiting.items():
                 row = by_key[key]
@@ -148,8 +216,12 @@ class _Lane:
                     record(s, self.run_id, "story.waiting", key, reason=why)
             for key in decision.dispatch:
                 row = by_key[key]
+                block = None
+                if self.policy.resources.ports:
+                    block = min(i for i in range(run.max_parallel) if i not in used_blocks)
+                    used_blocks.add(block)
                 if transition_story(s, row.id, "pending", state="queued", queued_at=utcnow(),
-                                    wait_reason=None):
+                                    wait_reason=None, port_block=block):
                     record(s, self.run_id, "story.queued", key, seq=row.seq)
                     queued.append(row.id)
             if decision.gate is not None:
@@ -157,7 +229,8 @@ class _Lane:
         for story_id in queued:
             self.tasks.enqueue_story(self.run_id, story_id)
         self._decision = decision
-        return False  # dispatching never unblocks the lane itself; settle next
+        # Settle on fresh rows: what was just queued is in flight now.
+        return bool(queued)
 
     # ------------------------------------------------------------ 4. settling
     def _settle(self, run: Run, stories: list[Story]) -> None:
@@ -171,9 +244,8 @@ class _Lane:
             return self._end_pause("paused", run.reason or "paused")
         if states <= {"integrated", "skipped"}:
             return self._complete()
-        if "ready" in states or "integrating" in states:
-            if not self.pause_on_escalation or not ({"escalated", "blocked"} & states):
-                return  # integration is due; the next tick does it
+        if self._integration_due(stories):
+            return  # integration is due; the next tick does it
         decision = getattr(self, "_decision", None)
         if decision is not None and decision.gate is not None:
             self._set_gate(decision.gate)
@@ -190,6 +262,20 @@ class _Lane:
         if waiting and (decision is None or not decision.dispatch):
             listing = "; ".join(f"{s.key}: {s.wait_reason}" for s in waiting[:5])
             return self._end_pause("paused", f"no story can start: {listing}")
+
+    def _integration_due(self, stories: list[Story]) -> bool:
+        """Would `_integrate_next` find a story to integrate? (Same scan, no side effects.)"""
+        for story in stories:
+            if story.state in ("integrated", "skipped", "failed"):
+                continue
+            if story.state == "held":
+                return False
+            if story.state in ("escalated", "blocked"):
+                if self.pause_on_escalation:
+                    return False
+                continue
+            return story.state in ("ready", "integrating")
+        return False
 
     def _set_gate(self, epic: int) -> None:
         with self.db.transaction() as s:

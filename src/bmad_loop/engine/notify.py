@@ -34,15 +34,26 @@ def notify(db, policy, run_id: str, event: str, **payload) -> None:
 
 
 def _run_command(argv, body: str, timeout_s: float) -> str | None:
+    """Run the notifier in its own process group; on timeout the whole group is killed."""
+    import os
+    import signal
+
     try:
-        proc = subprocess.run(argv, input=body, text=True, capture_output=True, timeout=timeout_s,
-                              start_new_session=True)
-    except subprocess.TimeoutExpired:
-        return f"timed out after {timeout_s}s"
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     except OSError as exc:
         return str(exc)
+    try:
+        _, err = proc.communicate(body, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        return f"timed out after {timeout_s}s"
     if proc.returncode != 0:
-        return f"exited {proc.returncode}: {proc.stderr.strip()[-500:]}"
+        return f"exited {proc.returncode}: {(err or '').strip()[-500:]}"
     return None
 
 

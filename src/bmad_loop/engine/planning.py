@@ -23,6 +23,7 @@ from ..profiles import resolve_command
 from ..selection import StorySpec, check_dependencies, load_stories, select_stories
 from .journal import record
 from .layout import Layout
+from .ports import check_port_range
 
 __all__ = ["Plan", "Selection", "build_plan", "enqueue", "new_run_id", "LIVE_FOR_TARGET"]
 
@@ -123,6 +124,7 @@ def build_plan(project, policy, selection: Selection, run_id_for_checks: str = "
             raise ConfigError(f"{spec.story_file or board.path}: story '{spec.key}': tier "
                               f"'{spec.tier}' is not defined in [adapter.tiers]")
     argv = agent_command(policy) if chosen else []
+    check_port_range(policy)
     warnings = []
     if policy.scm.isolation == "worktree" and policy.scm.max_parallel > 1 and policy.scm.rollback_on_failure:
         warnings.append("[scm] rollback_on_failure is ignored in parallel worktree mode")

@@ -69,6 +69,8 @@ def story_json(story: Story, now=None) -> dict:
         "tier": story.tier,
         "done_checkpoint": story.done_checkpoint,
         "approved": story.approved,
+        "signed_off": story.signed_off,
+        "port_block": story.port_block,
     }
 
 

@@ -26,9 +26,12 @@ from ..profiles import load_profile
 from ..worktrees import ensure_worktree
 from . import leases
 from .faults import crash_point
+from .guard import guard_env
 from .inplace import InPlace
 from .journal import record
 from .layout import Layout
+from .notify import notify
+from .ports import port_env, worker_block
 from .rows import run_policy, transition_story
 from .sessions import Heartbeat, clean_env, run_session, sandbox_vars
 from .verify import run_verify
@@ -71,7 +74,12 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
     owner = leases.owner_id(f"story{story_id}")
     with db.transaction() as s:
         run = s.get(Run, run_id)
-        if run is None or run.state not in ("running", "pausing"):
+        if run is None:
+            return
+        if run.state not in ("running", "pausing"):
+            # Stopped or paused before a worker picked it up: back in line, nothing started.
+            if transition_story(s, story_id, "queued", state="pending", port_block=None):
+                record(s, run_id, "story.unqueued", s.get(Story, story_id).key, run_state=run.state)
             return
         now = utcnow()
         if not transition_story(s, story_id, "queued", state="working", host=project.host,
@@ -83,7 +91,9 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         policy = run_policy(run)
     token = leases.acquire(db, story_lease_name(story_id), owner, policy.leases.ttl_s) or 0
     try:
-        StoryWorker(project, run, story, owner, token).walk()
+        worker = StoryWorker(project, run, story, owner, token)
+        worker.walk()
+        worker.notify_escalation()
     except StopRequested:
         _release_after_stop(project, run_id, story_id)
     except Exception as exc:  # a bug or an environment failure: keep the work, tell a human
@@ -124,7 +134,7 @@ class StoryWorker:
         self.inplace = InPlace(self) if self.in_place else None
         self.stop_event = threading.Event()
         self.profile = load_profile(self.policy.adapter.profile) if self.policy.adapter.profile else None
-        self.port_block = dict(story.feedback.get("ports") or {}) if story.feedback else {}
+        self.port_block = worker_block(self.policy, story.port_block)
 
     # ----------------------------------------------------------------- the walk
     def walk(self) -> None:
@@ -207,6 +217,10 @@ class StoryWorker:
         label = f"{story.dev_attempts}-{story.review_cycles}"
         env = clean_env()
         env.update(sandbox_vars(self))
+        if not self.in_place:
+            env.update(guard_env(self.git, Path(story.worktree), self.target_branch,
+                                 self.project.path("guard-hooks"),
+                                 self.layout.scratch(self.key) / "guard.log"))
         with Heartbeat(self):
             result = run_verify(self.policy.verify.commands, cwd=Path(story.worktree),
                                 log_path=self.layout.verify_log(self.key, label),
@@ -322,12 +336,19 @@ class StoryWorker:
                 row.head_sha = head or row.head_sha
                 record(s, self.run_id, "story.escalated", self.key, reason=outcome.escalate,
                        phase=row.phase, head_sha=row.head_sha, **outcome.evidence)
+                self._escalated = outcome.escalate
             elif outcome.next_phase == "ready":
                 row.state, row.phase, row.ready_at, row.heartbeat_at = "ready", "commit", now, None
                 row.feedback = {}
             else:
                 row.phase, row.heartbeat_at = outcome.next_phase, now
                 record(s, self.run_id, "story.phase", self.key, phase=outcome.next_phase)
+
+    def notify_escalation(self) -> None:
+        reason = getattr(self, "_escalated", None)
+        if reason:
+            notify(self.db, self.policy, self.run_id, "story.escalated", story=self.key,
+                   reason=reason)
 
     def _escalation_head(self) -> str | None:
         story = self.load()
@@ -394,10 +415,7 @@ class StoryWorker:
         return "exit"
 
     def port_block_env(self) -> dict:
-        if not self.port_block:
-            return {}
-        return {"BMAD_LOOP_PORT_BASE": str(self.port_block["base"]),
-                "BMAD_LOOP_PORT_COUNT": str(self.port_block["count"])}
+        return port_env(self.port_block)
 
     def commit_message(self, story: Story) -> str:
         return self.policy.scm.commit_message_template.format(

@@ -42,7 +42,7 @@ class BoardApp(App):
 
     TITLE = "bmad-loop"
     CSS = """
-    #runs { width: 44; border: round $primary; }
+    #runs { width: 54; border: round $primary; }
     #right { width: 1fr; }
     #stories { height: 1fr; border: round $primary; }
     #lane { height: auto; max-height: 16; border: round $secondary; padding: 0 1; }

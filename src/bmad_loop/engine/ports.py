@@ -1,0 +1,48 @@
+"""Port blocks: `[resources] ports = "LOW-HIGH"` split evenly into one block per worker slot
+plus one for the lane's candidate verification, so parallel dev servers never collide.
+
+Block i covers LOW + i*size … LOW + (i+1)*size - 1 with size = (HIGH - LOW + 1) // (N + 1);
+the lane always has block N. A range too small to give every block a port is bad input.
+"""
+
+from __future__ import annotations
+
+from ..errors import ConfigError
+
+__all__ = ["block_size", "worker_block", "lane_block", "port_env", "check_port_range"]
+
+
+def _range(policy):
+    return policy.resources.port_range if policy.resources.ports else None
+
+
+def block_size(policy) -> int:
+    bounds = _range(policy)
+    if bounds is None:
+        return 0
+    low, high = bounds
+    return (high - low + 1) // (policy.scm.max_parallel + 1)
+
+
+def check_port_range(policy) -> None:
+    if _range(policy) is not None and block_size(policy) < 1:
+        raise ConfigError(
+            f"{policy.source}: [resources] ports = \"{policy.resources.ports}\" is too small for "
+            f"{policy.scm.max_parallel} worker(s) and the lane: each block would be empty")
+
+
+def worker_block(policy, index: int | None) -> dict | None:
+    if index is None or _range(policy) is None:
+        return None
+    size = block_size(policy)
+    return {"base": _range(policy)[0] + index * size, "count": size, "index": index}
+
+
+def lane_block(policy) -> dict | None:
+    return worker_block(policy, policy.scm.max_parallel)
+
+
+def port_env(block: dict | None) -> dict:
+    if not block:
+        return {}
+    return {"BMAD_LOOP_PORT_BASE": str(block["base"]), "BMAD_LOOP_PORT_COUNT": str(block["count"])}

@@ -1,0 +1,318 @@
+"""Stopping a run: `stop` (graceful), `stop --now`, Ctrl+C once and twice; all resumable.
+
+Real runs with the scripted agent. Barriers are files: the agent touches `inside` when its dev
+session has started (writing its pid into it) and, for a graceful stop, waits for `release`
+before it finishes. Every wait polls a file or the database with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import StoryDef
+
+ALPHA = StoryDef("1-1-alpha", files=["src/alpha.py"])
+DONE = {"write": {"src/alpha.py": "NAME = 'alpha'\n"}}
+DEADLINE_S = 60
+
+
+# ------------------------------------------------------------------------------ helpers
+def bmad(repo, *args: str) -> list[str]:
+    return [sys.executable, "-m", "bmad_loop", args[0], "--project", str(repo.root), *args[1:]]
+
+
+def wait_for(predicate, what: str, deadline_s: float = DEADLINE_S):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` is a running (not zombie) process."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+
+
+def query(repo, sql: str, *params) -> list[tuple]:
+    path = repo.root / ".bmad-loop" / "state.db"
+    if not path.exists():
+        return []
+    with sqlite3.connect(path, timeout=30) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def has_event(repo, kind: str, **data) -> bool:
+    for (raw,) in query(repo, "SELECT data FROM events WHERE kind = ?", kind):
+        values = json.loads(raw) if raw else {}
+        if all(values.get(k) == v for k, v in data.items()):
+            return True
+    return False
+
+
+def attempts(repo) -> list[dict]:
+    rows = query(repo, "SELECT phase, number, state, counted FROM attempts ORDER BY id")
+    return [dict(zip(("phase", "number", "state", "counted"), row)) for row in rows]
+
+
+def run_id_from_calls(repo) -> str:
+    return repo.calls()[0]["env"]["BMAD_LOOP_RUN_ID"]
+
+
+class Helper(threading.Thread):
+    """Runs `body` beside the blocking `run`; the barrier is released whatever happens."""
+
+    def __init__(self, body, release: Path | None = None):
+        super().__init__(daemon=True)
+        self.body, self.release, self.error, self.result = body, release, None, None
+
+    def run(self):
+        try:
+            self.result = self.body()
+        except BaseException as exc:  # reported by the test after `run` returned
+            self.error = exc
+        finally:
+            if self.release is not None:
+                self.release.write_text("go")
+
+    def check(self):
+        self.join(timeout=DEADLINE_S)
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+# ------------------------------------------------------------------------------ stop
+def test_a_graceful_stop_lets_the_session_finish_exits_4_and_resume_completes_without_rerunning_it(
+        make_repo, tmp_path):
+    inside, release = tmp_path / "inside", tmp_path / "release"
+    repo = make_repo([ALPHA], script={ALPHA.key: {"dev": [
+        dict(DONE, touch=[str(inside)], wait_for=str(release))]}})
+
+    def stop_while_the_agent_works():
+        wait_for(inside.exists, "the agent to start its dev session")
+        run_id = run_id_from_calls(repo)
+        proc = subprocess.run(bmad(repo, "stop", run_id), capture_output=True, text=True,
+                              timeout=DEADLINE_S)
+        assert proc.returncode == 0, proc.stderr
+        assert f"run {run_id} stopping" in proc.stdout
+        return run_id
+
+    helper = Helper(stop_while_the_agent_works, release)
+    helper.start()
+    result = repo.cli("run")
+    run_id = helper.check()
+
+    assert result.exit_code == 4, result.output
+    status = repo.status(run_id)
+    assert status["run"]["state"] == "stopped"
+    story = status["stories"][0]
+    assert story["state"] == "pending"  # resumable, its worktree and phase kept
+    assert story["phase"] == "verify" and Path(story["worktree"]).is_dir()
+    assert attempts(repo) == [{"phase": "dev", "number": 1, "state": "succeeded", "counted": 1}]
+    assert has_event(repo, "run.stopping", mode="graceful")
+    assert has_event(repo, "story.interrupted")
+
+    result = repo.cli("resume", run_id)
+    assert result.exit_code == 0, result.output
+    assert repo.status(run_id)["stories"][0]["state"] == "integrated"
+    assert [c["phase"] for c in repo.calls()] == ["dev", "review"]  # dev was not run again
+    assert repo.git("show", "main:src/alpha.py") == "NAME = 'alpha'"
+
+
+def test_stop_now_kills_the_hanging_agent_marks_the_attempt_interrupted_uncounted_and_resume_completes(
+        make_repo, tmp_path):
+    inside = tmp_path / "inside"
+    repo = make_repo([ALPHA], script={ALPHA.key: {"dev": [
+        dict(DONE, touch=[str(inside)], hang=True)]}})
+
+    def stop_now():
+        wait_for(inside.exists, "the agent to start its dev session")
+        run_id = run_id_from_calls(repo)
+        proc = subprocess.run(bmad(repo, "stop", run_id, "--now"), capture_output=True, text=True,
+                              timeout=DEADLINE_S)
+        assert proc.returncode == 0, proc.stderr
+        return run_id
+
+    helper = Helper(stop_now)
+    helper.start()
+    started = time.monotonic()
+    result = repo.cli("run")
+    run_id = helper.check()
+
+    assert result.exit_code == 4, result.output
+    assert time.monotonic() - started < DEADLINE_S  # the 600 s hang was cut short
+    agent_pid = int(inside.read_text())
+    assert not alive(agent_pid), f"agent {agent_pid} survived stop --now"
+    status = repo.status(run_id)
+    assert status["run"]["state"] == "stopped"
+    assert status["stories"][0]["state"] == "pending"
+    assert status["stories"][0]["attempt"] == 0  # the interrupted attempt is not counted
+    assert attempts(repo) == [{"phase": "dev", "number": 1, "state": "interrupted", "counted": 0}]
+    assert has_event(repo, "attempt.finished", state="interrupted", counted=False)
+    assert has_event(repo, "run.stopping", mode="now")
+
+    repo.write_script({ALPHA.key: {"dev": [DONE]}})
+    result = repo.cli("resume", run_id)
+    assert result.exit_code == 0, result.output
+    status = repo.status(run_id)
+    assert status["run"]["state"] == "completed"
+    assert status["stories"][0]["state"] == "integrated" and status["stories"][0]["attempt"] == 1
+    # The fresh session is attempt 1 again: the interrupted one used nothing.
+    assert [c["attempt"] for c in repo.calls() if c["phase"] == "dev"] == [1, 1]
+
+
+def test_stop_on_a_completed_run_is_exit_2_naming_its_state(make_repo):
+    repo = make_repo([ALPHA], script={ALPHA.key: {"dev": [DONE]}})
+    assert repo.cli("run").exit_code == 0
+    run_id = repo.status()["run"]["id"]
+    result = repo.cli("stop", run_id)
+    assert result.exit_code == 2
+    assert f"run {run_id} is completed" in result.output
+    assert repo.status(run_id)["run"]["state"] == "completed"
+
+
+def test_stop_on_a_paused_run_makes_it_stopped_and_it_stays_resumable(make_repo):
+    repo = make_repo([ALPHA], script={ALPHA.key: {"dev": [{"exit": 1}]}},
+                     policy="[limits]\nmax_dev_attempts = 1\n")
+    assert repo.cli("run").exit_code == 3
+    run_id = repo.status()["run"]["id"]
+    result = repo.cli("stop", run_id)
+    assert result.exit_code == 0, result.output
+    assert repo.status(run_id)["run"]["state"] == "stopped"
+    repo.write_script({ALPHA.key: {"dev": [DONE]}})
+    result = repo.cli("resume", run_id)
+    assert result.exit_code == 0, result.output
+    assert repo.status(run_id)["stories"][0]["state"] == "integrated"
+
+
+# ------------------------------------------------------------------------------ Ctrl+C
+def start_run(repo, tmp_path) -> tuple[subprocess.Popen, Path]:
+    log = tmp_path / "run.log"
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(bmad(repo, "run"), stdout=handle, stderr=subprocess.STDOUT,
+                                env=dict(os.environ))
+    return proc, log
+
+
+def finish(proc: subprocess.Popen, log: Path) -> int:
+    try:
+        return proc.wait(timeout=DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"`bmad-loop run` did not exit; log:\n{log.read_text()[-4000:]}")
+
+
+def test_a_first_ctrl_c_is_a_graceful_stop_and_run_exits_4_once_the_agent_finished(make_repo, tmp_path):
+    inside, release = tmp_path / "inside", tmp_path / "release"
+    repo = make_repo([ALPHA], script={ALPHA.key: {"dev": [
+        dict(DONE, touch=[str(inside)], wait_for=str(release))]}})
+    proc, log = start_run(repo, tmp_path)
+    try:
+        wait_for(inside.exists, "the agent to start its dev session")
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: has_event(repo, "run.stopping", mode="graceful"), "the graceful stop")
+        agent_pid = int(inside.read_text())
+        assert alive(agent_pid)  # a graceful stop does not touch the running session
+        assert proc.poll() is None  # and `run` waits for it
+    finally:
+        release.write_text("go")
+    code = finish(proc, log)
+
+    assert code == 4, log.read_text()[-4000:]
+    status = repo.status()
+    assert status["run"]["state"] == "stopped"
+    assert status["stories"][0]["state"] == "pending"
+    assert attempts(repo) == [{"phase": "dev", "number": 1, "state": "succeeded", "counted": 1}]
+    result = repo.cli("resume", status["run"]["id"])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_second_ctrl_c_stops_now_kills_the_hanging_agent_and_exits_130(make_repo, tmp_path):
+    inside = tmp_path / "inside"
+    repo = make_repo([ALPHA], script={ALPHA.key: {"dev": [
+        dict(DONE, touch=[str(inside)], hang=True)]}})
+    proc, log = start_run(repo, tmp_path)
+    try:
+        wait_for(inside.exists, "the agent to start its dev session")
+        agent_pid = int(inside.read_text())
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: has_event(repo, "run.stopping", mode="graceful"), "the graceful stop")
+        proc.send_signal(signal.SIGINT)
+        code = finish(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    assert code == 130, log.read_text()[-4000:]
+    assert not alive(agent_pid), f"agent {agent_pid} survived the second Ctrl+C"
+    assert has_event(repo, "run.stopping", mode="now")
+    status = repo.status()
+    assert status["run"]["state"] == "stopped"
+    assert status["stories"][0]["state"] == "pending"
+    assert attempts(repo) == [{"phase": "dev", "number": 1, "state": "interrupted", "counted": 0}]
+    repo.write_script({ALPHA.key: {"dev": [DONE]}})
+    result = repo.cli("resume", status["run"]["id"])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_graceful_stop_with_a_queued_story_not_yet_claimed_still_settles_as_stopped(make_repo, tmp_path):
+    """Two stories dispatched (max_parallel = 2) but one consumer thread: the second waits in
+    the queue as `queued` when the stop comes. Its message is then taken by a worker that sees
+    the run stopping and leaves it; the run must still settle as stopped, and resume finishes."""
+    inside, release = tmp_path / "inside", tmp_path / "release"
+    beta = StoryDef("1-2-beta", files=["src/beta.py"])
+    repo = make_repo([ALPHA, beta], policy='[scm]\nmax_parallel = 2\n[gates]\nmode = "none"\n'
+                                           '[leases]\nttl_s = 3\n',
+                     script={ALPHA.key: {"dev": [dict(DONE, touch=[str(inside)], wait_for=str(release))]},
+                             beta.key: {"dev": [{"write": {"src/beta.py": "beta\n"}}]}})
+    result = repo.cli("enqueue")
+    assert result.exit_code == 0, result.output
+    run_id = result.output.strip()
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as handle:
+        worker = subprocess.Popen(bmad(repo, "worker", "--queue", "all", "-w", "1"),
+                                  stdout=handle, stderr=subprocess.STDOUT, env=dict(os.environ))
+    try:
+        wait_for(inside.exists, "alpha's dev session")
+        states = lambda: dict(query(repo, "SELECT key, state FROM stories WHERE run_id = ?", run_id))
+        assert states() == {ALPHA.key: "working", beta.key: "queued"}
+        result = repo.cli("stop", run_id)
+        assert result.exit_code == 0, result.output
+        release.write_text("go")
+        try:
+            wait_for(lambda: query(repo, "SELECT state FROM runs WHERE id = ?", run_id)[0][0] == "stopped",
+                     "the run to settle as stopped", deadline_s=10)
+        except AssertionError:
+            raise AssertionError(f"run stuck: {query(repo, 'SELECT state, reason FROM runs')}, "
+                                 f"stories {states()}")
+    finally:
+        worker.send_signal(signal.SIGINT)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+    assert states()[ALPHA.key] == "pending"
+    result = repo.cli("resume", run_id)
+    assert result.exit_code == 0, result.output
+    assert set(states().values()) == {"integrated"}
