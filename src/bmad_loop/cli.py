@@ -74,6 +74,8 @@ def _selection(epic, stories, max_stories):
 
 
 def _progress_printer(ci: bool = False):
+    """One plain line per event (CI logs and terminals alike: no colour, no cursor tricks)."""
+
     def show(event):
         ts = event.ts.strftime("%H:%M:%S")
         story = f" {event.story}" if event.story else ""
@@ -81,7 +83,7 @@ def _progress_printer(ci: bool = False):
         detail = " ".join(f"{k}={_short(v)}" for k, v in data.items()
                           if k in ("phase", "attempt", "state", "reason", "new", "sha", "paths",
                                    "command", "exit_code", "plan", "strategy", "candidate_sha"))
-        click.echo(f"{ts} {event.kind}{story} {detail}".rstrip())
+        click.echo(f"{ts} {event.kind}{story} {detail}".rstrip(), color=False if ci else None)
     return show
 
 
@@ -195,9 +197,13 @@ def worker(project_dir, queue, workers):
 @project_option
 @selection_options
 @click.option("--enqueue-only", is_flag=True, help="Only queue the work for separate workers.")
-@click.option("--ci", is_flag=True, help="CI batch mode: plain progress lines, no prompts.")
+@click.option("--ci", is_flag=True, help="CI batch mode: plain progress lines, no colour, no prompts.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Write a JSON summary of the run here when it settles.")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Write a JUnit XML file here (one test case per story).")
 @handle_errors
-def run(project_dir, parallel, epic, stories, max_stories, enqueue_only, ci):
+def run(project_dir, parallel, epic, stories, max_stories, enqueue_only, ci, report_path, junit_path):
     """Enqueue a run and drive it in this process until it completes, pauses or stops.
 
     Exit codes: 0 completed, 1 failed, 2 bad input, 3 needs a human, 4 stopped, 130 second Ctrl+C.
@@ -221,15 +227,35 @@ def run(project_dir, parallel, epic, stories, max_stories, enqueue_only, ci):
     code = drive(project, tasks, run_id, workers=policy.scm.max_parallel,
                  progress=_progress_printer(ci))
     _print_outcome(project, run_id)
+    _write_reports(project, run_id, code, report_path, junit_path)
     sys.exit(code)
+
+
+def _write_reports(project, run_id, code, report_path, junit_path):
+    if not report_path and not junit_path:
+        return
+    from .db.models import Run
+    from .engine.status import run_status
+    from .operator.reports import write_json_report, write_junit
+
+    with project.db.transaction() as s:
+        status = run_status(s, s.get(Run, run_id))
+    if report_path:
+        click.echo(f"report: {write_json_report(status, report_path, exit_code=code)}")
+    if junit_path:
+        click.echo(f"junit: {write_junit(status, junit_path)}")
 
 
 @cli.command()
 @project_option
 @click.argument("run_ref", metavar="RUN", required=False)
 @click.option("--enqueue-only", is_flag=True, help="Only queue the work for separate workers.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write a JSON summary of the run here when it settles.")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write a JUnit XML file here (one test case per story).")
 @handle_errors
-def resume(project_dir, run_ref, enqueue_only):
+def resume(project_dir, run_ref, enqueue_only, report_path, junit_path):
     """Continue a paused, stopped or crashed run (same plan, scope and target)."""
     from .engine.control import resume as do_resume
     from .engine.driver import drive
@@ -243,6 +269,7 @@ def resume(project_dir, run_ref, enqueue_only):
         return
     code = drive(project, tasks, run.id, workers=run.max_parallel, progress=_progress_printer())
     _print_outcome(project, run.id)
+    _write_reports(project, run.id, code, report_path, junit_path)
     sys.exit(code)
 
 

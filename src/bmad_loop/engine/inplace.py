@@ -63,11 +63,17 @@ class InPlace:
         return head, reverted
 
     def leave(self, story, rollback: bool) -> str | None:
-        """Escalation: keep the agent's work on the story branch; roll the checkout back or not."""
+        """Escalation: keep the agent's work on the story branch; roll the checkout back or not.
+
+        `rollback_on_failure = false` under `on_escalation = "pause"` leaves the checkout on the
+        story branch exactly as the agent left it; otherwise the work is committed to the story
+        branch and the checkout goes back to the target."""
         if self.git.current_branch() != story.branch:
             return self.git.rev(f"refs/heads/{story.branch}") if story.branch else None
-        if not rollback:
+        if not rollback and self.worker.policy.parallel.on_escalation == "pause":
             return self.git.rev("HEAD")  # left as the agent left it, for a human to look at
+        # Rolling back, or the run goes on with other stories: the work is committed to the
+        # story branch (nothing is lost) and the checkout returns to the target.
         try:
             paths = self.agent_paths(story)
         except Exception:
