@@ -142,3 +142,27 @@ def test_too_many_review_cycles_escalate(make_repo):
     story = repo.status()["stories"][0]
     assert story["state"] == "escalated" and "review cycles exhausted" in story["reason"]
     assert [c["phase"] for c in repo.calls()] == ["dev", "review", "fix", "review", "fix", "review"]
+
+
+@pytest.mark.parametrize("rollback", [True, False])
+def test_in_place_escalation_keeps_the_work_and_rolls_back_only_when_asked(make_repo, rollback):
+    stories = [StoryDef("1-1-alpha", files=["src/alpha.py"])]
+    script = {"1-1-alpha": {"dev": [{"write": {"src/alpha.py": "half done\n"}, "exit": 1}]}}
+    repo = make_repo(stories, script=script, policy=(
+        f'[scm]\nisolation = "none"\nrollback_on_failure = {"true" if rollback else "false"}\n'
+        '[limits]\nmax_dev_attempts = 1\n'))
+    (repo.root / "notes.txt").write_text("mine\n")  # a local change of the user's, untracked
+    start = repo.git("rev-parse", "main")
+    result = repo.cli("run")
+    assert result.exit_code == 3, result.output
+    story = repo.status()["stories"][0]
+    assert story["state"] == "escalated"
+    assert repo.git("rev-parse", "main") == start
+    assert (repo.root / "notes.txt").read_text() == "mine\n"
+    if rollback:
+        assert repo.git("rev-parse", "--abbrev-ref", "HEAD") == "main"
+        assert not (repo.root / "src" / "alpha.py").exists()
+        assert repo.git("show", f"{story['branch']}:src/alpha.py") == "half done"
+    else:
+        assert repo.git("rev-parse", "--abbrev-ref", "HEAD") == story["branch"]
+        assert (repo.root / "src" / "alpha.py").read_text() == "half done\n"
