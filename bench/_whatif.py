@@ -4,10 +4,11 @@ They monkeypatch the engine to show what a change would buy before anyone makes 
 engine's code is not touched, and a run with a what-if is not a measurement of bmad-loop as
 shipped. Each prints a banner.
 
-- ``dispatch-first``: the lane admits pending stories into free slots on every pass, before it
-  integrates the next ready story (as shipped, `_Lane.loop` in engine/lane.py integrates every
-  ready story first and dispatches only once nothing is left to integrate, so a slot freed while
-  the lane integrates a batch stays empty until the batch is done). Escalation still pauses first.
+- ``dispatch-first``: at ``max_parallel > 1`` the lane admits pending stories into free slots
+  before each integration (as shipped, `_Lane.loop` in engine/lane.py integrates every ready
+  story first and dispatches only once nothing is left to integrate, so a slot freed while the
+  lane integrates a batch stays empty until the batch is done). Not at N = 1 (the sequential
+  loop must keep its bases and history), and not once a story is parked.
 - ``poll=SECONDS``: the huey consumers' maximum poll back-off (`POLL_MAX_S` in queue.py, shipped
   0.5 s), e.g. ``poll=0.05``.
 """
@@ -20,23 +21,22 @@ def apply(spec: str) -> str:
     if spec == "dispatch-first":
         from bmad_loop.engine import lane
 
-        def loop(self) -> None:
-            for _ in range(10_000):
-                run, stories = self._load()
-                if run.state not in lane.LIVE:
-                    return
-                if self._pause_for_escalation(run, stories):
-                    continue
-                if run.state == "running":
-                    self._dispatch(run, stories)
-                    run, stories = self._load()
-                if self._integrate_next(run, stories):
-                    continue
-                self._settle(run, stories)
-                return
+        original = lane._Lane._integrate_next
+        stopping = ("escalated", "blocked", "held", "failed")
 
-        lane._Lane.loop = loop
-        return "WHAT-IF dispatch-first: the lane dispatches before each integration (monkeypatched)"
+        def integrate_next(self, run, stories):
+            # Fill free slots first; not at max_parallel = 1 (the sequential loop integrates a
+            # story before it starts the next one: same bases, same history), and not once a
+            # story is parked (escalation must stop dispatching).
+            if (run.state == "running" and run.max_parallel > 1
+                    and not any(x.state in stopping for x in stories)):
+                if self._dispatch(run, stories):
+                    run, stories = self._load()
+            return original(self, run, stories)
+
+        lane._Lane._integrate_next = integrate_next
+        return ("WHAT-IF dispatch-first: at max_parallel > 1 the lane dispatches into free "
+                "slots before each integration (monkeypatched)")
     if spec.startswith("poll="):
         from bmad_loop import queue
 

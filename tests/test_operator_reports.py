@@ -19,11 +19,11 @@ POLICY = ('[scm]\nmax_parallel = 2\n[gates]\nmode = "none"\n'
 
 def test_a_ci_run_with_an_escalating_story_exits_3_and_its_reports_say_why(make_repo, tmp_path):
     repo = make_repo(STORIES, script=SCRIPT, policy=POLICY)
-    result = repo.cli("run", "--ci")
+    report_path, junit_path = tmp_path / "out" / "report.json", tmp_path / "out" / "junit.xml"
+    result = repo.cli("run", "--ci", "--report", str(report_path), "--junit", str(junit_path))
     assert result.exit_code == 3, result.output
     status = repo.status()
 
-    report_path = write_json_report(status, tmp_path / "out" / "report.json", exit_code=3)
     report = json.loads(report_path.read_text())
     assert report["exit_code"] == 3 and report["run"]["id"] == status["run"]["id"]
     assert report["summary"] == {"stories": 3, "passed": 1, "failed": 1, "skipped": 1,
@@ -31,7 +31,7 @@ def test_a_ci_run_with_an_escalating_story_exits_3_and_its_reports_say_why(make_
     assert [s["key"] for s in report["stories"]] == ["1-1-alpha", "1-2-beta", "1-3-gamma"]
     assert report["candidates"][0]["state"] == "advanced"
 
-    junit_path = write_junit(status, tmp_path / "out" / "junit.xml")
+    assert [s["state"] for s in report["stories"]] == [s["state"] for s in status["stories"]]
     root = ET.parse(junit_path).getroot()
     assert root.tag == "testsuites"
     (suite,) = root.findall("testsuite")

@@ -6,6 +6,8 @@ one strands the messages already queued. Keep them.
 
 from __future__ import annotations
 
+import hashlib
+
 from .queue import INTEGRATION, STORIES, QueueConfig, make_huey
 
 __all__ = ["Tasks", "queue_config", "STORY_TASK", "LANE_TASK"]
@@ -15,9 +17,18 @@ LANE_TASK = "bmad_loop.lane"
 
 
 def queue_config(project) -> QueueConfig:
+    """Where this project's two queues live.
+
+    On Redis several projects (and test runs) share one server, so the queue names carry a
+    short hash of the project root: `bmad-loop-<hash>-stories`. The root is already the
+    project's identity in the rows (`runs.project`, the lane lease), so every consumer that
+    serves the project must open it at the same path. SQLite queues live in the project's own
+    `.bmad-loop/queue.db` and keep the plain names (queued messages stay readable).
+    """
     q = project.policy.queue
     if q.backend == "redis":
-        return QueueConfig(backend="redis", url=q.url)
+        digest = hashlib.sha1(str(project.root).encode("utf-8")).hexdigest()[:10]
+        return QueueConfig(backend="redis", url=q.url, prefix=f"bmad-loop-{digest}")
     path = project.path("queue.db") if not q.url else project.root / q.url
     return QueueConfig(backend="sqlite", sqlite_path=path)
 

@@ -20,6 +20,8 @@ from sqlalchemy.orm import Session, sessionmaker
 __all__ = ["Database", "default_database_url", "migrations_dir"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# pg_advisory_lock key serialising migrations of one PostgreSQL database across hosts.
+PG_MIGRATION_LOCK_KEY = 0x626D_6164  # "bmad"
 
 
 def default_database_url(state_dir: Path) -> str:
@@ -80,11 +82,31 @@ class Database:
         return self._sessions()
 
     def migrate(self) -> None:
-        """Bring the schema to head, once, under a file lock (concurrent upgrades race)."""
+        """Bring the schema to head, once, under a file lock (concurrent upgrades race).
+
+        On PostgreSQL the consumers may sit on different hosts, where a file lock means
+        nothing: a session-level advisory lock in the database serialises them instead.
+        """
         from . import migrate
 
-        with self._migration_lock():
+        with self._migration_lock(), self._database_lock():
             migrate.upgrade(self.engine)
+
+    @contextlib.contextmanager
+    def _database_lock(self):
+        if self.engine.dialect.name != "postgresql":
+            yield
+            return
+        from sqlalchemy import text
+
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": PG_MIGRATION_LOCK_KEY})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": PG_MIGRATION_LOCK_KEY})
+                conn.commit()
 
     @contextlib.contextmanager
     def _migration_lock(self):
