@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -170,6 +171,25 @@ def test_every_bmad_loop_call_inside_the_container_scripts_is_a_real_command():
         for word in argv[2:]:
             if word.startswith("-"):
                 assert word in opts, f"{argv}: bmad-loop {argv[1]} has no option {word}"
+
+
+def _doc_commands() -> list[list[str]]:
+    """Every `bmad-loop …` call in the sh blocks of docs/scale-out.md, as argv."""
+    text = (ROOT / "docs" / "scale-out.md").read_text()
+    calls = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            line = re.sub(r"\s#.*$", "", line).rstrip(" &")
+            if "bmad-loop " in line and not line.lstrip().startswith("#"):
+                calls.append(["bmad-loop", *shlex.split(line.split("bmad-loop ", 1)[1])])
+    return calls
+
+
+def test_every_bmad_loop_command_in_docs_scale_out_md_parses():
+    calls = _doc_commands()
+    assert len(calls) >= 15, calls
+    for argv in calls:
+        _bmad_command(argv)
 
 
 # --- environment and policy ----------------------------------------------------------------

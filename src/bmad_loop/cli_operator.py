@@ -165,6 +165,8 @@ def attach(project_dir, run_ref, story, no_follow):
                 # `attach STORY`: a lone argument that names no run names a story of the newest.
                 run_id, story = find_run(s, project, None).id, run_ref
         key = pick_story(reader, run_id, story)
+        if _attach_tmux_if_live(reader, run_id, key, no_follow):
+            return
 
         def write(text):
             click.echo(text, nl=False)
@@ -174,6 +176,32 @@ def attach(project_dir, run_ref, story, no_follow):
                                                follow=not no_follow, stop=stop))
     finally:
         reader.close()
+
+
+def _attach_tmux_if_live(reader, run_id, key, no_follow) -> bool:
+    """With `[adapter] tmux = true` the session name is a tmux session: attach to it live.
+
+    Without a terminal (scripts, CI) it prints the session's name and the attach command."""
+    import os
+    import shutil
+    import subprocess
+
+    from .db.models import Story
+
+    with reader.session() as s:
+        row = s.query(Story).filter(Story.run_id == run_id, Story.key == key).one()
+        session = row.session
+    if no_follow or not session or "/" in session or not shutil.which("tmux"):
+        return False
+    from .tmux_session import TMUX
+
+    if subprocess.run([*TMUX, "has-session", "-t", session], stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL).returncode != 0:
+        return False  # the session ended: fall back to its log
+    if not sys.stdin.isatty():
+        click.echo(f"tmux session {session} (attach with: {' '.join(TMUX)} attach -t {session})")
+        return True
+    os.execvp("tmux", [*TMUX, "attach", "-t", session])
 
 
 # ---------------------------------------------------------------------------- history, sql

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from ..adapter import AgentCall, agent_env, render_argv, review_approved, run_ag
 from ..db.models import Attempt, Run, Story, utcnow
 from ..prompts import PHASE_INSTRUCTIONS, build_prompt, write_prompt
 from ..profiles import resolve_command
+from ..tmux_session import session_name, tmux_available
 from .faults import crash_point
 from .guard import guard_env, read_guard_log
 from .journal import record
@@ -110,6 +112,11 @@ def run_session(worker, phase: str, number: int) -> SessionResult:
     argv = render_argv(template, call)
     env = agent_env(call, clean_env())
     session = f"{worker.run_id}/{worker.key}/{phase}-{number}"
+    if policy.adapter.tmux and tmux_available():
+        # Live in tmux for `attach`; the wrapper mirrors the pane into the same session log.
+        session = session_name(worker.run_id, worker.key, phase, number)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "bmad_loop.tmux_session", session, str(log_path), "--", *argv]
     with worker.db.transaction() as s:
         att = Attempt(run_id=worker.run_id, story_id=worker.story_id, phase=phase, number=number,
                       state="running", worktree=str(worktree), branch=story.branch,
