@@ -4,6 +4,7 @@
     python bench/chaos.py [--stories 30] [--seed 1] [--parallel 3] [--min-kill-s 3]
                           [--max-kill-s 8] [--story-consumers 1] [--deadline-s 900]
                           [--quick] [--dir DIR] [--keep] [--no-reference] [--json]
+                          [--freeze-s F]
 
 What it does:
 
@@ -25,7 +26,15 @@ What it does:
    first-parent sequence of trees equals the reference's (tree SHAs are content-only, so they are
    comparable across repositories; commit SHAs are not), what ``bmad-loop cleanup --json``
    removed and whether any worktree or ref of bmad-loop's namespaces remains after it, leftover
-   agent processes, the recovery on record (journal), and wall times.
+   agent processes, two agent sessions of one story alive at once, attempt rows still ``running``
+   after the run, stories whose counted dev attempts are not 1 (this agent never fails), the
+   recovery on record (journal), where each kill landed (the last journal event before it), and
+   wall times.
+
+``--freeze-s F`` (off by default) turns half the faults into SIGSTOP for F seconds, then SIGCONT:
+a stalled consumer whose pid stays alive, so its leases expire (after ``ttl_s``) instead of being
+seen dead at once. That exercises the lease-expiry and fencing paths a SIGKILL on one host never
+reaches.
 
 The kill schedule is seeded; process timing is not, so two soaks with one seed kill at the same
 moments but not necessarily at the same steps. Each kill is logged with what was in flight
@@ -236,6 +245,7 @@ class Consumer:
     proc: subprocess.Popen | None = None
     starts: int = 0
     kills: int = 0
+    frozen_until: float | None = None
 
     @property
     def label(self) -> str:
@@ -254,11 +264,25 @@ class Consumer:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         self.kills += 1
+        self.frozen_until = None
         return pid
+
+    def freeze(self, until: float) -> int:
+        """SIGSTOP: the process stays alive (its pid too) but stops heartbeating."""
+        self.proc.send_signal(signal.SIGSTOP)
+        self.frozen_until = until
+        return self.proc.pid
+
+    def thaw(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+        self.frozen_until = None
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
+        if self.frozen_until is not None:
+            self.thaw()
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(timeout=60)
@@ -290,7 +314,8 @@ class Soak:
 
 
 def drive(soak: Soak, *, parallel: int, story_consumers: int, deadline_s: float,
-          rng: random.Random | None, min_kill_s: float, max_kill_s: float, say) -> Soak:
+          rng: random.Random | None, min_kill_s: float, max_kill_s: float, say,
+          freeze_s: float = 0.0) -> Soak:
     """Enqueue the sprint and run it with consumer subprocesses; kill them if `rng` is given."""
     root = soak.root
     logs = root.parent / f"{soak.name}-logs"
@@ -317,15 +342,28 @@ def drive(soak: Soak, *, parallel: int, story_consumers: int, deadline_s: float,
                     say(f"  [{soak.name}] {consumer.label} exited {consumer.proc.returncode} "
                         "by itself; restarting")
                     consumer.start()
+            for consumer in soak.consumers:
+                if consumer.frozen_until is not None and now >= consumer.frozen_until:
+                    consumer.thaw()
+                    say(f"  [{soak.name}] t={now - t0:6.1f}s SIGCONT {consumer.label}")
             if next_kill is not None and now >= next_kill:
                 victim = rng.choice(soak.consumers)
                 flight = in_flight(root, soak.run_id)
+                if freeze_s > 0 and rng.random() < 0.5 and victim.frozen_until is None:
+                    pid = victim.freeze(now + freeze_s)
+                    soak.kills.append({"t": round(now - t0, 2), "at": time.time(),
+                                       "consumer": victim.label, "kind": victim.kind,
+                                       "pid": pid, "signal": "SIGSTOP", **flight})
+                    say(f"  [{soak.name}] t={now - t0:6.1f}s SIGSTOP {victim.label} (pid {pid}) "
+                        f"for {freeze_s:g}s; in flight {flight}")
+                    next_kill = now + rng.uniform(min_kill_s, max_kill_s)
+                    continue
                 killed_at = time.time()
                 pid = victim.kill()
                 victim.start()
                 integrated = flight["stories"].get("integrated", 0)
                 soak.kills.append({"t": round(now - t0, 2), "at": killed_at, "consumer": victim.label,
-                                   "kind": victim.kind, "pid": pid, **flight})
+                                   "kind": victim.kind, "pid": pid, "signal": "SIGKILL", **flight})
                 say(f"  [{soak.name}] t={now - t0:6.1f}s SIGKILL {victim.label} (pid {pid}); "
                     f"integrated {integrated}; in flight {flight}")
                 next_kill = now + rng.uniform(min_kill_s, max_kill_s)
@@ -374,17 +412,35 @@ def analyse(soak: Soak, keys: list[str], reference_trees, calls: Path) -> dict:
     left_worktrees = [w for w in worktrees(root) if Path(w).resolve() != root.resolve()]
     left_refs = namespace_refs(root)
     sessions = collections.Counter()
+    spans: dict[tuple, dict] = {}
     if calls.exists():
         for line in calls.read_text().splitlines():
             row = json.loads(line)
             if row["event"] == "start":
                 sessions[row["phase"]] += 1
+                spans[(row["pid"], row["key"])] = {"key": row["key"], "phase": row["phase"], "start": row["t"], "end": None}
+            elif (row["pid"], row["key"]) in spans:
+                spans[(row["pid"], row["key"])]["end"] = row["t"]
+    cut_off = sum(1 for x in spans.values() if x["end"] is None)
+    # Two sessions of one story alive at once (an orphaned agent still writing the worktree
+    # while its replacement runs): a session that ended after a later one of its story began.
+    overlaps = [(a["key"], a["phase"], b["phase"]) for a in spans.values() for b in spans.values()
+                if a is not b and a["key"] == b["key"] and a["end"] is not None
+                and a["start"] < b["start"] < a["end"]]
     attempts = collections.Counter(
         f"{phase}:{state}" for phase, state in db_rows(
             root, "SELECT phase, state FROM attempts WHERE run_id = ?", (run_id,)))
+    # After the run: no attempt may still be `running`, and since this agent never fails, each
+    # story has exactly one counted dev attempt (a second one is a stale worker's word counted).
+    dangling = [f"{key} {phase} #{att_id}" for key, phase, att_id in db_rows(
+        root, "SELECT s.key, a.phase, a.id FROM attempts a JOIN stories s ON s.id = a.story_id "
+              "WHERE a.run_id = ? AND a.state = 'running'", (run_id,))]
+    over_counted = {key: n for key, n in db_rows(
+        root, "SELECT key, dev_attempts FROM stories WHERE run_id = ? AND dev_attempts != 1", (run_id,))}
     cand_states = collections.Counter(
         state for (state,) in db_rows(root, "SELECT state FROM candidates WHERE run_id = ?", (run_id,)))
-    kills = collections.Counter(k["kind"] for k in soak.kills)
+    kills = collections.Counter(k["kind"] for k in soak.kills if k["signal"] == "SIGKILL")
+    freezes = collections.Counter(k["kind"] for k in soak.kills if k["signal"] == "SIGSTOP")
     for kill in soak.kills:  # the last journal events before each kill: where it landed
         before = [e for e in events if _epoch(e["ts"]) <= kill["at"]]
         kill["last_events"] = [f"{e['seq']} {e['kind']} {e['story'] or ''}".strip() for e in before[-3:]]
@@ -416,13 +472,18 @@ def analyse(soak: Soak, keys: list[str], reference_trees, calls: Path) -> dict:
         "worktrees_after_cleanup": left_worktrees,
         "refs_after_cleanup": left_refs,
         "kills": dict(kills),
-        "kills_total": len(soak.kills),
+        "kills_total": sum(kills.values()),
+        "freezes": dict(freezes),
         "kill_log": soak.kills,
         "unasked_exits": soak.restarts_unasked,
         "starts": {c.label: c.starts for c in soak.consumers},
         "agent_sessions": dict(sessions),
+        "sessions_cut_off": cut_off,
+        "overlapping_sessions": overlaps,
         "attempts": dict(attempts),
         "candidates": dict(cand_states),
+        "attempts_left_running": dangling,
+        "dev_attempts_not_1": over_counted,
         "recovery": {k: kinds[k] for k in ("story.recovered", "candidate.abandoned", "candidate.stale",
                                            "lane.acquired", "lane.fenced", "story.escalated",
                                            "run.failed") if kinds[k]},
@@ -447,6 +508,12 @@ def verdict(result: dict) -> list[str]:
                    f"expected {result['stories'] + 1}")
     if not result["checkout_clean"] or not result["head_follows_target"]:
         bad.append("the target checkout is dirty or does not follow the target")
+    if result["overlapping_sessions"]:
+        bad.append(f"two agent sessions of one story ran at once: {result['overlapping_sessions']}")
+    if result["attempts_left_running"]:
+        bad.append(f"attempt rows still running after the run: {result['attempts_left_running']}")
+    if result["dev_attempts_not_1"]:
+        bad.append(f"stories whose counted dev attempts are not 1: {result['dev_attempts_not_1']}")
     if result["leftover_agents"]:
         bad.append(f"agent processes left running: {result['leftover_agents']}")
     if result["worktrees_after_cleanup"] or result["refs_after_cleanup"]:
@@ -459,7 +526,7 @@ def report(ref: dict | None, chaos: dict, args, bad: list[str], say) -> None:
     say("")
     say("where each kill landed (the last journal event before it):")
     for kill in chaos["kill_log"]:
-        say(f"  t={kill['t']:6.1f}s {kill['consumer']:<14} after {kill['last_events'][-1] if kill['last_events'] else '-'}")
+        say(f"  t={kill['t']:6.1f}s {kill['signal']} {kill['consumer']:<14} after {kill['last_events'][-1] if kill['last_events'] else '-'}")
     say("")
     say(f"chaos soak: {chaos['stories']} stories, max_parallel {args.parallel}, "
         f"{args.story_consumers} story consumer(s) + 1 lane, seed {args.seed}, "
@@ -467,6 +534,9 @@ def report(ref: dict | None, chaos: dict, args, bad: list[str], say) -> None:
     kills = chaos["kills"]
     say(f"  kills survived:        {chaos['kills_total']} "
         f"(stories {kills.get('stories', 0)}, integration {kills.get('integration', 0)})")
+    if args.freeze_s:
+        say(f"  freezes survived:      {sum(chaos['freezes'].values())} {chaos['freezes']} "
+            f"(SIGSTOP for {args.freeze_s:g} s, then SIGCONT)")
     say(f"  stories integrated:    {chaos['integrated']}/{chaos['stories']} "
         f"(run {chaos['run_state']}{'; TIMED OUT' if chaos['timed_out'] else ''})")
     say(f"  duplicates found:      {len(chaos['duplicates'])}"
@@ -486,8 +556,12 @@ def report(ref: dict | None, chaos: dict, args, bad: list[str], say) -> None:
     say(f"  checkout follows:      {chaos['checkout_clean'] and chaos['head_follows_target']}; "
         f"leftover agents: {len(chaos['leftover_agents'])}")
     say(f"  recovery on record:    {chaos['recovery']}")
-    say(f"  agent sessions:        {chaos['agent_sessions']}; attempts {chaos['attempts']}")
+    say(f"  agent sessions:        {chaos['agent_sessions']} ({chaos['sessions_cut_off']} cut off by a kill, "
+        f"{len(chaos['overlapping_sessions'])} overlapping another of their story); "
+        f"attempts {chaos['attempts']}")
     say(f"  candidates:            {chaos['candidates']}")
+    say(f"  rows after the run:    attempts still running {chaos['attempts_left_running'] or 0}; "
+        f"stories with counted dev attempts != 1: {chaos['dev_attempts_not_1'] or 0}")
     if chaos["unasked_exits"]:
         say(f"  consumers that exited by themselves: {chaos['unasked_exits']}")
     say(f"  wall time:             chaos {chaos['wall_s']} s"
@@ -514,6 +588,10 @@ def main(argv=None) -> int:
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the uninterrupted run (no history comparison)")
     parser.add_argument("--json", action="store_true", help="print every figure as JSON too")
+    parser.add_argument("--freeze-s", type=float, default=0.0,
+                        help="also freeze consumers: half the faults become SIGSTOP for this many "
+                             "seconds, then SIGCONT (a stalled process whose pid stays alive: its "
+                             "leases expire after ttl_s = 3). Off by default")
     args = parser.parse_args(argv)
     if args.quick:
         args.stories = 10
@@ -552,7 +630,7 @@ def main(argv=None) -> int:
         soak = drive(Soak("chaos", root), parallel=args.parallel,
                      story_consumers=args.story_consumers, deadline_s=args.deadline_s,
                      rng=random.Random(args.seed), min_kill_s=args.min_kill_s,
-                     max_kill_s=args.max_kill_s, say=say)
+                     max_kill_s=args.max_kill_s, say=say, freeze_s=args.freeze_s)
         chaos = analyse(soak, keys, reference_trees, calls)
         bad = verdict(chaos)
         if ref_result is not None and verdict(ref_result):

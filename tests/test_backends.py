@@ -42,6 +42,7 @@ from bmad_loop.queue import STORIES, BackgroundConsumer, make_huey
 CONTRACT_TABLES = {"runs", "stories", "attempts", "candidates", "events", "leases"}
 VIEWS = {"v_story_runs", "v_integrations", "v_escalations", "v_waits"}
 THREADS = 8
+SETTLED = ("completed", "failed", "paused", "stopped")
 
 
 @pytest.fixture
@@ -127,6 +128,7 @@ def test_every_view_answers_a_select_on_a_freshly_migrated_database(db):
 # A child process standing for one host: wait until every peer is up, then migrate.
 _MIGRATE_CHILD = """
 import sys, time
+from pathlib import Path
 from bmad_loop.db.database import Database
 url, lock_dir, barrier, me, peers = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 (barrier / f"ready-{me}").write_text("ready")
@@ -404,11 +406,16 @@ def test_a_lane_process_and_two_worker_processes_configured_by_environment_finis
     lane = repo.spawn("worker", "--queue", "integration", log_name="lane")
     workers = [repo.spawn("worker", "--queue", "stories", "-w", "2", log_name=f"worker{n}")
                for n in range(2)]
-    wait_until(lambda: repo.status(run_id)["run"]["state"] == "completed", timeout=120,
-               what="run completed by the separate consumers")
+    settled = wait_until(lambda: repo.status(run_id)["run"]["state"] in SETTLED and repo.status(run_id),
+                         timeout=120, what="the run settled under the separate consumers")
     for proc in (lane, *workers):
         proc.send_signal(signal.SIGTERM)  # what `docker compose stop` sends
-    assert [proc.wait(timeout=30) for proc in (lane, *workers)] == [0, 0, 0]
+    codes = [proc.wait(timeout=30) for proc in (lane, *workers)]
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}"
+                     for p in sorted(repo.root.parent.glob(f"{repo.root.name}-*.log")))
+    assert settled["run"]["state"] == "completed", (
+        [(s["key"], s["state"], s["reason"]) for s in settled["stories"]], logs)
+    assert codes == [0, 0, 0], logs
     assert [s["state"] for s in repo.status(run_id)["stories"]] == ["integrated"] * 3
     dev_calls = collections.Counter(c["key"] for c in repo.calls() if c["phase"] == "dev")
     assert dev_calls == {s.key: 1 for s in THREE}

@@ -433,8 +433,10 @@ def test_the_compose_topology_completes_the_demo_sprint_on_loopback_redis_and_po
                                   "--json"], env=env, capture_output=True, text=True)
             return out.stdout if out.returncode == 0 else ""
 
-        wait_until(lambda: '"completed"' in state(), timeout=180, interval=0.5,
-                   what="the demo run completed by the lane and two worker processes")
+        settled = wait_until(lambda: next((s for s in ("completed", "failed", "paused", "stopped")
+                                           if f'"{s}"' in state()), None),
+                             timeout=180, interval=0.5,
+                             what="the demo run settled under the lane and two worker processes")
         health = subprocess.run(_service(compose, "lane")["healthcheck"]["test"][1:], env=env)
         assert health.returncode == 0
     finally:
@@ -442,7 +444,9 @@ def test_the_compose_topology_completes_the_demo_sprint_on_loopback_redis_and_po
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)  # `docker compose stop`
         codes = [proc.wait(timeout=60) for proc in procs]
-    assert codes == [0, 0, 0], [(p.name, p.read_text()[-2000:]) for p in sorted(logs.iterdir())]
+    tails = [(p.name, p.read_text()[-2000:]) for p in sorted(logs.iterdir())]
+    assert settled == "completed", tails
+    assert codes == [0, 0, 0], tails
     stories = subprocess.run(["bmad-loop", "sql", "SELECT story, state FROM v_story_runs", "--json"],
                              env=env, capture_output=True, text=True, check=True).stdout
     assert '"integrated"' in stories and '"escalated"' not in stories

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from pathlib import Path
 
 __all__ = ["guard_env", "read_guard_log", "install_hooks"]
@@ -95,7 +96,8 @@ def install_hooks(folder: Path) -> Path:
     for name, text in files.items():
         path = folder / name
         if not path.exists() or path.read_text() != text:
-            tmp = path.with_suffix(".tmp")
+            # A temp name per writer: workers install the same folder at the same moment.
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_text(text)
             tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
             os.replace(tmp, path)
