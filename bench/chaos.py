@@ -516,7 +516,8 @@ def verdict(result: dict) -> list[str]:
         bad.append(f"stories whose counted dev attempts are not 1: {result['dev_attempts_not_1']}")
     if result["leftover_agents"]:
         bad.append(f"agent processes left running: {result['leftover_agents']}")
-    if result["worktrees_after_cleanup"] or result["refs_after_cleanup"]:
+    if result["run_state"] == "completed" and (result["worktrees_after_cleanup"]
+                                               or result["refs_after_cleanup"]):
         bad.append(f"debris after cleanup: {result['worktrees_after_cleanup']} "
                    f"{result['refs_after_cleanup']}")
     return bad
@@ -547,8 +548,10 @@ def report(ref: dict | None, chaos: dict, args, bad: list[str], say) -> None:
     say(f"  history matches:       {'n/a (no reference)' if match is None else 'yes' if match else 'NO'}"
         f" ({chaos['target_commits']} first-parent trees)")
     say(f"  cleanup --json:        removed {chaos['cleanup_removed']}; after it: "
-        f"{len(chaos['worktrees_after_cleanup'])} orphan worktrees, "
-        f"{len(chaos['refs_after_cleanup'])} refs in bmad-loop's namespaces")
+        f"{len(chaos['worktrees_after_cleanup'])} worktrees, "
+        f"{len(chaos['refs_after_cleanup'])} refs in bmad-loop's namespaces"
+        + ("" if chaos["run_state"] == "completed" else
+           f" (run {chaos['run_state']}: its rows still own them)"))
     removed = [x for k in ("worktrees_removed", "branches_deleted", "refs_deleted")
                for x in chaos["cleanup_report"].get(k, [])]
     if removed:
