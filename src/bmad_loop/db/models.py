@@ -153,6 +153,9 @@ class Story(Base):
     signed_off: Mapped[bool] = mapped_column(Boolean, default=False)  # operator sign-off (held)
     # Index of the port block handed to this story's worker ([resources] ports), while in flight.
     port_block: Mapped[int | None] = mapped_column(Integer)
+    # Grows with every claim; a worker writes only while the row still carries its claim, so a
+    # stalled worker that lost its story to recovery is fenced out.
+    claim: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     worktree: Mapped[str | None] = mapped_column(Text)
     branch: Mapped[str | None] = mapped_column(String(255))
     base_sha: Mapped[str | None] = mapped_column(String(64))

@@ -118,6 +118,7 @@ def run_session(worker, phase: str, number: int) -> SessionResult:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "bmad_loop.tmux_session", session, str(log_path), "--", *argv]
     with worker.db.transaction() as s:
+        worker.own(s)  # fenced workers start no session
         att = Attempt(run_id=worker.run_id, story_id=worker.story_id, phase=phase, number=number,
                       state="running", worktree=str(worktree), branch=story.branch,
                       base_sha=story.base_sha, session=session, log=str(log_path),

@@ -83,24 +83,28 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
             return
         now = utcnow()
         if not transition_story(s, story_id, "queued", state="working", host=project.host,
-                                heartbeat_at=now, started_at=now):
+                                heartbeat_at=now, started_at=now, claim=Story.claim + 1):
             return  # someone else has it, or it is no longer queued: a duplicate message
         story = s.get(Story, story_id)
+        s.refresh(story)
+        claim = story.claim
         record(s, run_id, "story.started", story.key, phase=story.phase or "prepare",
                host=project.host)
         policy = run_policy(run)
     token = leases.acquire(db, story_lease_name(story_id), owner, policy.leases.ttl_s) or 0
     try:
-        worker = StoryWorker(project, run, story, owner, token)
+        worker = StoryWorker(project, run, story, owner, token, claim)
         worker.walk()
         worker.notify_escalation()
+    except Fenced:
+        log.warning("story %s was taken back while this worker stalled; it stops here", story_id)
     except StopRequested:
-        _release_after_stop(project, run_id, story_id)
+        _release_after_stop(project, run_id, story_id, claim)
     except Exception as exc:  # a bug or an environment failure: keep the work, tell a human
         log.exception("story %s failed unexpectedly", story_id)
         with db.transaction() as s:
             story = s.get(Story, story_id)
-            if story.state == "working":
+            if story.state == "working" and story.claim == claim:
                 story.state, story.reason, story.ended_at = "escalated", f"internal error: {exc}", utcnow()
                 record(s, run_id, "story.escalated", story.key, reason=story.reason,
                        traceback=traceback.format_exc()[-4000:])
@@ -109,22 +113,27 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         tasks.enqueue_lane(run_id)
 
 
-def _release_after_stop(project, run_id: str, story_id: int) -> None:
+class Fenced(StopRequested):
+    """This worker's claim on the story is gone (recovery gave it to another): write nothing."""
+
+
+def _release_after_stop(project, run_id: str, story_id: int, claim: int) -> None:
     """A stop reached this story: hand it back as pending, its phase and worktree kept."""
     with project.db.transaction() as s:
         story = s.get(Story, story_id)
-        if transition_story(s, story_id, "working", state="pending", heartbeat_at=None):
+        if story.claim == claim and transition_story(s, story_id, "working", state="pending",
+                                                     heartbeat_at=None):
             record(s, run_id, "story.interrupted", story.key, phase=story.phase)
 
 
 class StoryWorker:
-    def __init__(self, project, run: Run, story: Story, owner: str, token: int = 0):
+    def __init__(self, project, run: Run, story: Story, owner: str, token: int = 0, claim: int = 0):
         self.project = project
         self.db = project.db
         self.run_id = run.id
         self.story_id = story.id
         self.key = story.key
-        self.owner, self.token = owner, token
+        self.owner, self.token, self.claim = owner, token, claim
         self.policy = run_policy(run)
         self.git = project.git(self.policy)
         self.layout = Layout(project.state_dir, run.id)
@@ -192,7 +201,7 @@ class StoryWorker:
             self._seed(worktree)
         crash_point("worker.after_worktree")
         with self.db.transaction() as s:
-            row = s.get(Story, self.story_id)
+            row = self.own(s)
             row.worktree, row.branch = str(worktree), branch
             if not (story.feedback.get("human_fix") and row.base_sha):
                 row.base_sha = base_sha
@@ -310,9 +319,7 @@ class StoryWorker:
         if outcome.escalate:
             head = self._escalation_head()
         with self.db.transaction() as s:
-            row = s.get(Story, self.story_id)
-            if row.state != "working":
-                return  # taken back (recovered as orphaned): this worker's word no longer counts
+            row = self.own(s)  # taken back (recovered as orphaned)? then nothing is written
             if outcome.session is not None:
                 att = s.get(Attempt, outcome.session.attempt_id)
                 for name, value in outcome.session.attempt_values().items():
@@ -362,6 +369,7 @@ class StoryWorker:
         result = run_session(self, phase, number)
         if result.state == "interrupted":
             with self.db.transaction() as s:
+                self.own(s)
                 for name, value in result.attempt_values().items():
                     setattr(s.get(Attempt, result.attempt_id), name, value)
                 record(s, self.run_id, "attempt.finished", self.key, phase=phase, attempt=number,
@@ -370,12 +378,20 @@ class StoryWorker:
         if result.guard_refusals:
             # Checked before anything else: the target never moved, but the story stops here.
             with self.db.transaction() as s:
+                self.own(s)
                 record(s, self.run_id, "guard.refused", self.key, phase=phase,
                        attempts=result.guard_refusals)
             raise _GuardEscalation(result)
         return result
 
     # ----------------------------------------------------------------- helpers
+    def own(self, session) -> Story:
+        """The story row, if this worker still holds its claim; otherwise Fenced."""
+        row = session.get(Story, self.story_id)
+        if row.state != "working" or row.claim != self.claim:
+            raise Fenced()
+        return row
+
     def load(self) -> Story:
         with self.db.transaction() as s:
             return s.get(Story, self.story_id)
@@ -383,7 +399,11 @@ class StoryWorker:
     def beat(self, attempt_id: int | None = None) -> None:
         now = utcnow()
         with self.db.transaction() as s:
-            s.get(Story, self.story_id).heartbeat_at = now
+            row = s.get(Story, self.story_id)
+            if row.state != "working" or row.claim != self.claim:
+                self.stop_event.set()  # fenced: end the session; the walk then stops
+                return
+            row.heartbeat_at = now
             if attempt_id is not None:
                 s.get(Attempt, attempt_id).heartbeat_at = now
         leases.renew(self.db, story_lease_name(self.story_id), self.owner, self.token,
@@ -391,7 +411,7 @@ class StoryWorker:
 
     def _enter_phase(self, phase: str) -> None:
         with self.db.transaction() as s:
-            row = s.get(Story, self.story_id)
+            row = self.own(s)
             if row.phase != phase:
                 row.phase = phase
                 record(s, self.run_id, "story.phase", self.key, phase=phase)
@@ -399,7 +419,7 @@ class StoryWorker:
 
     def merge_feedback(self, **values) -> None:
         with self.db.transaction() as s:
-            row = s.get(Story, self.story_id)
+            row = self.own(s)
             merged = dict(row.feedback or {})
             merged.update(values)
             row.feedback = merged
