@@ -50,7 +50,7 @@ def tick(project, tasks, run_id: str) -> None:
     if holder is not None and not holder.still_holds():
         # It thinks it holds the lease, but another lane took over: fenced, change nothing.
         with db.transaction() as s:
-            record(s, run_id, "lane.fenced", reason="the lane lease expired or was taken over; "
+            record(s, run_id, "lane.fenced", reason="lost the lane lease (it expired or another lane took it over); "
                    "this tick changes nothing", owner=holder.owner)
         return
     try:
