@@ -7,8 +7,8 @@
 Builds a BMAD-shaped repository with `--files` small tracked files and `--stories` independent
 stories, then:
 
-1. *bare*: for each story, the git operations the loop cannot avoid, run by hand on the same
-   repository: ``worktree add -b``, write a file, ``add -A`` + ``commit``, ``merge-tree
+1. *bare* (K stories before the loop and K after it, so a drift of the machine shows): for each
+   story, the git operations the loop cannot avoid, run by hand on the same repository: ``worktree add -b``, write a file, ``add -A`` + ``commit``, ``merge-tree
    --write-tree``, ``commit-tree``, ``update-ref`` (compare-and-swap, on a scratch branch),
    ``worktree remove``, ``branch -D``;
 2. *loop*: one real run (``enqueue`` + ``drive``, in process, real huey consumers on the embedded
@@ -17,8 +17,10 @@ stories, then:
    line to ``work/<story>.txt`` (so the worker has something to commit, like the bare sequence)
    and exits 0 (``--no-write``: it writes nothing).
 
-Prints Markdown tables: per-story time of both, their ratio, and the loop's time split into
-phases from the journal (``events``) and the attempt rows. Not a test: nothing is asserted.
+Prints Markdown tables: per-story time of both, their ratio, the loop's time split into phases
+from the journal (``events``) and the attempt rows, and each phase beside the bare operations
+that do its git work. ``--probe`` adds git calls, database and repository lock waits per step.
+Not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -57,9 +59,24 @@ PHASES = [
 ]
 
 
-def bare(root: Path, count: int, write: bool) -> tuple[list[float], dict[str, list[float]]]:
+# Which bare operations do the git work of which loop phase (the rest is coordination).
+MATCH = [
+    ("dispatch (queued → worker picks it up)", []),
+    ("prepare (worktree add, seed)", ["worktree add -b"]),
+    ("agent set-up (prompt, attempt row)", []),
+    ("agent process (spawn → exit)", ["write a file"]),
+    ("verify (no commands) + commit + drift", ["add -A", "commit"]),
+    ("lane wake-up (ready → lane picks it)", []),
+    ("compose (merge-tree, board edit, commit-tree)", ["merge-tree --write-tree", "commit-tree"]),
+    ("candidate verify (no commands)", []),
+    ("advance (dirty check, CAS, checkout sync)", ["update-ref (CAS)"]),
+    ("clean-up + admission (integrated → next queued)", ["worktree remove", "branch -D"]),
+]
+
+
+def bare(root: Path, count: int, write: bool, tag: str = "a") -> tuple[list[float], dict[str, list[float]]]:
     """The loop's unavoidable git work, by hand; per-story seconds and per-operation seconds."""
-    target = "bench-bare-target"
+    target = f"bench-bare-target-{tag}"
     git(root, "branch", target, "main")
     folder = root / ".bmad-loop" / "bare-worktrees"
     folder.mkdir(parents=True, exist_ok=True)
@@ -73,12 +90,12 @@ def bare(root: Path, count: int, write: bool) -> tuple[list[float], dict[str, li
         return out
 
     for i in range(count):
-        branch, wt = f"bench-bare/{i}", folder / f"s{i}"
+        branch, wt = f"bench-bare/{tag}{i}", folder / f"{tag}{i}"
         started = time.perf_counter()
         old = git(root, "rev-parse", f"refs/heads/{target}")
         timed("worktree add -b", lambda: git(root, "worktree", "add", "-q", "-b", branch, str(wt), old))
         if write:
-            timed("write a file", lambda: (wt / "work" / f"bare-{i}.txt").write_text(f"{i}\n"))
+            timed("write a file", lambda: (wt / "work" / f"bare-{tag}{i}.txt").write_text(f"{i}\n"))
         else:
             timed("write a file", lambda: None)
         timed("add -A", lambda: git(wt, "add", "-A"))
@@ -167,13 +184,16 @@ def main(argv=None) -> int:
     print(f"agent: {' '.join(agent_argv)} ({'appends one line to work/<story>.txt' if write else 'writes nothing'}), exit 0\n")
 
     git(root, "status", "--porcelain")  # warm the file-system cache for both sides alike
-    bare_story, bare_ops = bare(root, args.stories, write)
+    before, ops_before = bare(root, args.stories, write, "a")
     if args.probe:
         import _probe
 
         _probe.install()
     result = run_loop(root, workers=1)
+    after, ops_after = bare(root, args.stories, write, "b")
     print(f"load average at end: {load()}\n")
+    bare_story = before + after
+    bare_ops = {name: ops_before[name] + ops_after[name] for name in ops_before}
     if result.state != "completed":
         print(f"run {result.run_id} ended {result.state} (exit {result.exit_code})", file=sys.stderr)
         return 1
@@ -189,6 +209,7 @@ def main(argv=None) -> int:
     print(table(["", "ms / story", "× bare"], [
         ["bare git operations (mean)", ms(bare_mean), "1.0"],
         ["bare git operations (median)", ms(median(bare_story)), f"{median(bare_story) / bare_mean:.1f}"],
+        ["  bare, before the loop / after it (means)", f"{ms(mean(before))} / {ms(mean(after))}", ""],
         ["loop, whole run (enqueue → run.completed) / K", ms(whole), f"{whole / bare_mean:.1f}"],
         ["loop, first queued → last integrated / K", ms(steady), f"{steady / bare_mean:.1f}"],
         ["loop, whole run / K, minus the agent process", ms(loop_no_agent),
@@ -205,6 +226,15 @@ def main(argv=None) -> int:
             for label, v in spans.items()]
     rows.append(["sum of phases", ms(total), "", "100%"])
     print(table(["phase", "mean ms", "median ms", "share"], rows))
+    print("\nThe same phases beside the bare operations that do that phase's git work:\n")
+    rows = []
+    for label, ops in MATCH:
+        loop_ms = mean(spans[label])
+        bare_ms = sum(mean(bare_ops[o]) for o in ops) if ops else 0.0
+        rows.append([label, ms(loop_ms), " + ".join(ops) or "(none: coordination)", ms(bare_ms),
+                     ms(loop_ms - bare_ms)])
+    print(table(["loop phase", "loop ms", "bare operations", "bare ms", "extra ms"], rows,
+                align="lrlrr"))
     print("\nOnce per run (not per story):\n")
     print(table(["", "ms"], [[label, ms(v[0])] for label, v in spans_run.items()]))
 
