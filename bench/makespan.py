@@ -54,6 +54,8 @@ def layout(kind: str, k: int) -> tuple[list[tuple[int, int]], tuple[int, int]]:
     `mixed-adjacent`: pairs (1, 2), (5, 6), (9, 10), (13, 14), resource stories 3 and 8: here
     the contract itself (a finished story integrates only after every earlier one) costs a
     round at N = 4, which the plan-order schedule column shows.
+    Positions beyond K are dropped; below K = 13 the `mixed` positions overlap (a story then
+    belongs to the last pair that names it), so use K >= 13 for the layout as described.
     """
     if kind == "mixed-adjacent":
         return [(1, 2), (5, 6), (9, 10), (13, 14)], (3, 8)
