@@ -7,12 +7,12 @@ joins them; `PHASE_INSTRUCTIONS` holds the default, composed, per phase.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
+
+from .fileio import write_atomic
 
 __all__ = [
     "PHASES",
@@ -138,17 +138,7 @@ def build_prompt(
 
 def write_prompt(path: Path, text: str) -> Path:
     """Write `text` to `path` atomically (parents created); return the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, text)
 
 
 def _evidence(text: str) -> str:

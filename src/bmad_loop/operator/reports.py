@@ -9,10 +9,10 @@ with a message saying where it stood. `bmad-loop run --ci --report FILE --junit 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from ..fileio import write_atomic
 
 __all__ = ["summary", "write_json_report", "write_junit", "junit_tree", "FAILING", "PASSING"]
 
@@ -46,7 +46,7 @@ def write_json_report(status: dict, path, *, exit_code: int | None = None) -> Pa
         "stories": status["stories"],
         "candidates": status.get("candidates", []),
     }
-    return _atomic_write(Path(path), json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return write_atomic(Path(path), json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def junit_tree(status: dict) -> ET.ElementTree:
@@ -93,7 +93,7 @@ def junit_tree(status: dict) -> ET.ElementTree:
 def write_junit(status: dict, path) -> Path:
     tree = junit_tree(status)
     text = ET.tostring(tree.getroot(), encoding="unicode", xml_declaration=False)
-    return _atomic_write(Path(path), '<?xml version="1.0" encoding="UTF-8"?>\n' + text + "\n")
+    return write_atomic(Path(path), '<?xml version="1.0" encoding="UTF-8"?>\n' + text + "\n")
 
 
 def _details(story: dict, candidates: list[dict]) -> str:
@@ -110,16 +110,3 @@ def _details(story: dict, candidates: list[dict]) -> str:
                      + (f" evidence {cand['evidence']}" if cand.get("evidence") else "")
                      + (f": {cand['reason']}" if cand.get("reason") else ""))
     return "\n".join(lines)
-
-
-def _atomic_write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
