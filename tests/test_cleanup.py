@@ -119,7 +119,8 @@ def test_cleanup_json_has_every_report_field_and_an_empty_repository_has_nothing
     repo = make_repo([ALPHA])
     report = cleanup_json(repo)
     assert report == {"dry_run": False, "worktrees_removed": [], "branches_deleted": [],
-                      "refs_deleted": [], "rows_marked": [], "kept": [], "runs_pruned": [],
+                      "refs_deleted": [], "remote_branches_deleted": [], "rows_marked": [], "kept": [],
+                      "runs_pruned": [],
                       "pruned_metadata": True}
 
 

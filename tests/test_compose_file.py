@@ -147,7 +147,7 @@ def test_a_bad_option_would_be_caught_by_the_same_parsing():
     with pytest.raises(click.UsageError):
         _bmad_command(["bmad-loop", "worker", "--queue", "story"])
     with pytest.raises(click.UsageError):
-        _bmad_command(["bmad-loop", "worker", "--clone", "/srv/clone"])  # planned, not built
+        _bmad_command(["bmad-loop", "worker", "--no-such-option"])
 
 
 def test_repo_init_and_the_healthchecks_use_real_entrypoint_subcommands(compose):

@@ -46,12 +46,49 @@ def handle_errors(fn):
     return wrapper
 
 
-def _open(project_dir: Path):
+def _open(project_dir: Path, clone: Path | None = None):
     from .engine.project import Project
 
     if not project_dir.is_dir():
         raise ConfigError(f"--project: {project_dir} is not a folder")
-    return Project.open(project_dir)
+    if clone is None:
+        return Project.open(project_dir)
+    return _open_clone(project_dir, clone)
+
+
+def _open_clone(project_dir: Path, clone: Path):
+    """Remote mode: work in our own clone at `clone`; policy (and shared state) from --project."""
+    from .engine.project import Project
+    from .policy import load_policy
+    from .remote import ensure_clone, resolve_remote_url
+
+    policy = load_policy(project_dir)
+    if not policy.scm.remote.strip():
+        raise ConfigError(f"--clone {clone}: [scm] remote is empty (local mode); set it in "
+                          f"{policy.source} or BMAD_LOOP_SCM_REMOTE")
+    checkout = project_dir if (project_dir / ".git").exists() else None
+    url = resolve_remote_url(policy.scm.remote, checkout)
+    return Project.open(ensure_clone(url, clone), policy=policy, home=project_dir)
+
+
+def clone_option(fn):
+    return click.option("--clone", "clone_dir", default=None, envvar="BMAD_LOOP_CLONE",
+                        type=click.Path(file_okay=False, path_type=Path),
+                        help="Remote mode: work in this clone of [scm] remote (made if absent).")(fn)
+
+
+def host_option(fn):
+    return click.option("--host", "host", default=None,
+                        help="The name this host goes by in leases and rows [BMAD_LOOP_HOST or the hostname].")(fn)
+
+
+def _set_host(host: str | None) -> None:
+    import os
+
+    from .hostid import HOST_ENV
+
+    if host:
+        os.environ[HOST_ENV] = host
 
 
 def _policy_for_run(project, parallel: str | None):
@@ -170,15 +207,18 @@ def enqueue(project_dir, parallel, epic, stories, max_stories):
               default="all", show_default=True)
 @click.option("-w", "--workers", type=int, default=None,
               help="Story consumer threads [default: [scm] max_parallel].")
+@clone_option
+@host_option
 @handle_errors
-def worker(project_dir, queue, workers):
+def worker(project_dir, queue, workers, clone_dir, host):
     """Run consumers until interrupted (Ctrl+C finishes the tasks in hand, then exits)."""
     import signal
     import threading
 
     from .engine.consumers import ConsumerSet
 
-    project = _open(project_dir)
+    _set_host(host)
+    project = _open(project_dir, clone_dir)
     if workers is None:
         workers = 1 if queue == "integration" else project.policy.scm.max_parallel
     consumers = ConsumerSet(project, queue=queue, workers=workers)
@@ -186,7 +226,9 @@ def worker(project_dir, queue, workers):
     signal.signal(signal.SIGINT, lambda *a: done.set())
     signal.signal(signal.SIGTERM, lambda *a: done.set())
     consumers.start()
-    click.echo(f"bmad-loop worker: queue={queue} workers={workers} project={project.root}", err=True)
+    where = f"project={project.root}" if project.remote is None else \
+        f"clone={project.root} remote={project.remote.url} host={project.host}"
+    click.echo(f"bmad-loop worker: queue={queue} workers={workers} {where}", err=True)
     while not done.wait(1.0):
         pass
     click.echo("bmad-loop worker: stopping (waiting for tasks in hand)", err=True)
@@ -383,22 +425,26 @@ def demo(directory, parallel, count, as_json):
 @click.option("--runs", "runs", is_flag=True,
               help="Also remove logs, evidence and worktrees of finished runs beyond [cleanup] keep_runs.")
 @click.option("--purge", is_flag=True, help="With --runs: delete those runs' rows and journal too.")
+@clone_option
+@host_option
 @json_option
 @handle_errors
-def cleanup(project_dir, dry_run, runs, purge, as_json):
+def cleanup(project_dir, dry_run, runs, purge, clone_dir, host, as_json):
     """Remove worktrees, branches and refs in bmad-loop's namespace that no live row owns."""
     from .engine.cleanup import cleanup as do_cleanup
 
     if purge and not runs:
         raise ConfigError("--purge goes with --runs")
-    project = _open(project_dir)
+    _set_host(host)
+    project = _open(project_dir, clone_dir)
     report = do_cleanup(project, dry_run=dry_run, runs=runs, purge=purge,
                         progress=None if as_json else (lambda m: click.echo(("would " if dry_run else "") + m)))
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         click.echo(f"{'would remove' if dry_run else 'removed'}: {len(report.worktrees_removed)} worktrees, "
-                   f"{len(report.branches_deleted)} branches, {len(report.refs_deleted)} refs; "
+                   f"{len(report.branches_deleted)} branches, {len(report.refs_deleted)} refs, "
+                   f"{len(report.remote_branches_deleted)} remote branches; "
                    f"kept {len(report.kept)}; rows marked {len(report.rows_marked)}")
 
 

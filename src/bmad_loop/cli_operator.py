@@ -220,7 +220,7 @@ def history(project_dir, limit, as_json):
     reader = Reader(project)
     try:
         with reader.session() as s:
-            entries = run_history(s, project.root, limit=limit)
+            entries = run_history(s, project.key, limit=limit)
     finally:
         reader.close()
     click.echo(json.dumps(entries, indent=2) if as_json else format_history(entries))

@@ -539,6 +539,11 @@ def _check_max_parallel(ctx: _Context, scm: ScmPolicy) -> None:
 
 def _check_policy(ctx: _Context, policy: Policy) -> None:
     _check_max_parallel(ctx, policy.scm)
+    scm = policy.scm
+    if scm.remote.strip() and (scm.isolation, scm.branch_per) != ("worktree", "story"):
+        origin = ctx.origin(("scm", "remote"), ("scm", "isolation"), ("scm", "branch_per"))
+        raise _error(f'{origin}: [scm] remote = "{scm.remote}" (remote mode) needs [scm] isolation = '
+                     '"worktree" and [scm] branch_per = "story"')
     adapter = policy.adapter
     if adapter.profile and adapter.command:
         raise ctx.error(("adapter", "command"), "set either [adapter] profile or [adapter] command, not both",

@@ -20,16 +20,17 @@ def queue_config(project) -> QueueConfig:
     """Where this project's two queues live.
 
     On Redis several projects (and test runs) share one server, so the queue names carry a
-    short hash of the project root: `bmad-loop-<hash>-stories`. The root is already the
-    project's identity in the rows (`runs.project`, the lane lease), so every consumer that
-    serves the project must open it at the same path. SQLite queues live in the project's own
+    short hash of the project's identity (`Project.key`: the root's path in local mode, the
+    remote's URL in remote mode — the same identity as `runs.project` and the lane lease):
+    `bmad-loop-<hash>-stories`. SQLite queues live in the policy folder's
     `.bmad-loop/queue.db` and keep the plain names (queued messages stay readable).
     """
     q = project.policy.queue
     if q.backend == "redis":
-        digest = hashlib.sha1(str(project.root).encode("utf-8")).hexdigest()[:10]
+        digest = hashlib.sha1(project.key.encode("utf-8")).hexdigest()[:10]
         return QueueConfig(backend="redis", url=q.url, prefix=f"bmad-loop-{digest}")
-    path = project.path("queue.db") if not q.url else project.root / q.url
+    state = project.home_state_dir
+    path = state / "queue.db" if not q.url else project.home / q.url
     return QueueConfig(backend="sqlite", sqlite_path=path)
 
 

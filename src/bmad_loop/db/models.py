@@ -114,6 +114,8 @@ class Run(Base):
     selection: Mapped[dict] = mapped_column(JSON, default=dict)
     policy: Mapped[dict] = mapped_column(JSON, default=dict)
     board_path: Mapped[str] = mapped_column(Text)
+    # The board's path inside the repository: how a consumer in another clone finds it.
+    board_rel: Mapped[str | None] = mapped_column(Text)
     # Why the run is paused/stopped/failed, for humans and `status`.
     reason: Mapped[str | None] = mapped_column(Text)
     # How a stop was asked for: "graceful" (safe boundaries) or "now" (kill agent sessions).

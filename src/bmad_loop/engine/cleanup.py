@@ -11,8 +11,11 @@ Only bmad-loop's own things are candidates: worktrees under `.bmad-loop/worktree
 - an integrated story owns nothing (its branch stays only if `[scm] delete_branch` is false).
 
 Everything else in the namespaces is removed; stale worktree metadata is pruned; story rows
-whose worktree folder vanished are marked (`worktree` cleared, journaled), so the next worker
-recreates it from the branch. `--runs` also removes logs, prompts, evidence, scratch folders
+of this host whose worktree folder vanished are marked (`worktree` cleared, journaled), so the
+next worker recreates it from the branch.
+
+Each host cleans only its own debris: what is in its own repository (or clone) and rows that
+carry its host name. In remote mode, story branches on the remote that no row owns go too. `--runs` also removes logs, prompts, evidence, scratch folders
 and worktrees of finished runs beyond `[cleanup] keep_runs` (rows stay unless `--purge`).
 """
 
@@ -30,7 +33,7 @@ from .journal import record
 from .layout import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE, Layout
 from .rows import run_policy
 
-__all__ = ["CleanupReport", "cleanup"]
+__all__ = ["CleanupReport", "cleanup", "sweep_landed"]
 
 RESUMABLE = ("running", "pausing", "paused", "stopping", "stopped")
 PARKED = ("escalated", "blocked", "failed", "held")
@@ -42,6 +45,7 @@ class CleanupReport:
     dry_run: bool
     worktrees_removed: list[str] = field(default_factory=list)
     branches_deleted: list[str] = field(default_factory=list)
+    remote_branches_deleted: list[str] = field(default_factory=list)
     refs_deleted: list[str] = field(default_factory=list)
     rows_marked: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
@@ -59,7 +63,7 @@ def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str,
     refs: set[str] = set()
     worktree_rows: list[tuple[int, str, str]] = []
     with project.db.transaction() as s:
-        runs = {r.id: r for r in s.scalars(select(Run).where(Run.project == str(project.root)))}
+        runs = {r.id: r for r in s.scalars(select(Run).where(Run.project == project.key))}
         for story in s.scalars(select(Story).where(Story.run_id.in_(list(runs)))):
             run = runs[story.run_id]
             policy = run_policy(run)
@@ -87,7 +91,8 @@ def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str,
                 branches.add(story.branch)
             if story.worktree and needs_worktree:
                 paths.add(Path(story.worktree).resolve())
-                worktree_rows.append((story.id, story.worktree, story.run_id))
+                if story.host in (None, project.host):  # another host's path means nothing here
+                    worktree_rows.append((story.id, story.worktree, story.run_id))
             if story.state in PARKED and (live or policy.scm.keep_failed):
                 for cand in s.scalars(select(Candidate).where(Candidate.story_id == story.id)):
                     if cand.ref:
@@ -158,6 +163,15 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
             if not dry_run:
                 delete_ref(git, ref)
 
+    if project.remote is not None:
+        for name in sorted(project.remote.branches(git, BRANCH_NAMESPACE)):
+            if name in owned_branches:
+                continue
+            say(f"delete remote branch {name}")
+            report.remote_branches_deleted.append(name)
+            if not dry_run:
+                project.remote.delete_branch(git, name)
+
     for story_id, worktree, run_id in worktree_rows:
         if not Path(worktree).exists():
             report.rows_marked.append(worktree)
@@ -174,10 +188,33 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
     return report
 
 
+def sweep_landed(project, run_id: str) -> list[str]:
+    """Remote mode, on a story host: remove this host's worktrees of the run's stories that
+    landed (the lane, in another clone, cannot). Returns the paths removed."""
+    state = project.state_dir.resolve()
+    removed = []
+    with project.db.transaction() as s:
+        run = s.get(Run, run_id)
+        policy = run_policy(run)
+        rows = [(st.worktree, st.branch) for st in s.scalars(select(Story).where(
+            Story.run_id == run_id, Story.state.in_(("integrated", "skipped")),
+            Story.host == project.host, Story.worktree.is_not(None)))]
+    git = project.git(policy)
+    for worktree, branch in rows:
+        path = Path(worktree)
+        if not path.is_dir() or not _under(path.resolve(), state):
+            continue
+        remove_worktree(git, path)
+        removed.append(str(path))
+        if policy.scm.delete_branch and branch:
+            delete_branch(git, branch)
+    return removed
+
+
 def _retention(project, report, *, dry_run, purge, say) -> None:
     keep = project.policy.cleanup.keep_runs
     with project.db.transaction() as s:
-        finished = list(s.scalars(select(Run).where(Run.project == str(project.root),
+        finished = list(s.scalars(select(Run).where(Run.project == project.key,
                                                     Run.state.in_(("completed", "failed")))
                                   .order_by(Run.created_at.desc(), Run.id.desc())))
     for run in finished[keep:]:

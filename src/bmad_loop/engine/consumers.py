@@ -86,7 +86,7 @@ class ConsumerSet:
 
         with self.project.db.transaction() as s:
             for run_id in s.scalars(select(Run.id).where(
-                    Run.project == str(self.project.root),
+                    Run.project == self.project.key,
                     Run.state.in_(("running", "pausing", "stopping")))):
                 record(s, run_id, kind, **data)
 
@@ -119,7 +119,7 @@ class ConsumerSet:
                     continue
                 with self.project.db.transaction() as s:
                     ids = list(s.scalars(select(Run.id).where(
-                        Run.project == str(self.project.root),
+                        Run.project == self.project.key,
                         Run.state.in_(("running", "pausing", "stopping")))))
                 for run_id in ids:
                     self.tasks.enqueue_lane(run_id)

@@ -25,7 +25,7 @@ RESUMABLE = ("paused", "stopped", "running", "pausing", "stopping")
 
 def find_run(session, project, ref: str | None) -> Run:
     """A run by id, unique prefix or unique suffix; the newest run when ref is None."""
-    query = select(Run).where(Run.project == str(project.root))
+    query = select(Run).where(Run.project == project.key)
     if ref is None:
         run = session.scalars(query.order_by(Run.created_at.desc(), Run.id.desc())).first()
         if run is None:
@@ -65,7 +65,7 @@ def resume(project, tasks, ref: str | None) -> Run:
         run.gates_passed, run.ended_at = gates, None
         git = project.git(policy)
         for story in stories_of(s, run.id):
-            _reset_for_resume(s, git, run, story)
+            _reset_for_resume(s, lambda branch: _branch_head(project, git, branch), run, story)
         record(s, run.id, "run.resumed", previous=previous, gates_passed=gates)
         run_id = run.id
     requeue_run(project, tasks, run_id, stale_after=None)
@@ -73,9 +73,16 @@ def resume(project, tasks, ref: str | None) -> Run:
         return s.get(Run, run_id)
 
 
-def _reset_for_resume(session, git, run: Run, story: Story) -> None:
+def _branch_head(project, git, branch: str) -> str | None:
+    """Where a story branch is now: on the remote in remote mode (a human pushes a fix there)."""
+    if project.remote is not None:
+        return project.remote.fetch_branch(git, branch)
+    return git.rev(f"refs/heads/{branch}")
+
+
+def _reset_for_resume(session, branch_head_of, run: Run, story: Story) -> None:
     if story.state in ("escalated", "blocked"):
-        branch_head = git.rev(f"refs/heads/{story.branch}") if story.branch else None
+        branch_head = branch_head_of(story.branch) if story.branch else None
         human_fix = bool(branch_head and story.head_sha and branch_head != story.head_sha)
         if human_fix:
             # A human changed the branch: verify and integrate it without the agent.
@@ -120,7 +127,7 @@ def recover_live_runs(project, tasks, stale_after: dt.timedelta) -> list[str]:
     """On consumer start: re-queue runs that are running, pausing or stopping."""
     with project.db.transaction() as s:
         ids = [r.id for r in s.scalars(select(Run).where(
-            Run.project == str(project.root), Run.state.in_(("running", "pausing", "stopping"))))]
+            Run.project == project.key, Run.state.in_(("running", "pausing", "stopping"))))]
     for run_id in ids:
         requeue_run(project, tasks, run_id, stale_after)
     return ids

@@ -24,7 +24,7 @@ from ..worktrees import checkout_of, delete_branch, delete_ref, ensure_detached_
 from .faults import crash_point
 from .journal import record
 from .layout import Layout
-from .rows import transition_story
+from .rows import board_rel, transition_story
 from .verify import run_verify
 
 __all__ = ["Integrator", "LaneFenced"]
@@ -45,8 +45,9 @@ class Integrator:
         self.policy = policy
         self.git = project.git(policy)
         self.layout = Layout(project.state_dir, run.id)
-        self.board_rel = _relative(run.board_path, project.root)
+        self.board_rel = board_rel(run, project.root)
         self.fence = fence  # () -> bool: does this lane still hold its lease?
+        self.remote = project.remote  # None in local mode
 
     def integrate(self, story_id: int) -> str:
         """Returns the story's new state: integrated, escalated or ready (to retry later)."""
@@ -78,8 +79,12 @@ class Integrator:
             return self._escalate(story, None, f"target kept moving: {stale} stale compositions "
                                   f"(max_recompose = {self.policy.limits.max_recompose})")
         attempt = attempts + 1
-        target_sha = self.git.rev(f"refs/heads/{self.target}")
+        target_sha = self.project.target_sha(self.git, self.target)
         branch_sha = story.head_sha
+        if self.remote is not None:
+            missing = self._fetch_story(story)
+            if missing:
+                return self._escalate(story, None, missing)
         with self.db.transaction() as s:
             cand = Candidate(run_id=self.run_id, story_id=story.id, attempt=attempt,
                              strategy=strategy, state="composing", target_sha=target_sha,
@@ -107,6 +112,16 @@ class Integrator:
         if self._needs_sign_off(story):
             return self._hold(story, cand_id, attempt, comp.sha)
         return self._advance(story, cand_id, attempt, comp.sha, target_sha)
+
+    def _fetch_story(self, story: Story) -> str | None:
+        """Remote mode: bring the story's commits into this clone; why not, when they differ."""
+        pushed = self.remote.fetch_branch(self.git, story.branch)
+        if pushed == story.head_sha:
+            return None
+        if pushed is None:
+            return f"the story branch {story.branch} is not on {self.remote.url}"
+        return (f"the story branch {story.branch} on {self.remote.url} is at {pushed[:12]}, "
+                f"not at the {story.head_sha[:12]} its worker recorded")
 
     def _needs_sign_off(self, story: Story) -> bool:
         with self.db.transaction() as s:
@@ -165,7 +180,8 @@ class Integrator:
         return env
 
     def _advance(self, story, cand_id, attempt, sha, target_sha) -> str:
-        checkout = checkout_of(self.git, self.target)
+        # Remote mode: the target lives on the remote; no local checkout of it is kept in step.
+        checkout = checkout_of(self.git, self.target) if self.remote is None else None
         if checkout is not None:
             overlap = overlapping_dirty(self.git, checkout, target_sha, sha)
             if overlap:
@@ -183,13 +199,16 @@ class Integrator:
             s.get(Candidate, cand_id).state = "advancing"
         if self.fence is not None and not self.fence():
             raise LaneFenced(f"lost the lane lease before advancing {self.target} for {story.key}")
-        advanced = cas_advance(self.git, self.target, sha, target_sha)
+        if self.remote is not None:
+            advanced = self.remote.push_target(self.git, self.target, sha, target_sha)
+        else:
+            advanced = cas_advance(self.git, self.target, sha, target_sha)
         crash_point("lane.after_cas")
         if not advanced:
             with self.db.transaction() as s:
                 cand = s.get(Candidate, cand_id)
                 cand.state, cand.ended_at = "stale", utcnow()
-                now_at = self.git.rev(f"refs/heads/{self.target}")
+                now_at = self.project.target_sha(self.git, self.target, fetch=False)
                 record(s, self.run_id, "candidate.stale", story.key, attempt=attempt,
                        composed_on=target_sha, target_now=now_at)
             self._drop_candidate(story.key, attempt)
@@ -221,14 +240,16 @@ class Integrator:
                              .order_by(Candidate.attempt.desc())).first()
         if cand is None or cand.state not in ("verified", "advancing", "composing", "verifying"):
             return None
-        target_now = self.git.rev(f"refs/heads/{self.target}")
+        target_now = self.project.target_sha(self.git, self.target)
         if cand.candidate_sha and target_now == cand.candidate_sha:
             # The CAS happened but the row was not written: that counts as advanced.
-            checkout = checkout_of(self.git, self.target)
+            checkout = checkout_of(self.git, self.target) if self.remote is None else None
             if checkout is not None:
                 sync_checkout(self.git, checkout, cand.target_sha, cand.candidate_sha)
             return self._finish(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
-        if cand.state in ("verified", "advancing") and target_now == cand.target_sha:
+        # A lane in another clone (the old one's host died) lacks the candidate: recompose.
+        here = cand.candidate_sha and self.git.rev(cand.candidate_sha) is not None
+        if cand.state in ("verified", "advancing") and target_now == cand.target_sha and here:
             return self._advance(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
         with self.db.transaction() as s:
             row = s.get(Candidate, cand.id)
@@ -328,14 +349,13 @@ class Integrator:
             return
         if self.policy.scm.branch_per == "run":
             return  # the run branch and its worktree serve the next story
+        if self.remote is not None:
+            # The worktree is the story host's (its worker sweeps it); the branch is shared.
+            if self.policy.scm.delete_branch and row.branch:
+                self.remote.delete_branch(self.git, row.branch)
+            return
         if row.worktree:
             remove_worktree(self.git, Path(row.worktree))
         if self.policy.scm.delete_branch and row.branch:
             delete_branch(self.git, row.branch)
 
-
-def _relative(path: str, root: Path) -> str | None:
-    try:
-        return Path(path).resolve().relative_to(root).as_posix()
-    except ValueError:
-        return None

@@ -2,6 +2,8 @@
 
 Each tick re-reads the rows and does whatever is due, in this order, until nothing is:
 
+0. at `max_parallel > 1`, fill free worker slots first (see 3), so a slot freed while the lane
+   integrates a batch of finished stories does not stay empty for the whole batch;
 1. integrate finished stories strictly in plan order (a finished story waits for every earlier
    one to be integrated or terminal; under `on_escalation = "pause"` an escalated story stops
    the scan, so later finished stories wait as `ready`);
@@ -35,6 +37,7 @@ __all__ = ["tick"]
 log = logging.getLogger(__name__)
 
 LIVE = ("running", "pausing", "stopping")
+PARKED = ("escalated", "blocked", "held", "failed")
 
 
 def tick(project, tasks, run_id: str) -> None:
@@ -81,10 +84,15 @@ class _Lane:
 
     def loop(self) -> None:
         recover_orphans(self.db, self.tasks, self.run_id, self.policy.leases.ttl_s)
+        if self.project.remote is not None:
+            # Fresh mirror of the remote target for the stale-premise check of this tick.
+            self.project.target_sha(self.integrator.git, self.integrator.target)
         for _ in range(10_000):  # bounded: each pass either progresses or returns
             run, stories = self._load()
             if run.state not in LIVE:
                 return
+            if self._dispatch_first(run, stories):
+                continue
             if self._integrate_next(run, stories):
                 continue
             if self._pause_for_escalation(run, stories):
@@ -99,6 +107,24 @@ class _Lane:
     def _load(self):
         with self.db.transaction() as s:
             return s.get(Run, self.run_id), stories_of(s, self.run_id)
+
+    # ------------------------------------------------------------ 0. dispatch first
+    def _dispatch_first(self, run: Run, stories: list[Story]) -> bool:
+        """Start what can start before integrating, when that cannot change the history.
+
+        Not at `max_parallel = 1`: the sequential loop integrates a story before it starts the
+        next one, so every story starts on its predecessor's result (same bases, same history
+        as the loop without a lane). Not once a story is parked: an escalation must stop
+        dispatching before anything else happens. Admission itself is unchanged, so a story that
+        conflicts with a finished but unintegrated one still waits for its integration.
+        """
+        if run.state != "running" or run.max_parallel <= 1:
+            return False
+        if any(s.state in PARKED for s in stories):
+            return False
+        if not any(s.state == "pending" for s in stories):
+            return False
+        return self._dispatch(run, stories)
 
     # ------------------------------------------------------------ 1. integration
     def _integrate_next(self, run: Run, stories: list[Story]) -> bool:
@@ -147,7 +173,7 @@ class _Lane:
         if not rows or not self.integrator.board_rel:
             return []
         git = self.integrator.git
-        blob = blob_at(git, f"refs/heads/{self.integrator.target}", self.integrator.board_rel)
+        blob = blob_at(git, self.project.target_ref(self.integrator.target), self.integrator.board_rel)
         if blob is None:
             return []
         try:
@@ -254,7 +280,7 @@ class _Lane:
         if decision is not None and decision.approvals:
             return self._end_pause("paused", "waiting for spec approval of "
                                    + ", ".join(decision.approvals))
-        parked = [s for s in stories if s.state in ("escalated", "blocked", "held", "failed")]
+        parked = [s for s in stories if s.state in PARKED]
         if parked:
             listing = "; ".join(f"{s.key} {s.state}: {s.reason}" for s in parked)
             return self._end_pause("paused", f"needs a human: {listing}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import socket
 import threading
 from dataclasses import dataclass
 
@@ -19,13 +18,14 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ..db.models import Lease, utcnow
+from ..hostid import host_name
 
 __all__ = ["acquire", "renew", "release", "holds", "owner_id", "LeaseHolder", "pid_alive"]
 
 
 def owner_id(tag: str = "") -> str:
     """host:pid[:tag] — lets a consumer on the same host tell a dead owner from a slow one."""
-    base = f"{socket.gethostname()}:{os.getpid()}"
+    base = f"{host_name()}:{os.getpid()}"
     return f"{base}:{tag}" if tag else base
 
 
@@ -34,7 +34,7 @@ def pid_alive(owner: str | None) -> bool | None:
     if not owner:
         return None
     parts = owner.split(":")
-    if len(parts) < 2 or parts[0] != socket.gethostname():
+    if len(parts) < 2 or parts[0] != host_name():
         return None
     try:
         os.kill(int(parts[1]), 0)

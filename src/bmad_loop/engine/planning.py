@@ -16,7 +16,7 @@ from sqlalchemy import select
 from ..adapter import check_binary
 from ..board import Board, load_board, resolve_board_path, resolve_story_dir
 from ..db.models import Run, Story, utcnow
-from ..errors import ConfigError
+from ..errors import ConfigError, GitError
 from ..footprint import footprint_from_mapping
 from ..gitcmd import branch_name_ok
 from ..profiles import resolve_command
@@ -65,6 +65,12 @@ def target_branch_of(project, policy) -> tuple[str, str]:
     branch = policy.scm.target_branch or git.current_branch()
     if not branch:
         raise ConfigError(f"{project.root}: HEAD is detached and [scm] target_branch is not set")
+    if project.remote is not None:
+        # Remote mode: the remote's target is the truth, whatever this checkout has.
+        try:
+            return branch, project.remote.fetch_target(git, branch)
+        except GitError as exc:
+            raise ConfigError(f"{policy.source}: [scm] remote: {exc}") from None
     sha = git.rev(f"refs/heads/{branch}")
     if sha is None:
         raise ConfigError(f"{policy.source}: [scm] target_branch: branch '{branch}' does not exist")
@@ -140,16 +146,17 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
     run_id = new_run_id()
     with db.transaction() as s:
         live = s.scalars(select(Run).where(Run.target_branch == plan.target_branch,
-                                           Run.project == str(project.root),
+                                           Run.project == project.key,
                                            Run.state.in_(LIVE_FOR_TARGET))).first()
         if live is not None:
             raise ConfigError(f"run {live.id} is already {live.state} on {plan.target_branch}: "
                               f"resume or stop it first")
-        run = Run(id=run_id, project=str(project.root), target_branch=plan.target_branch,
+        run = Run(id=run_id, project=project.key, target_branch=plan.target_branch,
                   target_sha=plan.target_sha, head_sha=plan.target_sha, state="running",
                   max_parallel=policy.scm.max_parallel, merge_strategy=policy.scm.merge_strategy,
                   isolation=policy.scm.isolation, selection=selection.to_dict(),
                   policy=policy.to_dict(), board_path=str(plan.board.path), gates_passed=[],
+                  board_rel=_inside(plan.board.path, project.root),
                   created_at=utcnow(), started_at=utcnow(), host=project.host)
         s.add(run)
         for seq, spec in enumerate(plan.stories, start=1):
@@ -172,3 +179,10 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
             record(s, run_id, "run.warning", message=warning)
     tasks.enqueue_lane(run_id)
     return run_id, plan
+
+
+def _inside(path: Path, root: Path) -> str | None:
+    try:
+        return Path(path).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return None  # a board outside the repository: nothing the lane can edit

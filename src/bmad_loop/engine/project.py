@@ -1,5 +1,11 @@
 """A project: a repository root, its `.bmad-loop/` state folder, its policy and connections.
 
+`root` is the repository this process works in; `home` is the folder its policy came from
+(the same folder, unless a consumer works in its own clone: `worker --clone DIR`). Shared state
+(the default SQLite database and queue) lives under `home`; per-host debris (worktrees, logs,
+candidates) under `root`. In remote mode (`[scm] remote`) the project's identity (`key`) is the
+remote's URL, so every clone of it is the same project; in local mode it is the root's path.
+
 Connections (database engine, huey storage) are made lazily and per process, so a forked
 consumer never shares its parent's sockets or SQLite handles.
 """
@@ -7,13 +13,14 @@ consumer never shares its parent's sockets or SQLite handles.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..db.database import Database, default_database_url
 from ..gitcmd import Git, Identity
+from ..hostid import host_name
 from ..policy import Policy, load_policy
+from ..remote import Remote, resolve_remote_url
 
 __all__ = ["Project", "STATE_DIRNAME", "ensure_state_dir"]
 
@@ -36,34 +43,72 @@ def ensure_state_dir(root: Path) -> Path:
 class Project:
     root: Path
     policy: Policy
+    home: Path | None = None
 
     def __post_init__(self):
         self.root = Path(self.root).resolve()
+        self.home = Path(self.home).resolve() if self.home is not None else self.root
         self._db: Database | None = None
         self._db_pid: int | None = None
+        self._remote: Remote | None = None
 
     @classmethod
-    def open(cls, root: Path | str, policy: Policy | None = None) -> "Project":
+    def open(cls, root: Path | str, policy: Policy | None = None, home: Path | str | None = None) -> "Project":
         root = Path(root).resolve()
-        return cls(root=root, policy=policy or load_policy(root))
+        return cls(root=root, policy=policy or load_policy(home or root), home=home)
 
     @property
     def state_dir(self) -> Path:
         return self.root / STATE_DIRNAME
+
+    @property
+    def home_state_dir(self) -> Path:
+        return self.home / STATE_DIRNAME
+
+    # ------------------------------------------------------------------ remote mode
+    @property
+    def remote(self) -> Remote | None:
+        """The shared remote in remote mode, None in local mode."""
+        if not self.policy.scm.remote:
+            return None
+        if self._remote is None:
+            checkout = self.home if (self.home / ".git").exists() else self.root
+            self._remote = Remote(resolve_remote_url(self.policy.scm.remote, checkout))
+        return self._remote
+
+    @property
+    def key(self) -> str:
+        """The project's identity in the rows (`runs.project`), the lane lease and queue names."""
+        remote = self.remote
+        return remote.url if remote is not None else str(self.root)
+
+    def target_ref(self, target: str) -> str:
+        """Where this process reads the target from (the remote's mirror in remote mode)."""
+        remote = self.remote
+        return remote.target_ref(target) if remote is not None else f"refs/heads/{target}"
+
+    def target_sha(self, git: Git, target: str, *, fetch: bool = True) -> str | None:
+        """The target's current sha; in remote mode fetched first (unless `fetch` is False)."""
+        remote = self.remote
+        if remote is not None and fetch:
+            return remote.fetch_target(git, target)
+        return git.rev(self.target_ref(target))
 
     def path(self, *parts: str) -> Path:
         return self.state_dir.joinpath(*parts)
 
     @property
     def database_url(self) -> str:
-        return self.policy.database.url or default_database_url(self.state_dir)
+        return self.policy.database.url or default_database_url(self.home_state_dir)
 
     @property
     def db(self) -> Database:
         """The state database, created and migrated on first use in this process."""
         if self._db is None or self._db_pid != os.getpid():
             ensure_state_dir(self.root)
-            db = Database(self.database_url, lock_dir=self.state_dir)
+            if not self.policy.database.url:
+                ensure_state_dir(self.home)
+            db = Database(self.database_url, lock_dir=self.home_state_dir)
             db.migrate()
             self._db, self._db_pid = db, os.getpid()
         return self._db
@@ -75,11 +120,11 @@ class Project:
     @property
     def lane_lease_name(self) -> str:
         """One integration lane per project (and per state database)."""
-        return f"lane:{self.root}"
+        return f"lane:{self.key}"
 
     @property
     def host(self) -> str:
-        return socket.gethostname()
+        return host_name()
 
     def close(self) -> None:
         if self._db is not None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
-import socket
+
 
 from sqlalchemy import select
 
 from ..db.models import Attempt, Lease, Story, utcnow
+from ..hostid import host_name
 from . import leases
 from .journal import record
 
@@ -65,7 +66,7 @@ def recover_orphans(db, tasks, run_id: str, ttl_s: float, now: dt.datetime | Non
 
 def _end_leftover_agent(attempt: Attempt, run_id: str, key: str) -> None:
     """The dead worker's agent may still run (it has its own process group): end it."""
-    if not attempt.pid or attempt.host != socket.gethostname():
+    if not attempt.pid or attempt.host != host_name():
         return
     try:
         with open(f"/proc/{attempt.pid}/environ", "rb") as handle:

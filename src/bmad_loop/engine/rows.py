@@ -6,6 +6,8 @@ the rowcount says whether this caller won, so duplicate queue messages are harml
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
@@ -38,3 +40,13 @@ def run_policy(run: Run) -> Policy:
 
 def stories_of(session: Session, run_id: str) -> list[Story]:
     return list(session.scalars(select(Story).where(Story.run_id == run_id).order_by(Story.seq)))
+
+
+def board_rel(run: Run, root: Path) -> str | None:
+    """The board's path inside the repository (runs made before `board_rel` existed: derived)."""
+    if run.board_rel:
+        return run.board_rel
+    try:
+        return Path(run.board_path).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return None

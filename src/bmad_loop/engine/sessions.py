@@ -84,7 +84,9 @@ def run_session(worker, phase: str, number: int) -> SessionResult:
     prompt_path = worktree / SESSION_DIR / f"{phase}-{number}.md"
     _exclude_session_dir(worker.git)
     log_path = worker.layout.log(worker.key, phase, number)
-    story_text = _read(worker.project.root / story.story_path) if story.story_path else ""
+    # Remote mode reads it from the worktree: the checkout that planned the run is elsewhere.
+    source = worktree if worker.project.remote is not None else worker.project.root
+    story_text = _read(source / story.story_path) if story.story_path else ""
     instructions = (worker.profile.instructions.get(phase) if worker.profile else None) \
         or PHASE_INSTRUCTIONS[phase]
     write_prompt(prompt_path, build_prompt(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..compose import changed_paths, commit_worktree
 from ..db.models import Attempt, Run, Story, utcnow
-from ..errors import StopRequested
+from ..errors import GitError, StopRequested
 from ..footprint import path_matches
 from ..profiles import load_profile
 from ..worktrees import ensure_worktree
@@ -32,7 +32,7 @@ from .journal import record
 from .layout import Layout
 from .notify import notify
 from .ports import port_env, worker_block
-from .rows import run_policy, transition_story
+from .rows import board_rel, run_policy, transition_story
 from .sessions import Heartbeat, clean_env, run_session, sandbox_vars
 from .verify import run_verify
 
@@ -111,6 +111,17 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
     finally:
         leases.release(db, story_lease_name(story_id), owner)
         tasks.enqueue_lane(run_id)
+    if project.remote is not None:
+        _sweep(project, run_id)
+
+
+def _sweep(project, run_id: str) -> None:
+    from .cleanup import sweep_landed
+
+    try:
+        sweep_landed(project, run_id)
+    except Exception:  # debris only: `cleanup` on this host removes what is left
+        log.warning("could not remove landed worktrees of run %s", run_id, exc_info=True)
 
 
 class Fenced(StopRequested):
@@ -138,7 +149,7 @@ class StoryWorker:
         self.git = project.git(self.policy)
         self.layout = Layout(project.state_dir, run.id)
         self.target_branch = run.target_branch
-        self.board_rel = _relative(run.board_path, project.root)
+        self.board_rel = board_rel(run, project.root)
         self.in_place = self.policy.scm.isolation == "none"
         self.inplace = InPlace(self) if self.in_place else None
         self.stop_event = threading.Event()
@@ -149,6 +160,8 @@ class StoryWorker:
     def walk(self) -> None:
         story = self.load()
         phase = story.phase or "prepare"
+        if phase != "prepare" and not self.in_place and not _is_dir(story.worktree):
+            phase = "prepare"  # its worktree is on another host (it died) or was removed
         if phase == "prepare":
             try:
                 self.prepare()
@@ -179,8 +192,10 @@ class StoryWorker:
     def prepare(self) -> None:
         self._enter_phase("prepare")
         story = self.load()
-        base_sha = self.git.rev(f"refs/heads/{self.target_branch}")
+        base_sha = self.project.target_sha(self.git, self.target_branch)
         branch = self.layout.story_branch(self.key, self.policy.scm.branch_per)
+        if self.project.remote is not None:
+            self._adopt_pushed_branch(story, branch)
         if self.in_place:
             worktree = self.project.root
             self.inplace.prepare(branch, base_sha)
@@ -207,6 +222,23 @@ class StoryWorker:
                 row.base_sha = base_sha
             record(s, self.run_id, "story.prepared", self.key, worktree=str(worktree),
                    branch=branch, base_sha=row.base_sha)
+
+    def _adopt_pushed_branch(self, story: Story, branch: str) -> None:
+        """Remote mode: the remote's story branch wins when this clone has none (the story
+        began on a host that died after pushing) or a human pushed a fix to it."""
+        pushed = self.project.remote.fetch_branch(self.git, branch)
+        local = self.git.rev(f"refs/heads/{branch}")
+        if pushed is None or pushed == local:
+            return
+        if local is not None and not story.feedback.get("human_fix"):
+            return
+        worktree = self.layout.story_worktree(self.key, self.policy.scm.branch_per)
+        if local is None:
+            self.git.run("update-ref", f"refs/heads/{branch}", pushed)
+        else:
+            self.git.run("update-ref", f"refs/heads/{branch}", pushed, local)
+            if worktree.exists():
+                self.git.run("reset", "-q", "--hard", pushed, cwd=worktree)
 
     def phase_dev(self) -> Outcome:
         story = self.load()
@@ -310,6 +342,14 @@ class StoryWorker:
         if drift and self.policy.footprints.drift == "escalate":
             return Outcome(escalate=f"footprint drift: {', '.join(drift[:10])}",
                            evidence={"paths": drift}, events=events, values={"head_sha": head})
+        if self.project.remote is not None:
+            try:
+                self.project.remote.publish_branch(self.git, story.branch, head)
+            except GitError as exc:
+                return Outcome(escalate=f"cannot push the story branch: {exc}", events=events,
+                               values={"head_sha": head})
+            events.append(("story.pushed", {"branch": story.branch, "head_sha": head,
+                                            "remote": self.project.remote.url}))
         events.append(("story.ready", {"head_sha": head, "changed": len(changed)}))
         return Outcome("ready", events=events, values={"head_sha": head})
 
@@ -479,8 +519,5 @@ def _matches_any(path: str, patterns) -> bool:
     return any(path_matches(pattern, path) for pattern in patterns)
 
 
-def _relative(path: str, root: Path) -> str | None:
-    try:
-        return Path(path).resolve().relative_to(root).as_posix()
-    except ValueError:
-        return None
+def _is_dir(path: str | None) -> bool:
+    return bool(path) and Path(path).is_dir()

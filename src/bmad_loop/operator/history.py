@@ -27,10 +27,10 @@ def _iso(value):
     return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
 
 
-def run_history(session, project_root, *, limit: int | None = None, now=None) -> list[dict]:
+def run_history(session, project_key: str, *, limit: int | None = None, now=None) -> list[dict]:
     """Newest first: one dict per run of the project."""
     now = now or utcnow()
-    query = (select(Run).where(Run.project == str(project_root))
+    query = (select(Run).where(Run.project == project_key)
              .order_by(Run.created_at.desc(), Run.id.desc()))
     if limit:
         query = query.limit(limit)

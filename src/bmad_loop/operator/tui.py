@@ -110,7 +110,7 @@ class BoardApp(App):
     # ------------------------------------------------------------------ reading
     def refresh_data(self) -> None:
         with self.reader.session() as s:
-            entries = run_history(s, self.project.root, limit=50)
+            entries = run_history(s, self.project.key, limit=50)
             if self.run_id is None and entries:
                 self.run_id = entries[0]["id"]
             run = s.get(Run, self.run_id) if self.run_id else None
