@@ -160,8 +160,8 @@ class StoryWorker:
     def walk(self) -> None:
         story = self.load()
         phase = story.phase or "prepare"
-        if phase != "prepare" and not self.in_place and not _is_dir(story.worktree):
-            phase = "prepare"  # its worktree is on another host (it died) or was removed
+        if phase != "prepare" and not self.in_place and not self._worktree_is_here(story.worktree):
+            phase = "prepare"  # its worktree is another host's (that host died) or was removed
         if phase == "prepare":
             try:
                 self.prepare()
@@ -182,6 +182,12 @@ class StoryWorker:
             if outcome.escalate:
                 return
             phase = outcome.next_phase
+
+    def _worktree_is_here(self, worktree: str | None) -> bool:
+        """A worktree of this repository (clone), still on disk."""
+        if not worktree or not Path(worktree).is_dir():
+            return False
+        return Path(worktree).resolve().is_relative_to(self.project.state_dir.resolve())
 
     def _check_stop(self) -> None:
         with self.db.transaction() as s:
@@ -517,7 +523,3 @@ class _GuardEscalation(Escalate):
 
 def _matches_any(path: str, patterns) -> bool:
     return any(path_matches(pattern, path) for pattern in patterns)
-
-
-def _is_dir(path: str | None) -> bool:
-    return bool(path) and Path(path).is_dir()
