@@ -13,7 +13,7 @@ case "${1:-}" in
     ;;
   healthcheck)
     # Reads the runs through the same policy, database and migrations as the consumers.
-    exec bmad-loop history --project "${BMAD_LOOP_PROJECT:-/srv/project}" --json >/dev/null
+    exec bmad-loop history --project "${BMAD_LOOP_PROJECT:-.}" --json >/dev/null
     ;;
   *)
     exec "$@"

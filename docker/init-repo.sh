@@ -1,15 +1,14 @@
 #!/bin/sh
-# Create, once, the shared bare repository and the shared checkout the consumers work in.
+# Create, once, the shared bare repository the consumers clone and the operator's checkout.
 #
 #   BMAD_REMOTE_DIR    the bare repository (a named volume)        [/srv/remote/project.git]
-#   BMAD_LOOP_PROJECT  the shared checkout (a named volume)        [/srv/project]
+#   BMAD_LOOP_PROJECT  the operator's checkout (a named volume)    [/srv/project]
 #   BMAD_SEED_DIR      a git repository to start from (bind mount) [/seed]; when it holds no
 #                      repository, bmad-loop's demo sprint is generated instead
 #
 # Idempotent: an existing bare repository or checkout is left as it is, so re-running
-# `docker compose up` never loses work. Today (local mode) every consumer works in the shared
-# checkout; the bare repository is where results are pushed and, once remote mode exists,
-# what each host clones.
+# `docker compose up` never loses work. Every consumer works in its own clone of the bare
+# repository (remote mode); the checkout is where the operator plans runs and reads status.
 set -eu
 
 remote="${BMAD_REMOTE_DIR:-/srv/remote/project.git}"

@@ -3,8 +3,9 @@
 What can be proven here is proven for real: the YAML parses; the services are the five the
 docs name; every command and option they run is a real `bmad-loop` command (asked of the
 click objects, not of a copy of the help text); every BMAD_LOOP_* variable is a real policy key
-and the policy loads with them; the URLs name the compose services; the lane and the workers
-mount the shared checkout at the project path; the Dockerfile ships what the compose file
+and the policy loads with them (remote mode on the shared bare repository); the URLs name the
+compose services; every consumer works in a clone of its own and mounts the bare repository;
+only the lane mounts the operator's checkout; the Dockerfile ships what the compose file
 calls; the container scripts are valid shell, and `init-repo` really builds the shared
 repositories. The last test runs the compose topology itself — repo-init, then the lane's and
 the worker's exact commands as processes — against the loopback Redis and PostgreSQL.
@@ -217,11 +218,26 @@ def test_the_policy_loads_with_the_consumer_environment_and_means_redis_and_post
         assert loaded.queue.backend == "redis"
         assert loaded.queue.url == env["BMAD_LOOP_QUEUE_URL"]
         assert loaded.database.url == env["BMAD_LOOP_DATABASE_URL"]
-        assert loaded.scm.remote == ""  # local mode: remote mode is planned, not built
+        # Remote mode, on the bare repository repo-init makes.
+        assert loaded.scm.remote == _environment(_service(compose, "repo-init"))["BMAD_REMOTE_DIR"]
 
 
-def test_lane_and_worker_share_one_environment(compose):
-    assert _environment(_service(compose, "lane")) == _environment(_service(compose, "worker"))
+def test_lane_and_worker_share_one_environment_but_only_the_lane_names_a_checkout(compose):
+    lane = _environment(_service(compose, "lane"))
+    worker = _environment(_service(compose, "worker"))
+    assert PROJECT_VAR in lane and PROJECT_VAR not in worker
+    del lane[PROJECT_VAR]
+    assert lane == worker
+
+
+def test_every_consumer_works_in_a_clone_of_its_own(compose):
+    for name in CONSUMERS:
+        ctx = _bmad_command(_service(compose, name)["command"])
+        clone = ctx.params["clone_dir"]
+        assert clone is not None, f"{name}: no --clone (remote mode needs one per consumer)"
+        # Inside the container's own filesystem: not a volume another replica could share.
+        assert not any(PurePosixPath(str(clone)).is_relative_to(target)
+                       for target in _mounts(_service(compose, name))), name
 
 
 def test_the_urls_name_the_compose_services_and_their_credentials(compose):
@@ -248,17 +264,19 @@ def test_the_consumers_wait_for_healthy_services_and_an_initialised_repository(c
 # --- volumes -------------------------------------------------------------------------------
 
 
-def test_lane_and_worker_mount_the_shared_checkout_at_the_project_path(compose):
+def test_the_lane_mounts_the_checkout_repo_init_made_and_workers_need_none(compose):
     declared = set(compose["volumes"])
     project_path = _environment(_service(compose, "lane"))[PROJECT_VAR]
     sources = set()
-    for name in (*CONSUMERS, "repo-init"):
+    for name in ("lane", "repo-init"):
         service = _service(compose, name)
         assert _environment(service)[PROJECT_VAR] == project_path
         source, mode = _mounts(service)[project_path]
         assert source in declared and mode == "rw", (name, source, mode)
         sources.add(source)
-    assert len(sources) == 1, f"one shared checkout volume, got {sources}"
+    assert len(sources) == 1, f"one checkout volume, got {sources}"
+    worker_sources = {source for source, _ in _mounts(_service(compose, "worker")).values()}
+    assert not worker_sources & sources  # "a container needs no checkout of its own"
 
 
 def test_repo_init_creates_the_shared_bare_repository_in_a_named_volume_the_consumers_mount(compose):
@@ -315,7 +333,10 @@ def test_the_image_ships_the_entrypoint_the_compose_file_calls(compose):
     entrypoint = next(rest for word, rest in instructions if word == "ENTRYPOINT")
     assert "bmad-loop-entrypoint" in entrypoint and "tini" in entrypoint
     env = " ".join(rest for word, rest in instructions if word == "ENV")
-    assert f"{PROJECT_VAR}={_environment(_service(compose, 'lane'))[PROJECT_VAR]}" in env
+    # The image names no checkout: a worker container has none (the lane's comes from compose).
+    assert PROJECT_VAR not in env
+    workdirs = [rest for word, rest in instructions if word == "RUN" and "/var/lib/bmad-loop" in rest]
+    assert workdirs, "the image makes the folder the consumers' clones live in"
     assert "BMAD_REMOTE_DIR=" + _environment(_service(compose, "repo-init"))["BMAD_REMOTE_DIR"] in env
 
 
@@ -402,9 +423,10 @@ def test_the_compose_topology_completes_the_demo_sprint_on_loopback_redis_and_po
     """repo-init, then the lane's and the worker's own commands and environment, with only
     the service hosts (and the container paths) moved to this machine."""
     env = _script_env(tmp_path)
+    remote = env["BMAD_REMOTE_DIR"]
     consumer_env = _environment(_service(compose, "lane"))
     consumer_env.update(BMAD_LOOP_QUEUE_URL=redis_namespace.url, BMAD_LOOP_DATABASE_URL=postgres_url,
-                        BMAD_LOOP_PROJECT=env["BMAD_LOOP_PROJECT"])
+                        BMAD_LOOP_PROJECT=env["BMAD_LOOP_PROJECT"], BMAD_LOOP_SCM_REMOTE=remote)
     env.update(consumer_env)
     init = subprocess.run([str(ENTRYPOINT), *_service(compose, "repo-init")["command"]], env=env,
                           capture_output=True, text=True)
@@ -418,9 +440,20 @@ def test_the_compose_topology_completes_the_demo_sprint_on_loopback_redis_and_po
     logs = tmp_path / "logs"
     logs.mkdir()
     procs = []
+    main_before = _git("-C", str(checkout), "rev-parse", "HEAD")
     for name in ("lane", "worker", "worker"):  # `--scale worker=2`
-        log = open(logs / f"{name}-{len(procs)}.log", "w")
-        procs.append(subprocess.Popen([str(ENTRYPOINT), *_service(compose, name)["command"]], env=env,
+        n = len(procs)
+        log = open(logs / f"{name}-{n}.log", "w")
+        # Each container's own filesystem: its clone and (workers) its working folder.
+        container = tmp_path / f"container-{n}"
+        workdir = container / _service(compose, name).get("working_dir", "/srv/project").lstrip("/")
+        workdir.mkdir(parents=True, exist_ok=True)
+        argv = [str(container / a.lstrip("/")) if a.startswith("/var/lib/bmad-loop") else a
+                for a in _service(compose, name)["command"]]
+        proc_env = dict(env)
+        if PROJECT_VAR not in _environment(_service(compose, name)):
+            del proc_env[PROJECT_VAR]  # a worker container has no checkout
+        procs.append(subprocess.Popen([str(ENTRYPOINT), *argv], env=proc_env, cwd=workdir,
                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     try:
         enqueue = subprocess.run([str(ENTRYPOINT), "bmad-loop", "run", "--enqueue-only"], env=env,
@@ -439,6 +472,10 @@ def test_the_compose_topology_completes_the_demo_sprint_on_loopback_redis_and_po
                              what="the demo run settled under the lane and two worker processes")
         health = subprocess.run(_service(compose, "lane")["healthcheck"]["test"][1:], env=env)
         assert health.returncode == 0
+        worker_env = {k: v for k, v in env.items() if k != PROJECT_VAR}
+        health = subprocess.run(_service(compose, "worker")["healthcheck"]["test"][1:], env=worker_env,
+                                cwd=tmp_path / "container-1" / "var" / "lib" / "bmad-loop")
+        assert health.returncode == 0
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -450,4 +487,9 @@ def test_the_compose_topology_completes_the_demo_sprint_on_loopback_redis_and_po
     stories = subprocess.run(["bmad-loop", "sql", "SELECT story, state FROM v_story_runs", "--json"],
                              env=env, capture_output=True, text=True, check=True).stdout
     assert '"integrated"' in stories and '"escalated"' not in stories
+    # The target moved on the shared bare repository; the operator's checkout did not move.
+    assert _git("-C", str(checkout), "rev-parse", "HEAD") == main_before
+    branch = _git("-C", str(checkout), "rev-parse", "--abbrev-ref", "HEAD")
+    assert _git("--git-dir", remote, "rev-parse", branch) != main_before
+    assert _git("--git-dir", remote, "merge-base", "--is-ancestor", main_before, branch) == ""
     assert not (checkout / ".bmad-loop" / "state.db").exists()
