@@ -201,7 +201,7 @@ def ms(seconds: float) -> str:
 def table(headers: list[str], rows: list[list[str]], align: str | None = None) -> str:
     """A Markdown table; `align` is one letter per column (l or r), default: first l, rest r."""
     align = align or ("l" + "r" * (len(headers) - 1))
-    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
+    widths = [max([len(str(h))] + [len(str(r[i])) for r in rows]) for i, h in enumerate(headers)]
 
     def line(cells):
         out = []

@@ -9,10 +9,14 @@ input got that far.
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
+from types import SimpleNamespace
 
 import pytest
 
-from conftest import StoryDef
+from conftest import StoryDef, git
+from test_remote import make_remote_project
 
 TWO = [
     StoryDef("1-1-alpha", files=["src/alpha.py"]),
@@ -239,3 +243,64 @@ def test_a_second_enqueue_on_a_live_target_is_refused_naming_the_live_run(make_r
     assert [(s["key"], s["state"]) for s in after["stories"]] == \
         [(s["key"], s["state"]) for s in stories_before]
     assert [e["kind"] for e in repo.journal(run_id)] == ["run.created"]
+
+
+# ------------------------------------------------------------------------------ remote mode
+def worker_with_clone(repo, clone) -> SimpleNamespace:
+    """`worker --clone CLONE` as a real process (a timeout, not a hang, if it starts after all)."""
+    proc = subprocess.run([sys.executable, "-m", "bmad_loop", "worker", "--project", str(repo.root),
+                           "--queue", "stories", "--clone", str(clone)],
+                          capture_output=True, text=True, timeout=60)
+    return SimpleNamespace(exit_code=proc.returncode, stderr=proc.stderr,
+                           output=proc.stdout + proc.stderr)
+
+
+def test_a_clone_in_local_mode_is_refused_naming_the_scm_remote_key(make_repo, tmp_path):
+    repo = make_repo(TWO)
+    clone = tmp_path / "clone"
+    assert_refused(repo, worker_with_clone(repo, clone), "[scm] remote", str(clone))
+    assert not clone.exists()
+
+
+def test_a_clone_folder_that_is_not_empty_and_not_a_clone_is_refused_untouched(make_repo, tmp_path):
+    repo, _ = make_remote_project(make_repo, TWO, {}, "[scm]\n")
+    clone = tmp_path / "not-a-clone"
+    clone.mkdir()
+    (clone / "notes.txt").write_text("mine\n")
+    assert_refused(repo, worker_with_clone(repo, clone), str(clone), "not empty")
+    assert [p.name for p in clone.iterdir()] == ["notes.txt"]
+
+
+def test_a_clone_folder_holding_a_clone_of_another_repository_is_refused(make_repo, tmp_path):
+    repo, bare = make_remote_project(make_repo, TWO, {}, "[scm]\n")
+    other = make_repo(TWO, name="other")
+    clone = tmp_path / "other-clone"
+    git(tmp_path, "clone", "-q", str(other.root), str(clone))
+    refs_before = git(clone, "for-each-ref")
+    assert_refused(repo, worker_with_clone(repo, clone), str(clone), "not a clone of", str(bare))
+    assert git(clone, "for-each-ref") == refs_before
+    assert git(clone, "status", "--porcelain") == ""
+
+
+def test_validate_refuses_remote_mode_without_worktrees_naming_the_scm_remote_key(make_repo):
+    repo, _ = make_remote_project(make_repo, TWO, {}, '[scm]\nisolation = "none"\n')
+    assert_validate_refuses(repo, "[scm] remote", "isolation")
+
+
+def test_a_remote_name_the_checkout_does_not_have_is_refused_naming_it(make_repo):
+    repo = make_repo(TWO, policy='[scm]\nremote = "nosuchremote"\n')
+    assert_refused(repo, repo.cli("enqueue"), "nosuchremote", "[scm] remote")
+    assert not (repo.root / ".bmad-loop" / "state.db").exists()
+
+
+# ------------------------------------------------------------------------------ the state database
+UNREACHABLE_DB = "postgresql+psycopg://nobody:hunter2@127.0.0.1:1/none"
+
+
+@pytest.mark.parametrize("command", ["status", "history", "enqueue", "run", "init"])
+def test_an_unreachable_state_database_is_one_line_hiding_the_password(make_repo, command):
+    pytest.importorskip("psycopg")
+    repo = make_repo(TWO, policy=f'[database]\nurl = "{UNREACHABLE_DB}"\n')
+    line = assert_refused(repo, repo.cli(command), "cannot reach the state database",
+                          "postgresql+psycopg://nobody:***@127.0.0.1:1/none")
+    assert "hunter2" not in line

@@ -34,6 +34,28 @@ def barrier_script(bar):
             for s in STORIES}
 
 
+def _cli_json(project, *args):
+    from click.testing import CliRunner
+
+    from bmad_loop.cli import cli
+
+    result = CliRunner().invoke(cli, [args[0], "--project", str(project), *args[1:], "--json"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def _cli_lines(project, *args):
+    from click.testing import CliRunner
+
+    from bmad_loop.cli import cli
+
+    result = CliRunner().invoke(cli, [args[0], "--project", str(project), *args[1:], "--json"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.output.splitlines() if line.strip()]
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -119,6 +141,19 @@ def test_three_hosts_finish_a_sprint_when_one_story_host_dies(make_repo, tmp_pat
     sql = repo.cli("sql", "SELECT name, host, token FROM leases WHERE name LIKE 'lane:%'", "--json")
     assert sql.exit_code == 0, sql.output
     assert json.loads(sql.output) == [{"name": f"lane:{bare}", "host": "lane", "token": 1}]
+
+    # Status everywhere: another checkout of the remote with the same policy sees the same run.
+    other = tmp_path / "other-checkout"
+    subprocess.run(["git", "clone", "-q", str(bare), str(other)], check=True)
+    (other / ".bmad-loop").mkdir()
+    (other / ".bmad-loop" / "policy.toml").write_text(
+        (repo.root / ".bmad-loop" / "policy.toml").read_text())
+    elsewhere = _cli_json(other, "status")
+    assert elsewhere["run"]["id"] == run_id
+    assert {s["key"]: s["host"] for s in elsewhere["stories"]} == {
+        k: v["host"] for k, v in stories.items()}
+    assert [r["id"] for r in _cli_json(other, "history")][:1] == [run_id]
+    assert len(_cli_lines(other, "journal", run_id)) == len(repo.journal(run_id))
 
     for proc in (lane, standby, host_b):
         proc.send_signal(signal.SIGTERM)

@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import Iterator
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+
+from ..errors import ConfigError
 
 __all__ = ["Database", "default_database_url", "migrations_dir"]
 
@@ -89,8 +92,20 @@ class Database:
         """
         from . import migrate
 
+        self._check_reachable()
         with self._migration_lock(), self._database_lock():
             migrate.upgrade(self.engine)
+
+    def _check_reachable(self) -> None:
+        """Connect once: every process does this first, so a database that is down or misnamed
+        is one line (exit 2, nothing ran) instead of a driver traceback. Later errors stay as they are."""
+        try:
+            with self.engine.connect():
+                pass
+        except (OperationalError, InterfaceError) as exc:
+            url = make_url(self.url).render_as_string(hide_password=True)
+            reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or ["?"])[0]
+            raise ConfigError(f"cannot reach the state database {url}: {reason}") from exc
 
     @contextlib.contextmanager
     def _database_lock(self):
