@@ -18,6 +18,16 @@ from .errors import EXIT_USAGE, ConfigError
 __all__ = ["status", "journal", "attach", "history", "sql", "tui"]
 
 
+def _has_state(project) -> bool:
+    """Has this project a state database yet? (Read commands must not create one.)"""
+    return bool(project.policy.database.url) or (project.home_state_dir / "state.db").exists()
+
+
+def _require_state(project) -> None:
+    if not _has_state(project):
+        raise ConfigError(f"{project.root}: no runs yet")
+
+
 def _run_ref_argument(fn):
     return click.argument("run_ref", metavar="RUN", required=False)(fn)
 
@@ -47,6 +57,7 @@ def status(project_dir, run_ref, as_json, watch, interval):
     from .engine.status import run_status
 
     project = _open(project_dir)
+    _require_state(project)
     if watch:
         if as_json:
             raise ConfigError("--watch draws the live board; use --json without --watch")
@@ -121,6 +132,7 @@ def journal(project_dir, run_ref, kinds, story, follow, as_json):
     from .operator.reader import Reader
 
     project = _open(project_dir)
+    _require_state(project)
     reader = Reader(project)
     with reader.session() as s:
         run_id = find_run(s, project, run_ref).id
@@ -154,6 +166,7 @@ def attach(project_dir, run_ref, story, no_follow):
     from .operator.reader import Reader
 
     project = _open(project_dir)
+    _require_state(project)
     reader = Reader(project)
     try:
         with reader.session() as s:
@@ -217,12 +230,14 @@ def history(project_dir, limit, as_json):
     from .operator.reader import Reader
 
     project = _open(project_dir)
-    reader = Reader(project)
-    try:
-        with reader.session() as s:
-            entries = run_history(s, project.key, limit=limit)
-    finally:
-        reader.close()
+    entries = []
+    if _has_state(project):
+        reader = Reader(project)
+        try:
+            with reader.session() as s:
+                entries = run_history(s, project.key, limit=limit)
+        finally:
+            reader.close()
     click.echo(json.dumps(entries, indent=2) if as_json else format_history(entries))
 
 
@@ -262,4 +277,5 @@ def tui(project_dir, run_ref):
         click.echo(f"bmad-loop: tui needs textual: pip install 'bmad-loop[tui]' ({exc})", err=True)
         sys.exit(EXIT_USAGE)
     project = _open(project_dir)
+    _require_state(project)
     BoardApp(project, run_ref=run_ref).run()

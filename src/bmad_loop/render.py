@@ -20,8 +20,10 @@ def render_status(data: dict) -> str:
         lines.append("workers:")
         for s in workers:
             lines.append(f"  {s['key']:<36} {s['state']:<8} phase={s['phase'] or '-':<8} "
-                         f"base={(s['base_sha'] or '')[:10]} elapsed={s['elapsed_s'] or 0}s "
-                         f"session={s['session'] or '-'}")
+                         f"host={s.get('host') or '-'} base={(s['base_sha'] or '')[:10]} "
+                         f"elapsed={s['elapsed_s'] or 0}s session={s['session'] or '-'}")
+            if s.get("worktree") or s.get("branch"):
+                lines.append(f"  {'':<36} worktree={s.get('worktree') or '-'} branch={s.get('branch') or '-'}")
     active = [c for c in data["candidates"] if c["state"] in ("composing", "verifying", "verified", "advancing")]
     waiting = [s["key"] for s in data["stories"] if s["state"] == "ready"]
     lines.append("lane: " + (f"{active[-1]['story']} candidate {active[-1]['attempt']} {active[-1]['state']}"

@@ -15,7 +15,7 @@ from typing import Iterator
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import ArgumentError, InterfaceError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import ConfigError
@@ -72,7 +72,11 @@ class Database:
             self.engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
             _install_sqlite_hooks(self.engine)
         else:
-            self.engine = create_engine(url, pool_pre_ping=True)
+            try:
+                self.engine = create_engine(url, pool_pre_ping=True)
+            except (ImportError, ArgumentError, NoSuchModuleError) as exc:
+                # A driver that is not installed, or a URL SQLAlchemy cannot read: one line.
+                raise ConfigError(f"[database] url {_shown(url)}: {exc}") from None
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextlib.contextmanager
@@ -103,7 +107,7 @@ class Database:
             with self.engine.connect():
                 pass
         except (OperationalError, InterfaceError) as exc:
-            url = make_url(self.url).render_as_string(hide_password=True)
+            url = _shown(self.url)
             reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or ["?"])[0]
             raise ConfigError(f"cannot reach the state database {url}: {reason}") from exc
 
@@ -138,3 +142,11 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _shown(url: str) -> str:
+    """The URL for a message, password hidden (a URL SQLAlchemy cannot parse: its scheme only)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url.split("://", 1)[0] + "://…"

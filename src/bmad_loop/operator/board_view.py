@@ -143,7 +143,7 @@ def render_board(status: dict, previous: Frame | None, now: dt.datetime, *,
     # ------------------------------------------------------------------ workers
     workers = Table(title="workers in flight", title_justify="left", expand=True,
                     show_edge=False, pad_edge=False)
-    for name in ("", "story", "state", "phase", "elapsed", "base", "session", "heartbeat"):
+    for name in ("", "story", "state", "host", "phase", "elapsed", "base", "session", "heartbeat"):
         workers.add_column(name, no_wrap=name in ("", "base", "elapsed"))
     stale = []
     for story in stories:
@@ -163,10 +163,10 @@ def render_board(status: dict, previous: Frame | None, now: dt.datetime, *,
                                                    story.get("session"), story.get("base_sha"),
                                                    is_stale))
         workers.add_row(mark(flag), story["key"], Text(story["state"], style=_state_style(story["state"])),
-                        story.get("phase") or "-", _secs(story.get("elapsed_s")),
+                        story.get("host") or "-", story.get("phase") or "-", _secs(story.get("elapsed_s")),
                         _sha(story.get("base_sha")), story.get("session") or "-", beat_text)
     if not workers.row_count:
-        workers.add_row("", Text("no worker in flight", style="dim"), "", "", "", "", "", "")
+        workers.add_row("", Text("no worker in flight", style="dim"), "", "", "", "", "", "", "")
 
     # ------------------------------------------------------------------ the lane
     active = [c for c in candidates if c["state"] in ACTIVE_CANDIDATE]
