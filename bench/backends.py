@@ -108,22 +108,21 @@ def create_database(admin_url: str) -> tuple[str, str]:
     from sqlalchemy.engine import make_url
 
     name = f"bmad_bench_{uuid.uuid4().hex[:12]}"
-    engine = _admin(admin_url)
-    try:
-        with engine.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    finally:
-        engine.dispose()
+    _admin_execute(admin_url, text(f'CREATE DATABASE "{name}"'))
     return name, make_url(admin_url).set(database=name).render_as_string(hide_password=False)
 
 
 def drop_database(admin_url: str, name: str) -> None:
     from sqlalchemy import text
 
+    _admin_execute(admin_url, text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def _admin_execute(admin_url: str, statement) -> None:
     engine = _admin(admin_url)
     try:
         with engine.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            conn.execute(statement)
     finally:
         engine.dispose()
 

@@ -54,10 +54,9 @@ def _logs(repo) -> str:
                      for p in sorted(repo.root.parent.glob(f"{repo.root.name}-*.log")))
 
 
-def test_a_lane_clone_and_a_worker_clone_finish_a_run_on_the_remote(make_repo, reference_trees, tmp_path):
-    expected = reference_trees(STORIES, SCRIPT, POLICY)
-    repo, bare = make_remote_project(make_repo, STORIES, SCRIPT, POLICY.format(n=2))
-    local_main = repo.git("rev-parse", "main")
+def run_on_two_clones(repo, tmp_path):
+    """Enqueue, then a lane clone and a worker clone (separate processes) until the run
+    settles; both stop cleanly on SIGTERM and the run completed. Returns (run id, status)."""
     result = repo.cli("enqueue")
     assert result.exit_code == 0, result.output
     run_id = result.output.strip().splitlines()[-1]
@@ -71,6 +70,14 @@ def test_a_lane_clone_and_a_worker_clone_finish_a_run_on_the_remote(make_repo, r
         proc.send_signal(signal.SIGTERM)
     assert [proc.wait(timeout=30) for proc in (lane, worker)] == [0, 0], _logs(repo)
     assert settled["run"]["state"] == "completed", (settled["stories"], _logs(repo))
+    return run_id, settled
+
+
+def test_a_lane_clone_and_a_worker_clone_finish_a_run_on_the_remote(make_repo, reference_trees, tmp_path):
+    expected = reference_trees(STORIES, SCRIPT, POLICY)
+    repo, bare = make_remote_project(make_repo, STORIES, SCRIPT, POLICY.format(n=2))
+    local_main = repo.git("rev-parse", "main")
+    run_id, settled = run_on_two_clones(repo, tmp_path)
 
     # The remote's target has the sequential history; the human's checkout was not touched.
     assert remote_trees(bare) == expected
@@ -123,19 +130,7 @@ def test_a_target_moved_on_the_remote_between_composition_and_the_push_is_recomp
     repo, bare = make_remote_project(make_repo, stories, script, policy)
     assert bare == bare_path
     local_main = repo.git("rev-parse", "main")
-    result = repo.cli("enqueue")
-    assert result.exit_code == 0, result.output
-    run_id = result.output.strip().splitlines()[-1]
-    lane = repo.spawn("worker", "--queue", "integration", "--clone", str(tmp_path / "lane-clone"),
-                      "--host", "lane-host", log_name="lane")
-    worker = repo.spawn("worker", "--queue", "stories", "-w", "2", "--clone",
-                        str(tmp_path / "worker-clone"), "--host", "worker-host", log_name="worker")
-    settled = wait_until(lambda: repo.status(run_id)["run"]["state"] in SETTLED and repo.status(run_id),
-                         timeout=120, what="the run settled")
-    for proc in (lane, worker):
-        proc.send_signal(signal.SIGTERM)
-    assert [proc.wait(timeout=30) for proc in (lane, worker)] == [0, 0], _logs(repo)
-    assert settled["run"]["state"] == "completed", (settled["stories"], _logs(repo))
+    run_id, settled = run_on_two_clones(repo, tmp_path)
 
     # The outside commit was pushed once, and nothing forced it away.
     outside = marker.read_text().strip()

@@ -15,8 +15,9 @@ of this host whose worktree folder vanished are marked (`worktree` cleared, jour
 next worker recreates it from the branch.
 
 Each host cleans only its own debris: what is in its own repository (or clone) and rows that
-carry its host name. In remote mode, story branches on the remote that no row owns go too. `--runs` also removes logs, prompts, evidence, scratch folders
-and worktrees of finished runs beyond `[cleanup] keep_runs` (rows stay unless `--purge`).
+carry its host name. In remote mode, story branches on the remote that no row owns go too.
+`--runs` also removes logs, prompts, evidence, scratch folders and worktrees of finished runs
+beyond `[cleanup] keep_runs` (rows stay unless `--purge`).
 """
 
 from __future__ import annotations

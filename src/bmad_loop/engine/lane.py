@@ -84,9 +84,6 @@ class _Lane:
 
     def loop(self) -> None:
         recover_orphans(self.db, self.tasks, self.run_id, self.policy.leases.ttl_s)
-        if self.project.remote is not None:
-            # Fresh mirror of the remote target for the stale-premise check of this tick.
-            self.project.target_sha(self.integrator.git, self.integrator.target)
         for _ in range(10_000):  # bounded: each pass either progresses or returns
             run, stories = self._load()
             if run.state not in LIVE:
@@ -173,6 +170,7 @@ class _Lane:
         if not rows or not self.integrator.board_rel:
             return []
         git = self.integrator.git
+        self.project.target_sha(git, self.integrator.target)  # remote mode: refresh the mirror
         blob = blob_at(git, self.project.target_ref(self.integrator.target), self.integrator.board_rel)
         if blob is None:
             return []

@@ -24,6 +24,7 @@ from ..selection import StorySpec, check_dependencies, load_stories, select_stor
 from .journal import record
 from .layout import Layout
 from .ports import check_port_range
+from .rows import path_inside
 
 __all__ = ["Plan", "Selection", "build_plan", "enqueue", "new_run_id", "LIVE_FOR_TARGET"]
 
@@ -156,7 +157,8 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
                   max_parallel=policy.scm.max_parallel, merge_strategy=policy.scm.merge_strategy,
                   isolation=policy.scm.isolation, selection=selection.to_dict(),
                   policy=policy.to_dict(), board_path=str(plan.board.path), gates_passed=[],
-                  board_rel=_inside(plan.board.path, project.root),
+                  # None: a board outside the repository, which the lane cannot edit.
+                  board_rel=path_inside(plan.board.path, project.root),
                   created_at=utcnow(), started_at=utcnow(), host=project.host)
         s.add(run)
         for seq, spec in enumerate(plan.stories, start=1):
@@ -179,10 +181,3 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
             record(s, run_id, "run.warning", message=warning)
     tasks.enqueue_lane(run_id)
     return run_id, plan
-
-
-def _inside(path: Path, root: Path) -> str | None:
-    try:
-        return Path(path).resolve().relative_to(root).as_posix()
-    except ValueError:
-        return None  # a board outside the repository: nothing the lane can edit

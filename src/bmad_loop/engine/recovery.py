@@ -14,7 +14,6 @@ import datetime as dt
 import os
 import signal
 
-
 from sqlalchemy import select
 
 from ..db.models import Attempt, Lease, Story, utcnow

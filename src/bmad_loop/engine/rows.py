@@ -42,11 +42,14 @@ def stories_of(session: Session, run_id: str) -> list[Story]:
     return list(session.scalars(select(Story).where(Story.run_id == run_id).order_by(Story.seq)))
 
 
-def board_rel(run: Run, root: Path) -> str | None:
-    """The board's path inside the repository (runs made before `board_rel` existed: derived)."""
-    if run.board_rel:
-        return run.board_rel
+def path_inside(path, root: Path) -> str | None:
+    """`path` relative to `root` (POSIX form), None when it lies outside."""
     try:
-        return Path(run.board_path).resolve().relative_to(root).as_posix()
+        return Path(path).resolve().relative_to(root).as_posix()
     except ValueError:
         return None
+
+
+def board_rel(run: Run, root: Path) -> str | None:
+    """The board's path inside the repository (runs made before `board_rel` existed: derived)."""
+    return run.board_rel or path_inside(run.board_path, root)

@@ -238,11 +238,11 @@ class StoryWorker:
             return
         if local is not None and not story.feedback.get("human_fix"):
             return
-        worktree = self.layout.story_worktree(self.key, self.policy.scm.branch_per)
         if local is None:
             self.git.run("update-ref", f"refs/heads/{branch}", pushed)
         else:
             self.git.run("update-ref", f"refs/heads/{branch}", pushed, local)
+            worktree = self.layout.story_worktree(self.key, self.policy.scm.branch_per)
             if worktree.exists():
                 self.git.run("reset", "-q", "--hard", pushed, cwd=worktree)
 
