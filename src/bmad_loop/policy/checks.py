@@ -1,0 +1,116 @@
+"""The value checks of the policy schema, and `setting`, the field that carries them.
+
+A check takes a value already of the right type and returns the part of the error message after
+"[section] key: ", or None when the value is fine. `setting` puts a default and its checks on a
+dataclass field of `bmad_loop.policy.schema`; the validator (`bmad_loop.policy.validate`) runs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import string
+from dataclasses import field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+__all__ = [
+    "COMMIT_PLACEHOLDERS",
+    "KNOWN_PROFILES",
+    "Check",
+    "at_least",
+    "commit_template",
+    "empty_map",
+    "non_empty",
+    "one_of",
+    "parse_ports",
+    "ports",
+    "profile",
+    "setting",
+    "url",
+]
+
+KNOWN_PROFILES = ("claude", "codex", "gemini")
+COMMIT_PLACEHOLDERS = ("story_key", "story_title", "run_id", "epic")
+
+Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
+
+
+def one_of(*choices: str) -> Check:
+    def check(value):
+        if value not in choices:
+            return f"must be one of {', '.join(map(repr, choices))}, got {value!r}"
+        return None
+
+    return check
+
+
+def at_least(low: int) -> Check:
+    def check(value):
+        return f"must be >= {low}, got {value}" if value < low else None
+
+    return check
+
+
+def profile(value: str) -> str | None:
+    if value and value not in KNOWN_PROFILES:
+        return one_of(*KNOWN_PROFILES)(value)
+    return None
+
+
+def non_empty(value) -> str | None:
+    return "must not be empty (leave the key out to inherit [adapter] command)" if not value else None
+
+
+def commit_template(value: str) -> str | None:
+    allowed = ", ".join("{%s}" % name for name in COMMIT_PLACEHOLDERS)
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
+    except ValueError as exc:
+        return f"not a valid template ({exc}); placeholders are {allowed}"
+    for name in names:
+        if name not in COMMIT_PLACEHOLDERS:
+            return f"unknown placeholder {{{name}}}; allowed: {allowed}"
+    return None
+
+
+_PORTS = re.compile(r"(\d+)-(\d+)")
+
+
+def parse_ports(value: str) -> tuple[int, int] | None:
+    """`"LOW-HIGH"` as (low, high), or None when it is not a valid port range."""
+    match = _PORTS.fullmatch(value.strip())
+    if not match:
+        return None
+    low, high = int(match[1]), int(match[2])
+    return (low, high) if 1 <= low <= high <= 65535 else None
+
+
+def ports(value: str) -> str | None:
+    if value and parse_ports(value) is None:
+        return f'must be "LOW-HIGH" with 1 <= LOW <= HIGH <= 65535, got {value!r}'
+    return None
+
+
+def url(*schemes: str, example: str) -> Check:
+    pattern = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+    def check(value):
+        if not value:
+            return None
+        scheme_ok = value.startswith(schemes) if schemes else pattern.match(value)
+        return None if scheme_ok else f"must be a URL like {example!r}, got {value!r}"
+
+    return check
+
+
+def setting(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
+            checks: tuple[Check, ...] = (), each: bool = False, rest: bool = False) -> Any:
+    """A schema field: its default, its checks (`each`: run on every value of a mapping) and
+    `rest`: this mapping collects the section's other keys (capacities, footprint overrides)."""
+    meta = {"checks": checks, "each": each, "rest": rest}
+    return field(default=default, default_factory=factory, metadata=meta)
+
+
+def empty_map() -> Mapping:
+    return MappingProxyType({})

@@ -1,0 +1,286 @@
+"""The policy schema: one frozen dataclass per section of `policy.toml`, and `Policy` over them.
+
+Each field's type says what the key takes and its `setting` metadata holds the checks (enums,
+ranges, formats, see `bmad_loop.policy.checks`). Rules that span keys (the `max_parallel` guard,
+remote mode, profile-or-command, the redis url, the lane tier) are `check_policy`, run once the
+sections are read. `Policy.to_dict` gives the TOML shape back, for the run's snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import abc
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..states import AGENT_PHASES
+from .checks import (at_least, commit_template, empty_map, non_empty, one_of, parse_ports, ports,
+                     profile, setting, url)
+from .validate import Context, checked, did_you_mean, error, field_of, name
+
+__all__ = [
+    "SECTIONS",
+    "AdapterPolicy",
+    "CleanupPolicy",
+    "DatabasePolicy",
+    "FootprintOverride",
+    "FootprintsPolicy",
+    "GatesPolicy",
+    "LeasesPolicy",
+    "LimitsPolicy",
+    "NotifyPolicy",
+    "ParallelPolicy",
+    "PhaseOverride",
+    "Policy",
+    "QueuePolicy",
+    "ResourcesPolicy",
+    "ReviewPolicy",
+    "ScmPolicy",
+    "StoriesPolicy",
+    "TierPolicy",
+    "VerifyPolicy",
+    "check_max_parallel",
+    "check_policy",
+]
+
+
+@dataclass(frozen=True)
+class ScmPolicy:
+    isolation: str = setting("worktree", checks=(one_of("none", "worktree"),))
+    branch_per: str = setting("story", checks=(one_of("story", "run"),))
+    target_branch: str = ""
+    merge_strategy: str = setting("merge", checks=(one_of("ff", "merge", "squash"),))
+    max_parallel: int = setting(1, checks=(at_least(1),))
+    keep_failed: bool = True
+    delete_branch: bool = True
+    rollback_on_failure: bool = False
+    worktree_seed: tuple[str, ...] = ()
+    seed_adapter_defaults: bool = True
+    commit_message_template: str = setting("{story_key}: {story_title}", checks=(commit_template,))
+    author_name: str = "bmad-loop"
+    author_email: str = "bmad-loop@localhost"
+    lane_owned: tuple[str, ...] = ()
+    remote: str = ""
+
+
+@dataclass(frozen=True)
+class LimitsPolicy:
+    max_dev_attempts: int = setting(2, checks=(at_least(1),))
+    max_review_cycles: int = setting(3, checks=(at_least(0),))
+    max_recompose: int = setting(3, checks=(at_least(0),))
+
+
+@dataclass(frozen=True)
+class VerifyPolicy:
+    commands: tuple[str, ...] = ()  # shell strings
+    timeout_s: int = setting(1800, checks=(at_least(1),))
+
+
+@dataclass(frozen=True)
+class GatesPolicy:
+    mode: str = setting("per-epic", checks=(one_of("none", "per-epic", "per-story-spec-approval"),))
+
+
+@dataclass(frozen=True)
+class PhaseOverride:
+    command: tuple[str, ...] | None = setting(None, checks=(non_empty,))
+    timeout_s: int | None = setting(None, checks=(at_least(1),))
+    env: Mapping[str, str] = setting(factory=empty_map)
+
+
+@dataclass(frozen=True)
+class TierPolicy:
+    model: str = ""
+    args: tuple[str, ...] = ()
+    timeout_s: int | None = setting(None, checks=(at_least(1),))
+
+
+@dataclass(frozen=True)
+class AdapterPolicy:
+    profile: str = setting("", checks=(profile,))
+    command: tuple[str, ...] = ()
+    timeout_s: int = setting(5400, checks=(at_least(1),))
+    env: Mapping[str, str] = setting(factory=empty_map)
+    tmux: bool = False
+    dev: PhaseOverride = setting(factory=PhaseOverride)
+    review: PhaseOverride = setting(factory=PhaseOverride)
+    fix: PhaseOverride = setting(factory=PhaseOverride)
+    tiers: Mapping[str, TierPolicy] = setting(factory=empty_map)
+
+    def phase(self, name: str) -> PhaseOverride:
+        if name not in AGENT_PHASES:
+            raise ValueError(f"unknown phase {name!r}; phases are {', '.join(AGENT_PHASES)}")
+        return getattr(self, name)
+
+    def timeout_for(self, phase: str, tier: str = "") -> int:
+        """An agent session's timeout, the one place that decides it: the most specific wins,
+        tier > phase > adapter. A tier no table defines has no timeout of its own."""
+        tier_timeout = self.tiers[tier].timeout_s if tier in self.tiers else None
+        for timeout in (tier_timeout, self.phase(phase).timeout_s):
+            if timeout is not None:
+                return timeout
+        return self.timeout_s
+
+
+@dataclass(frozen=True)
+class LeasesPolicy:
+    ttl_s: int = setting(60, checks=(at_least(3),))
+
+
+@dataclass(frozen=True)
+class StoriesPolicy:
+    sprint_status: str = ""
+    story_dir: str = ""
+
+
+@dataclass(frozen=True)
+class ReviewPolicy:
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class FootprintOverride:
+    files: tuple[str, ...] = ()
+    shared: tuple[str, ...] = ()
+    resources: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FootprintsPolicy:
+    default: str = setting("exclusive", checks=(one_of("exclusive"),))
+    drift: str = setting("warn", checks=(one_of("warn", "escalate"),))
+    overrides: Mapping[str, FootprintOverride] = setting(factory=empty_map, rest=True)
+
+
+@dataclass(frozen=True)
+class ResourcesPolicy:
+    capacities: Mapping[str, int] = setting(factory=empty_map, checks=(at_least(1),),
+                                            each=True, rest=True)
+    ports: str = setting("", checks=(ports,))
+
+    def capacity(self, name: str) -> int:
+        """A resource no key names has capacity 1."""
+        return self.capacities.get(name, 1)
+
+    @property
+    def port_range(self) -> tuple[int, int] | None:
+        """`ports` as (low, high), both inclusive; None when unset."""
+        return parse_ports(self.ports) if self.ports else None
+
+
+@dataclass(frozen=True)
+class NotifyPolicy:
+    command: tuple[str, ...] = ()
+    webhook: str = setting("", checks=(url("http://", "https://", example="https://host/hook"),))
+    timeout_s: int = setting(10, checks=(at_least(1),))
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    backend: str = setting("sqlite", checks=(one_of("sqlite", "redis"),))
+    url: str = ""
+
+
+@dataclass(frozen=True)
+class DatabasePolicy:
+    url: str = setting("", checks=(url(example="postgresql+psycopg://host/db"),))
+
+
+@dataclass(frozen=True)
+class ParallelPolicy:
+    on_escalation: str = setting("pause", checks=(one_of("pause", "continue"),))
+    merge_class: str = setting("self", checks=(one_of("self", "operator"),))
+    tier: str = ""
+
+
+@dataclass(frozen=True)
+class CleanupPolicy:
+    keep_runs: int = setting(10, checks=(at_least(0),))
+
+
+@dataclass(frozen=True)
+class Policy:
+    scm: ScmPolicy = field(default_factory=ScmPolicy)
+    limits: LimitsPolicy = field(default_factory=LimitsPolicy)
+    verify: VerifyPolicy = field(default_factory=VerifyPolicy)
+    gates: GatesPolicy = field(default_factory=GatesPolicy)
+    adapter: AdapterPolicy = field(default_factory=AdapterPolicy)
+    leases: LeasesPolicy = field(default_factory=LeasesPolicy)
+    stories: StoriesPolicy = field(default_factory=StoriesPolicy)
+    review: ReviewPolicy = field(default_factory=ReviewPolicy)
+    footprints: FootprintsPolicy = field(default_factory=FootprintsPolicy)
+    resources: ResourcesPolicy = field(default_factory=ResourcesPolicy)
+    notify: NotifyPolicy = field(default_factory=NotifyPolicy)
+    queue: QueuePolicy = field(default_factory=QueuePolicy)
+    database: DatabasePolicy = field(default_factory=DatabasePolicy)
+    parallel: ParallelPolicy = field(default_factory=ParallelPolicy)
+    cleanup: CleanupPolicy = field(default_factory=CleanupPolicy)
+    # Where the policy came from; provenance, not content, so it takes no part in ==.
+    source: str = field(default="<defaults>", compare=False)
+
+    def to_dict(self) -> dict:
+        """A plain JSON-able dict in the TOML shape; `policy_from_dict` reads it back."""
+        return {section: _dump(getattr(self, section)) for section in SECTIONS}
+
+    def with_max_parallel(self, n: Any, source: str = "--parallel") -> Policy:
+        """This policy with `[scm] max_parallel = n`, validated like the key; errors name `source`."""
+        ctx = Context(source)
+        path = ("scm", "max_parallel")
+        n = checked(ctx, path, n, int, field_of(ScmPolicy, "max_parallel"))
+        scm = dataclasses.replace(self.scm, max_parallel=n)
+        check_max_parallel(ctx, scm)
+        return dataclasses.replace(self, scm=scm)
+
+
+SECTIONS = tuple(f.name for f in dataclasses.fields(Policy) if f.name != "source")
+
+
+# --- rules that span keys ------------------------------------------------------------------
+
+
+def check_max_parallel(ctx: Context, scm: ScmPolicy) -> None:
+    if scm.max_parallel > 1 and (scm.isolation, scm.branch_per) != ("worktree", "story"):
+        origin = ctx.origin(("scm", "max_parallel"), ("scm", "isolation"), ("scm", "branch_per"))
+        raise error(f'{origin}: [scm] max_parallel = {scm.max_parallel} needs [scm] isolation = "worktree"'
+                    f' and [scm] branch_per = "story"')
+
+
+def check_policy(ctx: Context, policy: Policy) -> None:
+    """The rules no single key can check; a `ConfigError` naming the keys involved."""
+    check_max_parallel(ctx, policy.scm)
+    scm = policy.scm
+    if scm.remote.strip() and (scm.isolation, scm.branch_per) != ("worktree", "story"):
+        origin = ctx.origin(("scm", "remote"), ("scm", "isolation"), ("scm", "branch_per"))
+        raise error(f'{origin}: [scm] remote = "{scm.remote}" (remote mode) needs [scm] isolation = '
+                    '"worktree" and [scm] branch_per = "story"')
+    adapter = policy.adapter
+    if adapter.profile and adapter.command:
+        raise ctx.error(("adapter", "command"), "set either [adapter] profile or [adapter] command, not both",
+                        also=(("adapter", "profile"),))
+    queue = policy.queue
+    if queue.backend == "redis" and not queue.url.startswith(("redis://", "rediss://")):
+        raise ctx.error(("queue", "url"), f'backend "redis" needs a redis:// or rediss:// url, got {queue.url!r}',
+                        also=(("queue", "backend"),))
+    tier = policy.parallel.tier
+    if tier and tier not in adapter.tiers:
+        known = did_you_mean(tier, adapter.tiers) or (
+            f" (tiers: {', '.join(map(repr, adapter.tiers))})" if adapter.tiers else " (no tiers are defined)")
+        raise ctx.error(("parallel", "tier"), f"{tier!r} is not a table [adapter.tiers.{name(tier)}]{known}",
+                        also=(("adapter", "tiers"),))
+
+
+def _dump(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            if f.metadata.get("rest"):
+                out.update({k: _dump(v) for k, v in item.items()})
+            elif item is not None:  # TOML has no null: an unset optional key is left out
+                out[f.name] = _dump(item)
+        return out
+    if isinstance(value, abc.Mapping):
+        return {k: _dump(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_dump(v) for v in value]
+    return value
