@@ -11,7 +11,8 @@ import pytest
 from bmad_loop.adapter import AgentCall, render_argv
 from bmad_loop.errors import ConfigError
 from bmad_loop.profiles import known_profiles, load_profile, phase_instructions, resolve_command
-from bmad_loop.prompts import GROUND_RULES, PHASE_INSTRUCTIONS, PHASES
+from bmad_loop.prompts import GROUND_RULES, PHASE_INSTRUCTIONS
+from bmad_loop.states import AGENT_PHASES as PHASES
 
 BINARIES = {"claude": "claude", "codex": "codex", "gemini": "gemini"}
 

@@ -8,11 +8,11 @@ from bmad_loop.prompts import (
     GROUND_RULES,
     MAX_EVIDENCE_CHARS,
     PHASE_INSTRUCTIONS,
-    PHASES,
     build_prompt,
     compose,
     write_prompt,
 )
+from bmad_loop.states import AGENT_PHASES as PHASES
 
 STORY = """\
 # Story 1.2: Login

@@ -13,9 +13,9 @@ from types import MappingProxyType
 from typing import Mapping
 
 from .fileio import write_atomic
+from .states import AGENT_PHASES, Phase
 
 __all__ = [
-    "PHASES",
     "DEFAULT_TASKS",
     "GROUND_RULES",
     "PHASE_INSTRUCTIONS",
@@ -25,7 +25,6 @@ __all__ = [
     "write_prompt",
 ]
 
-PHASES = ("dev", "review", "fix")
 MAX_EVIDENCE_CHARS = 40_000  # verify output or review notes beyond this keep only their tail
 
 _COMMON_RULES = """\
@@ -56,25 +55,25 @@ _REVIEW_RULES = """\
   `BMAD-LOOP-VERDICT: CHANGES-REQUESTED` (for agents whose CLI cannot set its exit status)."""
 
 GROUND_RULES: Mapping[str, str] = MappingProxyType({
-    "dev": f"Ground rules:\n{_COMMON_RULES}\n{_CHANGE_RULES}",
-    "fix": f"Ground rules:\n{_COMMON_RULES}\n{_CHANGE_RULES}",
-    "review": f"Ground rules:\n{_COMMON_RULES}\n{_REVIEW_RULES}",
+    Phase.DEV: f"Ground rules:\n{_COMMON_RULES}\n{_CHANGE_RULES}",
+    Phase.FIX: f"Ground rules:\n{_COMMON_RULES}\n{_CHANGE_RULES}",
+    Phase.REVIEW: f"Ground rules:\n{_COMMON_RULES}\n{_REVIEW_RULES}",
 })
 
 DEFAULT_TASKS: Mapping[str, str] = MappingProxyType({
-    "dev": """\
+    Phase.DEV: """\
 Implement the story below, completely. Work through its tasks and subtasks in order; for each,
 write the code and the tests that prove it, and run the project's tests. Mark a task done in the
 story file only when it is implemented and its tests pass. Fill in the story's Dev Agent Record
 (notes, debug log), File List and Change Log, and set its Status to `review` when every task is
 done. If a previous attempt failed verification, its output is below: fix that cause first.""",
-    "review": """\
+    Phase.REVIEW: """\
 Review the changes made for the story below, as a senior reviewer who expects to find problems.
 See them with `git diff $BMAD_LOOP_BASE_SHA` (committed and uncommitted) and
 `git log $BMAD_LOOP_BASE_SHA..HEAD`. Check every acceptance criterion and every task marked done
 against the code; look for bugs, missing or weak tests, security and error-handling gaps, and
 changes outside the story's scope. Approve only when the story is truly done.""",
-    "fix": """\
+    Phase.FIX: """\
 The story below was implemented, but verification failed or the review requested changes; the
 evidence is below. Fix every problem it names, with the smallest change that fixes it, and add or
 adjust tests so each stays fixed. Run the project's tests. Record what you fixed in the story's
@@ -83,8 +82,8 @@ Dev Agent Record and Change Log.""",
 
 
 def _check_phase(phase: str) -> None:
-    if phase not in PHASES:
-        raise ValueError(f"unknown phase {phase!r} (known: {', '.join(PHASES)})")
+    if phase not in AGENT_PHASES:
+        raise ValueError(f"unknown phase {phase!r} (known: {', '.join(AGENT_PHASES)})")
 
 
 def compose(phase: str, task: str) -> str:
@@ -93,7 +92,7 @@ def compose(phase: str, task: str) -> str:
     return f"{task.strip()}\n\n{GROUND_RULES[phase]}"
 
 
-PHASE_INSTRUCTIONS: Mapping[str, str] = MappingProxyType({p: compose(p, DEFAULT_TASKS[p]) for p in PHASES})
+PHASE_INSTRUCTIONS: Mapping[str, str] = MappingProxyType({p: compose(p, DEFAULT_TASKS[p]) for p in AGENT_PHASES})
 
 
 def build_prompt(
@@ -122,16 +121,16 @@ def build_prompt(
     parts = ["\n".join(head), "## Instructions\n\n" + instructions.strip()]
     parts.append(f"## The story ({story_key})\n\n{_fenced(story_text, 'markdown')}")
 
-    if phase == "fix":
+    if phase == Phase.FIX:
         if verify_output.strip():
             parts.append("## Verification failed — its output\n\n" + _evidence(verify_output))
         else:
             parts.append("## Verification\n\nVerification passed; the review requested changes.")
         if review_notes.strip():
             parts.append("## The review's notes\n\n" + _evidence(review_notes))
-    elif phase == "dev" and verify_output.strip():
+    elif phase == Phase.DEV and verify_output.strip():
         parts.append(f"## The previous attempt failed verification — its output\n\n{_evidence(verify_output)}")
-    elif phase == "dev" and review_notes.strip():
+    elif phase == Phase.DEV and review_notes.strip():
         parts.append("## Review notes from earlier\n\n" + _evidence(review_notes))
     return "\n\n".join(parts) + "\n"
 

@@ -17,7 +17,8 @@ from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from ..errors import ConfigError
-from ..prompts import DEFAULT_TASKS, PHASE_INSTRUCTIONS, PHASES, compose
+from ..prompts import DEFAULT_TASKS, PHASE_INSTRUCTIONS, compose
+from ..states import AGENT_PHASES
 
 __all__ = ["Profile", "known_profiles", "load_profile", "resolve_command", "phase_instructions"]
 
@@ -75,15 +76,15 @@ def load_profile(name: str) -> Profile:
     if not isinstance(tasks, dict) or not all(isinstance(v, str) for v in tasks.values()):
         raise ConfigError(f"{source} instructions: must be a table of strings")
     for phase in tasks:
-        if phase not in PHASES:
-            raise ConfigError(f"{source} instructions: unknown phase {phase!r} (known: {', '.join(PHASES)})")
+        if phase not in AGENT_PHASES:
+            raise ConfigError(f"{source} instructions: unknown phase {phase!r} (known: {', '.join(AGENT_PHASES)})")
 
     return Profile(
         name=name,
         command=command,
         model_args=_strings(data.get("model_args", []), f"{source} model_args"),
         seed_files=seed_files,
-        instructions=MappingProxyType({p: compose(p, tasks.get(p, DEFAULT_TASKS[p])) for p in PHASES}),
+        instructions=MappingProxyType({p: compose(p, tasks.get(p, DEFAULT_TASKS[p])) for p in AGENT_PHASES}),
         env=MappingProxyType(dict(env)),
         verdict=verdict,
         description=str(data.get("description", "")),
@@ -117,8 +118,8 @@ def resolve_command(
 
 def phase_instructions(phase: str, profile: str = "") -> str:
     """The instructions for `phase`: the profile's when a profile is named, else the defaults."""
-    if phase not in PHASES:
-        raise ValueError(f"unknown phase {phase!r} (known: {', '.join(PHASES)})")
+    if phase not in AGENT_PHASES:
+        raise ValueError(f"unknown phase {phase!r} (known: {', '.join(AGENT_PHASES)})")
     return load_profile(profile).instructions[phase] if profile else PHASE_INSTRUCTIONS[phase]
 
 
