@@ -1,11 +1,24 @@
 """The one error hierarchy of bmad-loop.
 
-Every user-facing failure is a `BmadLoopError` carrying the process exit code the CLI uses.
+Every user-facing failure is a `BmadLoopError` carrying the process exit code the CLI uses
+(`exit_code`; the CLI prints the message and exits with it):
+
+    BmadLoopError              exit 1
+    ├── ConfigError            exit 2: refused, nothing changed
+    │   ├── NotFound           a run, story or session named that is not there
+    │   ├── Ambiguous          a name that matches several runs or stories
+    │   └── StateError         a run or story whose state does not allow the command
+    └── GitError               exit 1: a git command failed unexpectedly
+
+`StopRequested` is not an error: it is how a worker learns that its run is being stopped now.
 """
 
 __all__ = [
     "BmadLoopError",
     "ConfigError",
+    "NotFound",
+    "Ambiguous",
+    "StateError",
     "GitError",
     "StopRequested",
     "EXIT_OK",
@@ -31,12 +44,28 @@ class BmadLoopError(Exception):
 
 
 class ConfigError(BmadLoopError):
-    """Bad input found before anything ran: policy, board, footprint, story key, git set-up.
+    """The command cannot go ahead as asked (exit 2); nothing has been changed.
 
-    The message is one line naming the file, key or story. Nothing has been changed.
+    Itself: bad input found before anything ran — policy, board, footprint, story key, git
+    set-up, command-line options; the message is one line naming the file, key or story. The
+    refusals that depend on what is recorded (runs, stories, sessions) are its subclasses below,
+    so an `except ConfigError` still sees them.
     """
 
     exit_code = EXIT_USAGE
+
+
+class NotFound(ConfigError):
+    """A run, story or session the command names is not there ("no run matches 'x'")."""
+
+
+class Ambiguous(ConfigError):
+    """A name matches several runs or stories; the message lists them."""
+
+
+class StateError(ConfigError):
+    """The run or story is in a state that does not allow the command
+    ("run X is completed: nothing to resume", another live run on the same target)."""
 
 
 class GitError(BmadLoopError):
