@@ -11,7 +11,7 @@ import datetime as dt
 from sqlalchemy import or_, select
 
 from ..db.models import Run, Story, utcnow
-from ..errors import ConfigError
+from ..errors import Ambiguous, NotFound, StateError
 from .journal import record
 from .recovery import recover_orphans
 from .planning import LIVE_FOR_TARGET
@@ -29,7 +29,7 @@ def find_run(session, project, ref: str | None) -> Run:
     if ref is None:
         run = session.scalars(query.order_by(Run.created_at.desc(), Run.id.desc())).first()
         if run is None:
-            raise ConfigError(f"{project.root}: no runs yet")
+            raise NotFound(f"{project.root}: no runs yet")
         return run
     matches = list(session.scalars(query.where(or_(Run.id == ref, Run.id.startswith(ref),
                                                     Run.id.endswith(ref)))))
@@ -37,9 +37,9 @@ def find_run(session, project, ref: str | None) -> Run:
     if exact:
         return exact[0]
     if not matches:
-        raise ConfigError(f"no run matches '{ref}'")
+        raise NotFound(f"no run matches '{ref}'")
     if len(matches) > 1:
-        raise ConfigError(f"run '{ref}' is ambiguous: " + ", ".join(sorted(r.id for r in matches)))
+        raise Ambiguous(f"run '{ref}' is ambiguous: " + ", ".join(sorted(r.id for r in matches)))
     return matches[0]
 
 
@@ -49,13 +49,13 @@ def resume(project, tasks, ref: str | None) -> Run:
     with db.transaction() as s:
         run = find_run(s, project, ref)
         if run.state not in RESUMABLE:
-            raise ConfigError(f"run {run.id} is {run.state}: nothing to resume")
+            raise StateError(f"run {run.id} is {run.state}: nothing to resume")
         other = s.scalars(select(Run).where(Run.target_branch == run.target_branch,
                                             Run.project == run.project, Run.id != run.id,
                                             Run.state.in_(LIVE_FOR_TARGET))).first()
         if other is not None:
-            raise ConfigError(f"run {other.id} is {other.state} on {run.target_branch}: "
-                              "stop it before resuming this one")
+            raise StateError(f"run {other.id} is {other.state} on {run.target_branch}: "
+                             "stop it before resuming this one")
         policy = run_policy(run)
         previous = run.state
         gates = list(run.gates_passed or [])
@@ -137,7 +137,7 @@ def stop(project, tasks, ref: str | None, now: bool = False) -> Run:
     with project.db.transaction() as s:
         run = find_run(s, project, ref)
         if run.state in ("completed", "failed"):
-            raise ConfigError(f"run {run.id} is {run.state}: nothing to stop")
+            raise StateError(f"run {run.id} is {run.state}: nothing to stop")
         if run.state in ("paused", "stopped"):
             run.state, run.reason = "stopped", run.reason or "stopped by operator"
             record(s, run.id, "run.stopped", reason="stopped by operator", now=now)
@@ -158,7 +158,7 @@ def approve(project, tasks, ref: str | None, story_key: str) -> Story:
         run = find_run(s, project, ref)
         story = _story_by_key(s, run, story_key)
         if story.state in ("integrated", "skipped", "failed"):
-            raise ConfigError(f"run {run.id}: story {story.key} is {story.state}: nothing to approve")
+            raise StateError(f"run {run.id}: story {story.key} is {story.state}: nothing to approve")
         held = story.state == "held"
         if held:
             story.signed_off = True
@@ -179,8 +179,8 @@ def reject(project, tasks, ref: str | None, story_key: str, reason: str) -> Stor
         run = find_run(s, project, ref)
         story = _story_by_key(s, run, story_key)
         if story.state != "held":
-            raise ConfigError(f"run {run.id}: story {story.key} is {story.state}, not held: "
-                              "only a held candidate can be rejected")
+            raise StateError(f"run {run.id}: story {story.key} is {story.state}, not held: "
+                             "only a held candidate can be rejected")
         story.state, story.reason, story.ended_at = "escalated", f"rejected by operator: {reason}", utcnow()
         for cand in s.scalars(select(Candidate).where(Candidate.story_id == story.id,
                                                       Candidate.state == "verified")):
@@ -223,5 +223,5 @@ def _story_by_key(session, run: Run, key: str) -> Story:
     if len(loose) == 1:
         return loose[0]
     if not loose:
-        raise ConfigError(f"run {run.id}: no story '{key}'")
-    raise ConfigError(f"run {run.id}: story '{key}' is ambiguous: " + ", ".join(s.key for s in loose))
+        raise NotFound(f"run {run.id}: no story '{key}'")
+    raise Ambiguous(f"run {run.id}: story '{key}' is ambiguous: " + ", ".join(s.key for s in loose))

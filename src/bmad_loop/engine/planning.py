@@ -16,7 +16,7 @@ from sqlalchemy import select
 from ..adapter import check_binary
 from ..board import Board, load_board, resolve_board_path, resolve_story_dir
 from ..db.models import Run, Story, utcnow
-from ..errors import ConfigError, GitError
+from ..errors import ConfigError, GitError, StateError
 from ..footprint import footprint_from_mapping
 from ..gitcmd import branch_name_ok
 from ..profiles import resolve_command
@@ -150,8 +150,8 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
                                            Run.project == project.key,
                                            Run.state.in_(LIVE_FOR_TARGET))).first()
         if live is not None:
-            raise ConfigError(f"run {live.id} is already {live.state} on {plan.target_branch}: "
-                              f"resume or stop it first")
+            raise StateError(f"run {live.id} is already {live.state} on {plan.target_branch}: "
+                             f"resume or stop it first")
         run = Run(id=run_id, project=project.key, target_branch=plan.target_branch,
                   target_sha=plan.target_sha, head_sha=plan.target_sha, state="running",
                   max_parallel=policy.scm.max_parallel, merge_strategy=policy.scm.merge_strategy,

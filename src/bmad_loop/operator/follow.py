@@ -16,7 +16,7 @@ from ..db.models import Run
 from ..engine.driver import SETTLED
 from ..engine.journal import event_json, events_after
 from ..engine.rows import stories_of
-from ..errors import ConfigError
+from ..errors import ConfigError, NotFound
 
 __all__ = ["follow_journal", "format_event", "pick_story", "follow_log", "AttachChoice",
            "IN_FLIGHT"]
@@ -87,7 +87,7 @@ def pick_story(reader, run_id: str, ref: str | None) -> str:
         if len(loose) == 1:
             return loose[0][0]
         if not loose:
-            raise ConfigError(f"run {run_id}: no story '{ref}'")
+            raise NotFound(f"run {run_id}: no story '{ref}'")
         raise AttachChoice(f"run {run_id}: story '{ref}' is ambiguous: "
                            + ", ".join(r[0] for r in loose))
     flying = [r for r in rows if r[1] in IN_FLIGHT]
@@ -95,7 +95,7 @@ def pick_story(reader, run_id: str, ref: str | None) -> str:
     if len(pool) == 1:
         return pool[0][0]
     if not pool:
-        raise ConfigError(f"run {run_id}: no story has a session yet")
+        raise NotFound(f"run {run_id}: no story has a session yet")
     what = "in flight" if flying else "with a session log"
     listing = "; ".join(f"{r[0]} ({r[1]}{', ' + r[2] if r[2] else ''}"
                         f"{', session ' + r[3] if r[3] else ''})" for r in pool)
