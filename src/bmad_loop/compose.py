@@ -39,6 +39,8 @@ __all__ = [
     "replace_blob",
     "path_matches",
     "commit_worktree",
+    "commit_message",
+    "lane_message",
     "compose",
     "cas_advance",
     "overlapping_dirty",
@@ -141,6 +143,24 @@ def _commit_tree(git: Git, tree: str, parents: Iterable[str], message: str, env:
 
 def _lane_text(message: str) -> str:
     return message if message.endswith("\n") else message + "\n"
+
+
+# -- messages -----------------------------------------------------------------------------------
+
+
+def commit_message(template: str, *, story_key: str, story_title: str | None, run_id: str,
+                   epic) -> str:
+    """`[scm] commit_message_template` filled in for one story: the message of the worker's
+    commit, and the title of the lane's. A story without a title uses its key."""
+    return template.format(story_key=story_key, story_title=story_title or story_key,
+                           run_id=run_id, epic=epic)
+
+
+def lane_message(title: str, strategy: str, branch: str) -> str:
+    """The lane's commit message: `Merge <branch>` then `title` for a merge commit, else `title`."""
+    if strategy == "merge":
+        return f"Merge {branch}\n\n{title}\n"
+    return f"{title}\n"
 
 
 # -- globs --------------------------------------------------------------------------------------
