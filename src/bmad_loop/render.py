@@ -2,38 +2,38 @@
 
 from __future__ import annotations
 
-__all__ = ["render_status"]
+from .operator.style import current_candidate, preserved, short_sha, story_note
+from .states import STORY_IN_FLIGHT, StoryState
 
-IN_FLIGHT = ("queued", "working")
+__all__ = ["render_status"]
 
 
 def render_status(data: dict) -> str:
     run = data["run"]
     lines = [
-        f"run {run['id']}  {run['state']}  target {run['target_branch']} @ {(run['target_sha'] or '')[:10]}"
+        f"run {run['id']}  {run['state']}  target {run['target_branch']} @ {short_sha(run['target_sha'], '')}"
         f"  max_parallel={run['max_parallel']}  strategy={run['merge_strategy']}",
     ]
     if run.get("reason"):
         lines.append(f"  reason: {run['reason']}")
-    workers = [s for s in data["stories"] if s["state"] in IN_FLIGHT]
+    workers = [s for s in data["stories"] if s["state"] in STORY_IN_FLIGHT]
     if workers:
         lines.append("workers:")
         for s in workers:
             lines.append(f"  {s['key']:<36} {s['state']:<8} phase={s['phase'] or '-':<8} "
-                         f"host={s.get('host') or '-'} base={(s['base_sha'] or '')[:10]} "
+                         f"host={s.get('host') or '-'} base={short_sha(s['base_sha'], '')} "
                          f"elapsed={s['elapsed_s'] or 0}s session={s['session'] or '-'}")
             if s.get("worktree") or s.get("branch"):
                 lines.append(f"  {'':<36} worktree={s.get('worktree') or '-'} branch={s.get('branch') or '-'}")
-    active = [c for c in data["candidates"] if c["state"] in ("composing", "verifying", "verified", "advancing")]
-    waiting = [s["key"] for s in data["stories"] if s["state"] == "ready"]
-    lines.append("lane: " + (f"{active[-1]['story']} candidate {active[-1]['attempt']} {active[-1]['state']}"
-                             if active else "idle")
+    current = current_candidate(data["candidates"])
+    waiting = [s["key"] for s in data["stories"] if s["state"] == StoryState.READY]
+    lines.append("lane: " + (f"{current['story']} candidate {current['attempt']} {current['state']}"
+                             if current else "idle")
                  + (f"; waiting: {', '.join(waiting)}" if waiting else ""))
     lines.append("stories:")
     for s in data["stories"]:
-        note = s.get("reason") or s.get("waiting_for") or ""
-        lines.append(f"  {s['seq']:>3} {s['key']:<36} {s['state']:<11} {note}".rstrip())
-    kept = [c for c in data["candidates"] if c["state"] in ("conflict", "verify-failed", "abandoned")]
+        lines.append(f"  {s['seq']:>3} {s['key']:<36} {s['state']:<11} {story_note(s)}".rstrip())
+    kept = preserved(data["candidates"])
     if kept:
         lines.append("preserved candidates:")
         for c in kept:

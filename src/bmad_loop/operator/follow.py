@@ -12,27 +12,22 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from ..db.models import Run
-from ..engine.driver import SETTLED
+from ..db.models import Run, Story
 from ..engine.journal import event_json, events_after
 from ..engine.rows import stories_of
 from ..errors import ConfigError, NotFound
+from ..states import RUN_SETTLED, STORY_IN_FLIGHT, StoryState
+from .style import short_value
 
 __all__ = ["follow_journal", "format_event", "pick_story", "follow_log", "AttachChoice",
-           "IN_FLIGHT"]
-
-IN_FLIGHT = ("queued", "working")
+           "live_tmux_session"]
 
 
 def _short(value):
-    if isinstance(value, str) and len(value) == 40 and all(c in "0123456789abcdef" for c in value):
-        return value[:10]
-    if isinstance(value, list):
-        return ",".join(str(v) for v in value)
     if isinstance(value, str) and "\n" in value:
         first = value.strip().splitlines()[0] if value.strip() else ""
         return first + " …"
-    return value
+    return short_value(value)
 
 
 def format_event(line: dict) -> str:
@@ -53,7 +48,7 @@ def follow_journal(reader, run_id: str, emit: Callable[[dict], None], *, kinds=(
         with reader.session() as s:
             events = events_after(s, run_id, last, kinds, story)
             run = s.get(Run, run_id)
-            settled = run is None or run.state in SETTLED
+            settled = run is None or run.state in RUN_SETTLED
             lines = [event_json(e) for e in events]
         for line in lines:
             last = line["seq"]
@@ -90,7 +85,7 @@ def pick_story(reader, run_id: str, ref: str | None) -> str:
             raise NotFound(f"run {run_id}: no story '{ref}'")
         raise AttachChoice(f"run {run_id}: story '{ref}' is ambiguous: "
                            + ", ".join(r[0] for r in loose))
-    flying = [r for r in rows if r[1] in IN_FLIGHT]
+    flying = [r for r in rows if r[1] in STORY_IN_FLIGHT]
     pool = flying or [r for r in rows if r[4]]
     if len(pool) == 1:
         return pool[0][0]
@@ -117,7 +112,7 @@ def follow_log(reader, run_id: str, story_key: str, write: Callable[[str], None]
             state = row.state if row else None
             log = Path(row.log) if row and row.log else None
             session = row.session if row else None
-            run_settled = run is None or run.state in SETTLED
+            run_settled = run is None or run.state in RUN_SETTLED
         if log is not None and (tail is None or log != tail.path):
             if tail is not None:
                 tail.drain(write)
@@ -129,10 +124,28 @@ def follow_log(reader, run_id: str, story_key: str, write: Callable[[str], None]
             if tail is None:
                 write(f"{story_key}: no session log yet\n")
             return
-        if state not in IN_FLIGHT or (run_settled and state != "working"):
+        if state not in STORY_IN_FLIGHT or (run_settled and state != StoryState.WORKING):
             return
         if stop.wait(poll_s):
             return
+
+
+def live_tmux_session(reader, run_id: str, story_key: str) -> str | None:
+    """The story's tmux session (`[adapter] tmux = true`) while it is alive, else None."""
+    import shutil
+    import subprocess
+
+    from ..tmux_session import TMUX
+
+    with reader.session() as s:
+        row = s.query(Story).filter(Story.run_id == run_id, Story.key == story_key).one()
+        session = row.session
+    if not session or "/" in session or not shutil.which("tmux"):
+        return None
+    if subprocess.run([*TMUX, "has-session", "-t", session], stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL).returncode != 0:
+        return None  # the session ended: its log is what there is
+    return session
 
 
 class _Tail:

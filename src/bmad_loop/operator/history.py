@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from ..db.models import STORY_STATES, Event, Run, Story, utcnow
-from ..engine.driver import SETTLED, exit_code_for
+from ..db.models import Event, Run, Story, utcnow
+from ..engine.driver import exit_code_for
+from ..states import RUN_SETTLED, RunState, StoryState
+from .style import format_duration
 
 __all__ = ["run_history", "outcome_of", "format_history", "format_duration"]
 
@@ -17,7 +19,7 @@ OUTCOMES = {0: "success", 1: "failed", 3: "needs a human", 4: "stopped", 130: "i
 
 def outcome_of(run: Run, stories) -> tuple[str, int | None]:
     """The outcome word and the exit code `run`/`resume` would give for the run as it stands."""
-    if run.state not in SETTLED:
+    if run.state not in RUN_SETTLED:
         return "in progress", None
     code = exit_code_for(run, stories)
     return OUTCOMES.get(code, "failed"), code
@@ -46,14 +48,14 @@ def run_history(session, project_key: str, *, limit: int | None = None, now=None
     out = []
     for run in runs:
         members = stories[run.id]
-        counts = {state: 0 for state in STORY_STATES}
+        counts = {state: 0 for state in StoryState}
         for story in members:
             counts[story.state] = counts.get(story.state, 0) + 1
         outcome, code = outcome_of(run, members)
         last = last_event.get(run.id)
         last = _aware(last) if last is not None else None
         start = run.started_at or run.created_at
-        end = run.ended_at or (last if run.state in SETTLED else now)
+        end = run.ended_at or (last if run.state in RUN_SETTLED else now)
         out.append({
             "id": run.id,
             "state": run.state,
@@ -83,19 +85,6 @@ def _aware(value):
     return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value
 
 
-def format_duration(seconds) -> str:
-    if seconds is None:
-        return "-"
-    seconds = float(seconds)
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
-
-
 def format_history(entries: list[dict]) -> str:
     if not entries:
         return "no runs yet"
@@ -112,6 +101,6 @@ def format_history(entries: list[dict]) -> str:
 
     lines = [line(header)] + [line(r) for r in rows]
     for e in entries:
-        if e["reason"] and e["state"] not in ("completed",):
+        if e["reason"] and e["state"] != RunState.COMPLETED:
             lines.append(f"  {e['id']}: {e['reason']}")
     return "\n".join(lines)

@@ -13,12 +13,13 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from ..fileio import write_atomic
+from ..states import STORY_PARKED, StoryState
 
 __all__ = ["summary", "write_json_report", "write_junit", "junit_tree", "FAILING", "PASSING"]
 
-PASSING = ("integrated",)
-SKIPPED = ("skipped",)
-FAILING = ("escalated", "blocked", "held", "failed")
+PASSING = frozenset({StoryState.INTEGRATED})
+SKIPPED = frozenset({StoryState.SKIPPED})
+FAILING = STORY_PARKED  # escalated, blocked, held, failed
 REPORT_FORMAT = 1
 
 
@@ -31,7 +32,7 @@ def summary(status: dict) -> dict:
         "stories": len(stories),
         "passed": sum(1 for s in stories if s["state"] in PASSING),
         "failed": sum(1 for s in stories if s["state"] in FAILING),
-        "skipped": sum(1 for s in stories if s["state"] not in PASSING + FAILING),
+        "skipped": sum(1 for s in stories if s["state"] not in PASSING | FAILING),
         "by_state": counts,
     }
 

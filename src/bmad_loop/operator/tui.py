@@ -24,10 +24,11 @@ from textual.widgets import DataTable, Footer, Header, RichLog, Static
 from ..db.models import Run
 from ..engine.journal import event_json, events_after
 from ..engine.status import run_status
-from .board_view import ACTIVE_CANDIDATE, held_back, lane_queue
+from .board_view import held_back, lane_queue
 from .follow import _Tail, format_event
-from .history import format_duration, run_history
+from .history import run_history
 from .reader import Reader
+from .style import current_candidate, format_duration, short_sha, state_text, story_note
 
 __all__ = ["BoardApp", "cli_argv"]
 
@@ -141,7 +142,7 @@ class BoardApp(App):
         table = self.query_one("#runs", DataTable)
         table.clear()
         for row in rows:
-            table.add_row(row[0], Text(row[1], style=_style(row[1])), row[2], key=row[0])
+            table.add_row(row[0], state_text(row[1]), row[2], key=row[0])
         ids = [r[0] for r in rows]
         if self.run_id in ids:
             table.move_cursor(row=ids.index(self.run_id))
@@ -149,17 +150,16 @@ class BoardApp(App):
     def _show_stories(self, status) -> None:
         rows = []
         for story in status["stories"]:
-            note = story.get("reason") or story.get("waiting_for") or ""
             rows.append((str(story["seq"]), story["key"], story["state"], story.get("phase") or "",
                          format_duration(story.get("elapsed_s")), str(story.get("attempt") or 0),
-                         note))
+                         story_note(story)))
         if not self._changed("stories", (status["run"]["id"], tuple(rows))):
             return
         table = self.query_one("#stories", DataTable)
         cursor = table.cursor_row
         table.clear()
         for row in rows:
-            table.add_row(row[0], row[1], Text(row[2], style=_style(row[2])), *row[3:], key=row[1])
+            table.add_row(row[0], row[1], state_text(row[2]), *row[3:], key=row[1])
         if rows:
             table.move_cursor(row=min(max(cursor, 0), len(rows) - 1))
 
@@ -287,27 +287,26 @@ def lane_text(status: dict, root: Path | None = None) -> Text:
     """The lane panel: current candidate, the queue in plan order, candidates with evidence."""
     text = Text()
     candidates = status.get("candidates", [])
-    active = [c for c in candidates if c["state"] in ACTIVE_CANDIDATE]
-    if active:
-        cur = active[-1]
-        text.append(f"now: {cur['story']} candidate #{cur['attempt']} ", style="bold")
-        text.append(cur["state"], style=_style(cur["state"]))
+    current = current_candidate(candidates)
+    if current:
+        text.append(f"now: {current['story']} candidate #{current['attempt']} ", style="bold")
+        text.append(state_text(current["state"]))
         text.append("\n")
     else:
         text.append("now: idle\n", style="bold")
-    queue = lane_queue(status)
-    if queue:
-        text.append("waiting (plan order): ", style="bold")
-        text.append("; ".join(f"{s['key']} waits for {why}" for s, why in queue) + "\n")
-    held = held_back(status)
-    if held:
-        text.append("held back: ", style="bold")
-        text.append("; ".join(f"{s['key']} ({s['state']}): {why}" for s, why in held) + "\n")
+
+    def listing(label: str, items: list[str]) -> None:
+        if items:
+            text.append(label, style="bold")
+            text.append("; ".join(items) + "\n")
+
+    listing("waiting (plan order): ", [f"{s['key']} waits for {why}" for s, why in lane_queue(status)])
+    listing("held back: ", [f"{s['key']} ({s['state']}): {why}" for s, why in held_back(status)])
     for cand in candidates:
         text.append(f"#{cand['attempt']} {cand['story']} ", style="bold")
-        text.append(cand["state"], style=_style(cand["state"]))
-        text.append(f" {cand.get('strategy') or ''} {(cand.get('target_sha') or '')[:10]}"
-                    f" -> {(cand.get('candidate_sha') or '-')[:10]}")
+        text.append(state_text(cand["state"]))
+        text.append(f" {cand.get('strategy') or ''} {short_sha(cand.get('target_sha'), '')}"
+                    f" -> {short_sha(cand.get('candidate_sha'))}")
         if cand.get("verify_s") is not None:
             text.append(f" verify {cand['verify_s']}s")
         if cand.get("evidence"):
@@ -333,14 +332,3 @@ def _evidence_summary(path: str) -> str:
             parts.append(f"{key}={','.join(value) if isinstance(value, list) else value}")
     return " ".join(parts)
 
-
-def _style(state: str) -> str:
-    if state in ("integrated", "completed", "advanced", "verified", "success"):
-        return "green"
-    if state in ("escalated", "failed", "blocked", "conflict", "verify-failed", "stale"):
-        return "bold red"
-    if state in ("held", "paused", "pausing", "stopping", "stopped"):
-        return "yellow"
-    if state in ("working", "integrating", "running", "composing", "verifying", "advancing"):
-        return "cyan"
-    return ""

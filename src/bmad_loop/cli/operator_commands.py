@@ -1,5 +1,5 @@
-"""Operator commands of the `bmad-loop` CLI: status (and --watch), journal (and --follow),
-attach, history, sql, tui. Registered on the `cli` group when cli.py imports this module.
+"""Operator commands: status (and --watch), journal (and --follow), attach, history, sql, tui.
+Registered on `cli` when `bmad_loop.cli` imports this module.
 
 Each command parses options, calls one function of `bmad_loop.operator`, prints.
 """
@@ -12,8 +12,8 @@ import threading
 
 import click
 
-from .cli import _open, cli, handle_errors, json_option, project_option
-from .errors import EXIT_USAGE, ConfigError
+from ..errors import EXIT_USAGE, ConfigError, NotFound
+from .app import cli, handle_errors, json_option, open_project, project_option
 
 __all__ = ["status", "journal", "attach", "history", "sql", "tui"]
 
@@ -25,7 +25,16 @@ def _has_state(project) -> bool:
 
 def _require_state(project) -> None:
     if not _has_state(project):
-        raise ConfigError(f"{project.root}: no runs yet")
+        raise NotFound(f"{project.root}: no runs yet")
+
+
+def _open_reader(project_dir):
+    """The project and a read-only `Reader` on its rows (which must exist already)."""
+    from ..operator.reader import Reader
+
+    project = open_project(project_dir)
+    _require_state(project)
+    return project, Reader(project)
 
 
 def _run_ref_argument(fn):
@@ -53,10 +62,10 @@ def _interruptible(body):
 @handle_errors
 def status(project_dir, run_ref, as_json, watch, interval):
     """The run (newest by default), its stories and candidates."""
-    from .engine.control import find_run
-    from .engine.status import run_status
+    from ..engine.control import find_run
+    from ..engine.status import run_status
 
-    project = _open(project_dir)
+    project = open_project(project_dir)
     _require_state(project)
     if watch:
         if as_json:
@@ -67,52 +76,19 @@ def status(project_dir, run_ref, as_json, watch, interval):
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    from .render import render_status
+    from ..render import render_status
 
     click.echo(render_status(data))
 
 
 def _watch(project, run_ref, interval):
-    from rich.console import Console
-    from rich.live import Live
+    from ..operator.watch import BoardWatch
 
-    from .db.models import Run, utcnow
-    from .engine.control import find_run
-    from .engine.driver import SETTLED
-    from .engine.rows import run_policy
-    from .engine.status import run_status
-    from .operator.board_view import render_board
-    from .operator.reader import Reader
-
-    reader = Reader(project)
-    with reader.session() as s:
-        run = find_run(s, project, run_ref)
-        run_id = run.id
-        policy = run_policy(run)
-    stale_after = float(policy.leases.ttl_s)
-    blocks = policy.parallel.on_escalation == "pause"
-    console = Console()
-
-    def body(stop):
-        previous = None
-        with Live(console=console, refresh_per_second=4, auto_refresh=False,
-                  redirect_stdout=False, redirect_stderr=False) as live:
-            while True:
-                with reader.session() as s:
-                    row = s.get(Run, run_id)
-                    data = run_status(s, row)
-                    settled = row.state in SETTLED
-                frame = render_board(data, previous, utcnow(), stale_after_s=stale_after,
-                                     escalation_blocks=blocks)
-                live.update(frame.renderable, refresh=True)
-                previous = frame
-                if settled or stop.wait(interval):
-                    return
-
+    board = BoardWatch(project, run_ref)
     try:
-        _interruptible(body)
+        _interruptible(lambda stop: board.show(interval, stop))
     finally:
-        reader.close()
+        board.close()
 
 
 # ---------------------------------------------------------------------------- journal
@@ -127,13 +103,10 @@ def _watch(project, run_ref, interval):
 @handle_errors
 def journal(project_dir, run_ref, kinds, story, follow, as_json):
     """The run's journal, in order (one JSON object per line with --json)."""
-    from .engine.control import find_run
-    from .operator.follow import follow_journal, format_event
-    from .operator.reader import Reader
+    from ..engine.control import find_run
+    from ..operator.follow import follow_journal, format_event
 
-    project = _open(project_dir)
-    _require_state(project)
-    reader = Reader(project)
+    project, reader = _open_reader(project_dir)
     with reader.session() as s:
         run_id = find_run(s, project, run_ref).id
 
@@ -161,13 +134,10 @@ def attach(project_dir, run_ref, story, no_follow):
     Without STORY: the story in flight; with several in flight it lists them and exits 2.
     RUN defaults to the newest run; a lone argument that matches no run is taken as STORY.
     """
-    from .engine.control import find_run
-    from .operator.follow import follow_log, pick_story
-    from .operator.reader import Reader
+    from ..engine.control import find_run
+    from ..operator.follow import follow_log, live_tmux_session, pick_story
 
-    project = _open(project_dir)
-    _require_state(project)
-    reader = Reader(project)
+    project, reader = _open_reader(project_dir)
     try:
         with reader.session() as s:
             try:
@@ -178,8 +148,9 @@ def attach(project_dir, run_ref, story, no_follow):
                 # `attach STORY`: a lone argument that names no run names a story of the newest.
                 run_id, story = find_run(s, project, None).id, run_ref
         key = pick_story(reader, run_id, story)
-        if _attach_tmux_if_live(reader, run_id, key, no_follow):
-            return
+        session = None if no_follow else live_tmux_session(reader, run_id, key)
+        if session is not None:
+            return _attach_tmux(session)
 
         def write(text):
             click.echo(text, nl=False)
@@ -191,29 +162,16 @@ def attach(project_dir, run_ref, story, no_follow):
         reader.close()
 
 
-def _attach_tmux_if_live(reader, run_id, key, no_follow) -> bool:
-    """With `[adapter] tmux = true` the session name is a tmux session: attach to it live.
-
-    Without a terminal (scripts, CI) it prints the session's name and the attach command."""
+def _attach_tmux(session: str) -> None:
+    """Attach this terminal to the live tmux session; without a terminal (scripts, CI) print
+    the session's name and the attach command."""
     import os
-    import shutil
-    import subprocess
 
-    from .db.models import Story
+    from ..tmux_session import TMUX
 
-    with reader.session() as s:
-        row = s.query(Story).filter(Story.run_id == run_id, Story.key == key).one()
-        session = row.session
-    if no_follow or not session or "/" in session or not shutil.which("tmux"):
-        return False
-    from .tmux_session import TMUX
-
-    if subprocess.run([*TMUX, "has-session", "-t", session], stdout=subprocess.DEVNULL,
-                      stderr=subprocess.DEVNULL).returncode != 0:
-        return False  # the session ended: fall back to its log
     if not sys.stdin.isatty():
         click.echo(f"tmux session {session} (attach with: {' '.join(TMUX)} attach -t {session})")
-        return True
+        return
     os.execvp("tmux", [*TMUX, "attach", "-t", session])
 
 
@@ -226,10 +184,10 @@ def _attach_tmux_if_live(reader, run_id, key, no_follow) -> bool:
 @handle_errors
 def history(project_dir, limit, as_json):
     """The project's runs, newest first: story counts per state, duration, outcome."""
-    from .operator.history import format_history, run_history
-    from .operator.reader import Reader
+    from ..operator.history import format_history, run_history
+    from ..operator.reader import Reader
 
-    project = _open(project_dir)
+    project = open_project(project_dir)
     entries = []
     if _has_state(project):
         reader = Reader(project)
@@ -249,9 +207,9 @@ def history(project_dir, limit, as_json):
 def sql(project_dir, statement, as_json):
     """Run one read-only SQL statement over the state database (tables and views in
     docs/schema.md). Writes (INSERT, UPDATE, DELETE, DDL, ATTACH, PRAGMA writes) are refused."""
-    from .operator.sqlquery import format_table, run_query
+    from ..operator.sqlquery import format_table, run_query
 
-    project = _open(project_dir)
+    project = open_project(project_dir)
     project.db  # created and migrated (views included), like every command
     result = run_query(project.database_url, statement)
     if as_json:
@@ -272,10 +230,10 @@ def tui(project_dir, run_ref):
     Needs the `tui` extra (pip install 'bmad-loop[tui]').
     """
     try:
-        from .operator.tui import BoardApp
+        from ..operator.tui import BoardApp
     except ImportError as exc:
         click.echo(f"bmad-loop: tui needs textual: pip install 'bmad-loop[tui]' ({exc})", err=True)
         sys.exit(EXIT_USAGE)
-    project = _open(project_dir)
+    project = open_project(project_dir)
     _require_state(project)
     BoardApp(project, run_ref=run_ref).run()

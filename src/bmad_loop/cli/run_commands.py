@@ -1,28 +1,22 @@
-"""The `bmad-loop` command line. Each command parses options, calls one service, prints."""
+"""Set-up and running commands: init, validate, enqueue, worker, run, resume, stop, approve,
+reject, reconcile, demo, cleanup. Registered on `cli` when `bmad_loop.cli` imports this module.
+
+Each command parses options, calls one service, prints.
+"""
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
 
 import click
 
-from . import __version__
-from .errors import EXIT_OK, EXIT_USAGE, BmadLoopError, ConfigError
+from ..errors import EXIT_OK, EXIT_USAGE, ConfigError
+from .app import cli, handle_errors, json_option, open_project, project_option
 
-__all__ = ["main", "cli"]
-
-
-def project_option(fn):
-    return click.option("--project", "project_dir", default=".", envvar="BMAD_LOOP_PROJECT",
-                        show_default=True, type=click.Path(file_okay=False, path_type=Path),
-                        help="The repository (or any folder holding .bmad-loop/policy.toml).")(fn)
-
-
-def json_option(fn):
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(fn)
+__all__ = ["init", "validate", "enqueue", "worker", "run", "resume", "stop", "approve", "reject",
+           "reconcile", "demo", "cleanup"]
 
 
 def selection_options(fn):
@@ -35,40 +29,12 @@ def selection_options(fn):
     return fn
 
 
-def handle_errors(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except BmadLoopError as exc:
-            click.echo(f"bmad-loop: {exc}", err=True)
-            sys.exit(exc.exit_code)
-    return wrapper
-
-
-def _open(project_dir: Path, clone: Path | None = None):
-    from .engine.project import Project
-
-    if not project_dir.is_dir():
-        raise ConfigError(f"--project: {project_dir} is not a folder")
-    if clone is None:
-        return Project.open(project_dir)
-    return _open_clone(project_dir, clone)
-
-
-def _open_clone(project_dir: Path, clone: Path):
-    """Remote mode: work in our own clone at `clone`; policy (and shared state) from --project."""
-    from .engine.project import Project
-    from .policy import load_policy
-    from .remote import ensure_clone, resolve_remote_url
-
-    policy = load_policy(project_dir)
-    if not policy.scm.remote.strip():
-        raise ConfigError(f"--clone {clone}: [scm] remote is empty (local mode); set it in "
-                          f"{policy.source} or BMAD_LOOP_SCM_REMOTE")
-    checkout = project_dir if (project_dir / ".git").exists() else None
-    url = resolve_remote_url(policy.scm.remote, checkout)
-    return Project.open(ensure_clone(url, clone), policy=policy, home=project_dir)
+def report_options(fn):
+    fn = click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
+                      default=None, help="Write a JUnit XML file here (one test case per story).")(fn)
+    fn = click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+                      default=None, help="Write a JSON summary of the run here when it settles.")(fn)
+    return fn
 
 
 def clone_option(fn):
@@ -85,7 +51,7 @@ def host_option(fn):
 def _set_host(host: str | None) -> None:
     import os
 
-    from .hostid import HOST_ENV
+    from ..hostid import HOST_ENV
 
     if host:
         os.environ[HOST_ENV] = host
@@ -103,7 +69,7 @@ def _policy_for_run(project, parallel: str | None):
 
 
 def _selection(epic, stories, max_stories):
-    from .engine.planning import Selection
+    from ..engine.planning import Selection
 
     if max_stories is not None and max_stories < 1:
         raise ConfigError(f"--max-stories: must be >= 1, got {max_stories}")
@@ -112,31 +78,17 @@ def _selection(epic, stories, max_stories):
 
 def _progress_printer(ci: bool = False):
     """One plain line per event (CI logs and terminals alike: no colour, no cursor tricks)."""
+    from ..operator.style import short_value
 
     def show(event):
         ts = event.ts.strftime("%H:%M:%S")
         story = f" {event.story}" if event.story else ""
         data = event.data or {}
-        detail = " ".join(f"{k}={_short(v)}" for k, v in data.items()
+        detail = " ".join(f"{k}={short_value(v)}" for k, v in data.items()
                           if k in ("phase", "attempt", "state", "reason", "new", "sha", "paths",
                                    "command", "exit_code", "plan", "strategy", "candidate_sha"))
         click.echo(f"{ts} {event.kind}{story} {detail}".rstrip(), color=False if ci else None)
     return show
-
-
-def _short(value):
-    if isinstance(value, str) and len(value) == 40 and all(c in "0123456789abcdef" for c in value):
-        return value[:10]
-    if isinstance(value, list):
-        return ",".join(str(v) for v in value)
-    return value
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="bmad-loop")
-def cli():
-    """Drive coding agents through the stories of a BMAD sprint, several at once,
-    without ever corrupting the target branch."""
 
 
 # ---------------------------------------------------------------------------- set-up
@@ -146,8 +98,8 @@ def cli():
 @handle_errors
 def init(project_dir, force):
     """Write a commented .bmad-loop/policy.toml and create the state database."""
-    from .engine.project import Project, ensure_state_dir
-    from .policy import default_policy_text, load_policy, policy_path
+    from ..engine.project import Project, ensure_state_dir
+    from ..policy import default_policy_text, load_policy, policy_path
 
     root = project_dir.resolve()
     state = ensure_state_dir(root)
@@ -169,7 +121,7 @@ def init(project_dir, force):
 @handle_errors
 def validate(project_dir, as_json):
     """Preflight: policy, git repository, target branch, stories, footprints, agent command."""
-    from .engine.preflight import preflight
+    from ..engine.preflight import preflight
 
     report = preflight(project_dir.resolve())
     if as_json:
@@ -188,10 +140,10 @@ def validate(project_dir, as_json):
 @handle_errors
 def enqueue(project_dir, parallel, epic, stories, max_stories):
     """Create a run and its plan; print the run id. Consumers (`worker`) do the work."""
-    from .engine.planning import enqueue as do_enqueue
-    from .tasks import Tasks
+    from ..engine.planning import enqueue as do_enqueue
+    from ..tasks import Tasks
 
-    project = _open(project_dir)
+    project = open_project(project_dir)
     policy = _policy_for_run(project, parallel)
     tasks = Tasks(project)
     run_id, plan = do_enqueue(project, tasks, policy, _selection(epic, stories, max_stories))
@@ -215,10 +167,10 @@ def worker(project_dir, queue, workers, clone_dir, host):
     import signal
     import threading
 
-    from .engine.consumers import ConsumerSet
+    from ..engine.consumers import ConsumerSet
 
     _set_host(host)
-    project = _open(project_dir, clone_dir)
+    project = open_project(project_dir, clone_dir)
     if workers is None:
         workers = 1 if queue == "integration" else project.policy.scm.max_parallel
     consumers = ConsumerSet(project, queue=queue, workers=workers)
@@ -240,21 +192,17 @@ def worker(project_dir, queue, workers, clone_dir, host):
 @selection_options
 @click.option("--enqueue-only", is_flag=True, help="Only queue the work for separate workers.")
 @click.option("--ci", is_flag=True, help="CI batch mode: plain progress lines, no colour, no prompts.")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Write a JSON summary of the run here when it settles.")
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Write a JUnit XML file here (one test case per story).")
+@report_options
 @handle_errors
 def run(project_dir, parallel, epic, stories, max_stories, enqueue_only, ci, report_path, junit_path):
     """Enqueue a run and drive it in this process until it completes, pauses or stops.
 
     Exit codes: 0 completed, 1 failed, 2 bad input, 3 needs a human, 4 stopped, 130 second Ctrl+C.
     """
-    from .engine.driver import drive
-    from .engine.planning import enqueue as do_enqueue
-    from .tasks import Tasks
+    from ..engine.planning import enqueue as do_enqueue
+    from ..tasks import Tasks
 
-    project = _open(project_dir)
+    project = open_project(project_dir)
     policy = _policy_for_run(project, parallel)
     tasks = Tasks(project)
     run_id, plan = do_enqueue(project, tasks, policy, _selection(epic, stories, max_stories))
@@ -266,19 +214,61 @@ def run(project_dir, parallel, epic, stories, max_stories, enqueue_only, ci, rep
     if enqueue_only:
         click.echo(run_id)
         return
-    code = drive(project, tasks, run_id, workers=policy.scm.max_parallel,
-                 progress=_progress_printer(ci))
+    _drive_and_report(project, tasks, run_id, policy.scm.max_parallel, _progress_printer(ci),
+                      report_path, junit_path)
+
+
+@cli.command()
+@project_option
+@click.argument("run_ref", metavar="RUN", required=False)
+@click.option("--enqueue-only", is_flag=True, help="Only queue the work for separate workers.")
+@report_options
+@handle_errors
+def resume(project_dir, run_ref, enqueue_only, report_path, junit_path):
+    """Continue a paused, stopped or crashed run (same plan, scope and target)."""
+    from ..engine.control import resume as do_resume
+    from ..tasks import Tasks
+
+    project = open_project(project_dir)
+    tasks = Tasks(project)
+    run = do_resume(project, tasks, run_ref)
+    click.echo(f"run {run.id} resumed")
+    if enqueue_only:
+        return
+    _drive_and_report(project, tasks, run.id, run.max_parallel, _progress_printer(),
+                      report_path, junit_path)
+
+
+def _drive_and_report(project, tasks, run_id, workers, progress, report_path, junit_path):
+    """Drive the run here until it settles, print its outcome, write the reports, exit with
+    the run's exit code."""
+    from ..engine.driver import drive
+
+    code = drive(project, tasks, run_id, workers=workers, progress=progress)
     _print_outcome(project, run_id)
     _write_reports(project, run_id, code, report_path, junit_path)
     sys.exit(code)
 
 
+def _print_outcome(project, run_id):
+    from ..db.models import Run
+    from ..engine.rows import stories_of
+
+    with project.db.transaction() as s:
+        run = s.get(Run, run_id)
+        stories = stories_of(s, run_id)
+        click.echo(f"run {run.id} {run.state}" + (f": {run.reason}" if run.reason else ""))
+        for story in stories:
+            extra = f" ({story.reason})" if story.reason else ""
+            click.echo(f"  {story.seq:>3} {story.key:<40} {story.state}{extra}")
+
+
 def _write_reports(project, run_id, code, report_path, junit_path):
     if not report_path and not junit_path:
         return
-    from .db.models import Run
-    from .engine.status import run_status
-    from .operator.reports import write_json_report, write_junit
+    from ..db.models import Run
+    from ..engine.status import run_status
+    from ..operator.reports import write_json_report, write_junit
 
     with project.db.transaction() as s:
         status = run_status(s, s.get(Run, run_id))
@@ -291,54 +281,14 @@ def _write_reports(project, run_id, code, report_path, junit_path):
 @cli.command()
 @project_option
 @click.argument("run_ref", metavar="RUN", required=False)
-@click.option("--enqueue-only", is_flag=True, help="Only queue the work for separate workers.")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write a JSON summary of the run here when it settles.")
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write a JUnit XML file here (one test case per story).")
-@handle_errors
-def resume(project_dir, run_ref, enqueue_only, report_path, junit_path):
-    """Continue a paused, stopped or crashed run (same plan, scope and target)."""
-    from .engine.control import resume as do_resume
-    from .engine.driver import drive
-    from .tasks import Tasks
-
-    project = _open(project_dir)
-    tasks = Tasks(project)
-    run = do_resume(project, tasks, run_ref)
-    click.echo(f"run {run.id} resumed")
-    if enqueue_only:
-        return
-    code = drive(project, tasks, run.id, workers=run.max_parallel, progress=_progress_printer())
-    _print_outcome(project, run.id)
-    _write_reports(project, run.id, code, report_path, junit_path)
-    sys.exit(code)
-
-
-def _print_outcome(project, run_id):
-    from .db.models import Run
-    from .engine.rows import stories_of
-
-    with project.db.transaction() as s:
-        run = s.get(Run, run_id)
-        stories = stories_of(s, run_id)
-        click.echo(f"run {run.id} {run.state}" + (f": {run.reason}" if run.reason else ""))
-        for story in stories:
-            extra = f" ({story.reason})" if story.reason else ""
-            click.echo(f"  {story.seq:>3} {story.key:<40} {story.state}{extra}")
-
-
-@cli.command()
-@project_option
-@click.argument("run_ref", metavar="RUN", required=False)
 @click.option("--now", is_flag=True, help="Kill agent sessions now (attempts are not counted).")
 @handle_errors
 def stop(project_dir, run_ref, now):
     """Stop a run: no new dispatch; running stories stop at a safe boundary (or now)."""
-    from .engine.control import stop as do_stop
-    from .tasks import Tasks
+    from ..engine.control import stop as do_stop
+    from ..tasks import Tasks
 
-    project = _open(project_dir)
+    project = open_project(project_dir)
     run = do_stop(project, Tasks(project), run_ref, now=now)
     click.echo(f"run {run.id} {run.state}")
 
@@ -350,10 +300,10 @@ def stop(project_dir, run_ref, now):
 @handle_errors
 def approve(project_dir, run_ref, story):
     """Approve a story's spec (gates.mode = per-story-spec-approval)."""
-    from .engine.control import approve as do_approve
-    from .tasks import Tasks
+    from ..engine.control import approve as do_approve
+    from ..tasks import Tasks
 
-    project = _open(project_dir)
+    project = open_project(project_dir)
     row = do_approve(project, Tasks(project), run_ref, story)
     click.echo(f"approved {row.key}; `bmad-loop resume {run_ref}` continues a paused run")
 
@@ -366,10 +316,10 @@ def approve(project_dir, run_ref, story):
 @handle_errors
 def reject(project_dir, run_ref, story, reason):
     """Refuse a held candidate (merge_class = operator): the story becomes escalated."""
-    from .engine.control import reject as do_reject
-    from .tasks import Tasks
+    from ..engine.control import reject as do_reject
+    from ..tasks import Tasks
 
-    project = _open(project_dir)
+    project = open_project(project_dir)
     row = do_reject(project, Tasks(project), run_ref, story, reason)
     click.echo(f"rejected {row.key}: {reason}")
 
@@ -384,9 +334,9 @@ def reconcile(project_dir, run_ref, as_json):
 
     Exit 4 when any story is open, else 3 when any is held or parked, else 0.
     """
-    from .engine.control import reconcile as do_reconcile
+    from ..engine.control import reconcile as do_reconcile
 
-    report, code = do_reconcile(_open(project_dir), run_ref)
+    report, code = do_reconcile(open_project(project_dir), run_ref)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
@@ -397,8 +347,8 @@ def reconcile(project_dir, run_ref, as_json):
     sys.exit(code)
 
 
-# ---------------------------------------------------------------------------- reading
-# status and journal live in cli_operator.py (with --watch and --follow).
+# ---------------------------------------------------------------------------- demo, cleanup
+# The read commands (status, journal, attach, history, sql, tui) are in operator_commands.py.
 
 
 @cli.command()
@@ -410,7 +360,7 @@ def reconcile(project_dir, run_ref, as_json):
 @handle_errors
 def demo(directory, parallel, count, as_json):
     """Build a small BMAD repository with a scripted agent, run the loop on it, show the result."""
-    from .demo import run_demo
+    from ..demo import run_demo
 
     result = run_demo(directory, parallel=parallel, count=count,
                       echo=None if as_json else click.echo)
@@ -431,12 +381,12 @@ def demo(directory, parallel, count, as_json):
 @handle_errors
 def cleanup(project_dir, dry_run, runs, purge, clone_dir, host, as_json):
     """Remove worktrees, branches and refs in bmad-loop's namespace that no live row owns."""
-    from .engine.cleanup import cleanup as do_cleanup
+    from ..engine.cleanup import cleanup as do_cleanup
 
     if purge and not runs:
         raise ConfigError("--purge goes with --runs")
     _set_host(host)
-    project = _open(project_dir, clone_dir)
+    project = open_project(project_dir, clone_dir)
     report = do_cleanup(project, dry_run=dry_run, runs=runs, purge=purge,
                         progress=None if as_json else (lambda m: click.echo(("would " if dry_run else "") + m)))
     if as_json:
@@ -446,10 +396,3 @@ def cleanup(project_dir, dry_run, runs, purge, clone_dir, host, as_json):
                    f"{len(report.branches_deleted)} branches, {len(report.refs_deleted)} refs, "
                    f"{len(report.remote_branches_deleted)} remote branches; "
                    f"kept {len(report.kept)}; rows marked {len(report.rows_marked)}")
-
-
-from . import cli_operator  # noqa: E402,F401  (registers status, journal, attach, history, sql, tui)
-
-
-def main():
-    cli(prog_name="bmad-loop")
