@@ -16,7 +16,8 @@ import click
 from .. import __version__
 from ..errors import BmadLoopError, ConfigError
 
-__all__ = ["cli", "main", "project_option", "json_option", "handle_errors", "open_project"]
+__all__ = ["cli", "main", "project_option", "json_option", "run_ref_argument", "handle_errors",
+           "open_project"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,6 +39,11 @@ def project_option(fn):
 
 def json_option(fn):
     return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(fn)
+
+
+def run_ref_argument(fn):
+    """An optional RUN (id, unique prefix or suffix); the newest run when left out."""
+    return click.argument("run_ref", metavar="RUN", required=False)(fn)
 
 
 def handle_errors(fn):

@@ -13,7 +13,7 @@ import threading
 import click
 
 from ..errors import EXIT_USAGE, ConfigError, NotFound
-from .app import cli, handle_errors, json_option, open_project, project_option
+from .app import cli, handle_errors, json_option, open_project, project_option, run_ref_argument
 
 __all__ = ["status", "journal", "attach", "history", "sql", "tui"]
 
@@ -37,10 +37,6 @@ def _open_reader(project_dir):
     return project, Reader(project)
 
 
-def _run_ref_argument(fn):
-    return click.argument("run_ref", metavar="RUN", required=False)(fn)
-
-
 def _interruptible(body):
     """Run `body(stop_event)`; Ctrl+C sets the event instead of raising mid-print."""
     stop = threading.Event()
@@ -53,7 +49,7 @@ def _interruptible(body):
 # ---------------------------------------------------------------------------- status
 @cli.command()
 @project_option
-@_run_ref_argument
+@run_ref_argument
 @json_option
 @click.option("--watch", is_flag=True,
               help="Live board, re-rendered every --interval seconds until the run settles.")
@@ -94,7 +90,7 @@ def _watch(project, run_ref, interval):
 # ---------------------------------------------------------------------------- journal
 @cli.command()
 @project_option
-@_run_ref_argument
+@run_ref_argument
 @click.option("--kind", "kinds", multiple=True, help="Only events of this kind (repeatable).")
 @click.option("--story", default=None, help="Only events of this story.")
 @click.option("--follow", "-f", is_flag=True,
@@ -124,7 +120,7 @@ def journal(project_dir, run_ref, kinds, story, follow, as_json):
 # ---------------------------------------------------------------------------- attach
 @cli.command()
 @project_option
-@_run_ref_argument
+@run_ref_argument
 @click.argument("story", required=False)
 @click.option("--no-follow", is_flag=True, help="Print the session log as it is and exit.")
 @handle_errors
@@ -221,7 +217,7 @@ def sql(project_dir, statement, as_json):
 # ---------------------------------------------------------------------------- tui
 @cli.command()
 @project_option
-@_run_ref_argument
+@run_ref_argument
 @handle_errors
 def tui(project_dir, run_ref):
     """A terminal UI: runs, stories, the lane, the journal; keys to stop, resume, clean up.

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from ..errors import EXIT_OK, EXIT_USAGE, ConfigError
-from .app import cli, handle_errors, json_option, open_project, project_option
+from .app import cli, handle_errors, json_option, open_project, project_option, run_ref_argument
 
 __all__ = ["init", "validate", "enqueue", "worker", "run", "resume", "stop", "approve", "reject",
            "reconcile", "demo", "cleanup"]
@@ -74,6 +74,19 @@ def _selection(epic, stories, max_stories):
     if max_stories is not None and max_stories < 1:
         raise ConfigError(f"--max-stories: must be >= 1, got {max_stories}")
     return Selection(epic=epic, stories=tuple(stories), max_stories=max_stories)
+
+
+def _enqueue(project_dir, parallel, epic, stories, max_stories):
+    """Open the project and enqueue a run of the selection: (project, policy, tasks, run id or
+    None when nothing matches, plan)."""
+    from ..engine.planning import enqueue as do_enqueue
+    from ..tasks import Tasks
+
+    project = open_project(project_dir)
+    policy = _policy_for_run(project, parallel)
+    tasks = Tasks(project)
+    run_id, plan = do_enqueue(project, tasks, policy, _selection(epic, stories, max_stories))
+    return project, policy, tasks, run_id, plan
 
 
 def _progress_printer(ci: bool = False):
@@ -140,13 +153,7 @@ def validate(project_dir, as_json):
 @handle_errors
 def enqueue(project_dir, parallel, epic, stories, max_stories):
     """Create a run and its plan; print the run id. Consumers (`worker`) do the work."""
-    from ..engine.planning import enqueue as do_enqueue
-    from ..tasks import Tasks
-
-    project = open_project(project_dir)
-    policy = _policy_for_run(project, parallel)
-    tasks = Tasks(project)
-    run_id, plan = do_enqueue(project, tasks, policy, _selection(epic, stories, max_stories))
+    _, _, _, run_id, _ = _enqueue(project_dir, parallel, epic, stories, max_stories)
     if run_id is None:
         click.echo("nothing to do: no actionable story matches the selection", err=True)
         return
@@ -199,13 +206,7 @@ def run(project_dir, parallel, epic, stories, max_stories, enqueue_only, ci, rep
 
     Exit codes: 0 completed, 1 failed, 2 bad input, 3 needs a human, 4 stopped, 130 second Ctrl+C.
     """
-    from ..engine.planning import enqueue as do_enqueue
-    from ..tasks import Tasks
-
-    project = open_project(project_dir)
-    policy = _policy_for_run(project, parallel)
-    tasks = Tasks(project)
-    run_id, plan = do_enqueue(project, tasks, policy, _selection(epic, stories, max_stories))
+    project, policy, tasks, run_id, plan = _enqueue(project_dir, parallel, epic, stories, max_stories)
     if run_id is None:
         click.echo("nothing to do: no actionable story matches the selection")
         return
@@ -220,7 +221,7 @@ def run(project_dir, parallel, epic, stories, max_stories, enqueue_only, ci, rep
 
 @cli.command()
 @project_option
-@click.argument("run_ref", metavar="RUN", required=False)
+@run_ref_argument
 @click.option("--enqueue-only", is_flag=True, help="Only queue the work for separate workers.")
 @report_options
 @handle_errors
@@ -280,7 +281,7 @@ def _write_reports(project, run_id, code, report_path, junit_path):
 
 @cli.command()
 @project_option
-@click.argument("run_ref", metavar="RUN", required=False)
+@run_ref_argument
 @click.option("--now", is_flag=True, help="Kill agent sessions now (attempts are not counted).")
 @handle_errors
 def stop(project_dir, run_ref, now):
@@ -326,7 +327,7 @@ def reject(project_dir, run_ref, story, reason):
 
 @cli.command()
 @project_option
-@click.argument("run_ref", metavar="RUN", required=False)
+@run_ref_argument
 @json_option
 @handle_errors
 def reconcile(project_dir, run_ref, as_json):
