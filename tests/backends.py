@@ -17,11 +17,14 @@ can be changed with `BMAD_TEST_POSTGRES_URL` (an admin URL: a database the test 
 `CREATE DATABASE` from) and `BMAD_TEST_REDIS_URL`; the names deliberately avoid the
 `BMAD_LOOP_` prefix, which the policy reads and the test HOME fixture clears.
 
-Import the fixtures into a test module: `from backends import backend, postgres_url, ...`.
+conftest.py registers this module as a plugin, so every test module can ask for the fixtures
+by name; outside a fixture, `fresh_postgres_database()` gives the same database as a context
+manager.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import uuid
@@ -30,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from support import CI
+
 __all__ = [
     "BACKENDS",
     "CI",
@@ -37,6 +42,7 @@ __all__ = [
     "Backend",
     "RedisNamespace",
     "backend",
+    "fresh_postgres_database",
     "postgres_admin_url",
     "postgres_url",
     "redis_namespace",
@@ -44,7 +50,6 @@ __all__ = [
     "service_missing",
 ]
 
-CI = os.environ.get("CI") == "true"
 BACKENDS = ["sqlite", "redis+postgres"]
 # The marker lets `-m "not scaleout"` leave the services out (pyproject registers it).
 BACKEND_PARAMS = ["sqlite", pytest.param("redis+postgres", marks=pytest.mark.scaleout)]
@@ -75,9 +80,8 @@ def _admin_engine(url: str):
                          connect_args={"connect_timeout": 5})
 
 
-@pytest.fixture(scope="session")
-def postgres_admin_url() -> str:
-    """The first admin URL that connects (users root, then postgres); once per xdist worker."""
+def find_postgres_admin_url() -> str:
+    """The first admin URL that connects (users root, then postgres); skips (fails in CI)."""
     from sqlalchemy import text
 
     last: BaseException | None = None
@@ -94,24 +98,38 @@ def postgres_admin_url() -> str:
     service_missing("PostgreSQL on " + ", ".join(PG_ADMIN_CANDIDATES), last or RuntimeError("no URL"))
 
 
-@pytest.fixture
-def postgres_url(postgres_admin_url) -> str:
-    """A brand-new, empty PostgreSQL database for this test only; dropped (FORCE) afterwards."""
+@contextlib.contextmanager
+def fresh_postgres_database(admin_url: str | None = None):
+    """A brand-new, empty PostgreSQL database (its URL) for one test; dropped (FORCE) after."""
     from sqlalchemy import text
     from sqlalchemy.engine import make_url
 
+    admin_url = admin_url or find_postgres_admin_url()
     name = f"bmad_{uuid.uuid4().hex[:16]}"
-    admin = _admin_engine(postgres_admin_url)
+    admin = _admin_engine(admin_url)
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
-        yield make_url(postgres_admin_url).set(database=name).render_as_string(hide_password=False)
+        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
     finally:
         try:
             with admin.connect() as conn:
                 conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         finally:
             admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> str:
+    """The admin URL, found once per xdist worker."""
+    return find_postgres_admin_url()
+
+
+@pytest.fixture
+def postgres_url(postgres_admin_url) -> str:
+    """A brand-new, empty PostgreSQL database for this test only; dropped (FORCE) afterwards."""
+    with fresh_postgres_database(postgres_admin_url) as url:
+        yield url
 
 
 # --- Redis ---------------------------------------------------------------------------------

@@ -25,8 +25,7 @@ from rich.console import Console
 from bmad_loop.engine.project import Project
 from bmad_loop.operator.board_view import render_board
 from bmad_loop.operator.tui import BoardApp
-from conftest import StoryDef, git
-from operator_support import spawn_cli, wait_for_files, wait_until
+from support import StoryDef, git, spawn_cli, status_when, wait_for_files
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SHOWN_ROOT = "/home/dev/shop"
@@ -38,10 +37,6 @@ STORIES = [
 ]
 POLICY = ('[scm]\nmax_parallel = 2\nmerge_strategy = "merge"\n[gates]\nmode = "none"\n'
           '[verify]\ncommands = ["! grep -rq BROKEN src"]\n')
-
-
-def _frame_when(repo, predicate, what):
-    return wait_until(lambda: (lambda s: s if predicate(s) else None)(repo.status()), what)
 
 
 def _state(status, key):
@@ -65,12 +60,12 @@ def test_render_operator_docs(make_repo, tmp_path):
     run = spawn_cli(repo, "run")
     try:
         wait_for_files(bar["login"][0], bar["profile"][0])
-        before = _frame_when(repo, lambda s: _state(s, "1-2-profile")["phase"] == "dev"
-                             and _state(s, "1-1-login")["phase"] == "dev", "both in dev")
+        before = status_when(repo, lambda s: _state(s, "1-2-profile")["phase"] == "dev"
+                             and _state(s, "1-1-login")["phase"] == "dev", what="both in dev")
         bar["profile"][1].write_text("go")
         wait_for_files(bar["search"][0])
-        after = _frame_when(repo, lambda s: _state(s, "1-2-profile")["state"] == "ready"
-                            and _state(s, "1-4-search")["phase"] == "dev", "profile ready")
+        after = status_when(repo, lambda s: _state(s, "1-2-profile")["state"] == "ready"
+                            and _state(s, "1-4-search")["phase"] == "dev", what="profile ready")
         now = max(dt.datetime.strptime(s["heartbeat_at"], "%Y-%m-%dT%H:%M:%SZ")
                   for s in after["stories"] if s["heartbeat_at"]).replace(tzinfo=dt.timezone.utc)
         first = render_board(_shown(before, repo.root), None, now - dt.timedelta(seconds=3))

@@ -30,6 +30,7 @@ from bmad_loop.adapter import (
     session_output,
 )
 from bmad_loop.errors import ConfigError
+from support import alive, poll, wait_until
 
 
 def _call(tmp_path: Path, **overrides) -> AgentCall:
@@ -48,32 +49,15 @@ def _script(tmp_path: Path, name: str, body: str) -> Path:
     return path
 
 
-def _gone(pid: int) -> bool:
-    """A pid is gone when it no longer exists or is only a zombie waiting for its parent."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state == "Z"
-
-
 def _wait_gone(pid: int, within_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if _gone(pid):
-            return True
-        time.sleep(0.02)
-    return _gone(pid)
+    """True once `pid` is gone (or only a zombie), False if it outlives `within_s`."""
+    return bool(poll(lambda: not alive(pid), timeout=within_s, interval=0.02))
 
 
 def _wait_file(path: Path, within_s: float = 10.0) -> str:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().strip():
-            return path.read_text().strip()
-        time.sleep(0.01)
-    raise AssertionError(f"{path} was never written")
+    """The stripped text of `path` once a script has written something into it."""
+    return wait_until(lambda: path.exists() and path.read_text().strip(), timeout=within_s,
+                      what=f"{path} to be written", interval=0.01)
 
 
 @pytest.fixture

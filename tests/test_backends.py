@@ -9,7 +9,6 @@ on this machine; without them the second half skips locally and fails in CI.
 from __future__ import annotations
 
 import collections
-import datetime as dt
 import json
 import signal
 import socket
@@ -23,26 +22,25 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from backends import (  # noqa: F401  (fixtures)
-    Backend,
-    backend,
-    postgres_admin_url,
-    postgres_url,
-    redis_namespace,
-    redis_server,
-)
-from conftest import StoryDef, wait_until
-
 from bmad_loop.db.migrate import current_revision, head_revision
 from bmad_loop.db.models import Base, Run, Story
 from bmad_loop.engine import leases
 from bmad_loop.engine.rows import transition_story
 from bmad_loop.queue import STORIES, BackgroundConsumer, make_huey
+from backends import Backend
+from support import (
+    ALPHA_BETA_GAMMA,
+    CONTRACT_TABLES,
+    TTL,
+    at,
+    settled_status,
+    wait_until,
+    write_each,
+)
+from support import VIEWS as VIEW_NAMES
 
-CONTRACT_TABLES = {"runs", "stories", "attempts", "candidates", "events", "leases"}
-VIEWS = {"v_story_runs", "v_integrations", "v_escalations", "v_waits"}
+VIEWS = set(VIEW_NAMES)
 THREADS = 8
-SETTLED = ("completed", "failed", "paused", "stopped")
 
 
 @pytest.fixture
@@ -188,16 +186,10 @@ def test_eight_threads_racing_one_guarded_transition_have_exactly_one_winner(db)
 
 # --- state: leases on a stepped clock ------------------------------------------------------
 
-TTL = 10.0
-T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 LANE = "lane:/some/project"
 # Owners on other hosts: their pid cannot be probed here, so only expiry frees their lease.
 ALICE = "host-a:101:lane"
 BOB = "host-b:202:lane"
-
-
-def at(seconds: float) -> dt.datetime:
-    return T0 + dt.timedelta(seconds=seconds)
 
 
 def test_leases_acquire_renew_take_over_and_fence_on_a_stepped_clock(db):
@@ -311,12 +303,8 @@ def test_projects_on_one_redis_server_get_queue_names_of_their_own(tmp_path):
 
 # --- end to end ----------------------------------------------------------------------------
 
-THREE = [
-    StoryDef("1-1-alpha", files=["src/alpha.py"]),
-    StoryDef("1-2-beta", files=["src/beta.py"]),
-    StoryDef("1-3-gamma", files=["src/gamma.py"]),
-]
-SCRIPT = {s.key: {"dev": [{"write": {s.files[0]: f"NAME = '{s.key}'\n"}}]} for s in THREE}
+THREE = ALPHA_BETA_GAMMA
+SCRIPT = write_each(THREE)
 POLICY = '[scm]\nmax_parallel = {n}\nmerge_strategy = "merge"\n[gates]\nmode = "none"\n'
 
 
@@ -406,8 +394,7 @@ def test_a_lane_process_and_two_worker_processes_configured_by_environment_finis
     lane = repo.spawn("worker", "--queue", "integration", log_name="lane")
     workers = [repo.spawn("worker", "--queue", "stories", "-w", "2", log_name=f"worker{n}")
                for n in range(2)]
-    settled = wait_until(lambda: repo.status(run_id)["run"]["state"] in SETTLED and repo.status(run_id),
-                         timeout=120, what="the run settled under the separate consumers")
+    settled = settled_status(repo, run_id, timeout=120)
     for proc in (lane, *workers):
         proc.send_signal(signal.SIGTERM)  # what `docker compose stop` sends
     codes = [proc.wait(timeout=30) for proc in (lane, *workers)]

@@ -15,8 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import StoryDef, git
-from test_remote import make_remote_project
+from support import StoryDef, git, make_remote_project
 
 TWO = [
     StoryDef("1-1-alpha", files=["src/alpha.py"]),

@@ -2,7 +2,6 @@
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -18,50 +17,13 @@ from bmad_loop.board import (
     validate_story_key,
 )
 from bmad_loop.errors import ConfigError
-
-# The shape of /work/shared/samples/sprint-status.yaml, as bmad-sprint-planning writes it.
-SAMPLE_BOARD = """\
-# A sample BMAD sprint board, as `bmad-sprint-planning` writes it (shape only; content invented).
-# Keys: epic-N, epic-N-retrospective, epic-N-retro-item-M-slug, and stories E-S[a]-slug
-# (a one-letter lower-case suffix marks a split story: 2-6a, 2-6b). Other keys are not stories.
-# Story statuses, in order (never regress): backlog, ready-for-dev, in-progress, review, done.
-# Older boards may say `drafted`, which means ready-for-dev.
-generated: 2026-11-20
-project: sample-shop
-story_location: _bmad-output/implementation-artifacts
-
-development_status:
-  epic-1: in-progress
-  1-1-project-scaffold: done
-  1-2-user-auth: ready-for-dev
-  1-3-password-reset: ready-for-dev
-  1-4-audit-log: backlog
-  epic-1-retrospective: optional
-
-  epic-2: backlog
-  2-1-catalog-model: backlog
-  2-2-catalog-api: backlog
-  2-3a-search-index: backlog
-  2-3b-search-ui: backlog
-  epic-2-retrospective: optional
-  epic-1-retro-item-1-flaky-login-test: backlog
-"""
-
-
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-def board_with(*lines: str) -> str:
-    return "development_status:\n" + "".join(f"  {line}\n" for line in lines)
+from support import SAMPLE_BOARD, STORY_DIR, board_with, write
 
 
 @pytest.fixture
 def sample_board(tmp_path):
     """The sample board written to a real file in a project folder of its own."""
-    return write(tmp_path / "_bmad-output/implementation-artifacts/sprint-status.yaml", SAMPLE_BOARD)
+    return write(tmp_path / STORY_DIR / "sprint-status.yaml", SAMPLE_BOARD)
 
 
 # --- parsing ---
@@ -399,3 +361,4 @@ def test_story_dir_comes_from_policy_then_story_location_then_the_board_folder(t
     assert resolve_story_dir(tmp_path, located) == tmp_path / "stories"
     assert resolve_story_dir(tmp_path, relative) == tmp_path / "rel/stories"
     assert resolve_story_dir(tmp_path, plain) == tmp_path / "boards"
+

@@ -3,7 +3,7 @@
 import json
 import xml.etree.ElementTree as ET
 
-from conftest import StoryDef
+from support import StoryDef
 
 
 def test_a_ci_run_with_one_escalating_story_writes_a_report_and_junit_and_exits_3(make_repo, tmp_path):

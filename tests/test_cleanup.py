@@ -22,7 +22,7 @@ import pytest
 from bmad_loop.engine.control import stop
 from bmad_loop.engine.project import Project
 from bmad_loop.tasks import Tasks
-from conftest import StoryDef
+from support import StoryDef
 
 ALPHA = StoryDef("1-1-alpha", files=["src/alpha.py"])
 BETA = StoryDef("1-2-beta", files=["src/beta.py"])

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from bmad_loop.cli import cli
 from bmad_loop.policy import default_policy_text
-from conftest import StoryDef, git
+from support import StoryDef, git, write_each
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLI_DOC = REPO_ROOT / "docs" / "cli.md"
@@ -20,7 +20,7 @@ COMMANDS = sorted(cli.commands)
 
 ALPHA = StoryDef("1-1-alpha", files=["src/alpha.py"])
 BETA = StoryDef("1-2-beta", files=["src/beta.py"])
-WRITE_EACH = {s.key: {"dev": [{"write": {s.files[0]: f"NAME = '{s.key}'\n"}}]} for s in (ALPHA, BETA)}
+WRITE_EACH = write_each((ALPHA, BETA))
 
 # The brief's `status --json` contract (more fields may follow; these must be there).
 RUN_FIELDS = {"id", "state", "target_branch", "target_sha", "max_parallel"}

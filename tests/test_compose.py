@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,21 +21,14 @@ from bmad_loop.compose import (
     sync_checkout,
 )
 from bmad_loop.errors import GitError
-from bmad_loop.gitcmd import Git, clean_env
+from bmad_loop.gitcmd import Git
 from bmad_loop.worktrees import ensure_worktree
+from support import git_repo
 
 BOARD = "sprint-status.yaml"
 A_PY = "".join(f"line {i}\n" for i in range(1, 11))
 
-
-@pytest.fixture(autouse=True)
-def no_git_config(tmp_path, monkeypatch):
-    """An empty HOME, so the machine's ~/.gitconfig (identity, hooks, signing) cannot leak in."""
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
-
+# HOME without git config: the autouse `isolated_home` fixture of conftest.py.
 
 _clock = itertools.count(1_700_000_000, 60)
 
@@ -62,9 +54,7 @@ def commit(git: Git, cwd: Path, files: dict, message: str, author: tuple | None 
 def git(tmp_path) -> Git:
     """A real repository on `main`: a board, two sources, an executable, an ignore rule."""
     repo = tmp_path / "repo"
-    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True, env=clean_env())
-    g = Git(repo)
-    g.run("config", "user.useConfigOnly", "true")
+    g = git_repo(repo)
     (repo / "run.sh").write_text("#!/bin/sh\n")
     (repo / "run.sh").chmod(0o755)
     commit(g, repo, {

@@ -28,16 +28,9 @@ import pytest
 import yaml
 from sqlalchemy.engine import make_url
 
-from backends import (  # noqa: F401  (fixtures)
-    postgres_admin_url,
-    postgres_url,
-    redis_namespace,
-    redis_server,
-)
-from conftest import wait_until
-
 from bmad_loop import policy as policy_module
 from bmad_loop.cli import cli
+from support import SETTLED, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -466,7 +459,7 @@ def test_the_compose_topology_completes_the_demo_sprint_on_loopback_redis_and_po
                                   "--json"], env=env, capture_output=True, text=True)
             return out.stdout if out.returncode == 0 else ""
 
-        settled = wait_until(lambda: next((s for s in ("completed", "failed", "paused", "stopped")
+        settled = wait_until(lambda: next((s for s in SETTLED
                                            if f'"{s}"' in state()), None),
                              timeout=180, interval=0.5,
                              what="the demo run settled under the lane and two worker processes")

@@ -24,21 +24,26 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from bmad_loop.engine.faults import CRASH_ENV, CRASH_POINTS, ONCE_ENV
-from conftest import StoryDef
+from support import (
+    ALPHA_BETA_GAMMA,
+    SETTLED,
+    alive,
+    poll,
+    project_argv,
+    query,
+    stop_processes,
+    wait_for_exit,
+    wait_until,
+    write_each,
+)
 
-STORIES = [
-    StoryDef("1-1-alpha", files=["src/alpha.py"]),
-    StoryDef("1-2-beta", files=["src/beta.py"]),
-    StoryDef("1-3-gamma", files=["src/gamma.py"]),
-]
-SCRIPT = {s.key: {"dev": [{"write": {s.files[0]: f"NAME = '{s.key}'\n"}}]} for s in STORIES}
+STORIES = ALPHA_BETA_GAMMA
+SCRIPT = write_each(STORIES)
 POLICY = ('[scm]\nmerge_strategy = "merge"\n[gates]\nmode = "none"\n'
           '[leases]\nttl_s = 3\n')
 CRASH_DEADLINE_S = 60
@@ -46,63 +51,40 @@ FINISH_DEADLINE_S = 60
 
 
 # ------------------------------------------------------------------------------ helpers
-def worker_argv(repo) -> list[str]:
-    return [sys.executable, "-m", "bmad_loop", "worker", "--queue", "all", "-w", "1",
-            "--project", str(repo.root)]
-
-
 def start_worker(repo, env: dict, log: Path) -> subprocess.Popen:
     handle = open(log, "ab")
     try:
-        return subprocess.Popen(worker_argv(repo), env=env, stdout=handle, stderr=subprocess.STDOUT)
+        return subprocess.Popen(project_argv(repo, "worker", "--queue", "all", "-w", "1"), env=env,
+                                stdout=handle, stderr=subprocess.STDOUT)
     finally:
         handle.close()
 
 
-def wait_for_exit(proc: subprocess.Popen, deadline_s: float, log: Path) -> int:
-    try:
-        return proc.wait(timeout=deadline_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"worker did not die within {deadline_s}s; log:\n{log.read_text()[-4000:]}")
-
-
-def stop_worker(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def run_state(repo, run_id: str) -> str | None:
     """Cheap poll of the run row (the final verdict comes from `status --json`)."""
-    path = repo.root / ".bmad-loop" / "state.db"
-    if not path.exists():
-        return None
-    with sqlite3.connect(path, timeout=30) as conn:
-        row = conn.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
-    return row[0] if row else None
+    rows = query(repo, "SELECT state FROM runs WHERE id = ?", run_id)
+    return rows[0][0] if rows else None
 
 
 def wait_until_completed(repo, run_id: str, proc: subprocess.Popen, log: Path) -> dict:
-    deadline = time.monotonic() + FINISH_DEADLINE_S
-    while time.monotonic() < deadline:
-        if run_state(repo, run_id) in ("completed", "failed", "paused", "stopped"):
-            status = repo.status(run_id)
-            if status["run"]["state"] == "completed":
-                return status
-            pytest.fail(f"run settled as {status['run']['state']}: {status['run']['reason']}\n"
-                        + json.dumps(status["stories"], indent=1)[-3000:])
+    def settled() -> bool:
+        if run_state(repo, run_id) in SETTLED:
+            return True
         if proc.poll() is not None:
             pytest.fail(f"worker exited {proc.returncode} before the run completed; log:\n"
                         + log.read_text()[-4000:])
-        time.sleep(0.2)
-    pytest.fail(f"run not completed within {FINISH_DEADLINE_S}s: {repo.status(run_id)['run']}\n"
-                + log.read_text()[-4000:])
+        return False
+
+    try:
+        wait_until(settled, timeout=FINISH_DEADLINE_S, interval=0.2, what="the run to complete")
+    except AssertionError:
+        pytest.fail(f"run not completed within {FINISH_DEADLINE_S}s: {repo.status(run_id)['run']}\n"
+                    + log.read_text()[-4000:])
+    status = repo.status(run_id)
+    if status["run"]["state"] != "completed":
+        pytest.fail(f"run settled as {status['run']['state']}: {status['run']['reason']}\n"
+                    + json.dumps(status["stories"], indent=1)[-3000:])
+    return status
 
 
 def enqueue(repo) -> str:
@@ -116,8 +98,7 @@ def target_trees(repo) -> list[tuple[str, int]]:
 
 
 def max_seq(repo) -> int:
-    with sqlite3.connect(repo.root / ".bmad-loop" / "state.db", timeout=30) as conn:
-        return conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+    return query(repo, "SELECT COALESCE(MAX(seq), 0) FROM events")[0][0]
 
 
 def attempt_rows(repo) -> list[dict]:
@@ -175,7 +156,7 @@ def test_a_kill_9_at_each_crash_point_loses_nothing_doubles_nothing_and_leaves_n
     try:
         status = wait_until_completed(repo, run_id, second, log)
     finally:
-        stop_worker(second)
+        stop_processes(second)
 
     # Every story integrated exactly once.
     assert [s["state"] for s in status["stories"]] == ["integrated"] * len(STORIES)
@@ -277,34 +258,21 @@ def test_a_crash_inside_the_agent_session_ends_the_orphaned_agent_before_the_sto
 
     first = start_worker(repo, env, log)
     assert wait_for_exit(first, CRASH_DEADLINE_S, log) == -signal.SIGKILL
-    deadline = time.monotonic() + 30
-    while not inside.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    poll(inside.exists, timeout=30)
     orphan = int(inside.read_text())
-    assert _alive(orphan)  # still blocked on its barrier, its parent gone
+    assert alive(orphan)  # still blocked on its barrier, its parent gone
     inside.unlink()
 
     second = start_worker(repo, env, log)
     try:
-        deadline = time.monotonic() + 30
-        while not inside.exists() and time.monotonic() < deadline:  # the new session started
-            time.sleep(0.05)
+        poll(inside.exists, timeout=30)  # the new session started
         assert inside.exists(), log.read_text()[-4000:]
-        assert not _alive(orphan), f"the orphaned agent {orphan} was left running"
+        assert not alive(orphan), f"the orphaned agent {orphan} was left running"
         release.write_text("go")
         status = wait_until_completed(repo, run_id, second, log)
     finally:
         release.write_text("go")
-        stop_worker(second)
+        stop_processes(second)
     assert status["stories"][0]["state"] == "integrated"
     recovered = [e for e in repo.journal(run_id) if e["kind"] == "story.recovered"]
     assert len(recovered) == 1 and len(recovered[0]["data"]["interrupted_attempts"]) == 1
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            stat = handle.read()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2:].split()[0] != "Z"

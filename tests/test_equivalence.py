@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import StoryDef
+from support import StoryDef
 
 GOLDEN = Path(__file__).parent / "golden" / "sequential.json"
 

@@ -16,32 +16,7 @@ from bmad_loop.footprint import (
     path_matches,
     pattern_problem,
 )
-
-# The shape of /work/shared/samples/1-2-user-auth.md.
-SAMPLE_STORY = """\
----
-title: User authentication
-footprint:
-  files: ["src/shop/auth/**", "tests/auth/**"]
-  shared: ["src/shop/__init__.py", "CHANGELOG.md"]
-  resources: ["database"]
----
-# Story 1.2: User authentication
-
-Status: ready-for-dev
-
-## Story
-
-As a shopper, I want to sign in with e-mail and password, so that my basket follows me.
-
-## Acceptance Criteria
-
-1. POST /login with valid credentials returns a session cookie.
-
-## Dev Notes
-
-The users table migration runs against the shared test database, hence the `database` resource.
-"""
+from support import SAMPLE_STORY
 
 
 def block_story(block: str, heading: str = "## Footprint") -> str:

@@ -12,31 +12,15 @@ import pytest
 
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, Identity, branch_name_ok, clean_env, repo_lock
+from support import git_repo
 
-
-@pytest.fixture(autouse=True)
-def no_git_config(tmp_path, monkeypatch):
-    """An empty HOME, so the machine's ~/.gitconfig (identity, hooks, signing) cannot leak in."""
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
-    for var in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL",
-                "EMAIL"):
-        monkeypatch.delenv(var, raising=False)
+# HOME without git config: the autouse `isolated_home` fixture of conftest.py.
 
 
 @pytest.fixture
 def git(tmp_path) -> Git:
     """A real repository on `main` with one commit, which refuses to guess an identity."""
-    repo = tmp_path / "repo"
-    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True, env=clean_env())
-    g = Git(repo)
-    g.run("config", "user.useConfigOnly", "true")
-    (repo / "README").write_text("hello\n")
-    g.run("add", "-A")
-    g.run("commit", "-q", "-m", "base", env=g.identity_env())
-    return g
+    return git_repo(tmp_path / "repo", {"README": "hello\n"})
 
 
 def test_commits_work_without_any_git_identity_configured(git):

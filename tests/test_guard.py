@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import StoryDef
+from support import StoryDef
 
 ALPHA = StoryDef("1-1-alpha", files=["src/alpha.py"])
 OWN_COMMIT = {"write": {"src/alpha.py": "NAME = 'alpha'\n"}, "commit": True}

@@ -3,17 +3,7 @@ and the stale-premise check — each with a real repository, consumers and file 
 
 import json
 
-import pytest
-
-from conftest import StoryDef, wait_until
-from test_parallel import MERGE_NONE, barrier_script, go, inside, states
-
-
-@pytest.fixture
-def bar(tmp_path):
-    path = tmp_path / "bar"
-    path.mkdir()
-    return path
+from support import AGENT, MERGE_NONE, StoryDef, barrier_script, go, inside, states, wait_until
 
 
 def test_a_dependency_chain_runs_in_order_while_an_independent_story_overlaps_it(make_repo, bar):
@@ -78,7 +68,6 @@ def test_a_tiered_story_agent_sees_the_tiers_model_and_arguments(make_repo):
     b = StoryDef("1-2-b", files=["src/b.py"])
     repo = make_repo([a, b], script={s.key: {"dev": [{"write": {s.files[0]: s.key}}]} for s in (a, b)})
     import sys
-    from conftest import AGENT
     repo.write_policy(
         '[adapter]\n'
         f'command = [{json.dumps(sys.executable)}, {json.dumps(str(AGENT))}, '

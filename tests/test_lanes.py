@@ -16,9 +16,7 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -33,26 +31,13 @@ from bmad_loop.engine.project import Project
 from bmad_loop.engine.rows import run_policy
 from bmad_loop.engine.worker import work
 from bmad_loop.tasks import Tasks
-from conftest import StoryDef
+from support import ALPHA_BETA_GAMMA, project_argv, query, stop_processes, wait_until
 
-STORIES = [
-    StoryDef("1-1-alpha", files=["src/alpha.py"]),
-    StoryDef("1-2-beta", files=["src/beta.py"]),
-    StoryDef("1-3-gamma", files=["src/gamma.py"]),
-]
+STORIES = ALPHA_BETA_GAMMA
 POLICY = '[scm]\nmerge_strategy = "merge"\n[gates]\nmode = "none"\n[leases]\nttl_s = 3\n'
-DEADLINE_S = 60
 
 
 # ------------------------------------------------------------------------------ helpers
-def query(repo, sql: str, *params) -> list[tuple]:
-    path = repo.root / ".bmad-loop" / "state.db"
-    if not path.exists():
-        return []
-    with sqlite3.connect(path, timeout=30) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
 def lane_lease(repo) -> tuple[str, int] | None:
     rows = query(repo, "SELECT owner, token FROM leases WHERE name = ?", f"lane:{repo.root}")
     return (rows[0][0], rows[0][1]) if rows else None
@@ -67,16 +52,6 @@ def events(repo, kind: str) -> list[dict]:
     return [{"seq": seq, "story": story, "data": json.loads(data or "{}")} for seq, story, data in rows]
 
 
-def wait_for(predicate, what: str, deadline_s: float = DEADLINE_S):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
-
-
 class Workers:
     """`bmad-loop worker` subprocesses of one test, each stopped (or killed) at the end."""
 
@@ -87,7 +62,7 @@ class Workers:
         log = self.tmp_path / f"{name}.log"
         with open(log, "wb") as handle:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "bmad_loop", "worker", "--project", str(self.repo.root), *args],
+                project_argv(self.repo, "worker", *args),
                 stdout=handle, stderr=subprocess.STDOUT, env=dict(os.environ))
         self.procs[name] = proc
         return proc
@@ -102,15 +77,7 @@ class Workers:
         return "\n".join(f"--- {n}\n{self.log(n)[-3000:]}" for n in self.procs)
 
     def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(*self.procs.values())
 
 
 @pytest.fixture
@@ -140,9 +107,9 @@ def test_a_second_lane_stays_standby_while_the_first_lives_and_takes_over_after_
     w = workers(repo)
 
     first = w.start("lane-a", "--queue", "integration")
-    wait_for(lambda: lease_pid(lane_lease(repo)) == first.pid, "lane A to hold the lane lease")
+    wait_until(lambda: lease_pid(lane_lease(repo)) == first.pid, what="lane A to hold the lane lease")
     second = w.start("lane-b", "--queue", "integration")
-    wait_for(lambda: w.started("lane-b"), "lane B to be up")
+    wait_until(lambda: w.started("lane-b"), what="lane B to be up")
 
     # Watch the lease for as long as A lives: B's pid must never show up as its owner.
     samples: list[tuple[str, int] | None] = []
@@ -158,8 +125,8 @@ def test_a_second_lane_stays_standby_while_the_first_lives_and_takes_over_after_
     watcher.start()
     w.start("stories", "--queue", "stories", "-w", "1")
     try:
-        wait_for(lambda: [e["story"] for e in events(repo, "target.advanced")] == ["1-1-alpha"]
-                 and inside.exists(), "alpha integrated and beta inside its dev session")
+        wait_until(lambda: [e["story"] for e in events(repo, "target.advanced")] == ["1-1-alpha"]
+                   and inside.exists(), what="alpha integrated and beta inside its dev session")
         assert lane_lease(repo) == (f"{socket.gethostname()}:{first.pid}:lane", 1)
         kill_seq = max(seq for (seq,) in query(repo, "SELECT seq FROM events"))
         first.send_signal(signal.SIGKILL)
@@ -171,12 +138,12 @@ def test_a_second_lane_stays_standby_while_the_first_lives_and_takes_over_after_
         sorted({s for s in samples if s})
 
     # The dead owner is on this host: B takes over without waiting out the TTL.
-    wait_for(lambda: lease_pid(lane_lease(repo)) == second.pid, "lane B to take the lease")
+    wait_until(lambda: lease_pid(lane_lease(repo)) == second.pid, what="lane B to take the lease")
     assert lane_lease(repo) == (f"{socket.gethostname()}:{second.pid}:lane", 2)
     release.write_text("go")
     try:
-        wait_for(lambda: query(repo, "SELECT state FROM runs WHERE id = ?", run_id)[0][0]
-                 in ("completed", "failed", "paused"), "the run to settle")
+        wait_until(lambda: query(repo, "SELECT state FROM runs WHERE id = ?", run_id)[0][0]
+                   in ("completed", "failed", "paused"), what="the run to settle")
     except AssertionError:
         raise AssertionError(w.logs())
     status = repo.status(run_id)

@@ -6,7 +6,6 @@ sleeping. The database is a real, migrated SQLite file per test.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import socket
 import subprocess
@@ -16,17 +15,12 @@ import pytest
 
 from bmad_loop.db.database import Database
 from bmad_loop.engine import leases
+from support import TTL, at
 
-TTL = 10.0
-T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 NAME = "lane:/some/project"
 # Owners on another host: their pid cannot be checked here, so only expiry frees their lease.
 ALICE = "elsewhere-a:101:lane"
 BOB = "elsewhere-b:202:lane"
-
-
-def at(seconds: float) -> dt.datetime:
-    return T0 + dt.timedelta(seconds=seconds)
 
 
 @pytest.fixture

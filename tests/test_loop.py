@@ -1,22 +1,16 @@
 """The story loop end to end: real repository, real huey consumers, scripted agent."""
 
-import json
 from pathlib import Path
 
 import pytest
 
-from conftest import StoryDef
+from support import ALPHA_BETA_GAMMA, StoryDef, write_each
 
-THREE = [
-    StoryDef("1-1-alpha", files=["src/alpha.py"]),
-    StoryDef("1-2-beta", files=["src/beta.py"]),
-    StoryDef("1-3-gamma", files=["src/gamma.py"]),
-]
+THREE = ALPHA_BETA_GAMMA
 
 
 def _script_writing_one_file_each(commit: bool):
-    return {s.key: {"dev": [{"write": {s.files[0]: f"NAME = '{s.key}'\n"}, "commit": commit}]}
-            for s in THREE}
+    return write_each(THREE, commit=commit)
 
 
 @pytest.mark.parametrize("isolation", ["worktree", "none"])

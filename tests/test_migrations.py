@@ -19,8 +19,7 @@ from alembic.runtime.migration import MigrationContext
 from bmad_loop.db.database import Database
 from bmad_loop.db.migrate import current_revision, head_revision
 from bmad_loop.db.models import Base
-
-CONTRACT_TABLES = {"runs", "stories", "attempts", "candidates", "events", "leases"}
+from support import CONTRACT_TABLES
 
 
 def _url(path: Path) -> str:

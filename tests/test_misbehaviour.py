@@ -7,20 +7,18 @@ real repository. Agents are the scripted agent; notifiers are real commands (`fa
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import sys
 import time
 from pathlib import Path
 
-from conftest import AGENT, StoryDef
+from support import StoryDef, agent_command, alive
 
 ALPHA = StoryDef("1-1-alpha", files=["src/alpha.py"])
 
 
 def adapter_section(repo, **extra) -> str:
     """The scripted agent as `[adapter] command`, with extra adapter keys (e.g. timeout_s)."""
-    command = json.dumps([sys.executable, str(AGENT), str(repo.script_path)])
+    command = json.dumps(agent_command(repo.script_path))
     lines = ["[adapter]", f"command = {command}"]
     lines += [f"{key} = {json.dumps(value)}" for key, value in extra.items()]
     return "\n".join(lines) + "\n"
@@ -32,16 +30,6 @@ def attempt_rows(repo) -> list[dict]:
         rows = conn.execute("SELECT phase, number, state, counted, exit_code, pid FROM attempts "
                             "ORDER BY id").fetchall()
     return [dict(row) for row in rows]
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` is a running (not zombie) process."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            stat = handle.read()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
 
 
 def events(repo, kind: str) -> list[dict]:

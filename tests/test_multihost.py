@@ -17,43 +17,39 @@ import subprocess
 
 import pytest
 
-from backends import postgres_admin_url, postgres_url, redis_namespace, redis_server  # noqa: F401
-from conftest import StoryDef, git, wait_until
-from test_remote import make_remote_project, remote_trees
+from support import (
+    StoryDef,
+    barrier_script,
+    git,
+    make_remote_project,
+    remote_trees,
+    settled_status,
+    wait_until,
+)
 
 STORIES = [StoryDef(f"1-{i}-s{i}", files=[f"src/s{i}.py"]) for i in range(1, 7)]
 POLICY = ('[scm]\nmax_parallel = {n}\nmerge_strategy = "merge"\n[gates]\nmode = "none"\n'
           '[leases]\nttl_s = 3\n')
-SETTLED = ("completed", "failed", "paused", "stopped")
 
 
-def barrier_script(bar):
-    return {s.key: {"dev": [{"write": {s.files[0]: f"NAME = '{s.key}'\n"},
-                             "touch": [str(bar / f"in-{s.key}")],
-                             "wait_for": str(bar / f"go-{s.key}")}]}
-            for s in STORIES}
+def _cli_output(project, *args) -> str:
+    """`bmad-loop COMMAND --project PROJECT ... --json` in process, from another checkout."""
+    from click.testing import CliRunner
+
+    from bmad_loop.cli import cli
+
+    result = CliRunner().invoke(cli, [args[0], "--project", str(project), *args[1:], "--json"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
 
 
 def _cli_json(project, *args):
-    from click.testing import CliRunner
-
-    from bmad_loop.cli import cli
-
-    result = CliRunner().invoke(cli, [args[0], "--project", str(project), *args[1:], "--json"],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return json.loads(result.output)
+    return json.loads(_cli_output(project, *args))
 
 
 def _cli_lines(project, *args):
-    from click.testing import CliRunner
-
-    from bmad_loop.cli import cli
-
-    result = CliRunner().invoke(cli, [args[0], "--project", str(project), *args[1:], "--json"],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return [json.loads(line) for line in result.output.splitlines() if line.strip()]
+    return [json.loads(line) for line in _cli_output(project, *args).splitlines() if line.strip()]
 
 
 def _kill_group(pid: int) -> None:
@@ -64,7 +60,7 @@ def _kill_group(pid: int) -> None:
 
 
 @pytest.fixture
-def services(postgres_url, redis_namespace):  # noqa: F811
+def services(postgres_url, redis_namespace):
     return postgres_url, redis_namespace
 
 
@@ -74,7 +70,7 @@ def test_three_hosts_finish_a_sprint_when_one_story_host_dies(make_repo, tmp_pat
     bar.mkdir()
     for s in STORIES:  # the single-host reference run passes its barriers at once
         (bar / f"go-{s.key}").write_text("go")
-    reference = make_repo(STORIES, script=barrier_script(bar), policy=POLICY.format(n=1),
+    reference = make_repo(STORIES, script=barrier_script(STORIES, bar), policy=POLICY.format(n=1),
                           name="reference")
     assert reference.cli("run").exit_code == 0
     expected = [c["tree"] for c in reference.first_parent_trees()]
@@ -83,7 +79,7 @@ def test_three_hosts_finish_a_sprint_when_one_story_host_dies(make_repo, tmp_pat
 
     backends = (f'[queue]\nbackend = "redis"\nurl = "{redis.url}"\n'
                 f'[database]\nurl = "{database_url}"\n')
-    repo, bare = make_remote_project(make_repo, STORIES, barrier_script(bar),
+    repo, bare = make_remote_project(make_repo, STORIES, barrier_script(STORIES, bar),
                                      POLICY.format(n=4) + backends)
     from bmad_loop.engine.project import Project
     from bmad_loop.tasks import queue_config
@@ -118,10 +114,8 @@ def test_three_hosts_finish_a_sprint_when_one_story_host_dies(make_repo, tmp_pat
     for s in STORIES:
         (bar / f"go-{s.key}").write_text("go")
 
-    settled = wait_until(lambda: repo.status(run_id)["run"]["state"] in SETTLED and repo.status(run_id),
-                         timeout=180, what="the run settled on the surviving host")
-    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}"
-                     for p in sorted(repo.root.parent.glob(f"{repo.root.name}-*.log")))
+    settled = settled_status(repo, run_id, timeout=180)
+    logs = repo.spawned_logs(2500)
     assert settled["run"]["state"] == "completed", (settled["run"]["reason"], [(s["key"], s["state"], s["host"], s["reason"]) for s in settled["stories"]], logs)
     assert standby.poll() is None and lane.poll() is None, logs
 

@@ -3,10 +3,8 @@
 (The `[adapter] tmux = true` mode is not built yet: these tests cover the log follower.)
 """
 
-from conftest import StoryDef
-from operator_support import spawn_cli, wait_for_files
+from support import spawn_cli, wait_for_files, ALPHA_BETA as STORIES
 
-STORIES = [StoryDef("1-1-alpha", files=["src/alpha.py"]), StoryDef("1-2-beta", files=["src/beta.py"])]
 POLICY = '[scm]\nmax_parallel = 2\n[gates]\nmode = "none"\n'
 
 

@@ -14,8 +14,7 @@ import pytest
 from rich.console import Console
 
 from bmad_loop.operator.board_view import MARK, render_board
-from conftest import StoryDef
-from operator_support import cli_argv, spawn_cli, wait_for_files, wait_until
+from support import StoryDef, cli_argv, spawn_cli, status_when, wait_for_files, wait_until
 
 STORIES = [
     StoryDef("1-1-alpha", files=["src/alpha.py"]),
@@ -57,12 +56,10 @@ def recorded_frames(make_repo, tmp_path):
     run = spawn_cli(repo, "run")
     try:
         wait_for_files(barrier["alpha"][0], barrier["beta"][0])
-        both_in_dev = wait_until(lambda: (lambda s: s if all(
-            x["phase"] == "dev" for x in s["stories"][:2]) else None)(repo.status()),
-            "both workers in dev")
+        both_in_dev = status_when(repo, lambda s: all(x["phase"] == "dev" for x in s["stories"][:2]),
+                                  what="both workers in dev")
         barrier["beta"][1].write_text("go")
-        beta_waiting = wait_until(lambda: (lambda s: s if s["stories"][1]["state"] == "ready"
-                                           else None)(repo.status()), "beta ready")
+        beta_waiting = status_when(repo, lambda s: s["stories"][1]["state"] == "ready", what="beta ready")
         barrier["alpha"][1].write_text("go")
         assert run.finish()[0] == 0
         return repo, [both_in_dev, beta_waiting, repo.status()]
@@ -159,9 +156,9 @@ def test_status_watch_rerenders_in_a_terminal_until_the_run_settles(make_repo, t
                     return True
             return False
 
-        wait_until(lambda: read_some() or b"working" in screen, "a frame with the worker")
+        wait_until(lambda: read_some() or b"working" in screen, what="a frame with the worker")
         release.write_text("go")
-        wait_until(lambda: (read_some(), watcher.poll() is not None)[1], "the watcher to exit")
+        wait_until(lambda: (read_some(), watcher.poll() is not None)[1], what="the watcher to exit")
         while select.select([master], [], [], 0.1)[0] and not read_some():
             pass
         raw = screen.decode("utf-8", "replace")

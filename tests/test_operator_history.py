@@ -2,9 +2,8 @@
 
 import json
 
-from conftest import StoryDef
+from support import ALPHA_BETA as STORIES
 
-STORIES = [StoryDef("1-1-alpha", files=["src/alpha.py"]), StoryDef("1-2-beta", files=["src/beta.py"])]
 
 
 def test_history_lists_runs_newest_first_with_counts_durations_and_outcome(make_repo):

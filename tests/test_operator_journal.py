@@ -2,10 +2,8 @@
 
 import json
 
-from conftest import StoryDef
-from operator_support import spawn_cli, wait_for_files
+from support import spawn_cli, wait_for_files, ALPHA_BETA as STORIES
 
-STORIES = [StoryDef("1-1-alpha", files=["src/alpha.py"]), StoryDef("1-2-beta", files=["src/beta.py"])]
 
 
 def test_journal_filters_by_kind_and_story(make_repo):

@@ -4,17 +4,13 @@ import json
 import xml.etree.ElementTree as ET
 
 from bmad_loop.operator.reports import write_json_report, write_junit
-from conftest import StoryDef
+from support import StoryDef, BAD_BETA_SCRIPT as SCRIPT, REJECT_BAD_POLICY as POLICY
 
 STORIES = [
     StoryDef("1-1-alpha", files=["src/alpha.py"]),
     StoryDef("1-2-beta", files=["src/beta.py"]),
     StoryDef("1-3-gamma", files=["src/beta.py"]),  # waits for beta, which escalates
 ]
-SCRIPT = {"1-1-alpha": {"dev": [{"write": {"src/alpha.py": "A = 1\n"}}]},
-          "1-2-beta": {"dev": [{"write": {"src/beta.py": "bad\n"}}]}}
-POLICY = ('[scm]\nmax_parallel = 2\n[gates]\nmode = "none"\n'
-          '[verify]\ncommands = ["! grep -q bad src/beta.py"]\n')
 
 
 def test_a_ci_run_with_an_escalating_story_exits_3_and_its_reports_say_why(make_repo, tmp_path):

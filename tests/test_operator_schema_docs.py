@@ -8,17 +8,11 @@ import pytest
 
 from bmad_loop.db.models import Base
 from bmad_loop.operator.sqlquery import run_query
-from conftest import StoryDef
-from operator_support import fresh_postgres_database
+from backends import fresh_postgres_database
+from support import VIEWS, ALPHA_BETA as STORIES, BAD_BETA_SCRIPT as SCRIPT, REJECT_BAD_POLICY as POLICY
 
 SCHEMA_MD = Path(__file__).resolve().parents[1] / "docs" / "schema.md"
-VIEWS = ("v_story_runs", "v_integrations", "v_escalations", "v_waits")
 EXAMPLE = re.compile(r"```sql\n(?P<sql>.*?)```\n+```text\n(?P<out>.*?)```", re.S)
-STORIES = [StoryDef("1-1-alpha", files=["src/alpha.py"]), StoryDef("1-2-beta", files=["src/beta.py"])]
-SCRIPT = {"1-1-alpha": {"dev": [{"write": {"src/alpha.py": "A = 1\n"}}]},
-          "1-2-beta": {"dev": [{"write": {"src/beta.py": "bad\n"}}]}}
-POLICY = ('[scm]\nmax_parallel = 2\n[gates]\nmode = "none"\n'
-          '[verify]\ncommands = ["! grep -q bad src/beta.py"]\n')
 
 
 def _examples():

@@ -12,15 +12,11 @@ from sqlalchemy import create_engine, inspect
 from bmad_loop.db import migrate
 from bmad_loop.db.models import Base
 from bmad_loop.operator.sqlquery import SqlRefused, run_query
-from conftest import StoryDef
-from operator_support import fresh_postgres_database
+from backends import fresh_postgres_database
+from support import ALPHA_BETA as STORIES, BAD_BETA_SCRIPT as SCRIPT, REJECT_BAD_POLICY as POLICY
+from support import VIEWS as VIEW_NAMES
 
-VIEWS = ["v_escalations", "v_integrations", "v_story_runs", "v_waits"]
-STORIES = [StoryDef("1-1-alpha", files=["src/alpha.py"]), StoryDef("1-2-beta", files=["src/beta.py"])]
-SCRIPT = {"1-1-alpha": {"dev": [{"write": {"src/alpha.py": "A = 1\n"}}]},
-          "1-2-beta": {"dev": [{"write": {"src/beta.py": "bad\n"}}]}}
-POLICY = ('[scm]\nmax_parallel = 2\n[gates]\nmode = "none"\n'
-          '[verify]\ncommands = ["! grep -q bad src/beta.py"]\n')
+VIEWS = list(VIEW_NAMES)  # compared with a sorted list of view names
 
 WRITES = [
     ("INSERT INTO runs (id) VALUES ('x')", "INSERT"),

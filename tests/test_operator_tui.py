@@ -11,14 +11,10 @@ from textual.widgets import DataTable, RichLog  # noqa: E402
 
 from bmad_loop.engine.project import Project  # noqa: E402
 from bmad_loop.operator.tui import BoardApp  # noqa: E402
-from conftest import StoryDef  # noqa: E402
-from operator_support import wait_until  # noqa: E402
+from support import ALPHA_BETA as STORIES, REJECT_BAD_POLICY as POLICY, wait_until  # noqa: E402
 
-STORIES = [StoryDef("1-1-alpha", files=["src/alpha.py"]), StoryDef("1-2-beta", files=["src/beta.py"])]
 SCRIPT = {"1-1-alpha": {"dev": [{"write": {"src/alpha.py": "A = 1\n"}}]},
           "1-2-beta": {"dev": [{"write": {"src/beta.py": "bad\n"}, "say": "BETA WROTE BAD CODE"}]}}
-POLICY = ('[scm]\nmax_parallel = 2\n[gates]\nmode = "none"\n'
-          '[verify]\ncommands = ["! grep -q bad src/beta.py"]\n')
 
 
 def _rows(app, table_id):
@@ -79,7 +75,7 @@ def test_the_tui_shows_a_real_run_and_its_keys_stop_resume_and_clean_up(make_rep
 
     app = asyncio.run(first_session())
     resumed = app.launched[0]
-    wait_until(lambda: resumed.poll() is not None, "the resumed run to end", timeout=120)
+    wait_until(lambda: resumed.poll() is not None, what="the resumed run to end", timeout=120)
     assert resumed.returncode == 0
     status = repo.status()
     assert status["run"]["state"] == "completed"

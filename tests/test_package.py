@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from support import CONTRACT_TABLES
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CONTRACT_TABLES = {"runs", "stories", "attempts", "candidates", "events", "leases"}
 COPY_IGNORE = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__",
                                      ".bmad-loop", ".venv", ".pytest_cache", "venv")
 

@@ -9,38 +9,7 @@ import signal
 
 import pytest
 
-from conftest import StoryDef, wait_until
-
-MERGE_NONE = '[scm]\nmax_parallel = {n}\nmerge_strategy = "{strategy}"\n[gates]\nmode = "none"\n'
-
-
-def barrier_script(stories, bar, extra=None):
-    script = {}
-    for s in stories:
-        step = {"write": {s.files[0].lstrip("/"): f"NAME = '{s.key}'\n"} if s.files else {"x.txt": s.key},
-                "touch": [str(bar / f"in-{s.key}")], "wait_for": str(bar / f"go-{s.key}")}
-        step.update((extra or {}).get(s.key, {}))
-        script[s.key] = {"dev": [step]}
-    return script
-
-
-def inside(bar):
-    return sorted(p.name[3:] for p in bar.glob("in-*"))
-
-
-def go(bar, key):
-    (bar / f"go-{key}").write_text("go")
-
-
-def states(repo):
-    return {s["key"]: s["state"] for s in repo.status()["stories"]}
-
-
-@pytest.fixture
-def bar(tmp_path):
-    path = tmp_path / "bar"
-    path.mkdir()
-    return path
+from support import MERGE_NONE, StoryDef, barrier_script, git, go, inside, states, wait_until
 
 
 def test_never_more_than_n_agents_run_at_once_and_n_do(make_repo, bar):
@@ -306,7 +275,6 @@ def test_a_merge_conflict_is_preserved_and_resume_after_a_human_fix_integrates_i
     # A human resolves it on the story branch.
     story_b = repo.story(b.key)
     wt = story_b["worktree"]
-    from conftest import git
     git(repo.root, "-C", wt, "merge", "-q", "main", check=False)
     open(f"{wt}/README.md", "w").write("# by a and b\n")
     git(repo.root, "-C", wt, "add", "README.md")

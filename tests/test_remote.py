@@ -7,36 +7,14 @@ from __future__ import annotations
 import collections
 import json
 import signal
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from conftest import StoryDef, git, wait_until
+from support import StoryDef, git, make_remote_project, remote_trees, settled_status, write_each
 
 STORIES = [StoryDef(f"1-{i}-s{i}", files=[f"src/s{i}.py"]) for i in range(1, 4)]
-SCRIPT = {s.key: {"dev": [{"write": {f"src/s{i}.py": f"NAME = '{s.key}'\n"}}]}
-          for i, s in enumerate(STORIES, start=1)}
+SCRIPT = write_each(STORIES)
 POLICY = '[scm]\nmax_parallel = {n}\nmerge_strategy = "merge"\n[gates]\nmode = "none"\n'
-SETTLED = ("completed", "failed", "paused", "stopped")
-
-
-def remote_trees(bare: Path, branch: str = "main") -> list[str]:
-    shas = git(bare, "rev-list", "--first-parent", "--reverse", branch).splitlines()
-    return [git(bare, "rev-parse", f"{sha}^{{tree}}") for sha in shas]
-
-
-def make_remote_project(make_repo, stories, script, policy, name="repo"):
-    """A checkout whose `origin` is a fresh bare repository; the policy names that remote."""
-    repo = make_repo(stories, script=script, policy=policy,
-                     name=name)
-    bare = repo.root.parent / f"{name}-remote.git"
-    subprocess.run(["git", "clone", "-q", "--bare", str(repo.root), str(bare)], check=True)
-    repo.git("remote", "add", "origin", str(bare))
-    text = (repo.root / ".bmad-loop" / "policy.toml").read_text()
-    (repo.root / ".bmad-loop" / "policy.toml").write_text(
-        text.replace("[scm]\n", '[scm]\nremote = "origin"\n', 1))
-    return repo, bare
 
 
 @pytest.fixture
@@ -49,11 +27,6 @@ def reference_trees(make_repo):
     return build
 
 
-def _logs(repo) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}"
-                     for p in sorted(repo.root.parent.glob(f"{repo.root.name}-*.log")))
-
-
 def run_on_two_clones(repo, tmp_path):
     """Enqueue, then a lane clone and a worker clone (separate processes) until the run
     settles; both stop cleanly on SIGTERM and the run completed. Returns (run id, status)."""
@@ -64,12 +37,11 @@ def run_on_two_clones(repo, tmp_path):
                       "--host", "lane-host", log_name="lane")
     worker = repo.spawn("worker", "--queue", "stories", "-w", "2", "--clone",
                         str(tmp_path / "worker-clone"), "--host", "worker-host", log_name="worker")
-    settled = wait_until(lambda: repo.status(run_id)["run"]["state"] in SETTLED and repo.status(run_id),
-                         timeout=120, what="the run settled")
+    settled = settled_status(repo, run_id, timeout=120)
     for proc in (lane, worker):
         proc.send_signal(signal.SIGTERM)
-    assert [proc.wait(timeout=30) for proc in (lane, worker)] == [0, 0], _logs(repo)
-    assert settled["run"]["state"] == "completed", (settled["stories"], _logs(repo))
+    assert [proc.wait(timeout=30) for proc in (lane, worker)] == [0, 0], repo.spawned_logs()
+    assert settled["run"]["state"] == "completed", (settled["stories"], repo.spawned_logs())
     return run_id, settled
 
 

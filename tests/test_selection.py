@@ -14,56 +14,7 @@ from bmad_loop.selection import (
     match_story,
     select_stories,
 )
-
-STORY_DIR = "_bmad-output/implementation-artifacts"
-
-# The shape of /work/shared/samples/sprint-status.yaml.
-SAMPLE_BOARD = """\
-# A sample BMAD sprint board (shape only; content invented).
-generated: 2026-11-20
-project: sample-shop
-story_location: _bmad-output/implementation-artifacts
-
-development_status:
-  epic-1: in-progress
-  1-1-project-scaffold: done
-  1-2-user-auth: ready-for-dev
-  1-3-password-reset: ready-for-dev
-  1-4-audit-log: backlog
-  epic-1-retrospective: optional
-
-  epic-2: backlog
-  2-1-catalog-model: backlog
-  2-2-catalog-api: backlog
-  2-3a-search-index: backlog
-  2-3b-search-ui: backlog
-  epic-2-retrospective: optional
-  epic-1-retro-item-1-flaky-login-test: backlog
-"""
-
-# The shape of /work/shared/samples/1-2-user-auth.md.
-SAMPLE_STORY = """\
----
-title: User authentication
-footprint:
-  files: ["src/shop/auth/**", "tests/auth/**"]
-  shared: ["src/shop/__init__.py", "CHANGELOG.md"]
-  resources: ["database"]
----
-# Story 1.2: User authentication
-
-Status: ready-for-dev
-
-## Story
-
-As a shopper, I want to sign in with e-mail and password, so that my basket follows me.
-"""
-
-
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+from support import SAMPLE_BOARD, SAMPLE_STORY, STORY_DIR, board_with, write
 
 
 @pytest.fixture
@@ -84,8 +35,7 @@ def keys(specs):
 
 
 def board_of(tmp_path: Path, *lines: str):
-    text = "development_status:\n" + "".join(f"  {line}\n" for line in lines)
-    return parse_board(text, tmp_path / "sprint-status.yaml")
+    return parse_board(board_with(*lines), tmp_path / "sprint-status.yaml")
 
 
 # --- load_stories ---

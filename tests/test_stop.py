@@ -10,55 +10,27 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-import pytest
-
-from conftest import StoryDef
+from support import (
+    DEADLINE_S,
+    StoryDef,
+    alive,
+    project_argv,
+    query,
+    stop_processes,
+    wait_for_exit,
+    wait_until,
+)
 
 ALPHA = StoryDef("1-1-alpha", files=["src/alpha.py"])
 DONE = {"write": {"src/alpha.py": "NAME = 'alpha'\n"}}
-DEADLINE_S = 60
 
 
 # ------------------------------------------------------------------------------ helpers
-def bmad(repo, *args: str) -> list[str]:
-    return [sys.executable, "-m", "bmad_loop", args[0], "--project", str(repo.root), *args[1:]]
-
-
-def wait_for(predicate, what: str, deadline_s: float = DEADLINE_S):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` is a running (not zombie) process."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            stat = handle.read()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
-
-
-def query(repo, sql: str, *params) -> list[tuple]:
-    path = repo.root / ".bmad-loop" / "state.db"
-    if not path.exists():
-        return []
-    with sqlite3.connect(path, timeout=30) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
 def has_event(repo, kind: str, **data) -> bool:
     for (raw,) in query(repo, "SELECT data FROM events WHERE kind = ?", kind):
         values = json.loads(raw) if raw else {}
@@ -107,9 +79,9 @@ def test_a_graceful_stop_lets_the_session_finish_exits_4_and_resume_completes_wi
         dict(DONE, touch=[str(inside)], wait_for=str(release))]}})
 
     def stop_while_the_agent_works():
-        wait_for(inside.exists, "the agent to start its dev session")
+        wait_until(inside.exists, what="the agent to start its dev session")
         run_id = run_id_from_calls(repo)
-        proc = subprocess.run(bmad(repo, "stop", run_id), capture_output=True, text=True,
+        proc = subprocess.run(project_argv(repo, "stop", run_id), capture_output=True, text=True,
                               timeout=DEADLINE_S)
         assert proc.returncode == 0, proc.stderr
         assert f"run {run_id} stopping" in proc.stdout
@@ -144,9 +116,9 @@ def test_stop_now_kills_the_hanging_agent_marks_the_attempt_interrupted_uncounte
         dict(DONE, touch=[str(inside)], hang=True)]}})
 
     def stop_now():
-        wait_for(inside.exists, "the agent to start its dev session")
+        wait_until(inside.exists, what="the agent to start its dev session")
         run_id = run_id_from_calls(repo)
-        proc = subprocess.run(bmad(repo, "stop", run_id, "--now"), capture_output=True, text=True,
+        proc = subprocess.run(project_argv(repo, "stop", run_id, "--now"), capture_output=True, text=True,
                               timeout=DEADLINE_S)
         assert proc.returncode == 0, proc.stderr
         return run_id
@@ -207,18 +179,9 @@ def test_stop_on_a_paused_run_makes_it_stopped_and_it_stays_resumable(make_repo)
 def start_run(repo, tmp_path) -> tuple[subprocess.Popen, Path]:
     log = tmp_path / "run.log"
     with open(log, "wb") as handle:
-        proc = subprocess.Popen(bmad(repo, "run"), stdout=handle, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(project_argv(repo, "run"), stdout=handle, stderr=subprocess.STDOUT,
                                 env=dict(os.environ))
     return proc, log
-
-
-def finish(proc: subprocess.Popen, log: Path) -> int:
-    try:
-        return proc.wait(timeout=DEADLINE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"`bmad-loop run` did not exit; log:\n{log.read_text()[-4000:]}")
 
 
 def test_a_first_ctrl_c_is_a_graceful_stop_and_run_exits_4_once_the_agent_finished(make_repo, tmp_path):
@@ -227,15 +190,15 @@ def test_a_first_ctrl_c_is_a_graceful_stop_and_run_exits_4_once_the_agent_finish
         dict(DONE, touch=[str(inside)], wait_for=str(release))]}})
     proc, log = start_run(repo, tmp_path)
     try:
-        wait_for(inside.exists, "the agent to start its dev session")
+        wait_until(inside.exists, what="the agent to start its dev session")
         proc.send_signal(signal.SIGINT)
-        wait_for(lambda: has_event(repo, "run.stopping", mode="graceful"), "the graceful stop")
+        wait_until(lambda: has_event(repo, "run.stopping", mode="graceful"), what="the graceful stop")
         agent_pid = int(inside.read_text())
         assert alive(agent_pid)  # a graceful stop does not touch the running session
         assert proc.poll() is None  # and `run` waits for it
     finally:
         release.write_text("go")
-    code = finish(proc, log)
+    code = wait_for_exit(proc, DEADLINE_S, log)
 
     assert code == 4, log.read_text()[-4000:]
     status = repo.status()
@@ -252,12 +215,12 @@ def test_a_second_ctrl_c_stops_now_kills_the_hanging_agent_and_exits_130(make_re
         dict(DONE, touch=[str(inside)], hang=True)]}})
     proc, log = start_run(repo, tmp_path)
     try:
-        wait_for(inside.exists, "the agent to start its dev session")
+        wait_until(inside.exists, what="the agent to start its dev session")
         agent_pid = int(inside.read_text())
         proc.send_signal(signal.SIGINT)
-        wait_for(lambda: has_event(repo, "run.stopping", mode="graceful"), "the graceful stop")
+        wait_until(lambda: has_event(repo, "run.stopping", mode="graceful"), what="the graceful stop")
         proc.send_signal(signal.SIGINT)
-        code = finish(proc, log)
+        code = wait_for_exit(proc, DEADLINE_S, log)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -290,28 +253,23 @@ def test_a_graceful_stop_with_a_queued_story_not_yet_claimed_still_settles_as_st
     run_id = result.output.strip()
     log = tmp_path / "worker.log"
     with open(log, "wb") as handle:
-        worker = subprocess.Popen(bmad(repo, "worker", "--queue", "all", "-w", "1"),
+        worker = subprocess.Popen(project_argv(repo, "worker", "--queue", "all", "-w", "1"),
                                   stdout=handle, stderr=subprocess.STDOUT, env=dict(os.environ))
     try:
-        wait_for(inside.exists, "alpha's dev session")
+        wait_until(inside.exists, what="alpha's dev session")
         states = lambda: dict(query(repo, "SELECT key, state FROM stories WHERE run_id = ?", run_id))
         assert states() == {ALPHA.key: "working", beta.key: "queued"}
         result = repo.cli("stop", run_id)
         assert result.exit_code == 0, result.output
         release.write_text("go")
         try:
-            wait_for(lambda: query(repo, "SELECT state FROM runs WHERE id = ?", run_id)[0][0] == "stopped",
-                     "the run to settle as stopped", deadline_s=10)
+            wait_until(lambda: query(repo, "SELECT state FROM runs WHERE id = ?", run_id)[0][0] == "stopped",
+                       what="the run to settle as stopped", timeout=10)
         except AssertionError:
             raise AssertionError(f"run stuck: {query(repo, 'SELECT state, reason FROM runs')}, "
                                  f"stories {states()}")
     finally:
-        worker.send_signal(signal.SIGINT)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop_processes(worker)
     assert states()[ALPHA.key] == "pending"
     result = repo.cli("resume", run_id)
     assert result.exit_code == 0, result.output

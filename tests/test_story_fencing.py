@@ -7,7 +7,7 @@ the story's phase, nor close attempts as its own, nor escalate someone else's cl
 
 import pytest
 
-from conftest import StoryDef
+from support import StoryDef
 from bmad_loop.db.models import Event, Run, Story
 from bmad_loop.engine.project import Project
 from bmad_loop.engine.worker import Fenced, Outcome, StoryWorker

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import StoryDef, wait_until
+from support import StoryDef, wait_until
 from bmad_loop.tmux_session import TMUX
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import multiprocessing
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from bmad_loop.errors import GitError
-from bmad_loop.gitcmd import Git, clean_env
+from bmad_loop.gitcmd import Git
 from bmad_loop.worktrees import (
     checkout_of,
     delete_branch,
@@ -22,32 +21,15 @@ from bmad_loop.worktrees import (
     prune,
     remove_worktree,
 )
+from support import git_repo
 
-
-@pytest.fixture(autouse=True)
-def no_git_config(tmp_path, monkeypatch):
-    """An empty HOME, so the machine's ~/.gitconfig (identity, hooks, signing) cannot leak in."""
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
-
-
-def _init_repo(repo: Path) -> Git:
-    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True, env=clean_env())
-    g = Git(repo)
-    g.run("config", "user.useConfigOnly", "true")
-    (repo / "README").write_text("hello\n")
-    (repo / ".gitignore").write_text("*.log\n")
-    g.run("add", "-A")
-    g.run("commit", "-q", "-m", "base", env=g.identity_env())
-    return g
+# HOME without git config: the autouse `isolated_home` fixture of conftest.py.
 
 
 @pytest.fixture
 def git(tmp_path) -> Git:
     """A real repository on `main` with one commit, in its own tmp folder."""
-    return _init_repo(tmp_path / "repo")
+    return git_repo(tmp_path / "repo", {"README": "hello\n", ".gitignore": "*.log\n"})
 
 
 @pytest.fixture
