@@ -205,8 +205,7 @@ def test_a_lane_that_lost_its_lease_is_fenced_at_its_cas_and_the_target_never_mo
     assert repo.git("rev-parse", "main") == main_before
 
     # The same through a lane tick: refused, journaled, nothing moved.
-    tasks.lane_holder = stale
-    tick(project, tasks, run_id)
+    tick(project, tasks, run_id, holder=stale)
     assert repo.git("rev-parse", "main") == main_before
     fenced = [e for e in repo.journal(run_id) if e["kind"] == "lane.fenced"]
     assert len(fenced) == 1 and "lost the lane lease" in fenced[0]["data"]["reason"]
@@ -217,8 +216,7 @@ def test_a_lane_that_lost_its_lease_is_fenced_at_its_cas_and_the_target_never_mo
     assert cands == ["advancing"]  # composed and verified; only the CAS was refused
 
     # The rightful holder picks the candidate up where the fenced lane left it.
-    tasks.lane_holder = fresh
-    tick(project, tasks, run_id)
+    tick(project, tasks, run_id, holder=fresh)
     status = repo.status(run_id)
     assert status["run"]["state"] == "completed"
     assert [c["state"] for c in status["candidates"]] == ["advanced"]
@@ -237,8 +235,7 @@ def test_a_standby_lane_tick_does_nothing_at_all(ready_story):
     standby.step()
     assert holder.held and not standby.held
 
-    tasks.lane_holder = standby
-    tick(project, tasks, run_id)
+    tick(project, tasks, run_id, holder=standby)
 
     assert repo.git("rev-parse", "main") == main_before
     assert repo.journal(run_id) == journal_before
@@ -259,7 +256,6 @@ def test_a_lane_that_stalls_between_its_fence_check_and_its_cas_does_not_record_
     stale, fresh = clocked_holder(project, "lane-a", now), clocked_holder(project, "lane-b", now)
     stale.step()
     other = Tasks(project)
-    other.lane_holder = fresh
 
     def fence_then_stall() -> bool:
         held = stale.still_holds()  # checked: still ours
@@ -267,7 +263,7 @@ def test_a_lane_that_stalls_between_its_fence_check_and_its_cas_does_not_record_
         now[0] += dt.timedelta(seconds=project.policy.leases.ttl_s + 1)
         fresh.step()
         assert fresh.token == 2
-        tick(project, other, run_id)
+        tick(project, other, run_id, holder=fresh)
         return held
 
     with project.db.transaction() as s:

@@ -35,16 +35,26 @@ def queue_config(project) -> QueueConfig:
 
 
 class Tasks:
-    """One project's two queues with the two task bodies bound to it."""
+    """One project's two queues. Enqueuing needs nothing more; consuming needs `bind()`.
+
+    The task bodies (the story worker and the lane tick) are bound by whoever builds the
+    consumers (engine.consumers), so this module depends on no engine code and a process that
+    only enqueues never loads it.
+    """
 
     def __init__(self, project):
         self.project = project
-        self.lane_holder = None  # set by the consumer set that runs the lane (fencing)
         config = queue_config(project)
         self.stories = make_huey(config, STORIES)
         self.integration = make_huey(config, INTEGRATION)
-        self._story = self.stories.task(name=STORY_TASK)(self._story_body)
-        self._lane = self.integration.task(name=LANE_TASK)(self._lane_body)
+        self._story = self.stories.task(name=STORY_TASK)(self._run_story)
+        self._lane = self.integration.task(name=LANE_TASK)(self._run_lane)
+        self._story_body = None
+        self._lane_body = None
+
+    def bind(self, *, story, lane) -> None:
+        """What a message does in this process: `story(run_id, story_id)`, `lane(run_id)`."""
+        self._story_body, self._lane_body = story, lane
 
     def enqueue_story(self, run_id: str, story_id: int) -> None:
         self._story(run_id, story_id)
@@ -55,12 +65,12 @@ class Tasks:
     def lane_pending(self) -> int:
         return self.integration.pending_count()
 
-    def _story_body(self, run_id: str, story_id: int) -> None:
-        from .engine.worker import work
+    def _run_story(self, run_id: str, story_id: int) -> None:
+        if self._story_body is None:
+            raise RuntimeError("story task consumed by a Tasks that was never bound")
+        self._story_body(run_id, story_id)
 
-        work(self.project, self, run_id, story_id)
-
-    def _lane_body(self, run_id: str) -> None:
-        from .engine.lane import tick
-
-        tick(self.project, self, run_id)
+    def _run_lane(self, run_id: str) -> None:
+        if self._lane_body is None:
+            raise RuntimeError("lane task consumed by a Tasks that was never bound")
+        self._lane_body(run_id)

@@ -185,8 +185,8 @@ def worker(project_dir, queue, workers, clone_dir, host):
     signal.signal(signal.SIGINT, lambda *a: done.set())
     signal.signal(signal.SIGTERM, lambda *a: done.set())
     consumers.start()
-    where = f"project={project.root}" if project.remote is None else \
-        f"clone={project.root} remote={project.remote.url} host={project.host}"
+    where = f"project={project.root}" if project.remote_url is None else \
+        f"clone={project.root} remote={project.remote_url} host={project.host}"
     click.echo(f"bmad-loop worker: queue={queue} workers={workers} {where}", err=True)
     while not done.wait(1.0):
         pass

@@ -23,7 +23,9 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
+
+from ..states import AttemptState, CandidateState, Phase, RunState, StoryState, check_transition
 
 __all__ = [
     "Base",
@@ -34,10 +36,7 @@ __all__ = [
     "Event",
     "Lease",
     "RUN_STATES",
-    "RUN_LIVE_STATES",
-    "RUN_TERMINAL_STATES",
     "STORY_STATES",
-    "STORY_TERMINAL_STATES",
     "STORY_PHASES",
     "CANDIDATE_STATES",
     "utcnow",
@@ -51,23 +50,12 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-RUN_STATES = ("running", "pausing", "paused", "stopping", "stopped", "completed", "failed")
-RUN_LIVE_STATES = ("running", "pausing", "stopping")  # consumers re-queue these on start
-RUN_TERMINAL_STATES = ("completed", "failed")
-
-STORY_STATES = (
-    "pending", "queued", "working", "ready", "integrating", "held",
-    "integrated", "escalated", "blocked", "skipped", "failed",
-)
-# Terminal for scheduling purposes: nothing more happens to the story in this run
-# unless an operator resumes it (escalated/blocked get a fresh budget on resume).
-STORY_TERMINAL_STATES = ("integrated", "escalated", "blocked", "skipped", "failed")
-STORY_PHASES = ("prepare", "dev", "verify", "review", "fix", "commit")
-
-CANDIDATE_STATES = (
-    "composing", "verifying", "verified", "advancing", "advanced",
-    "stale", "conflict", "verify-failed", "abandoned",
-)
+# The vocabularies, named sets and transition tables live in bmad_loop.states; these tuples
+# are kept for readers of the schema (and the `CHECK`-free columns below store their values).
+RUN_STATES = tuple(RunState)
+STORY_STATES = tuple(StoryState)
+STORY_PHASES = tuple(Phase)
+CANDIDATE_STATES = tuple(CandidateState)
 
 
 def utcnow() -> dt.datetime:
@@ -131,6 +119,11 @@ class Run(Base):
 
     stories: Mapped[list[Story]] = relationship(back_populates="run", order_by="Story.seq")
 
+    @validates("state")
+    def _check_state(self, _key, value):
+        check_transition("run", self.state, value)
+        return value
+
 
 class Story(Base):
     __tablename__ = "stories"
@@ -181,6 +174,11 @@ class Story(Base):
 
     run: Mapped[Run] = relationship(back_populates="stories")
 
+    @validates("state")
+    def _check_state(self, _key, value):
+        check_transition("story", self.state, value)
+        return value
+
 
 class Attempt(Base):
     """One agent session (dev, review or fix) of one story."""
@@ -209,6 +207,11 @@ class Attempt(Base):
     ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
     duration_s: Mapped[float | None] = mapped_column(Float)
 
+    @validates("state")
+    def _check_state(self, _key, value):
+        check_transition("attempt", self.state, value)
+        return value
+
 
 class Candidate(Base):
     """One composition of one story onto the target (attempt 1, 2, … on recomposition)."""
@@ -232,6 +235,11 @@ class Candidate(Base):
     verify_s: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
     ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+
+    @validates("state")
+    def _check_state(self, _key, value):
+        check_transition("candidate", self.state, value)
+        return value
 
 
 class Event(Base):

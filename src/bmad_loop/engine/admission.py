@@ -15,12 +15,14 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 from ..footprint import Footprint, footprints_conflict
+from ..states import STORY_AWAITING_LANE, STORY_DONE, STORY_IN_FLIGHT, StoryState
 
 __all__ = ["StoryView", "Admission", "admit", "IN_FLIGHT", "HOLDS_RESOURCES"]
 
-IN_FLIGHT = ("queued", "working")
-HOLDS_RESOURCES = ("queued", "working", "ready", "integrating", "held")
-DONE_FOR_CONFLICTS = ("integrated", "skipped", "failed")
+IN_FLIGHT = STORY_IN_FLIGHT
+# Resources are held from dispatch until the story is integrated or terminal.
+HOLDS_RESOURCES = STORY_IN_FLIGHT | STORY_AWAITING_LANE | {StoryState.HELD}
+DONE_FOR_CONFLICTS = STORY_DONE
 
 
 @dataclass(frozen=True)
@@ -64,11 +66,11 @@ def admit(
 
     dispatched: set[str] = set()
     for index, story in enumerate(ordered):
-        if story.state != "pending":
+        if story.state != StoryState.PENDING:
             continue
         # Stories dispatched earlier in this pass count as queued, so a second pass over the
         # same rows gives the same answer (and journals nothing new).
-        earlier = [replace(s, state="queued") if s.key in dispatched else s for s in ordered[:index]]
+        earlier = [replace(s, state=StoryState.QUEUED) if s.key in dispatched else s for s in ordered[:index]]
         reason = _epic_barrier(story, earlier, gates_mode, gates_passed, first_epic)
         if reason == "gate":
             result.gate = story.epic
@@ -101,14 +103,14 @@ def _epic_barrier(story, earlier, gates_mode, gates_passed, first_epic) -> str |
     if not earlier_epics:
         return None
     if gates_mode == "per-epic":
-        open_stories = [s for s in earlier_epics if s.state not in ("integrated", "skipped")]
+        open_stories = [s for s in earlier_epics if s.state not in (StoryState.INTEGRATED, StoryState.SKIPPED)]
         if open_stories:
             return f"epic {story.epic} waits for epic {open_stories[0].epic} ({open_stories[0].key})"
         if story.epic != first_epic and story.epic not in gates_passed:
             return "gate"
         return None
     # gates "none" (and spec approval): the next epic starts once the current one is dispatched.
-    pending = [s for s in earlier_epics if s.state == "pending"]
+    pending = [s for s in earlier_epics if s.state == StoryState.PENDING]
     if pending:
         return f"epic {story.epic} waits until epic {pending[0].epic} is dispatched ({pending[0].key})"
     return None
@@ -127,7 +129,7 @@ def _conflict_with_earlier(story, earlier, conflict) -> str | None:
 def _dependencies(story, by_key: Mapping[str, StoryView]) -> str | None:
     for dep in story.depends_on:
         other = by_key.get(dep)
-        if other is not None and other.state not in ("integrated", "skipped"):
+        if other is not None and other.state not in (StoryState.INTEGRATED, StoryState.SKIPPED):
             return f"depends on {dep} ({other.state})"
     return None
 

@@ -30,14 +30,15 @@ from sqlalchemy import delete, select
 
 from ..db.models import Attempt, Candidate, Event, Run, Story
 from ..worktrees import delete_branch, delete_ref, list_worktrees, prune, remove_worktree
+from ..states import RUN_RESUMABLE, RUN_TERMINAL, STORY_PARKED, Phase, StoryState
 from .journal import record
 from .layout import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE, Layout
-from .rows import run_policy
+from .runs import run_policy
 
 __all__ = ["CleanupReport", "cleanup", "sweep_landed"]
 
-RESUMABLE = ("running", "pausing", "paused", "stopping", "stopped")
-PARKED = ("escalated", "blocked", "failed", "held")
+RESUMABLE = RUN_RESUMABLE
+PARKED = STORY_PARKED
 RUN_FOLDERS = ("logs", "prompts", "evidence", "scratch", "worktrees", "candidates")
 
 
@@ -69,13 +70,13 @@ def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str,
             run = runs[story.run_id]
             policy = run_policy(run)
             live = run.state in RESUMABLE
-            if story.state == "integrated":
+            if story.state == StoryState.INTEGRATED:
                 keep = not policy.scm.delete_branch
                 needs_worktree = policy.scm.branch_per == "run" and live
             elif story.state in PARKED:
                 keep = live or policy.scm.keep_failed
                 needs_worktree = keep
-            elif story.state == "skipped":
+            elif story.state == StoryState.SKIPPED:
                 keep = needs_worktree = False
             else:
                 keep = needs_worktree = live
@@ -100,7 +101,7 @@ def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str,
                         refs.add(cand.ref)
                     if cand.worktree:
                         paths.add(Path(cand.worktree).resolve())
-            if story.state in ("ready", "integrating", "queued", "working") and live:
+            if story.state in (StoryState.READY, StoryState.INTEGRATING, StoryState.QUEUED, StoryState.WORKING) and live:
                 for cand in s.scalars(select(Candidate).where(Candidate.story_id == story.id)):
                     if cand.ref:
                         refs.add(cand.ref)
@@ -114,6 +115,8 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
     report = CleanupReport(dry_run=dry_run)
     say = progress or (lambda _msg: None)
     git = project.git()
+    # Only story branches are touched here, so any target branch name will do.
+    target = project.target(git, project.policy.scm.target_branch)
     state = project.state_dir.resolve()
     ours = (state / "worktrees", state / "candidates")
     if runs:
@@ -164,14 +167,13 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
             if not dry_run:
                 delete_ref(git, ref)
 
-    if project.remote is not None:
-        for name in sorted(project.remote.branches(git, BRANCH_NAMESPACE)):
-            if name in owned_branches:
-                continue
-            say(f"delete remote branch {name}")
-            report.remote_branches_deleted.append(name)
-            if not dry_run:
-                project.remote.delete_branch(git, name)
+    for name in sorted(target.foreign_story_branches(BRANCH_NAMESPACE)):
+        if name in owned_branches:
+            continue
+        say(f"delete remote branch {name}")
+        report.remote_branches_deleted.append(name)
+        if not dry_run:
+            target.delete_story_branch(name)
 
     for story_id, worktree, run_id in worktree_rows:
         if not Path(worktree).exists():
@@ -180,8 +182,8 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
                 with project.db.transaction() as s:
                     story = s.get(Story, story_id)
                     story.worktree = None
-                    if story.phase not in (None, "prepare", "commit"):
-                        story.phase = "prepare"
+                    if story.phase not in (None, Phase.PREPARE, Phase.COMMIT):
+                        story.phase = Phase.PREPARE
                     record(s, run_id, "story.worktree_missing", story.key, worktree=worktree)
     if not dry_run:
         prune(git)
@@ -198,7 +200,7 @@ def sweep_landed(project, run_id: str) -> list[str]:
         run = s.get(Run, run_id)
         policy = run_policy(run)
         rows = [(st.worktree, st.branch) for st in s.scalars(select(Story).where(
-            Story.run_id == run_id, Story.state.in_(("integrated", "skipped")),
+            Story.run_id == run_id, Story.state.in_((StoryState.INTEGRATED, StoryState.SKIPPED)),
             Story.host == project.host, Story.worktree.is_not(None)))]
     git = project.git(policy)
     for worktree, branch in rows:
@@ -216,7 +218,7 @@ def _retention(project, report, *, dry_run, purge, say) -> None:
     keep = project.policy.cleanup.keep_runs
     with project.db.transaction() as s:
         finished = list(s.scalars(select(Run).where(Run.project == project.key,
-                                                    Run.state.in_(("completed", "failed")))
+                                                    Run.state.in_(RUN_TERMINAL))
                                   .order_by(Run.created_at.desc(), Run.id.desc())))
     for run in finished[keep:]:
         say(f"prune finished run {run.id}")

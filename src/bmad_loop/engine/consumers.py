@@ -9,6 +9,7 @@ lost message delays work by seconds instead of losing it.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 
 from sqlalchemy import select
@@ -17,10 +18,16 @@ from ..db.models import Run
 from ..errors import ConfigError
 from ..queue import BackgroundConsumer
 from ..tasks import Tasks
+from ..states import RUN_LIVE
 from . import leases
 from .control import recover_live_runs
+from .journal import record
+from .lane import tick
+from .worker import work
 
 __all__ = ["ConsumerSet", "QUEUES"]
+
+log = logging.getLogger(__name__)
 
 QUEUES = ("stories", "integration", "all")
 
@@ -37,6 +44,8 @@ class ConsumerSet:
         self.queue = queue
         self.workers = workers
         self.tasks = tasks or Tasks(project)
+        self.tasks.bind(story=lambda run_id, story_id: work(project, self.tasks, run_id, story_id),
+                        lane=lambda run_id: tick(project, self.tasks, run_id, holder=self.holder))
         self._consumers: list[BackgroundConsumer] = []
         self._lane: BackgroundConsumer | None = None
         self._lane_lock = threading.Lock()
@@ -63,7 +72,6 @@ class ConsumerSet:
                                              leases.owner_id("lane"), ttl,
                                              on_acquired=self._lane_acquired,
                                              on_lost=self._lane_lost)
-            self.tasks.lane_holder = self.holder
             self.holder.start()
             self._watchdog = threading.Thread(target=self._watch, daemon=True, name="bmad-watchdog")
             self._watchdog.start()
@@ -82,12 +90,10 @@ class ConsumerSet:
                           stale_after=dt.timedelta(seconds=self.project.policy.leases.ttl_s))
 
     def _journal_live_runs(self, kind: str, **data) -> None:
-        from .journal import record
-
         with self.project.db.transaction() as s:
             for run_id in s.scalars(select(Run.id).where(
                     Run.project == self.project.key,
-                    Run.state.in_(("running", "pausing", "stopping")))):
+                    Run.state.in_(RUN_LIVE))):
                 record(s, run_id, kind, **data)
 
     def _lane_lost(self) -> None:
@@ -120,8 +126,8 @@ class ConsumerSet:
                 with self.project.db.transaction() as s:
                     ids = list(s.scalars(select(Run.id).where(
                         Run.project == self.project.key,
-                        Run.state.in_(("running", "pausing", "stopping")))))
+                        Run.state.in_(RUN_LIVE))))
                 for run_id in ids:
                     self.tasks.enqueue_lane(run_id)
             except Exception:  # the watchdog must outlive a passing database hiccup
-                continue
+                log.warning("watchdog: could not wake the lanes; retrying", exc_info=True)

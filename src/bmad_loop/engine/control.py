@@ -12,15 +12,17 @@ from sqlalchemy import or_, select
 
 from ..db.models import Run, Story, utcnow
 from ..errors import Ambiguous, NotFound, StateError
+from ..states import RUN_LIVE, RUN_RESUMABLE, STORY_DONE, CandidateState, Phase, RunState, StopMode, StoryState
 from .journal import record
 from .recovery import recover_orphans
 from .planning import LIVE_FOR_TARGET
-from .rows import run_policy, stories_of, transition_run
+from .runs import run_policy, stories_of
+from .transitions import transition_run
 
 __all__ = ["find_run", "resume", "stop", "approve", "reject", "reconcile", "recover_live_runs",
            "requeue_run"]
 
-RESUMABLE = ("paused", "stopped", "running", "pausing", "stopping")
+RESUMABLE = RUN_RESUMABLE
 
 
 def find_run(session, project, ref: str | None) -> Run:
@@ -61,11 +63,11 @@ def resume(project, tasks, ref: str | None) -> Run:
         gates = list(run.gates_passed or [])
         if run.gate_epic is not None and run.gate_epic not in gates:
             gates.append(run.gate_epic)
-        run.state, run.reason, run.stop_mode, run.gate_epic = "running", None, None, None
+        run.state, run.reason, run.stop_mode, run.gate_epic = RunState.RUNNING, None, None, None
         run.gates_passed, run.ended_at = gates, None
         git = project.git(policy)
         for story in stories_of(s, run.id):
-            _reset_for_resume(s, lambda branch: _branch_head(project, git, branch), run, story)
+            _reset_for_resume(s, project.target(git, run.target_branch).story_head, run, story)
         record(s, run.id, "run.resumed", previous=previous, gates_passed=gates)
         run_id = run.id
     requeue_run(project, tasks, run_id, stale_after=None)
@@ -73,29 +75,22 @@ def resume(project, tasks, ref: str | None) -> Run:
         return s.get(Run, run_id)
 
 
-def _branch_head(project, git, branch: str) -> str | None:
-    """Where a story branch is now: on the remote in remote mode (a human pushes a fix there)."""
-    if project.remote is not None:
-        return project.remote.fetch_branch(git, branch)
-    return git.rev(f"refs/heads/{branch}")
-
-
 def _reset_for_resume(session, branch_head_of, run: Run, story: Story) -> None:
-    if story.state in ("escalated", "blocked"):
+    if story.state in (StoryState.ESCALATED, StoryState.BLOCKED):
         branch_head = branch_head_of(story.branch) if story.branch else None
         human_fix = bool(branch_head and story.head_sha and branch_head != story.head_sha)
         if human_fix:
             # A human changed the branch: verify and integrate it without the agent.
-            story.state, story.phase = "pending", "prepare"
+            story.state, story.phase = StoryState.PENDING, Phase.PREPARE
             story.feedback = {"human_fix": True}
             story.head_sha = branch_head
             record(session, run.id, "story.human_fix", story.key, head_sha=branch_head)
         else:
-            story.state, story.phase = "pending", story.phase if story.worktree else None
-            if story.phase in ("commit", "integrate", None) or not story.worktree:
+            story.state, story.phase = StoryState.PENDING, story.phase if story.worktree else None
+            if story.phase in (Phase.COMMIT, Phase.INTEGRATE, None) or not story.worktree:
                 story.phase = None
             else:
-                story.phase = "dev"
+                story.phase = Phase.DEV
             story.dev_attempts, story.review_cycles = 0, 0
             story.feedback = {k: v for k, v in (story.feedback or {}).items()
                               if k in ("verify_output", "review_notes", "pre_dirty")}
@@ -116,7 +111,7 @@ def requeue_run(project, tasks, run_id: str, stale_after: dt.timedelta | None) -
     recover_orphans(project.db, tasks, run_id, ttl)
     resent = []
     with project.db.transaction() as s:
-        resent = [story.id for story in stories_of(s, run_id) if story.state == "queued"]
+        resent = [story.id for story in stories_of(s, run_id) if story.state == StoryState.QUEUED]
     for story_id in resent:
         tasks.enqueue_story(run_id, story_id)
     tasks.enqueue_lane(run_id)
@@ -127,7 +122,7 @@ def recover_live_runs(project, tasks, stale_after: dt.timedelta) -> list[str]:
     """On consumer start: re-queue runs that are running, pausing or stopping."""
     with project.db.transaction() as s:
         ids = [r.id for r in s.scalars(select(Run).where(
-            Run.project == project.key, Run.state.in_(("running", "pausing", "stopping"))))]
+            Run.project == project.key, Run.state.in_(RUN_LIVE)))]
     for run_id in ids:
         requeue_run(project, tasks, run_id, stale_after)
     return ids
@@ -136,14 +131,14 @@ def recover_live_runs(project, tasks, stale_after: dt.timedelta) -> list[str]:
 def stop(project, tasks, ref: str | None, now: bool = False) -> Run:
     with project.db.transaction() as s:
         run = find_run(s, project, ref)
-        if run.state in ("completed", "failed"):
+        if run.state in (RunState.COMPLETED, RunState.FAILED):
             raise StateError(f"run {run.id} is {run.state}: nothing to stop")
-        if run.state in ("paused", "stopped"):
-            run.state, run.reason = "stopped", run.reason or "stopped by operator"
+        if run.state in (RunState.PAUSED, RunState.STOPPED):
+            run.state, run.reason = RunState.STOPPED, run.reason or "stopped by operator"
             record(s, run.id, "run.stopped", reason="stopped by operator", now=now)
             return run
-        mode = "now" if now else "graceful"
-        transition_run(s, run.id, ("running", "pausing", "stopping"), state="stopping",
+        mode = StopMode.NOW if now else StopMode.GRACEFUL
+        transition_run(s, run.id, RUN_LIVE, state=RunState.STOPPING,
                        stop_mode=mode, reason=f"stop requested ({mode})")
         record(s, run.id, "run.stopping", mode=mode)
         run_id = run.id
@@ -157,12 +152,12 @@ def approve(project, tasks, ref: str | None, story_key: str) -> Story:
     with project.db.transaction() as s:
         run = find_run(s, project, ref)
         story = _story_by_key(s, run, story_key)
-        if story.state in ("integrated", "skipped", "failed"):
+        if story.state in STORY_DONE:
             raise StateError(f"run {run.id}: story {story.key} is {story.state}: nothing to approve")
-        held = story.state == "held"
+        held = story.state == StoryState.HELD
         if held:
             story.signed_off = True
-            story.state, story.reason = "ready", None  # the lane advances its verified candidate
+            story.state, story.reason = StoryState.READY, None  # the lane advances its verified candidate
         else:
             story.approved = True
         record(s, run.id, "story.approved", story.key, sign_off=held)
@@ -178,13 +173,13 @@ def reject(project, tasks, ref: str | None, story_key: str, reason: str) -> Stor
     with project.db.transaction() as s:
         run = find_run(s, project, ref)
         story = _story_by_key(s, run, story_key)
-        if story.state != "held":
+        if story.state != StoryState.HELD:
             raise StateError(f"run {run.id}: story {story.key} is {story.state}, not held: "
                              "only a held candidate can be rejected")
-        story.state, story.reason, story.ended_at = "escalated", f"rejected by operator: {reason}", utcnow()
+        story.state, story.reason, story.ended_at = StoryState.ESCALATED, f"rejected by operator: {reason}", utcnow()
         for cand in s.scalars(select(Candidate).where(Candidate.story_id == story.id,
-                                                      Candidate.state == "verified")):
-            cand.state, cand.reason = "abandoned", f"rejected: {reason}"
+                                                      Candidate.state == CandidateState.VERIFIED)):
+            cand.state, cand.reason = CandidateState.ABANDONED, f"rejected: {reason}"
         record(s, run.id, "story.rejected", story.key, reason=reason)
         record(s, run.id, "story.escalated", story.key, reason=story.reason, phase="sign-off")
         run_id = run.id
@@ -205,7 +200,7 @@ def reconcile(project, ref: str | None) -> tuple[dict, int]:
         run = find_run(s, project, ref)
         rows = [{"key": st.key, "seq": st.seq, "state": st.state,
                  "verdict": VERDICTS.get(st.state, "open"),
-                 "reason": st.reason if st.state in VERDICTS and st.state not in ("integrated",) else None}
+                 "reason": st.reason if st.state in VERDICTS and st.state not in (StoryState.INTEGRATED,) else None}
                 for st in stories_of(s, run.id)]
         report = {"run": run.id, "state": run.state, "stories": rows}
     verdicts = {r["verdict"] for r in rows}

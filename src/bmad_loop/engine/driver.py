@@ -13,19 +13,20 @@ from typing import Callable
 
 from ..db.models import Run
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NEEDS_HUMAN, EXIT_OK, EXIT_STOPPED
+from ..states import RUN_SETTLED, RunState, StoryState
 from .consumers import ConsumerSet
 from .control import stop
 from .journal import events_after
-from .rows import stories_of
+from .runs import stories_of
 
 __all__ = ["drive", "exit_code_for", "SETTLED"]
 
-SETTLED = ("completed", "failed", "paused", "stopped")
+SETTLED = RUN_SETTLED
 
 
 def exit_code_for(run: Run, stories) -> int:
-    if run.state == "completed":
-        if all(s.state in ("integrated", "skipped") for s in stories):
+    if run.state == RunState.COMPLETED:
+        if all(s.state in (StoryState.INTEGRATED, StoryState.SKIPPED) for s in stories):
             return EXIT_OK
         return EXIT_NEEDS_HUMAN
     return {"failed": EXIT_FAILED, "paused": EXIT_NEEDS_HUMAN, "stopped": EXIT_STOPPED}.get(

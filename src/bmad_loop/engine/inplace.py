@@ -9,29 +9,31 @@ that edits one of them escalates the story instead of mixing its work with a hum
 from __future__ import annotations
 
 from ..compose import dirty_paths
+from .outcome import Escalate
+from .workspace import Prepared, Workspace, matches_any
 
-__all__ = ["InPlace"]
+__all__ = ["InPlaceWorkspace"]
 
 STATE_PREFIX = ".bmad-loop/"
 
 
-class InPlace:
-    def __init__(self, worker):
-        self.worker = worker
-        self.git = worker.git
-        self.root = worker.project.root
+class InPlaceWorkspace(Workspace):
+    def usable(self, worktree: str | None) -> bool:
+        return True  # the checkout is always here
 
-    def prepare(self, branch: str, base_sha: str) -> None:
+    def guard_env(self, worktree, hooks_dir, guard_log) -> dict:
+        return {}  # in place, the agent works on the target checkout by definition
+
+    def prepare(self, story, branch: str, base_sha: str) -> Prepared:
         current = self.git.current_branch()
         if current == branch:
-            return  # resumed: the checkout is already on the story branch
-        if current != self.worker.target_branch:
-            raise self.worker.escalation(
-                f"in-place isolation needs the checkout on {self.worker.target_branch}, "
-                f"it is on {current or 'a detached HEAD'}")
+            return Prepared(self.root, base_sha)  # resumed: already on the story branch
+        if current != self.target.branch:
+            raise Escalate(f"in-place isolation needs the checkout on {self.target.branch}, "
+                           f"it is on {current or 'a detached HEAD'}")
         snapshot = {p: self._hash(p) for p in self._dirty()}
         self.git.run("checkout", "-q", "-B", branch, base_sha)
-        self.worker.merge_feedback(pre_dirty=snapshot)
+        return Prepared(self.root, base_sha, feedback={"pre_dirty": snapshot})
 
     def agent_paths(self, story) -> list[str]:
         snapshot = story.feedback.get("pre_dirty", {})
@@ -39,16 +41,15 @@ class InPlace:
         for rel in self._dirty():
             if rel in snapshot:
                 if self._hash(rel) != snapshot[rel]:
-                    raise self.worker.escalation(
-                        f"the agent changed {rel}, which had local changes before the story "
-                        "started", paths=[rel])
+                    raise Escalate(f"the agent changed {rel}, which had local changes before the "
+                                   "story started", paths=[rel])
                 continue
             touched.append(rel)
         return touched
 
-    def commit(self, story, message: str, revert_matches) -> tuple[str, list[str]]:
+    def commit(self, story, message: str, revert: list[str]) -> tuple[str, list[str]]:
         paths = self.agent_paths(story)
-        reverted = [p for p in paths if revert_matches(p)]
+        reverted = [p for p in paths if matches_any(p, revert)]
         for rel in reverted:
             if self.git.run("cat-file", "-e", f"{story.base_sha}:{rel}", check=False).returncode == 0:
                 self.git.run("checkout", story.base_sha, "--", rel)
@@ -59,30 +60,34 @@ class InPlace:
             self._commit(paths, message)
         head = self.git.rev("HEAD")
         # Back to the target: the lane composes and advances it like any other story.
-        self.git.run("checkout", "-q", self.worker.target_branch)
+        self.git.run("checkout", "-q", self.target.branch)
         return head, reverted
 
-    def leave(self, story, rollback: bool) -> str | None:
-        """Escalation: keep the agent's work on the story branch; roll the checkout back or not.
+    def leave(self, story, *, rollback: bool, pause_on_escalation: bool) -> str | None:
+        """Keep the agent's work on the story branch; roll the checkout back or not.
 
         `rollback_on_failure = false` under `on_escalation = "pause"` leaves the checkout on the
         story branch exactly as the agent left it; otherwise the work is committed to the story
         branch and the checkout goes back to the target."""
         if self.git.current_branch() != story.branch:
             return self.git.rev(f"refs/heads/{story.branch}") if story.branch else None
-        if not rollback and self.worker.policy.parallel.on_escalation == "pause":
+        if not rollback and pause_on_escalation:
             return self.git.rev("HEAD")  # left as the agent left it, for a human to look at
         # Rolling back, or the run goes on with other stories: the work is committed to the
         # story branch (nothing is lost) and the checkout returns to the target.
         try:
             paths = self.agent_paths(story)
-        except Exception:
+        except Escalate:
             paths = []
         if paths:
             self._commit(paths, f"{story.key}: work in progress (escalated)")
         head = self.git.rev("HEAD")
-        self.git.run("checkout", "-q", self.worker.target_branch)
+        self.git.run("checkout", "-q", self.target.branch)
         return head
+
+    def discard_landed(self, story, *, delete_branch: bool) -> None:
+        if delete_branch and story.branch:
+            self.target.delete_story_branch(story.branch)
 
     def _commit(self, paths: list[str], message: str) -> None:
         self.git.run("add", "-A", "--", *paths)

@@ -17,14 +17,17 @@ from sqlalchemy import func, select
 
 from ..board import set_status
 from ..compose import (
-    blob_at, cas_advance, changed_paths, compose, overlapping_dirty, replace_blob, sync_checkout,
+    blob_at, compose, overlapping_dirty, replace_blob,
 )
 from ..db.models import Candidate, Run, Story, utcnow
-from ..worktrees import checkout_of, delete_branch, delete_ref, ensure_detached_worktree, remove_worktree
+from ..worktrees import delete_ref, ensure_detached_worktree, remove_worktree
+from ..states import CandidateState, Phase, StoryState
+from .context import make_workspace
 from .faults import crash_point
 from .journal import record
 from .layout import Layout
-from .rows import board_rel, transition_story
+from .runs import board_rel
+from .transitions import transition_story
 from .verify import run_verify
 
 __all__ = ["Integrator", "LaneFenced"]
@@ -41,22 +44,23 @@ class Integrator:
         self.project = project
         self.db = project.db
         self.run_id = run.id
-        self.target = run.target_branch
         self.policy = policy
         self.git = project.git(policy)
+        self.target = project.target(self.git, run.target_branch)
         self.layout = Layout(project.state_dir, run.id)
+        self.workspace = make_workspace(policy, self.git, self.layout, self.target, root=project.root)
         self.board_rel = board_rel(run, project.root)
         self.fence = fence  # () -> bool: does this lane still hold its lease?
-        self.remote = project.remote  # None in local mode
 
     def integrate(self, story_id: int) -> str:
-        """Returns the story's new state: integrated, escalated or ready (to retry later)."""
+        """The story's state afterwards: integrated, held (waiting for sign-off), escalated, or the
+        state it already had when it was not this lane's to integrate (e.g. another lane finished it)."""
         with self.db.transaction() as s:
             story = s.get(Story, story_id)
-            if story.state == "ready":
-                transition_story(s, story_id, "ready", state="integrating")
+            if story.state == StoryState.READY:
+                transition_story(s, story_id, StoryState.READY, state=StoryState.INTEGRATING)
                 record(s, self.run_id, "story.integrating", story.key)
-            elif story.state != "integrating":
+            elif story.state != StoryState.INTEGRATING:
                 return story.state
             story = s.get(Story, story_id)
         resumed = self._resume_candidate(story)
@@ -64,7 +68,7 @@ class Integrator:
             return resumed
         while True:
             outcome = self._one_composition(story)
-            if outcome != "stale":
+            if outcome != CandidateState.STALE:
                 return outcome
 
     # ------------------------------------------------------------------ one attempt
@@ -74,20 +78,19 @@ class Integrator:
             attempts = s.scalar(select(func.count()).select_from(Candidate)
                                 .where(Candidate.story_id == story.id)) or 0
             stale = s.scalar(select(func.count()).select_from(Candidate)
-                             .where(Candidate.story_id == story.id, Candidate.state == "stale")) or 0
+                             .where(Candidate.story_id == story.id, Candidate.state == CandidateState.STALE)) or 0
         if stale > self.policy.limits.max_recompose:
             return self._escalate(story, None, f"target kept moving: {stale} stale compositions "
                                   f"(max_recompose = {self.policy.limits.max_recompose})")
         attempt = attempts + 1
-        target_sha = self.project.target_sha(self.git, self.target)
+        target_sha = self.target.sha()
         branch_sha = story.head_sha
-        if self.remote is not None:
-            missing = self._fetch_story(story)
-            if missing:
-                return self._escalate(story, None, missing)
+        missing = self._fetch_story(story)
+        if missing:
+            return self._escalate(story, None, missing)
         with self.db.transaction() as s:
             cand = Candidate(run_id=self.run_id, story_id=story.id, attempt=attempt,
-                             strategy=strategy, state="composing", target_sha=target_sha,
+                             strategy=strategy, state=CandidateState.COMPOSING, target_sha=target_sha,
                              branch_sha=branch_sha)
             s.add(cand)
             s.flush()
@@ -101,12 +104,12 @@ class Integrator:
         crash_point("lane.after_compose")
         with self.db.transaction() as s:
             cand = s.get(Candidate, cand_id)
-            cand.candidate_sha, cand.ref, cand.state = comp.sha, ref, "verifying"
+            cand.candidate_sha, cand.ref, cand.state = comp.sha, ref, CandidateState.VERIFYING
             record(s, self.run_id, "candidate.composed", story.key, attempt=attempt,
                    strategy=strategy, target_sha=target_sha, branch_sha=branch_sha,
                    candidate_sha=comp.sha, rebased=comp.rebased)
         verdict = self._verify(story, cand_id, attempt, comp.sha, target_sha, branch_sha)
-        if verdict != "verified":
+        if verdict != CandidateState.VERIFIED:
             return verdict
         crash_point("lane.after_verify")
         if self._needs_sign_off(story):
@@ -114,13 +117,17 @@ class Integrator:
         return self._advance(story, cand_id, attempt, comp.sha, target_sha)
 
     def _fetch_story(self, story: Story) -> str | None:
-        """Remote mode: bring the story's commits into this clone; why not, when they differ."""
-        pushed = self.remote.fetch_branch(self.git, story.branch)
+        """Bring the story's commits here (remote mode: from the remote); why not, when they
+        are not the ones its worker recorded."""
+        if not self.target.publishes_stories:
+            return None  # local mode: the worker's commits are in this repository already
+        where = self.target.location
+        pushed = self.target.story_head(story.branch)
         if pushed == story.head_sha:
             return None
         if pushed is None:
-            return f"the story branch {story.branch} is not on {self.remote.url}"
-        return (f"the story branch {story.branch} on {self.remote.url} is at {pushed[:12]}, "
+            return f"the story branch {story.branch} is not on {where}"
+        return (f"the story branch {story.branch} on {where} is at {pushed[:12]}, "
                 f"not at the {story.head_sha[:12]} its worker recorded")
 
     def _needs_sign_off(self, story: Story) -> bool:
@@ -132,11 +139,11 @@ class Integrator:
         """merge_class = operator: the verified candidate waits for `approve` or `reject`."""
         with self.db.transaction() as s:
             cand = s.get(Candidate, cand_id)
-            if transition_story(s, story.id, "integrating", state="held",
+            if transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.HELD,
                                 reason="waiting for operator sign-off (bmad-loop approve/reject)"):
                 record(s, self.run_id, "story.held", story.key, attempt=attempt, candidate_sha=sha,
                        ref=cand.ref, worktree=cand.worktree)
-        return "held"
+        return StoryState.HELD
 
     def _verify(self, story, cand_id, attempt, sha, target_sha, branch_sha) -> str:
         commands = self.policy.verify.commands
@@ -152,10 +159,10 @@ class Integrator:
             cand.worktree = str(worktree) if worktree else None
             cand.verify_s = round(result.duration_s, 3)
             if result.ok:
-                cand.state = "verified"
+                cand.state = CandidateState.VERIFIED
                 record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,
                        duration_s=cand.verify_s, commands=len(commands))
-                return "verified"
+                return CandidateState.VERIFIED
         evidence = self._write_evidence(story.key, attempt, {
             "kind": "verify-failed", "story": story.key, "attempt": attempt,
             "target_sha": target_sha, "branch_sha": branch_sha, "candidate_sha": sha,
@@ -164,7 +171,7 @@ class Integrator:
         })
         with self.db.transaction() as s:
             cand = s.get(Candidate, cand_id)
-            cand.state, cand.evidence, cand.ended_at = "verify-failed", str(evidence), utcnow()
+            cand.state, cand.evidence, cand.ended_at = CandidateState.VERIFY_FAILED, str(evidence), utcnow()
             cand.reason = f"verify failed on the candidate: {result.failed_command}"
             record(s, self.run_id, "candidate.verify_failed", story.key, attempt=attempt,
                    command=result.failed_command, evidence=str(evidence))
@@ -180,8 +187,7 @@ class Integrator:
         return env
 
     def _advance(self, story, cand_id, attempt, sha, target_sha) -> str:
-        # Remote mode: the target lives on the remote; no local checkout of it is kept in step.
-        checkout = checkout_of(self.git, self.target) if self.remote is None else None
+        checkout = self.target.checkout()  # remote mode: none is kept in step
         if checkout is not None:
             overlap = overlapping_dirty(self.git, checkout, target_sha, sha)
             if overlap:
@@ -191,69 +197,66 @@ class Integrator:
                 })
                 with self.db.transaction() as s:
                     cand = s.get(Candidate, cand_id)
-                    cand.state, cand.evidence, cand.ended_at = "abandoned", str(evidence), utcnow()
+                    cand.state, cand.evidence, cand.ended_at = CandidateState.ABANDONED, str(evidence), utcnow()
                     cand.reason = f"local changes in {checkout} overlap: {', '.join(overlap)}"
                 return self._escalate(story, cand_id, f"the target checkout {checkout} has local "
                                       f"changes that overlap the candidate: {', '.join(overlap)}")
         with self.db.transaction() as s:
-            s.get(Candidate, cand_id).state = "advancing"
+            s.get(Candidate, cand_id).state = CandidateState.ADVANCING
         if self.fence is not None and not self.fence():
-            raise LaneFenced(f"lost the lane lease before advancing {self.target} for {story.key}")
-        if self.remote is not None:
-            advanced = self.remote.push_target(self.git, self.target, sha, target_sha)
-        else:
-            advanced = cas_advance(self.git, self.target, sha, target_sha)
+            raise LaneFenced(f"lost the lane lease before advancing {self.target.branch} for {story.key}")
+        advanced = self.target.advance(sha, target_sha)
         crash_point("lane.after_cas")
         if not advanced:
             with self.db.transaction() as s:
                 cand = s.get(Candidate, cand_id)
-                cand.state, cand.ended_at = "stale", utcnow()
-                now_at = self.project.target_sha(self.git, self.target, fetch=False)
+                cand.state, cand.ended_at = CandidateState.STALE, utcnow()
+                now_at = self.target.sha(fetch=False)
                 record(s, self.run_id, "candidate.stale", story.key, attempt=attempt,
                        composed_on=target_sha, target_now=now_at)
             self._drop_candidate(story.key, attempt)
-            return "stale"
+            return CandidateState.STALE
         if checkout is not None:
-            sync_checkout(self.git, checkout, target_sha, sha)
+            self.target.sync_checkout(checkout, target_sha, sha)
         return self._finish(story, cand_id, attempt, sha, target_sha)
 
     def _finish(self, story, cand_id, attempt, sha, target_sha) -> str:
         with self.db.transaction() as s:
-            if not transition_story(s, story.id, "integrating", state="integrated",
+            if not transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.INTEGRATED,
                                     integrated_sha=sha, ended_at=utcnow(), phase=None,
                                     port_block=None):
                 return s.get(Story, story.id).state  # another lane finished it: record nothing
             cand = s.get(Candidate, cand_id)
-            cand.state, cand.ended_at = "advanced", utcnow()
+            cand.state, cand.ended_at = CandidateState.ADVANCED, utcnow()
             run = s.get(Run, self.run_id)
             run.head_sha = sha
             record(s, self.run_id, "target.advanced", story.key, attempt=attempt,
                    old=target_sha, new=sha, strategy=self.policy.scm.merge_strategy)
             record(s, self.run_id, "story.integrated", story.key, sha=sha)
         self._clean_after_integration(story, attempt)
-        return "integrated"
+        return StoryState.INTEGRATED
 
     def _resume_candidate(self, story: Story) -> str | None:
         """A lane that died mid-integration: pick up the last candidate where it stopped."""
         with self.db.transaction() as s:
             cand = s.scalars(select(Candidate).where(Candidate.story_id == story.id)
                              .order_by(Candidate.attempt.desc())).first()
-        if cand is None or cand.state not in ("verified", "advancing", "composing", "verifying"):
+        if cand is None or cand.state not in (CandidateState.VERIFIED, CandidateState.ADVANCING, CandidateState.COMPOSING, CandidateState.VERIFYING):
             return None
-        target_now = self.project.target_sha(self.git, self.target)
+        target_now = self.target.sha()
         if cand.candidate_sha and target_now == cand.candidate_sha:
             # The CAS happened but the row was not written: that counts as advanced.
-            checkout = checkout_of(self.git, self.target) if self.remote is None else None
+            checkout = self.target.checkout()
             if checkout is not None:
-                sync_checkout(self.git, checkout, cand.target_sha, cand.candidate_sha)
+                self.target.sync_checkout(checkout, cand.target_sha, cand.candidate_sha)
             return self._finish(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
         # A lane in another clone (the old one's host died) lacks the candidate: recompose.
         here = cand.candidate_sha and self.git.rev(cand.candidate_sha) is not None
-        if cand.state in ("verified", "advancing") and target_now == cand.target_sha and here:
+        if cand.state in (CandidateState.VERIFIED, CandidateState.ADVANCING) and target_now == cand.target_sha and here:
             return self._advance(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
         with self.db.transaction() as s:
             row = s.get(Candidate, cand.id)
-            row.state, row.ended_at = "abandoned", utcnow()
+            row.state, row.ended_at = CandidateState.ABANDONED, utcnow()
             row.reason = "interrupted; recomposed"
             record(s, self.run_id, "candidate.abandoned", story.key, attempt=cand.attempt,
                    was=cand.state, reason=row.reason)
@@ -279,7 +282,7 @@ class Integrator:
         })
         with self.db.transaction() as s:
             cand = s.get(Candidate, cand_id)
-            cand.state, cand.evidence, cand.ended_at = "conflict", str(evidence), utcnow()
+            cand.state, cand.evidence, cand.ended_at = CandidateState.CONFLICT, str(evidence), utcnow()
             cand.ref = ref if preserved else None
             cand.candidate_sha = preserved
             cand.worktree = str(worktree) if worktree else None
@@ -294,12 +297,12 @@ class Integrator:
             row = s.get(Story, story.id)
             feedback = dict(row.feedback or {})
             # A fresh attempt after resume sees why integration failed.
-            feedback["verify_output"] = f"Integration onto {self.target} failed: {reason}"
-            if transition_story(s, story.id, ("integrating", "ready"), state="escalated",
+            feedback["verify_output"] = f"Integration onto {self.target.branch} failed: {reason}"
+            if transition_story(s, story.id, (StoryState.INTEGRATING, StoryState.READY), state=StoryState.ESCALATED,
                                 reason=reason, ended_at=utcnow(), feedback=feedback):
                 record(s, self.run_id, "story.escalated", story.key, reason=reason,
-                       candidate=cand_id, phase="integrate")
-        return "escalated"
+                       candidate=cand_id, phase=Phase.INTEGRATE)
+        return StoryState.ESCALATED
 
     # ------------------------------------------------------------------ pieces
     def _message(self, story: Story, strategy: str) -> str:
@@ -343,19 +346,5 @@ class Integrator:
         for n in attempts:
             self._drop_candidate(story.key, n)
         crash_point("lane.during_cleanup")
-        if self.policy.scm.isolation == "none":
-            if self.policy.scm.delete_branch and row.branch:
-                delete_branch(self.git, row.branch)
-            return
-        if self.policy.scm.branch_per == "run":
-            return  # the run branch and its worktree serve the next story
-        if self.remote is not None:
-            # The worktree is the story host's (its worker sweeps it); the branch is shared.
-            if self.policy.scm.delete_branch and row.branch:
-                self.remote.delete_branch(self.git, row.branch)
-            return
-        if row.worktree:
-            remove_worktree(self.git, Path(row.worktree))
-        if self.policy.scm.delete_branch and row.branch:
-            delete_branch(self.git, row.branch)
+        self.workspace.discard_landed(row, delete_branch=self.policy.scm.delete_branch)
 

@@ -25,29 +25,32 @@ from ..board import parse_board
 from ..compose import blob_at
 from ..db.models import Run, Story, utcnow
 from ..footprint import Footprint, footprints_conflict
-from .admission import IN_FLIGHT, StoryView, admit
+from ..states import RUN_LIVE, STORY_IN_FLIGHT, STORY_DONE, STORY_PARKED, RunState, StoryState
+from .admission import StoryView, admit
 from .integrate import Integrator, LaneFenced
 from .journal import record
 from .notify import notify
 from .recovery import recover_orphans
-from .rows import run_policy, stories_of, transition_run, transition_story
+from .runs import run_policy, stories_of
+from .transitions import transition_run, transition_story
 
 __all__ = ["tick"]
 
 log = logging.getLogger(__name__)
 
-LIVE = ("running", "pausing", "stopping")
-PARKED = ("escalated", "blocked", "held", "failed")
+LIVE = RUN_LIVE
+PARKED = STORY_PARKED
 
 
-def tick(project, tasks, run_id: str) -> None:
+def tick(project, tasks, run_id: str, holder=None) -> None:
+    """One lane tick for `run_id`. `holder` is this lane's lease holder (None: unfenced, as
+    in a single-process test); a standby or a fenced holder changes nothing."""
     db = project.db
     with db.transaction() as s:
         run = s.get(Run, run_id)
         if run is None or run.state not in LIVE:
             return
         policy = run_policy(run)
-    holder = getattr(tasks, "lane_holder", None)
     if holder is not None and not holder.held:
         return  # a standby lane never acts; the active one has this run
     if holder is not None and not holder.still_holds():
@@ -65,7 +68,7 @@ def tick(project, tasks, run_id: str) -> None:
     except Exception as exc:
         log.exception("lane tick failed for run %s", run_id)
         with db.transaction() as s:
-            if transition_run(s, run_id, LIVE, state="failed", reason=f"lane error: {exc}",
+            if transition_run(s, run_id, LIVE, state=RunState.FAILED, reason=f"lane error: {exc}",
                               ended_at=utcnow()):
                 record(s, run_id, "run.failed", reason=f"lane error: {exc}")
         notify(db, policy, run_id, "run.failed", reason=str(exc))
@@ -96,7 +99,7 @@ class _Lane:
                 continue
             if not self.pause_on_escalation and self._block_behind_parked(stories):
                 continue
-            if run.state == "running" and self._dispatch(run, stories):
+            if run.state == RunState.RUNNING and self._dispatch(run, stories):
                 continue
             self._settle(run, stories)
             return
@@ -115,39 +118,39 @@ class _Lane:
         dispatching before anything else happens. Admission itself is unchanged, so a story that
         conflicts with a finished but unintegrated one still waits for its integration.
         """
-        if run.state != "running" or run.max_parallel <= 1:
+        if run.state != RunState.RUNNING or run.max_parallel <= 1:
             return False
         if any(s.state in PARKED for s in stories):
             return False
-        if not any(s.state == "pending" for s in stories):
+        if not any(s.state == StoryState.PENDING for s in stories):
             return False
         return self._dispatch(run, stories)
 
     # ------------------------------------------------------------ 1. integration
     def _integrate_next(self, run: Run, stories: list[Story]) -> bool:
-        if run.state not in ("running", "pausing"):
+        if run.state not in (RunState.RUNNING, RunState.PAUSING):
             return False
-        if run.state == "pausing" and (run.reason or "").startswith("checkpoint"):
+        if run.state == RunState.PAUSING and (run.reason or "").startswith("checkpoint"):
             return False  # a checkpoint pauses right after its story: nothing later lands
         for story in stories:
-            if story.state in ("integrated", "skipped", "failed"):
+            if story.state in STORY_DONE:
                 continue
-            if story.state == "held":
+            if story.state == StoryState.HELD:
                 return False  # integration order is plan order: later stories wait behind it
-            if story.state in ("escalated", "blocked"):
+            if story.state in (StoryState.ESCALATED, StoryState.BLOCKED):
                 if self.pause_on_escalation:
                     return False
                 continue
-            if story.state not in ("ready", "integrating"):
+            if story.state not in (StoryState.READY, StoryState.INTEGRATING):
                 return False  # the earliest open story is not finished: later ones wait
             outcome = self.integrator.integrate(story.id)
-            if outcome == "held":
+            if outcome == StoryState.HELD:
                 notify(self.db, self.policy, self.run_id, "story.held", story=story.key,
                        reason="waiting for operator sign-off")
-            if outcome == "integrated" and story.done_checkpoint:
+            if outcome == StoryState.INTEGRATED and story.done_checkpoint:
                 self._request_pause(f"checkpoint after {story.key}", pause="checkpoint",
                                     story=story.key)
-            if outcome == "escalated":
+            if outcome == StoryState.ESCALATED:
                 notify(self.db, self.policy, self.run_id, "story.escalated", story=story.key,
                        reason=self._story(story.id).reason)
             return True
@@ -155,9 +158,9 @@ class _Lane:
 
     # ------------------------------------------------------------ 2. escalation
     def _pause_for_escalation(self, run: Run, stories: list[Story]) -> bool:
-        if run.state != "running" or not self.pause_on_escalation:
+        if run.state != RunState.RUNNING or not self.pause_on_escalation:
             return False
-        escalated = [s for s in stories if s.state == "escalated"]
+        escalated = [s for s in stories if s.state == StoryState.ESCALATED]
         if not escalated:
             return False
         first = escalated[0]
@@ -170,8 +173,9 @@ class _Lane:
         if not rows or not self.integrator.board_rel:
             return []
         git = self.integrator.git
-        self.project.target_sha(git, self.integrator.target)  # remote mode: refresh the mirror
-        blob = blob_at(git, self.project.target_ref(self.integrator.target), self.integrator.board_rel)
+        target = self.integrator.target
+        target.sha()  # remote mode: refresh the mirror
+        blob = blob_at(git, target.ref, self.integrator.board_rel)
         if blob is None:
             return []
         try:
@@ -183,13 +187,13 @@ class _Lane:
 
     def _block_behind_parked(self, stories: list[Story]) -> bool:
         """on_escalation = continue: what depends on or conflicts with a parked story is blocked."""
-        parked = [s for s in stories if s.state in ("escalated", "failed", "blocked")]
+        parked = [s for s in stories if s.state in (StoryState.ESCALATED, StoryState.FAILED, StoryState.BLOCKED)]
         if not parked:
             return False
         changed = False
         with self.db.transaction() as s:
             for story in stories:
-                if story.state != "pending":
+                if story.state != StoryState.PENDING:
                     continue
                 why = None
                 for other in parked:
@@ -201,7 +205,7 @@ class _Lane:
                         if clash:
                             why = f"conflicts with {other.key} ({other.state}): {clash}"
                             break
-                if why and transition_story(s, story.id, "pending", state="blocked", reason=why,
+                if why and transition_story(s, story.id, StoryState.PENDING, state=StoryState.BLOCKED, reason=why,
                                             ended_at=utcnow()):
                     record(s, self.run_id, "story.blocked", story.key, reason=why)
                     changed = True
@@ -209,7 +213,7 @@ class _Lane:
 
     def _request_pause(self, reason: str, *, pause: str, story: str | None = None) -> None:
         with self.db.transaction() as s:
-            if transition_run(s, self.run_id, "running", state="pausing", reason=reason):
+            if transition_run(s, self.run_id, RunState.RUNNING, state=RunState.PAUSING, reason=reason):
                 record(s, self.run_id, "run.pausing", story, reason=reason, pause=pause)
 
     # ------------------------------------------------------------ 3. admission
@@ -225,13 +229,13 @@ class _Lane:
         if shipped:
             with self.db.transaction() as s:
                 for row in shipped:
-                    if transition_story(s, row.id, "pending", state="skipped", ended_at=utcnow(),
+                    if transition_story(s, row.id, StoryState.PENDING, state=StoryState.SKIPPED, ended_at=utcnow(),
                                         reason="already done on the target's board"):
                         record(s, self.run_id, "story.skipped", row.key,
                                reason="stale premise: the target's board marks it done")
             return True  # admit again without them
         queued = []
-        used_blocks = {s.port_block for s in stories if s.state in IN_FLIGHT and s.port_block is not None}
+        used_blocks = {s.port_block for s in stories if s.state in STORY_IN_FLIGHT and s.port_block is not None}
         with self.db.transaction() as s:
             for key, why in decision.waiting.items():
                 row = by_key[key]
@@ -244,7 +248,7 @@ class _Lane:
                 if self.policy.resources.ports:
                     block = min(i for i in range(run.max_parallel) if i not in used_blocks)
                     used_blocks.add(block)
-                if transition_story(s, row.id, "pending", state="queued", queued_at=utcnow(),
+                if transition_story(s, row.id, StoryState.PENDING, state=StoryState.QUEUED, queued_at=utcnow(),
                                     wait_reason=None, port_block=block):
                     record(s, self.run_id, "story.queued", key, seq=row.seq)
                     queued.append(row.id)
@@ -258,15 +262,15 @@ class _Lane:
 
     # ------------------------------------------------------------ 4. settling
     def _settle(self, run: Run, stories: list[Story]) -> None:
-        in_flight = [s for s in stories if s.state in IN_FLIGHT]
+        in_flight = [s for s in stories if s.state in STORY_IN_FLIGHT]
         if in_flight:
             return  # workers will wake the lane when they finish
         states = {s.state for s in stories}
-        if run.state == "stopping":
+        if run.state == RunState.STOPPING:
             return self._end_pause("stopped", run.reason or "stopped")
-        if run.state == "pausing":
+        if run.state == RunState.PAUSING:
             return self._end_pause("paused", run.reason or "paused")
-        if states <= {"integrated", "skipped"}:
+        if states <= {StoryState.INTEGRATED, StoryState.SKIPPED}:
             return self._complete()
         if self._integration_due(stories):
             return  # integration is due; the next tick does it
@@ -282,7 +286,7 @@ class _Lane:
         if parked:
             listing = "; ".join(f"{s.key} {s.state}: {s.reason}" for s in parked)
             return self._end_pause("paused", f"needs a human: {listing}")
-        waiting = [s for s in stories if s.state == "pending"]
+        waiting = [s for s in stories if s.state == StoryState.PENDING]
         if waiting and (decision is None or not decision.dispatch):
             listing = "; ".join(f"{s.key}: {s.wait_reason}" for s in waiting[:5])
             return self._end_pause("paused", f"no story can start: {listing}")
@@ -290,15 +294,15 @@ class _Lane:
     def _integration_due(self, stories: list[Story]) -> bool:
         """Would `_integrate_next` find a story to integrate? (Same scan, no side effects.)"""
         for story in stories:
-            if story.state in ("integrated", "skipped", "failed"):
+            if story.state in STORY_DONE:
                 continue
-            if story.state == "held":
+            if story.state == StoryState.HELD:
                 return False
-            if story.state in ("escalated", "blocked"):
+            if story.state in (StoryState.ESCALATED, StoryState.BLOCKED):
                 if self.pause_on_escalation:
                     return False
                 continue
-            return story.state in ("ready", "integrating")
+            return story.state in (StoryState.READY, StoryState.INTEGRATING)
         return False
 
     def _set_gate(self, epic: int) -> None:
@@ -316,12 +320,12 @@ class _Lane:
 
     def _complete(self) -> None:
         with self.db.transaction() as s:
-            if transition_run(s, self.run_id, ("running",), state="completed", ended_at=utcnow(),
+            if transition_run(s, self.run_id, (RunState.RUNNING,), state=RunState.COMPLETED, ended_at=utcnow(),
                               reason=None):
                 stories = stories_of(s, self.run_id)
                 record(s, self.run_id, "run.completed",
-                       integrated=sum(1 for x in stories if x.state == "integrated"),
-                       skipped=sum(1 for x in stories if x.state == "skipped"))
+                       integrated=sum(1 for x in stories if x.state == StoryState.INTEGRATED),
+                       skipped=sum(1 for x in stories if x.state == StoryState.SKIPPED))
             else:
                 return
         notify(self.db, self.policy, self.run_id, "run.completed")

@@ -10,17 +10,19 @@ All decisions take `now` from the caller: tests step a clock instead of sleeping
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import threading
-from dataclasses import dataclass
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, update
 from sqlalchemy.exc import IntegrityError
 
 from ..db.models import Lease, utcnow
 from ..hostid import host_name
 
-__all__ = ["acquire", "renew", "release", "holds", "owner_id", "LeaseHolder", "pid_alive"]
+__all__ = ["acquire", "take", "renew", "release", "holds", "owner_id", "LeaseHolder", "pid_alive"]
+
+log = logging.getLogger(__name__)
 
 
 def owner_id(tag: str = "") -> str:
@@ -70,6 +72,34 @@ def acquire(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = N
                            .values(owner=owner, host=host, token=token, acquired_at=now,
                                    renewed_at=now, expires_at=expires))
         return token if result.rowcount == 1 else None
+
+
+def take(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int:
+    """Take the lease whoever holds it (the caller already won the row it guards); the token.
+
+    A story worker uses it after its claim on the story row succeeded: the row's claim
+    generation fences the previous worker, and a new token fences its lease."""
+    now = now or utcnow()
+    expires = now + dt.timedelta(seconds=ttl_s)
+    host = owner.split(":")[0]
+    for _ in range(3):  # lost a race with a concurrent creator: read again
+        try:
+            with db.transaction() as s:
+                row = s.get(Lease, name)
+                if row is None:
+                    s.add(Lease(name=name, owner=owner, host=host, token=1, acquired_at=now,
+                                renewed_at=now, expires_at=expires))
+                    s.flush()
+                    return 1
+                token = row.token if row.owner == owner else row.token + 1
+                result = s.execute(update(Lease).where(Lease.name == name, Lease.token == row.token)
+                                   .values(owner=owner, host=host, token=token, acquired_at=now,
+                                           renewed_at=now, expires_at=expires))
+                if result.rowcount == 1:
+                    return token
+        except IntegrityError:
+            continue
+    raise RuntimeError(f"lease {name}: could not be taken after three races")
 
 
 def renew(db, name: str, owner: str, token: int, ttl_s: float, now: dt.datetime | None = None) -> bool:
@@ -135,8 +165,8 @@ class LeaseHolder:
             while not self._stop.wait(interval):
                 try:
                     self.step()
-                except Exception:  # a database hiccup: try again next beat
-                    continue
+                except Exception:  # a database hiccup: try again next beat, but say so
+                    log.warning("lease %s: renewal step failed; retrying", self.name, exc_info=True)
 
         self._thread = threading.Thread(target=loop, daemon=True, name=f"lease-{self.name}")
         self._thread.start()

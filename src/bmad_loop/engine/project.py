@@ -20,7 +20,8 @@ from ..db.database import Database, default_database_url
 from ..gitcmd import Git, Identity
 from ..hostid import host_name
 from ..policy import Policy, load_policy
-from ..remote import Remote, resolve_remote_url
+from ..remote import resolve_remote_url
+from ..targets import Target, make_target
 
 __all__ = ["Project", "STATE_DIRNAME", "ensure_state_dir"]
 
@@ -50,7 +51,7 @@ class Project:
         self.home = Path(self.home).resolve() if self.home is not None else self.root
         self._db: Database | None = None
         self._db_pid: int | None = None
-        self._remote: Remote | None = None
+        self._remote_url: str | None = None
 
     @classmethod
     def open(cls, root: Path | str, policy: Policy | None = None, home: Path | str | None = None) -> "Project":
@@ -65,34 +66,25 @@ class Project:
     def home_state_dir(self) -> Path:
         return self.home / STATE_DIRNAME
 
-    # ------------------------------------------------------------------ remote mode
+    # ------------------------------------------------------------------ the target
     @property
-    def remote(self) -> Remote | None:
-        """The shared remote in remote mode, None in local mode."""
+    def remote_url(self) -> str | None:
+        """The shared remote's URL in remote mode, None in local mode."""
         if not self.policy.scm.remote:
             return None
-        if self._remote is None:
+        if self._remote_url is None:
             checkout = self.home if (self.home / ".git").exists() else self.root
-            self._remote = Remote(resolve_remote_url(self.policy.scm.remote, checkout))
-        return self._remote
+            self._remote_url = resolve_remote_url(self.policy.scm.remote, checkout)
+        return self._remote_url
 
     @property
     def key(self) -> str:
         """The project's identity in the rows (`runs.project`), the lane lease and queue names."""
-        remote = self.remote
-        return remote.url if remote is not None else str(self.root)
+        return self.remote_url or str(self.root)
 
-    def target_ref(self, target: str) -> str:
-        """Where this process reads the target from (the remote's mirror in remote mode)."""
-        remote = self.remote
-        return remote.target_ref(target) if remote is not None else f"refs/heads/{target}"
-
-    def target_sha(self, git: Git, target: str, *, fetch: bool = True) -> str | None:
-        """The target's current sha; in remote mode fetched first (unless `fetch` is False)."""
-        remote = self.remote
-        if remote is not None and fetch:
-            return remote.fetch_target(git, target)
-        return git.rev(self.target_ref(target))
+    def target(self, git: Git, branch: str) -> Target:
+        """The target branch as this process reaches it (see `bmad_loop.targets`)."""
+        return make_target(git, branch, self.remote_url, checkout=self.root)
 
     def path(self, *parts: str) -> Path:
         return self.state_dir.joinpath(*parts)

@@ -9,7 +9,6 @@ finished one.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -20,11 +19,13 @@ from ..db.models import Attempt, Run, Story, utcnow
 from ..prompts import PHASE_INSTRUCTIONS, build_prompt, write_prompt
 from ..profiles import resolve_command
 from ..tmux_session import session_name, tmux_available
+from ..states import AttemptState, Phase, RunState, StopMode
 from .faults import crash_point
-from .guard import guard_env, read_guard_log
+from .childenv import child_env, sandbox_vars
+from .guard import read_guard_log
 from .journal import record
 
-__all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "clean_env", "sandbox_vars"]
+__all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "verdict_mode"]
 
 log = logging.getLogger(__name__)
 
@@ -47,28 +48,22 @@ class SessionResult:
 
     def attempt_values(self) -> dict:
         return {"state": self.state, "exit_code": self.exit_code, "ended_at": utcnow(),
-                "duration_s": round(self.duration_s, 3), "counted": self.state != "interrupted",
+                "duration_s": round(self.duration_s, 3), "counted": self.state != AttemptState.INTERRUPTED,
                 "head_sha": self.head_sha}
 
 
-def clean_env() -> dict:
-    """The agent's base environment: ours, minus git variables that would redirect its git."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+def verdict_mode(policy, profile) -> str:
+    """Profiles whose CLI always exits 0 mark their verdict in the output; commands use exit codes."""
+    adapter = policy.adapter
+    if profile and not adapter.command and not adapter.phase(Phase.REVIEW).command:
+        return profile.verdict
+    return "exit"
 
 
-def sandbox_vars(worker) -> dict:
-    """Per-story scratch state outside the worktree, so parallel agents never share temp files."""
-    scratch = worker.layout.scratch(worker.key)
-    (scratch / "state").mkdir(parents=True, exist_ok=True)
-    (scratch / "tmp").mkdir(parents=True, exist_ok=True)
-    values = {"BMAD_LOOP_STATE_DIR": str(scratch / "state"), "TMPDIR": str(scratch / "tmp")}
-    values.update(worker.port_block_env())
-    return values
-
-
-def run_session(worker, phase: str, number: int) -> SessionResult:
-    story = worker.load()
-    policy = worker.policy
+def run_session(ctx, claim, phase: str, number: int) -> SessionResult:
+    """Run one agent session of the claimed story; its attempt row is left for the caller to close."""
+    story = claim.load()
+    policy = ctx.policy
     tier_name = story.tier or ""
     tier = policy.adapter.tiers.get(tier_name) if tier_name else None
     phase_over = policy.adapter.phase(phase)
@@ -82,79 +77,76 @@ def run_session(worker, phase: str, number: int) -> SessionResult:
     worktree = Path(story.worktree)
     # Inside the worktree: headless agents may not read files outside their folder.
     prompt_path = worktree / SESSION_DIR / f"{phase}-{number}.md"
-    _exclude_session_dir(worker.git)
-    log_path = worker.layout.log(worker.key, phase, number)
-    # Remote mode reads it from the worktree: the checkout that planned the run is elsewhere.
-    source = worktree if worker.project.remote is not None else worker.project.root
+    _exclude_session_dir(ctx.git)
+    log_path = ctx.layout.log(ctx.key, phase, number)
+    source = ctx.target.story_source(worktree)
     story_text = _read(source / story.story_path) if story.story_path else ""
-    instructions = (worker.profile.instructions.get(phase) if worker.profile else None) \
+    instructions = (ctx.profile.instructions.get(phase) if ctx.profile else None) \
         or PHASE_INSTRUCTIONS[phase]
     write_prompt(prompt_path, build_prompt(
-        phase=phase, story_key=worker.key, story_title=story.title, story_text=story_text,
+        phase=phase, story_key=ctx.key, story_title=story.title, story_text=story_text,
         instructions=instructions, attempt=number,
         verify_output=story.feedback.get("verify_output", ""),
-        review_notes=story.feedback.get("review_notes", "") if phase == "fix" else "",
+        review_notes=story.feedback.get("review_notes", "") if phase == Phase.FIX else "",
         worktree=story.worktree,
     ))
     story_file = str(worktree / story.story_path) if story.story_path else ""
     # Profile defaults first, so the user's [adapter.env] wins.
-    extra_env = dict(worker.profile.env) if worker.profile and not policy.adapter.command else {}
+    extra_env = dict(ctx.profile.env) if ctx.profile and not policy.adapter.command else {}
     extra_env.update(policy.adapter.env)
     extra_env.update(phase_over.env)
-    extra_env.update(sandbox_vars(worker))
-    guard_log = worker.layout.scratch(worker.key) / "guard.log"
+    extra_env.update(sandbox_vars(ctx))
+    guard_log = ctx.scratch / "guard.log"
     guard_offset = guard_log.stat().st_size if guard_log.exists() else 0
-    if not worker.in_place:
-        extra_env.update(guard_env(worker.git, worktree, worker.target_branch,
-                                   worker.project.path("guard-hooks"), guard_log))
-    call = AgentCall(phase=phase, story_key=worker.key, story_file=story_file,
-                     prompt_file=str(prompt_path), worktree=str(worktree), run_id=worker.run_id,
+    extra_env.update(ctx.workspace.guard_env(worktree, ctx.guard_hooks, guard_log))
+    call = AgentCall(phase=phase, story_key=ctx.key, story_file=story_file,
+                     prompt_file=str(prompt_path), worktree=str(worktree), run_id=ctx.run_id,
                      attempt=number, base_sha=story.base_sha or "",
                      model=tier.model if tier else "", tier=tier_name, extra_env=extra_env)
     argv = render_argv(template, call)
-    env = agent_env(call, clean_env())
-    session = f"{worker.run_id}/{worker.key}/{phase}-{number}"
+    env = agent_env(call, child_env())
+    session = f"{ctx.run_id}/{ctx.key}/{phase}-{number}"
     if policy.adapter.tmux and tmux_available():
         # Live in tmux for `attach`; the wrapper mirrors the pane into the same session log.
-        session = session_name(worker.run_id, worker.key, phase, number)
+        session = session_name(ctx.run_id, ctx.key, phase, number)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "bmad_loop.tmux_session", session, str(log_path), "--", *argv]
-    with worker.db.transaction() as s:
-        worker.own(s)  # fenced workers start no session
-        att = Attempt(run_id=worker.run_id, story_id=worker.story_id, phase=phase, number=number,
-                      state="running", worktree=str(worktree), branch=story.branch,
+    with ctx.db.transaction() as s:
+        claim.own(s)  # fenced workers start no session
+        att = Attempt(run_id=ctx.run_id, story_id=ctx.story_id, phase=phase, number=number,
+                      state=AttemptState.RUNNING, worktree=str(worktree), branch=story.branch,
                       base_sha=story.base_sha, session=session, log=str(log_path),
-                      host=worker.project.host, heartbeat_at=utcnow())
+                      host=ctx.host, heartbeat_at=utcnow())
         s.add(att)
         s.flush()
         attempt_id = att.id
-        row = s.get(Story, worker.story_id)
+        row = s.get(Story, ctx.story_id)
         row.session, row.log = session, str(log_path)
-        record(s, worker.run_id, "attempt.started", worker.key, phase=phase, attempt=number,
+        record(s, ctx.run_id, "attempt.started", ctx.key, phase=phase, attempt=number,
                argv=argv, log=str(log_path), tier=tier_name or None)
 
     def started(pid: int) -> None:
-        with worker.db.transaction() as s:
+        with ctx.db.transaction() as s:
             s.get(Attempt, attempt_id).pid = pid
         crash_point("worker.in_agent")
 
-    with Heartbeat(worker, attempt_id):
+    with Heartbeat(ctx, claim, attempt_id):
         result = run_agent(argv, cwd=worktree, env=env, log_path=log_path, timeout_s=timeout,
-                           stop_event=worker.stop_event, on_start=started)
+                           stop_event=claim.stop_event, on_start=started)
     crash_point("worker.after_agent")
-    state = ("interrupted" if result.interrupted else "timed-out" if result.timed_out
-             else "succeeded" if result.exit_code == 0 else "failed")
-    summary = {"interrupted": "interrupted by stop",
-               "timed-out": f"agent timed out after {timeout}s (process tree killed)",
-               "succeeded": "agent exited 0",
-               "failed": f"agent exited {result.exit_code}"}[state]
+    state = (AttemptState.INTERRUPTED if result.interrupted else AttemptState.TIMED_OUT if result.timed_out
+             else AttemptState.SUCCEEDED if result.exit_code == 0 else AttemptState.FAILED)
+    summary = {AttemptState.INTERRUPTED: "interrupted by stop",
+               AttemptState.TIMED_OUT: f"agent timed out after {timeout}s (process tree killed)",
+               AttemptState.SUCCEEDED: "agent exited 0",
+               AttemptState.FAILED: f"agent exited {result.exit_code}"}[state]
     output = session_output(log_path, result)
-    ok = state == "succeeded"
-    if phase == "review":
-        ok = review_approved(result, output, verdict=worker.verdict_mode())
-        if not ok and state == "succeeded":
+    ok = state == AttemptState.SUCCEEDED
+    if phase == Phase.REVIEW:
+        ok = review_approved(result, output, verdict=verdict_mode(policy, ctx.profile))
+        if not ok and state == AttemptState.SUCCEEDED:
             summary = "review requested changes"
-    head = worker.git.rev("HEAD", cwd=worktree)
+    head = ctx.git.rev("HEAD", cwd=worktree)
     return SessionResult(attempt_id, phase, number, state, ok, summary, output, result.exit_code,
                          result.duration_s, head, read_guard_log(guard_log, guard_offset))
 
@@ -162,10 +154,11 @@ def run_session(worker, phase: str, number: int) -> SessionResult:
 class Heartbeat:
     """Renews the story's lease while slow work runs, and turns `stop --now` into a kill."""
 
-    def __init__(self, worker, attempt_id: int | None = None):
-        self.worker = worker
+    def __init__(self, ctx, claim, attempt_id: int | None = None):
+        self.ctx = ctx
+        self.claim = claim
         self.attempt_id = attempt_id
-        self.interval = max(worker.policy.leases.ttl_s / 3.0, 0.2)
+        self.interval = max(ctx.policy.leases.ttl_s / 3.0, 0.2)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="bmad-heartbeat")
 
@@ -183,13 +176,13 @@ class Heartbeat:
         while not self._done.wait(poll):
             elapsed += poll
             try:
-                with self.worker.db.transaction() as s:
-                    run = s.get(Run, self.worker.run_id)
-                    if run.state in ("stopping", "stopped") and run.stop_mode == "now":
-                        self.worker.stop_event.set()
+                with self.ctx.db.transaction() as s:
+                    run = s.get(Run, self.ctx.run_id)
+                    if run.state in (RunState.STOPPING, RunState.STOPPED) and run.stop_mode == StopMode.NOW:
+                        self.claim.stop_event.set()
                 if elapsed >= self.interval:
                     elapsed = 0.0
-                    self.worker.beat(self.attempt_id)
+                    self.claim.beat(self.attempt_id)
             except Exception:  # a missed heartbeat is not worth killing the session over
                 log.exception("heartbeat failed")
 

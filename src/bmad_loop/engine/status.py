@@ -5,8 +5,9 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from ..db.models import Candidate, Run, Story, utcnow
+from ..states import StoryState
 from .journal import event_json, events_after
-from .rows import stories_of
+from .runs import stories_of
 
 __all__ = ["run_status", "run_json", "story_json", "candidate_json", "journal_lines"]
 
@@ -35,7 +36,7 @@ def run_json(run: Run) -> dict:
 def story_json(story: Story, now=None) -> dict:
     now = now or utcnow()
     start = story.started_at
-    end = story.ended_at or (story.ready_at if story.state in ("ready",) else None)
+    end = story.ended_at or (story.ready_at if story.state in (StoryState.READY,) else None)
     elapsed = None
     if start is not None:
         elapsed = round(((end or now) - start).total_seconds(), 1)

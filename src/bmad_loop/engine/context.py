@@ -1,0 +1,125 @@
+"""The explicit contexts a story's steps receive, instead of the worker object itself.
+
+`StoryContext` is what stays fixed while one worker holds one story: who, where, with what
+policy. `Claim` is the worker's hold on the row: every write goes through `own()`, which
+refuses once recovery gave the story to someone else (the claim generation moved), and
+`beat()` renews the row's heartbeat and the story's lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..db.models import Attempt, Story, utcnow
+from ..errors import StopRequested
+from ..states import StoryState
+from ..profiles import load_profile
+from . import leases
+from .inplace import InPlaceWorkspace
+from .layout import Layout
+from .ports import worker_block
+from .runs import board_rel
+from .workspace import Workspace
+from .worktree_workspace import WorktreeWorkspace
+
+__all__ = ["StoryContext", "Claim", "Fenced", "story_lease_name", "make_workspace", "story_context"]
+
+log = logging.getLogger(__name__)
+
+
+def story_lease_name(story_id: int) -> str:
+    return f"story:{story_id}"
+
+
+class Fenced(StopRequested):
+    """This worker's claim on the story is gone (recovery gave it to another): write nothing."""
+
+
+@dataclass(frozen=True)
+class StoryContext:
+    db: object
+    run_id: str
+    story_id: int
+    key: str
+    target_branch: str
+    policy: object
+    git: object
+    layout: object
+    target: object      # targets.Target
+    workspace: object   # engine.workspace.Workspace
+    profile: object     # profiles.Profile or None
+    port_block: object  # ports.PortBlock or None
+    host: str
+    guard_hooks: Path   # where the target guard's hook scripts live
+    board_rel: str | None  # the board's path in the repository (a lane-owned file)
+
+    @property
+    def scratch(self) -> Path:
+        return self.layout.scratch(self.key)
+
+
+@dataclass
+class Claim:
+    db: object
+    run_id: str
+    story_id: int
+    generation: int
+    owner: str
+    token: int
+    ttl_s: float
+    stop_event: threading.Event = field(default_factory=threading.Event)
+
+    def own(self, session) -> Story:
+        """The story row, if this worker still holds its claim; otherwise Fenced."""
+        row = session.get(Story, self.story_id)
+        if row.state != StoryState.WORKING or row.claim != self.generation:
+            raise Fenced()
+        return row
+
+    def load(self) -> Story:
+        with self.db.transaction() as s:
+            return s.get(Story, self.story_id)
+
+    def beat(self, attempt_id: int | None = None) -> None:
+        now = utcnow()
+        with self.db.transaction() as s:
+            row = s.get(Story, self.story_id)
+            if row.state != StoryState.WORKING or row.claim != self.generation:
+                self.stop_event.set()  # fenced: end the session; the walk then stops
+                return
+            row.heartbeat_at = now
+            if attempt_id is not None:
+                s.get(Attempt, attempt_id).heartbeat_at = now
+        if not leases.renew(self.db, story_lease_name(self.story_id), self.owner, self.token,
+                            self.ttl_s, now):
+            # The row still carries our claim, so the work goes on; orphan recovery judges
+            # the lease, so say loudly that it may take the story back.
+            log.warning("story %s: lease renewal refused (owner %s, token %s)",
+                        self.story_id, self.owner, self.token)
+
+
+def make_workspace(policy, git, layout, target, *, root: Path, profile=None) -> Workspace:
+    """The workspace the policy's `[scm] isolation` asks for."""
+    scm = policy.scm
+    seeds = list(scm.worktree_seed)
+    if scm.seed_adapter_defaults and profile is not None:
+        seeds += list(profile.seed_files)
+    kind = InPlaceWorkspace if scm.isolation == "none" else WorktreeWorkspace
+    return kind(git, layout, target, scm, root=root, seeds=seeds)
+
+
+def story_context(project, run, story, policy) -> StoryContext:
+    git = project.git(policy)
+    layout = Layout(project.state_dir, run.id)
+    target = project.target(git, run.target_branch)
+    profile = load_profile(policy.adapter.profile) if policy.adapter.profile else None
+    return StoryContext(
+        db=project.db, run_id=run.id, story_id=story.id, key=story.key,
+        target_branch=run.target_branch, policy=policy, git=git, layout=layout, target=target,
+        workspace=make_workspace(policy, git, layout, target, root=project.root, profile=profile),
+        profile=profile, port_block=worker_block(policy, story.port_block), host=project.host,
+        guard_hooks=project.path("guard-hooks"), board_rel=board_rel(run, project.root),
+    )

@@ -1,0 +1,35 @@
+"""Reading a run back from its rows: its policy snapshot, its stories, its board's path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..db.models import Run, Story
+from ..policy import Policy, policy_from_dict
+
+__all__ = ["run_policy", "stories_of", "path_inside", "board_rel"]
+
+
+def run_policy(run: Run) -> Policy:
+    """The policy snapshot taken at enqueue: a resumed run keeps its settings."""
+    return policy_from_dict(run.policy, source=f"run {run.id} policy snapshot", env={})
+
+
+def stories_of(session: Session, run_id: str) -> list[Story]:
+    return list(session.scalars(select(Story).where(Story.run_id == run_id).order_by(Story.seq)))
+
+
+def path_inside(path, root: Path) -> str | None:
+    """`path` relative to `root` (POSIX form), None when it lies outside."""
+    try:
+        return Path(path).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return None
+
+
+def board_rel(run: Run, root: Path) -> str | None:
+    """The board's path inside the repository (runs made before `board_rel` existed: derived)."""
+    return run.board_rel or path_inside(run.board_path, root)

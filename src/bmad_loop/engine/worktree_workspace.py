@@ -1,0 +1,74 @@
+"""`isolation = "worktree"`: each story in its own git worktree, on its own branch.
+
+With `branch_per = "run"` the stories share one run branch and worktree, taken up to the
+target after each integration.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from ..compose import commit_worktree
+from ..worktrees import ensure_worktree, remove_worktree
+from .workspace import Prepared, Workspace
+
+__all__ = ["WorktreeWorkspace"]
+
+
+class WorktreeWorkspace(Workspace):
+    @property
+    def shared_branch(self) -> bool:
+        return self.scm.branch_per == "run"
+
+    def usable(self, worktree: str | None) -> bool:
+        """A worktree of this repository (clone), still on disk."""
+        if not worktree or not Path(worktree).is_dir():
+            return False
+        return Path(worktree).resolve().is_relative_to(self.layout.state_dir.resolve())
+
+    def prepare(self, story, branch: str, base_sha: str) -> Prepared:
+        worktree = self.layout.story_worktree(story.key, self.scm.branch_per)
+        start = base_sha
+        existing = self.git.rev(f"refs/heads/{branch}")
+        if self.shared_branch and existing and self.git.is_ancestor(existing, base_sha):
+            # The shared run branch was integrated: move it up to the target before reuse.
+            self.git.run("update-ref", f"refs/heads/{branch}", base_sha, existing)
+            if worktree.exists():
+                self.git.run("reset", "-q", "--hard", base_sha, cwd=worktree)
+        elif existing:
+            start = existing
+            # Resumed on its own branch: the story's changes are measured from the fork point.
+            base_sha = self.git.out("merge-base", existing, base_sha)
+        ensure_worktree(self.git, worktree, branch, start)
+        self._seed(worktree)
+        return Prepared(worktree, base_sha)
+
+    def commit(self, story, message: str, revert: list[str]) -> tuple[str, list[str]]:
+        return commit_worktree(self.git, Path(story.worktree), message, story.base_sha, revert,
+                               exclude=self.seeds)
+
+    def leave(self, story, *, rollback: bool, pause_on_escalation: bool) -> str | None:
+        if story.worktree and Path(story.worktree).exists():
+            return self.git.rev("HEAD", cwd=Path(story.worktree))
+        return None
+
+    def discard_landed(self, story, *, delete_branch: bool) -> None:
+        if self.shared_branch:
+            return  # the run branch and its worktree serve the next story
+        if self.target.lane_removes_story_worktrees and story.worktree:
+            remove_worktree(self.git, Path(story.worktree))
+        if delete_branch and story.branch:
+            self.target.delete_story_branch(story.branch)
+
+    def _seed(self, worktree: Path) -> None:
+        """Copy untracked seed files (policy list + the agent profile's config) into a worktree."""
+        for name in self.seeds:
+            source = self.root / name
+            if not source.exists() or (worktree / name).exists():
+                continue
+            (worktree / name).parent.mkdir(parents=True, exist_ok=True)
+            if source.is_dir():
+                shutil.copytree(source, worktree / name)
+            else:
+                shutil.copy2(source, worktree / name)
