@@ -40,7 +40,7 @@ __all__ = [
     "path_matches",
     "commit_worktree",
     "commit_message",
-    "lane_message",
+    "integration_message",
     "compose",
     "cas_advance",
     "overlapping_dirty",
@@ -156,7 +156,7 @@ def commit_message(template: str, *, story_key: str, story_title: str | None, ru
                            run_id=run_id, epic=epic)
 
 
-def lane_message(title: str, strategy: str, branch: str) -> str:
+def integration_message(title: str, strategy: str, branch: str) -> str:
     """The lane's commit message: `Merge <branch>` then `title` for a merge commit, else `title`."""
     if strategy == "merge":
         return f"Merge {branch}\n\n{title}\n"
