@@ -19,8 +19,9 @@ from sqlalchemy.exc import ArgumentError, InterfaceError, NoSuchModuleError, Ope
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import ConfigError
+from . import migrate
 
-__all__ = ["Database", "default_database_url", "migrations_dir"]
+__all__ = ["Database", "default_database_url"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # pg_advisory_lock key serialising migrations of one PostgreSQL database across hosts.
@@ -29,16 +30,6 @@ PG_MIGRATION_LOCK_KEY = 0x626D_6164  # "bmad"
 
 def default_database_url(state_dir: Path) -> str:
     return f"sqlite:///{state_dir / 'state.db'}"
-
-
-def migrations_dir() -> Path:
-    """The alembic scripts: packaged as bmad_loop._migrations, or the source tree's migrations/."""
-    try:
-        import bmad_loop._migrations as packaged
-
-        return Path(packaged.__file__).resolve().parent
-    except ImportError:  # running from a source checkout without an install
-        return Path(__file__).resolve().parents[3] / "migrations"
 
 
 def _install_sqlite_hooks(engine: Engine) -> None:
@@ -94,8 +85,6 @@ class Database:
         On PostgreSQL the consumers may sit on different hosts, where a file lock means
         nothing: a session-level advisory lock in the database serialises them instead.
         """
-        from . import migrate
-
         self._check_reachable()
         with self._migration_lock(), self._database_lock():
             migrate.upgrade(self.engine)

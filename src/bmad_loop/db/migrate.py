@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
-from .database import migrations_dir
 
-__all__ = ["alembic_config", "upgrade", "current_revision", "head_revision"]
+__all__ = ["alembic_config", "upgrade", "current_revision", "head_revision", "migrations_dir"]
+
+
+def migrations_dir() -> Path:
+    """The alembic scripts: packaged as bmad_loop._migrations, or the source tree's migrations/."""
+    try:
+        import bmad_loop._migrations as packaged
+
+        return Path(packaged.__file__).resolve().parent
+    except ImportError:  # running from a source checkout without an install
+        return Path(__file__).resolve().parents[3] / "migrations"
 
 
 def alembic_config(engine: Engine | None = None) -> Config:

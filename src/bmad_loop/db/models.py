@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 
 from sqlalchemy import (
+    false,
     JSON,
     Boolean,
     DateTime,
@@ -160,6 +161,11 @@ class Story(Base):
     review_cycles: Mapped[int] = mapped_column(Integer, default=0)
     # Last verify failure / review notes, handed to the next attempt's prompt.
     feedback: Mapped[dict] = mapped_column(JSON, default=dict)
+    # A human changed the escalated story's branch before `resume`: verify and integrate it
+    # without the agent.
+    human_fix: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The phase the next verify follows (fix: a failing verify starts another fix cycle).
+    after_phase: Mapped[str | None] = mapped_column(String(16))
     # What holds a pending story back (conflict, resource, gate); journaled when it changes.
     wait_reason: Mapped[str | None] = mapped_column(Text)
     reason: Mapped[str | None] = mapped_column(Text)  # why escalated / blocked / skipped / failed

@@ -25,13 +25,9 @@ from .runs import board_rel
 from .workspace import Workspace
 from .worktree_workspace import WorktreeWorkspace
 
-__all__ = ["StoryContext", "Claim", "Fenced", "story_lease_name", "make_workspace", "story_context"]
+__all__ = ["StoryContext", "Claim", "Fenced", "make_workspace", "story_context"]
 
 log = logging.getLogger(__name__)
-
-
-def story_lease_name(story_id: int) -> str:
-    return f"story:{story_id}"
 
 
 class Fenced(StopRequested):
@@ -93,7 +89,7 @@ class Claim:
             row.heartbeat_at = now
             if attempt_id is not None:
                 s.get(Attempt, attempt_id).heartbeat_at = now
-        if not leases.renew(self.db, story_lease_name(self.story_id), self.owner, self.token,
+        if not leases.renew(self.db, leases.story_lease_name(self.story_id), self.owner, self.token,
                             self.ttl_s, now):
             # The row still carries our claim, so the work goes on; orphan recovery judges
             # the lease, so say loudly that it may take the story back.

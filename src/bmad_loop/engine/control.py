@@ -82,7 +82,7 @@ def _reset_for_resume(session, branch_head_of, run: Run, story: Story) -> None:
         if human_fix:
             # A human changed the branch: verify and integrate it without the agent.
             story.state, story.phase = StoryState.PENDING, Phase.PREPARE
-            story.feedback = {"human_fix": True}
+            story.feedback, story.human_fix, story.after_phase = {}, True, None
             story.head_sha = branch_head
             record(session, run.id, "story.human_fix", story.key, head_sha=branch_head)
         else:
@@ -94,6 +94,7 @@ def _reset_for_resume(session, branch_head_of, run: Run, story: Story) -> None:
             story.dev_attempts, story.review_cycles = 0, 0
             story.feedback = {k: v for k, v in (story.feedback or {}).items()
                               if k in ("verify_output", "review_notes", "pre_dirty")}
+            story.human_fix, story.after_phase = False, None
             record(session, run.id, "story.retry", story.key, reason=story.reason)
         story.reason, story.ended_at = None, None
     # A `working` story is left alone: if its worker died, its lease says so and orphan

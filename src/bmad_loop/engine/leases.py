@@ -20,9 +20,14 @@ from sqlalchemy.exc import IntegrityError
 from ..db.models import Lease, utcnow
 from ..hostid import host_name
 
-__all__ = ["acquire", "take", "renew", "release", "holds", "owner_id", "LeaseHolder", "pid_alive"]
+__all__ = ["story_lease_name", "acquire", "take", "renew", "release", "holds", "owner_id", "LeaseHolder", "pid_alive"]
 
 log = logging.getLogger(__name__)
+
+
+def story_lease_name(story_id: int) -> str:
+    """The lease a story worker holds while it works on the story."""
+    return f"story:{story_id}"
 
 
 def owner_id(tag: str = "") -> str:

@@ -11,13 +11,14 @@ there; recovery never runs work itself.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import signal
 
 from sqlalchemy import select
 
+from .. import proctree
 from ..db.models import Attempt, Lease, Story, utcnow
 from ..hostid import host_name
+from ..states import AttemptState, StoryState
 from . import leases
 from .journal import record
 
@@ -28,8 +29,8 @@ def find_orphans(session, run_id: str, ttl_s: float, now: dt.datetime | None = N
     now = now or utcnow()
     grace = dt.timedelta(seconds=ttl_s)
     orphans = []
-    for story in session.scalars(select(Story).where(Story.run_id == run_id, Story.state == "working")):
-        lease = session.get(Lease, f"story:{story.id}")
+    for story in session.scalars(select(Story).where(Story.run_id == run_id, Story.state == StoryState.WORKING)):
+        lease = session.get(Lease, leases.story_lease_name(story.id))
         if lease is not None:
             if lease.expires_at <= now or leases.pid_alive(lease.owner) is False:
                 orphans.append(story)
@@ -46,14 +47,14 @@ def recover_orphans(db, tasks, run_id: str, ttl_s: float, now: dt.datetime | Non
     with db.transaction() as s:
         for story in find_orphans(s, run_id, ttl_s, now):
             running = list(s.scalars(select(Attempt).where(Attempt.story_id == story.id,
-                                                           Attempt.state == "running")))
+                                                           Attempt.state == AttemptState.RUNNING)))
             for attempt in running:
                 _end_leftover_agent(attempt, run_id, story.key)
-                attempt.state, attempt.counted, attempt.ended_at = "interrupted", False, utcnow()
-            lease = s.get(Lease, f"story:{story.id}")
+                attempt.state, attempt.counted, attempt.ended_at = AttemptState.INTERRUPTED, False, utcnow()
+            lease = s.get(Lease, leases.story_lease_name(story.id))
             if lease is not None:
                 s.delete(lease)
-            story.state, story.heartbeat_at = "queued", None
+            story.state, story.heartbeat_at = StoryState.QUEUED, None
             record(s, run_id, "story.recovered", story.key, phase=story.phase,
                    interrupted_attempts=[a.id for a in running])
             recovered.append(story.id)
@@ -67,15 +68,9 @@ def _end_leftover_agent(attempt: Attempt, run_id: str, key: str) -> None:
     """The dead worker's agent may still run (it has its own process group): end it."""
     if not attempt.pid or attempt.host != host_name():
         return
-    try:
-        with open(f"/proc/{attempt.pid}/environ", "rb") as handle:
-            environ = handle.read().split(b"\0")
-    except OSError:
+    environ = proctree.environ_of(attempt.pid)
+    if environ is None:
         return
-    if f"BMAD_LOOP_RUN_ID={run_id}".encode() not in environ or \
-            f"BMAD_LOOP_STORY_KEY={key}".encode() not in environ:
+    if environ.get("BMAD_LOOP_RUN_ID") != run_id or environ.get("BMAD_LOOP_STORY_KEY") != key:
         return  # the pid was reused by something else
-    try:
-        os.killpg(attempt.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    proctree.signal_group(attempt.pid, signal.SIGKILL)

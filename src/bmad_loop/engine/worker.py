@@ -21,7 +21,8 @@ from ..errors import GitError, StopRequested
 from ..states import AttemptState, Phase, RunState, StoryState
 from . import leases
 from .childenv import child_env, sandbox_vars
-from .context import Claim, Fenced, StoryContext, story_context, story_lease_name
+from .context import Claim, Fenced, StoryContext, story_context
+from .leases import story_lease_name
 from .faults import crash_point
 from .journal import record
 from .notify import notify
@@ -131,7 +132,7 @@ class StoryWorker:
             except Escalate as esc:
                 return self._apply(Outcome(escalate=esc.reason, evidence=esc.evidence))
             story = self.claim.load()
-            phase = Phase.VERIFY if story.feedback.get("human_fix") else Phase.DEV
+            phase = Phase.VERIFY if story.human_fix else Phase.DEV
         steps = {Phase.DEV: self.phase_dev, Phase.VERIFY: self.phase_verify,
                  Phase.REVIEW: self.phase_review, Phase.FIX: self.phase_fix,
                  Phase.COMMIT: self.phase_commit}
@@ -168,7 +169,7 @@ class StoryWorker:
             row.worktree, row.branch = str(prepared.worktree), branch
             if prepared.feedback:
                 row.feedback = {**(row.feedback or {}), **prepared.feedback}
-            if not (story.feedback.get("human_fix") and row.base_sha):
+            if not (story.human_fix and row.base_sha):
                 row.base_sha = prepared.base_sha
             record(s, ctx.run_id, "story.prepared", self.key, worktree=str(prepared.worktree),
                    branch=branch, base_sha=row.base_sha)
@@ -180,7 +181,7 @@ class StoryWorker:
         local = self.git.rev(f"refs/heads/{branch}")
         if pushed is None or pushed == local:
             return
-        if local is not None and not story.feedback.get("human_fix"):
+        if local is not None and not story.human_fix:
             return
         if local is None:
             self.git.run("update-ref", f"refs/heads/{branch}", pushed)
@@ -222,7 +223,7 @@ class StoryWorker:
                  {"command": result.failed_command, "exit_code": result.exit_code,
                   "timed_out": result.timed_out, "duration_s": round(result.duration_s, 3),
                   "log": result.log})
-        human_fix = story.feedback.get("human_fix")
+        human_fix = story.human_fix
         if result.ok:
             nxt = Phase.COMMIT if human_fix or not self.policy.review.enabled else Phase.REVIEW
             return Outcome(nxt, feedback={"verify_output": ""}, events=[event])
@@ -231,7 +232,7 @@ class StoryWorker:
             return Outcome(escalate=f"verify failed on the human-fixed branch: {result.failed_command}",
                            evidence={"output": result.output[-4000:]}, events=[event],
                            feedback=feedback)
-        if story.feedback.get("after") == Phase.FIX:
+        if story.after_phase == Phase.FIX:
             return self._fix_cycle("verify failed after fix", story, events=[event], feedback=feedback)
         if story.dev_attempts >= self.policy.limits.max_dev_attempts:
             return Outcome(escalate=f"verify failed after {story.dev_attempts} dev attempts: "
@@ -256,15 +257,14 @@ class StoryWorker:
         if cycles > self.policy.limits.max_review_cycles:
             return Outcome(escalate=f"{why}: review cycles exhausted "
                                     f"({story.review_cycles} fix cycles)", **outcome)
-        feedback = dict(outcome.pop("feedback", {}))
-        feedback["after"] = Phase.REVIEW
-        return Outcome(Phase.FIX, counters={"review_cycles": 1}, feedback=feedback, **outcome)
+        return Outcome(Phase.FIX, counters={"review_cycles": 1},
+                       values={"after_phase": Phase.REVIEW}, **outcome)
 
     def phase_fix(self) -> Outcome:
         story = self.claim.load()
         result = self._session(Phase.FIX, story.review_cycles)
         if result.ok:
-            return Outcome(Phase.VERIFY, session=result, feedback={"after": Phase.FIX})
+            return Outcome(Phase.VERIFY, session=result, values={"after_phase": Phase.FIX})
         used = story.dev_attempts + 1
         if used >= self.policy.limits.max_dev_attempts:
             return Outcome(escalate=f"fix session failed and dev attempts are exhausted: "
@@ -330,7 +330,7 @@ class StoryWorker:
             if outcome.ready:
                 row.state, row.phase, row.ready_at, row.heartbeat_at = (
                     StoryState.READY, Phase.COMMIT, now, None)
-                row.feedback = {}
+                row.feedback, row.human_fix, row.after_phase = {}, False, None
             else:
                 row.phase, row.heartbeat_at = outcome.next_phase, now
                 record(s, ctx.run_id, "story.phase", self.key, phase=outcome.next_phase)
