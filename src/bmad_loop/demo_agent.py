@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from bmad_loop.states import Phase
+
 
 def _front_matter(text: str) -> dict:
     if not text.startswith("---"):
@@ -28,13 +30,13 @@ def _front_matter(text: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    phase = os.environ["BMAD_LOOP_PHASE"]
+    phase = Phase(os.environ["BMAD_LOOP_PHASE"])
     worktree = Path(os.environ["BMAD_LOOP_WORKTREE"])
     story_file = Path(os.environ["BMAD_LOOP_STORY_FILE"])
     print(f"demo agent: {phase} for {os.environ['BMAD_LOOP_STORY_KEY']} "
           f"(attempt {os.environ['BMAD_LOOP_ATTEMPT']})")
-    if phase != "dev":
-        print("demo agent: looks good" if phase == "review" else "demo agent: nothing to fix")
+    if phase != Phase.DEV:
+        print("demo agent: looks good" if phase == Phase.REVIEW else "demo agent: nothing to fix")
         return 0
     meta = _front_matter(story_file.read_text()).get("demo", {})
     written = []

@@ -68,6 +68,7 @@ class AttemptState(StrEnum):
     TIMED_OUT = "timed-out"
     CRASHED = "crashed"
     INTERRUPTED = "interrupted"  # bmad-loop itself stopped or crashed: not counted
+# (`crashed` is kept for rows written by older versions; nothing writes it now.)
 
 
 class CandidateState(StrEnum):
@@ -117,21 +118,21 @@ R, S, C, A = RunState, StoryState, CandidateState, AttemptState
 
 RUN_INITIAL = frozenset({R.RUNNING})
 RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    R.RUNNING: frozenset({R.PAUSING, R.PAUSED, R.STOPPING, R.STOPPED, R.COMPLETED, R.FAILED}),
-    R.PAUSING: frozenset({R.RUNNING, R.PAUSED, R.STOPPING, R.STOPPED, R.FAILED}),
-    R.STOPPING: frozenset({R.RUNNING, R.PAUSED, R.STOPPED, R.FAILED}),
+    R.RUNNING: frozenset({R.PAUSING, R.PAUSED, R.STOPPING, R.COMPLETED, R.FAILED}),
+    R.PAUSING: frozenset({R.RUNNING, R.PAUSED, R.STOPPING, R.FAILED}),
+    R.STOPPING: frozenset({R.RUNNING, R.STOPPED, R.FAILED}),
     R.PAUSED: frozenset({R.RUNNING, R.STOPPED}),
     R.STOPPED: frozenset({R.RUNNING}),
     R.COMPLETED: frozenset(),
     R.FAILED: frozenset(),
 }
 
-STORY_INITIAL = frozenset({S.PENDING, S.SKIPPED})
+STORY_INITIAL = frozenset({S.PENDING})
 STORY_TRANSITIONS: dict[StoryState, frozenset[StoryState]] = {
     S.PENDING: frozenset({S.QUEUED, S.BLOCKED, S.SKIPPED}),
     S.QUEUED: frozenset({S.PENDING, S.WORKING}),
     S.WORKING: frozenset({S.PENDING, S.QUEUED, S.READY, S.ESCALATED}),
-    S.READY: frozenset({S.INTEGRATING, S.ESCALATED}),
+    S.READY: frozenset({S.INTEGRATING}),
     S.INTEGRATING: frozenset({S.HELD, S.INTEGRATED, S.ESCALATED}),
     S.HELD: frozenset({S.READY, S.ESCALATED}),
     S.ESCALATED: frozenset({S.PENDING}),
@@ -156,7 +157,7 @@ CANDIDATE_TRANSITIONS: dict[CandidateState, frozenset[CandidateState]] = {
 
 ATTEMPT_INITIAL = frozenset({A.RUNNING})
 ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
-    A.RUNNING: frozenset({A.SUCCEEDED, A.FAILED, A.TIMED_OUT, A.CRASHED, A.INTERRUPTED}),
+    A.RUNNING: frozenset({A.SUCCEEDED, A.FAILED, A.TIMED_OUT, A.INTERRUPTED}),
     A.SUCCEEDED: frozenset(),
     A.FAILED: frozenset(),
     A.TIMED_OUT: frozenset(),

@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 
 from ..board import set_status
 from ..compose import (
-    blob_at, compose, overlapping_dirty, replace_blob,
+    blob_at, commit_message, compose, integration_message, overlapping_dirty, replace_blob,
 )
 from ..db.models import Candidate, Run, Story, utcnow
 from ..worktrees import delete_ref, ensure_detached_worktree, remove_worktree
@@ -298,7 +298,7 @@ class Integrator:
             feedback = dict(row.feedback or {})
             # A fresh attempt after resume sees why integration failed.
             feedback["verify_output"] = f"Integration onto {self.target.branch} failed: {reason}"
-            if transition_story(s, story.id, (StoryState.INTEGRATING, StoryState.READY), state=StoryState.ESCALATED,
+            if transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.ESCALATED,
                                 reason=reason, ended_at=utcnow(), feedback=feedback):
                 record(s, self.run_id, "story.escalated", story.key, reason=reason,
                        candidate=cand_id, phase=Phase.INTEGRATE)
@@ -306,12 +306,9 @@ class Integrator:
 
     # ------------------------------------------------------------------ pieces
     def _message(self, story: Story, strategy: str) -> str:
-        title = self.policy.scm.commit_message_template.format(
-            story_key=story.key, story_title=story.title or story.key, run_id=self.run_id,
-            epic=story.epic)
-        if strategy == "merge":
-            return f"Merge {story.branch}\n\n{title}\n"
-        return f"{title}\n"
+        title = commit_message(self.policy.scm.commit_message_template, story_key=story.key,
+                               story_title=story.title, run_id=self.run_id, epic=story.epic)
+        return integration_message(title, strategy, story.branch)
 
     def _board_edit(self, story: Story):
         """The lane marks the story done on the board inside the candidate."""

@@ -267,9 +267,9 @@ class _Lane:
             return  # workers will wake the lane when they finish
         states = {s.state for s in stories}
         if run.state == RunState.STOPPING:
-            return self._end_pause("stopped", run.reason or "stopped")
+            return self._end_pause(RunState.STOPPED, run.reason or "stopped")
         if run.state == RunState.PAUSING:
-            return self._end_pause("paused", run.reason or "paused")
+            return self._end_pause(RunState.PAUSED, run.reason or "paused")
         if states <= {StoryState.INTEGRATED, StoryState.SKIPPED}:
             return self._complete()
         if self._integration_due(stories):
@@ -277,19 +277,19 @@ class _Lane:
         decision = getattr(self, "_decision", None)
         if decision is not None and decision.gate is not None:
             self._set_gate(decision.gate)
-            return self._end_pause("paused", f"gate before epic {decision.gate}: "
+            return self._end_pause(RunState.PAUSED, f"gate before epic {decision.gate}: "
                                    "`bmad-loop resume` opens it")
         if decision is not None and decision.approvals:
-            return self._end_pause("paused", "waiting for spec approval of "
+            return self._end_pause(RunState.PAUSED, "waiting for spec approval of "
                                    + ", ".join(decision.approvals))
         parked = [s for s in stories if s.state in PARKED]
         if parked:
             listing = "; ".join(f"{s.key} {s.state}: {s.reason}" for s in parked)
-            return self._end_pause("paused", f"needs a human: {listing}")
+            return self._end_pause(RunState.PAUSED, f"needs a human: {listing}")
         waiting = [s for s in stories if s.state == StoryState.PENDING]
         if waiting and (decision is None or not decision.dispatch):
             listing = "; ".join(f"{s.key}: {s.wait_reason}" for s in waiting[:5])
-            return self._end_pause("paused", f"no story can start: {listing}")
+            return self._end_pause(RunState.PAUSED, f"no story can start: {listing}")
 
     def _integration_due(self, stories: list[Story]) -> bool:
         """Would `_integrate_next` find a story to integrate? (Same scan, no side effects.)"""
@@ -310,9 +310,11 @@ class _Lane:
             s.get(Run, self.run_id).gate_epic = epic
             record(s, self.run_id, "gate.reached", epic=epic)
 
-    def _end_pause(self, state: str, reason: str) -> None:
+    def _end_pause(self, state: RunState, reason: str) -> None:
+        """Settle as paused (from running or pausing) or stopped (from stopping)."""
+        expected = (RunState.STOPPING,) if state == RunState.STOPPED else (RunState.RUNNING, RunState.PAUSING)
         with self.db.transaction() as s:
-            if transition_run(s, self.run_id, LIVE, state=state, reason=reason):
+            if transition_run(s, self.run_id, expected, state=state, reason=reason):
                 record(s, self.run_id, f"run.{state}", reason=reason)
             else:
                 return

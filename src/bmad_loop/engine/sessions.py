@@ -72,8 +72,7 @@ def run_session(ctx, claim, phase: str, number: int) -> SessionResult:
         phase_command=phase_over.command, model=tier.model if tier else "",
         tier_args=tier.args if tier else (),
     )
-    timeout = (tier.timeout_s if tier and tier.timeout_s else None) or phase_over.timeout_s \
-        or policy.adapter.timeout_s
+    timeout = policy.adapter.timeout_for(phase, tier_name)
     worktree = Path(story.worktree)
     # Inside the worktree: headless agents may not read files outside their folder.
     prompt_path = worktree / SESSION_DIR / f"{phase}-{number}.md"

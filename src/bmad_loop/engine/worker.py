@@ -15,7 +15,7 @@ import logging
 import traceback
 from pathlib import Path
 
-from ..compose import changed_paths
+from ..compose import changed_paths, commit_message
 from ..db.models import Attempt, Run, Story, utcnow
 from ..errors import GitError, StopRequested
 from ..states import AttemptState, Phase, RunState, StoryState
@@ -373,9 +373,8 @@ class StoryWorker:
             row.heartbeat_at = utcnow()
 
     def _commit_message(self, story: Story) -> str:
-        return self.policy.scm.commit_message_template.format(
-            story_key=story.key, story_title=story.title or story.key, run_id=self.ctx.run_id,
-            epic=story.epic)
+        return commit_message(self.policy.scm.commit_message_template, story_key=story.key,
+                              story_title=story.title, run_id=self.ctx.run_id, epic=story.epic)
 
     def _drift(self, story: Story, changed: list[str]) -> list[str]:
         if story.footprint_reason:  # exclusive footprints conflict with everything already
