@@ -149,6 +149,8 @@ def test_a_kill_9_at_each_crash_point_loses_nothing_doubles_nothing_and_leaves_n
     crash_seq = max_seq(repo)
     main_at_crash = repo.git("rev-parse", "main")
     before = {s["key"]: s for s in repo.status(run_id)["stories"]}
+    index_lock = repo.root / ".git" / "index.lock"
+    locked_at_crash = index_lock.exists()
     worktree_at_crash = before["1-1-alpha"]["worktree"]
     branch_at_crash = before["1-1-alpha"]["branch"]
 
@@ -210,12 +212,16 @@ def test_a_kill_9_at_each_crash_point_loses_nothing_doubles_nothing_and_leaves_n
             assert [c["state"] for c in cands] == ["advanced"]
             assert [e["kind"] for e in ours][:1] == ["target.advanced"]
             assert not any(e["kind"] in ("candidate.composed", "candidate.verified") for e in ours)
-        elif point == "lane.after_cas":
+        elif point in ("lane.after_cas", "lane.after_sync"):
             # The target had moved when the process died: that counts as advanced, no second CAS.
             assert [c["state"] for c in cands] == ["advanced"]
             advanced = [e for e in ours if e["kind"] == "target.advanced"]
             assert len(advanced) == 1 and advanced[0]["data"]["new"] == main_at_crash
             assert before["1-1-alpha"]["state"] == "integrating"
+            # The checkout's index stayed locked through the crash (nobody could commit the
+            # half-synced state); the next lane knew the lock as its own dead one and removed it.
+            assert locked_at_crash
+            assert [e["kind"] for e in after].count("git.stale_lock_removed") == 1
         elif point == "lane.during_cleanup":
             # Integrated and recorded before the crash; its worktree and branch were left over.
             assert before["1-1-alpha"]["state"] == "integrated"
@@ -239,7 +245,7 @@ def test_the_crash_matrix_covers_every_declared_point():
     """A new point in faults.py must get an expectation in the matrix above."""
     handled = {"worker.after_worktree", "worker.in_agent", "worker.after_agent",
                "worker.after_commit", "lane.after_compose", "lane.after_verify",
-               "lane.after_cas", "lane.during_cleanup"}
+               "lane.after_cas", "lane.after_sync", "lane.during_cleanup"}
     assert set(CRASH_POINTS) == handled
 
 

@@ -171,7 +171,7 @@ def path_matches(globs: Iterable[str], path: str) -> bool:
 
     One matcher for the whole project: footprints, drift and lane-owned files agree.
     """
-    from .footprint import path_matches as matches
+    from .globs import path_matches as matches
 
     return any(matches(g, path) for g in globs if g.strip())
 

@@ -8,7 +8,9 @@ Every user-facing failure is a `BmadLoopError` carrying the process exit code th
     │   ├── NotFound           a run, story or session named that is not there
     │   ├── Ambiguous          a name that matches several runs or stories
     │   └── StateError         a run or story whose state does not allow the command
-    └── GitError               exit 1: a git command failed unexpectedly
+    ├── GitError               exit 1: a git command failed unexpectedly
+    └── TransientError         a fault a retry may cure: a lock someone else holds, a full
+                               disk, an I/O error; the lane retries, then pauses the run
 
 `StopRequested` is not an error: it is how a worker learns that its run is being stopped now.
 """
@@ -20,6 +22,7 @@ __all__ = [
     "Ambiguous",
     "StateError",
     "GitError",
+    "TransientError",
     "StopRequested",
     "EXIT_OK",
     "EXIT_FAILED",
@@ -75,6 +78,15 @@ class GitError(BmadLoopError):
         super().__init__(message)
         self.returncode = returncode
         self.stderr = stderr
+
+
+class TransientError(BmadLoopError):
+    """A step failed for a reason that may go away on its own or once a person acts: a lock
+    held by another process, a full disk, an I/O error. `where` names the file or command."""
+
+    def __init__(self, message, *, where: str = ""):
+        super().__init__(message)
+        self.where = where
 
 
 class StopRequested(BaseException):

@@ -24,7 +24,8 @@ CRASH_POINTS = (
     "worker.after_commit",     # the branch is committed, the story not yet ready
     "lane.after_compose",      # the candidate commit exists, not yet verified
     "lane.after_verify",       # verified, not yet advanced
-    "lane.after_cas",          # the target moved, the row does not say so yet
+    "lane.after_cas",          # the target moved; its checkout and the row not yet
+    "lane.after_sync",         # the target and its checkout moved, the row does not say so yet
     "lane.during_cleanup",     # integrated; worktree/branch clean-up half done
 )
 

@@ -187,26 +187,24 @@ class Integrator:
         return env
 
     def _advance(self, story, cand_id, attempt, sha, target_sha) -> str:
-        checkout = self.target.checkout()  # remote mode: none is kept in step
-        if checkout is not None:
-            overlap = overlapping_dirty(self.git, checkout, target_sha, sha)
-            if overlap:
-                evidence = self._write_evidence(story.key, attempt, {
-                    "kind": "dirty-target-checkout", "story": story.key, "checkout": str(checkout),
-                    "paths": overlap, "target_sha": target_sha, "candidate_sha": sha,
-                })
-                with self.db.transaction() as s:
-                    cand = s.get(Candidate, cand_id)
-                    cand.state, cand.evidence, cand.ended_at = CandidateState.ABANDONED, str(evidence), utcnow()
-                    cand.reason = f"local changes in {checkout} overlap: {', '.join(overlap)}"
-                return self._escalate(story, cand_id, f"the target checkout {checkout} has local "
-                                      f"changes that overlap the candidate: {', '.join(overlap)}")
-        with self.db.transaction() as s:
-            s.get(Candidate, cand_id).state = CandidateState.ADVANCING
-        if self.fence is not None and not self.fence():
-            raise LaneFenced(f"lost the lane lease before advancing {self.target.branch} for {story.key}")
-        advanced = self.target.advance(sha, target_sha)
-        crash_point("lane.after_cas")
+        # The target checkout's index is held from before the CAS until it follows the new
+        # target (remote mode keeps none in step): nobody sees it half-way.
+        with self._checkout_held() as checkout:
+            if checkout is not None:
+                overlap = overlapping_dirty(self.git, checkout, target_sha, sha)
+                if overlap:
+                    return self._dirty_checkout(story, cand_id, attempt, checkout, overlap,
+                                                target_sha, sha)
+            with self.db.transaction() as s:
+                s.get(Candidate, cand_id).state = CandidateState.ADVANCING
+            if self.fence is not None and not self.fence():
+                raise LaneFenced(f"lost the lane lease before advancing {self.target.branch} "
+                                 f"for {story.key}")
+            advanced = self.target.advance(sha, target_sha)
+            crash_point("lane.after_cas")
+            if advanced and checkout is not None:
+                self.target.sync_checkout(checkout, target_sha, sha)
+                crash_point("lane.after_sync")
         if not advanced:
             with self.db.transaction() as s:
                 cand = s.get(Candidate, cand_id)
@@ -216,9 +214,31 @@ class Integrator:
                        composed_on=target_sha, target_now=now_at)
             self._drop_candidate(story.key, attempt)
             return CandidateState.STALE
-        if checkout is not None:
-            self.target.sync_checkout(checkout, target_sha, sha)
         return self._finish(story, cand_id, attempt, sha, target_sha)
+
+    def _checkout_held(self):
+        def waited(path):
+            with self.db.transaction() as s:
+                record(s, self.run_id, "git.lock_waited", path=path, step="checkout sync")
+
+        def stale(path):
+            with self.db.transaction() as s:
+                record(s, self.run_id, "git.stale_lock_removed", path=path, step="checkout sync")
+
+        return self.target.checkout_held(wait_s=self.policy.scm.lock_wait_s, on_wait=waited,
+                                         on_stale=stale)
+
+    def _dirty_checkout(self, story, cand_id, attempt, checkout, overlap, target_sha, sha) -> str:
+        evidence = self._write_evidence(story.key, attempt, {
+            "kind": "dirty-target-checkout", "story": story.key, "checkout": str(checkout),
+            "paths": overlap, "target_sha": target_sha, "candidate_sha": sha,
+        })
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            cand.state, cand.evidence, cand.ended_at = CandidateState.ABANDONED, str(evidence), utcnow()
+            cand.reason = f"local changes in {checkout} overlap: {', '.join(overlap)}"
+        return self._escalate(story, cand_id, f"the target checkout {checkout} has local "
+                              f"changes that overlap the candidate: {', '.join(overlap)}")
 
     def _finish(self, story, cand_id, attempt, sha, target_sha) -> str:
         with self.db.transaction() as s:
@@ -245,10 +265,11 @@ class Integrator:
             return None
         target_now = self.target.sha()
         if cand.candidate_sha and target_now == cand.candidate_sha:
-            # The CAS happened but the row was not written: that counts as advanced.
-            checkout = self.target.checkout()
-            if checkout is not None:
-                self.target.sync_checkout(checkout, cand.target_sha, cand.candidate_sha)
+            # The CAS happened but the row was not written: that counts as advanced. The
+            # checkout may be half-way (a crash during its sync): the sync is idempotent.
+            with self._checkout_held() as checkout:
+                if checkout is not None:
+                    self.target.sync_checkout(checkout, cand.target_sha, cand.candidate_sha)
             return self._finish(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
         # A lane in another clone (the old one's host died) lacks the candidate: recompose.
         here = cand.candidate_sha and self.git.rev(cand.candidate_sha) is not None

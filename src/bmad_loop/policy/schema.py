@@ -61,6 +61,8 @@ class ScmPolicy:
     author_email: str = "bmad-loop@localhost"
     lane_owned: tuple[str, ...] = ()
     remote: str = ""
+    # How long bmad-loop waits for a git lock another process holds before the run pauses.
+    lock_wait_s: int = setting(30, checks=(at_least(0),))
 
 
 @dataclass(frozen=True)

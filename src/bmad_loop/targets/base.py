@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..gitcmd import Git
@@ -40,8 +41,14 @@ class Target(ABC):
         """The checkout that has the target checked out and must follow it, if any."""
         return None
 
+    @contextmanager
+    def checkout_held(self, *, wait_s: float = 30, on_wait=None, on_stale=None):
+        """Hold the target checkout (its index lock) across an advance; yields its path, or None
+        when no checkout follows the target. Inside, `sync_checkout` brings it along."""
+        yield None
+
     def sync_checkout(self, checkout: Path, old: str, new: str) -> None:
-        """Bring `checkout` from `old` to `new` after an advance (its unrelated changes kept)."""
+        """Bring the held `checkout` from `old` to `new` after an advance (unrelated changes kept)."""
 
     def story_source(self, worktree: Path) -> Path:
         """The folder a session reads the story file from."""

@@ -1,0 +1,63 @@
+"""Keeping the checkout that has the target checked out in step with each advance.
+
+The lane holds the checkout's index lock (`indexlock.IndexLock`) from before the compare-and-
+swap until the checkout follows; `sync_held_checkout` does the following under that lock.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from .compose import changed_paths
+from .errors import GitError
+from .gitcmd import Git
+
+__all__ = ["index_path", "sync_held_checkout"]
+
+
+def index_path(git: Git, checkout: Path) -> Path:
+    """The index file of `checkout` (a linked worktree has its own under the common dir)."""
+    raw = git.out("rev-parse", "--git-path", "index", cwd=checkout)
+    path = Path(raw)
+    return path if path.is_absolute() else (Path(checkout) / path)
+
+
+def sync_held_checkout(git: Git, checkout: Path, lock, old: str, new: str) -> None:
+    """Bring `checkout`, whose index lock the caller holds, from `old` to `new`.
+
+    Only the paths the advance changes are touched: they are checked out from `new` (or removed)
+    in a copy of the index, which then replaces the index in one rename. Unrelated local
+    changes, staged or not, survive. Idempotent: run again after a crash half-way (files
+    written, index not yet replaced), it ends in the same state. Refuses (GitError, nothing
+    changed) when the checkout's HEAD is not `new`.
+    """
+    head = git.rev("HEAD", cwd=checkout)
+    if head != git.rev(new):
+        raise GitError(f"{checkout} is at {head}, not at {new}: it is not on the advanced branch")
+    touched = changed_paths(git, old, new)
+    if not touched:
+        return
+    gone = [p for p in git.run("diff-tree", "-r", "-z", "--name-only", "--no-renames",
+                                 "--diff-filter=D", old, new).stdout.split("\0") if p]
+    kept = set(touched) - set(gone)
+    scratch = lock.index.with_name(lock.index.name + ".bmad-loop-sync")
+    if lock.index.exists():
+        shutil.copyfile(lock.index, scratch)
+    else:
+        scratch.unlink(missing_ok=True)
+    env = {"GIT_INDEX_FILE": str(scratch)}
+    try:
+        if gone:
+            git.run("rm", "-q", "-r", "-f", "--ignore-unmatch", "--pathspec-from-file=-",
+                    "--pathspec-file-nul", cwd=checkout, env=env, input=_nul_list(gone))
+        if kept:
+            git.run("checkout", "--quiet", new, "--pathspec-from-file=-", "--pathspec-file-nul",
+                    cwd=checkout, env=env, input=_nul_list(sorted(kept)))
+        lock.install(scratch)
+    finally:
+        scratch.unlink(missing_ok=True)
+
+
+def _nul_list(paths) -> str:
+    return "".join(f"{p}\0" for p in paths)
