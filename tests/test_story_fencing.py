@@ -10,6 +10,8 @@ import pytest
 from support import StoryDef
 from bmad_loop.db.models import Event, Run, Story
 from bmad_loop.engine.project import Project
+from bmad_loop.engine.context import Claim, story_context
+from bmad_loop.engine.runs import run_policy
 from bmad_loop.engine.worker import Fenced, Outcome, StoryWorker
 
 
@@ -19,9 +21,13 @@ def test_a_stalled_worker_whose_story_was_reclaimed_is_fenced_out(make_repo):
     project = Project.open(repo.root)
     with project.db.transaction() as s:
         story = s.query(Story).filter_by(run_id=run_id).one()
-        story.state, story.claim = "working", 1
+        story.state, story.claim = "queued", 1
+        story.state = "working"
         run = s.get(Run, run_id)
-    stale = StoryWorker(project, run, story, owner="host:1:stale", claim=1)
+        policy = run_policy(run)
+        ctx = story_context(project, run, story, policy)
+    stale = StoryWorker(ctx, Claim(project.db, run_id, story.id, generation=1, owner="host:1:stale",
+                                   token=0, ttl_s=policy.leases.ttl_s))
     stale._enter_phase("dev")  # still its own: allowed
     with project.db.transaction() as s:  # recovery + a new claim by another worker
         row = s.get(Story, story.id)
@@ -32,7 +38,7 @@ def test_a_stalled_worker_whose_story_was_reclaimed_is_fenced_out(make_repo):
     with pytest.raises(Fenced):
         stale._apply(Outcome("commit", counters={"dev_attempts": 1}))
     with pytest.raises(Fenced):
-        stale.merge_feedback(verify_output="stale")
+        stale._apply(Outcome("fix", feedback={"verify_output": "stale"}))
     with project.db.transaction() as s:
         row = s.get(Story, story.id)
         assert (row.phase, row.dev_attempts, row.feedback, row.claim) == ("verify", 0, {}, 2)
