@@ -8,6 +8,7 @@ import pytest
 from bmad_loop.board import (
     ACTIONABLE,
     STORY_STATUSES,
+    branch_name_ok,
     branch_name_problem,
     load_board,
     parse_board,
@@ -362,3 +363,32 @@ def test_story_dir_comes_from_policy_then_story_location_then_the_board_folder(t
     assert resolve_story_dir(tmp_path, relative) == tmp_path / "rel/stories"
     assert resolve_story_dir(tmp_path, plain) == tmp_path / "boards"
 
+
+# Whole branch names (not story keys) for the cross-check of `branch_name_ok` with git itself.
+GIT_CHECK_BRANCHES = [
+    "main", "a/b/c", "HEAD", "HEAD/x", "x/HEAD", "@", "@/x", "x/@", "@@", "a@", "@a", "a@b", "@{-1}",
+    "@{u}", "a@{1}", "x@{", "-", "-x", "x/-y", "a-", ".x", "x.", "a.b", "..", "a..b", "x/..", "a/.",
+    "./a", "a/./b", "/a", "a/", "a//b", ".lock", "foo.lock", "a/.lock", "a.lock/b", "a/b.lock",
+    "a.loc", "refs/heads/x", "a b", "a\tb", "a~b", "a^b", "a:b", "a?b", "a*b", "a[b", "a]b", "a{b",
+    "a\\b", "a\x7fb", "\u00e9", "x/\u2028",
+]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_branch_name_ok_agrees_with_git_check_ref_format_on_tricky_names(tmp_path):
+    disagreements = []
+    for name in GIT_CHECK_BRANCHES:
+        proc = subprocess.run(
+            ["git", "check-ref-format", "--branch", name], cwd=tmp_path, capture_output=True, text=True
+        )
+        git_ok = proc.returncode == 0 and proc.stdout == name + "\n"  # not expanded (@{-1})
+        if git_ok != branch_name_ok(name):
+            disagreements.append((name, git_ok))
+    assert disagreements == []
+    assert not branch_name_ok("") and not branch_name_ok("a\0b")  # cannot travel in argv
+
+
+def test_gitcmd_uses_the_same_branch_name_check():
+    from bmad_loop import gitcmd
+
+    assert gitcmd.branch_name_ok is branch_name_ok

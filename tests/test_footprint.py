@@ -7,15 +7,9 @@ import subprocess
 
 import pytest
 
-from bmad_loop.footprint import (
-    Footprint,
-    footprint_from_mapping,
-    footprints_conflict,
-    globs_may_overlap,
-    parse_story_text,
-    path_matches,
-    pattern_problem,
-)
+from bmad_loop.footprint import Footprint, footprint_from_mapping, footprints_conflict
+from bmad_loop.globs import globs_may_overlap, path_matches, pattern_problem
+from bmad_loop.storymeta import parse_story_text
 from support import SAMPLE_STORY
 
 

@@ -6,13 +6,11 @@ contract, and stdout+stderr appended to the session log. Exit 0 = success (revie
 
 Ending a session ends everything it started. The agent is the leader of its own session and process
 group (`start_new_session=True`); to end it bmad-loop sends SIGTERM, waits a short grace, then
-SIGKILL, each to the whole group *and* to every process found by a walk of /proc taken before the
-first signal: the agent's descendants by parent pid (so a grandchild that called setsid is found
-while its parent still lives), the members of its group and session, and any process whose
-environment carries the session's private `BMAD_LOOP_SESSION_TOKEN` (so a daemon that double-forked
-away from the tree is found too). This is best effort: a process that both left the tree and
-scrubbed its environment cannot be told apart from the rest of the machine. Before each signal the
-pid's start time is compared with the one recorded, so a recycled pid is never hit.
+SIGKILL, each to the whole group *and* to every process of the session as `proctree` finds it:
+the agent's descendants, the members of its group and session, and any process whose environment
+carries the session's private `BMAD_LOOP_SESSION_TOKEN` (so a daemon that double-forked away from
+the tree is found too). The agent is not reaped before the last signal, and a process whose pid
+was recycled is never hit. Process-tree work lives in `proctree` (psutil, no /proc).
 """
 
 from __future__ import annotations
@@ -20,10 +18,8 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import select
 import shlex
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -33,6 +29,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping, Sequence
 
+from . import proctree
 from .errors import ConfigError
 
 __all__ = [
@@ -232,7 +229,7 @@ def run_agent(
             raise ConfigError(f"[adapter] command: cannot run agent binary '{argv[0]}': {exc.strerror}") from exc
 
         timed_out = interrupted = False
-        waiter = _ExitWaiter(proc)
+        waiter = proctree.ExitWaiter(proc)
         try:
             if on_start is not None:
                 on_start(proc.pid)
@@ -320,44 +317,7 @@ def review_approved(result: AgentResult, output: str, *, verdict: str = "exit") 
     return True
 
 
-# --------------------------------------------------------------------------- ending a process tree
-
-
-@dataclass(frozen=True)
-class _ProcInfo:
-    ppid: int
-    pgrp: int
-    session: int
-    starttime: int
-    state: str
-
-
-class _ExitWaiter:
-    """Waits for the agent to exit without reaping it, so its pid (and group id) stay reserved
-    until the tree is cleaned up. Uses a pidfd (Linux 5.3+); elsewhere falls back to Popen.wait."""
-
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self._proc = proc
-        try:
-            self._fd: int | None = os.pidfd_open(proc.pid)
-        except (AttributeError, OSError):
-            self._fd = None
-
-    def wait(self, timeout_s: float) -> bool:
-        """True once the agent has exited; False when `timeout_s` passed first."""
-        if self._fd is None:
-            try:
-                self._proc.wait(timeout=timeout_s)
-                return True
-            except subprocess.TimeoutExpired:
-                return False
-        readable, _, _ = select.select([self._fd], [], [], max(0.0, timeout_s))
-        return bool(readable)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+# --------------------------------------------------------------------------- ending the session
 
 
 def _end_session(proc: subprocess.Popen, token: str, grace_s: float) -> None:
@@ -365,107 +325,9 @@ def _end_session(proc: subprocess.Popen, token: str, grace_s: float) -> None:
 
     Nothing is reaped before the last signal, so no pid in the tree can have been recycled.
     """
-    tree = proc.returncode is None  # False only on the fallback path, where the agent was reaped
-    targets = _collect(proc.pid, token, tree=tree)
-    if _any_alive(targets):
-        _signal_all(proc.pid if tree else None, targets, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and _any_alive(targets):
-            time.sleep(0.02)
-        targets.update(_collect(proc.pid, token, tree=tree))  # anything started during the grace
-        _signal_all(proc.pid if tree else None, targets, signal.SIGKILL)
+    tree = proc.returncode is None  # False only when the agent had to be reaped to see it exit
+    proctree.end_tree(proc.pid, marker=(SESSION_TOKEN_VAR, token), grace_s=grace_s, tree=tree)
     proc.wait()
-
-
-def _collect(root: int, token: str, *, tree: bool = True) -> dict[int, int]:
-    """pid -> start time of every process belonging to the session rooted at `root`.
-
-    `tree=False` (the agent was already reaped, its pid may be reused) skips the walk by parent pid
-    and the group/session match, leaving only the token.
-    """
-    table = _process_table()
-    me = os.getpid()
-    found: dict[int, int] = {}
-    children: dict[int, list[int]] = {}
-    for pid, info in table.items():
-        children.setdefault(info.ppid, []).append(pid)
-    stack = [root] if tree else []
-    while stack:
-        pid = stack.pop()
-        if pid in table and pid not in found:
-            found[pid] = table[pid].starttime
-            stack.extend(children.get(pid, ()))
-    for pid, info in table.items():
-        if tree and (info.pgrp == root or info.session == root):
-            found.setdefault(pid, info.starttime)
-    needle = f"{SESSION_TOKEN_VAR}={token}".encode()
-    for pid, info in table.items():
-        if pid not in found and _environ_has(pid, needle):
-            found[pid] = info.starttime
-    found.pop(me, None)
-    found.pop(1, None)
-    return found
-
-
-def _process_table() -> dict[int, _ProcInfo]:
-    table: dict[int, _ProcInfo] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return table
-    for name in names:
-        if name.isdigit():
-            info = _stat(int(name))
-            if info is not None:
-                table[int(name)] = info
-    return table
-
-
-def _stat(pid: int) -> _ProcInfo | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    # "pid (comm) state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt utime
-    #  stime cutime cstime priority nice num_threads itrealvalue starttime ..."; comm may hold ")".
-    fields = raw[raw.rfind(")") + 2:].split()
-    try:
-        return _ProcInfo(ppid=int(fields[1]), pgrp=int(fields[2]), session=int(fields[3]),
-                         starttime=int(fields[19]), state=fields[0])
-    except (IndexError, ValueError):
-        return None
-
-
-def _environ_has(pid: int, needle: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return needle in handle.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def _same_process(pid: int, starttime: int) -> bool:
-    info = _stat(pid)
-    return info is not None and info.starttime == starttime and info.state != "Z"
-
-
-def _any_alive(targets: Mapping[int, int]) -> bool:
-    return any(_same_process(pid, st) for pid, st in targets.items())
-
-
-def _signal_all(pgid: int | None, targets: Mapping[int, int], sig: int) -> None:
-    if pgid is not None:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for pid, starttime in targets.items():
-        if _same_process(pid, starttime):
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 # --------------------------------------------------------------------------- small helpers

@@ -12,7 +12,8 @@ Its keys follow one grammar:
 
 A story key becomes a branch name and a worktree folder, so a key whose slug could escape the
 worktree root (`/`, `\\`, `..`) or that git refuses in a branch name is bad input (`ConfigError`).
-The git rules are git's own `check-ref-format` rules, implemented here in pure Python.
+The git rules are git's own `check-ref-format --branch` rules, implemented here in pure Python
+(`branch_name_ok`, `branch_name_problem`): the one branch-name check, no git process per name.
 
 The board is edited in place by `set_status`: only the status token of one line changes, so
 comments, quoting, spacing and order survive byte for byte.
@@ -42,6 +43,7 @@ __all__ = [
     "validate_story_key",
     "parse_story_key",
     "branch_name_problem",
+    "branch_name_ok",
 ]
 
 ACTIONABLE = ("backlog", "ready-for-dev", "drafted")
@@ -142,13 +144,14 @@ def _component_problem(component: str) -> str | None:
 
 
 def branch_name_problem(name: str) -> str | None:
-    """Why git would refuse `name` as a branch name (`git check-ref-format --branch`), or None."""
+    """Why git would refuse `name` as a branch name (`git check-ref-format --branch`), or None.
+
+    Names git would expand rather than judge (`@{-1}`, `@{upstream}`) are refused too: any `@{`.
+    """
     if name.startswith("-"):
         return "starts with '-'"
     if name == "HEAD":
         return "is 'HEAD'"
-    if name == "@":
-        return "is '@'"
     if name.endswith("."):
         return "ends with '.'"
     for component in name.split("/"):
@@ -156,6 +159,11 @@ def branch_name_problem(name: str) -> str | None:
         if problem is not None:
             return problem
     return None
+
+
+def branch_name_ok(name: str) -> bool:
+    """True when git accepts `name` as a new branch name; checked without running git."""
+    return branch_name_problem(name) is None
 
 
 def _q(text: str) -> str:

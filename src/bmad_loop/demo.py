@@ -16,11 +16,12 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .engine.driver import drive
-from .engine.planning import Selection, enqueue
+from .engine.planning import enqueue
 from .engine.project import Project, ensure_state_dir
 from .engine.rows import stories_of
 from .engine.status import run_status
 from .policy import load_policy
+from .selection import Selection
 from .tasks import Tasks
 
 __all__ = ["run_demo", "build_demo_repo"]

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from bmad_loop.board import branch_name_ok  # re-exported: the one check, git's rules in pure Python
 from bmad_loop.errors import GitError
 
 __all__ = ["Identity", "Git", "branch_name_ok", "repo_lock", "clean_env", "LOCK_FILE_NAME"]
@@ -223,26 +224,6 @@ class Git:
             env["GIT_AUTHOR_DATE"] = date
             env["GIT_COMMITTER_DATE"] = date
         return env
-
-
-def branch_name_ok(name: str) -> bool:
-    """True when git accepts `name` as a new branch name (``git check-ref-format --branch``).
-
-    Also refused: names starting with ``-``, ``HEAD``, and ``@{...}`` shorthands, which
-    check-ref-format would expand rather than judge.
-    """
-    if not name or name.startswith("-") or name == "HEAD" or "@{" in name or "\0" in name:
-        return False
-    proc = subprocess.run(
-        ["git", "check-ref-format", "--branch", name],
-        env=clean_env(),
-        capture_output=True,
-        encoding="utf-8",
-        errors="surrogateescape",
-        stdin=subprocess.DEVNULL,
-        cwd=os.path.sep,
-    )
-    return proc.returncode == 0 and proc.stdout.strip() == name
 
 
 # Per-thread depth of the locks this thread holds, keyed by lock file: makes repo_lock re-entrant

@@ -1,5 +1,6 @@
 """Stories of a board, and the plan: which of them a run takes, in which order.
 
+`Selection` is what the operator asked for (`--epic`, `--story`, `--max-stories`).
 `load_stories` joins the board with the story files (`<story_dir>/<key>.md`) and the policy's
 footprint overrides. `select_stories` applies the selectors (`--epic`, `--story`, `--max-stories`)
 and orders the plan: file order, except that the current epic (the one whose `epic-N` entry is
@@ -24,9 +25,11 @@ from pathlib import Path
 
 from bmad_loop.board import ACTIONABLE, Board, parse_story_key
 from bmad_loop.errors import ConfigError
-from bmad_loop.footprint import Footprint, footprint_from_mapping, parse_story_text
+from bmad_loop.footprint import Footprint, footprint_from_mapping
+from bmad_loop.storymeta import parse_story_text
 
 __all__ = [
+    "Selection",
     "StorySpec",
     "load_stories",
     "select_stories",
@@ -34,6 +37,18 @@ __all__ = [
     "check_dependencies",
     "current_epic",
 ]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the operator asked to run: `--epic`, `--story` (repeatable), `--max-stories`."""
+
+    epic: int | None = None
+    stories: tuple[str, ...] = ()
+    max_stories: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"epic": self.epic, "story": list(self.stories), "max_stories": self.max_stories}
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from bmad_loop.board import branch_name_ok
 from bmad_loop.errors import GitError
-from bmad_loop.gitcmd import Git, branch_name_ok, repo_lock
+from bmad_loop.gitcmd import Git, repo_lock
 
 __all__ = [
     "WorktreeInfo",

@@ -14,13 +14,12 @@ from pathlib import Path
 from sqlalchemy import select
 
 from ..adapter import check_binary
-from ..board import Board, load_board, resolve_board_path, resolve_story_dir
+from ..board import Board, branch_name_ok, load_board, resolve_board_path, resolve_story_dir
 from ..db.models import Run, Story, utcnow
 from ..errors import ConfigError, GitError, StateError
 from ..footprint import footprint_from_mapping
-from ..gitcmd import branch_name_ok
 from ..profiles import resolve_command
-from ..selection import StorySpec, check_dependencies, load_stories, select_stories
+from ..selection import Selection, StorySpec, check_dependencies, load_stories, select_stories
 from .journal import record
 from .layout import Layout
 from .ports import check_port_range
@@ -31,16 +30,6 @@ __all__ = ["Plan", "Selection", "build_plan", "enqueue", "new_run_id", "LIVE_FOR
 # A target branch has at most one run in these states; stopped runs wait for resume but do
 # not block a new run (resume re-checks).
 LIVE_FOR_TARGET = ("running", "pausing", "paused", "stopping")
-
-
-@dataclass(frozen=True)
-class Selection:
-    epic: int | None = None
-    stories: tuple[str, ...] = ()
-    max_stories: int | None = None
-
-    def to_dict(self) -> dict:
-        return {"epic": self.epic, "story": list(self.stories), "max_stories": self.max_stories}
 
 
 @dataclass

@@ -1,0 +1,192 @@
+"""Process trees, portably: find what a session started, read a process's environment, end them.
+
+Everything here goes through psutil and POSIX calls (`os.killpg`, `os.getpgid`, `os.getsid`),
+never through /proc, so it works the same on Linux and macOS.
+
+A session is found by `session_processes`: the root's descendants by parent pid (so a grandchild
+that called setsid is found while its parent still lives), the members of the root's process
+group and session, and any process whose environment carries a private marker variable (so a
+daemon that double-forked away from the tree is found too). This is best effort: a process that
+both left the tree and scrubbed its environment cannot be told apart from the rest of the
+machine. The processes are psutil handles, which remember their creation time: a handle whose pid
+was recycled counts as gone and is never signalled.
+
+`end_tree` signals SIGTERM, waits a grace, looks again, then SIGKILLs. It polls liveness itself
+rather than using `psutil.wait_procs`, which reaps a child of ours (the agent must stay unreaped
+until the last signal, so its pid and group id cannot be recycled) and counts a zombie as alive.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+
+import psutil
+
+__all__ = [
+    "ExitWaiter",
+    "alive",
+    "end_tree",
+    "environ_of",
+    "session_processes",
+    "signal_group",
+]
+
+_POLL_S = 0.02
+
+
+def environ_of(pid: int) -> dict[str, str] | None:
+    """The environment of process `pid`, or None when it is gone, a zombie or not ours to read."""
+    try:
+        return psutil.Process(pid).environ()
+    except (psutil.Error, OSError):
+        return None
+
+
+def alive(process: psutil.Process) -> bool:
+    """Is the process behind this handle still running (same pid, same start, not a zombie)?"""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, OSError):
+        return False
+
+
+def session_processes(root: int, marker: tuple[str, str] | None = None, *,
+                      tree: bool = True) -> dict[int, psutil.Process]:
+    """pid -> handle of every process belonging to the session rooted at `root`.
+
+    `marker` is a `(name, value)` environment variable that only the session's processes carry.
+    `tree=False` (the root was already reaped, its pid may be reused) skips the walk by parent pid
+    and the group/session match, leaving only the marker. This process and pid 1 are never listed.
+    """
+    found: dict[int, psutil.Process] = {}
+    if tree:
+        try:
+            top = psutil.Process(root)
+            found[root] = top
+            for child in top.children(recursive=True):
+                found.setdefault(child.pid, child)
+        except (psutil.Error, OSError):
+            pass
+    # Fresh handles from psutil.pids(), not process_iter(): its cached handles may predate a pid's
+    # reuse, and a stale handle would hide the process now behind that pid.
+    for pid in psutil.pids():
+        if pid in found:
+            continue
+        if not (tree and _in_group_or_session(pid, root)) and not _carries(pid, marker):
+            continue
+        try:
+            found[pid] = psutil.Process(pid)
+        except (psutil.Error, OSError):
+            pass
+    found.pop(os.getpid(), None)
+    found.pop(1, None)
+    return found
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    """Send `sig` to process group `pgid`; a group that is gone or not ours is left alone."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def end_tree(root: int, *, marker: tuple[str, str] | None = None, grace_s: float = 3.0,
+             tree: bool = True) -> None:
+    """End the session rooted at `root`: SIGTERM, up to `grace_s` of grace, then SIGKILL.
+
+    Each signal goes to the group `root` (when `tree`) and to every process of
+    `session_processes(root, marker, tree=tree)`; the processes are looked for again after the
+    grace, so whatever was started during it is killed too. Nothing is reaped here.
+    """
+    group = root if tree else None
+    targets = session_processes(root, marker, tree=tree)
+    if not _any_alive(targets):
+        return
+    _signal_all(group, targets, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _any_alive(targets):
+        time.sleep(_POLL_S)
+    targets.update(session_processes(root, marker, tree=tree))
+    _signal_all(group, targets, signal.SIGKILL)
+
+
+class ExitWaiter:
+    """Waits for a child to exit without reaping it, so its pid (and group id) stay reserved
+    until its tree is cleaned up. Uses a pidfd where there is one (Linux 5.3+); elsewhere polls
+    psutil for the zombie; only when neither can tell falls back to `Popen.poll`, which reaps."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self._proc = proc
+        try:
+            self._fd: int | None = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            self._fd = None
+        self._handle: psutil.Process | None = None
+        if self._fd is None:
+            try:
+                self._handle = psutil.Process(proc.pid)
+            except (psutil.Error, OSError):
+                self._handle = None
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once the child has exited; False when `timeout_s` passed first."""
+        if self._fd is not None:
+            readable, _, _ = select.select([self._fd], [], [], max(0.0, timeout_s))
+            return bool(readable)
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while not self._exited():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(_POLL_S, remaining))
+        return True
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _exited(self) -> bool:
+        if self._handle is not None:
+            try:
+                return self._handle.status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True  # reaped elsewhere
+            except (psutil.Error, OSError):
+                self._handle = None  # cannot tell: fall back to Popen
+        return self._proc.poll() is not None
+
+
+def _in_group_or_session(pid: int, root: int) -> bool:
+    try:
+        return os.getpgid(pid) == root or os.getsid(pid) == root
+    except OSError:
+        return False
+
+
+def _carries(pid: int, marker: tuple[str, str] | None) -> bool:
+    if marker is None:
+        return False
+    env = environ_of(pid)
+    return env is not None and env.get(marker[0]) == marker[1]
+
+
+def _any_alive(targets: Mapping[int, psutil.Process]) -> bool:
+    return any(alive(p) for p in targets.values())
+
+
+def _signal_all(pgid: int | None, targets: Mapping[int, psutil.Process], sig: int) -> None:
+    if pgid is not None:
+        signal_group(pgid, sig)
+    for process in targets.values():
+        if alive(process):
+            try:
+                process.send_signal(sig)  # psutil refuses a pid that was recycled
+            except (psutil.Error, OSError):
+                pass

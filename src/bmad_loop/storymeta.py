@@ -1,0 +1,202 @@
+"""Story-file metadata: title, footprint, depends_on, merge_class, tier, done_checkpoint.
+
+A story file says these about itself in its YAML front matter; the footprint may instead sit in
+a fenced ```yaml block under a `## Footprint` heading (holding either `footprint:` or the three
+lists directly). A footprint given in both places, or twice, is invalid (exclusive).
+`parse_story_text` never raises on bad input: problems end up in `StoryMeta.errors` or in the
+footprint's `reason`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import yaml
+
+from .footprint import Footprint, footprint_from_mapping
+
+__all__ = ["StoryMeta", "parse_story_text"]
+
+_MERGE_CLASSES = ("self", "operator")
+
+
+@dataclass(frozen=True)
+class StoryMeta:
+    """What a story file says about itself. `errors` are non-footprint metadata problems."""
+
+    title: str | None
+    footprint: Footprint
+    depends_on: tuple[str, ...]
+    merge_class: str | None
+    tier: str | None
+    done_checkpoint: bool
+    errors: tuple[str, ...]
+
+
+_FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([^\s`]*)")
+_HEADING_RE = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def _split_front_matter(text: str) -> tuple[str | None, list[str], list[str]]:
+    """(front matter text or None, body lines, errors)."""
+    lines = text.lstrip("\ufeff").splitlines()
+    if not lines or lines[0].rstrip() != "---":
+        return None, lines, []
+    for i in range(1, len(lines)):
+        if lines[i].rstrip() in ("---", "..."):
+            return "\n".join(lines[1:i]), lines[i + 1 :], []
+    return None, lines, ["front matter has no closing '---' line"]
+
+
+def _scan_body(lines: list[str]) -> tuple[str | None, list[str | None], int]:
+    """(first `# ` heading, yaml blocks under `## Footprint`, number of `## Footprint` headings).
+
+    A yaml block is its text, or None when the heading has no yaml block under it.
+    """
+    title = None
+    blocks: list[str | None] = []
+    headings = 0
+    in_footprint = False
+    found_block = False
+    fence: str | None = None
+    fence_is_yaml = False
+    block: list[str] = []
+    for line in lines:
+        if fence is not None:
+            stripped = line.strip()
+            if stripped.startswith(fence[0] * len(fence)) and set(stripped) == {fence[0]}:
+                if fence_is_yaml:
+                    blocks.append("\n".join(block))
+                fence = None
+            elif fence_is_yaml:
+                block.append(line)
+            continue
+        m = _FENCE_RE.match(line)
+        if m:
+            fence = m.group(1)
+            fence_is_yaml = in_footprint and m.group(2).lower() in ("yaml", "yml")
+            if fence_is_yaml:
+                found_block = True
+            block = []
+            continue
+        h = _HEADING_RE.match(line)
+        if h:
+            level = len(h.group(1))
+            if level == 1 and title is None:
+                title = h.group(2)
+            if level <= 2:
+                if in_footprint and not found_block:
+                    blocks.append(None)
+                in_footprint = level == 2 and h.group(2).lower() == "footprint"
+                found_block = False
+                if in_footprint:
+                    headings += 1
+    if fence is not None and fence_is_yaml:
+        blocks.append(None)  # an unclosed block is no block
+    if in_footprint and not found_block:
+        blocks.append(None)
+    return title, blocks, headings
+
+
+def _footprint_from_block(block: str | None) -> Footprint:
+    if block is None:
+        return Footprint(reason="invalid: ## Footprint heading without a fenced yaml block")
+    try:
+        data = yaml.safe_load(block)
+    except yaml.YAMLError:
+        return Footprint(reason="invalid: ## Footprint block is not valid YAML")
+    if isinstance(data, Mapping) and "footprint" in data:
+        if len(data) > 1:
+            others = ", ".join(repr(str(k)) for k in data if k != "footprint")
+            return Footprint(reason=f"invalid: unknown key {others} beside 'footprint'")
+        data = data["footprint"]
+    return footprint_from_mapping(data)
+
+
+_STORY_PREFIX_RE = re.compile(r"^Story\s+[^\s:]+\s*:\s*", re.IGNORECASE)
+
+
+def parse_story_text(text: str) -> StoryMeta:
+    """Read a story file's title, footprint and scheduling metadata. Never raises on bad input."""
+    front_text, body, errors = _split_front_matter(text)
+    front: Mapping = {}
+    front_invalid = None
+    if front_text is not None:
+        try:
+            loaded = yaml.safe_load(front_text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 2})" if mark is not None else ""
+            errors.append(f"front matter is not valid YAML{where}")
+            front_invalid = "invalid: front matter is not valid YAML"
+        else:
+            if isinstance(loaded, Mapping):
+                front = loaded
+            elif loaded is not None:
+                errors.append("front matter is not a mapping")
+                front_invalid = "invalid: front matter is not a mapping"
+    elif errors:
+        front_invalid = "invalid: " + errors[0]
+    heading, blocks, headings = _scan_body(body)
+
+    # footprint
+    if front_invalid is not None:
+        footprint = Footprint(reason=front_invalid)
+    elif "footprint" in front and (headings or blocks):
+        footprint = Footprint(reason="invalid: footprint given twice (front matter and ## Footprint block)")
+    elif "footprint" in front:
+        footprint = footprint_from_mapping(front["footprint"])
+    elif headings > 1 or len(blocks) > 1:
+        footprint = Footprint(reason="invalid: footprint given twice (two ## Footprint blocks)")
+    elif blocks:
+        footprint = _footprint_from_block(blocks[0])
+    else:
+        footprint = Footprint(reason="missing")
+
+    # the rest of the metadata
+    title = None
+    raw_title = front.get("title")
+    if raw_title is not None:
+        if isinstance(raw_title, str) and raw_title.strip():
+            title = raw_title.strip()
+        else:
+            errors.append("'title' must be a non-empty string")
+    if title is None and heading:
+        title = _STORY_PREFIX_RE.sub("", heading).strip() or None
+
+    depends_on: tuple[str, ...] = ()
+    raw = front.get("depends_on")
+    if raw is not None:
+        if isinstance(raw, list) and all(isinstance(k, str) and k.strip() for k in raw):
+            depends_on = tuple(k.strip() for k in raw)
+        else:
+            errors.append("'depends_on' must be a list of story keys")
+
+    merge_class = front.get("merge_class")
+    if merge_class is not None and merge_class not in _MERGE_CLASSES:
+        errors.append(f"'merge_class' must be one of {', '.join(_MERGE_CLASSES)}, got {merge_class!r}")
+        merge_class = None
+
+    tier = front.get("tier")
+    if tier is not None and not (isinstance(tier, str) and tier.strip()):
+        errors.append(f"'tier' must be a non-empty string, got {tier!r}")
+        tier = None
+
+    done_checkpoint = front.get("done_checkpoint", False)
+    if done_checkpoint is None:
+        done_checkpoint = False
+    if not isinstance(done_checkpoint, bool):
+        errors.append(f"'done_checkpoint' must be true or false, got {done_checkpoint!r}")
+        done_checkpoint = False
+
+    return StoryMeta(
+        title=title,
+        footprint=footprint,
+        depends_on=depends_on,
+        merge_class=merge_class,
+        tier=tier,
+        done_checkpoint=done_checkpoint,
+        errors=tuple(errors),
+    )
