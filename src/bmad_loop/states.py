@@ -17,6 +17,7 @@ from enum import StrEnum
 __all__ = [
     "RunState", "StoryState", "Phase", "AttemptState", "CandidateState", "StopMode",
     "RUN_LIVE", "RUN_ONE_PER_TARGET", "RUN_RESUMABLE", "RUN_SETTLED", "RUN_TERMINAL",
+    "RUN_ABANDONABLE",
     "STORY_IN_FLIGHT", "STORY_PARKED", "STORY_NEEDS_HUMAN", "STORY_DONE", "STORY_TERMINAL",
     "STORY_AWAITING_LANE", "AGENT_PHASES", "CANDIDATE_ENDED",
     "RUN_TRANSITIONS", "STORY_TRANSITIONS", "CANDIDATE_TRANSITIONS", "ATTEMPT_TRANSITIONS",
@@ -32,7 +33,8 @@ class RunState(StrEnum):
     STOPPING = "stopping"    # `stop` asked: settles at safe boundaries, then stopped
     STOPPED = "stopped"
     COMPLETED = "completed"
-    FAILED = "failed"
+    FAILED = "failed"        # something no retry could fix; `resume` takes it over once fixed
+    ABANDONED = "abandoned"  # ended for good by `bmad-loop abandon`
 
 
 class StoryState(StrEnum):
@@ -95,9 +97,13 @@ AGENT_PHASES = (Phase.DEV, Phase.REVIEW, Phase.FIX)
 
 RUN_LIVE = frozenset({RunState.RUNNING, RunState.PAUSING, RunState.STOPPING})  # consumers re-queue
 RUN_ONE_PER_TARGET = RUN_LIVE | {RunState.PAUSED}  # at most one such run per target branch
-RUN_RESUMABLE = RUN_LIVE | {RunState.PAUSED, RunState.STOPPED}
-RUN_SETTLED = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.PAUSED, RunState.STOPPED})
-RUN_TERMINAL = frozenset({RunState.COMPLETED, RunState.FAILED})
+RUN_RESUMABLE = RUN_LIVE | {RunState.PAUSED, RunState.STOPPED, RunState.FAILED}
+RUN_SETTLED = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.PAUSED, RunState.STOPPED,
+                         RunState.ABANDONED})
+# Nothing more happens to the run: its clean-up follows `keep_failed` and run retention.
+RUN_TERMINAL = frozenset({RunState.COMPLETED, RunState.ABANDONED})
+# A run `abandon` may end: one that nothing is working on.
+RUN_ABANDONABLE = frozenset({RunState.PAUSED, RunState.STOPPED, RunState.FAILED})
 
 STORY_IN_FLIGHT = frozenset({StoryState.QUEUED, StoryState.WORKING})
 STORY_AWAITING_LANE = frozenset({StoryState.READY, StoryState.INTEGRATING})
@@ -121,10 +127,11 @@ RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     R.RUNNING: frozenset({R.PAUSING, R.PAUSED, R.STOPPING, R.COMPLETED, R.FAILED}),
     R.PAUSING: frozenset({R.RUNNING, R.PAUSED, R.STOPPING, R.FAILED}),
     R.STOPPING: frozenset({R.RUNNING, R.STOPPED, R.FAILED}),
-    R.PAUSED: frozenset({R.RUNNING, R.STOPPED}),
-    R.STOPPED: frozenset({R.RUNNING}),
+    R.PAUSED: frozenset({R.RUNNING, R.STOPPED, R.ABANDONED}),
+    R.STOPPED: frozenset({R.RUNNING, R.ABANDONED}),
+    R.FAILED: frozenset({R.RUNNING, R.ABANDONED}),
     R.COMPLETED: frozenset(),
-    R.FAILED: frozenset(),
+    R.ABANDONED: frozenset(),
 }
 
 STORY_INITIAL = frozenset({S.PENDING})

@@ -68,13 +68,22 @@ def status(project_dir, run_ref, as_json, watch, interval):
             raise ConfigError("--watch draws the live board; use --json without --watch")
         return _watch(project, run_ref, interval)
     with project.db.transaction() as s:
-        data = run_status(s, find_run(s, project, run_ref))
+        run = find_run(s, project, run_ref)
+        data = run_status(s, run, target_now=_target_now(project, run.target_branch))
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
     from ..render import render_status
 
     click.echo(render_status(data))
+
+
+def _target_now(project, branch: str) -> str | None:
+    """The target as git has it here (remote mode: as last fetched), whatever the rows say."""
+    try:
+        return project.target(project.git(), branch).sha(fetch=False)
+    except Exception:  # a status must show even when git cannot answer
+        return None
 
 
 def _watch(project, run_ref, interval):

@@ -15,7 +15,7 @@ import click
 from ..errors import EXIT_OK, EXIT_USAGE, ConfigError
 from .app import cli, handle_errors, json_option, open_project, project_option, run_ref_argument
 
-__all__ = ["init", "validate", "enqueue", "worker", "run", "resume", "stop", "approve", "reject",
+__all__ = ["init", "validate", "enqueue", "worker", "run", "resume", "abandon", "stop", "approve", "reject",
            "reconcile", "demo", "cleanup"]
 
 
@@ -223,16 +223,19 @@ def run(project_dir, parallel, epic, stories, max_stories, enqueue_only, ci, rep
 @project_option
 @run_ref_argument
 @click.option("--enqueue-only", is_flag=True, help="Only queue the work for separate workers.")
+@click.option("--reload-policy", is_flag=True,
+              help="Take the current policy file for every key but the run's identity "
+                   "(target branch, remote, isolation, branch_per, [database], [queue]).")
 @report_options
 @handle_errors
-def resume(project_dir, run_ref, enqueue_only, report_path, junit_path):
-    """Continue a paused, stopped or crashed run (same plan, scope and target)."""
+def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit_path):
+    """Continue a paused, stopped, failed or crashed run (same plan, scope and target)."""
     from ..engine.control import resume as do_resume
     from ..tasks import Tasks
 
     project = open_project(project_dir)
     tasks = Tasks(project)
-    run = do_resume(project, tasks, run_ref)
+    run = do_resume(project, tasks, run_ref, reload_policy=reload_policy)
     click.echo(f"run {run.id} resumed")
     if enqueue_only:
         return
@@ -277,6 +280,25 @@ def _write_reports(project, run_id, code, report_path, junit_path):
         click.echo(f"report: {write_json_report(status, report_path, exit_code=code)}")
     if junit_path:
         click.echo(f"junit: {write_junit(status, junit_path)}")
+
+
+@cli.command()
+@project_option
+@click.argument("run_ref", metavar="RUN")
+@click.option("--reason", default=None, help="Why, for the journal and `status`.")
+@json_option
+@handle_errors
+def abandon(project_dir, run_ref, reason, as_json):
+    """End a paused, stopped or failed run for good (state `abandoned`); its branches and
+    evidence stay per `[scm] keep_failed` until `cleanup`."""
+    from ..engine.control import abandon as do_abandon
+
+    project = open_project(project_dir)
+    run = do_abandon(project, run_ref, reason)
+    if as_json:
+        click.echo(json.dumps({"run": run.id, "state": run.state, "reason": run.reason}))
+    else:
+        click.echo(f"run {run.id} {run.state}")
 
 
 @cli.command()

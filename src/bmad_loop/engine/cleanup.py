@@ -30,7 +30,7 @@ from sqlalchemy import delete, select
 
 from ..db.models import Attempt, Candidate, Event, Run, Story
 from ..worktrees import delete_branch, delete_ref, list_worktrees, prune, remove_worktree
-from ..states import RUN_RESUMABLE, RUN_TERMINAL, STORY_PARKED, Phase, StoryState
+from ..states import RUN_RESUMABLE, RUN_TERMINAL, STORY_PARKED, Phase, RunState, StoryState
 from .journal import record
 from .layout import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE, Layout
 from .runs import run_policy
@@ -69,7 +69,9 @@ def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str,
         for story in s.scalars(select(Story).where(Story.run_id.in_(list(runs)))):
             run = runs[story.run_id]
             policy = run_policy(run)
-            live = run.state in RESUMABLE
+            live = run.state in RESUMABLE  # failed runs too: `resume` may take them over
+            # An abandoned run's unfinished work is evidence like a parked story's.
+            kept_unfinished = live or (run.state == RunState.ABANDONED and policy.scm.keep_failed)
             if story.state == StoryState.INTEGRATED:
                 keep = not policy.scm.delete_branch
                 needs_worktree = policy.scm.branch_per == "run" and live
@@ -79,7 +81,7 @@ def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str,
             elif story.state == StoryState.SKIPPED:
                 keep = needs_worktree = False
             else:
-                keep = needs_worktree = live
+                keep = needs_worktree = kept_unfinished
                 if live:
                     # Owned by convention too: a worker may be between `worktree add` and
                     # writing the row, and the lane between composing and recording.
@@ -101,7 +103,8 @@ def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str,
                         refs.add(cand.ref)
                     if cand.worktree:
                         paths.add(Path(cand.worktree).resolve())
-            if story.state in (StoryState.READY, StoryState.INTEGRATING, StoryState.QUEUED, StoryState.WORKING) and live:
+            if story.state in (StoryState.READY, StoryState.INTEGRATING, StoryState.QUEUED,
+                               StoryState.WORKING) and kept_unfinished:
                 for cand in s.scalars(select(Candidate).where(Candidate.story_id == story.id)):
                     if cand.ref:
                         refs.add(cand.ref)

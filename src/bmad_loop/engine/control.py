@@ -12,12 +12,13 @@ from sqlalchemy import or_, select
 
 from ..db.models import Run, Story, utcnow
 from ..errors import Ambiguous, NotFound, StateError
-from ..states import RUN_LIVE, RUN_RESUMABLE, STORY_DONE, CandidateState, Phase, RunState, StopMode, StoryState
+from ..states import RUN_ABANDONABLE, RUN_LIVE, RUN_RESUMABLE, RUN_TERMINAL, STORY_DONE, CandidateState, Phase, RunState, StopMode, StoryState
+from ..policy import load_policy, policy_from_dict
 from .journal import record
 from .recovery import recover_orphans
 from .planning import LIVE_FOR_TARGET
 from .runs import run_policy, stories_of
-from .transitions import transition_run
+from .transitions import transition_run, transition_story
 
 __all__ = ["find_run", "resume", "stop", "approve", "reject", "reconcile", "recover_live_runs",
            "requeue_run"]
@@ -45,9 +46,36 @@ def find_run(session, project, ref: str | None) -> Run:
     return matches[0]
 
 
-def resume(project, tasks, ref: str | None) -> Run:
-    """Continue a paused, stopped or crashed run: same plan, scope and target."""
+# What a run is, which `resume --reload-policy` never changes: where its target and rows live,
+# and how its stories' branches and worktrees are laid out.
+IDENTITY_KEYS = {"scm": ("target_branch", "remote", "isolation", "branch_per"),
+                 "database": None, "queue": None}
+
+
+def reloaded_policy(run: Run, current) -> tuple[dict, list[str]]:
+    """The run's snapshot with every key taken from `current` (the policy file now) except
+    its identity; the new snapshot and the keys that changed."""
+    old, new = dict(run.policy), current.to_dict()
+    for section, keys in IDENTITY_KEYS.items():
+        if keys is None:
+            new[section] = old.get(section, new.get(section))
+        else:
+            new[section] = {**new.get(section, {}),
+                            **{k: old[section][k] for k in keys if k in old.get(section, {})}}
+    changed = sorted(f"{section}.{key}" for section in set(old) | set(new)
+                     for key in set(old.get(section, {})) | set(new.get(section, {}))
+                     if old.get(section, {}).get(key) != new.get(section, {}).get(key))
+    policy_from_dict(new, source=f"run {run.id} reloaded policy", env={})  # validated again
+    return new, changed
+
+
+def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> Run:
+    """Continue a paused, stopped, failed or crashed run: same plan, scope and target.
+
+    `reload_policy`: take the current policy file for every key but the run's identity
+    (IDENTITY_KEYS), e.g. to fix the mistake that paused it."""
     db = project.db
+    current = load_policy(project.home) if reload_policy else None
     with db.transaction() as s:
         run = find_run(s, project, ref)
         if run.state not in RESUMABLE:
@@ -58,6 +86,12 @@ def resume(project, tasks, ref: str | None) -> Run:
         if other is not None:
             raise StateError(f"run {other.id} is {other.state} on {run.target_branch}: "
                              "stop it before resuming this one")
+        if current is not None:
+            snapshot, changed = reloaded_policy(run, current)
+            run.policy = snapshot
+            run.max_parallel = snapshot["scm"]["max_parallel"]
+            run.merge_strategy = snapshot["scm"]["merge_strategy"]
+            record(s, run.id, "run.policy_reloaded", changed=changed)
         policy = run_policy(run)
         previous = run.state
         gates = list(run.gates_passed or [])
@@ -132,7 +166,7 @@ def recover_live_runs(project, tasks, stale_after: dt.timedelta) -> list[str]:
 def stop(project, tasks, ref: str | None, now: bool = False) -> Run:
     with project.db.transaction() as s:
         run = find_run(s, project, ref)
-        if run.state in (RunState.COMPLETED, RunState.FAILED):
+        if run.state in RUN_TERMINAL | {RunState.FAILED}:
             raise StateError(f"run {run.id} is {run.state}: nothing to stop")
         if run.state in (RunState.PAUSED, RunState.STOPPED):
             run.state, run.reason = RunState.STOPPED, run.reason or "stopped by operator"
@@ -143,9 +177,43 @@ def stop(project, tasks, ref: str | None, now: bool = False) -> Run:
                        stop_mode=mode, reason=f"stop requested ({mode})")
         record(s, run.id, "run.stopping", mode=mode)
         run_id = run.id
-    tasks.enqueue_lane(run_id)
+        settled = _settle_idle_stop(s, run_id)
+    if not settled:
+        tasks.enqueue_lane(run_id)
     with project.db.transaction() as s:
         return s.get(Run, run_id)
+
+
+def _settle_idle_stop(session, run_id: str) -> bool:
+    """A stopping run that nothing is working on stops at once: no lane tick needed (none may
+    be running: `enqueue` then `stop` with no consumer). Stories queued but not yet claimed go
+    back in line; a worker that claims one first keeps the run stopping until it is done."""
+    stories = stories_of(session, run_id)
+    if any(st.state in (StoryState.WORKING, StoryState.INTEGRATING) for st in stories):
+        return False
+    for st in stories:
+        if st.state == StoryState.QUEUED and not transition_story(
+                session, st.id, StoryState.QUEUED, state=StoryState.PENDING, port_block=None):
+            return False
+    if not transition_run(session, run_id, RunState.STOPPING, state=RunState.STOPPED,
+                          reason="stopped by operator"):
+        return False
+    record(session, run_id, "run.stopped", reason="stopped by operator", settled="at once")
+    return True
+
+
+def abandon(project, ref: str | None, reason: str | None = None) -> Run:
+    """End a run for good (`abandoned`); its branches and evidence stay per `keep_failed`."""
+    with project.db.transaction() as s:
+        run = find_run(s, project, ref)
+        if run.state not in RUN_ABANDONABLE:
+            hint = "stop it first" if run.state in RUN_LIVE else "it has ended already"
+            raise StateError(f"run {run.id} is {run.state}: {hint}")
+        previous = run.state
+        run.state, run.ended_at = RunState.ABANDONED, utcnow()
+        run.reason = f"abandoned: {reason}" if reason else "abandoned by operator"
+        record(s, run.id, "run.abandoned", previous=previous, reason=reason)
+        return run
 
 
 def approve(project, tasks, ref: str | None, story_key: str) -> Story:

@@ -29,8 +29,8 @@ def exit_code_for(run: Run, stories) -> int:
         if all(s.state in (StoryState.INTEGRATED, StoryState.SKIPPED) for s in stories):
             return EXIT_OK
         return EXIT_NEEDS_HUMAN
-    return {"failed": EXIT_FAILED, "paused": EXIT_NEEDS_HUMAN, "stopped": EXIT_STOPPED}.get(
-        run.state, EXIT_FAILED)
+    return {RunState.FAILED: EXIT_FAILED, RunState.PAUSED: EXIT_NEEDS_HUMAN,
+            RunState.STOPPED: EXIT_STOPPED, RunState.ABANDONED: EXIT_FAILED}.get(run.state, EXIT_FAILED)
 
 
 def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[object], None] | None,

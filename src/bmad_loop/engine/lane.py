@@ -31,6 +31,7 @@ from .integrate import Integrator, LaneFenced
 from .journal import record
 from .notify import notify
 from .recovery import recover_orphans
+from .retry import FaultPersisted, pause_for_fault, retrying
 from .runs import run_policy, stories_of
 from .transitions import transition_run, transition_story
 
@@ -60,12 +61,16 @@ def tick(project, tasks, run_id: str, holder=None) -> None:
                    "this tick changes nothing", owner=holder.owner)
         return
     try:
-        _Lane(project, tasks, run, policy, holder).loop()
+        retrying(lambda: _Lane(project, tasks, run, policy, holder).loop(), db=db, run_id=run_id,
+                 story=None, what="lane tick")
+    except FaultPersisted as exc:
+        if pause_for_fault(db, run_id, exc.fault, exc.attempts):
+            notify(db, policy, run_id, "run.paused", reason=exc.fault.describe())
     except LaneFenced as exc:
         log.warning("%s", exc)
         with db.transaction() as s:
             record(s, run_id, "lane.fenced", reason=str(exc))
-    except Exception as exc:
+    except Exception as exc:  # no retry can fix it: failed, and `resume` once it is fixed
         log.exception("lane tick failed for run %s", run_id)
         with db.transaction() as s:
             if transition_run(s, run_id, LIVE, state=RunState.FAILED, reason=f"lane error: {exc}",

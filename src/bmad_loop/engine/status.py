@@ -16,12 +16,15 @@ def _iso(value):
     return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
 
 
-def run_json(run: Run) -> dict:
+def run_json(run: Run, target_now: str | None = None) -> dict:
+    recorded = run.head_sha or run.target_sha
     return {
         "id": run.id,
         "state": run.state,
         "target_branch": run.target_branch,
-        "target_sha": run.head_sha or run.target_sha,
+        # As git has it when the reader could ask git; the rows' last advance otherwise.
+        "target_sha": target_now or recorded,
+        "recorded_target_sha": recorded,
         "start_sha": run.target_sha,
         "max_parallel": run.max_parallel,
         "merge_strategy": run.merge_strategy,
@@ -92,14 +95,14 @@ def candidate_json(candidate: Candidate, story_key: str) -> dict:
     }
 
 
-def run_status(session, run: Run) -> dict:
+def run_status(session, run: Run, target_now: str | None = None) -> dict:
     stories = stories_of(session, run.id)
     keys = {s.id: s.key for s in stories}
     candidates = list(session.scalars(select(Candidate).where(Candidate.run_id == run.id)
                                       .order_by(Candidate.id)))
     now = utcnow()
     return {
-        "run": run_json(run),
+        "run": run_json(run, target_now),
         "stories": [story_json(s, now) for s in stories],
         "candidates": [candidate_json(c, keys.get(c.story_id, "?")) for c in candidates],
     }

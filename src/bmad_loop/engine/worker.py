@@ -15,6 +15,8 @@ import logging
 import traceback
 from pathlib import Path
 
+from sqlalchemy import select
+
 from ..compose import changed_paths, commit_message
 from ..db.models import Attempt, Run, Story, utcnow
 from ..errors import GitError, StopRequested
@@ -27,6 +29,7 @@ from .faults import crash_point
 from .journal import record
 from .notify import notify
 from .outcome import Escalate, Outcome
+from .retry import FaultPersisted, pause_for_fault, retrying
 from .runs import run_policy
 from .sessions import Heartbeat, run_session
 from .transitions import transition_story
@@ -66,10 +69,19 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         ctx = story_context(project, run, story, policy)
     token = leases.take(db, story_lease_name(story_id), owner, policy.leases.ttl_s)
     claim = Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
+    def walk_once():
+        _interrupt_open_attempts(claim)  # a try cut short by a fault left its session open
+        return StoryWorker(ctx, claim).walk()
+
     try:
-        escalated = StoryWorker(ctx, claim).walk()
+        escalated = retrying(walk_once, db=db, run_id=run_id, story=ctx.key, what=f"story {ctx.key}")
         if escalated:
             notify(db, policy, run_id, "story.escalated", story=ctx.key, reason=escalated)
+    except FaultPersisted as exc:
+        # Not the story's fault: it goes back in line, its phase and work kept, and the run pauses.
+        _release_after_stop(db, run_id, story_id, generation, fault=exc.fault.describe())
+        if pause_for_fault(db, run_id, exc.fault, exc.attempts, story=ctx.key):
+            notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.fault.describe())
     except Fenced:
         log.warning("story %s was taken back while this worker stalled; it stops here", story_id)
     except StopRequested:
@@ -100,14 +112,28 @@ def _sweep(project, run_id: str) -> None:
         log.warning("could not remove landed worktrees of run %s", run_id, exc_info=True)
 
 
-def _release_after_stop(db, run_id: str, story_id: int, generation: int) -> None:
-    """A stop reached this story: hand it back as pending, its phase and worktree kept."""
+def _release_after_stop(db, run_id: str, story_id: int, generation: int, fault: str | None = None) -> None:
+    """A stop (or a persistent fault) reached this story: hand it back as pending, its phase
+    and worktree kept."""
     with db.transaction() as s:
         story = s.get(Story, story_id)
         if story.claim == generation and transition_story(s, story_id, StoryState.WORKING,
                                                           state=StoryState.PENDING,
                                                           heartbeat_at=None):
-            record(s, run_id, "story.interrupted", story.key, phase=story.phase)
+            data = {"fault": fault} if fault else {}
+            record(s, run_id, "story.interrupted", story.key, phase=story.phase, **data)
+
+
+def _interrupt_open_attempts(claim: Claim) -> None:
+    """Close this story's sessions still marked running (uncounted): only ours can be, since we
+    hold its claim, and a retried step starts a new one."""
+    with claim.db.transaction() as s:
+        row = claim.own(s)
+        for att in s.scalars(select(Attempt).where(Attempt.story_id == claim.story_id,
+                                                   Attempt.state == AttemptState.RUNNING)):
+            att.state, att.counted, att.ended_at = AttemptState.INTERRUPTED, False, utcnow()
+            record(s, claim.run_id, "attempt.finished", row.key, phase=att.phase, attempt=att.number,
+                   state=AttemptState.INTERRUPTED, counted=False, why="retried after a fault")
 
 
 class StoryWorker:
