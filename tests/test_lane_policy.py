@@ -168,8 +168,9 @@ def test_reconcile_reports_each_verdict_and_exit_code(make_repo):
 def test_a_story_marked_done_on_the_target_after_planning_is_skipped(make_repo, bar):
     a = StoryDef("1-1-a", files=["src/a.py"])
     b = StoryDef("1-2-b", files=["src/b.py"])
+    # Someone else moved the target (it marks b done): accepted, so the lane goes on.
     repo = make_repo([a, b], script=barrier_script([a, b], bar),
-                     policy=MERGE_NONE.format(n=1, strategy="merge"))
+                     policy=MERGE_NONE.format(n=1, strategy="merge").replace("[scm]\n", "[scm]\non_foreign_move = \"accept\"\n"))
     proc = repo.spawn("run")
     wait_until(lambda: a.key in inside(bar), what="a inside")
     # Someone ships b by hand on the target meanwhile.

@@ -225,7 +225,7 @@ def test_target_moving_between_composition_and_advance_is_recomposed_never_force
     a = StoryDef("1-1-a", files=["src/a.py"])
     repo = make_repo([a], script={a.key: {"dev": [{"write": {"src/a.py": "A\n"}}]}})
     verify = _lane_verify_moving_target(repo, tmp_path / "moved-once")
-    repo.write_policy(MERGE_NONE.format(n=1, strategy="merge") +
+    repo.write_policy(MERGE_NONE.format(n=1, strategy="merge").replace("[scm]\n", "[scm]\non_foreign_move = \"accept\"\n") +
                       f"[verify]\ncommands = [{json.dumps(verify)}]\n")
     result = repo.cli("run")
     assert result.exit_code == 0, result.output
@@ -241,7 +241,7 @@ def test_a_target_that_keeps_moving_escalates_after_max_recompose(make_repo):
     a = StoryDef("1-1-a", files=["src/a.py"])
     repo = make_repo([a], script={a.key: {"dev": [{"write": {"src/a.py": "A\n"}}]}})
     verify = _lane_verify_moving_target(repo)
-    repo.write_policy(MERGE_NONE.format(n=1, strategy="merge") + "[limits]\nmax_recompose = 2\n" +
+    repo.write_policy(MERGE_NONE.format(n=1, strategy="merge").replace("[scm]\n", "[scm]\non_foreign_move = \"accept\"\n") + "[limits]\nmax_recompose = 2\n" +
                       f"[verify]\ncommands = [{json.dumps(verify)}]\n")
     result = repo.cli("run")
     assert result.exit_code == 3, result.output

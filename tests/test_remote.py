@@ -98,7 +98,7 @@ def test_a_target_moved_on_the_remote_between_composition_and_the_push_is_recomp
     bare_path = tmp_path / "repo-remote.git"  # where make_remote_project puts the bare remote
     verify = " ".join(shlex.quote(str(a)) for a in
                       (sys.executable, outsider, bare_path, marker, tmp_path / "outsider-clone"))
-    policy = POLICY.format(n=2) + f"[verify]\ncommands = [{json.dumps(verify)}]\n"
+    policy = POLICY.format(n=2).replace("[scm]\n", "[scm]\non_foreign_move = \"accept\"\n") + f"[verify]\ncommands = [{json.dumps(verify)}]\n"
     repo, bare = make_remote_project(make_repo, stories, script, policy)
     assert bare == bare_path
     local_main = repo.git("rev-parse", "main")

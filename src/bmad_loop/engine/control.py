@@ -100,13 +100,23 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         run.state, run.reason, run.stop_mode, run.gate_epic = RunState.RUNNING, None, None, None
         run.gates_passed, run.ended_at = gates, None
         git = project.git(policy)
+        target = project.target(git, run.target_branch)
+        _adopt_target(s, run, target.sha())
         for story in stories_of(s, run.id):
-            _reset_for_resume(s, project.target(git, run.target_branch).story_head, run, story)
+            _reset_for_resume(s, target.story_head, run, story)
         record(s, run.id, "run.resumed", previous=previous, gates_passed=gates)
         run_id = run.id
     requeue_run(project, tasks, run_id, stale_after=None)
     with db.transaction() as s:
         return s.get(Run, run_id)
+
+
+def _adopt_target(session, run: Run, target_now: str | None) -> None:
+    """Resuming accepts the target as it is now: a move someone else made while the run was
+    parked (the lane paused on it, or a human fixed something) becomes the lane's baseline."""
+    if target_now and target_now != run.head_sha:
+        record(session, run.id, "target.adopted", old=run.head_sha, new=target_now)
+        run.head_sha = target_now
 
 
 def _reset_for_resume(session, branch_head_of, run: Run, story: Story) -> None:

@@ -30,11 +30,20 @@ from .runs import board_rel
 from .transitions import transition_story
 from .verify import run_verify
 
-__all__ = ["Integrator", "LaneFenced"]
+__all__ = ["Integrator", "LaneFenced", "TargetMoved"]
 
 
 class LaneFenced(Exception):
     """This lane lost its lease to another one: it must not move the target."""
+
+
+class TargetMoved(Exception):
+    """Someone other than the lane moved the target, and `[scm] on_foreign_move = "pause"`."""
+
+    def __init__(self, old: str, new: str, commits: list[str]):
+        super().__init__(f"target moved by someone else: {old[:12]}..{new[:12]} "
+                         f"({len(commits)} commit(s): {', '.join(c[:12] for c in commits[:5])})")
+        self.old, self.new, self.commits = old, new, commits
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +93,7 @@ class Integrator:
                                   f"(max_recompose = {self.policy.limits.max_recompose})")
         attempt = attempts + 1
         target_sha = self.target.sha()
+        self._check_foreign_move(story, target_sha)
         branch_sha = story.head_sha
         missing = self._fetch_story(story)
         if missing:
@@ -213,8 +223,33 @@ class Integrator:
                 record(s, self.run_id, "candidate.stale", story.key, attempt=attempt,
                        composed_on=target_sha, target_now=now_at)
             self._drop_candidate(story.key, attempt)
+            self._check_foreign_move(story, now_at)  # pause, or accept and recompose
             return CandidateState.STALE
         return self._finish(story, cand_id, attempt, sha, target_sha)
+
+    def _check_foreign_move(self, story: Story, target_now: str | None) -> None:
+        """The lane's baseline is the run's start, then each SHA it advanced to: a target found
+        anywhere else was moved by someone else. Journaled; `pause` stops here for a human,
+        `accept` takes it as the new baseline (the candidate is composed on top)."""
+        with self.db.transaction() as s:
+            baseline = s.get(Run, self.run_id).head_sha
+        if not target_now or not baseline or target_now == baseline:
+            return
+        commits = self._commits_between(baseline, target_now)
+        action = self.policy.scm.on_foreign_move
+        with self.db.transaction() as s:
+            record(s, self.run_id, "target.moved", story.key, old=baseline, new=target_now,
+                   commits=commits[:50], action=action)
+            if action == "accept":
+                s.get(Run, self.run_id).head_sha = target_now
+        if action != "accept":
+            raise TargetMoved(baseline, target_now, commits)
+
+    def _commits_between(self, old: str, new: str) -> list[str]:
+        proc = self.git.run("rev-list", "--max-count=200", f"{old}..{new}", check=False)
+        if proc.returncode != 0:  # `old` is not an ancestor we know (history rewritten)
+            return [new]
+        return proc.stdout.split()
 
     def _checkout_held(self):
         def waited(path):

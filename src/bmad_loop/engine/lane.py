@@ -27,7 +27,7 @@ from ..db.models import Run, Story, utcnow
 from ..footprint import Footprint, footprints_conflict
 from ..states import RUN_LIVE, STORY_IN_FLIGHT, STORY_DONE, STORY_PARKED, RunState, StoryState
 from .admission import StoryView, admit
-from .integrate import Integrator, LaneFenced
+from .integrate import Integrator, LaneFenced, TargetMoved
 from .journal import record
 from .notify import notify
 from .recovery import recover_orphans
@@ -40,6 +40,7 @@ __all__ = ["tick"]
 log = logging.getLogger(__name__)
 
 LIVE = RUN_LIVE
+FOREIGN_MOVE_PREFIX = "target moved by someone else"
 PARKED = STORY_PARKED
 
 
@@ -135,8 +136,8 @@ class _Lane:
     def _integrate_next(self, run: Run, stories: list[Story]) -> bool:
         if run.state not in (RunState.RUNNING, RunState.PAUSING):
             return False
-        if run.state == RunState.PAUSING and (run.reason or "").startswith("checkpoint"):
-            return False  # a checkpoint pauses right after its story: nothing later lands
+        if self._integration_held(run):
+            return False
         for story in stories:
             if story.state in STORY_DONE:
                 continue
@@ -148,7 +149,13 @@ class _Lane:
                 continue
             if story.state not in (StoryState.READY, StoryState.INTEGRATING):
                 return False  # the earliest open story is not finished: later ones wait
-            outcome = self.integrator.integrate(story.id)
+            try:
+                outcome = self.integrator.integrate(story.id)
+            except TargetMoved as moved:
+                self._request_pause(f"{FOREIGN_MOVE_PREFIX}{moved}; inspect it, then "
+                                    "`bmad-loop resume` adopts the target as it is",
+                                    pause="foreign-move", story=story.key)
+                return True
             if outcome == StoryState.HELD:
                 notify(self.db, self.policy, self.run_id, "story.held", story=story.key,
                        reason="waiting for operator sign-off")
@@ -277,7 +284,7 @@ class _Lane:
             return self._end_pause(RunState.PAUSED, run.reason or "paused")
         if states <= {StoryState.INTEGRATED, StoryState.SKIPPED}:
             return self._complete()
-        if self._integration_due(stories):
+        if self._integration_due(run, stories):
             return  # integration is due; the next tick does it
         decision = getattr(self, "_decision", None)
         if decision is not None and decision.gate is not None:
@@ -296,8 +303,17 @@ class _Lane:
             listing = "; ".join(f"{s.key}: {s.wait_reason}" for s in waiting[:5])
             return self._end_pause(RunState.PAUSED, f"no story can start: {listing}")
 
-    def _integration_due(self, stories: list[Story]) -> bool:
+    def _integration_held(self, run: Run) -> bool:
+        """A checkpoint pauses right after its story, a foreign move before the next one:
+        nothing more lands until `resume`."""
+        reason = run.reason or ""
+        return run.state == RunState.PAUSING and (reason.startswith("checkpoint")
+                                                  or reason.startswith(FOREIGN_MOVE_PREFIX))
+
+    def _integration_due(self, run: Run, stories: list[Story]) -> bool:
         """Would `_integrate_next` find a story to integrate? (Same scan, no side effects.)"""
+        if self._integration_held(run):
+            return False
         for story in stories:
             if story.state in STORY_DONE:
                 continue

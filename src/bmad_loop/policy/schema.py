@@ -63,6 +63,8 @@ class ScmPolicy:
     remote: str = ""
     # How long bmad-loop waits for a git lock another process holds before the run pauses.
     lock_wait_s: int = setting(30, checks=(at_least(0),))
+    # The target moved by anyone but the lane: pause for a human, or accept and recompose on it.
+    on_foreign_move: str = setting("pause", checks=(one_of("pause", "accept"),))
 
 
 @dataclass(frozen=True)
