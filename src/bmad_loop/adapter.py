@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from . import proctree
 from .errors import ConfigError
+from .states import AGENT_PHASES
 
 __all__ = [
     "PLACEHOLDERS",
@@ -49,7 +50,7 @@ __all__ = [
 ]
 
 PLACEHOLDERS = ("phase", "story_key", "story_file", "prompt_file", "worktree", "run_id", "attempt", "model", "tier")
-PHASES = ("dev", "review", "fix")
+PHASES = AGENT_PHASES  # the phases an agent runs: dev, review, fix
 
 SESSION_TOKEN_VAR = "BMAD_LOOP_SESSION_TOKEN"  # private marker used to find escaped descendants
 VERDICT_PREFIX = "BMAD-LOOP-VERDICT:"  # see read_verdict
