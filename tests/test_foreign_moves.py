@@ -7,6 +7,7 @@ of the ways the field does it; then the lane composes on a target that is not wh
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +110,30 @@ def test_with_accept_a_foreign_move_is_journaled_and_the_story_composed_on_top(m
     moved = [e for e in repo.journal() if e["kind"] == "target.moved"]
     assert [m["data"]["action"] for m in moved] == ["accept"] and moved[0]["data"]["new"] == foreign
     assert is_ancestor(repo, foreign, "main")
+
+
+def test_a_story_branch_written_after_ready_is_not_integrated_but_escalated(make_repo, bar):
+    """What the lane integrates is the commit the worker recorded at `ready`: a sibling agent
+    that writes into another story's branch afterwards gets nothing onto the target."""
+    policy = MERGE_NONE.format(n=2, strategy="merge")
+    script = barrier_script([A, B], bar)
+    repo = make_repo([A, B], script=script, policy=policy)
+    proc = repo.spawn("run")
+    wait_until(lambda: {A.key, B.key} <= set(inside(bar)), what="both inside")
+    go(bar, B.key)  # b finishes first and waits, ready, behind a
+    wait_until(lambda: repo.story(B.key)["state"] == "ready", what="b ready")
+    b = repo.story(B.key)
+    worktree = b["worktree"]  # someone else writes into b's branch through its worktree
+    (Path(worktree) / "planted.py").write_text("PLANTED = True\n")
+    git(worktree, "add", "planted.py")
+    git(worktree, "commit", "-q", "--no-verify", "-m", "sneaked in")
+    planted = git(worktree, "rev-parse", "HEAD")
+    go(bar, A.key)
+
+    assert proc.wait(timeout=120) == 3
+    b = repo.story(B.key)
+    assert b["state"] == "escalated" and "its worker recorded" in b["reason"]
+    mismatch = [e for e in repo.journal() if e["kind"] == "story.branch_mismatch"]
+    assert mismatch[0]["data"]["found"] == planted and mismatch[0]["data"]["recorded"] == b["head_sha"]
+    assert not is_ancestor(repo, planted, "main")
+    assert repo.story(A.key)["state"] == "integrated"

@@ -127,17 +127,20 @@ class Integrator:
         return self._advance(story, cand_id, attempt, comp.sha, target_sha)
 
     def _fetch_story(self, story: Story) -> str | None:
-        """Bring the story's commits here (remote mode: from the remote); why not, when they
-        are not the ones its worker recorded."""
-        if not self.target.publishes_stories:
-            return None  # local mode: the worker's commits are in this repository already
+        """Bring the story's commits here (remote mode: from the remote); why not, when the
+        branch is not where its worker recorded it."""
+        # The lane integrates the commit the row recorded at `ready`, never whatever the branch
+        # points at now: a sibling agent may have written into another story's branch.
         where = self.target.location
-        pushed = self.target.story_head(story.branch)
-        if pushed == story.head_sha:
+        now = self.target.story_head(story.branch)
+        if now == story.head_sha:
             return None
-        if pushed is None:
+        with self.db.transaction() as s:
+            record(s, self.run_id, "story.branch_mismatch", story.key, branch=story.branch,
+                   recorded=story.head_sha, found=now)
+        if now is None:
             return f"the story branch {story.branch} is not on {where}"
-        return (f"the story branch {story.branch} on {where} is at {pushed[:12]}, "
+        return (f"the story branch {story.branch} on {where} is at {now[:12]}, "
                 f"not at the {story.head_sha[:12]} its worker recorded")
 
     def _needs_sign_off(self, story: Story) -> bool:
