@@ -96,10 +96,18 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
                 record(s, run_id, "story.escalated", story.key, reason=story.reason,
                        traceback=traceback.format_exc()[-4000:])
     finally:
-        leases.release(db, story_lease_name(story_id), owner)
-        tasks.enqueue_lane(run_id)
+        _quietly(leases.release, db, story_lease_name(story_id), owner)
+        _quietly(tasks.enqueue_lane, run_id)  # lost: the consumers' watchdog wakes the lane
     if not ctx.target.lane_removes_story_worktrees:
         _sweep(project, run_id)
+
+
+def _quietly(step, *args) -> None:
+    """A closing step whose failure (a full disk under the queue) must not hide the outcome."""
+    try:
+        step(*args)
+    except Exception:
+        log.warning("%s failed; recovery covers it", getattr(step, "__name__", step), exc_info=True)
 
 
 def _sweep(project, run_id: str) -> None:
