@@ -137,3 +137,25 @@ def test_a_story_branch_written_after_ready_is_not_integrated_but_escalated(make
     assert mismatch[0]["data"]["found"] == planted and mismatch[0]["data"]["recorded"] == b["head_sha"]
     assert not is_ancestor(repo, planted, "main")
     assert repo.story(A.key)["state"] == "integrated"
+
+
+def test_a_state_database_edited_behind_the_lanes_back_is_reported_not_trusted(make_repo):
+    """An agent (or a person) marks a story integrated in the state database directly: the
+    lane checks the rows against git, reports the contradiction and pauses."""
+    import sqlite3
+
+    repo = make_repo([A, B], script={A.key: {"dev": [{"write": {"src/a.py": "A\n"}}]},
+                                     B.key: {"dev": [{"write": {"src/b.py": "B\n"}}]}},
+                     policy=MERGE_NONE.format(n=1, strategy="merge"))
+    run_id = repo.cli("enqueue").output.strip()
+    assert repo.cli("stop", run_id).exit_code == 0
+    db = repo.root / ".bmad-loop" / "state.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE stories SET state = 'integrated', integrated_sha = ? WHERE key = ?",
+                     ("f" * 40, A.key))
+    result = repo.cli("resume", run_id)
+    assert result.exit_code == 3, result.output
+    run = repo.status(run_id)["run"]
+    assert run["state"] == "paused" and "contradict git" in run["reason"] and A.key in run["reason"]
+    assert [e["data"]["stories"] for e in repo.journal(run_id) if e["kind"] == "rows.contradicted"] == [[A.key]]
+    assert git(repo.root, "rev-list", "--count", "main") == "1"  # nothing moved meanwhile

@@ -93,6 +93,8 @@ class _Lane:
 
     def loop(self) -> None:
         recover_orphans(self.db, self.tasks, self.run_id, self.policy.leases.ttl_s)
+        if self._rows_contradict_git():
+            return
         for _ in range(10_000):  # bounded: each pass either progresses or returns
             run, stories = self._load()
             if run.state not in LIVE:
@@ -109,6 +111,37 @@ class _Lane:
                 continue
             self._settle(run, stories)
             return
+
+    def _rows_contradict_git(self) -> bool:
+        """Rows are checked against git, not trusted: a story the rows call integrated must have
+        its commit on the target (an agent may have edited the state database). Only what
+        changed is looked at: integrations are in plan order, each on top of the last, so the
+        latest one stands for all; it costs a git call only when it is not where the lane
+        itself last advanced the target."""
+        with self.db.transaction() as s:
+            run = s.get(Run, self.run_id)
+            integrated = [st for st in stories_of(s, self.run_id) if st.state == StoryState.INTEGRATED]
+        if not integrated:
+            return False
+        latest = integrated[-1]
+        bad = [st for st in integrated if not st.integrated_sha]
+        if not bad and latest.integrated_sha != run.head_sha:
+            target_now = self.integrator.target.sha(fetch=False)
+            git = self.integrator.git
+            if target_now and (git.rev(f"{latest.integrated_sha}^{{commit}}") is None
+                               or not git.is_ancestor(latest.integrated_sha, target_now)):
+                bad = [latest]
+        if not bad:
+            return False
+        listing = ", ".join(f"{st.key} ({(st.integrated_sha or 'no commit')[:12]})" for st in bad)
+        reason = (f"the rows contradict git: {listing} marked integrated but not on "
+                  f"{self.integrator.target.branch}; check the state database")
+        with self.db.transaction() as s:
+            record(s, self.run_id, "rows.contradicted", stories=[st.key for st in bad],
+                   reason=reason)
+        self._request_pause(reason, pause="rows")
+        self._settle(*self._load())
+        return True
 
     def _load(self):
         with self.db.transaction() as s:
