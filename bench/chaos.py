@@ -4,7 +4,7 @@
     python bench/chaos.py [--stories 30] [--seed 1] [--parallel 3] [--min-kill-s 3]
                           [--max-kill-s 8] [--story-consumers 1] [--deadline-s 900]
                           [--quick] [--dir DIR] [--keep] [--no-reference] [--json]
-                          [--freeze-s F]
+                          [--freeze-s F] [--status-loops N] [--stale-locks P]
 
 What it does:
 
@@ -36,6 +36,13 @@ a stalled consumer whose pid stays alive, so its leases expire (after ``ttl_s``)
 seen dead at once. That exercises the lease-expiry and fencing paths a SIGKILL on one host never
 reaches.
 
+``--status-loops N`` [2] runs N threads of plain ``git status`` in the chaos repository's target
+checkout for the whole run (what an editor does: it takes ``index.lock`` for a moment), and
+``--stale-locks P`` [0.3] makes each fault, with probability P, also leave a stale
+``index.lock`` in that checkout as a killed bmad-loop lane would (the bmad-loop marker and a pid
+that is dead): the lane must recognise it as its own and remove it. Both count towards the
+verdict through the run's end state: a run that fails or pauses is a failed check.
+
 The kill schedule is seeded; process timing is not, so two soaks with one seed kill at the same
 moments but not necessarily at the same steps. Each kill is logged with what was in flight
 (``--json`` prints everything). Not a test: nothing is asserted; the exit code is 0 when every
@@ -55,6 +62,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -311,11 +319,45 @@ class Soak:
     restarts_unasked: list[dict] = field(default_factory=list)
     consumers: list[Consumer] = field(default_factory=list)
     timed_out: bool = False
+    status_counts: list[int] = field(default_factory=list)  # git status runs per editor thread
+    stale_locks: int = 0  # stale bmad-loop index.lock files left
+
+
+def status_loops(root: Path, count: int, stop) -> list:
+    """Threads running plain `git status` in `root` until `stop` is set; their counters."""
+    counts = [0] * count
+    env = {k: v for k, v in os.environ.items() if k != "GIT_OPTIONAL_LOCKS"}
+
+    def loop(i):
+        while not stop.is_set():
+            subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, env=env)
+            counts[i] += 1
+
+    for i in range(count):
+        threading.Thread(target=loop, args=(i,), daemon=True).start()
+    return counts
+
+
+def leave_stale_index_lock(root: Path) -> bool:
+    """An index.lock like the one a lane killed mid-advance leaves: bmad-loop's marker, a dead
+    pid on this host. False when the lock is held right now (a live holder: leave it)."""
+    from bmad_loop.hostid import host_name
+    from bmad_loop.indexlock import MARKER
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        fd = os.open(root / ".git" / "index.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(MARKER + f" {host_name()} {dead.pid}\n".encode())
+    return True
 
 
 def drive(soak: Soak, *, parallel: int, story_consumers: int, deadline_s: float,
           rng: random.Random | None, min_kill_s: float, max_kill_s: float, say,
-          freeze_s: float = 0.0) -> Soak:
+          freeze_s: float = 0.0, status_loop_count: int = 0, stale_lock_p: float = 0.0) -> Soak:
     """Enqueue the sprint and run it with consumer subprocesses; kill them if `rng` is given."""
     root = soak.root
     logs = root.parent / f"{soak.name}-logs"
@@ -326,6 +368,8 @@ def drive(soak: Soak, *, parallel: int, story_consumers: int, deadline_s: float,
     for consumer in soak.consumers:
         consumer.start()
     next_kill = t0 + rng.uniform(min_kill_s, max_kill_s) if rng else None
+    editors_stop = threading.Event()
+    soak.status_counts = status_loops(root, status_loop_count, editors_stop)
     try:
         while True:
             now = time.monotonic()
@@ -347,6 +391,9 @@ def drive(soak: Soak, *, parallel: int, story_consumers: int, deadline_s: float,
                     consumer.thaw()
                     say(f"  [{soak.name}] t={now - t0:6.1f}s SIGCONT {consumer.label}")
             if next_kill is not None and now >= next_kill:
+                if stale_lock_p and rng.random() < stale_lock_p and leave_stale_index_lock(root):
+                    soak.stale_locks += 1
+                    say(f"  [{soak.name}] t={now - t0:6.1f}s left a stale index.lock (dead pid)")
                 victim = rng.choice(soak.consumers)
                 flight = in_flight(root, soak.run_id)
                 if freeze_s > 0 and rng.random() < 0.5 and victim.frozen_until is None:
@@ -369,6 +416,7 @@ def drive(soak: Soak, *, parallel: int, story_consumers: int, deadline_s: float,
                 next_kill = now + rng.uniform(min_kill_s, max_kill_s)
             time.sleep(0.1)
     finally:
+        editors_stop.set()
         soak.wall_s = time.monotonic() - t0
         for consumer in soak.consumers:
             consumer.stop()
@@ -486,7 +534,13 @@ def analyse(soak: Soak, keys: list[str], reference_trees, calls: Path) -> dict:
         "dev_attempts_not_1": over_counted,
         "recovery": {k: kinds[k] for k in ("story.recovered", "candidate.abandoned", "candidate.stale",
                                            "lane.acquired", "lane.fenced", "story.escalated",
-                                           "run.failed") if kinds[k]},
+                                           "run.failed", "run.paused", "fault.retry",
+                                           "git.lock_waited", "git.stale_lock_removed") if kinds[k]},
+        "runs_failed": int(status["run"]["state"] in ("failed", "paused")),
+        "stories_lost": len(keys) - states.get("integrated", 0),
+        "git_status_runs": sum(soak.status_counts),
+        "stale_locks_left": soak.stale_locks,
+        "stale_locks_removed": kinds["git.stale_lock_removed"],
     }
 
 
@@ -538,6 +592,10 @@ def report(ref: dict | None, chaos: dict, args, bad: list[str], say) -> None:
     if args.freeze_s:
         say(f"  freezes survived:      {sum(chaos['freezes'].values())} {chaos['freezes']} "
             f"(SIGSTOP for {args.freeze_s:g} s, then SIGCONT)")
+    say(f"  runs failed:           {chaos['runs_failed']} (must be 0); stories lost: "
+        f"{chaos['stories_lost']} (must be 0)")
+    say(f"  editor git status:     {chaos['git_status_runs']} runs beside the soak; stale index "
+        f"locks left {chaos['stale_locks_left']}, removed by the lane {chaos['stale_locks_removed']}")
     say(f"  stories integrated:    {chaos['integrated']}/{chaos['stories']} "
         f"(run {chaos['run_state']}{'; TIMED OUT' if chaos['timed_out'] else ''})")
     say(f"  duplicates found:      {len(chaos['duplicates'])}"
@@ -591,6 +649,10 @@ def main(argv=None) -> int:
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the uninterrupted run (no history comparison)")
     parser.add_argument("--json", action="store_true", help="print every figure as JSON too")
+    parser.add_argument("--status-loops", type=int, default=2,
+                        help="threads running `git status` in the target checkout (an editor)")
+    parser.add_argument("--stale-locks", type=float, default=0.3,
+                        help="probability that a fault also leaves a stale bmad-loop index.lock")
     parser.add_argument("--freeze-s", type=float, default=0.0,
                         help="also freeze consumers: half the faults become SIGSTOP for this many "
                              "seconds, then SIGCONT (a stalled process whose pid stays alive: its "
@@ -633,7 +695,8 @@ def main(argv=None) -> int:
         soak = drive(Soak("chaos", root), parallel=args.parallel,
                      story_consumers=args.story_consumers, deadline_s=args.deadline_s,
                      rng=random.Random(args.seed), min_kill_s=args.min_kill_s,
-                     max_kill_s=args.max_kill_s, say=say, freeze_s=args.freeze_s)
+                     max_kill_s=args.max_kill_s, say=say, freeze_s=args.freeze_s,
+                     status_loop_count=args.status_loops, stale_lock_p=args.stale_locks)
         chaos = analyse(soak, keys, reference_trees, calls)
         bad = verdict(chaos)
         if ref_result is not None and verdict(ref_result):

@@ -69,7 +69,7 @@ def _policy_for_run(project, parallel: str | None):
 
 
 def _selection(epic, stories, max_stories):
-    from ..engine.planning import Selection
+    from ..selection import Selection
 
     if max_stories is not None and max_stories < 1:
         raise ConfigError(f"--max-stories: must be >= 1, got {max_stories}")
@@ -233,7 +233,7 @@ def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit
     from ..engine.control import resume as do_resume
     from ..tasks import Tasks
 
-    project = open_project(project_dir)
+    project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     tasks = Tasks(project)
     run = do_resume(project, tasks, run_ref, reload_policy=reload_policy)
     click.echo(f"run {run.id} resumed")
@@ -293,7 +293,7 @@ def abandon(project_dir, run_ref, reason, as_json):
     evidence stay per `[scm] keep_failed` until `cleanup`."""
     from ..engine.control import abandon as do_abandon
 
-    project = open_project(project_dir)
+    project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     run = do_abandon(project, run_ref, reason)
     if as_json:
         click.echo(json.dumps({"run": run.id, "state": run.state, "reason": run.reason}))
@@ -311,7 +311,7 @@ def stop(project_dir, run_ref, now):
     from ..engine.control import stop as do_stop
     from ..tasks import Tasks
 
-    project = open_project(project_dir)
+    project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     run = do_stop(project, Tasks(project), run_ref, now=now)
     click.echo(f"run {run.id} {run.state}")
 
@@ -326,7 +326,7 @@ def approve(project_dir, run_ref, story):
     from ..engine.control import approve as do_approve
     from ..tasks import Tasks
 
-    project = open_project(project_dir)
+    project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     row = do_approve(project, Tasks(project), run_ref, story)
     click.echo(f"approved {row.key}; `bmad-loop resume {run_ref}` continues a paused run")
 
@@ -342,7 +342,7 @@ def reject(project_dir, run_ref, story, reason):
     from ..engine.control import reject as do_reject
     from ..tasks import Tasks
 
-    project = open_project(project_dir)
+    project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     row = do_reject(project, Tasks(project), run_ref, story, reason)
     click.echo(f"rejected {row.key}: {reason}")
 
@@ -359,7 +359,7 @@ def reconcile(project_dir, run_ref, as_json):
     """
     from ..engine.control import reconcile as do_reconcile
 
-    report, code = do_reconcile(open_project(project_dir), run_ref)
+    report, code = do_reconcile(open_project(project_dir, need_runs=True, run_ref=run_ref), run_ref)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
