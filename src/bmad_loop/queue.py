@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from huey import RedisHuey, SqliteHuey
-from huey.consumer import Consumer
+from huey.consumer import Consumer, Worker
 
-__all__ = ["QueueConfig", "make_huey", "BackgroundConsumer", "STORIES", "INTEGRATION"]
+__all__ = ["QueueConfig", "make_huey", "BackgroundConsumer", "Doorbell", "STORIES", "INTEGRATION"]
 
 STORIES = "stories"
 INTEGRATION = "integration"
@@ -37,14 +37,69 @@ class QueueConfig:
     extra: dict = field(default_factory=dict)
 
 
+class Doorbell:
+    """Rung on every enqueue made in this process; idle workers of the same queue wait on it.
+
+    huey's SQLite consumers poll with a back-off, so a message enqueued by a sibling thread (a
+    story that became ready waking the lane, the lane filling a worker slot) would wait up to
+    the back-off. With the doorbell they start at once; messages from other processes are still
+    found by the poll, within `POLL_MAX_S`. A generation counter read *before* each dequeue means
+    a ring between an empty dequeue and the wait is never missed.
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self.generation = 0
+
+    def ring(self) -> None:
+        with self._cond:
+            self.generation += 1
+            self._cond.notify_all()
+
+    def wait_past(self, seen: int, timeout: float) -> bool:
+        """Wait until rung after `seen`, or `timeout` seconds; True when rung."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.generation != seen, timeout)
+
+
 def make_huey(config: QueueConfig, queue: str):
-    """A huey instance for one queue. `results=False`: the state lives in the database."""
+    """A huey instance for one queue, with its doorbell. `results=False`: the state lives in
+    the database."""
     name = f"{config.prefix}-{queue}"
     if config.backend == "redis":
-        return RedisHuey(name=name, url=config.url, results=False, utc=True)
-    config.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
-    return SqliteHuey(name=name, filename=str(config.sqlite_path), results=False, utc=True,
-                      timeout=30)
+        huey = RedisHuey(name=name, url=config.url, results=False, utc=True)
+    else:
+        config.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
+        huey = SqliteHuey(name=name, filename=str(config.sqlite_path), results=False, utc=True,
+                          timeout=30)
+    huey.doorbell = Doorbell()
+    return huey
+
+
+class _DoorbellWorker(Worker):
+    """A huey worker that sleeps on its queue's doorbell instead of a blind back-off."""
+
+    def loop(self, now=None):
+        bell = self.huey.doorbell
+        seen = bell.generation
+        try:
+            task = self.huey.dequeue()
+        except Exception:
+            self._logger.exception("Error reading from queue")
+            task = None
+        if task is not None:
+            self.delay = self.default_delay
+            try:
+                self.huey.execute(task, now)
+            except Exception:
+                self._logger.exception("Unhandled error during execution of task %s.", task.id)
+            return
+        if self.huey.storage.blocking or self.stop_flag.is_set():
+            return
+        if bell.wait_past(seen, min(self.delay, self.max_delay)):
+            self.delay = self.default_delay
+        else:
+            self.delay = min(self.delay * self.backoff, self.max_delay)
 
 
 class _ThreadFriendlyConsumer(Consumer):
@@ -54,6 +109,8 @@ class _ThreadFriendlyConsumer(Consumer):
     owns SIGINT/SIGTERM itself (first Ctrl+C = graceful stop, second = now) and stops
     consumers explicitly.
     """
+
+    worker_class = _DoorbellWorker
 
     def _set_signal_handlers(self):
         pass
@@ -88,5 +145,6 @@ class BackgroundConsumer:
     def stop(self, graceful: bool = True) -> None:
         with self._lock:
             if self._started:
+                self.huey.doorbell.ring()  # idle workers notice the stop at once
                 self.consumer.stop(graceful=graceful)
                 self._started = False
