@@ -17,6 +17,23 @@ messages parseable, ``GIT_TERMINAL_PROMPT=0`` keeps git from ever waiting on a t
 ``GIT_OPTIONAL_LOCKS=0`` keeps read-only commands such as ``status`` from taking the index lock of
 a worktree an agent is working in.
 
+Every git process bmad-loop starts runs with ``-c core.hooksPath=/dev/null -c
+core.fsmonitor=false`` (command-line configuration wins over every file): no hook or fsmonitor
+an agent planted in the repository runs inside bmad-loop's own git. `/dev/null` is not a folder
+on Linux or macOS, so git finds no hook there and says nothing. The hooks a project names in
+``[scm] run_hooks`` run from a private folder of pinned wrappers instead (`gitconfig_guard`).
+Filters, merge and diff drivers stay on (Git LFS must keep storing pointers): the defence
+against a planted one is detection, by the fingerprint `gitconfig_guard` takes around every
+agent session.
+
+Git's lock files (``index.lock``, ``HEAD.lock``, ``refs/heads/<b>.lock``, ``packed-refs.lock``,
+``config.lock``, a racing fetch's "cannot lock ref … is at X but expected Y") are recognised in
+what a failing command prints. A lock a dead step of bmad-loop's own left is removed at once
+(`on_stale_lock`); any other is waited for, with a bounded back-off, for up to `lock_wait_s`
+(``[scm] lock_wait_s``), and then the step fails with a `TransientError` naming the file
+(`on_lock_wait` is told once per file). Mutating steps are written down before they start so a
+stale lock can be told apart: see `gitlocks`.
+
 `repo_lock` serialises ref and worktree mutations inside one repository across threads and
 processes (concurrent ``git worktree add`` in one repository fails intermittently otherwise).
 """
@@ -24,20 +41,42 @@ processes (concurrent ``git worktree add`` in one repository fails intermittentl
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import subprocess
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from bmad_loop import gitlocks
 from bmad_loop.board import branch_name_ok  # re-exported: the one check, git's rules in pure Python
-from bmad_loop.errors import GitError
+from bmad_loop.errors import GitError, TransientError
 
 __all__ = ["Identity", "Git", "branch_name_ok", "repo_lock", "clean_env", "LOCK_FILE_NAME"]
 
 LOCK_FILE_NAME = "bmad-loop.lock"
+NO_HOOKS = "/dev/null"  # core.hooksPath that holds no hook, on Linux and macOS alike
+
+log = logging.getLogger(__name__)
+
+# Subcommands that write something a lock guards (`config` only when it sets a value).
+_MUTATING = frozenset({
+    "add", "am", "apply", "branch", "checkout", "checkout-index", "cherry-pick", "clean", "commit",
+    "config", "fetch", "gc", "maintenance", "merge", "mv", "notes", "pack-refs", "prune", "pull",
+    "push", "read-tree", "rebase", "reflog", "remote", "repack", "replace", "reset", "restore",
+    "revert", "rm", "sparse-checkout", "stash", "submodule", "switch", "symbolic-ref", "tag",
+    "update-index", "update-ref", "worktree", "write-tree",
+})
+# Steps that leave half-made state when a lock stops them: not re-run here (their callers
+# clean up and the engine retries the whole step).
+_NO_RETRY = {("worktree", "add"), ("clone",)}
+# "cannot lock ref …: is at X but expected Y" is a lost race worth another try only for these;
+# for an update-ref with an expected old value it is the compare-and-swap's answer.
+_RACE_RETRY = frozenset({"fetch", "pull", "remote"})
+_MAX_BACKOFF_S = 1.0
 
 # Inherited GIT_* variables we keep: they only say how to reach remotes or how to trace.
 _KEEP_GIT_VARS = frozenset(
@@ -82,12 +121,33 @@ class Identity:
 
 
 class Git:
-    """One repository, reached through the git CLI. Stateless apart from a cached common dir."""
+    """One repository, reached through the git CLI. Stateless apart from a cached common dir
+    and the pinned hooks folder.
 
-    def __init__(self, repo_dir: Path, identity: Identity = Identity()) -> None:
+    `lock_wait_s`: how long a step waits for a lock another process holds ([scm] lock_wait_s).
+    `run_hooks`: hook names ([scm] run_hooks) bmad-loop's own git runs, pinned; none otherwise.
+    `on_lock_wait(path, command)` is called once per lock file a step starts waiting for,
+    `on_stale_lock(path, command)` for each lock a dead step of ours left and this one removed;
+    `lock_waits` and `stale_locks_removed` count the same. Callbacks must not raise (what they
+    raise is logged and dropped) and run on the thread of the git step.
+    """
+
+    def __init__(self, repo_dir: Path, identity: Identity = Identity(), *,
+                 lock_wait_s: float = 30.0, run_hooks: tuple[str, ...] = (),
+                 on_lock_wait: Callable[[str, str], None] | None = None,
+                 on_stale_lock: Callable[[str, str], None] | None = None) -> None:
         self.repo_dir = Path(repo_dir)
         self.identity = identity
+        self.lock_wait_s = float(lock_wait_s)
+        self.run_hooks = tuple(run_hooks)
+        self.on_lock_wait = on_lock_wait
+        self.on_stale_lock = on_stale_lock
+        self.lock_waits = 0
+        self.stale_locks_removed: list[str] = []
+        self.clock: Callable[[], float] = time.monotonic
+        self.sleep: Callable[[float], None] = time.sleep
         self._common_dir: Path | None = None
+        self._hooks: str | None = None
 
     def __repr__(self) -> str:
         return f"Git({str(self.repo_dir)!r})"
@@ -107,34 +167,148 @@ class Git:
         """Run ``git *args`` in `cwd` (default: the repository) and capture its output.
 
         Text mode (UTF-8, undecodable bytes kept as surrogates) unless `input` is bytes or
-        `text=False`. With `check`, a non-zero exit raises `GitError` carrying stderr.
+        `text=False`. With `check`, a non-zero exit raises `GitError` carrying stderr. A lock
+        held by another process is waited for (then `TransientError`, whatever `check` says);
+        a stale one of ours is removed and the step run again.
         """
-        argv = ["git", *(os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args)]
+        words = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
+        shown = ["git", *words]
         if text is None:
             text = not isinstance(input, bytes)
         if text and isinstance(input, bytes):
             input = input.decode("utf-8", "surrogateescape")
         if not text and isinstance(input, str):
             input = input.encode("utf-8", "surrogateescape")
+        where = Path(cwd if cwd is not None else self.repo_dir)
+        sub = _subcommand(words)
+        step = gitlocks.begin_step(where, sub, dict(env or {})) if _mutates(sub) else None
+        try:
+            proc = self._run_waiting(shown, words, sub, where, env, input, timeout, text, step)
+        finally:
+            if step is not None:
+                step.end()
+        if check and proc.returncode != 0:
+            raise _error(shown, proc)
+        return proc
+
+    def _run_waiting(self, shown, words, sub, where, env, input, timeout, text, step):
+        argv = ["git", "-c", f"core.hooksPath={self.hooks_path()}", "-c", "core.fsmonitor=false",
+                *words]
+        extra = dict(env or {})
+        if step is not None:
+            extra[gitlocks.STEP_ENV] = step.name
+        command = _show(shown)
+        no_retry = tuple(sub[:2]) in _NO_RETRY or tuple(sub[:1]) in _NO_RETRY
+        deadline, delay, told = None, 0.05, set()
+        while True:
+            proc = self._spawn(argv, shown, where, extra, input, timeout, text, step)
+            if proc.returncode == 0:
+                return proc
+            dirs = gitlocks.git_dirs(where)
+            common = dirs[1] if dirs else None
+            hit = gitlocks.lock_in(proc.stderr, where, common)
+            if hit is None or (hit.race and (not sub or sub[0] not in _RACE_RETRY)):
+                return proc
+            removed = not hit.race and gitlocks.stale_lock(
+                hit.path, common, mine=step, on_stale=lambda path: self._stale(path, command))
+            if no_retry:
+                return proc  # its caller cleans up; the engine runs the whole step again
+            if removed:
+                continue
+            now = self.clock()
+            if deadline is None:
+                deadline = now + self.lock_wait_s
+            if now >= deadline:
+                held = ("moved under it again and again" if hit.race
+                        else "is held by another process")
+                raise TransientError(
+                    f"{hit.path} {held} and stayed so for {self.lock_wait_s:g} s "
+                    f"({command}); bmad-loop cannot attribute it to a step of its own",
+                    where=hit.path)
+            if hit.path not in told:
+                told.add(hit.path)
+                self.lock_waits += 1
+                _call(self.on_lock_wait, hit.path, command)
+            self.sleep(min(delay, max(deadline - now, 0.0)))
+            delay = min(delay * 2, _MAX_BACKOFF_S)
+
+    def _spawn(self, argv, shown, where, extra, input, timeout, text, step):
         kwargs: dict = {"encoding": "utf-8", "errors": "surrogateescape"} if text else {}
         try:
-            proc = subprocess.run(
-                argv,
-                cwd=os.fspath(cwd if cwd is not None else self.repo_dir),
-                env=clean_env(env),
-                input=input,
-                capture_output=True,
-                timeout=timeout,
-                stdin=subprocess.DEVNULL if input is None else None,
-                **kwargs,
-            )
-        except FileNotFoundError as exc:
-            raise GitError(f"cannot run git in {cwd or self.repo_dir}: {exc}") from exc
+            child = subprocess.Popen(
+                argv, cwd=os.fspath(where), env=clean_env(extra),
+                stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise GitError(f"cannot run git in {where}: {exc}") from exc
+        if step is not None:
+            try:
+                step.set_child(child.pid)
+            except OSError:
+                pass
+        try:
+            stdout, stderr = child.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            raise GitError(f"{_show(argv)}: timed out after {timeout} s") from exc
-        if check and proc.returncode != 0:
-            raise _error(argv, proc)
-        return proc
+            child.kill()
+            child.communicate()
+            self._abandon(step, _show(shown))
+            raise GitError(f"{_show(shown)}: timed out after {timeout} s") from exc
+        except BaseException:
+            child.kill()
+            child.wait()
+            self._abandon(step, _show(shown))
+            raise
+        if child.returncode < 0:  # killed by a signal: whatever it locked is left behind
+            self._abandon(step, _show(shown))
+        return subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
+
+    def _abandon(self, step, command: str) -> None:
+        if step is None:
+            return
+        try:
+            step.orphan()
+            gitlocks.sweep(step.path.parent.parent, on_stale=lambda p: self._stale(p, command))
+        except OSError:
+            log.warning("could not clear the locks of a killed git step (%s)", command,
+                        exc_info=True)
+
+    def _stale(self, path: str, command: str) -> None:
+        self.stale_locks_removed.append(path)
+        _call(self.on_stale_lock, path, command)
+
+    def clear_stale_locks(self) -> list[str]:
+        """Remove the lock files git steps of ours that died left in this repository (recovery);
+        `on_stale_lock` is told of each. Returns their paths."""
+        dirs = gitlocks.git_dirs(self.repo_dir)
+        if dirs is None:
+            return []
+        return gitlocks.sweep(dirs[1], on_stale=lambda p: self._stale(p, "recovery"))
+
+    def hooks_path(self) -> str:
+        """The core.hooksPath of bmad-loop's own git: /dev/null, or the pinned `run_hooks`."""
+        if not self.run_hooks:
+            return NO_HOOKS
+        if self._hooks is None:
+            self._hooks = NO_HOOKS  # pinning runs git itself: without hooks
+            from bmad_loop.gitconfig_guard import pin_hooks
+
+            try:
+                self._hooks = str(pin_hooks(self, self.run_hooks))
+            except (GitError, OSError):
+                log.warning("cannot pin the hooks %s in %s: bmad-loop's git runs none",
+                            ", ".join(self.run_hooks), self.repo_dir, exc_info=True)
+        return self._hooks
+
+    def repin_hooks(self) -> str:
+        """Pin `run_hooks` again from the repository's hooks as they are now (call it when a
+        human is in charge: at run start and resume)."""
+        if not self.run_hooks:
+            return NO_HOOKS
+        from bmad_loop.gitconfig_guard import pin_hooks
+
+        self._hooks = NO_HOOKS
+        self._hooks = str(pin_hooks(self, self.run_hooks, refresh=True))
+        return self._hooks
 
     def out(self, *args: object, **kw) -> str:
         """stdout of ``git *args``, stripped (decoded even when the input was bytes)."""
@@ -260,6 +434,31 @@ def repo_lock(git: Git) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _subcommand(words: list[str]) -> list[str]:
+    """The subcommand and what follows it (global options such as ``-c k=v`` skipped)."""
+    i = 0
+    while i < len(words) and words[i].startswith("-"):
+        i += 2 if words[i] in ("-c", "-C") else 1
+    return words[i:]
+
+
+def _mutates(sub: list[str]) -> bool:
+    if not sub or sub[0] not in _MUTATING:
+        return False
+    if sub[0] == "config":
+        return not any(w in ("-l", "--list") or w.startswith("--get") for w in sub[1:])
+    return True
+
+
+def _call(callback, *args) -> None:
+    if callback is None:
+        return
+    try:
+        callback(*args)
+    except Exception:
+        log.warning("a git lock callback failed", exc_info=True)
 
 
 def _show(argv: list[str]) -> str:

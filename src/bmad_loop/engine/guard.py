@@ -10,6 +10,10 @@ ref, before the ref is written; its `pre-push` hook refuses any push to the targ
 the session; the story then escalates. Every other hook in the folder hands over to the
 repository's own hook of that name, so the project's pre-commit and friends still run.
 
+The repository's own hooks are where the project's configuration puts them (`core.hooksPath`,
+else the common `hooks` folder), found without bmad-loop's own `-c core.hooksPath=/dev/null`.
+bmad-loop's own git never runs this folder (see gitcmd); it is only for the agents' processes.
+
 Limits (documented): an agent that edits `.git` files directly, or clears its environment
 before calling git, is outside what a hook can see.
 """
@@ -20,6 +24,8 @@ import os
 import stat
 import threading
 from pathlib import Path
+
+from ..gitconfig_guard import project_hooks_dir
 
 __all__ = ["guard_env", "read_guard_log", "install_hooks"]
 
@@ -107,10 +113,7 @@ def install_hooks(folder: Path) -> Path:
 def guard_env(git, worktree: Path, target_branch: str, hooks_dir: Path, guard_log: Path) -> dict:
     """Environment that arms the guard for every git process started with it."""
     install_hooks(hooks_dir)
-    original = git.out("rev-parse", "--git-path", "hooks", cwd=worktree)
-    original_path = Path(original)
-    if not original_path.is_absolute():
-        original_path = (worktree / original_path).resolve()
+    original_path = project_hooks_dir(git, worktree)
     guard_log.parent.mkdir(parents=True, exist_ok=True)
     return {
         "GIT_CONFIG_COUNT": "1",

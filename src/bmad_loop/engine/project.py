@@ -107,7 +107,7 @@ class Project:
 
     def git(self, policy: Policy | None = None) -> Git:
         scm = (policy or self.policy).scm
-        return Git(self.root, Identity(scm.author_name, scm.author_email))
+        return Git(self.root, Identity(scm.author_name, scm.author_email), lock_wait_s=scm.lock_wait_s, run_hooks=scm.run_hooks)
 
     @property
     def lane_lease_name(self) -> str:

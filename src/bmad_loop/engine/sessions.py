@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..adapter import AgentCall, agent_env, render_argv, review_approved, run_agent, session_output
 from ..db.models import Attempt, Run, Story, utcnow
+from ..gitconfig_guard import ConfigWatch
 from ..prompts import PHASE_INSTRUCTIONS, build_prompt, write_prompt
 from ..profiles import resolve_command
 from ..tmux_session import session_name, tmux_available
@@ -45,6 +46,7 @@ class SessionResult:
     duration_s: float
     head_sha: str | None
     guard_refusals: list[str]
+    config_changes: list[str] = field(default_factory=list)  # git configuration the session changed
 
     def attempt_values(self) -> dict:
         return {"state": self.state, "exit_code": self.exit_code, "ended_at": utcnow(),
@@ -110,6 +112,9 @@ def run_session(ctx, claim, phase: str, number: int) -> SessionResult:
         session = session_name(ctx.run_id, ctx.key, phase, number)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "bmad_loop.tmux_session", session, str(log_path), "--", *argv]
+    # Git configuration, hooks and drivers before the agent runs; compared before any other git.
+    watch = ConfigWatch(ctx.git, worktree, ctx.scratch.parent / f"{ctx.key}.git-config.json")
+    watch.begin()
     with ctx.db.transaction() as s:
         claim.own(s)  # fenced workers start no session
         att = Attempt(run_id=ctx.run_id, story_id=ctx.story_id, phase=phase, number=number,
@@ -133,6 +138,7 @@ def run_session(ctx, claim, phase: str, number: int) -> SessionResult:
         result = run_agent(argv, cwd=worktree, env=env, log_path=log_path, timeout_s=timeout,
                            stop_event=claim.stop_event, on_start=started)
     crash_point("worker.after_agent")
+    config_changes = watch.end()
     state = (AttemptState.INTERRUPTED if result.interrupted else AttemptState.TIMED_OUT if result.timed_out
              else AttemptState.SUCCEEDED if result.exit_code == 0 else AttemptState.FAILED)
     summary = {AttemptState.INTERRUPTED: "interrupted by stop",
@@ -145,9 +151,10 @@ def run_session(ctx, claim, phase: str, number: int) -> SessionResult:
         ok = review_approved(result, output, verdict=verdict_mode(policy, ctx.profile))
         if not ok and state == AttemptState.SUCCEEDED:
             summary = "review requested changes"
-    head = ctx.git.rev("HEAD", cwd=worktree)
+    head = None if config_changes else ctx.git.rev("HEAD", cwd=worktree)
     return SessionResult(attempt_id, phase, number, state, ok, summary, output, result.exit_code,
-                         result.duration_s, head, read_guard_log(guard_log, guard_offset))
+                         result.duration_s, head, read_guard_log(guard_log, guard_offset),
+                         config_changes)
 
 
 class Heartbeat:

@@ -20,6 +20,7 @@ from sqlalchemy import select
 from ..compose import changed_paths, commit_message
 from ..db.models import Attempt, Run, Story, utcnow
 from ..errors import GitError, StopRequested
+from ..gitconfig_guard import CONFIG_CHANGED_PREFIX, changed_files
 from ..states import AttemptState, Phase, RunState, StoryState
 from . import leases
 from .childenv import child_env, sandbox_vars
@@ -32,7 +33,7 @@ from .outcome import Escalate, Outcome
 from .retry import FaultPersisted, pause_for_fault, retrying
 from .runs import run_policy
 from .sessions import Heartbeat, run_session
-from .transitions import transition_story
+from .transitions import transition_run, transition_story
 from .verify import run_verify
 from .workspace import matches_any
 
@@ -335,7 +336,9 @@ class StoryWorker:
     def _apply(self, outcome: Outcome) -> str | None:
         """Write what a phase decided, in one transaction. Returns the escalation reason."""
         ctx = self.ctx
-        head = self._escalation_head() if outcome.escalate else None
+        config_changed = outcome.evidence.get("git_config_changed")
+        # No git at all for a story whose session changed git's configuration: leave it as is.
+        head = self._escalation_head() if outcome.escalate and not config_changed else None
         with ctx.db.transaction() as s:
             row = self.claim.own(s)  # taken back (recovered as orphaned)? then nothing is written
             if outcome.session is not None:
@@ -360,6 +363,10 @@ class StoryWorker:
                 row.head_sha = head or row.head_sha
                 record(s, ctx.run_id, "story.escalated", self.key, reason=outcome.escalate,
                        phase=row.phase, head_sha=row.head_sha, **outcome.evidence)
+                if config_changed and transition_run(s, ctx.run_id, RunState.RUNNING,
+                                                     state=RunState.PAUSING, reason=outcome.escalate):
+                    record(s, ctx.run_id, "run.pausing", self.key, reason=outcome.escalate,
+                           pause="git-config")
                 return outcome.escalate
             if outcome.ready:
                 row.state, row.phase, row.ready_at, row.heartbeat_at = (
@@ -378,6 +385,17 @@ class StoryWorker:
     def _session(self, phase: Phase, number: int):
         ctx = self.ctx
         result = run_session(ctx, self.claim, phase, number)
+        if result.config_changes:
+            # Checked first, even for an interrupted session: planted code must not run in
+            # bmad-loop's own git, so the story stops before any, and the run pauses for a human.
+            files = changed_files(result.config_changes)
+            with ctx.db.transaction() as s:
+                self.claim.own(s)
+                record(s, ctx.run_id, "git.config_changed", self.key, phase=phase,
+                       files=files, changes=result.config_changes[:50])
+            raise Escalate(f"{CONFIG_CHANGED_PREFIX} during the {phase} session of {self.key}: "
+                           f"{', '.join(files[:5])}; check it, then `bmad-loop resume`",
+                           result=result, git_config_changed=result.config_changes[:50])
         if result.state == AttemptState.INTERRUPTED:
             with ctx.db.transaction() as s:
                 self.claim.own(s)

@@ -65,6 +65,8 @@ class ScmPolicy:
     lock_wait_s: int = setting(30, checks=(at_least(0),))
     # The target moved by anyone but the lane: pause for a human, or accept and recompose on it.
     on_foreign_move: str = setting("pause", checks=(one_of("pause", "accept"),))
+    # Hooks bmad-loop's own git runs (pinned, from the project's hooks folder); none by default.
+    run_hooks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
