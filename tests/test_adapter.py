@@ -18,6 +18,7 @@ import pytest
 
 from bmad_loop.adapter import (
     PLACEHOLDERS,
+    OWNER_VAR,
     SESSION_TOKEN_VAR,
     AgentCall,
     AgentResult,
@@ -122,7 +123,7 @@ def test_the_agent_gets_the_contract_environment_and_runs_in_its_worktree(tmp_pa
     assert result.exit_code == 0
     seen = json.loads(dump.read_text())
     assert Path(seen["cwd"]).resolve() == worktree.resolve()
-    assert {k: v for k, v in seen["env"].items() if k.startswith("BMAD_LOOP_") and k != SESSION_TOKEN_VAR} == {
+    assert {k: v for k, v in seen["env"].items() if k.startswith("BMAD_LOOP_") and k not in (SESSION_TOKEN_VAR, OWNER_VAR)} == {
         "BMAD_LOOP_RUN_ID": call.run_id,
         "BMAD_LOOP_STORY_KEY": "1-2-login",
         "BMAD_LOOP_PHASE": "dev",

@@ -11,6 +11,11 @@ the agent's descendants, the members of its group and session, and any process w
 carries the session's private `BMAD_LOOP_SESSION_TOKEN` (so a daemon that double-forked away from
 the tree is found too). The agent is not reaped before the last signal, and a process whose pid
 was recycled is never hit. Process-tree work lives in `proctree` (psutil, no /proc).
+
+Every process started here also carries `BMAD_LOOP_OWNER` = `host:pid:start` of the bmad-loop
+process that started it, so orphan recovery can tell a leftover of a dead bmad-loop from the
+live work of another one (`recovery.py`). Output never passes through bmad-loop's memory: the
+child writes straight into the log file, and `session_output` reads back a bounded tail.
 """
 
 from __future__ import annotations
@@ -31,12 +36,15 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from . import proctree
 from .errors import ConfigError
+from .hostid import host_name
 from .states import AGENT_PHASES
 
 __all__ = [
     "PLACEHOLDERS",
     "PHASES",
     "SESSION_TOKEN_VAR",
+    "OWNER_VAR",
+    "OUTPUT_TAIL_BYTES",
     "VERDICT_PREFIX",
     "AgentCall",
     "AgentResult",
@@ -45,6 +53,9 @@ __all__ = [
     "check_binary",
     "run_agent",
     "session_output",
+    "owner_marker",
+    "parse_owner",
+    "read_tail",
     "read_verdict",
     "review_approved",
 ]
@@ -53,6 +64,10 @@ PLACEHOLDERS = ("phase", "story_key", "story_file", "prompt_file", "worktree", "
 PHASES = AGENT_PHASES  # the phases an agent runs: dev, review, fix
 
 SESSION_TOKEN_VAR = "BMAD_LOOP_SESSION_TOKEN"  # private marker used to find escaped descendants
+OWNER_VAR = "BMAD_LOOP_OWNER"  # host:pid:start of the bmad-loop process that started the session
+# What `session_output` reads back at most: enough for a review's notes and its verdict line,
+# small whatever the agent printed (its whole output is in the log file).
+OUTPUT_TAIL_BYTES = 256 * 1024
 VERDICT_PREFIX = "BMAD-LOOP-VERDICT:"  # see read_verdict
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -196,6 +211,7 @@ def run_agent(
     poll_s: float = 0.2,
     kill_grace_s: float = 3.0,
     label: str | None = None,
+    thaw_after_s: float | None = None,
 ) -> AgentResult:
     """Run one agent session to its end and return how it ended.
 
@@ -204,6 +220,8 @@ def run_agent(
     is killed, whole tree, when `timeout_s` passes (`timed_out`) or `stop_event` is set
     (`interrupted`); whatever it left running when it exits by itself is ended too. Any exception
     while waiting (including `StopRequested` or Ctrl+C) kills the tree before it propagates.
+    With `thaw_after_s`, a `proctree.Thawer` continues bmad-loop when the session stopped it
+    (SIGSTOP) for that long, so a stopped bmad-loop never outlasts its lease by much.
     """
     if not argv:
         raise ConfigError("[adapter] command: the agent command is empty")
@@ -212,6 +230,7 @@ def run_agent(
     token = secrets.token_hex(16)
     child_env = {str(k): str(v) for k, v in env.items()}
     child_env[SESSION_TOKEN_VAR] = token
+    child_env[OWNER_VAR] = owner_marker()
     label = label or _label_from_env(child_env)
 
     with open(log_path, "ab", buffering=0) as log:
@@ -231,6 +250,7 @@ def run_agent(
 
         timed_out = interrupted = False
         waiter = proctree.ExitWaiter(proc)
+        thawer = proctree.Thawer(thaw_after_s, log_path) if thaw_after_s else None
         try:
             if on_start is not None:
                 on_start(proc.pid)
@@ -248,9 +268,13 @@ def run_agent(
         except BaseException:
             _end_session(proc, token, kill_grace_s)
             waiter.close()
+            if thawer is not None:
+                thawer.close()
             log.write(f"=== bmad-loop {label} killed: bmad-loop itself was interrupted ===\n".encode())
             raise
         waiter.close()
+        if thawer is not None:
+            thawer.close()
 
         _end_session(proc, token, kill_grace_s)
         duration = time.monotonic() - started
@@ -271,12 +295,25 @@ def run_agent(
     )
 
 
-def session_output(log_path: Path, result: AgentResult, *, max_chars: int | None = None) -> str:
-    """The text one session wrote to its log (e.g. a review's notes), optionally only its tail."""
+def session_output(log_path: Path, result: AgentResult, *, max_chars: int | None = None,
+                   max_bytes: int = OUTPUT_TAIL_BYTES) -> str:
+    """The text one session wrote to its log (e.g. a review's notes): its last `max_bytes` at
+    most (memory stays bounded whatever the agent printed), optionally only `max_chars`."""
+    return read_tail(log_path, result.log_start, result.log_end, max_bytes=max_bytes,
+                     max_chars=max_chars)
+
+
+def read_tail(path: Path, start: int = 0, end: int | None = None, *,
+              max_bytes: int = OUTPUT_TAIL_BYTES, max_chars: int | None = None) -> str:
+    """Bytes `start`..`end` (default: to the end) of `path`, of which only the last `max_bytes`
+    are read, decoded as UTF-8 (a character cut at the edge is replaced)."""
     try:
-        with open(log_path, "rb") as handle:
-            handle.seek(result.log_start)
-            data = handle.read(max(0, result.log_end - result.log_start))
+        with open(path, "rb") as handle:
+            if end is None:
+                end = handle.seek(0, os.SEEK_END)
+            begin = max(start, end - max_bytes)
+            handle.seek(begin)
+            data = handle.read(max(0, end - begin))
     except OSError:
         return ""
     text = data.decode("utf-8", "replace")
@@ -329,6 +366,28 @@ def _end_session(proc: subprocess.Popen, token: str, grace_s: float) -> None:
     tree = proc.returncode is None  # False only when the agent had to be reaped to see it exit
     proctree.end_tree(proc.pid, marker=(SESSION_TOKEN_VAR, token), grace_s=grace_s, tree=tree)
     proc.wait()
+
+
+# --------------------------------------------------------------------------- the owner marker
+
+_STARTED: dict[int, float] = {}
+
+
+def owner_marker() -> str:
+    """`host:pid:start` of this process (its start time tells it from a later one with its pid)."""
+    pid = os.getpid()
+    if pid not in _STARTED:
+        _STARTED[pid] = proctree.started_at(pid)
+    return f"{host_name()}:{pid}:{_STARTED[pid]:.2f}"
+
+
+def parse_owner(value: str | None) -> tuple[str, int, float] | None:
+    """(host, pid, start) from an `owner_marker` value, or None when it is not one."""
+    try:
+        host, pid, start = (value or "").rsplit(":", 2)
+        return host, int(pid), float(start)
+    except ValueError:
+        return None
 
 
 # --------------------------------------------------------------------------- small helpers

@@ -14,6 +14,16 @@ was recycled counts as gone and is never signalled.
 `end_tree` signals SIGTERM, waits a grace, looks again, then SIGKILLs. It polls liveness itself
 rather than using `psutil.wait_procs`, which reaps a child of ours (the agent must stay unreaped
 until the last signal, so its pid and group id cannot be recycled) and counts a zombie as alive.
+
+`kill_marked` is for what a dead (or fenced) bmad-loop left behind: every process whose
+environment passes a test (e.g. "names this run and story"), with its whole session, SIGKILLed
+at once and waited for. `started_at`/`is_running` identify a process by pid *and* start time, so
+an owner recorded as `pid:start` is never confused with a later process that got its pid.
+
+`Thawer` guards against a step that stops bmad-loop itself (`kill -STOP $PPID`): a small
+helper process, in a session of its own, that sends SIGCONT to this process once it has stayed
+stopped (SIGSTOP, SIGTSTP; not a debugger's tracing stop) for `after_s`, and notes it in the
+step's log. It ends when the step ends (its stdin closes) or this process dies.
 """
 
 from __future__ import annotations
@@ -22,18 +32,23 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import psutil
 
 __all__ = [
     "ExitWaiter",
+    "Thawer",
     "alive",
     "end_tree",
     "environ_of",
+    "is_running",
+    "kill_marked",
     "session_processes",
     "signal_group",
+    "started_at",
 ]
 
 _POLL_S = 0.02
@@ -116,6 +131,56 @@ def end_tree(root: int, *, marker: tuple[str, str] | None = None, grace_s: float
     _signal_all(group, targets, signal.SIGKILL)
 
 
+def started_at(pid: int | None = None) -> float:
+    """The start time of process `pid` (default: this one), as psutil reports it; 0.0 if gone."""
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return 0.0
+
+
+def is_running(pid: int, start: float | None = None) -> bool:
+    """Is `pid` alive (not a zombie) and, when `start` is given, the process that started then?"""
+    try:
+        process = psutil.Process(pid)
+        if start is not None and abs(process.create_time() - start) > 0.01:
+            return False  # the pid was recycled
+        return process.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, OSError):
+        return False
+
+
+def kill_marked(matches: Callable[[Mapping[str, str]], bool], *, token_var: str | None = None,
+                wait_s: float = 3.0) -> list[int]:
+    """SIGKILL every process whose environment passes `matches`, with its session; the pids.
+
+    For each match the kill also takes its descendants, the members of its process group and
+    session when it leads them (an agent or a verify command does), and every process carrying
+    the same `token_var` value (a double-forked daemon). Waits up to `wait_s` for them
+    to be gone (a zombie counts as gone), so a step retried after this never meets them.
+    This process and pid 1 are never touched.
+    """
+    targets: dict[int, psutil.Process] = {}
+    for pid in psutil.pids():
+        if pid in targets or pid in (os.getpid(), 1):
+            continue
+        env = environ_of(pid)
+        if env is None or not matches(env):
+            continue
+        token = env.get(token_var) if token_var else None
+        targets.update(session_processes(pid, (token_var, token) if token else None, tree=True))
+    if not targets:
+        return []
+    for pid, process in targets.items():
+        if _leads_group(pid):
+            signal_group(pid, signal.SIGKILL)
+    _signal_all(None, targets, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while _any_alive(targets) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+    return sorted(targets)
+
+
 class ExitWaiter:
     """Waits for a child to exit without reaping it, so its pid (and group id) stay reserved
     until its tree is cleaned up. Uses a pidfd where there is one (Linux 5.3+); elsewhere polls
@@ -163,6 +228,13 @@ class ExitWaiter:
         return self._proc.poll() is not None
 
 
+def _leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except OSError:
+        return False
+
+
 def _in_group_or_session(pid: int, root: int) -> bool:
     try:
         return os.getpgid(pid) == root or os.getsid(pid) == root
@@ -190,3 +262,67 @@ def _signal_all(pgid: int | None, targets: Mapping[int, psutil.Process], sig: in
                 process.send_signal(sig)  # psutil refuses a pid that was recycled
             except (psutil.Error, OSError):
                 pass
+
+
+class Thawer:
+    """While it is open, a helper process continues this process when it stays stopped."""
+
+    def __init__(self, after_s: float, note: os.PathLike | str | None = None) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BMAD_LOOP_")}
+        pid = os.getpid()
+        argv = [sys.executable, "-m", "bmad_loop.proctree", "thaw", str(pid), repr(started_at(pid)),
+                str(after_s), str(note or "")]
+        try:
+            self._proc: subprocess.Popen | None = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, close_fds=True, env=env)
+        except OSError:
+            self._proc = None  # best effort: the step runs unguarded
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()  # end of the step: the helper exits at once
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+    def __enter__(self) -> "Thawer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _thaw(pid: int, start: float, after_s: float, note: str) -> None:
+    """The helper's loop: SIGCONT to `pid` whenever it has been stopped for `after_s`."""
+    stopped_since = None
+    while True:
+        readable, _, _ = select.select([0], [], [], 0.1)
+        if readable and not os.read(0, 64):
+            return  # the step ended, or the process that started us died
+        if not is_running(pid, start):
+            return
+        try:
+            stopped = psutil.Process(pid).status() == psutil.STATUS_STOPPED
+        except (psutil.Error, OSError):
+            return
+        if not stopped:
+            stopped_since = None
+            continue
+        stopped_since = stopped_since or time.monotonic()
+        held = time.monotonic() - stopped_since
+        if held >= after_s:
+            os.kill(pid, signal.SIGCONT)
+            stopped_since = None
+            if note:
+                with open(note, "ab") as handle:
+                    handle.write(f"\n=== bmad-loop (pid {pid}) was stopped for {held:.1f}s while "
+                                 "this step ran: continued (SIGCONT) ===\n".encode())
+
+
+if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "thaw":
+    _thaw(int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5])

@@ -4,18 +4,32 @@ Set `BMAD_LOOP_CRASH_AT=<point>[,<point>…]` in a consumer's environment; with
 `BMAD_LOOP_CRASH_ONCE=<file>` the crash happens only while that file does not exist (it is
 created just before the kill), so a restarted consumer with the same environment carries on.
 The crash matrix tests and `bench/chaos.py` use this; it costs one dict lookup when unset.
+
+Named delay points hold a step instead of killing it, for tests of slow steps: with
+`BMAD_LOOP_DELAY_AT=<point>[,<point>…]` and `BMAD_LOOP_DELAY_DIR=<dir>`, the step writes
+`<dir>/<point>.reached` (its pid) and blocks until `<dir>/<point>.go` exists — a file barrier
+the test controls, never a timed sleep. Also one dict lookup when unset.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
-__all__ = ["crash_point", "CRASH_POINTS", "CRASH_ENV", "ONCE_ENV"]
+__all__ = ["crash_point", "CRASH_POINTS", "CRASH_ENV", "ONCE_ENV", "delay_point", "DELAY_POINTS",
+           "DELAY_ENV", "DELAY_DIR_ENV"]
 
 CRASH_ENV = "BMAD_LOOP_CRASH_AT"
 ONCE_ENV = "BMAD_LOOP_CRASH_ONCE"
+DELAY_ENV = "BMAD_LOOP_DELAY_AT"
+DELAY_DIR_ENV = "BMAD_LOOP_DELAY_DIR"
+
+DELAY_POINTS = (
+    "worker.in_prepare",       # the worktree is made, the row does not name it yet
+    "worker.in_commit",        # the story's commit is made, its footprint not yet checked
+)
 
 CRASH_POINTS = (
     "worker.after_worktree",   # worktree and branch exist, nothing else done
@@ -41,3 +55,14 @@ def crash_point(name: str) -> None:
             return
         path.write_text(name)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def delay_point(name: str) -> None:
+    wanted = os.environ.get(DELAY_ENV)
+    if not wanted or name not in wanted.split(","):
+        return
+    folder = Path(os.environ.get(DELAY_DIR_ENV) or ".")
+    (folder / f"{name}.reached").write_text(str(os.getpid()))
+    go = folder / f"{name}.go"
+    while not go.exists():
+        time.sleep(0.02)

@@ -1,28 +1,54 @@
-"""Finding orphaned story work and handing it back to the queue.
+"""Finding orphaned story work and handing it back to the queue — a bounded number of times.
 
 A `working` story is orphaned when its worker can no longer finish it: its lease expired
 (no heartbeat for `[leases] ttl_s`), or its owner was a process on this host that is gone
 (kill -9, OOM). Recovery marks the attempts that were running as `interrupted` (they do not
-count against the dev-attempt budget), ends any agent process the dead worker left behind on
+count against the dev-attempt budget), ends every process the worker's steps left behind on
 this host, puts the story back to `queued` and sends it again. The normal claim takes it from
 there; recovery never runs work itself.
+
+Leftovers. Every agent session and verify command carries `BMAD_LOOP_RUN_ID`,
+`BMAD_LOOP_STORY_KEY`, a session token and `BMAD_LOOP_OWNER` (the bmad-loop process that
+started it, see `adapter.py`). Recovering a story SIGKILLs every process on this host that names
+the run and the story and was started by a bmad-loop process of this host, with its process
+group, session and token carriers, and waits for them to be gone: an agent (also one that left
+its group) or a verify command and its grandchildren never outlive their step into the retry.
+Each call also sweeps (at most every `SWEEP_EVERY_S`) the run's processes whose owner on this
+host is dead, whatever step started them.
+
+Poison. A story whose worker keeps dying or stalling (an agent that kills, stops or starves
+bmad-loop) would be recovered forever. Recoveries are counted per story — the `story.recovered`
+events since its budget was last reset (`story.retry`, `story.human_fix` on resume) — and the
+recovery that would exceed `[limits] max_recoveries` escalates the story instead, with a
+reason saying so.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import signal
+import threading
+import time
+from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from .. import proctree
-from ..db.models import Attempt, Lease, Story, utcnow
+from ..adapter import OWNER_VAR, SESSION_TOKEN_VAR, parse_owner
+from ..db.models import Attempt, Event, Lease, Run, Story, utcnow
 from ..hostid import host_name
 from ..states import AttemptState, StoryState
 from . import leases
 from .journal import record
+from .runs import run_policy
 
-__all__ = ["find_orphans", "recover_orphans"]
+__all__ = ["find_orphans", "recover_orphans", "recoveries_so_far", "end_story_processes",
+           "sweep_dead_owners", "SWEEP_EVERY_S"]
+
+SWEEP_EVERY_S = 30.0
+RESET_KINDS = ("story.retry", "story.human_fix")  # a fresh budget, recoveries included
+
+_swept: dict[str, float] = {}
+_swept_lock = threading.Lock()
 
 
 def find_orphans(session, run_id: str, ttl_s: float, now: dt.datetime | None = None) -> list[Story]:
@@ -42,30 +68,122 @@ def find_orphans(session, run_id: str, ttl_s: float, now: dt.datetime | None = N
 
 
 def recover_orphans(db, tasks, run_id: str, ttl_s: float, now: dt.datetime | None = None) -> list[str]:
+    """Re-queue (or, past `max_recoveries`, escalate) the run's orphaned stories; their keys."""
     recovered: list[int] = []
     keys = []
     with db.transaction() as s:
-        for story in find_orphans(s, run_id, ttl_s, now):
+        orphans = find_orphans(s, run_id, ttl_s, now)
+        limit = _max_recoveries(s, run_id) if orphans else 0
+        for story in orphans:
             running = list(s.scalars(select(Attempt).where(Attempt.story_id == story.id,
                                                            Attempt.state == AttemptState.RUNNING)))
             for attempt in running:
                 _end_leftover_agent(attempt, run_id, story.key)
                 attempt.state, attempt.counted, attempt.ended_at = AttemptState.INTERRUPTED, False, utcnow()
+            killed = end_story_processes(run_id, story.key)
             lease = s.get(Lease, leases.story_lease_name(story.id))
             if lease is not None:
                 s.delete(lease)
+            so_far = recoveries_so_far(s, run_id, story.key)
+            interrupted = [a.id for a in running]
+            if so_far >= limit:
+                _escalate(s, run_id, story, so_far, limit, interrupted, killed)
+                keys.append(story.key)
+                continue
             story.state, story.heartbeat_at = StoryState.QUEUED, None
             record(s, run_id, "story.recovered", story.key, phase=story.phase,
-                   interrupted_attempts=[a.id for a in running])
+                   interrupted_attempts=interrupted, recovery=so_far + 1, max_recoveries=limit,
+                   **({"killed": killed} if killed else {}))
             recovered.append(story.id)
             keys.append(story.key)
+    _sweep_now_and_then(run_id)  # before any story is sent again
     for story_id in recovered:
         tasks.enqueue_story(run_id, story_id)
     return keys
 
 
+def recoveries_so_far(session, run_id: str, key: str) -> int:
+    """`story.recovered` events of this story since its budget was last reset by resume."""
+    reset = session.scalar(select(func.max(Event.seq)).where(
+        Event.run_id == run_id, Event.story == key, Event.kind.in_(RESET_KINDS))) or 0
+    return session.scalar(select(func.count()).select_from(Event).where(
+        Event.run_id == run_id, Event.story == key, Event.kind == "story.recovered",
+        Event.seq > reset)) or 0
+
+
+def end_story_processes(run_id: str, key: str) -> list[int]:
+    """SIGKILL what this host's bmad-loop processes started for this story (agents, verify
+    commands, their trees) and wait for it to be gone; the pids."""
+    here = host_name()
+
+    def ours(env) -> bool:
+        owner = parse_owner(env.get(OWNER_VAR))
+        return (env.get("BMAD_LOOP_RUN_ID") == run_id and env.get("BMAD_LOOP_STORY_KEY") == key
+                and owner is not None and owner[0] == here)
+
+    return proctree.kill_marked(ours, token_var=SESSION_TOKEN_VAR)
+
+
+def sweep_dead_owners(run_id: str) -> list[int]:
+    """SIGKILL the run's processes whose bmad-loop owner on this host is dead (e.g. the
+    candidate verify of a lane killed mid-way); the pids."""
+    here = host_name()
+    verdicts: dict[str, bool] = {}
+
+    def orphaned(env) -> bool:
+        if env.get("BMAD_LOOP_RUN_ID") != run_id or OWNER_VAR not in env:
+            return False
+        value = env[OWNER_VAR]
+        if value not in verdicts:
+            owner = parse_owner(value)
+            verdicts[value] = (owner is not None and owner[0] == here
+                               and not proctree.is_running(owner[1], owner[2]))
+        return verdicts[value]
+
+    return proctree.kill_marked(orphaned, token_var=SESSION_TOKEN_VAR)
+
+
+def _sweep_now_and_then(run_id: str) -> None:
+    now = time.monotonic()
+    with _swept_lock:
+        if now - _swept.get(run_id, -SWEEP_EVERY_S) < SWEEP_EVERY_S:
+            return
+        _swept[run_id] = now
+    sweep_dead_owners(run_id)
+
+
+def _max_recoveries(session, run_id: str) -> int:
+    return run_policy(session.get(Run, run_id)).limits.max_recoveries
+
+
+def _escalate(session, run_id: str, story: Story, so_far: int, limit: int,
+              interrupted: list[int], killed: list[int]) -> None:
+    reason = (f"recovered {so_far} time(s) already ([limits] max_recoveries = {limit}): its worker "
+              "keeps dying or stalling while it runs (an agent that kills, stops or starves "
+              "bmad-loop?); escalated instead of recovered again")
+    head = _worktree_head(story.worktree)
+    story.state, story.reason, story.ended_at, story.heartbeat_at = (
+        StoryState.ESCALATED, reason, utcnow(), None)
+    story.head_sha = head or story.head_sha
+    record(session, run_id, "story.escalated", story.key, reason=reason, phase=story.phase,
+           head_sha=story.head_sha, interrupted_attempts=interrupted,
+           recoveries=so_far, max_recoveries=limit, **({"killed": killed} if killed else {}))
+
+
+def _worktree_head(worktree: str | None) -> str | None:
+    """The story's HEAD, so `resume` can tell a human's fix from the agent's last state."""
+    if not worktree or not Path(worktree).is_dir():
+        return None
+    from ..gitcmd import Git
+
+    try:
+        return Git(Path(worktree)).rev("HEAD", cwd=Path(worktree))
+    except Exception:  # a half-made worktree: the row keeps what it had
+        return None
+
+
 def _end_leftover_agent(attempt: Attempt, run_id: str, key: str) -> None:
-    """The dead worker's agent may still run (it has its own process group): end it."""
+    """The dead worker's agent may still run (it has its own process group): end the group."""
     if not attempt.pid or attempt.host != host_name():
         return
     environ = proctree.environ_of(attempt.pid)
@@ -73,4 +191,4 @@ def _end_leftover_agent(attempt: Attempt, run_id: str, key: str) -> None:
         return
     if environ.get("BMAD_LOOP_RUN_ID") != run_id or environ.get("BMAD_LOOP_STORY_KEY") != key:
         return  # the pid was reused by something else
-    proctree.signal_group(attempt.pid, signal.SIGKILL)
+    proctree.signal_group(attempt.pid, 9)

@@ -136,7 +136,8 @@ def run_session(ctx, claim, phase: str, number: int) -> SessionResult:
 
     with Heartbeat(ctx, claim, attempt_id):
         result = run_agent(argv, cwd=worktree, env=env, log_path=log_path, timeout_s=timeout,
-                           stop_event=claim.stop_event, on_start=started)
+                           stop_event=claim.stop_event, on_start=started,
+                           thaw_after_s=policy.leases.ttl_s)  # an agent that SIGSTOPs us
     crash_point("worker.after_agent")
     config_changes = watch.end()
     state = (AttemptState.INTERRUPTED if result.interrupted else AttemptState.TIMED_OUT if result.timed_out

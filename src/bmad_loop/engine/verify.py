@@ -1,4 +1,13 @@
-"""Run `[verify].commands` in a folder: each a shell command, in order, stopping at the first failure."""
+"""Run `[verify].commands` in a folder: each a shell command, in order, stopping at the first failure.
+
+Each command runs like an agent session (`adapter.run_agent`): in its own session and process
+group, its output straight into the log file, its whole process tree ended on timeout, on
+`stop_event` (`stop --now`) and when it exits, and tagged with the session token and
+`BMAD_LOOP_OWNER`. With `run_id` and `story_key` it also carries `BMAD_LOOP_RUN_ID` and
+`BMAD_LOOP_STORY_KEY`, so orphan recovery finds what a dead worker's verify left running and
+kills it before the story is retried; with `thaw_after_s` a command that stops bmad-loop is
+undone after that long (`proctree.Thawer`). Only a bounded tail of the output is read back.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..adapter import run_agent
+from ..adapter import read_tail, run_agent
 
-__all__ = ["VerifyResult", "run_verify", "OUTPUT_TAIL_CHARS"]
+__all__ = ["VerifyResult", "run_verify", "verify_tags", "OUTPUT_TAIL_CHARS"]
 
 OUTPUT_TAIL_CHARS = 20_000  # what is handed to the next prompt and kept in evidence
 
@@ -28,6 +37,18 @@ class VerifyResult:
     interrupted: bool = False
 
 
+def verify_tags(run_id: str | None, story_key: str | None) -> dict[str, str]:
+    """The variables that tie a verify process to its run and story (for orphan recovery)."""
+    if not (run_id or story_key):
+        return {}
+    tags = {"BMAD_LOOP_PHASE": "verify"}
+    if run_id:
+        tags["BMAD_LOOP_RUN_ID"] = run_id
+    if story_key:
+        tags["BMAD_LOOP_STORY_KEY"] = story_key
+    return tags
+
+
 def run_verify(
     commands: Sequence[str],
     *,
@@ -36,30 +57,28 @@ def run_verify(
     timeout_s: float,
     env: Mapping[str, str] | None = None,
     stop_event: threading.Event | None = None,
+    run_id: str | None = None,
+    story_key: str | None = None,
+    thaw_after_s: float | None = None,
 ) -> VerifyResult:
     started = time.monotonic()
     if not commands:
         return VerifyResult(True, None, 0, False, "", 0.0, None)
     base_env = dict(os.environ if env is None else env)
+    base_env.update(verify_tags(run_id, story_key))
     for command in commands:
         offset = log_path.stat().st_size if log_path.exists() else 0
         result = run_agent(["/bin/sh", "-c", command], cwd=cwd, env=base_env, log_path=log_path,
-                           timeout_s=timeout_s, stop_event=stop_event)
+                           timeout_s=timeout_s, stop_event=stop_event,
+                           label=f"verify{' story ' + story_key if story_key else ''}",
+                           thaw_after_s=thaw_after_s)
         if result.exit_code != 0 or result.timed_out or result.interrupted:
             return VerifyResult(
                 ok=False, failed_command=command, exit_code=result.exit_code,
-                timed_out=result.timed_out, output=_tail(log_path, offset),
+                timed_out=result.timed_out,
+                output=read_tail(log_path, offset, max_bytes=4 * OUTPUT_TAIL_CHARS,
+                                 max_chars=OUTPUT_TAIL_CHARS),
                 duration_s=time.monotonic() - started, log=str(log_path),
                 interrupted=result.interrupted,
             )
     return VerifyResult(True, None, 0, False, "", time.monotonic() - started, str(log_path))
-
-
-def _tail(path: Path, offset: int) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
-    except OSError:
-        return ""
-    return data.decode("utf-8", "replace")[-OUTPUT_TAIL_CHARS:]

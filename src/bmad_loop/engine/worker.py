@@ -26,7 +26,7 @@ from . import leases
 from .childenv import child_env, sandbox_vars
 from .context import Claim, Fenced, StoryContext, story_context
 from .leases import story_lease_name
-from .faults import crash_point
+from .faults import crash_point, delay_point
 from .journal import record
 from .notify import notify
 from .outcome import Escalate, Outcome
@@ -190,6 +190,10 @@ class StoryWorker:
 
     # ----------------------------------------------------------------- phases
     def prepare(self) -> None:
+        with Heartbeat(self.ctx, self.claim):  # its git steps may outlast the lease
+            self._prepare()
+
+    def _prepare(self) -> None:
         ctx = self.ctx
         self._enter_phase(Phase.PREPARE)
         story = self.claim.load()
@@ -198,6 +202,7 @@ class StoryWorker:
         if ctx.target.publishes_stories:
             self._adopt_pushed_branch(story, branch)
         prepared = ctx.workspace.prepare(story, branch, base_sha)
+        delay_point("worker.in_prepare")
         crash_point("worker.after_worktree")
         with ctx.db.transaction() as s:
             row = self.claim.own(s)
@@ -251,7 +256,8 @@ class StoryWorker:
             result = run_verify(self.policy.verify.commands, cwd=worktree,
                                 log_path=ctx.layout.verify_log(self.key, label),
                                 timeout_s=self.policy.verify.timeout_s, env=env,
-                                stop_event=self.claim.stop_event)
+                                stop_event=self.claim.stop_event, run_id=ctx.run_id, story_key=self.key,
+                                thaw_after_s=self.policy.leases.ttl_s)
         if result.interrupted:
             raise StopRequested()
         event = ("verify.passed" if result.ok else "verify.failed",
@@ -307,10 +313,15 @@ class StoryWorker:
         return Outcome(Phase.FIX, counters={"dev_attempts": 1}, session=result)
 
     def phase_commit(self) -> Outcome:
+        with Heartbeat(self.ctx, self.claim):  # add, commit, diff (and push) may outlast the lease
+            return self._phase_commit()
+
+    def _phase_commit(self) -> Outcome:
         ctx = self.ctx
         story = self.claim.load()
         revert = list(self.policy.scm.lane_owned) + ([ctx.board_rel] if ctx.board_rel else [])
         head, reverted = ctx.workspace.commit(story, self._commit_message(story), revert)
+        delay_point("worker.in_commit")
         crash_point("worker.after_commit")
         changed = changed_paths(self.git, story.base_sha, head)
         drift = self._drift(story, changed)

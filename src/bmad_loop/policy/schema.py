@@ -74,6 +74,7 @@ class LimitsPolicy:
     max_dev_attempts: int = setting(2, checks=(at_least(1),))
     max_review_cycles: int = setting(3, checks=(at_least(0),))
     max_recompose: int = setting(3, checks=(at_least(0),))
+    max_recoveries: int = setting(3, checks=(at_least(0),))  # orphan recoveries per story
 
 
 @dataclass(frozen=True)
