@@ -22,9 +22,11 @@ from ..compose import (
 from ..db.models import Candidate, Run, Story, utcnow
 from ..worktrees import delete_ref, ensure_detached_worktree, remove_worktree
 from ..states import CandidateState, Phase, StoryState
+from .childenv import child_env
 from .context import make_workspace
 from .faults import crash_point
 from .journal import record
+from .ports import lane_block, port_env
 from .layout import Layout
 from .runs import board_rel
 from .transitions import transition_story
@@ -166,7 +168,8 @@ class Integrator:
             ensure_detached_worktree(self.git, worktree, sha)
         result = run_verify(commands, cwd=worktree or self.project.root,
                             log_path=self.layout.verify_log(story.key, f"candidate-{attempt}"),
-                            timeout_s=self.policy.verify.timeout_s, env=self._verify_env())
+                            timeout_s=self.policy.verify.timeout_s, env=self._verify_env(),
+                            run_id=self.run_id, thaw_after_s=self.policy.leases.ttl_s)
         with self.db.transaction() as s:
             cand = s.get(Candidate, cand_id)
             cand.worktree = str(worktree) if worktree else None
@@ -191,11 +194,7 @@ class Integrator:
         return self._escalate(story, cand_id, f"candidate verification failed: {result.failed_command}")
 
     def _verify_env(self) -> dict:
-        import os
-
-        from .ports import lane_block, port_env
-
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+        env = child_env()
         env.update(port_env(lane_block(self.policy)))
         return env
 
