@@ -25,6 +25,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bmad_loop import gitlocks
@@ -32,7 +33,7 @@ from bmad_loop.compose import cas_advance, compose
 from bmad_loop.errors import GitError, TransientError
 from bmad_loop.gitcmd import Git, clean_env
 from bmad_loop.transient import transient_fault
-from support import git_repo, wait_for_files, write
+from support import git_repo, wait_for_files, wait_until, write
 
 SLEEPING_HOOK = """#!/bin/sh
 cat >/dev/null
@@ -92,6 +93,13 @@ CHILD = textwrap.dedent("""
 """)
 
 
+def gone_or_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def kill_a_step_holding_its_lock(repo: Git, tmp_path: Path, hook: str, argv: list[str],
                                  lock: Path) -> None:
     """Run `argv` through Git.run in a child, stopped by `hook` while git holds `lock`; then
@@ -112,6 +120,8 @@ def kill_a_step_holding_its_lock(repo: Git, tmp_path: Path, hook: str, argv: lis
     finally:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
+    # SIGKILL is delivered asynchronously: wait until the step's git is really gone.
+    wait_until(lambda: gone_or_zombie(record["child"]), what="the killed git to die")
     remove_hook(repo, hook)  # the person's hook is not what is tested from here on
 
 
