@@ -25,7 +25,7 @@ from alembic.runtime.migration import MigrationContext
 from bmad_loop.db.migrate import current_revision, head_revision
 from bmad_loop.db.models import Base, Run, Story
 from bmad_loop.engine import leases
-from bmad_loop.engine.rows import transition_story
+from bmad_loop.engine.transitions import transition_story
 from bmad_loop.queue import STORIES, BackgroundConsumer, make_huey
 from backends import Backend
 from support import (

@@ -19,6 +19,7 @@ from ..states import StoryState
 from ..profiles import load_profile
 from . import leases
 from .inplace import InPlaceWorkspace
+from .journal import journal_git_locks
 from .layout import Layout
 from .ports import worker_block
 from .runs import board_rel
@@ -108,7 +109,7 @@ def make_workspace(policy, git, layout, target, *, root: Path, profile=None) -> 
 
 
 def story_context(project, run, story, policy) -> StoryContext:
-    git = project.git(policy)
+    git = journal_git_locks(project.git(policy), project.db, run.id, story.key)
     layout = Layout(project.state_dir, run.id)
     target = project.target(git, run.target_branch)
     profile = load_profile(policy.adapter.profile) if policy.adapter.profile else None

@@ -100,6 +100,7 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         run.state, run.reason, run.stop_mode, run.gate_epic = RunState.RUNNING, None, None, None
         run.gates_passed, run.ended_at = gates, None
         git = project.git(policy)
+        git.repin_hooks()  # a human is in charge: the project's named hooks as they are now
         target = project.target(git, run.target_branch)
         _adopt_target(s, run, target.sha())
         for story in stories_of(s, run.id):

@@ -25,7 +25,7 @@ from ..states import CandidateState, Phase, StoryState
 from .childenv import child_env
 from .context import make_workspace
 from .faults import crash_point
-from .journal import record
+from .journal import journal_git_locks, record
 from .ports import lane_block, port_env
 from .layout import Layout
 from .runs import board_rel
@@ -56,7 +56,7 @@ class Integrator:
         self.db = project.db
         self.run_id = run.id
         self.policy = policy
-        self.git = project.git(policy)
+        self.git = journal_git_locks(project.git(policy), self.db, run.id)
         self.target = project.target(self.git, run.target_branch)
         self.layout = Layout(project.state_dir, run.id)
         self.workspace = make_workspace(policy, self.git, self.layout, self.target, root=project.root)

@@ -44,3 +44,17 @@ def _jsonable(value):
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
+
+
+def journal_git_locks(git, db, run_id: str, story: str | None = None):
+    """Have `git` journal the locks it waits for (`git.lock_waited`) and the stale ones of
+    ours it removes (`git.stale_lock_removed`) in this run. Returns `git`."""
+    def told(kind):
+        def callback(path: str, command: str) -> None:
+            with db.transaction() as s:
+                record(s, run_id, kind, story, path=path, command=command)
+        return callback
+
+    git.on_lock_wait = told("git.lock_waited")
+    git.on_stale_lock = told("git.stale_lock_removed")
+    return git

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..board import parse_board
 from ..compose import blob_at
+from ..gitconfig_guard import CONFIG_CHANGED_PREFIX
 from ..db.models import Run, Story, utcnow
 from ..footprint import Footprint, footprints_conflict
 from ..states import RUN_LIVE, STORY_IN_FLIGHT, STORY_DONE, STORY_PARKED, RunState, StoryState
@@ -93,6 +94,7 @@ class _Lane:
 
     def loop(self) -> None:
         recover_orphans(self.db, self.tasks, self.run_id, self.policy.leases.ttl_s)
+        self.integrator.git.clear_stale_locks()  # git steps of ours that died (journaled)
         if self._rows_contradict_git():
             return
         for _ in range(10_000):  # bounded: each pass either progresses or returns
@@ -337,11 +339,12 @@ class _Lane:
             return self._end_pause(RunState.PAUSED, f"no story can start: {listing}")
 
     def _integration_held(self, run: Run) -> bool:
-        """A checkpoint pauses right after its story, a foreign move before the next one:
+        """A checkpoint pauses right after its story, a foreign move or a changed git
+        configuration (its planted code would run in the lane's git) before the next one:
         nothing more lands until `resume`."""
         reason = run.reason or ""
-        return run.state == RunState.PAUSING and (reason.startswith("checkpoint")
-                                                  or reason.startswith(FOREIGN_MOVE_PREFIX))
+        return run.state == RunState.PAUSING and reason.startswith(
+            ("checkpoint", FOREIGN_MOVE_PREFIX, CONFIG_CHANGED_PREFIX))
 
     def _integration_due(self, run: Run, stories: list[Story]) -> bool:
         """Would `_integrate_next` find a story to integrate? (Same scan, no side effects.)"""

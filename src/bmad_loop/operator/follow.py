@@ -14,7 +14,7 @@ from typing import Callable
 
 from ..db.models import Run, Story
 from ..engine.journal import event_json, events_after
-from ..engine.rows import stories_of
+from ..engine.runs import stories_of
 from ..errors import ConfigError, NotFound
 from ..states import RUN_SETTLED, STORY_IN_FLIGHT, StoryState
 from .style import short_value

@@ -219,7 +219,7 @@ class BoardApp(App):
         if key is None or self.run_id is None:
             return
         with self.reader.session() as s:
-            from ..engine.rows import stories_of
+            from ..engine.runs import stories_of
 
             row = next((st for st in stories_of(s, self.run_id) if st.key == key), None)
             log = row.log if row else None
