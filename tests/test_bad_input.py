@@ -44,6 +44,9 @@ def run_rows(repo) -> list[tuple]:
 
 def assert_nothing_changed(repo, *, runs_before: list[tuple] | None = None) -> None:
     assert run_rows(repo) == (runs_before or []), "bad input created run rows"
+    if not runs_before:  # no database before: bad input makes neither the database nor the queue
+        made = [name for name in ("state.db", "queue.db") if (repo.root / ".bmad-loop" / name).exists()]
+        assert made == [], f"bad input created {made}"
     assert repo.bmad_branches() == [], "bad input created refs"
     assert repo.worktrees() == [str(repo.root)], "bad input created worktrees"
 

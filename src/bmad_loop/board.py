@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from bmad_loop.boardyaml import BoardYaml, Scalar, read_board_yaml
 from bmad_loop.errors import ConfigError
 
 __all__ = [
@@ -124,6 +125,7 @@ def _classify(key: str) -> tuple[str, int | None]:
 # --- git ref-name rules (git's refs.c check_refname_format, flags 0, plus `--branch`) ---
 
 _REF_BAD_CHARS = frozenset(" ~^:?*[\\\x7f") | frozenset(chr(c) for c in range(0x20))
+_REF_BAD_RE = re.compile("[" + re.escape("".join(sorted(_REF_BAD_CHARS))) + "]")
 
 
 def _component_problem(component: str) -> str | None:
@@ -137,9 +139,9 @@ def _component_problem(component: str) -> str | None:
         return "contains '..'"
     if "@{" in component:
         return "contains '@{'"
-    for ch in component:
-        if ch in _REF_BAD_CHARS:
-            return f"contains the forbidden character {ch!r}"
+    bad = _REF_BAD_RE.search(component)  # the first one, as a loop over the characters would
+    if bad is not None:
+        return f"contains the forbidden character {bad.group()!r}"
     return None
 
 
@@ -185,50 +187,52 @@ def validate_story_key(key: str, source: Path) -> None:
 # --- parsing ---
 
 
-def _compose(text: str, path: Path) -> yaml.Node | None:
-    try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        where = ""
-        mark = getattr(exc, "problem_mark", None)
-        if mark is not None:
-            where = f" (line {mark.line + 1})"
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
-
-
-def _development_status(root: yaml.Node | None, path: Path) -> yaml.MappingNode:
-    if not isinstance(root, yaml.MappingNode):
+def _status_pairs(data: BoardYaml, path: Path):
+    if not data.root_is_mapping:
         raise ConfigError(f"{path}: not a YAML mapping with a 'development_status' key")
-    for knode, vnode in root.value:
-        if isinstance(knode, yaml.ScalarNode) and knode.value == "development_status":
-            if not isinstance(vnode, yaml.MappingNode):
-                raise ConfigError(f"{path}: 'development_status' is not a mapping")
-            return vnode
-    raise ConfigError(f"{path}: no 'development_status' mapping")
+    if data.status is None:
+        raise ConfigError(f"{path}: no 'development_status' mapping")
+    if not data.status_is_mapping:
+        raise ConfigError(f"{path}: 'development_status' is not a mapping")
+    return data.pairs
 
 
-def _top_level_string(root: yaml.MappingNode, key: str, path: Path) -> str | None:
-    for knode, vnode in root.value:
-        if isinstance(knode, yaml.ScalarNode) and knode.value == key:
-            if isinstance(vnode, yaml.ScalarNode) and vnode.tag == _NULL_TAG:
-                return None
-            if isinstance(vnode, yaml.ScalarNode) and vnode.tag == _STR_TAG:
-                return vnode.value
-            raise ConfigError(f"{path}: '{key}' is not a string")
-    return None
+def _is_string(item: Scalar) -> bool:
+    return item.scalar and item.tag == _STR_TAG
+
+
+def _story_location(item: Scalar | None, path: Path) -> str | None:
+    if item is None or (item.scalar and item.tag == _NULL_TAG):
+        return None
+    if _is_string(item):
+        return item.value
+    raise ConfigError(f"{path}: 'story_location' is not a string")
+
+
+# The last board parsed, by its text: the lane re-reads the target's board on every tick, and a
+# Board is immutable, so the same text need not be parsed twice in a row.
+_last_parsed: tuple[str, Path, Board] | None = None
 
 
 def parse_board(text: str, path: Path) -> Board:
     """Parse board text; `path` is only used in messages and kept on the Board."""
+    global _last_parsed
     path = Path(path)
-    root = _compose(text, path)
-    status_map = _development_status(root, path)
+    last = _last_parsed
+    if last is not None and last[1] == path and last[0] == text:
+        return last[2]
+    board = _parse_board(text, path)
+    _last_parsed = (text, path, board)
+    return board
+
+
+def _parse_board(text: str, path: Path) -> Board:
+    data = read_board_yaml(text, path)
     entries: list[BoardEntry] = []
     seen: dict[str, int] = {}
-    for knode, vnode in status_map.value:
-        line = knode.start_mark.line + 1
-        if not isinstance(knode, yaml.ScalarNode):
+    for knode, vnode in _status_pairs(data, path):
+        line = knode.line
+        if not knode.scalar:
             raise ConfigError(f"{path}: line {line}: 'development_status' key is not a scalar")
         key = knode.value
         if key in seen:
@@ -236,7 +240,7 @@ def parse_board(text: str, path: Path) -> Board:
                 f"{path}: key {_q(key)} appears twice (lines {seen[key]} and {line})"
             )
         seen[key] = line
-        if not (isinstance(vnode, yaml.ScalarNode) and vnode.tag == _STR_TAG):
+        if not _is_string(vnode):
             raise ConfigError(f"{path}: key {_q(key)}: status is not a string")
         status = vnode.value
         kind, epic = _classify(key)
@@ -248,7 +252,7 @@ def parse_board(text: str, path: Path) -> Board:
                     f" (expected one of {', '.join(STORY_STATUSES)})"
                 )
         entries.append(BoardEntry(key=key, status=status, kind=kind, epic=epic, line=line))
-    story_location = _top_level_string(root, "story_location", path)
+    story_location = _story_location(data.story_location, path)
     return Board(path=path, entries=tuple(entries), story_location=story_location)
 
 
@@ -272,6 +276,25 @@ def load_board(path: Path) -> Board:
     return parse_board(_read_text(path, "sprint status file"), path)
 
 
+def _status_value(text: str, key: str, path: Path, loader=None) -> Scalar:
+    for knode, vnode in _status_pairs(read_board_yaml(text, path, loader), path):
+        if knode.scalar and knode.value == key:
+            break
+    else:
+        raise ConfigError(f"{path}: no key {_q(key)} in development_status")
+    if not (_is_string(vnode) and vnode.style in (None, "'", '"')):
+        raise ConfigError(f"{path}: key {_q(key)}: status is not a one-word string")
+    return vnode
+
+
+def _spans_token(text: str, value: Scalar) -> bool:
+    """Do the offsets cover the value's token exactly (its quotes included)?"""
+    token = text[value.start:value.end]
+    if value.style is None:
+        return token == value.value
+    return len(token) >= 2 and token[0] == token[-1] == value.style
+
+
 def set_status(text: str, key: str, status: str, source: Path | str = "sprint-status.yaml") -> str:
     """Return `text` with the status of `key` replaced by `status`, and nothing else changed.
 
@@ -281,21 +304,13 @@ def set_status(text: str, key: str, status: str, source: Path | str = "sprint-st
     if not _STATUS_TOKEN_RE.match(status):
         raise ValueError(f"not a status token: {status!r}")
     path = Path(source)
-    status_map = _development_status(_compose(text, path), path)
-    for knode, vnode in status_map.value:
-        if isinstance(knode, yaml.ScalarNode) and knode.value == key:
-            break
-    else:
-        raise ConfigError(f"{path}: no key {_q(key)} in development_status")
-    if not (
-        isinstance(vnode, yaml.ScalarNode)
-        and vnode.tag == _STR_TAG
-        and vnode.style in (None, "", "'", '"')
-    ):
-        raise ConfigError(f"{path}: key {_q(key)}: status is not a one-word string")
-    quote = vnode.style or ""
-    start, end = vnode.start_mark.index, vnode.end_mark.index
-    return text[:start] + quote + status + quote + text[end:]
+    value = _status_value(text, key, path)
+    if not _spans_token(text, value):
+        # The C parser's offsets do not fall on the token (text it counts differently): take
+        # the pure-Python parser's, which count characters exactly as Python does.
+        value = _status_value(text, key, path, yaml.SafeLoader)
+    quote = value.style or ""
+    return text[:value.start] + quote + status + quote + text[value.end:]
 
 
 # --- locating the board and the story files ---

@@ -70,8 +70,12 @@ class StorySpec:
 
 
 def _relative_posix(path: Path, root: Path) -> str | None:
-    for p, r in ((Path(os.path.abspath(path)), Path(os.path.abspath(root))),
-                 (path.resolve(), root.resolve())):
+    # Lexically first; resolving symlinks (a stat per component) only when that fails, since
+    # this runs once per story of the board.
+    pairs = ((lambda: (Path(os.path.abspath(path)), Path(os.path.abspath(root)))),
+             (lambda: (path.resolve(), root.resolve())))
+    for pair in pairs:
+        p, r = pair()
         try:
             return p.relative_to(r).as_posix()
         except ValueError:

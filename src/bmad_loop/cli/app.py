@@ -7,6 +7,7 @@ register themselves on `cli`; `bmad_loop.cli` imports all three.
 
 from __future__ import annotations
 
+import errno
 import functools
 import sys
 from pathlib import Path
@@ -14,10 +15,10 @@ from pathlib import Path
 import click
 
 from .. import __version__
-from ..errors import BmadLoopError, ConfigError
+from ..errors import EXIT_FAILED, BmadLoopError, ConfigError, NotFound
 
 __all__ = ["cli", "main", "project_option", "json_option", "run_ref_argument", "handle_errors",
-           "open_project"]
+           "open_project", "has_state"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,21 +53,59 @@ def handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except BmadLoopError as exc:
-            click.echo(f"bmad-loop: {exc}", err=True)
-            sys.exit(exc.exit_code)
+            _fail(str(exc), exc.exit_code)
+        except Exception as exc:
+            line = _environment_error(exc)
+            if line is None:
+                raise
+            _fail(line, EXIT_FAILED)
     return wrapper
 
 
-def open_project(project_dir: Path, clone: Path | None = None):
+def _fail(message: str, code: int):
+    click.echo(f"bmad-loop: {' '.join(message.splitlines())}", err=True)
+    sys.exit(code)
+
+
+# A fault of the machine rather than of bmad-loop: said in one line naming the file, not as a
+# traceback. (Bad input is refused before anything runs, exit 2; these can strike mid-way.)
+_ENVIRONMENT_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+
+
+def _environment_error(exc: Exception) -> str | None:
+    if isinstance(exc, OSError) and exc.errno in _ENVIRONMENT_ERRNOS and exc.filename:
+        return f"{exc.filename}: {exc.strerror}"
+    from sqlalchemy.exc import DatabaseError, OperationalError
+
+    # Locked, read-only, damaged, disk full; not IntegrityError and its kin, which are bugs.
+    if type(exc) is DatabaseError or isinstance(exc, OperationalError):
+        reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or ["?"])[0]
+        return f"the state database: {reason}"
+    return None
+
+
+def has_state(project) -> bool:
+    """Has this project a state database yet? (Read commands must not create one.)"""
+    return bool(project.policy.database.url) or (project.home_state_dir / "state.db").exists()
+
+
+def open_project(project_dir: Path, clone: Path | None = None, *, need_runs: bool = False,
+                 run_ref: str | None = None):
     """The project at --project; in remote mode (`clone` given) our own clone of [scm] remote
-    at `clone`, with the policy (and shared state) still from --project."""
+    at `clone`, with the policy (and shared state) still from --project.
+
+    Opening creates nothing. `need_runs`: the command reads or changes recorded runs, so a
+    project without a state database is refused as "no runs" (NotFound naming `run_ref` when
+    one was given) instead of getting an empty database made for it.
+    """
     from ..engine.project import Project
 
     if not project_dir.is_dir():
         raise ConfigError(f"--project: {project_dir} is not a folder")
-    if clone is None:
-        return Project.open(project_dir)
-    return _open_clone(project_dir, clone)
+    project = Project.open(project_dir) if clone is None else _open_clone(project_dir, clone)
+    if need_runs and not has_state(project):
+        raise NotFound(f"no run matches '{run_ref}'" if run_ref else f"{project.root}: no runs yet")
+    return project
 
 
 def _open_clone(project_dir: Path, clone: Path):

@@ -12,28 +12,17 @@ import threading
 
 import click
 
-from ..errors import EXIT_USAGE, ConfigError, NotFound
-from .app import cli, handle_errors, json_option, open_project, project_option, run_ref_argument
+from ..errors import EXIT_USAGE, ConfigError
+from .app import cli, handle_errors, has_state, json_option, open_project, project_option, run_ref_argument
 
 __all__ = ["status", "journal", "attach", "history", "sql", "tui"]
 
 
-def _has_state(project) -> bool:
-    """Has this project a state database yet? (Read commands must not create one.)"""
-    return bool(project.policy.database.url) or (project.home_state_dir / "state.db").exists()
-
-
-def _require_state(project) -> None:
-    if not _has_state(project):
-        raise NotFound(f"{project.root}: no runs yet")
-
-
-def _open_reader(project_dir):
+def _open_reader(project_dir, run_ref=None):
     """The project and a read-only `Reader` on its rows (which must exist already)."""
     from ..operator.reader import Reader
 
-    project = open_project(project_dir)
-    _require_state(project)
+    project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     return project, Reader(project)
 
 
@@ -61,8 +50,7 @@ def status(project_dir, run_ref, as_json, watch, interval):
     from ..engine.control import find_run
     from ..engine.status import run_status
 
-    project = open_project(project_dir)
-    _require_state(project)
+    project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     if watch:
         if as_json:
             raise ConfigError("--watch draws the live board; use --json without --watch")
@@ -111,7 +99,7 @@ def journal(project_dir, run_ref, kinds, story, follow, as_json):
     from ..engine.control import find_run
     from ..operator.follow import follow_journal, format_event
 
-    project, reader = _open_reader(project_dir)
+    project, reader = _open_reader(project_dir, run_ref)
     with reader.session() as s:
         run_id = find_run(s, project, run_ref).id
 
@@ -194,7 +182,7 @@ def history(project_dir, limit, as_json):
 
     project = open_project(project_dir)
     entries = []
-    if _has_state(project):
+    if has_state(project):
         reader = Reader(project)
         try:
             with reader.session() as s:
@@ -214,8 +202,8 @@ def sql(project_dir, statement, as_json):
     docs/schema.md). Writes (INSERT, UPDATE, DELETE, DDL, ATTACH, PRAGMA writes) are refused."""
     from ..operator.sqlquery import format_table, run_query
 
-    project = open_project(project_dir)
-    project.db  # created and migrated (views included), like every command
+    project = open_project(project_dir, need_runs=True)
+    project.db  # migrated (views included), like every command
     result = run_query(project.database_url, statement)
     if as_json:
         click.echo(json.dumps(result.records(), indent=2, default=str))
@@ -239,6 +227,5 @@ def tui(project_dir, run_ref):
     except ImportError as exc:
         click.echo(f"bmad-loop: tui needs textual: pip install 'bmad-loop[tui]' ({exc})", err=True)
         sys.exit(EXIT_USAGE)
-    project = open_project(project_dir)
-    _require_state(project)
+    project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     BoardApp(project, run_ref=run_ref).run()

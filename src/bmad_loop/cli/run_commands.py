@@ -111,19 +111,29 @@ def _progress_printer(ci: bool = False):
 @handle_errors
 def init(project_dir, force):
     """Write a commented .bmad-loop/policy.toml and create the state database."""
+    import os
+    import tomllib
+
     from ..engine.project import Project, ensure_state_dir
-    from ..policy import default_policy_text, load_policy, policy_path
+    from ..policy import default_policy_text, load_policy, policy_from_dict, policy_path
 
     root = project_dir.resolve()
-    state = ensure_state_dir(root)
     path = policy_path(root)
-    if path.exists() and not force:
+    keep = path.exists() and not force
+    if keep:
+        policy = load_policy(root)
+    else:
+        text = default_policy_text()
+        policy = policy_from_dict(tomllib.loads(text), source=str(path), env=os.environ)
+    project = Project(root=root, policy=policy)
+    # The database first: a policy, a database file or a folder it refuses leaves nothing written.
+    project.db  # create and migrate
+    state = ensure_state_dir(root)
+    if keep:
         click.echo(f"kept existing {path} (use --force to overwrite)")
     else:
-        path.write_text(default_policy_text())
+        path.write_text(text)
         click.echo(f"wrote {path}")
-    project = Project(root=root, policy=load_policy(root))
-    project.db  # create and migrate
     click.echo(f"state database ready at {project.database_url}")
     click.echo(f"runtime files under {state} are git-ignored by {state / '.gitignore'}")
 
@@ -256,7 +266,7 @@ def _drive_and_report(project, tasks, run_id, workers, progress, report_path, ju
 
 def _print_outcome(project, run_id):
     from ..db.models import Run
-    from ..engine.rows import stories_of
+    from ..engine.runs import stories_of
 
     with project.db.transaction() as s:
         run = s.get(Run, run_id)

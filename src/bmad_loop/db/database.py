@@ -4,6 +4,12 @@ Embedded default: SQLite in WAL mode under `.bmad-loop/state.db`. Every write tr
 SQLite starts with BEGIN IMMEDIATE, so several consumer processes never hit the deferred
 read-then-write "database is locked" failure and never lose an update (see docs/architecture.md).
 Any other SQLAlchemy URL (PostgreSQL for scale-out) is used as given.
+
+Opening refuses, in one line naming the file and before any connection is made, a SQLite file
+that is not a whole database (`sqlitefile.check_sqlite_file`), a state folder that cannot be
+written, and a database driver that is not installed (`check_driver`, with the extra to
+install). A lock another process holds is waited for `lock_wait_s` ([database] lock_wait_s),
+then refused the same way.
 """
 
 from __future__ import annotations
@@ -15,13 +21,15 @@ from typing import Iterator
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, InterfaceError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import (ArgumentError, DatabaseError, InterfaceError, NoSuchModuleError,
+                            OperationalError)
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import ConfigError
 from . import migrate
+from .sqlitefile import check_folder_writable, check_sqlite_file, sqlite_error_message
 
-__all__ = ["Database", "default_database_url"]
+__all__ = ["Database", "check_driver", "default_database_url"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # pg_advisory_lock key serialising migrations of one PostgreSQL database across hosts.
@@ -32,13 +40,36 @@ def default_database_url(state_dir: Path) -> str:
     return f"sqlite:///{state_dir / 'state.db'}"
 
 
-def _install_sqlite_hooks(engine: Engine) -> None:
+def check_driver(url: str, source: str = "[database] url") -> None:
+    """Refuse a database URL whose driver is not installed, naming the extra that installs it."""
+    if not url or url.startswith("sqlite"):
+        return
+    try:
+        parsed = make_url(url)
+        dialect = parsed.get_dialect()
+    except ArgumentError:
+        raise ConfigError(f"{source}: not a database URL: {_shown(url)}") from None
+    except NoSuchModuleError:
+        raise ConfigError(f"{source}: unknown kind of database in {_shown(url)}") from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        if parsed.get_backend_name() == "postgresql":
+            hint = "install bmad-loop[postgres]" + (
+                "" if dialect.driver == "psycopg" else " and write the url as postgresql+psycopg://…")
+        else:
+            hint = f"install the Python driver {dialect.driver!r}"
+        raise ConfigError(f"{source}: the driver for {_shown(url)} is not installed "
+                          f"({exc}): {hint}") from None
+
+
+def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):
         # Let SQLAlchemy's `begin` event emit the BEGIN itself (pysqlite's own is deferred).
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
         cur.execute("PRAGMA journal_mode = WAL")
         cur.execute("PRAGMA synchronous = NORMAL")
         cur.execute("PRAGMA foreign_keys = ON")
@@ -52,21 +83,29 @@ def _install_sqlite_hooks(engine: Engine) -> None:
 class Database:
     """One engine and its session factory. Create after a fork, never before."""
 
-    def __init__(self, url: str, *, lock_dir: Path | None = None):
+    def __init__(self, url: str, *, lock_dir: Path | None = None,
+                 lock_wait_s: float = SQLITE_BUSY_TIMEOUT_MS / 1000):
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         self._lock_dir = lock_dir
+        self.lock_wait_s = lock_wait_s
+        self.path = url.split("///", 1)[-1] if self.is_sqlite else ""
         if self.is_sqlite:
-            path = url.split("///", 1)[-1]
-            if path and path != ":memory:":
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self.engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-            _install_sqlite_hooks(self.engine)
+            if self.path and self.path != ":memory:":
+                # Refused before anything is made or opened: a folder we cannot write, a file
+                # that is not a whole database.
+                folder = Path(self.path).parent
+                check_folder_writable(folder, "state folder")
+                folder.mkdir(parents=True, exist_ok=True)
+                check_sqlite_file(Path(self.path), "state database")
+            self.engine = create_engine(url, connect_args={"timeout": lock_wait_s})
+            _install_sqlite_hooks(self.engine, int(lock_wait_s * 1000))
         else:
+            check_driver(url)
             try:
                 self.engine = create_engine(url, pool_pre_ping=True)
             except (ImportError, ArgumentError, NoSuchModuleError) as exc:
-                # A driver that is not installed, or a URL SQLAlchemy cannot read: one line.
+                # A URL SQLAlchemy cannot read: one line.
                 raise ConfigError(f"[database] url {_shown(url)}: {exc}") from None
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
@@ -86,14 +125,26 @@ class Database:
         nothing: a session-level advisory lock in the database serialises them instead.
         """
         self._check_reachable()
-        with self._migration_lock(), self._database_lock():
+        with self._migration_lock(), self._database_lock(), self.one_line_errors():
             migrate.upgrade(self.engine)
+
+    @contextlib.contextmanager
+    def one_line_errors(self):
+        """SQLite's errors on this file (a lock held past `lock_wait_s`, a read-only folder, a
+        damaged page) as one `ConfigError` line naming the file; anything else as it is."""
+        try:
+            yield
+        except (DatabaseError, OSError) as exc:
+            message = sqlite_error_message(self.path, exc, self.lock_wait_s) if self.is_sqlite else None
+            if message is None:
+                raise
+            raise ConfigError(message) from exc
 
     def _check_reachable(self) -> None:
         """Connect once: every process does this first, so a database that is down or misnamed
         is one line (exit 2, nothing ran) instead of a driver traceback. Later errors stay as they are."""
         try:
-            with self.engine.connect():
+            with self.one_line_errors(), self.engine.connect():
                 pass
         except (OperationalError, InterfaceError) as exc:
             url = _shown(self.url)
@@ -121,8 +172,10 @@ class Database:
         if self._lock_dir is None:
             yield
             return
-        self._lock_dir.mkdir(parents=True, exist_ok=True)
-        with open(self._lock_dir / "migrate.lock", "a+") as handle:
+        with self.one_line_errors():
+            self._lock_dir.mkdir(parents=True, exist_ok=True)
+            handle = open(self._lock_dir / "migrate.lock", "a+")
+        with handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 yield

@@ -13,23 +13,24 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from ..adapter import check_binary
 from ..board import Board, branch_name_ok, load_board, resolve_board_path, resolve_story_dir
 from ..db.models import Run, Story, utcnow
 from ..errors import ConfigError, GitError, StateError
 from ..footprint import footprint_from_mapping
 from ..profiles import resolve_command
 from ..selection import Selection, StorySpec, check_dependencies, load_stories, select_stories
+from ..states import RUN_ONE_PER_TARGET, Phase, RunState, StoryState
 from .journal import record
 from .layout import Layout
 from .ports import check_port_range
-from .rows import path_inside
+from .repocheck import check_agent, check_has_commits, check_story_dir, not_a_checkout
+from .runs import path_inside
 
 __all__ = ["Plan", "Selection", "build_plan", "enqueue", "new_run_id", "LIVE_FOR_TARGET"]
 
 # A target branch has at most one run in these states; stopped runs wait for resume but do
 # not block a new run (resume re-checks).
-LIVE_FOR_TARGET = ("running", "pausing", "paused", "stopping")
+LIVE_FOR_TARGET = RUN_ONE_PER_TARGET
 
 
 @dataclass
@@ -51,18 +52,17 @@ def new_run_id(now=None) -> str:
 def target_branch_of(project, policy) -> tuple[str, str]:
     git = project.git(policy)
     if git.toplevel() is None:
-        raise ConfigError(f"{project.root}: not a git repository")
+        raise not_a_checkout(project.root, git)
     branch = policy.scm.target_branch or git.current_branch()
     if not branch:
         raise ConfigError(f"{project.root}: HEAD is detached and [scm] target_branch is not set")
-    if project.remote is not None:
+    try:
         # Remote mode: the remote's target is the truth, whatever this checkout has.
-        try:
-            return branch, project.remote.fetch_target(git, branch)
-        except GitError as exc:
-            raise ConfigError(f"{policy.source}: [scm] remote: {exc}") from None
-    sha = git.rev(f"refs/heads/{branch}")
+        sha = project.target(git, branch).sha()
+    except GitError as exc:
+        raise ConfigError(f"{policy.source}: [scm] remote: {exc}") from None
     if sha is None:
+        check_has_commits(project.root, git, branch)
         raise ConfigError(f"{policy.source}: [scm] target_branch: branch '{branch}' does not exist")
     return branch, sha
 
@@ -71,6 +71,7 @@ def load_board_and_stories(project, policy):
     board_path = resolve_board_path(project.root, policy.stories.sprint_status)
     board = load_board(board_path)
     story_dir = resolve_story_dir(project.root, board, policy.stories.story_dir)
+    check_story_dir(project, policy, story_dir)
     overrides = {k: {"files": list(v.files), "shared": list(v.shared), "resources": list(v.resources)}
                  for k, v in policy.footprints.overrides.items()}
     for key in overrides:
@@ -82,15 +83,16 @@ def load_board_and_stories(project, policy):
     return board, load_stories(project.root, board, story_dir, overrides)
 
 
-def agent_command(policy) -> list[str]:
-    """The dev-phase argv template, with its binary checked: a missing agent is bad input."""
+def agent_command(policy, project=None, target_sha: str | None = None) -> list[str]:
+    """The dev-phase argv template, with its binary checked: a missing agent is bad input
+    (a relative path: where each story's worktree will have it, see `repocheck.check_agent`)."""
     adapter = policy.adapter
-    if not adapter.profile and not adapter.command and not adapter.phase("dev").command:
+    if not adapter.profile and not adapter.command and not adapter.phase(Phase.DEV).command:
         raise ConfigError(f"{policy.source}: [adapter]: no agent configured "
                           "(set [adapter] profile or [adapter] command)")
     checked = []
-    for phase in ("dev", "review", "fix"):
-        if phase != "dev" and phase == "review" and not policy.review.enabled:
+    for phase in (Phase.DEV, Phase.REVIEW, Phase.FIX):
+        if phase != Phase.DEV and phase == Phase.REVIEW and not policy.review.enabled:
             continue
         template = resolve_command(profile=adapter.profile, command=adapter.command,
                                    phase_command=adapter.phase(phase).command, model="",
@@ -98,9 +100,11 @@ def agent_command(policy) -> list[str]:
         if not template:
             raise ConfigError(f"{policy.source}: [adapter] command: empty argv for phase {phase}")
         if template[0] not in checked:
-            check_binary(template[0], f"{policy.source}: [adapter]")
+            check_agent(template[0], f"{policy.source}: [adapter]", project=project,
+                        policy=policy, target_sha=target_sha,
+                        from_checkout=policy.scm.isolation == "none")
             checked.append(template[0])
-        if phase == "dev":
+        if phase == Phase.DEV:
             dev = template
     return dev
 
@@ -119,7 +123,7 @@ def build_plan(project, policy, selection: Selection, run_id_for_checks: str = "
         if spec.tier and spec.tier not in policy.adapter.tiers:
             raise ConfigError(f"{spec.story_file or board.path}: story '{spec.key}': tier "
                               f"'{spec.tier}' is not defined in [adapter.tiers]")
-    argv = agent_command(policy) if chosen else []
+    argv = agent_command(policy, project, target_sha) if chosen else []
     check_port_range(policy)
     warnings = []
     if policy.scm.isolation == "worktree" and policy.scm.max_parallel > 1 and policy.scm.rollback_on_failure:
@@ -142,7 +146,7 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
             raise StateError(f"run {live.id} is already {live.state} on {plan.target_branch}: "
                              f"resume or stop it first")
         run = Run(id=run_id, project=project.key, target_branch=plan.target_branch,
-                  target_sha=plan.target_sha, head_sha=plan.target_sha, state="running",
+                  target_sha=plan.target_sha, head_sha=plan.target_sha, state=RunState.RUNNING,
                   max_parallel=policy.scm.max_parallel, merge_strategy=policy.scm.merge_strategy,
                   isolation=policy.scm.isolation, selection=selection.to_dict(),
                   policy=policy.to_dict(), board_path=str(plan.board.path), gates_passed=[],
@@ -153,7 +157,7 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
         for seq, spec in enumerate(plan.stories, start=1):
             s.add(Story(
                 run_id=run_id, key=spec.key, seq=seq, epic=spec.epic, title=spec.title,
-                story_path=spec.story_path, state="pending", footprint=spec.footprint.to_dict(),
+                story_path=spec.story_path, state=StoryState.PENDING, footprint=spec.footprint.to_dict(),
                 footprint_reason=spec.footprint.reason, depends_on=list(spec.depends_on),
                 merge_class=spec.merge_class or policy.parallel.merge_class,
                 tier=spec.tier or (policy.parallel.tier or None),

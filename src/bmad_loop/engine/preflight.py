@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..board import ACTIONABLE
+from ..db.database import check_driver
+from ..db.sqlitefile import check_folder_writable, check_sqlite_file
 from ..errors import BmadLoopError
 from ..selection import check_dependencies
 from ..policy import load_policy
+from ..tasks import check_queue, queue_config
 from .planning import agent_command, load_board_and_stories, target_branch_of
 from .project import Project
 
@@ -27,11 +30,17 @@ def preflight(root: Path) -> dict:
         add("policy", "error", str(exc))
         return _report(checks)
     project = Project(root=root, policy=policy)
+    sha = None
     try:
         branch, sha = target_branch_of(project, policy)
         add("git", "ok", f"target branch {branch} at {sha[:10]}")
     except BmadLoopError as exc:
         add("git", "error", str(exc))
+    try:
+        _check_state(project, policy)
+        add("state", "ok", _state_detail(project, policy))
+    except BmadLoopError as exc:
+        add("state", "error", str(exc))
     try:
         board, stories = load_board_and_stories(project, policy)
         check_dependencies(stories, [s for s in stories if s.status in ACTIONABLE])
@@ -47,11 +56,27 @@ def preflight(root: Path) -> dict:
     except BmadLoopError as exc:
         add("stories", "error", str(exc))
     try:
-        argv = agent_command(policy)
+        argv = agent_command(policy, project, sha)
         add("agent", "ok", " ".join(argv))
     except BmadLoopError as exc:
         add("agent", "error", str(exc))
     return _report(checks)
+
+
+def _check_state(project, policy) -> None:
+    """What opening the state would refuse, without opening (or creating) anything: a missing
+    driver, a damaged state.db or queue.db, a state folder that cannot be written."""
+    check_driver(policy.database.url, f"{policy.source}: [database] url")
+    check_queue(queue_config(project), policy.source)
+    if not policy.database.url:
+        check_folder_writable(project.state_dir, "state folder")
+        check_sqlite_file(project.home_state_dir / "state.db", "state database")
+
+
+def _state_detail(project, policy) -> str:
+    url = policy.database.url  # its scheme only: a URL may hold a password
+    database = url.split("://", 1)[0] if url else f"sqlite {project.home_state_dir / 'state.db'}"
+    return f"database {database}, queue {policy.queue.backend}"
 
 
 def _report(checks):

@@ -16,7 +16,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..db.database import Database, default_database_url
+from ..db.database import Database, check_driver, default_database_url
+from ..db.sqlitefile import check_folder_writable
 from ..gitcmd import Git, Identity
 from ..hostid import host_name
 from ..policy import Policy, load_policy
@@ -97,10 +98,15 @@ class Project:
     def db(self) -> Database:
         """The state database, created and migrated on first use in this process."""
         if self._db is None or self._db_pid != os.getpid():
+            # Refused in one line before anything is written: a folder that cannot be
+            # written, a damaged database file, a driver that is not installed.
+            check_folder_writable(self.state_dir, "state folder")
+            check_driver(self.policy.database.url, f"{self.policy.source}: [database] url")
+            db = Database(self.database_url, lock_dir=self.home_state_dir,
+                          lock_wait_s=self.policy.database.lock_wait_s)
             ensure_state_dir(self.root)
             if not self.policy.database.url:
                 ensure_state_dir(self.home)
-            db = Database(self.database_url, lock_dir=self.home_state_dir)
             db.migrate()
             self._db, self._db_pid = db, os.getpid()
         return self._db

@@ -11,21 +11,29 @@ import dataclasses
 import re
 import string
 from dataclasses import field
+from pathlib import PurePosixPath
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 __all__ = [
     "COMMIT_PLACEHOLDERS",
     "KNOWN_PROFILES",
+    "MAX_PARALLEL",
+    "MAX_SECONDS",
     "Check",
+    "argv_template",
     "at_least",
+    "at_most",
     "commit_template",
+    "globs",
     "empty_map",
     "non_empty",
     "one_of",
     "parse_ports",
     "ports",
     "profile",
+    "repo_paths",
+    "seconds",
     "setting",
     "url",
 ]
@@ -52,6 +60,26 @@ def at_least(low: int) -> Check:
     return check
 
 
+def at_most(high: int, why: str = "") -> Check:
+    def check(value):
+        return f"must be <= {high}{why}, got {value}" if value > high else None
+
+    return check
+
+
+# Parallel slots: each is a consumer thread, a worktree and an agent process.
+MAX_PARALLEL = 1024
+
+# Durations: far beyond any real timeout, and still within what datetime arithmetic and the
+# platform's timed waits accept (a larger value would overflow later, deep in a run).
+MAX_SECONDS = 1_000_000_000
+
+
+def seconds(default: Any, low: int) -> Any:
+    """A `setting` for a duration in seconds: an integer from `low` to `MAX_SECONDS`."""
+    return setting(default, checks=(at_least(low), at_most(MAX_SECONDS, " (about 31 years)")))
+
+
 def profile(value: str) -> str | None:
     if value and value not in KNOWN_PROFILES:
         return one_of(*KNOWN_PROFILES)(value)
@@ -71,6 +99,56 @@ def commit_template(value: str) -> str | None:
     for name in names:
         if name not in COMMIT_PLACEHOLDERS:
             return f"unknown placeholder {{{name}}}; allowed: {allowed}"
+    return None
+
+
+# The agent argv's placeholders, as `bmad_loop.adapter.render_argv` finds them: `{identifier}`;
+# other text in braces (JSON, `{}`) is left alone there, so it is here.
+_ARGV_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def argv_template(value: tuple[str, ...]) -> str | None:
+    """An agent argv (or tier args) whose `{placeholders}` are all known to the adapter."""
+    from ..adapter import PLACEHOLDERS
+
+    for element in value:
+        for name in _ARGV_PLACEHOLDER.findall(element):
+            if name not in PLACEHOLDERS:
+                known = ", ".join("{%s}" % p for p in PLACEHOLDERS)
+                return f"unknown placeholder {{{name}}} in {element!r} (known: {known})"
+    return None
+
+
+def globs(value: tuple[str, ...]) -> str | None:
+    """Repository globs with the footprint rules (gitignore syntax; no `!` negation)."""
+    from ..globs import pattern_problem
+
+    for pattern in value:
+        problem = pattern_problem(pattern)
+        if problem:
+            return f"invalid glob: {problem}"
+    return None
+
+
+# Top-level folders a seed may not name: git's own, and bmad-loop's state (which holds the
+# worktrees themselves).
+_NOT_SEEDS = (".git", ".bmad-loop")
+
+
+def repo_paths(value: tuple[str, ...]) -> str | None:
+    """Repository-relative paths that stay inside the repository (no absolute path, no `..`)."""
+    for entry in value:
+        path = PurePosixPath(entry)
+        if not entry.strip():
+            return "an empty path"
+        if path.is_absolute() or entry.startswith("~"):
+            return f"{entry!r} is outside the repository (give a repository-relative path)"
+        if ".." in path.parts:
+            return f"{entry!r} is outside the repository ('..' is not allowed)"
+        if not path.parts:
+            return f"{entry!r} names the repository itself"
+        if path.parts[0] in _NOT_SEEDS:
+            return f"{entry!r} is inside {path.parts[0]}/, which cannot be seeded"
     return None
 
 

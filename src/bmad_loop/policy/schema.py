@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..states import AGENT_PHASES
-from .checks import (at_least, commit_template, empty_map, non_empty, one_of, parse_ports, ports,
-                     profile, setting, url)
+from .checks import (MAX_PARALLEL, argv_template, at_least, at_most, commit_template, empty_map,
+                     globs, non_empty, one_of, parse_ports, ports, profile, repo_paths, seconds,
+                     setting, url)
 from .validate import Context, checked, did_you_mean, error, field_of, name
 
 __all__ = [
@@ -50,19 +51,21 @@ class ScmPolicy:
     branch_per: str = setting("story", checks=(one_of("story", "run"),))
     target_branch: str = ""
     merge_strategy: str = setting("merge", checks=(one_of("ff", "merge", "squash"),))
-    max_parallel: int = setting(1, checks=(at_least(1),))
+    # One thread, worktree and agent per slot: past MAX_PARALLEL a run would not start, it would
+    # try to make that many threads.
+    max_parallel: int = setting(1, checks=(at_least(1), at_most(MAX_PARALLEL)))
     keep_failed: bool = True
     delete_branch: bool = True
     rollback_on_failure: bool = False
-    worktree_seed: tuple[str, ...] = ()
+    worktree_seed: tuple[str, ...] = setting((), checks=(repo_paths,))
     seed_adapter_defaults: bool = True
     commit_message_template: str = setting("{story_key}: {story_title}", checks=(commit_template,))
     author_name: str = "bmad-loop"
     author_email: str = "bmad-loop@localhost"
-    lane_owned: tuple[str, ...] = ()
+    lane_owned: tuple[str, ...] = setting((), checks=(globs,))
     remote: str = ""
     # How long bmad-loop waits for a git lock another process holds before the run pauses.
-    lock_wait_s: int = setting(30, checks=(at_least(0),))
+    lock_wait_s: int = seconds(30, 0)
     # The target moved by anyone but the lane: pause for a human, or accept and recompose on it.
     on_foreign_move: str = setting("pause", checks=(one_of("pause", "accept"),))
     # Hooks bmad-loop's own git runs (pinned, from the project's hooks folder); none by default.
@@ -80,7 +83,7 @@ class LimitsPolicy:
 @dataclass(frozen=True)
 class VerifyPolicy:
     commands: tuple[str, ...] = ()  # shell strings
-    timeout_s: int = setting(1800, checks=(at_least(1),))
+    timeout_s: int = seconds(1800, 1)
 
 
 @dataclass(frozen=True)
@@ -90,23 +93,23 @@ class GatesPolicy:
 
 @dataclass(frozen=True)
 class PhaseOverride:
-    command: tuple[str, ...] | None = setting(None, checks=(non_empty,))
-    timeout_s: int | None = setting(None, checks=(at_least(1),))
+    command: tuple[str, ...] | None = setting(None, checks=(non_empty, argv_template))
+    timeout_s: int | None = seconds(None, 1)
     env: Mapping[str, str] = setting(factory=empty_map)
 
 
 @dataclass(frozen=True)
 class TierPolicy:
     model: str = ""
-    args: tuple[str, ...] = ()
-    timeout_s: int | None = setting(None, checks=(at_least(1),))
+    args: tuple[str, ...] = setting((), checks=(argv_template,))
+    timeout_s: int | None = seconds(None, 1)
 
 
 @dataclass(frozen=True)
 class AdapterPolicy:
     profile: str = setting("", checks=(profile,))
-    command: tuple[str, ...] = ()
-    timeout_s: int = setting(5400, checks=(at_least(1),))
+    command: tuple[str, ...] = setting((), checks=(argv_template,))
+    timeout_s: int = seconds(5400, 1)
     env: Mapping[str, str] = setting(factory=empty_map)
     tmux: bool = False
     dev: PhaseOverride = setting(factory=PhaseOverride)
@@ -131,7 +134,7 @@ class AdapterPolicy:
 
 @dataclass(frozen=True)
 class LeasesPolicy:
-    ttl_s: int = setting(60, checks=(at_least(3),))
+    ttl_s: int = seconds(60, 3)
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,7 @@ class ResourcesPolicy:
 class NotifyPolicy:
     command: tuple[str, ...] = ()
     webhook: str = setting("", checks=(url("http://", "https://", example="https://host/hook"),))
-    timeout_s: int = setting(10, checks=(at_least(1),))
+    timeout_s: int = seconds(10, 1)
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,8 @@ class QueuePolicy:
 @dataclass(frozen=True)
 class DatabasePolicy:
     url: str = setting("", checks=(url(example="postgresql+psycopg://host/db"),))
+    # SQLite: how long a command waits for a lock another process holds before it gives up.
+    lock_wait_s: int = seconds(30, 0)
 
 
 @dataclass(frozen=True)

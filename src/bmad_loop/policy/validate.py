@@ -105,6 +105,10 @@ def describe(value: Any) -> str:
 
 _EXPECTED = {bool: "a boolean", int: "an integer", str: "a string"}
 
+# TOML integers are signed 64-bit; a parser (or an override) may hand over more. Past this
+# range a value would only fail later, in the database or in time arithmetic.
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+
 
 def is_table(value: Any) -> bool:
     return isinstance(value, abc.Mapping)
@@ -132,6 +136,9 @@ def convert(ctx: Context, path: tuple[str, ...], value: Any, tp: Any) -> Any:
         return MappingProxyType({str(k): convert(ctx, path + (str(k),), v, item_type) for k, v in value.items()})
     if (tp is int and isinstance(value, bool)) or not isinstance(value, tp):  # bool is not an int
         raise ctx.error(path, f"expected {_EXPECTED[tp]}, got {describe(value)}")
+    if tp is int and not INT64_MIN <= value <= INT64_MAX:  # TOML ints are 64-bit; Python's are not
+        raise ctx.error(path, f"integer {_short(str(value), 30)} is out of range "
+                              f"(a 64-bit integer, at most {INT64_MAX})")
     return value
 
 
