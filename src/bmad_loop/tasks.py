@@ -104,12 +104,14 @@ class Tasks:
         self._story_body, self._lane_body = story, lane
 
     def enqueue_story(self, run_id: str, story_id: int) -> None:
-        self._built()
+        stories, _ = self._built()
         self._story(run_id, story_id)
+        stories.doorbell.ring()  # a consumer of this process starts it at once
 
     def enqueue_lane(self, run_id: str) -> None:
-        self._built()
+        _, integration = self._built()
         self._lane(run_id)
+        integration.doorbell.ring()
 
     def lane_pending(self) -> int:
         return self.integration.pending_count()
