@@ -37,7 +37,7 @@ SETTLED = ("completed", "failed", "paused", "stopped")  # run states nothing mov
 CONTRACT_TABLES = frozenset({"runs", "stories", "attempts", "candidates", "events", "leases"})
 VIEWS = ("v_escalations", "v_integrations", "v_story_runs", "v_waits")  # sorted
 
-# The shape of /work/shared/samples/sprint-status.yaml, as bmad-sprint-planning writes it.
+# The shape of a sprint-status.yaml as bmad-sprint-planning writes it.
 # Line numbers matter to test_board (1-2-user-auth is line 13).
 SAMPLE_BOARD = """\
 # A sample BMAD sprint board, as `bmad-sprint-planning` writes it (shape only; content invented).
@@ -66,7 +66,7 @@ development_status:
   epic-1-retro-item-1-flaky-login-test: backlog
 """
 
-# The shape of /work/shared/samples/1-2-user-auth.md.
+# The shape of a BMAD story file (create-story output).
 SAMPLE_STORY = """\
 ---
 title: User authentication
