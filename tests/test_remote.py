@@ -121,3 +121,39 @@ def test_a_target_moved_on_the_remote_between_composition_and_the_push_is_recomp
     assert repo.git("rev-parse", "main") == local_main
     dev_calls = collections.Counter(c["key"] for c in repo.calls() if c["phase"] == "dev")
     assert dev_calls == {s.key: 1 for s in stories}  # a recomposition does not re-run the agent
+
+
+def test_a_teammates_push_to_the_remote_target_pauses_the_run_by_default_and_nothing_is_forced(
+        make_repo, tmp_path):
+    """The same outside push as above, under the default `on_foreign_move = "pause"`: the lane's
+    leased push is refused, the move is journaled with the commit, and the run pauses."""
+    import shlex
+    import sys
+
+    stories = STORIES[:2]
+    script = {s.key: SCRIPT[s.key] for s in stories}
+    outsider, marker = tmp_path / "outsider.py", tmp_path / "outsider.sha"
+    outsider.write_text(OUTSIDER)
+    bare_path = tmp_path / "repo-remote.git"
+    verify = " ".join(shlex.quote(str(a)) for a in
+                      (sys.executable, outsider, bare_path, marker, tmp_path / "outsider-clone"))
+    policy = POLICY.format(n=2) + f"[verify]\ncommands = [{json.dumps(verify)}]\n"
+    repo, bare = make_remote_project(make_repo, stories, script, policy)
+    run_id = repo.cli("enqueue").output.strip().splitlines()[-1]
+    lane = repo.spawn("worker", "--queue", "integration", "--clone", str(tmp_path / "lane-clone"),
+                      "--host", "lane-host", log_name="lane")
+    worker = repo.spawn("worker", "--queue", "stories", "-w", "2", "--clone",
+                        str(tmp_path / "worker-clone"), "--host", "worker-host", log_name="worker")
+    try:
+        settled = settled_status(repo, run_id, timeout=120)
+    finally:
+        for proc in (lane, worker):
+            proc.send_signal(signal.SIGTERM)
+        for proc in (lane, worker):
+            proc.wait(timeout=30)
+    outside = marker.read_text().strip()
+    assert settled["run"]["state"] == "paused", (settled["run"], repo.spawned_logs())
+    assert outside[:12] in settled["run"]["reason"]
+    moved = [e["data"] for e in repo.journal(run_id) if e["kind"] == "target.moved"]
+    assert moved and moved[0]["new"] == outside and moved[0]["commits"] == [outside]
+    assert git(bare, "rev-parse", "main") == outside  # nothing of the story was pushed over it
