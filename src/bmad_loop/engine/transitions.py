@@ -18,27 +18,20 @@ from ..states import check_transition
 __all__ = ["transition_story", "transition_run"]
 
 
-def _expected(expected) -> tuple[str, ...]:
-    return (expected,) if isinstance(expected, str) else tuple(expected)
+def _transition(session: Session, model, machine: str, row_id, expected, values: dict) -> bool:
+    expected = (expected,) if isinstance(expected, str) else tuple(expected)
+    if "state" in values:
+        for old in expected:
+            check_transition(machine, old, values["state"])
+    result = session.execute(
+        update(model).where(model.id == row_id, model.state.in_(expected)).values(**values)
+    )
+    return result.rowcount == 1
 
 
 def transition_story(session: Session, story_id: int, expected, **values) -> bool:
-    expected = _expected(expected)
-    if "state" in values:
-        for old in expected:
-            check_transition("story", old, values["state"])
-    result = session.execute(
-        update(Story).where(Story.id == story_id, Story.state.in_(expected)).values(**values)
-    )
-    return result.rowcount == 1
+    return _transition(session, Story, "story", story_id, expected, values)
 
 
 def transition_run(session: Session, run_id: str, expected, **values) -> bool:
-    expected = _expected(expected)
-    if "state" in values:
-        for old in expected:
-            check_transition("run", old, values["state"])
-    result = session.execute(
-        update(Run).where(Run.id == run_id, Run.state.in_(expected)).values(**values)
-    )
-    return result.rowcount == 1
+    return _transition(session, Run, "run", run_id, expected, values)
