@@ -289,3 +289,24 @@ def test_cleanup_runs_keeps_the_newest_runs_removes_older_files_and_purge_remove
             column = "id" if table == "runs" else "run_id"
             count = conn.execute(f"SELECT COUNT(*) FROM {table} WHERE {column} = ?", (older,)).fetchone()[0]
             assert count == 0, table
+
+
+def test_cleanup_on_a_project_without_state_creates_none_and_still_removes_orphans(tmp_path):
+    """No state database yet: no row owns anything, and `cleanup` (dry run or not) does not
+    create one to find that out; a stray branch in bmad-loop's namespace still goes."""
+    import subprocess
+
+    from support import cli_argv, git, git_repo
+
+    root = tmp_path / "project"
+    git_repo(root, {"README.md": "x\n"})
+    git(root, "branch", "bmad-loop/20260101-000000-dead/1-1-a")
+    dry = subprocess.run(cli_argv("cleanup", "--project", str(root), "--dry-run"),
+                         capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    assert "1 branches" in dry.stdout
+    assert not (root / ".bmad-loop").exists()
+    real = subprocess.run(cli_argv("cleanup", "--project", str(root)), capture_output=True, text=True)
+    assert real.returncode == 0, real.stderr
+    assert git(root, "branch", "--list", "bmad-loop/*") == ""
+    assert not (root / ".bmad-loop").exists()

@@ -13,7 +13,9 @@ from pathlib import Path
 import click
 
 from ..errors import EXIT_OK, EXIT_USAGE, ConfigError
-from .app import cli, handle_errors, json_option, open_project, project_option, run_ref_argument
+from .app import (
+    cli, handle_errors, has_state, json_option, open_project, project_option, run_ref_argument,
+)
 
 __all__ = ["init", "validate", "enqueue", "worker", "run", "resume", "abandon", "stop", "approve", "reject",
            "reconcile", "demo", "cleanup"]
@@ -420,7 +422,7 @@ def cleanup(project_dir, dry_run, runs, purge, clone_dir, host, as_json):
         raise ConfigError("--purge goes with --runs")
     _set_host(host)
     project = open_project(project_dir, clone_dir)
-    report = do_cleanup(project, dry_run=dry_run, runs=runs, purge=purge,
+    report = do_cleanup(project, dry_run=dry_run, runs=runs, purge=purge, has_rows=has_state(project),
                         progress=None if as_json else (lambda m: click.echo(("would " if dry_run else "") + m)))
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

@@ -114,7 +114,9 @@ def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str,
 
 
 def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool = False,
-            progress=None) -> CleanupReport:
+            progress=None, has_rows: bool = True) -> CleanupReport:
+    """`has_rows` False: the project has no state database yet; no row owns anything, and
+    none is created to find that out."""
     report = CleanupReport(dry_run=dry_run)
     say = progress or (lambda _msg: None)
     git = project.git()
@@ -122,9 +124,10 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
     target = project.target(git, project.policy.scm.target_branch)
     state = project.state_dir.resolve()
     ours = (state / "worktrees", state / "candidates")
-    if runs:
+    if runs and has_rows:
         _retention(project, report, dry_run=dry_run, purge=purge, say=say)
-    owned_paths, owned_branches, owned_refs, worktree_rows = _owned(project)
+    owned_paths, owned_branches, owned_refs, worktree_rows = (
+        _owned(project) if has_rows else (set(), set(), set(), []))
 
     for info in list_worktrees(git):
         path = info.path.resolve()
