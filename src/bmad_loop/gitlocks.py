@@ -33,6 +33,7 @@ import psutil
 
 from .hostid import host_name
 from .indexlock import stale_marker_lock
+from .proctree import is_running, start_time
 
 __all__ = ["LockHit", "lock_in", "git_dirs", "StepRecord", "begin_step", "sweep",
            "stale_lock", "STEPS_DIRNAME", "STEP_ENV"]
@@ -127,23 +128,9 @@ _counter = itertools.count(1)
 _counter_lock = threading.Lock()
 
 
-def _start_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.Error, OSError):
-        return None
-
-
 def _alive(pid: int | None, start: float | None) -> bool:
-    if not pid:
-        return False
-    try:
-        proc = psutil.Process(pid)
-        if start is not None and abs(proc.create_time() - start) > 0.5:
-            return False  # the pid was recycled
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.Error, OSError):
-        return False
+    # Start times come back from a record file: half a second of slack for rounding.
+    return bool(pid) and is_running(pid, start, tolerance_s=0.5)
 
 
 class StepRecord:
@@ -157,7 +144,7 @@ class StepRecord:
         return self.path.name
 
     def set_child(self, pid: int) -> None:
-        self.data.update(child=pid, child_start=_start_time(pid))
+        self.data.update(child=pid, child_start=start_time(pid))
         self._write()
 
     def orphan(self) -> None:
@@ -237,7 +224,7 @@ def begin_step(cwd: Path, argv: list[str], env: dict | None) -> StepRecord | Non
         n = next(_counter)
     pid = os.getpid()
     record = StepRecord(folder / f"{pid}-{n}", {
-        "host": host_name(), "pid": pid, "pid_start": _start_time(pid), "started": time.time(),
+        "host": host_name(), "pid": pid, "pid_start": start_time(pid), "started": time.time(),
         "argv": argv[:40], "cwd": str(cwd), "locks": locks, "prefixes": sorted(set(prefixes)),
     })
     try:

@@ -131,19 +131,25 @@ def end_tree(root: int, *, marker: tuple[str, str] | None = None, grace_s: float
     _signal_all(group, targets, signal.SIGKILL)
 
 
-def started_at(pid: int | None = None) -> float:
-    """The start time of process `pid` (default: this one), as psutil reports it; 0.0 if gone."""
+def start_time(pid: int | None = None) -> float | None:
+    """The start time of process `pid` (default: this one), as psutil reports it; None if gone."""
     try:
         return psutil.Process(pid).create_time()
     except (psutil.Error, OSError):
-        return 0.0
+        return None
 
 
-def is_running(pid: int, start: float | None = None) -> bool:
-    """Is `pid` alive (not a zombie) and, when `start` is given, the process that started then?"""
+def started_at(pid: int | None = None) -> float:
+    """`start_time`, with 0.0 for a process that is gone."""
+    return start_time(pid) or 0.0
+
+
+def is_running(pid: int, start: float | None = None, *, tolerance_s: float = 0.01) -> bool:
+    """Is `pid` alive (not a zombie) and, when `start` is given, the process that started then
+    (within `tolerance_s`: a start time read back from a file may be rounded)?"""
     try:
         process = psutil.Process(pid)
-        if start is not None and abs(process.create_time() - start) > 0.01:
+        if start is not None and abs(process.create_time() - start) > tolerance_s:
             return False  # the pid was recycled
         return process.status() != psutil.STATUS_ZOMBIE
     except (psutil.Error, OSError):
