@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
 
-from ..states import AttemptState, CandidateState, Phase, RunState, StoryState, check_transition
+from ..states import check_transition
 
 __all__ = [
     "Base",
@@ -36,10 +36,6 @@ __all__ = [
     "Candidate",
     "Event",
     "Lease",
-    "RUN_STATES",
-    "STORY_STATES",
-    "STORY_PHASES",
-    "CANDIDATE_STATES",
     "utcnow",
 ]
 
@@ -50,14 +46,6 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
-
-# The vocabularies, named sets and transition tables live in bmad_loop.states; these tuples
-# are kept for readers of the schema (and the `CHECK`-free columns below store their values).
-RUN_STATES = tuple(RunState)
-STORY_STATES = tuple(StoryState)
-STORY_PHASES = tuple(Phase)
-CANDIDATE_STATES = tuple(CandidateState)
-
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)

@@ -17,12 +17,10 @@ from typing import Callable, Mapping, Sequence
 from ..footprint import Footprint, footprints_conflict
 from ..states import STORY_AWAITING_LANE, STORY_DONE, STORY_IN_FLIGHT, StoryState
 
-__all__ = ["StoryView", "Admission", "admit", "IN_FLIGHT", "HOLDS_RESOURCES"]
+__all__ = ["StoryView", "Admission", "admit", "HOLDS_RESOURCES"]
 
-IN_FLIGHT = STORY_IN_FLIGHT
 # Resources are held from dispatch until the story is integrated or terminal.
 HOLDS_RESOURCES = STORY_IN_FLIGHT | STORY_AWAITING_LANE | {StoryState.HELD}
-DONE_FOR_CONFLICTS = STORY_DONE
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ def admit(
     ordered = sorted(stories, key=lambda s: s.seq)
     by_key = {s.key: s for s in ordered}
     result = Admission()
-    in_flight = sum(1 for s in ordered if s.state in IN_FLIGHT)
+    in_flight = sum(1 for s in ordered if s.state in STORY_IN_FLIGHT)
     used: dict[str, int] = {}
     for s in ordered:
         if s.state in HOLDS_RESOURCES:
@@ -118,7 +116,7 @@ def _epic_barrier(story, earlier, gates_mode, gates_passed, first_epic) -> str |
 
 def _conflict_with_earlier(story, earlier, conflict) -> str | None:
     for other in earlier:
-        if other.state in DONE_FOR_CONFLICTS:
+        if other.state in STORY_DONE:
             continue
         why = conflict(story.footprint, other.footprint)
         if why:

@@ -37,8 +37,6 @@ from .runs import run_policy
 
 __all__ = ["CleanupReport", "cleanup", "sweep_landed"]
 
-RESUMABLE = RUN_RESUMABLE
-PARKED = STORY_PARKED
 RUN_FOLDERS = ("logs", "prompts", "evidence", "scratch", "worktrees", "candidates")
 
 
@@ -69,13 +67,13 @@ def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str,
         for story in s.scalars(select(Story).where(Story.run_id.in_(list(runs)))):
             run = runs[story.run_id]
             policy = run_policy(run)
-            live = run.state in RESUMABLE  # failed runs too: `resume` may take them over
+            live = run.state in RUN_RESUMABLE  # failed runs too: `resume` may take them over
             # An abandoned run's unfinished work is evidence like a parked story's.
             kept_unfinished = live or (run.state == RunState.ABANDONED and policy.scm.keep_failed)
             if story.state == StoryState.INTEGRATED:
                 keep = not policy.scm.delete_branch
                 needs_worktree = policy.scm.branch_per == "run" and live
-            elif story.state in PARKED:
+            elif story.state in STORY_PARKED:
                 keep = live or policy.scm.keep_failed
                 needs_worktree = keep
             elif story.state == StoryState.SKIPPED:
@@ -97,7 +95,7 @@ def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str,
                 paths.add(Path(story.worktree).resolve())
                 if story.host in (None, project.host):  # another host's path means nothing here
                     worktree_rows.append((story.id, story.worktree, story.run_id))
-            if story.state in PARKED and (live or policy.scm.keep_failed):
+            if story.state in STORY_PARKED and (live or policy.scm.keep_failed):
                 for cand in s.scalars(select(Candidate).where(Candidate.story_id == story.id)):
                     if cand.ref:
                         refs.add(cand.ref)

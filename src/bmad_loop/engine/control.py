@@ -12,18 +12,16 @@ from sqlalchemy import or_, select
 
 from ..db.models import Run, Story, utcnow
 from ..errors import Ambiguous, NotFound, StateError
-from ..states import RUN_ABANDONABLE, RUN_LIVE, RUN_RESUMABLE, RUN_TERMINAL, STORY_DONE, CandidateState, Phase, RunState, StopMode, StoryState
+from ..states import RUN_ABANDONABLE, RUN_ONE_PER_TARGET, RUN_LIVE, RUN_RESUMABLE, RUN_TERMINAL, STORY_DONE, CandidateState, Phase, RunState, StopMode, StoryState
 from ..policy import load_policy, policy_from_dict
 from .journal import record
 from .recovery import recover_orphans
-from .planning import LIVE_FOR_TARGET
 from .runs import run_policy, stories_of
 from .transitions import transition_run, transition_story
 
 __all__ = ["find_run", "resume", "stop", "approve", "reject", "reconcile", "recover_live_runs",
            "requeue_run"]
 
-RESUMABLE = RUN_RESUMABLE
 
 
 def find_run(session, project, ref: str | None) -> Run:
@@ -78,11 +76,11 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
     current = load_policy(project.home) if reload_policy else None
     with db.transaction() as s:
         run = find_run(s, project, ref)
-        if run.state not in RESUMABLE:
+        if run.state not in RUN_RESUMABLE:
             raise StateError(f"run {run.id} is {run.state}: nothing to resume")
         other = s.scalars(select(Run).where(Run.target_branch == run.target_branch,
                                             Run.project == run.project, Run.id != run.id,
-                                            Run.state.in_(LIVE_FOR_TARGET))).first()
+                                            Run.state.in_(RUN_ONE_PER_TARGET))).first()
         if other is not None:
             raise StateError(f"run {other.id} is {other.state} on {run.target_branch}: "
                              "stop it before resuming this one")

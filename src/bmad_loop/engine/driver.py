@@ -19,9 +19,7 @@ from .control import stop
 from .journal import events_after
 from .runs import stories_of
 
-__all__ = ["drive", "exit_code_for", "SETTLED"]
-
-SETTLED = RUN_SETTLED
+__all__ = ["drive", "exit_code_for"]
 
 
 def exit_code_for(run: Run, stories) -> int:
@@ -61,7 +59,7 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
                     if progress:
                         progress(event)
                 run = s.get(Run, run_id)
-                settled = run.state in SETTLED
+                settled = run.state in RUN_SETTLED
                 stories = stories_of(s, run_id) if settled else []
             if settled:
                 break

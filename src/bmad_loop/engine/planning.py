@@ -7,9 +7,7 @@ bad input leaves no rows, refs or worktrees behind.
 from __future__ import annotations
 
 import random
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from sqlalchemy import select
 
@@ -26,11 +24,7 @@ from .ports import check_port_range
 from .repocheck import check_agent, check_has_commits, check_story_dir, not_a_checkout
 from .runs import path_inside
 
-__all__ = ["Plan", "Selection", "build_plan", "enqueue", "new_run_id", "LIVE_FOR_TARGET"]
-
-# A target branch has at most one run in these states; stopped runs wait for resume but do
-# not block a new run (resume re-checks).
-LIVE_FOR_TARGET = RUN_ONE_PER_TARGET
+__all__ = ["Plan", "Selection", "build_plan", "enqueue", "new_run_id"]
 
 
 @dataclass
@@ -141,7 +135,7 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
     with db.transaction() as s:
         live = s.scalars(select(Run).where(Run.target_branch == plan.target_branch,
                                            Run.project == project.key,
-                                           Run.state.in_(LIVE_FOR_TARGET))).first()
+                                           Run.state.in_(RUN_ONE_PER_TARGET))).first()
         if live is not None:
             raise StateError(f"run {live.id} is already {live.state} on {plan.target_branch}: "
                              f"resume or stop it first")
