@@ -18,13 +18,14 @@ Ticks are idempotent: a duplicate or late tick finds nothing to do.
 from __future__ import annotations
 
 import logging
-
 from pathlib import Path
+
+from sqlalchemy import select
 
 from ..board import parse_board
 from ..compose import blob_at
-from ..gitconfig_guard import CONFIG_CHANGED_PREFIX
 from ..db.models import Run, Story, utcnow
+from ..gitconfig_guard import CONFIG_CHANGED_PREFIX
 from ..footprint import Footprint, footprints_conflict
 from ..states import RUN_LIVE, STORY_IN_FLIGHT, STORY_DONE, STORY_PARKED, RunState, StoryState
 from .admission import StoryView, admit
@@ -40,9 +41,7 @@ __all__ = ["tick"]
 
 log = logging.getLogger(__name__)
 
-LIVE = RUN_LIVE
 FOREIGN_MOVE_PREFIX = "target moved by someone else"
-PARKED = STORY_PARKED
 
 
 def tick(project, tasks, run_id: str, holder=None) -> None:
@@ -51,7 +50,7 @@ def tick(project, tasks, run_id: str, holder=None) -> None:
     db = project.db
     with db.transaction() as s:
         run = s.get(Run, run_id)
-        if run is None or run.state not in LIVE:
+        if run is None or run.state not in RUN_LIVE:
             return
         policy = run_policy(run)
     if holder is not None and not holder.held:
@@ -75,7 +74,7 @@ def tick(project, tasks, run_id: str, holder=None) -> None:
     except Exception as exc:  # no retry can fix it: failed, and `resume` once it is fixed
         log.exception("lane tick failed for run %s", run_id)
         with db.transaction() as s:
-            if transition_run(s, run_id, LIVE, state=RunState.FAILED, reason=f"lane error: {exc}",
+            if transition_run(s, run_id, RUN_LIVE, state=RunState.FAILED, reason=f"lane error: {exc}",
                               ended_at=utcnow()):
                 record(s, run_id, "run.failed", reason=f"lane error: {exc}")
         notify(db, policy, run_id, "run.failed", reason=str(exc))
@@ -99,7 +98,7 @@ class _Lane:
             return
         for _ in range(10_000):  # bounded: each pass either progresses or returns
             run, stories = self._load()
-            if run.state not in LIVE:
+            if run.state not in RUN_LIVE:
                 return
             if self._dispatch_first(run, stories):
                 continue
@@ -120,13 +119,15 @@ class _Lane:
         changed is looked at: integrations are in plan order, each on top of the last, so the
         latest one stands for all; it costs a git call only when it is not where the lane
         itself last advanced the target."""
+        integrated = (Story.run_id == self.run_id, Story.state == StoryState.INTEGRATED)
         with self.db.transaction() as s:
             run = s.get(Run, self.run_id)
-            integrated = [st for st in stories_of(s, self.run_id) if st.state == StoryState.INTEGRATED]
-        if not integrated:
+            latest = s.scalars(select(Story).where(*integrated)
+                               .order_by(Story.seq.desc()).limit(1)).first()
+            bad = list(s.scalars(select(Story).where(*integrated, Story.integrated_sha.is_(None))
+                                 .order_by(Story.seq)))
+        if latest is None:
             return False
-        latest = integrated[-1]
-        bad = [st for st in integrated if not st.integrated_sha]
         if not bad and latest.integrated_sha != run.head_sha:
             target_now = self.integrator.target.sha(fetch=False)
             git = self.integrator.git
@@ -161,7 +162,7 @@ class _Lane:
         """
         if run.state != RunState.RUNNING or run.max_parallel <= 1:
             return False
-        if any(s.state in PARKED for s in stories):
+        if any(s.state in STORY_PARKED for s in stories):
             return False
         if not any(s.state == StoryState.PENDING for s in stories):
             return False
@@ -329,7 +330,7 @@ class _Lane:
         if decision is not None and decision.approvals:
             return self._end_pause(RunState.PAUSED, "waiting for spec approval of "
                                    + ", ".join(decision.approvals))
-        parked = [s for s in stories if s.state in PARKED]
+        parked = [s for s in stories if s.state in STORY_PARKED]
         if parked:
             listing = "; ".join(f"{s.key} {s.state}: {s.reason}" for s in parked)
             return self._end_pause(RunState.PAUSED, f"needs a human: {listing}")
