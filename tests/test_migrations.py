@@ -121,3 +121,66 @@ def test_the_migrated_schema_has_no_autogenerate_diff_against_the_models(tmp_pat
         assert diff == [], f"models and migrations drifted: {diff}"
     finally:
         db.dispose()
+
+
+# --- 0006: epic ids become strings, with the rows of a run made before it ---------------------
+
+def _rows_at_0005(engine) -> None:
+    from alembic import command
+
+    from bmad_loop.db import migrate
+
+    command.upgrade(migrate.alembic_config(engine), "0005")
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO runs (id, project, target_branch, target_sha, head_sha, state, "
+            "max_parallel, merge_strategy, isolation, selection, policy, board_path, "
+            "gates_passed, gate_epic, created_at) VALUES ('r1', '/p', 'main', 'a', 'a', "
+            "'paused', 1, 'merge', 'worktree', '{}', '{}', 'b.yaml', '[1, 2]', 3, "
+            "'2026-01-01 00:00:00')"))
+        conn.execute(sa.text(
+            "INSERT INTO stories (run_id, key, seq, epic, title, state, footprint, depends_on, "
+            "merge_class, done_checkpoint, dev_attempts, review_cycles, feedback, approved, "
+            "signed_off, claim, human_fix) VALUES ('r1', '12-1-x', 1, 12, 't', 'pending', '{}', "
+            "'[]', 'self', false, 0, 0, '{}', false, false, 0, false)"))
+
+
+def _check_after_0006(engine) -> None:
+    with engine.connect() as conn:
+        run = conn.execute(sa.text("SELECT gates_passed, gate_epic FROM runs")).one()
+        story = conn.execute(sa.text("SELECT epic, to_create FROM stories")).one()
+        view = conn.execute(sa.text("SELECT story, epic FROM v_story_runs")).one()
+    gates = run[0] if isinstance(run[0], list) else __import__("json").loads(run[0])
+    assert gates == ["1", "2"] and run[1] == "3"
+    assert story[0] == "12" and not story[1]
+    assert tuple(view) == ("12-1-x", "12")
+
+
+def test_0006_keeps_a_runs_numeric_epics_as_text_on_sqlite(tmp_path):
+    engine = sa.create_engine(_url(tmp_path / "state.db"))
+    try:
+        _rows_at_0005(engine)
+        from bmad_loop.db import migrate
+
+        migrate.upgrade(engine)
+        _check_after_0006(engine)
+        with engine.begin() as conn:  # a letter epic is stored and read back as text
+            conn.execute(sa.text("UPDATE stories SET epic = 'r'"))
+            assert conn.execute(sa.text("SELECT epic FROM v_story_runs")).scalar() == "r"
+    finally:
+        engine.dispose()
+
+
+def test_0006_keeps_a_runs_numeric_epics_as_text_on_postgresql():
+    from backends import fresh_postgres_database
+
+    with fresh_postgres_database() as url:
+        engine = sa.create_engine(url)
+        try:
+            _rows_at_0005(engine)
+            from bmad_loop.db import migrate
+
+            migrate.upgrade(engine)
+            _check_after_0006(engine)
+        finally:
+            engine.dispose()

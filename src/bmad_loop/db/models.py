@@ -97,10 +97,10 @@ class Run(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     # How a stop was asked for: "graceful" (safe boundaries) or "now" (kill agent sessions).
     stop_mode: Mapped[str | None] = mapped_column(String(16))
-    # Epic gates already passed (per-epic mode), as a list of epic numbers.
+    # Epic gates already passed (per-epic mode), as a list of epic ids ("1", "r", "3-5").
     gates_passed: Mapped[list] = mapped_column(JSON, default=list)
     # The epic whose gate the run is paused at (per-epic mode); `resume` passes it.
-    gate_epic: Mapped[int | None] = mapped_column(Integer)
+    gate_epic: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
     ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
@@ -122,7 +122,7 @@ class Story(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
     key: Mapped[str] = mapped_column(String(255))
     seq: Mapped[int] = mapped_column(Integer)  # plan order = integration order, fixed at enqueue
-    epic: Mapped[int] = mapped_column(Integer)
+    epic: Mapped[str] = mapped_column(String(64))  # the BMAD epic id: "1", "r", "3-5"
     title: Mapped[str] = mapped_column(Text, default="")
     story_path: Mapped[str | None] = mapped_column(Text)  # repository-relative
     state: Mapped[str] = mapped_column(String(16), index=True)
@@ -152,6 +152,8 @@ class Story(Base):
     # A human changed the escalated story's branch before `resume`: verify and integrate it
     # without the agent.
     human_fix: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The story file does not exist yet: the next worker runs the create phase before dev.
+    to_create: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # The phase the next verify follows (fix: a failing verify starts another fix cycle).
     after_phase: Mapped[str | None] = mapped_column(String(16))
     # What holds a pending story back (conflict, resource, gate); journaled when it changes.
@@ -200,6 +202,14 @@ class Attempt(Base):
     started_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
     ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
     duration_s: Mapped[float | None] = mapped_column(Float)
+    # Why the attempt ended as it did ("no changes", "stalled", a CLI's own words for a limit).
+    reason: Mapped[str | None] = mapped_column(Text)
+    # What the agent CLI reported it used; NULL where the CLI reports nothing.
+    input_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+    cache_read_tokens: Mapped[int | None] = mapped_column(Integer)
+    cache_write_tokens: Mapped[int | None] = mapped_column(Integer)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
 
     @validates("state")
     def _check_state(self, _key, value):
