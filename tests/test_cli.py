@@ -109,7 +109,7 @@ def test_init_gitignores_runtime_files_so_git_status_stays_clean_through_a_run(m
 
 # ------------------------------------------------------------------------------ validate
 def test_validate_json_on_a_good_repository_reports_ok(make_repo):
-    repo = make_repo([ALPHA, BETA])
+    repo = make_repo([ALPHA, BETA], policy='[verify]\ncommands = ["true"]\n')  # none: a warning
     result = repo.cli("validate", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)

@@ -8,6 +8,7 @@ from ..board import ACTIONABLE
 from ..db.database import check_driver
 from ..db.sqlitefile import check_folder_writable, check_sqlite_file
 from ..errors import BmadLoopError
+from ..operator.advice import verify_advice
 from ..selection import check_dependencies
 from ..policy import load_policy
 from ..tasks import check_queue, queue_config
@@ -26,6 +27,7 @@ def preflight(root: Path) -> dict:
     try:
         policy = load_policy(root)
         add("policy", "ok", policy.source)
+        checks.extend(verify_advice(policy))  # warnings only (operator/advice.py)
     except BmadLoopError as exc:
         add("policy", "error", str(exc))
         return _report(checks)
