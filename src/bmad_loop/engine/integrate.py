@@ -15,10 +15,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from ..board import set_status
-from ..compose import (
-    blob_at, commit_message, compose, integration_message, overlapping_dirty, replace_blob,
-)
+from ..compose import commit_message, compose, integration_message, overlapping_dirty
 from ..db.models import Candidate, Run, Story, utcnow
 from ..worktrees import delete_ref, ensure_detached_worktree, remove_worktree
 from ..states import CandidateState, Phase, StoryState
@@ -31,6 +28,7 @@ from .layout import Layout
 from .runs import board_rel
 from .transitions import transition_story
 from .verify import run_verify
+from .writeback import lane_tree_edit
 
 __all__ = ["Integrator", "LaneFenced", "TargetMoved"]
 
@@ -369,19 +367,9 @@ class Integrator:
         return integration_message(title, strategy, story.branch)
 
     def _board_edit(self, story: Story):
-        """The lane marks the story done on the board inside the candidate."""
-        if not self.board_rel:
-            return None
-        board_rel, key, git = self.board_rel, story.key, self.git
-
-        def edit(tree: str) -> str:
-            current = blob_at(git, tree, board_rel)
-            if current is None:
-                return tree  # the board is not tracked: nothing to fold in
-            updated = set_status(current.decode("utf-8"), key, "done").encode("utf-8")
-            return tree if updated == current else replace_blob(git, tree, board_rel, updated)
-
-        return edit
+        """The lane's BMAD write-back inside the candidate: board line, epic line, story file."""
+        return lane_tree_edit(self.git, key=story.key, epic=story.epic, board_rel=self.board_rel,
+                              story_path=story.story_path)
 
     def _write_evidence(self, key: str, attempt: int, payload: dict) -> Path:
         path = self.layout.evidence(key, attempt)

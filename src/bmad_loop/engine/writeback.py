@@ -1,0 +1,126 @@
+"""What the lane writes back into the candidate when a story integrates, the BMAD way.
+
+One tree edit, folded into the candidate (the merge or squash commit; for `ff` one lane commit
+`bmad-loop: mark <key> done`), so the target never shows a story integrated but not marked:
+
+- the board (v6 `sprint-status.yaml`): the story's line becomes `done`; its epic's line
+  `epic-<id>` becomes `in-progress` when the epic is still `backlog` (or the legacy
+  `contexted`), and `done` once no story of the epic on the board is unfinished;
+- the story's own file (`stories.story_path`): its status value becomes `done` in the case style
+  it was written in (`Approved` → `Done`), by `storystatus.set_story_status`.
+
+A story is *finished* when its board status is `done` or one that says the work will never be
+done (`FINISHED_WITHOUT_WORK`: `wont-do`, `cancelled`, `obsolete`...). Everything else —
+including `blocked`, `on-hold`, `deferred` and `optional` — is work still to come, and keeps the
+epic open. Only status tokens change: comments, quoting, order and line endings of both files
+survive byte for byte. A board or story file the candidate does not track, a story file with
+no status, or a value already `done` is left as it is, so recomposing after a crash edits
+nothing twice. BMAD v4 runs have no board: only the story file changes.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable
+
+from ..board import parse_board, set_status
+from ..compose import blob_at, replace_blob
+from ..errors import ConfigError
+from ..storystatus import set_story_status
+
+__all__ = ["FINISHED_WITHOUT_WORK", "lane_tree_edit", "mark_done_on_board", "mark_story_file_done"]
+
+DONE = "done"
+IN_PROGRESS = "in-progress"
+# Epic statuses the first integrated story moves on (`contexted` is BMAD's legacy name for an
+# epic being worked on; bmad-loop writes the current name).
+EPIC_NOT_STARTED = ("backlog", "contexted")
+# Board statuses of stories nobody will work on: they do not keep an epic open.
+FINISHED_WITHOUT_WORK = ("wont-do", "won't-do", "wontdo", "wont-fix", "wontfix", "cancelled",
+                         "canceled", "dropped", "obsolete", "superseded", "descoped",
+                         "duplicate", "removed", "skipped")
+_WORD_RE = re.compile(r"[A-Za-z][A-Za-z0-9_'-]*")
+
+
+def _word(status: str) -> str:
+    """The status's leading word, lower-cased: `done ✅ (merged)` reads as `done`."""
+    m = _WORD_RE.match(status.strip())
+    return m.group(0).lower() if m else ""
+
+
+def _finished(status: str) -> bool:
+    word = _word(status)
+    return word == DONE or word in FINISHED_WITHOUT_WORK
+
+
+def mark_done_on_board(text: str, key: str, epic: str | None, source: str = "sprint-status.yaml") -> str:
+    """The board text with `key` done and its epic's line moved on; unchanged when there is
+    nothing to change (the key is not on the board, or every value already says so)."""
+    try:
+        entry = parse_board(text, Path(source)).entry(key)
+    except ConfigError:  # a board the parser refuses: edit the story's line as before, no epic
+        return set_status(text, key, DONE, source)
+    if entry is None:
+        return text
+    if _word(entry.status) != DONE:
+        text = set_status(text, key, DONE, source)
+    if epic is None:
+        return text
+    return _move_epic(text, str(epic), source)
+
+
+def _move_epic(text: str, epic: str, source: str) -> str:
+    try:
+        board = parse_board(text, Path(source))
+    except ConfigError:
+        return text  # a board only the story line could be edited in: leave the epic alone
+    epic_entry = board.entry(f"epic-{epic}")
+    if epic_entry is None:
+        return text
+    current = _word(epic_entry.status)
+    stories = [e for e in board.stories() if e.epic is not None and str(e.epic) == epic]
+    if stories and all(_finished(e.status) for e in stories):
+        wanted = DONE
+    elif current in EPIC_NOT_STARTED:
+        wanted = IN_PROGRESS
+    else:
+        return text
+    if current == wanted:
+        return text
+    return set_status(text, epic_entry.key, wanted, source)
+
+
+def mark_story_file_done(text: str) -> str:
+    """The story file's text with its status `done`; unchanged when it states no status."""
+    return set_story_status(text, DONE)
+
+
+def _edit_blob(git, tree: str, path: str, change: Callable[[str], str]) -> str:
+    current = blob_at(git, tree, path)
+    if current is None:
+        return tree  # not tracked in the candidate: nothing to fold in
+    try:
+        text = current.decode("utf-8")
+    except UnicodeDecodeError:
+        return tree
+    updated = change(text).encode("utf-8")
+    return tree if updated == current else replace_blob(git, tree, path, updated)
+
+
+def lane_tree_edit(git, *, key: str, epic: str | None, board_rel: str | None,
+                   story_path: str | None) -> Callable[[str], str] | None:
+    """The candidate's tree edit for integrating story `key` (tree sha -> tree sha), or None
+    when the run has neither a board nor a story file to write."""
+    if not board_rel and not story_path:
+        return None
+
+    def edit(tree: str) -> str:
+        if board_rel:
+            tree = _edit_blob(git, tree, board_rel,
+                              lambda text: mark_done_on_board(text, key, epic, board_rel))
+        if story_path and story_path != board_rel:
+            tree = _edit_blob(git, tree, story_path, mark_story_file_done)
+        return tree
+
+    return edit
