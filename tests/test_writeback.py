@@ -166,3 +166,110 @@ def test_the_story_file_goes_to_done_in_its_own_style():
     assert mark_story_file_done("# S\r\n\r\n## Status\r\n\r\nApproved\r\n") == \
         "# S\r\n\r\n## Status\r\n\r\nDone\r\n"
     assert mark_story_file_done("# S\n\nnothing\n") == "# S\n\nnothing\n"
+
+
+# ------------------------------------------------------------------ through the CLI: a real run
+
+import subprocess  # noqa: E402
+
+from support import STORY_DIR, StoryDef  # noqa: E402
+
+RUN_STORIES = [StoryDef("1-1-login", files=["src/login.py"]),
+               StoryDef("1-2-logout", files=["src/logout.py"]),
+               StoryDef("2-1-audit", files=["src/audit.py"])]
+
+# A board as people keep it: comments, odd spacing, both quotings, other top-level keys, a
+# non-actionable story of another epic, and CRLF line endings.
+RUN_BOARD = (
+    "# Sprint status, kept by hand as well as by sprint-planning\r\n"
+    "generated: 2026-01-05\r\n"
+    "project:   demo   # the demo\r\n"
+    "\r\n"
+    "development_status:\r\n"
+    "  # --- Epic 1: accounts ---\r\n"
+    "  epic-1:    backlog      # login epic\r\n"
+    "  1-1-login:   \"ready-for-dev\"\r\n"
+    "  1-2-logout:  'ready-for-dev'   # after login\r\n"
+    "  epic-1-retrospective: optional\r\n"
+    "\r\n"
+    "  epic-2: backlog\r\n"
+    "  2-1-audit:     ready-for-dev\r\n"
+    "  epic-2-retrospective:   optional\r\n"
+    "  epic-3: in-progress\r\n"
+    "  3-1-later: in-progress   # someone is on it\r\n"
+)
+
+
+def _front(files: list[str]) -> str:
+    return "---\r\nfootprint:\r\n  files: [" + ", ".join(f'"{f}"' for f in files) + "]\r\n"
+
+
+# Story files in three forms (a status line with trailing spaces, a bold status, a status key in
+# the front matter), each with a `Status:` mention further down that is not the story's.
+RUN_STORY_FILES = {
+    "1-1-login": (_front(["src/login.py"]) + "---\r\n# Story 1.1: Login\r\n\r\n"
+                  "Status: ready-for-dev  \r\n\r\n## Story\r\n\r\nAs a user, I log in.\r\n\r\n"
+                  "## Dev Notes\r\n\r\nStatus: codes are documented elsewhere.\r\n"),
+    "1-2-logout": (_front(["src/logout.py"]) + "---\r\n# Story 1.2: Logout\r\n\r\n"
+                   "**Status:** ready-for-dev <!-- set by create-story -->\r\n\r\n"
+                   "## Story\r\n\r\nStatus: no\r\n"),
+    "2-1-audit": (_front(["src/audit.py"]) + "status: ready-for-dev   # front matter\r\n"
+                  "---\r\n# Story 2.1: Audit\r\n\r\n## Story\r\n\r\nStatus: no\r\n"),
+}
+
+
+def _blob(repo, ref: str, rel: str) -> bytes:
+    return subprocess.run(["git", "show", f"{ref}:{rel}"], cwd=repo.root, capture_output=True,
+                          check=True).stdout
+
+
+def _crlf_project(make_repo, strategy: str):
+    script = {s.key: {"dev": [{"write": {s.files[0]: f"NAME = '{s.key}'\n"},
+                               "commit": strategy == "ff"}]} for s in RUN_STORIES}
+    repo = make_repo(RUN_STORIES, script=script,
+                     policy=f'[scm]\nmerge_strategy = "{strategy}"\n[gates]\nmode = "none"\n')
+    repo.board.write_bytes(RUN_BOARD.encode())
+    for key, text in RUN_STORY_FILES.items():
+        (repo.root / STORY_DIR / f"{key}.md").write_bytes(text.encode())
+    return repo, repo.commit_all("a board and story files as people keep them")
+
+
+@pytest.mark.parametrize("strategy", ["merge", "ff"])
+def test_a_run_changes_only_the_status_tokens_of_the_board_and_the_story_files(make_repo, strategy):
+    repo, start = _crlf_project(make_repo, strategy)
+    result = repo.cli("run")
+    assert result.exit_code == 0, result.output
+
+    board = _blob(repo, "main", repo.board_rel).decode()
+    assert board == (RUN_BOARD
+                     .replace('1-1-login:   "ready-for-dev"', '1-1-login:   "done"')
+                     .replace("1-2-logout:  'ready-for-dev'", "1-2-logout:  'done'")
+                     .replace("2-1-audit:     ready-for-dev", "2-1-audit:     done")
+                     .replace("epic-1:    backlog ", "epic-1:    done ")
+                     .replace("epic-2: backlog", "epic-2: done"))
+    for key, text in RUN_STORY_FILES.items():
+        after = _blob(repo, "main", f"{STORY_DIR}/{key}.md").decode()
+        assert after == text.replace("ready-for-dev", "done", 1), key
+    # Nothing else the lane wrote: the diff names the stories' code, the board and story files.
+    changed = repo.git("diff", "--name-only", start, "main").splitlines()
+    assert sorted(changed) == sorted([repo.board_rel, *(f"{STORY_DIR}/{k}.md" for k in RUN_STORY_FILES),
+                                      *(s.files[0] for s in RUN_STORIES)])
+
+
+def test_the_epic_line_goes_backlog_in_progress_done_along_the_targets_history(make_repo):
+    repo, start = _crlf_project(make_repo, "merge")
+    result = repo.cli("run")
+    assert result.exit_code == 0, result.output
+    history = repo.first_parent_trees()
+    history = history[[c["sha"] for c in history].index(start):]
+    steps = [(repo.board_status("epic-1", c["sha"]), repo.board_status("epic-2", c["sha"]),
+              repo.board_status("epic-3", c["sha"])) for c in history]
+    assert steps == [("backlog", "backlog", "in-progress"),
+                     ("in-progress", "backlog", "in-progress"),   # 1-1-login: first of epic 1
+                     ("done", "backlog", "in-progress"),          # 1-2-logout: its last
+                     ("done", "done", "in-progress")]             # 2-1-audit: first and last
+    # Each story's file says done from its own integration on, not before.
+    for index, key in enumerate(["1-1-login", "1-2-logout", "2-1-audit"], start=1):
+        path = f"{STORY_DIR}/{key}.md"
+        assert b"ready-for-dev" in _blob(repo, history[index - 1]["sha"], path)
+        assert b"ready-for-dev" not in _blob(repo, history[index]["sha"], path)
