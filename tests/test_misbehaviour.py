@@ -164,7 +164,8 @@ def test_an_agent_editing_the_sprint_board_is_reverted_and_only_the_lane_marks_i
     # The story's own commit does not touch the board; the lane's edit is the only one.
     changed = repo.git("diff", "--name-only", story["base_sha"], story["head_sha"]).splitlines()
     assert repo.board_rel not in changed and "src/alpha.py" in changed
-    expected = original.replace("1-1-alpha: ready-for-dev", "1-1-alpha: done")
+    expected = original.replace("1-1-alpha: ready-for-dev", "1-1-alpha: done") \
+                       .replace("epic-1: backlog", "epic-1: in-progress")  # its first story landed
     assert repo.git("show", f"main:{repo.board_rel}") + "\n" == expected
     assert repo.board_status("1-1-alpha") == "done"
     assert repo.board_status("1-2-beta") == "ready-for-dev"
