@@ -55,9 +55,9 @@ def test_the_sample_board_parses_every_key_with_its_kind(sample_board):
 def test_entries_carry_their_epic_status_and_line(sample_board):
     board = load_board(sample_board)
     auth = board.entry("1-2-user-auth")
-    assert (auth.status, auth.epic, auth.line) == ("ready-for-dev", 1, 13)
-    assert board.entry("epic-1-retro-item-1-flaky-login-test").epic == 1
-    assert board.entry("2-3b-search-ui").epic == 2
+    assert (auth.status, auth.epic, auth.line) == ("ready-for-dev", "1", 13)
+    assert board.entry("epic-1-retro-item-1-flaky-login-test").epic == "1"
+    assert board.entry("2-3b-search-ui").epic == "2"
     assert board.entry("nope") is None
 
 
@@ -89,7 +89,7 @@ def test_story_location_is_kept_raw(tmp_path):
     assert parse_board(board_with("epic-1: backlog"), tmp_path / "b.yaml").story_location is None
 
 
-def test_keys_outside_the_grammar_are_others_and_retros_are_never_stories(tmp_path):
+def test_keys_outside_the_grammar_are_extras_and_retros_are_never_stories(tmp_path):
     text = board_with(
         "epic-3: backlog",
         "epic-3-retrospective: done",
@@ -99,23 +99,25 @@ def test_keys_outside_the_grammar_are_others_and_retros_are_never_stories(tmp_pa
         "notes: whatever",
         "epic-x: backlog",
         "3-2: backlog",
+        "epic-: backlog",
     )
     board = parse_board(text, tmp_path / "sprint-status.yaml")
     assert board.stories() == []
-    assert [e.key for e in board.others()] == [
+    assert [e.key for e in board.extras()] == [
         "3-1xy-double-suffix",
         "3-1AB-upper",
         "notes",
-        "epic-x",
         "3-2",
+        "epic-",
     ]
+    assert board.entry("epic-x").kind == "epic", "a letter epic id (was an error before 0.x)"
     assert board.entry("epic-3-retro-item-2-speed-up-ci").kind == "retro-item"
 
 
 def test_a_split_story_suffix_is_a_single_lower_case_letter(tmp_path):
     board = parse_board(board_with("2-6a-x: backlog", "2-6b-y: backlog", "2-6ab-z: backlog"), tmp_path / "b")
     assert [e.key for e in board.stories()] == ["2-6a-x", "2-6b-y"]
-    assert board.entry("2-6ab-z").kind == "other"
+    assert board.entry("2-6ab-z").kind == "extra"
 
 
 def test_the_old_drafted_status_is_a_valid_actionable_story_status(tmp_path):
@@ -124,22 +126,32 @@ def test_the_old_drafted_status_is_a_valid_actionable_story_status(tmp_path):
     assert "drafted" in STORY_STATUSES and "drafted" in ACTIONABLE
 
 
-def test_an_unknown_story_status_names_the_key_and_the_file(tmp_path):
+def test_an_unknown_story_status_is_a_warning_naming_the_key_the_line_and_the_file(tmp_path):
     path = write(tmp_path / "sprint-status.yaml", board_with("1-1-a: doing"))
-    with pytest.raises(ConfigError, match=r"sprint-status\.yaml: story '1-1-a': unknown status 'doing'"):
-        load_board(path)
+    board = load_board(path)
+    assert board.entry("1-1-a").status == "doing" and not board.entry("1-1-a").known
+    assert board.warnings() == [f"{path}: line 2: story '1-1-a' has status 'doing', which "
+                                "bmad-loop does not know; it is not run"]
 
 
 def test_epic_and_retrospective_statuses_are_not_checked_against_story_statuses(tmp_path):
     board = parse_board(board_with("epic-1: contexted", "epic-1-retrospective: optional"), tmp_path / "b")
-    assert board.epic_status(1) == "contexted"
+    assert board.epic_status(1) == "contexted" and board.epic_status("1") == "contexted"
+    assert board.warnings() == []
 
 
-@pytest.mark.parametrize("value", ["", "42", "true", "[done]", "{a: b}", "null"])
-def test_a_status_that_is_not_a_string_names_the_key_and_the_file(tmp_path, value):
+@pytest.mark.parametrize("value", ["[done]", "{a: b}"])
+def test_a_status_that_is_not_a_single_value_names_the_key_and_the_file(tmp_path, value):
     path = write(tmp_path / "sprint-status.yaml", board_with(f"1-1-a: {value}"))
-    with pytest.raises(ConfigError, match=r"sprint-status\.yaml: key '1-1-a': status is not a string"):
+    with pytest.raises(ConfigError, match=r"sprint-status\.yaml: key '1-1-a': status is not a single value"):
         load_board(path)
+
+
+@pytest.mark.parametrize("value, status", [("", ""), ("42", "42"), ("true", "true"), ("null", "null")])
+def test_a_scalar_status_that_is_not_a_string_is_an_unknown_status(tmp_path, value, status):
+    board = parse_board(board_with(f"1-1-a: {value}"), tmp_path / "sprint-status.yaml")
+    assert (board.entry("1-1-a").status, board.entry("1-1-a").known) == (status, False)
+    assert len(board.warnings()) == 1
 
 
 def test_malformed_yaml_names_the_file_and_line(tmp_path):

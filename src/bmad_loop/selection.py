@@ -3,16 +3,18 @@
 `Selection` is what the operator asked for (`--epic`, `--story`, `--max-stories`).
 `load_stories` joins the board with the story files (`<story_dir>/<key>.md`) and the policy's
 footprint overrides. `select_stories` applies the selectors (`--epic`, `--story`, `--max-stories`)
-and orders the plan: file order, except that the current epic (the one whose `epic-N` entry is
-`in-progress`) comes first. `check_dependencies` rejects unknown or cyclic `depends_on` and
-selected stories that depend on unfinished work the run will not do.
+and orders the plan: file order, except that the current epic (the one whose `epic-<E>` entry
+has started) comes first. `check_dependencies` rejects, for the selected stories only, unknown
+or cyclic `depends_on` and dependencies on unfinished work the run will not do.
 
-`--story` queries, tried in this order:
+Epic ids are strings (`"1"`, `"r"`, `"3-5"`). `--story` queries, tried in this order:
 
 - the full key: `1-2-user-auth`
 - `E-S` or `E.S`: the story and both halves of a split story (`2-3` gives `2-3a-…`, `2-3b-…`);
-  `E-Sa` / `E.Sa` one half
+  `E-Sa` / `E.Sa` one half; letter and fractional epics too (`r-1`, `3-5-1`, `3.5.1`)
 - the start of a key (`1-2-user`), else a fragment of the slug (`auth`); it must be unique
+
+A `depends_on` entry is a full key or an `E-S` / `E.S` short key naming exactly one story.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bmad_loop.board import ACTIONABLE, Board, parse_story_key
+from bmad_loop.board import Board, parse_story_key
+from bmad_loop.boardstatus import ACTIONABLE, DONE, EPIC_STARTED
 from bmad_loop.errors import ConfigError
 from bmad_loop.footprint import Footprint, footprint_from_mapping
 from bmad_loop.storymeta import parse_story_text
@@ -35,6 +38,8 @@ __all__ = [
     "select_stories",
     "match_story",
     "check_dependencies",
+    "resolve_dependencies",
+    "resolve_dependency",
     "current_epic",
 ]
 
@@ -43,7 +48,7 @@ __all__ = [
 class Selection:
     """What the operator asked to run: `--epic`, `--story` (repeatable), `--max-stories`."""
 
-    epic: int | None = None
+    epic: str | None = None  # an epic id: "1", "r", "3-5"
     stories: tuple[str, ...] = ()
     max_stories: int | None = None
 
@@ -56,7 +61,7 @@ class StorySpec:
     """One story of the board, with what its story file and the policy say about it."""
 
     key: str
-    epic: int
+    epic: str  # the epic id ("1", "r", "3-5"); "" for an extra key above every epic line
     status: str
     title: str
     story_file: Path | None  # absolute; None when the file does not exist
@@ -141,7 +146,7 @@ def load_stories(
         specs.append(
             StorySpec(
                 key=entry.key,
-                epic=entry.epic if entry.epic is not None else parse_story_key(entry.key)[0],
+                epic=entry.epic or "",
                 status=entry.status,
                 title=title or _title_from_key(entry.key),
                 story_file=story_file,
@@ -157,15 +162,36 @@ def load_stories(
     return specs
 
 
-def current_epic(board: Board) -> int | None:
-    """The epic whose `epic-N` entry is `in-progress` (the first one in file order), or None."""
+def current_epic(board: Board) -> str | None:
+    """The epic whose `epic-<E>` entry has started (`in-progress`, or the older `contexted`):
+    the first one in file order, or None."""
     for entry in board.entries:
-        if entry.kind == "epic" and entry.status == "in-progress":
+        if entry.kind == "epic" and entry.status in EPIC_STARTED:
             return entry.epic
     return None
 
 
-_NUMBER_QUERY_RE = re.compile(r"^(\d+)[.-](\d+)([a-z])?$")
+# `E-S`, `E.S`, `E-Sa`: the epic id is everything before the last `-` or `.`
+_NUMBER_QUERY_RE = re.compile(r"^(.+)[.-](\d+)([a-z])?$")
+
+
+def _parts(spec: StorySpec) -> tuple[str, int, str, str] | None:
+    """A story's (epic, number, split, slug), read against its own epic."""
+    return parse_story_key(spec.key, (spec.epic,) if spec.epic else ())
+
+
+def _number_matches(stories: Sequence[StorySpec], q: str) -> list[StorySpec] | None:
+    """The stories an `E-S[a]` / `E.S[a]` query names, or None if `q` is not such a query."""
+    m = _NUMBER_QUERY_RE.match(q)
+    if m is None:
+        return None
+    epic, number, suffix = m.group(1).replace(".", "-"), int(m.group(2)), m.group(3)
+    matches = []
+    for s in stories:
+        parts = _parts(s)
+        if parts and parts[:2] == (epic, number) and (suffix is None or parts[2] == suffix):
+            matches.append(s)
+    return matches
 
 
 def match_story(stories: Sequence[StorySpec], query: str, board_path) -> list[StorySpec]:
@@ -176,22 +202,12 @@ def match_story(stories: Sequence[StorySpec], query: str, board_path) -> list[St
     exact = [s for s in stories if s.key == q]
     if exact:
         return exact
-    m = _NUMBER_QUERY_RE.match(q)
-    if m:
-        epic, number, suffix = int(m.group(1)), int(m.group(2)), m.group(3)
-        matches = []
-        for s in stories:
-            parsed = parse_story_key(s.key)
-            if parsed and parsed[:2] == (epic, number) and (suffix is None or parsed[2] == suffix):
-                matches.append(s)
-    else:
+    matches = _number_matches(stories, q)
+    if not matches:  # not an `E-S` query, or one that names no story: a key prefix or slug
         matches = [s for s in stories if s.key.startswith(q)]
         if not matches:
             needle = q.lower()
-            matches = [
-                s for s in stories
-                if needle in (parse_story_key(s.key) or (0, 0, "", s.key))[3].lower()
-            ]
+            matches = [s for s in stories if needle in ((_parts(s) or ("", 0, "", s.key))[3]).lower()]
         if len(matches) > 1:
             names = ", ".join(s.key for s in matches)
             raise ConfigError(f"{board_path}: story query '{q}' is ambiguous: {names}")
@@ -204,21 +220,24 @@ def select_stories(
     stories: list[StorySpec],
     board: Board,
     *,
-    epic: int | None = None,
+    epic: str | int | None = None,
     story: Sequence[str] = (),
     max_stories: int | None = None,
 ) -> list[StorySpec]:
-    """The plan: the selected actionable stories, current epic first, then file order."""
+    """The plan: the selected actionable stories, current epic first, then file order.
+
+    The `depends_on` of each planned story are resolved to full keys (`resolve_dependencies`).
+    """
     if max_stories is not None and (
         isinstance(max_stories, bool) or not isinstance(max_stories, int) or max_stories < 1
     ):
         raise ConfigError(f"max_stories must be a whole number of at least 1, got {max_stories!r}")
     if isinstance(story, str):
         story = (story,)
-    if epic is not None and board.entry(f"epic-{epic}") is None and not any(
-        s.epic == epic for s in stories
-    ):
-        raise ConfigError(f"{board.path}: no epic {epic} on the board")
+    if epic is not None:
+        epic = str(epic).strip()
+        if board.entry(f"epic-{epic}") is None and not any(s.epic == epic for s in stories):
+            raise ConfigError(f"{board.path}: no epic {epic} on the board")
     if story:
         chosen: set[str] = set()
         for query in story:
@@ -242,25 +261,55 @@ def select_stories(
     pool.sort(key=lambda s: (0 if first is not None and s.epic == first else 1, s.position))
     if max_stories is not None:
         pool = pool[:max_stories]
-    return pool
+    return resolve_dependencies(stories, pool)
 
 
 def _where(spec: StorySpec) -> str:
     return str(spec.story_file or spec.story_path or "story")
 
 
-def check_dependencies(all_stories: Sequence[StorySpec], selected: Sequence[StorySpec]) -> None:
-    """ConfigError for an unknown or cyclic `depends_on` anywhere on the board, and for a selected
-    story that depends on a story neither selected (earlier in the plan) nor `done`."""
-    by_key = {s.key: s for s in all_stories}
-    for s in all_stories:
-        for dep in s.depends_on:
-            if dep not in by_key:
-                raise ConfigError(f"{_where(s)}: story {s.key} depends on unknown story '{dep}'")
+def resolve_dependency(stories: Sequence[StorySpec], spec: StorySpec, dep: str) -> str:
+    """The full key a `depends_on` entry of `spec` names: a full key, or a short key `E-S` /
+    `E.S` (`E-Sa`) naming exactly one story. ConfigError naming the story file otherwise.
+    (An annotation such as `(done)` was already dropped when the story file was read.)"""
+    if any(s.key == dep for s in stories):
+        return dep
+    matches = _number_matches(stories, dep) or []
+    if len(matches) == 1:
+        return matches[0].key
+    if len(matches) > 1:
+        names = ", ".join(s.key for s in matches)
+        raise ConfigError(f"{_where(spec)}: story {spec.key} depends on '{dep}', which names "
+                          f"more than one story: {names}")
+    raise ConfigError(f"{_where(spec)}: story {spec.key} depends on unknown story '{dep}'")
 
-    # cycles: depth-first, in file order, so the reported cycle is deterministic
+
+def resolve_dependencies(all_stories: Sequence[StorySpec],
+                         specs: Sequence[StorySpec]) -> list[StorySpec]:
+    """`specs` with every `depends_on` entry resolved to a full key (ConfigError for an unknown
+    or ambiguous one). Only these stories are looked at: another story's front matter never
+    blocks them."""
+    resolved = []
+    for spec in specs:
+        deps = tuple(dict.fromkeys(resolve_dependency(all_stories, spec, d) for d in spec.depends_on))
+        resolved.append(spec if deps == spec.depends_on else replace(spec, depends_on=deps))
+    return resolved
+
+
+def check_dependencies(all_stories: Sequence[StorySpec], selected: Sequence[StorySpec]) -> None:
+    """ConfigError for a selected story whose `depends_on` names an unknown story, for a
+    dependency cycle among the selected stories, and for a selected story that depends on a
+    story neither selected (earlier in the plan) nor `done` on the board.
+
+    Only the selected stories are checked: a `done` dependency is satisfied whatever it depends
+    on, and any other dependency must be selected, so a cycle can only run through the plan."""
+    selected = resolve_dependencies(all_stories, selected)
+    by_key = {s.key: s for s in all_stories}
+    plan = {s.key: s for s in selected}
+
+    # cycles: depth-first over the plan, in plan order, so the reported cycle is deterministic
     state: dict[str, int] = {}  # 1 on the path, 2 finished
-    for root in all_stories:
+    for root in selected:
         if root.key in state:
             continue
         path: list[str] = [root.key]
@@ -271,13 +320,15 @@ def check_dependencies(all_stories: Sequence[StorySpec], selected: Sequence[Stor
             if dep is None:
                 state[path.pop()] = 2
                 pending.pop()
+            elif dep not in plan:
+                continue
             elif state.get(dep) == 1:
                 cycle = path[path.index(dep):] + [dep]
-                raise ConfigError(f"{_where(by_key[dep])}: dependency cycle: {' -> '.join(cycle)}")
+                raise ConfigError(f"{_where(plan[dep])}: dependency cycle: {' -> '.join(cycle)}")
             elif dep not in state:
                 state[dep] = 1
                 path.append(dep)
-                pending.append(iter(by_key[dep].depends_on))
+                pending.append(iter(plan[dep].depends_on))
 
     plan_index = {s.key: i for i, s in enumerate(selected)}
     for s in selected:
@@ -287,7 +338,7 @@ def check_dependencies(all_stories: Sequence[StorySpec], selected: Sequence[Stor
                     raise ConfigError(
                         f"{_where(s)}: story {s.key} depends on {dep}, which comes later in the plan"
                     )
-            elif by_key[dep].status != "done":
+            elif by_key[dep].status != DONE:
                 raise ConfigError(
                     f"{_where(s)}: story {s.key} depends on {dep}, which is"
                     f" {by_key[dep].status} and not selected"

@@ -63,7 +63,7 @@ def target_branch_of(project, policy) -> tuple[str, str]:
 
 def load_board_and_stories(project, policy):
     board_path = resolve_board_path(project.root, policy.stories.sprint_status)
-    board = load_board(board_path)
+    board = load_board(board_path).with_extra_keys(policy.stories.extra_keys)
     story_dir = resolve_story_dir(project.root, board, policy.stories.story_dir)
     check_story_dir(project, policy, story_dir)
     overrides = {k: {"files": list(v.files), "shared": list(v.shared), "resources": list(v.resources)}

@@ -48,9 +48,8 @@ def preflight(root: Path) -> dict:
         check_dependencies(stories, [s for s in stories if s.status in ACTIONABLE])
         actionable = [s for s in stories if s.status in ACTIONABLE]
         add("stories", "ok", f"{board.path}: {len(stories)} stories, {len(actionable)} actionable")
-        for entry in board.others():
-            add("board", "warn", f"{board.path}: key '{entry.key}' (line {entry.line}) is not an "
-                "epic, retrospective or story; it is not run")
+        for warning in board.warnings():  # unknown statuses, keys outside the grammar
+            add("board", "warn", warning)
         for spec in actionable:
             if spec.footprint.reason:
                 add("footprint", "warn", f"story {spec.key}: footprint {spec.footprint.reason} "

@@ -141,6 +141,8 @@ class LeasesPolicy:
 class StoriesPolicy:
     sprint_status: str = ""
     story_dir: str = ""
+    # Board keys outside the story grammar (`hotfix-login`): listed by validate, or run as stories.
+    extra_keys: str = setting("ignore", checks=(one_of("ignore", "run"),))
 
 
 @dataclass(frozen=True)
