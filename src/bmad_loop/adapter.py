@@ -37,6 +37,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from . import proctree
 from .errors import ConfigError
 from .hostid import host_name
+from .stallwatch import StallWatch
 from .states import AGENT_PHASES
 
 __all__ = [
@@ -121,6 +122,7 @@ class AgentResult:
     pid: int
     log_start: int = 0
     log_end: int = 0
+    stalled: bool = False  # killed by bmad-loop: no output and no CPU for `stall_s` (stallwatch)
 
     @property
     def ok(self) -> bool:
@@ -212,6 +214,7 @@ def run_agent(
     kill_grace_s: float = 3.0,
     label: str | None = None,
     thaw_after_s: float | None = None,
+    stall_s: float | None = None,
 ) -> AgentResult:
     """Run one agent session to its end and return how it ended.
 
@@ -222,6 +225,7 @@ def run_agent(
     while waiting (including `StopRequested` or Ctrl+C) kills the tree before it propagates.
     With `thaw_after_s`, a `proctree.Thawer` continues bmad-loop when the session stopped it
     (SIGSTOP) for that long, so a stopped bmad-loop never outlasts its lease by much.
+    With `stall_s`, a session silent and idle that long is killed (`stalled`, see stallwatch).
     """
     if not argv:
         raise ConfigError("[adapter] command: the agent command is empty")
@@ -248,8 +252,9 @@ def run_agent(
                 raise
             raise ConfigError(f"[adapter] command: cannot run agent binary '{argv[0]}': {exc.strerror}") from exc
 
-        timed_out = interrupted = False
+        timed_out = interrupted = stalled = False
         waiter = proctree.ExitWaiter(proc)
+        watch = StallWatch(stall_s, log_path, proc.pid, marker=(SESSION_TOKEN_VAR, token)) if stall_s else None
         thawer = proctree.Thawer(thaw_after_s, log_path) if thaw_after_s else None
         try:
             if on_start is not None:
@@ -264,6 +269,9 @@ def run_agent(
                     break
                 if stop_event is not None and stop_event.is_set():
                     interrupted = True
+                    break
+                if watch is not None and watch.stalled():
+                    stalled = True
                     break
         except BaseException:
             _end_session(proc, token, kill_grace_s)
@@ -283,15 +291,17 @@ def run_agent(
             how = f"timed out after {timeout_s:g}s: process tree killed"
         elif interrupted:
             how = "stopped: process tree killed"
+        elif stalled:
+            how = f"stalled: no output and no CPU for {stall_s:g}s: process tree killed"
         else:
             how = f"exited {proc.returncode}"
         newline = b"" if log_end == log_start or _last_byte(log_path) == b"\n" else b"\n"
         log.write(newline + f"=== bmad-loop {label} {how} ({duration:.1f}s) ===\n".encode())
 
     return AgentResult(
-        exit_code=None if (timed_out or interrupted) else proc.returncode,
+        exit_code=None if (timed_out or interrupted or stalled) else proc.returncode,
         timed_out=timed_out, interrupted=interrupted, duration_s=duration, pid=proc.pid,
-        log_start=log_start, log_end=log_end,
+        log_start=log_start, log_end=log_end, stalled=stalled,
     )
 
 

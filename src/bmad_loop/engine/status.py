@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from ..db.models import Candidate, Run, Story, utcnow
+from ..stallwatch import last_output_at
 from ..states import StoryState
 from .journal import event_json, events_after
 from .runs import stories_of
@@ -65,6 +66,9 @@ def story_json(story: Story, now=None) -> dict:
         "footprint_reason": story.footprint_reason,
         "host": story.host,
         "heartbeat_at": _iso(story.heartbeat_at),
+        "started_at": _iso(story.started_at),
+        "ended_at": _iso(story.ended_at),
+        "last_output_at": _iso(last_output_at(story.log)),  # the session log's mtime
         "elapsed_s": elapsed,
         "reason": story.reason,
         "waiting_for": story.wait_reason,

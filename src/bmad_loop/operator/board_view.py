@@ -41,6 +41,14 @@ def _parse(ts: str | None):
     return dt.datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
 
 
+def _output_age(story: dict, now: dt.datetime) -> Text:
+    """How long a working story's session has printed nothing (its log's mtime, see stallwatch)."""
+    last = _parse(story.get("last_output_at"))
+    if story["state"] != StoryState.WORKING or last is None:
+        return Text("-")
+    return Text(f"{format_duration(max((now - last).total_seconds(), 0))} ago")
+
+
 def lane_queue(status: dict, *, escalation_blocks: bool = True) -> list[tuple[dict, str]]:
     """Finished stories waiting for the lane, in plan order, each with what it waits for."""
     stories = sorted(status["stories"], key=lambda s: s["seq"])
@@ -142,7 +150,8 @@ def render_board(status: dict, previous: Frame | None, now: dt.datetime, *,
 
     # ------------------------------------------------------------------ workers
     workers = _table("workers in flight",
-                     ("", "story", "state", "host", "phase", "elapsed", "base", "session", "heartbeat"),
+                     ("", "story", "state", "host", "phase", "elapsed", "base", "session", "heartbeat",
+                      "last output"),
                      no_wrap=("", "base", "elapsed"))
     stale = []
     for story in stories:
@@ -164,9 +173,9 @@ def render_board(status: dict, previous: Frame | None, now: dt.datetime, *,
         workers.add_row(mark(flag), story["key"], state_text(story["state"]),
                         story.get("host") or "-", story.get("phase") or "-",
                         format_duration(story.get("elapsed_s")), short_sha(story.get("base_sha")),
-                        story.get("session") or "-", beat_text)
+                        story.get("session") or "-", beat_text, _output_age(story, now))
     if not workers.row_count:
-        workers.add_row("", Text("no worker in flight", style="dim"), "", "", "", "", "", "", "")
+        workers.add_row("", Text("no worker in flight", style="dim"), "", "", "", "", "", "", "", "")
 
     # ------------------------------------------------------------------ the lane
     current = current_candidate(candidates)

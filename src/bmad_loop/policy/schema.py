@@ -114,6 +114,8 @@ class AdapterPolicy:
     tmux: bool = False
     dev: PhaseOverride = setting(factory=PhaseOverride)
     review: PhaseOverride = setting(factory=PhaseOverride)
+    # No output and no CPU in the session's process tree for this long: killed as stalled (0: off).
+    stall_s: int = seconds(600, 0)
     fix: PhaseOverride = setting(factory=PhaseOverride)
     tiers: Mapping[str, TierPolicy] = setting(factory=empty_map)
 
