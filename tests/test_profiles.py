@@ -125,4 +125,4 @@ def test_codex_is_told_it_cannot_commit_in_its_sandbox():
 
 
 def test_gemini_trusts_its_worktree_for_the_session():
-    assert load_profile("gemini").env == {"GEMINI_TRUST_WORKSPACE": "true"}
+    assert load_profile("gemini").env == {"GEMINI_CLI_TRUST_WORKSPACE": "true"}

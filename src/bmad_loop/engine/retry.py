@@ -52,12 +52,13 @@ class FaultPersisted(Exception):
         self.fault, self.attempts = fault, attempts
 
 
-def pause_for_fault(db, run_id: str, fault: Fault, attempts: int, *, story: str | None = None) -> bool:
+def pause_for_fault(db, run_id: str, fault: Fault, attempts: int, *, story: str | None = None,
+                    reason: str | None = None) -> bool:
     """Park the run with the fault as its reason: `pausing` while stories are still in flight
     (they finish their step, then the lane settles it), else `paused` (a stopping run: stopped).
     False when the run was not live any more, or the database itself refused (the fault may be
     its disk; the run stays live and the next tick tries again)."""
-    reason = f"paused after {attempts} tries: {fault.describe()}; `bmad-loop resume` once it is fixed"
+    reason = reason or f"paused after {attempts} tries: {fault.describe()}; `bmad-loop resume` once it is fixed"
     fault_data = {"kind": fault.kind, "where": fault.where, "error": fault.message}
     try:
         with db.transaction() as s:

@@ -103,7 +103,7 @@ def describe(value: Any) -> str:
     return f"{type(value).__name__} {_short(str(value))}"
 
 
-_EXPECTED = {bool: "a boolean", int: "an integer", str: "a string"}
+_EXPECTED = {bool: "a boolean", int: "an integer", str: "a string", float: "a number"}
 
 # TOML integers are signed 64-bit; a parser (or an override) may hand over more. Past this
 # range a value would only fail later, in the database or in time arithmetic.
@@ -134,6 +134,8 @@ def convert(ctx: Context, path: tuple[str, ...], value: Any, tp: Any) -> Any:
             raise ctx.error(path, f"expected a table, got {describe(value)}")
         item_type = typing.get_args(tp)[1]
         return MappingProxyType({str(k): convert(ctx, path + (str(k),), v, item_type) for k, v in value.items()})
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)  # `max_cost_per_run = 5` means 5.0
     if (tp is int and isinstance(value, bool)) or not isinstance(value, tp):  # bool is not an int
         raise ctx.error(path, f"expected {_EXPECTED[tp]}, got {describe(value)}")
     if tp is int and not INT64_MIN <= value <= INT64_MAX:  # TOML ints are 64-bit; Python's are not

@@ -9,6 +9,7 @@ replace the default ones (`bmad_loop.prompts.DEFAULT_TASKS`); the ground rules a
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -16,13 +17,17 @@ from pathlib import PurePosixPath
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
+from ..agentfaults import CATEGORIES
+from ..agentoutput import FORMATS
 from ..errors import ConfigError
 from ..prompts import DEFAULT_TASKS, PHASE_INSTRUCTIONS, compose
 from ..states import AGENT_PHASES
 
-__all__ = ["Profile", "known_profiles", "load_profile", "resolve_command", "phase_instructions"]
+__all__ = ["Profile", "known_profiles", "load_profile", "resolve_command", "phase_instructions",
+           "known_cli_of", "custom_command_warnings"]
 
-_KEYS = {"description", "command", "model_args", "seed_files", "env", "verdict", "instructions"}
+_KEYS = {"description", "command", "model_args", "seed_files", "env", "verdict", "instructions",
+         "output", "faults", "fault_exit_codes"}
 _VERDICTS = ("exit", "marker")
 
 
@@ -36,6 +41,10 @@ class Profile:
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # merged by the caller, under [adapter.env]
     verdict: str = "exit"  # "exit": exit status is the review verdict; "marker": a printed line
     description: str = ""
+    output: str = "text"  # the format of its session log (bmad_loop.agentoutput.FORMATS)
+    # environment-fault category -> patterns of the CLI's error words; exit code -> category
+    faults: Mapping[str, tuple[re.Pattern, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    fault_exit_codes: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def known_profiles() -> tuple[str, ...]:
@@ -79,6 +88,15 @@ def load_profile(name: str) -> Profile:
         if phase not in AGENT_PHASES:
             raise ConfigError(f"{source} instructions: unknown phase {phase!r} (known: {', '.join(AGENT_PHASES)})")
 
+    output = data.get("output", "text")
+    if output not in FORMATS:
+        raise ConfigError(f"{source} output: must be one of {', '.join(FORMATS)}, not {output!r}")
+    faults = _faults(data.get("faults", {}), f"{source} faults")
+    exit_codes = data.get("fault_exit_codes", {})
+    if not isinstance(exit_codes, dict) or not all(
+            str(k).isdigit() and v in CATEGORIES for k, v in exit_codes.items()):
+        raise ConfigError(f"{source} fault_exit_codes: must map exit codes to one of {', '.join(CATEGORIES)}")
+
     return Profile(
         name=name,
         command=command,
@@ -88,7 +106,24 @@ def load_profile(name: str) -> Profile:
         env=MappingProxyType(dict(env)),
         verdict=verdict,
         description=str(data.get("description", "")),
+        output=output,
+        faults=faults,
+        fault_exit_codes=MappingProxyType({int(k): v for k, v in exit_codes.items()}),
     )
+
+
+def _faults(value: object, where: str) -> Mapping[str, tuple[re.Pattern, ...]]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: must be a table of category = [patterns]")
+    out = {}
+    for category, patterns in value.items():
+        if category not in CATEGORIES:
+            raise ConfigError(f"{where}: unknown category {category!r} (known: {', '.join(CATEGORIES)})")
+        try:
+            out[category] = tuple(re.compile(p) for p in _strings(patterns, f"{where}.{category}"))
+        except re.error as exc:
+            raise ConfigError(f"{where}.{category}: invalid pattern: {exc}") from exc
+    return MappingProxyType(out)
 
 
 def resolve_command(
@@ -98,11 +133,14 @@ def resolve_command(
     phase_command: Sequence[str] | None,
     model: str,
     tier_args: Sequence[str],
+    extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The argv template for one session, before placeholders are rendered.
 
     The phase's own `command` wins over `[adapter] command`, which wins over the profile's command
-    (plus its `model_args` when `model` is non-empty). The tier's extra arguments come last.
+    (plus its `model_args` when `model` is non-empty). `[adapter] extra_args` follow whichever
+    command it is, so a flag can be added to a profile without replacing it; the tier's extra
+    arguments come last.
     """
     if phase_command:
         template = list(phase_command)
@@ -113,7 +151,37 @@ def resolve_command(
         template = list(chosen.command) + (list(chosen.model_args) if model else [])
     else:
         raise ConfigError("[adapter]: set either profile or command")
-    return template + list(tier_args)
+    return template + list(extra_args) + list(tier_args)
+
+
+def known_cli_of(argv: Sequence[str]) -> str | None:
+    """The shipped profile whose CLI `argv` runs (`claude`, `/usr/bin/codex`, `npx gemini`…),
+    or None."""
+    names = set(known_profiles())
+    for element in list(argv)[:3]:
+        base = PurePosixPath(str(element).replace("\\", "/")).name
+        for suffix in (".exe", ".cmd", ".js"):
+            base = base.removesuffix(suffix)
+        if base in names:
+            return base
+    return None
+
+
+def custom_command_warnings(adapter) -> list[str]:
+    """What `validate` warns about an `[adapter]` whose own command runs a known CLI whose
+    review verdict is read from the exit status: those CLIs exit 0 whenever a session
+    completes, so every review would approve."""
+    warnings = []
+    review = adapter.phase("review").command
+    commands = [("[adapter.review] command", review)] if review else [("[adapter] command", adapter.command)]
+    for where, command in commands:
+        cli = known_cli_of(command or ())
+        if cli is not None and (adapter.verdict or "exit") == "exit":
+            warnings.append(
+                f"{where} runs {cli}, which exits 0 whenever its session completes, with exit-code "
+                f'verdicts: every review would approve; set [adapter] verdict = "marker" or use '
+                f'profile = "{cli}" (with [adapter] extra_args for your flags)')
+    return warnings
 
 
 def phase_instructions(phase: str, profile: str = "") -> str:
