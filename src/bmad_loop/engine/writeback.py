@@ -25,33 +25,31 @@ from pathlib import Path
 from typing import Callable
 
 from ..board import parse_board, set_status
+from ..boardstatus import DONE
 from ..compose import blob_at, replace_blob
 from ..errors import ConfigError
 from ..storystatus import set_story_status
 
 __all__ = ["FINISHED_WITHOUT_WORK", "lane_tree_edit", "mark_done_on_board", "mark_story_file_done"]
 
-DONE = "done"
 IN_PROGRESS = "in-progress"
 # Epic statuses the first integrated story moves on (`contexted` is BMAD's legacy name for an
 # epic being worked on; bmad-loop writes the current name).
 EPIC_NOT_STARTED = ("backlog", "contexted")
 # Board statuses of stories nobody will work on: they do not keep an epic open.
-FINISHED_WITHOUT_WORK = ("wont-do", "won't-do", "wontdo", "wont-fix", "wontfix", "cancelled",
-                         "canceled", "dropped", "obsolete", "superseded", "descoped",
-                         "duplicate", "removed", "skipped")
-_WORD_RE = re.compile(r"[A-Za-z][A-Za-z0-9_'-]*")
+# Compared by their letters only, as the start of the written value: `wont-do`, `won't do`,
+# `Wont Do`, `cancelled ❌ (by PO)` all say so.
+FINISHED_WITHOUT_WORK = ("wont-do", "wont-fix", "cancelled", "canceled", "dropped", "obsolete",
+                         "superseded", "descoped", "duplicate", "removed", "skipped")
+_LETTERS = tuple(re.sub(r"[^a-z]", "", w) for w in FINISHED_WITHOUT_WORK)
 
 
-def _word(status: str) -> str:
-    """The status's leading word, lower-cased: `done ✅ (merged)` reads as `done`."""
-    m = _WORD_RE.match(status.strip())
-    return m.group(0).lower() if m else ""
-
-
-def _finished(status: str) -> bool:
-    word = _word(status)
-    return word == DONE or word in FINISHED_WITHOUT_WORK
+def _finished(entry) -> bool:
+    """Done (the board's canonical reading: `done ✅ (merged)` is done), or never to be done."""
+    if entry.status == DONE:
+        return True
+    letters = re.sub(r"[^a-z]", "", (entry.written or entry.status).lower())
+    return letters.startswith(_LETTERS)
 
 
 def mark_done_on_board(text: str, key: str, epic: str | None, source: str = "sprint-status.yaml") -> str:
@@ -63,7 +61,7 @@ def mark_done_on_board(text: str, key: str, epic: str | None, source: str = "spr
         return set_status(text, key, DONE, source)
     if entry is None:
         return text
-    if _word(entry.status) != DONE:
+    if entry.status != DONE:
         text = set_status(text, key, DONE, source)
     if epic is None:
         return text
@@ -78,9 +76,9 @@ def _move_epic(text: str, epic: str, source: str) -> str:
     epic_entry = board.entry(f"epic-{epic}")
     if epic_entry is None:
         return text
-    current = _word(epic_entry.status)
-    stories = [e for e in board.stories() if e.epic is not None and str(e.epic) == epic]
-    if stories and all(_finished(e.status) for e in stories):
+    current = epic_entry.status
+    stories = [e for e in board.entries if e.kind in ("story", "extra") and e.epic == epic]
+    if stories and all(_finished(e) for e in stories):
         wanted = DONE
     elif current in EPIC_NOT_STARTED:
         wanted = IN_PROGRESS
