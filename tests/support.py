@@ -557,3 +557,21 @@ def make_remote_project(make_repo, stories, script, policy, name="repo"):
     (repo.root / ".bmad-loop" / "policy.toml").write_text(
         text.replace("[scm]\n", '[scm]\nremote = "origin"\n', 1))
     return repo, bare
+
+
+# ------------------------------------------------------------------------------ the create phase
+def drop_story_files(repo, *keys: str) -> None:
+    """Remove these stories' files from `repo` and commit: backlog stories create-story has not
+    written yet (build_repo writes every story's file)."""
+    for key in keys:
+        (repo.root / STORY_DIR / f"{key}.md").unlink()
+    repo.commit_all("stories not created yet")
+
+
+def create_step(story: StoryDef, **step) -> dict:
+    """A scripted `create` step that writes `story`'s file, front matter and footprint as
+    `StoryDef` declares them, where bmad-loop asked for it (`$BMAD_LOOP_STORY_FILE`, relative to
+    the worktree: `<STORY_DIR>/<key>.md`); `step` adds or replaces step keys."""
+    out = {"write": {f"{STORY_DIR}/{story.key}.md": _story_text(story)}}
+    out.update(step)
+    return out

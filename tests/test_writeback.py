@@ -270,3 +270,34 @@ def test_the_epic_line_goes_backlog_in_progress_done_along_the_targets_history(m
         path = f"{STORY_DIR}/{key}.md"
         assert b"ready-for-dev" in _blob(repo, history[index - 1]["sha"], path)
         assert b"ready-for-dev" not in _blob(repo, history[index]["sha"], path)
+
+
+# ------------------------------------------------------------------ the tree edit on real git trees
+
+def test_the_tree_edit_writes_both_files_once_and_skips_what_the_tree_does_not_hold(tmp_path):
+    from bmad_loop.compose import blob_at
+    from bmad_loop.engine.writeback import lane_tree_edit
+    from support import git_repo
+
+    board_rel, story_rel = "sprint/sprint-status.yaml", "sprint/1-1-login.md"
+    story = "# Story 1.1\r\n\r\n## Status\r\n\r\nApproved\r\n"
+    git = git_repo(tmp_path / "r", {board_rel: BOARD, story_rel: story, "README.md": "x\n"})
+    tree = git.out("rev-parse", "HEAD^{tree}")
+    edit = lane_tree_edit(git, key="1-1-login", epic="1", board_rel=board_rel, story_path=story_rel)
+
+    edited = edit(tree)
+    assert blob_at(git, edited, story_rel).decode() == story.replace("Approved", "Done")
+    board = blob_at(git, edited, board_rel).decode()
+    assert "1-1-login:  'done'\r\n" in board and "epic-1:   in-progress " in board
+    assert sorted(git.out("diff-tree", "-r", "--name-only", tree, edited).splitlines()) == [
+        story_rel, board_rel]
+    # Composing again on an edited tree (a lane that crashed and recomposes) changes nothing.
+    assert edit(edited) == edited
+    # A story file or board the tree does not hold: nothing to fold in.
+    only_readme = git.out("mktree", input=git.out("ls-tree", tree, "README.md") + "\n")
+    assert edit(only_readme) == only_readme
+    # A v4 run: no board, only the story file.
+    v4 = lane_tree_edit(git, key="1.1.login", epic="1", board_rel=None, story_path=story_rel)
+    v4_tree = v4(tree)
+    assert git.out("diff-tree", "-r", "--name-only", tree, v4_tree) == story_rel
+    assert lane_tree_edit(git, key="k", epic=None, board_rel=None, story_path=None) is None

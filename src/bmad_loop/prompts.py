@@ -54,13 +54,44 @@ _REVIEW_RULES = """\
   with exactly one verdict line, `BMAD-LOOP-VERDICT: APPROVED` or
   `BMAD-LOOP-VERDICT: CHANGES-REQUESTED` (for agents whose CLI cannot set its exit status)."""
 
+_CREATE_RULES = """\
+- Write exactly one file: the story file at $BMAD_LOOP_STORY_FILE (named under "Story file"
+  above). bmad-loop commits that file alone on the story's branch; any other change you make is
+  discarded, so do not implement anything yet and do not commit.
+- Exit with status 0 once the story file is written; a non-zero exit, or no file at that path,
+  means this attempt failed."""
+
 GROUND_RULES: Mapping[str, str] = MappingProxyType({
+    Phase.CREATE: f"Ground rules:\n{_COMMON_RULES}\n{_CREATE_RULES}",
     Phase.DEV: f"Ground rules:\n{_COMMON_RULES}\n{_CHANGE_RULES}",
     Phase.FIX: f"Ground rules:\n{_COMMON_RULES}\n{_CHANGE_RULES}",
     Phase.REVIEW: f"Ground rules:\n{_COMMON_RULES}\n{_REVIEW_RULES}",
 })
 
 DEFAULT_TASKS: Mapping[str, str] = MappingProxyType({
+    Phase.CREATE: """\
+Create the story file for the story named below, the way BMAD's create-story workflow does.
+If the project has BMAD installed, run its create-story workflow or skill (`bmad-create-story`;
+in `_bmad/bmm/workflows/4-implementation/create-story/` or an older `bmad/` or `.bmad/` folder)
+for exactly this story key, writing its output to $BMAD_LOOP_STORY_FILE instead of the default
+path, and skip every step that reads or updates the sprint status. Without BMAD, write it by hand
+from the epics, PRD and architecture documents in the repository: a title, `Status: ready-for-dev`,
+the user story, numbered acceptance criteria, tasks and subtasks, and dev notes that name the
+files to touch.
+Then declare the story's footprint, the files its implementation will change, so that stories
+that touch different files can be developed side by side: YAML front matter at the top of the
+file (or a fenced `yaml` block under a `## Footprint` heading), for example
+
+    ---
+    footprint:
+      files: ["src/auth/**", "tests/test_auth.py"]   # changed by this story only
+      shared: ["src/app/__init__.py"]                # small additive edits other stories share
+      resources: []                                  # named resources, e.g. "database"
+    depends_on: []                                   # story keys that must land first
+    ---
+
+Keep `files` as narrow as the plan allows: a path listed there waits for every earlier story
+that lists it too; a missing footprint makes the story wait for every other.""",
     Phase.DEV: """\
 Implement the story below, completely. Work through its tasks and subtasks in order; for each,
 write the code and the tests that prove it, and run the project's tests. Mark a task done in the
@@ -106,19 +137,32 @@ def build_prompt(
     verify_output: str = "",
     review_notes: str = "",
     worktree: str = "",
+    story_file: str = "",
+    epic: str = "",
 ) -> str:
     """The text of one session's prompt file.
 
     It holds the phase's `instructions`, the full story file, and the evidence: for `fix`, the
     failing verify output and the review's notes; for a later `dev` attempt, the previous attempt's
-    failing verify output. Evidence longer than `MAX_EVIDENCE_CHARS` keeps its tail.
+    failing verify output. A `create` session has no story yet: it gets the key, the epic and
+    where to write the file (`story_file`), and, on a later attempt, why the last one failed.
+    Evidence longer than `MAX_EVIDENCE_CHARS` keeps its tail.
     """
     _check_phase(phase)
     title = f"{story_key}: {story_title}" if story_title else story_key
     head = [f"# bmad-loop {phase} session — story {title}", "", f"- Phase: {phase}", f"- Attempt: {attempt}"]
     if worktree:
         head.append(f"- Worktree (your working directory): {worktree}")
+    if story_file:
+        head.append(f"- Story file: {story_file}")
     parts = ["\n".join(head), "## Instructions\n\n" + instructions.strip()]
+    if phase == Phase.CREATE:
+        # There is no story yet: the board's line is all there is to go on.
+        parts.append(f"## The story to create\n\n- Key: {story_key}\n- Epic: {epic}\n"
+                     f"- Title (from the key): {story_title}")
+        if verify_output.strip():
+            parts.append("## The previous attempt failed\n\n" + _evidence(verify_output))
+        return "\n\n".join(parts) + "\n"
     parts.append(f"## The story ({story_key})\n\n{_fenced(story_text, 'markdown')}")
 
     if phase == Phase.FIX:

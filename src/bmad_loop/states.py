@@ -55,6 +55,7 @@ class Phase(StrEnum):
     """Where a story is: the worker's steps, then the lane's."""
 
     PREPARE = "prepare"
+    CREATE = "create"  # BMAD's create-story writes the story file; then back to pending for dev
     DEV = "dev"
     VERIFY = "verify"
     REVIEW = "review"
@@ -91,7 +92,7 @@ class StopMode(StrEnum):
 
 
 # Agent sessions run in these phases; each has its prompt instructions.
-AGENT_PHASES = (Phase.DEV, Phase.REVIEW, Phase.FIX)
+AGENT_PHASES = (Phase.CREATE, Phase.DEV, Phase.REVIEW, Phase.FIX)
 
 # -- named sets ----------------------------------------------------------------------------
 

@@ -6,7 +6,11 @@ A pure function of the story rows, so it is easy to test and to reason about:
 - a slot goes to the earliest story in plan order that is *eligible*: every earlier story whose
   footprint conflicts with it is integrated or terminally failed/skipped, every dependency is
   integrated, every resource it names has free capacity, and its epic's gate is open;
-- resources are held from dispatch until the story is integrated or terminal.
+- resources are held from dispatch until the story is integrated or terminal;
+- a story whose file is not written yet (`to_create`) is dispatched for its create phase with
+  only the slot and its epic's gate checked: creating touches nothing but its own story file.
+  Until its create ends, its footprint is unknown, so no later story's dev may start (it is
+  exclusive towards later devs only); then it comes back pending and is admitted like any other.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class StoryView:
     footprint: Footprint
     depends_on: tuple[str, ...] = ()
     approved: bool = True  # spec-approval gate
+    to_create: bool = False  # its create phase has not ended: the footprint is not known yet
 
 
 @dataclass
@@ -57,7 +62,7 @@ def admit(
     in_flight = sum(1 for s in ordered if s.state in STORY_IN_FLIGHT)
     used: dict[str, int] = {}
     for s in ordered:
-        if s.state in HOLDS_RESOURCES:
+        if s.state in HOLDS_RESOURCES and not s.to_create:  # a create step holds no resource
             for name in s.footprint.resources:
                 used[name] = used.get(name, 0) + 1
     first_epic = ordered[0].epic if ordered else None
@@ -76,6 +81,16 @@ def admit(
             break  # nothing of a later epic may pass a closed gate either
         if reason:
             result.waiting[story.key] = reason
+            continue
+        if story.to_create:
+            # Spec approval, dependencies and resources concern dev, which comes after.
+            reason = f"all {max_parallel} worker slot(s) busy" if in_flight >= max_parallel else None
+            if reason:
+                result.waiting[story.key] = reason
+            else:
+                result.dispatch.append(story.key)
+                dispatched.add(story.key)
+                in_flight += 1
             continue
         reason = _conflict_with_earlier(story, earlier, conflict) or _dependencies(story, by_key)
         if reason is None and gates_mode == "per-story-spec-approval" and not story.approved:
@@ -118,6 +133,8 @@ def _conflict_with_earlier(story, earlier, conflict) -> str | None:
     for other in earlier:
         if other.state in STORY_DONE:
             continue
+        if other.to_create:
+            return f"waits for {other.key} to be created (its footprint is not known yet)"
         why = conflict(story.footprint, other.footprint)
         if why:
             return f"conflicts with {other.key}: {why}"

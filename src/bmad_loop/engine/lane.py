@@ -268,7 +268,7 @@ class _Lane:
     def _dispatch(self, run: Run, stories: list[Story]) -> bool:
         views = [StoryView(key=s.key, seq=s.seq, epic=s.epic, state=s.state,
                            footprint=_footprint(s), depends_on=tuple(s.depends_on or ()),
-                           approved=s.approved) for s in stories]
+                           approved=s.approved, to_create=s.to_create) for s in stories]
         decision = admit(views, max_parallel=run.max_parallel,
                          capacity=self.policy.resources.capacity,
                          gates_mode=self.policy.gates.mode, gates_passed=run.gates_passed or ())

@@ -25,10 +25,12 @@ class Outcome:
     """What a phase decided; the worker writes all of it in one transaction.
 
     `next_phase` is where the walk goes next; `ready` ends it with the story committed;
+    `pending` ends it with the story back in line for admission (its file was just created);
     `escalate` ends it with the story escalated."""
 
     next_phase: Phase | None = None
     ready: bool = False
+    pending: bool = False
     escalate: str | None = None
     evidence: dict = field(default_factory=dict)
     counters: dict = field(default_factory=dict)  # increments: dev_attempts, review_cycles

@@ -18,6 +18,7 @@ from ..footprint import footprint_from_mapping
 from ..profiles import resolve_command
 from ..selection import Selection, StorySpec, check_dependencies, load_stories, select_stories
 from ..states import RUN_ONE_PER_TARGET, Phase, RunState, StoryState
+from .creation import journal_skipped, plan_creation
 from .journal import record
 from .layout import Layout
 from .ports import check_port_range
@@ -36,6 +37,7 @@ class Plan:
     all_stories: list[StorySpec]
     agent_argv: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    skipped: list[StorySpec] = field(default_factory=list)  # no story file, [stories] create = "skip"
 
 
 def new_run_id(now=None) -> str:
@@ -85,7 +87,7 @@ def agent_command(policy, project=None, target_sha: str | None = None) -> list[s
         raise ConfigError(f"{policy.source}: [adapter]: no agent configured "
                           "(set [adapter] profile or [adapter] command)")
     checked = []
-    for phase in (Phase.DEV, Phase.REVIEW, Phase.FIX):
+    for phase in (Phase.DEV, Phase.REVIEW, Phase.FIX, Phase.CREATE):
         if phase != Phase.DEV and phase == Phase.REVIEW and not policy.review.enabled:
             continue
         template = resolve_command(profile=adapter.profile, command=adapter.command,
@@ -108,6 +110,7 @@ def build_plan(project, policy, selection: Selection, run_id_for_checks: str = "
     board, all_stories = load_board_and_stories(project, policy)
     chosen = select_stories(all_stories, board, epic=selection.epic, story=selection.stories,
                             max_stories=selection.max_stories)
+    chosen, skipped = plan_creation(policy, chosen)
     check_dependencies(all_stories, chosen)
     layout = Layout(project.state_dir, run_id_for_checks)
     for spec in chosen:
@@ -122,7 +125,7 @@ def build_plan(project, policy, selection: Selection, run_id_for_checks: str = "
     warnings = []
     if policy.scm.isolation == "worktree" and policy.scm.max_parallel > 1 and policy.scm.rollback_on_failure:
         warnings.append("[scm] rollback_on_failure is ignored in parallel worktree mode")
-    return Plan(target_branch, target_sha, board, chosen, all_stories, argv, warnings)
+    return Plan(target_branch, target_sha, board, chosen, all_stories, argv, warnings, skipped)
 
 
 def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, Plan]:
@@ -155,7 +158,7 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
                 footprint_reason=spec.footprint.reason, depends_on=list(spec.depends_on),
                 merge_class=spec.merge_class or policy.parallel.merge_class,
                 tier=spec.tier or (policy.parallel.tier or None),
-                done_checkpoint=spec.done_checkpoint, feedback={},
+                done_checkpoint=spec.done_checkpoint, feedback={}, to_create=spec.story_file is None,
             ))
         record(s, run_id, "run.created", target_branch=plan.target_branch,
                target_sha=plan.target_sha, max_parallel=policy.scm.max_parallel,
@@ -166,5 +169,6 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
                 record(s, run_id, "footprint.exclusive", spec.key, reason=spec.footprint.reason)
         for warning in plan.warnings:
             record(s, run_id, "run.warning", message=warning)
+        journal_skipped(s, run_id, plan.skipped)
     tasks.enqueue_lane(run_id)
     return run_id, plan

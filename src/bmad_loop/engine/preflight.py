@@ -12,6 +12,7 @@ from ..operator.advice import verify_advice
 from ..selection import check_dependencies
 from ..policy import load_policy
 from ..tasks import check_queue, queue_config
+from .creation import creation_checks
 from .planning import agent_command, load_board_and_stories, target_branch_of
 from .project import Project
 
@@ -54,6 +55,8 @@ def preflight(root: Path) -> dict:
             if spec.footprint.reason:
                 add("footprint", "warn", f"story {spec.key}: footprint {spec.footprint.reason} "
                     "(treated as exclusive)")
+        for status, detail in creation_checks(policy, actionable):
+            add("create", status, detail)
     except BmadLoopError as exc:
         add("stories", "error", str(exc))
     try:

@@ -90,6 +90,7 @@ def run_session(ctx, claim, phase: str, number: int) -> SessionResult:
         verify_output=story.feedback.get("verify_output", ""),
         review_notes=story.feedback.get("review_notes", "") if phase == Phase.FIX else "",
         worktree=story.worktree,
+        story_file=str(worktree / story.story_path) if story.story_path else "", epic=str(story.epic),
     ))
     story_file = str(worktree / story.story_path) if story.story_path else ""
     # Profile defaults first, so the user's [adapter.env] wins.

@@ -1,5 +1,8 @@
 """A story worker: prepare → dev → verify → review (→ fix → verify → review)* → commit → ready.
 
+A story whose file is not written yet goes prepare → create → back to pending (create_step.py);
+its next claim starts again at prepare, from the target as it is then, and goes on to dev.
+
 One call of `work()` is the body of one `stories` task. It claims the story row (a duplicate
 message finds it already claimed and returns) and its lease, then walks the phases from the
 one recorded in the row. Each phase does its slow work outside any transaction and ends in ONE
@@ -25,6 +28,7 @@ from ..states import AttemptState, Phase, RunState, StoryState
 from . import leases
 from .childenv import child_env, sandbox_vars
 from .context import Claim, Fenced, StoryContext, story_context
+from .create_step import carry_forward, phase_create
 from .leases import story_lease_name
 from .faults import crash_point, delay_point
 from .journal import record
@@ -161,14 +165,18 @@ class StoryWorker:
         phase = story.phase or Phase.PREPARE
         if phase != Phase.PREPARE and not self.ctx.workspace.usable(story.worktree):
             phase = Phase.PREPARE  # its worktree is another host's (that host died) or was removed
+        if story.to_create and phase != Phase.PREPARE:
+            phase = Phase.CREATE  # e.g. resumed after its create attempts ran out
         if phase == Phase.PREPARE:
             try:
                 self.prepare()
             except Escalate as esc:
                 return self._apply(Outcome(escalate=esc.reason, evidence=esc.evidence))
             story = self.claim.load()
-            phase = Phase.VERIFY if story.human_fix else Phase.DEV
-        steps = {Phase.DEV: self.phase_dev, Phase.VERIFY: self.phase_verify,
+            phase = (Phase.CREATE if story.to_create else Phase.VERIFY if story.human_fix
+                     else Phase.DEV)
+        steps = {Phase.CREATE: lambda: phase_create(self),
+                 Phase.DEV: self.phase_dev, Phase.VERIFY: self.phase_verify,
                  Phase.REVIEW: self.phase_review, Phase.FIX: self.phase_fix,
                  Phase.COMMIT: self.phase_commit}
         while True:
@@ -179,7 +187,7 @@ class StoryWorker:
             except Escalate as esc:
                 outcome = Outcome(escalate=esc.reason, evidence=esc.evidence, session=esc.result)
             escalated = self._apply(outcome)
-            if escalated or outcome.ready:
+            if escalated or outcome.ready or outcome.pending:
                 return escalated
             phase = outcome.next_phase
 
@@ -201,7 +209,7 @@ class StoryWorker:
         branch = ctx.layout.story_branch(self.key, self.policy.scm.branch_per)
         if ctx.target.publishes_stories:
             self._adopt_pushed_branch(story, branch)
-        prepared = ctx.workspace.prepare(story, branch, base_sha)
+        prepared = carry_forward(ctx, story, ctx.workspace.prepare(story, branch, base_sha), base_sha)
         delay_point("worker.in_prepare")
         crash_point("worker.after_worktree")
         with ctx.db.transaction() as s:
@@ -383,6 +391,8 @@ class StoryWorker:
                 row.state, row.phase, row.ready_at, row.heartbeat_at = (
                     StoryState.READY, Phase.COMMIT, now, None)
                 row.feedback, row.human_fix, row.after_phase = {}, False, None
+            elif outcome.pending:  # created: dev is admitted like any story, by its footprint
+                row.state, row.phase, row.heartbeat_at = StoryState.PENDING, Phase.PREPARE, None
             else:
                 row.phase, row.heartbeat_at = outcome.next_phase, now
                 record(s, ctx.run_id, "story.phase", self.key, phase=outcome.next_phase)

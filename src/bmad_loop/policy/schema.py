@@ -75,6 +75,7 @@ class ScmPolicy:
 @dataclass(frozen=True)
 class LimitsPolicy:
     max_dev_attempts: int = setting(2, checks=(at_least(1),))
+    max_create_attempts: int = setting(2, checks=(at_least(1),))  # create sessions per story
     max_review_cycles: int = setting(3, checks=(at_least(0),))
     max_recompose: int = setting(3, checks=(at_least(0),))
     max_recoveries: int = setting(3, checks=(at_least(0),))  # orphan recoveries per story
@@ -112,6 +113,7 @@ class AdapterPolicy:
     timeout_s: int = seconds(5400, 1)
     env: Mapping[str, str] = setting(factory=empty_map)
     tmux: bool = False
+    create: PhaseOverride = setting(factory=PhaseOverride)
     dev: PhaseOverride = setting(factory=PhaseOverride)
     review: PhaseOverride = setting(factory=PhaseOverride)
     # No output and no CPU in the session's process tree for this long: killed as stalled (0: off).
@@ -143,6 +145,9 @@ class LeasesPolicy:
 class StoriesPolicy:
     sprint_status: str = ""
     story_dir: str = ""
+    # A selected backlog story without a story file: the agent writes it (create phase), the
+    # story is left out of the plan, or the plan is refused.
+    create: str = setting("agent", checks=(one_of("agent", "skip", "require"),))
     # Board keys outside the story grammar (`hotfix-login`): listed by validate, or run as stories.
     extra_keys: str = setting("ignore", checks=(one_of("ignore", "run"),))
 
