@@ -143,8 +143,12 @@ def test_a_create_that_writes_no_file_fails_and_the_story_escalates_when_the_bud
     assert story["state"] == "escalated"
     expected = f"the agent exited 0 but wrote no story file at {STORY_DIR}/{a.key}.md"
     assert story["reason"] == f"create attempts exhausted (3): {expected}"
-    assert query(repo, "SELECT phase, number, state, reason FROM attempts ORDER BY id") == [
-        ("create", n, "failed", expected) for n in (1, 2, 3)]
+    assert query(repo, "SELECT phase, number, state FROM attempts ORDER BY id") == [
+        ("create", n, "failed") for n in (1, 2, 3)]
+    failed = [e["data"] for e in repo.journal() if e["kind"] == "create.failed"]
+    assert failed == [{"attempt": n, "reason": expected} for n in (1, 2, 3)]
+    discarded = [e["data"]["paths"] for e in repo.journal() if e["kind"] == "create.discarded"]
+    assert discarded == [["notes.txt"]] * 3  # each attempt starts from a clean worktree
     assert [c["phase"] for c in repo.calls()] == ["create"] * 3  # never reached dev
     assert "The previous attempt failed" in repo.calls()[1]["prompt"]
     assert f"{STORY_DIR}/{a.key}.md" not in repo.git("ls-tree", "-r", "--name-only", "main")

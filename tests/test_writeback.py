@@ -301,3 +301,45 @@ def test_the_tree_edit_writes_both_files_once_and_skips_what_the_tree_does_not_h
     v4_tree = v4(tree)
     assert git.out("diff-tree", "-r", "--name-only", tree, v4_tree) == story_rel
     assert lane_tree_edit(git, key="k", epic=None, board_rel=None, story_path=None) is None
+
+
+# ------------------------------------------------------------------ a BMAD v4 project (no board)
+
+V4_STORIES = {
+    "1.1.login": ("# Story 1.1: Login\r\n\r\n## Status\r\n\r\nApproved\r\n\r\n## Story\r\n\r\n"
+                  "**As a** user, **I want** to log in.\r\n"),
+    "1.2.logout": "# Story 1.2: Logout\n\n## Status: Approved\n\n## Story\n\nStatus: no\n",
+    "1.3.later": "# Story 1.3: Later\n\n## Status\n\nDraft\n",
+}
+
+
+def test_a_v4_run_sets_each_integrated_story_file_from_approved_to_done(tmp_path):
+    from support import SprintRepo, git
+
+    root = tmp_path / "v4"
+    (root / ".bmad-core").mkdir(parents=True)
+    (root / ".bmad-core" / "core-config.yaml").write_text("devStoryLocation: docs/stories\n")
+    (root / "docs" / "stories").mkdir(parents=True)
+    for key, text in V4_STORIES.items():
+        (root / "docs" / "stories" / f"{key}.md").write_bytes(text.encode())
+    (root / "src").mkdir()
+    (root / "src" / "__init__.py").write_text("")
+    (root / ".gitignore").write_text(".bmad-loop/\n")
+    git(tmp_path, "init", "-q", "-b", "main", str(root))
+    repo = SprintRepo(root=root, script_path=tmp_path / "v4-script.json")
+    repo.write_script({k: {"dev": [{"write": {f"src/{k.split('.')[2]}.py": f"NAME = '{k}'\n"}}]}
+                       for k in V4_STORIES})
+    repo.write_policy('[gates]\nmode = "none"\n')
+    start = repo.commit_all("a v4 project")
+    try:
+        result = repo.cli("run")
+        assert result.exit_code == 0, result.output
+    finally:
+        repo.kill_spawned()
+    for key, text in V4_STORIES.items():
+        after = _blob(repo, "main", f"docs/stories/{key}.md").decode()
+        want = text if key == "1.3.later" else text.replace("Approved", "Done")  # Draft: not run
+        assert after == want, key
+    changed = repo.git("diff", "--name-only", start, "main").splitlines()
+    assert sorted(changed) == ["docs/stories/1.1.login.md", "docs/stories/1.2.logout.md",
+                               "src/login.py", "src/logout.py"]

@@ -265,7 +265,7 @@ def run_agent(
                 if remaining <= 0:
                     timed_out = True
                     break
-                if waiter.wait(remaining if stop_event is None else min(poll_s, remaining)):
+                if waiter.wait(remaining if stop_event is None and watch is None else min(poll_s, remaining)):
                     break
                 if stop_event is not None and stop_event.is_set():
                     interrupted = True

@@ -60,7 +60,9 @@ def phase_create(worker) -> Outcome:
         if result.state == AttemptState.SUCCEEDED:  # exited 0, but no usable file: a failure
             result.state = AttemptState.FAILED
         result.ok, result.reason, result.summary = False, failure, failure
-        events = [("create.discarded", {"paths": discarded})] if discarded else []
+        events = [("create.failed", {"attempt": number, "reason": failure})]
+        if discarded:
+            events.append(("create.discarded", {"paths": discarded}))
         if number >= worker.policy.limits.max_create_attempts:
             return Outcome(escalate=f"create attempts exhausted ({number}): {failure}",
                            counters={"dev_attempts": 1}, session=result, events=events)

@@ -111,13 +111,13 @@ class AdapterPolicy:
     profile: str = setting("", checks=(profile,))
     command: tuple[str, ...] = setting((), checks=(argv_template,))
     timeout_s: int = seconds(5400, 1)
+    # No output and no CPU in the session's process tree for this long: killed as stalled (0: off).
+    stall_s: int = seconds(600, 0)
     env: Mapping[str, str] = setting(factory=empty_map)
     tmux: bool = False
     create: PhaseOverride = setting(factory=PhaseOverride)
     dev: PhaseOverride = setting(factory=PhaseOverride)
     review: PhaseOverride = setting(factory=PhaseOverride)
-    # No output and no CPU in the session's process tree for this long: killed as stalled (0: off).
-    stall_s: int = seconds(600, 0)
     fix: PhaseOverride = setting(factory=PhaseOverride)
     tiers: Mapping[str, TierPolicy] = setting(factory=empty_map)
 
