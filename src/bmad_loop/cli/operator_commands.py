@@ -120,12 +120,15 @@ def journal(project_dir, run_ref, kinds, story, follow, as_json):
 @run_ref_argument
 @click.argument("story", required=False)
 @click.option("--no-follow", is_flag=True, help="Print the session log as it is and exit.")
+@click.option("--all", "all_logs", is_flag=True,
+              help="Print every session and verify log of the story, in order, and exit.")
 @handle_errors
-def attach(project_dir, run_ref, story, no_follow):
+def attach(project_dir, run_ref, story, no_follow, all_logs):
     """Follow a story's agent session log (dev, then review, then fix …) as it grows.
 
     Without STORY: the story in flight; with several in flight it lists them and exits 2.
     RUN defaults to the newest run; a lone argument that matches no run is taken as STORY.
+    With --all: the story's whole history, each log under a header (phase, attempt, start).
     """
     from ..engine.control import find_run
     from ..operator.follow import follow_log, live_tmux_session, pick_story
@@ -141,6 +144,8 @@ def attach(project_dir, run_ref, story, no_follow):
                 # `attach STORY`: a lone argument that names no run names a story of the newest.
                 run_id, story = find_run(s, project, None).id, run_ref
         key = pick_story(reader, run_id, story)
+        if all_logs:
+            return _print_all_logs(project, reader, run_id, key)
         session = None if no_follow else live_tmux_session(reader, run_id, key)
         if session is not None:
             return _attach_tmux(session)
@@ -153,6 +158,16 @@ def attach(project_dir, run_ref, story, no_follow):
                                                follow=not no_follow, stop=stop))
     finally:
         reader.close()
+
+
+def _print_all_logs(project, reader, run_id: str, key: str) -> None:
+    from ..engine.layout import Layout
+    from ..operator.story_logs import print_story_logs, story_logs
+
+    log_dir = Layout(project.state_dir, run_id).log(key, "dev", 1).parent
+    with reader.session() as s:
+        logs = story_logs(s, run_id, key, log_dir)
+    print_story_logs(logs, lambda text: click.echo(text, nl=False), key)
 
 
 def _attach_tmux(session: str) -> None:
