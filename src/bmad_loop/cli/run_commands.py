@@ -25,9 +25,12 @@ def selection_options(fn):
     fn = click.option("--max-stories", type=int, default=None, help="Run at most N stories.")(fn)
     fn = click.option("--story", "stories", multiple=True,
                       help="Story key, E-S, E.S or a unique slug fragment (repeatable).")(fn)
-    fn = click.option("--epic", type=int, default=None, help="Only stories of epic N.")(fn)
+    fn = click.option("--epic", type=str, default=None, help="Only stories of epic E (1, r, 3-5).")(fn)
     fn = click.option("--parallel", type=str, default=None,
                       help="Override [scm] max_parallel for this run.")(fn)
+    fn = click.option("--gates", "gates", default=None,
+                      type=click.Choice(["none", "per-epic", "per-story-spec-approval"]),
+                      help="Override [gates] mode for this run.")(fn)
     return fn
 
 
@@ -59,8 +62,10 @@ def _set_host(host: str | None) -> None:
         os.environ[HOST_ENV] = host
 
 
-def _policy_for_run(project, parallel: str | None):
+def _policy_for_run(project, parallel: str | None, gates: str | None = None):
     policy = project.policy
+    if gates is not None:
+        policy = policy.with_gates_mode(gates, source="--gates")
     if parallel is None:
         return policy
     try:
@@ -78,14 +83,14 @@ def _selection(epic, stories, max_stories):
     return Selection(epic=epic, stories=tuple(stories), max_stories=max_stories)
 
 
-def _enqueue(project_dir, parallel, epic, stories, max_stories):
+def _enqueue(project_dir, parallel, gates, epic, stories, max_stories):
     """Open the project and enqueue a run of the selection: (project, policy, tasks, run id or
     None when nothing matches, plan)."""
     from ..engine.planning import enqueue as do_enqueue
     from ..tasks import Tasks
 
     project = open_project(project_dir)
-    policy = _policy_for_run(project, parallel)
+    policy = _policy_for_run(project, parallel, gates)
     tasks = Tasks(project)
     run_id, plan = do_enqueue(project, tasks, policy, _selection(epic, stories, max_stories))
     return project, policy, tasks, run_id, plan
@@ -163,9 +168,9 @@ def validate(project_dir, as_json):
 @project_option
 @selection_options
 @handle_errors
-def enqueue(project_dir, parallel, epic, stories, max_stories):
+def enqueue(project_dir, parallel, gates, epic, stories, max_stories):
     """Create a run and its plan; print the run id. Consumers (`worker`) do the work."""
-    _, _, _, run_id, _ = _enqueue(project_dir, parallel, epic, stories, max_stories)
+    _, _, _, run_id, _ = _enqueue(project_dir, parallel, gates, epic, stories, max_stories)
     if run_id is None:
         click.echo("nothing to do: no actionable story matches the selection", err=True)
         return
@@ -213,17 +218,22 @@ def worker(project_dir, queue, workers, clone_dir, host):
 @click.option("--ci", is_flag=True, help="CI batch mode: plain progress lines, no colour, no prompts.")
 @report_options
 @handle_errors
-def run(project_dir, parallel, epic, stories, max_stories, enqueue_only, ci, report_path, junit_path):
+def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, ci, report_path,
+        junit_path):
     """Enqueue a run and drive it in this process until it completes, pauses or stops.
 
     Exit codes: 0 completed, 1 failed, 2 bad input, 3 needs a human, 4 stopped, 130 second Ctrl+C.
     """
-    project, policy, tasks, run_id, plan = _enqueue(project_dir, parallel, epic, stories, max_stories)
+    from ..engine.gatepoints import pause_summary
+
+    project, policy, tasks, run_id, plan = _enqueue(project_dir, parallel, gates, epic, stories,
+                                                    max_stories)
     if run_id is None:
         click.echo("nothing to do: no actionable story matches the selection")
         return
     click.echo(f"run {run_id}: {len(plan.stories)} stories on {plan.target_branch} "
                f"(max_parallel={policy.scm.max_parallel}, strategy={policy.scm.merge_strategy})")
+    click.echo(pause_summary(plan.stories, policy.gates.mode, policy.parallel.on_escalation))
     if enqueue_only:
         click.echo(run_id)
         return
@@ -247,20 +257,40 @@ def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit
 
     project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     tasks = Tasks(project)
+    seen = _journal_end(project, run_ref)
     run = do_resume(project, tasks, run_ref, reload_policy=reload_policy)
     click.echo(f"run {run.id} resumed")
     if enqueue_only:
         return
+    # Only what is new: the journal up to the resume was printed by the run that wrote it.
     _drive_and_report(project, tasks, run.id, run.max_parallel, _progress_printer(),
-                      report_path, junit_path)
+                      report_path, junit_path, since_seq=seen.get(run.id, 0))
 
 
-def _drive_and_report(project, tasks, run_id, workers, progress, report_path, junit_path):
+def _journal_end(project, run_ref) -> dict[str, int]:
+    """{run id: its last journal seq} for the run `run_ref` names, before anything changes."""
+    from sqlalchemy import func, select
+
+    from ..db.models import Event
+    from ..engine.control import find_run
+    from ..errors import BmadLoopError
+
+    with project.db.transaction() as s:
+        try:
+            run = find_run(s, project, run_ref)
+        except BmadLoopError:  # resume itself says what is wrong with the reference
+            return {}
+        last = s.scalar(select(func.max(Event.seq)).where(Event.run_id == run.id))
+        return {run.id: last or 0}
+
+
+def _drive_and_report(project, tasks, run_id, workers, progress, report_path, junit_path,
+                      since_seq: int = 0):
     """Drive the run here until it settles, print its outcome, write the reports, exit with
     the run's exit code."""
     from ..engine.driver import drive
 
-    code = drive(project, tasks, run_id, workers=workers, progress=progress)
+    code = drive(project, tasks, run_id, workers=workers, progress=progress, since_seq=since_seq)
     _print_outcome(project, run_id)
     _write_reports(project, run_id, code, report_path, junit_path)
     sys.exit(code)

@@ -32,7 +32,9 @@ def exit_code_for(run: Run, stories) -> int:
 
 
 def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[object], None] | None,
-          poll_s: float = 0.2, install_signals: bool = True) -> int:
+          poll_s: float = 0.2, install_signals: bool = True, since_seq: int = 0) -> int:
+    """Consumers on in this process until the run settles; `progress` gets each journal event
+    after `since_seq` (a resume shows only what happens from the resume on)."""
     consumers = ConsumerSet(project, queue="all", workers=workers, tasks=tasks)
     interrupts = {"count": 0}
     woke = threading.Event()
@@ -46,7 +48,7 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
         previous = signal.signal(signal.SIGINT, on_sigint)
     _cleanup_at_start(project)
     consumers.start()
-    last_seq = 0
+    last_seq = since_seq
     handled = 0
     try:
         while True:

@@ -252,6 +252,12 @@ class Policy:
         check_max_parallel(ctx, scm)
         return dataclasses.replace(self, scm=scm)
 
+    def with_gates_mode(self, mode: Any, source: str = "--gates") -> Policy:
+        """This policy with `[gates] mode = mode`, validated like the key; errors name `source`."""
+        ctx = Context(source)
+        mode = checked(ctx, ("gates", "mode"), mode, str, field_of(GatesPolicy, "mode"))
+        return dataclasses.replace(self, gates=dataclasses.replace(self.gates, mode=mode))
+
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(Policy) if f.name != "source")
 
