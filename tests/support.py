@@ -575,3 +575,25 @@ def create_step(story: StoryDef, **step) -> dict:
     out = {"write": {f"{STORY_DIR}/{story.key}.md": _story_text(story)}}
     out.update(step)
     return out
+
+
+def story_file_text(story: StoryDef) -> str:
+    """The story file `build_repo` writes for `story`, for tests that lay out their own board."""
+    return _story_text(story)
+
+
+def status_changes(before: str, after: str) -> dict[str, tuple[str, str]]:
+    """Board key -> (old, new) status for each line that changed; asserts that the two texts
+    have the same lines and that a changed line differs only in its status token."""
+    old_lines, new_lines = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    assert len(old_lines) == len(new_lines), "lines were added or removed"
+    changes = {}
+    for old, new in zip(old_lines, new_lines):
+        if old == new:
+            continue
+        key, old_rest = old.split(":", 1)
+        new_key, new_rest = new.split(":", 1)
+        old_token, new_token = old_rest.split()[0], new_rest.split()[0]
+        assert key == new_key and old_rest.replace(old_token, new_token, 1) == new_rest, (old, new)
+        changes[key.strip()] = (old_token, new_token)
+    return changes

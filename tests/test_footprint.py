@@ -185,8 +185,9 @@ def test_front_matter_carries_depends_on_merge_class_tier_and_done_checkpoint():
 @pytest.mark.parametrize(
     "front, error",
     [
-        ("depends_on: 1-1-a", "'depends_on' must be a list of story keys"),
+        ("depends_on: {a: 1}", "'depends_on' must be a list of story keys"),
         ("depends_on: [1, 2]", "'depends_on' must be a list of story keys"),
+        ("depends_on: ['(done)']", "'depends_on' entry '(done)' names no story"),
         ("merge_class: later", "'merge_class' must be one of self, operator"),
         ("tier: [a]", "'tier' must be a non-empty string"),
         ("done_checkpoint: maybe", "'done_checkpoint' must be true or false"),

@@ -1,8 +1,14 @@
-"""Story-file metadata: title, footprint, depends_on, merge_class, tier, done_checkpoint.
+"""Story-file metadata: title, status, footprint, depends_on, merge_class, tier, done_checkpoint.
 
 A story file says these about itself in its YAML front matter; the footprint may instead sit in
 a fenced ```yaml block under a `## Footprint` heading (holding either `footprint:` or the three
 lists directly). A footprint given in both places, or twice, is invalid (exclusive).
+
+Front-matter keys are read whatever their case and separator (`Title`, `Depends_On`,
+`depends-on`, `Depends On` are `title`, `depends_on`); where two spellings of one key are
+given, the lower-case one wins. `depends_on` is a list of keys or one string (comma-separated);
+an annotation in parentheses is dropped (`"5-4-slug (done)"` is `5-4-slug`). Short keys (`5-4`,
+`5.4`) are resolved against the board later (`selection.resolve_dependency`).
 `parse_story_text` never raises on bad input: problems end up in `StoryMeta.errors` or in the
 footprint's `reason`.
 """
@@ -27,6 +33,7 @@ class StoryMeta:
     """What a story file says about itself. `errors` are non-footprint metadata problems."""
 
     title: str | None
+    status: str | None  # the front matter's `status`, as written (a `Status:` body line is not read here)
     footprint: Footprint
     depends_on: tuple[str, ...]
     merge_class: str | None
@@ -116,6 +123,41 @@ def _footprint_from_block(block: str | None) -> Footprint:
 
 
 _STORY_PREFIX_RE = re.compile(r"^Story\s+[^\s:]+\s*:\s*", re.IGNORECASE)
+_KEY_SEPARATORS_RE = re.compile(r"[\s-]+")
+_ANNOTATION_RE = re.compile(r"\s*\([^()]*\)\s*$")
+
+
+def _normalised_keys(front: Mapping) -> dict:
+    """Front matter with its keys lower-cased and `-`/spaces made `_`; a key already written that
+    way wins over another spelling of it."""
+    out: dict = {}
+    for key, value in front.items():
+        if not isinstance(key, str):
+            continue
+        name = _KEY_SEPARATORS_RE.sub("_", key.strip()).lower()
+        if name not in out or key == name:
+            out[name] = value
+    return out
+
+
+def _dependency_list(raw) -> tuple[tuple[str, ...], str | None]:
+    """(keys, error) of a `depends_on` value: a list of keys, or one comma-separated string."""
+    if isinstance(raw, str):
+        raw = raw.split(",")
+    if not isinstance(raw, list):
+        return (), "'depends_on' must be a list of story keys"
+    keys = []
+    for item in raw:
+        # a float is a short key YAML read as a number (`5.4`); a whole number names no story
+        if not isinstance(item, (str, float)):
+            return (), "'depends_on' must be a list of story keys"
+        key = _ANNOTATION_RE.sub("", str(item)).strip()  # `5-4-slug (done)`
+        if not key:
+            if isinstance(raw, list) and isinstance(item, str) and item.strip():
+                return (), f"'depends_on' entry {item!r} names no story"
+            continue
+        keys.append(key)
+    return tuple(dict.fromkeys(keys)), None
 
 
 def parse_story_text(text: str) -> StoryMeta:
@@ -133,7 +175,7 @@ def parse_story_text(text: str) -> StoryMeta:
             front_invalid = "invalid: front matter is not valid YAML"
         else:
             if isinstance(loaded, Mapping):
-                front = loaded
+                front = _normalised_keys(loaded)
             elif loaded is not None:
                 errors.append("front matter is not a mapping")
                 front_invalid = "invalid: front matter is not a mapping"
@@ -169,10 +211,12 @@ def parse_story_text(text: str) -> StoryMeta:
     depends_on: tuple[str, ...] = ()
     raw = front.get("depends_on")
     if raw is not None:
-        if isinstance(raw, list) and all(isinstance(k, str) and k.strip() for k in raw):
-            depends_on = tuple(k.strip() for k in raw)
-        else:
-            errors.append("'depends_on' must be a list of story keys")
+        depends_on, problem = _dependency_list(raw)
+        if problem:
+            errors.append(problem)
+
+    status = front.get("status")
+    status = str(status).strip() or None if isinstance(status, (str, int, float)) else None
 
     merge_class = front.get("merge_class")
     if merge_class is not None and merge_class not in _MERGE_CLASSES:
@@ -193,6 +237,7 @@ def parse_story_text(text: str) -> StoryMeta:
 
     return StoryMeta(
         title=title,
+        status=status,
         footprint=footprint,
         depends_on=depends_on,
         merge_class=merge_class,

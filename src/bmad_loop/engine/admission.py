@@ -31,7 +31,7 @@ HOLDS_RESOURCES = STORY_IN_FLIGHT | STORY_AWAITING_LANE | {StoryState.HELD}
 class StoryView:
     key: str
     seq: int
-    epic: int
+    epic: str  # the BMAD epic id ("1", "r", "3-5"); "" for a story in no epic
     state: str
     footprint: Footprint
     depends_on: tuple[str, ...] = ()
@@ -43,7 +43,7 @@ class StoryView:
 class Admission:
     dispatch: list[str] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)  # key -> what holds it back
-    gate: int | None = None  # an epic whose gate must be passed before it can start
+    gate: str | None = None  # an epic whose gate must be passed before it can start
     approvals: list[str] = field(default_factory=list)  # stories waiting for `approve`
 
 
@@ -53,7 +53,7 @@ def admit(
     max_parallel: int,
     capacity: Callable[[str], int],
     gates_mode: str,
-    gates_passed: Sequence[int] = (),
+    gates_passed: Sequence[str] = (),
     conflict: Callable[[Footprint, Footprint], str | None] = footprints_conflict,
 ) -> Admission:
     ordered = sorted(stories, key=lambda s: s.seq)
@@ -65,7 +65,9 @@ def admit(
         if s.state in HOLDS_RESOURCES and not s.to_create:  # a create step holds no resource
             for name in s.footprint.resources:
                 used[name] = used.get(name, 0) + 1
-    first_epic = ordered[0].epic if ordered else None
+    # Epic ids are strings; a run enqueued before they were may still hold numbers.
+    gates_passed = {str(g) for g in gates_passed}
+    first_epic = next((s.epic for s in ordered if s.epic), None)
 
     dispatched: set[str] = set()
     for index, story in enumerate(ordered):
@@ -112,7 +114,10 @@ def admit(
 
 
 def _epic_barrier(story, earlier, gates_mode, gates_passed, first_epic) -> str | None:
-    earlier_epics = [s for s in earlier if s.epic != story.epic]
+    # A story in no epic (an extra key above every epic line) neither waits for nor holds an epic.
+    if not story.epic:
+        return None
+    earlier_epics = [s for s in earlier if s.epic and s.epic != story.epic]
     if not earlier_epics:
         return None
     if gates_mode == "per-epic":

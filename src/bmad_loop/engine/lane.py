@@ -230,7 +230,7 @@ class _Lane:
             board = parse_board(blob.decode("utf-8"), Path(self.integrator.board_rel))
         except Exception:  # a board someone broke on the target: the lane's own edit will tell
             return []
-        done = {e.key for e in board.stories() if e.status == "done"}
+        done = {e.key for e in board.entries if e.status == "done"}  # extra keys too
         return [row for row in rows if row.key in done]
 
     def _block_behind_parked(self, stories: list[Story]) -> bool:
@@ -363,7 +363,7 @@ class _Lane:
             return story.state in (StoryState.READY, StoryState.INTEGRATING)
         return False
 
-    def _set_gate(self, epic: int) -> None:
+    def _set_gate(self, epic: str) -> None:
         with self.db.transaction() as s:
             s.get(Run, self.run_id).gate_epic = epic
             record(s, self.run_id, "gate.reached", epic=epic)

@@ -71,7 +71,7 @@ def junit_tree(status: dict) -> ET.ElementTree:
         candidates.setdefault(cand["story"], []).append(cand)
     for story in sorted(status["stories"], key=lambda s: s["seq"]):
         case = ET.SubElement(suite, "testcase", name=story["key"],
-                             classname=f"bmad-loop.epic-{story.get('epic', 0)}",
+                             classname=_classname(story),
                              time=f"{float(story.get('elapsed_s') or 0):.3f}")
         state = story["state"]
         reason = story.get("reason") or state
@@ -89,6 +89,13 @@ def junit_tree(status: dict) -> ET.ElementTree:
         out.text = _details(story, candidates.get(story["key"], []))
     ET.indent(suites)
     return ET.ElementTree(suites)
+
+
+def _classname(story: dict) -> str:
+    """`bmad-loop.epic-<id>` (epic ids are strings: `epic-1`, `epic-r`, `epic-3-5`), or
+    `bmad-loop.no-epic` for a story in no epic."""
+    epic = story.get("epic")
+    return f"bmad-loop.epic-{epic}" if epic not in (None, "") else "bmad-loop.no-epic"
 
 
 def write_junit(status: dict, path) -> Path:
