@@ -1,21 +1,25 @@
 """CI summaries of a run: a JSON report and a JUnit XML file, both from the `status` dict.
 
 One JUnit test case per story: `integrated` passes, `skipped` is skipped, `escalated`,
-`blocked`, `held` and `failed` fail with their reason; a story the run never finished
+`blocked`, `held` and `failed` fail with their reason (the body ends with the last lines of the
+story's newest log); the suite's time is wall time, not a sum; a story the run never finished
 (pending, queued, working, ready, integrating: the run paused or stopped first) is skipped
 with a message saying where it stood. `bmad-loop run --ci --report FILE --junit FILE` writes them.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from ..fileio import write_atomic
+from .story_logs import failing_log, log_tail
 from ..states import STORY_PARKED, StoryState
 
-__all__ = ["summary", "write_json_report", "write_junit", "junit_tree", "FAILING", "PASSING"]
+__all__ = ["summary", "write_json_report", "write_junit", "junit_tree", "wall_time", "FAILING",
+           "PASSING"]
 
 PASSING = frozenset({StoryState.INTEGRATED})
 SKIPPED = frozenset({StoryState.SKIPPED})
@@ -53,7 +57,7 @@ def write_json_report(status: dict, path, *, exit_code: int | None = None) -> Pa
 def junit_tree(status: dict) -> ET.ElementTree:
     run = status["run"]
     counts = summary(status)
-    elapsed = sum(float(s.get("elapsed_s") or 0) for s in status["stories"])
+    elapsed = wall_time(status)
     suites = ET.Element("testsuites", name="bmad-loop", tests=str(counts["stories"]),
                         failures=str(counts["failed"]), errors="0",
                         skipped=str(counts["skipped"]), time=f"{elapsed:.3f}")
@@ -77,7 +81,7 @@ def junit_tree(status: dict) -> ET.ElementTree:
         reason = story.get("reason") or state
         if state in FAILING:
             failure = ET.SubElement(case, "failure", type=state, message=f"{state}: {reason}")
-            failure.text = _details(story, candidates.get(story["key"], []))
+            failure.text = _details(story, candidates.get(story["key"], [])) + _failing_tail(story)
         elif state in SKIPPED:
             ET.SubElement(case, "skipped", message=f"skipped: {reason}")
         elif state not in PASSING:
@@ -102,6 +106,32 @@ def write_junit(status: dict, path) -> Path:
     tree = junit_tree(status)
     text = ET.tostring(tree.getroot(), encoding="unicode", xml_declaration=False)
     return write_atomic(Path(path), '<?xml version="1.0" encoding="UTF-8"?>\n' + text + "\n")
+
+
+def wall_time(status: dict) -> float:
+    """Seconds from the first story's start to the last one's end (the run's end, or now, for
+    stories still open): parallel stories are not added up."""
+    starts = [_when(s.get("started_at")) for s in status["stories"]]
+    starts = [t for t in starts if t is not None]
+    if not starts:
+        return 0.0
+    ends = [t for t in (_when(s.get("ended_at")) for s in status["stories"]) if t is not None]
+    if any(s.get("started_at") and not s.get("ended_at") for s in status["stories"]):
+        ends.append(_when(status["run"].get("ended_at")) or dt.datetime.now(dt.timezone.utc))
+    return max(0.0, (max(ends, default=min(starts)) - min(starts)).total_seconds())
+
+
+def _when(ts: str | None) -> dt.datetime | None:
+    if not ts:
+        return None
+    return dt.datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+
+
+def _failing_tail(story: dict) -> str:
+    """The last lines of the story's newest log, for the failure's body."""
+    path = failing_log(story)
+    tail = log_tail(path) if path is not None else ""
+    return f"\n\n--- the end of {path} ---\n{tail}" if tail else ""
 
 
 def _details(story: dict, candidates: list[dict]) -> str:
