@@ -10,10 +10,10 @@ from bmad_loop.footprint import Footprint
 from bmad_loop.selection import (
     StorySpec,
     check_dependencies,
-    load_stories,
     match_story,
     select_stories,
 )
+from bmad_loop.storyfiles import load_stories
 from support import SAMPLE_BOARD, SAMPLE_STORY, STORY_DIR, board_with, write
 
 

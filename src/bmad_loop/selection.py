@@ -1,8 +1,8 @@
 """Stories of a board, and the plan: which of them a run takes, in which order.
 
 `Selection` is what the operator asked for (`--epic`, `--story`, `--max-stories`).
-`load_stories` joins the board with the story files (`<story_dir>/<key>.md`) and the policy's
-footprint overrides. `select_stories` applies the selectors (`--epic`, `--story`, `--max-stories`)
+`storyfiles.load_stories` joins the board with the story files and the policy's footprint
+overrides into `StorySpec`s. `select_stories` applies the selectors (`--epic`, `--story`, `--max-stories`)
 and orders the plan: file order, except that the current epic (the one whose `epic-<E>` entry
 has started) comes first. `check_dependencies` rejects, for the selected stories only, unknown
 or cyclic `depends_on` and dependencies on unfinished work the run will not do.
@@ -19,22 +19,19 @@ A `depends_on` entry is a full key or an `E-S` / `E.S` short key naming exactly 
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bmad_loop.board import Board, parse_story_key
 from bmad_loop.boardstatus import ACTIONABLE, DONE, EPIC_STARTED
 from bmad_loop.errors import ConfigError
-from bmad_loop.footprint import Footprint, footprint_from_mapping
-from bmad_loop.storymeta import parse_story_text
+from bmad_loop.footprint import Footprint
 
 __all__ = [
     "Selection",
     "StorySpec",
-    "load_stories",
     "select_stories",
     "match_story",
     "check_dependencies",
@@ -64,102 +61,14 @@ class StorySpec:
     epic: str  # the epic id ("1", "r", "3-5"); "" for an extra key above every epic line
     status: str
     title: str
-    story_file: Path | None  # absolute; None when the file does not exist
-    story_path: str | None  # repo-relative posix path of <story_dir>/<key>.md, even if missing
+    story_file: Path | None  # absolute; None when the committed target holds no story file
+    story_path: str | None  # repo-relative posix: the story file, or where create writes it
     footprint: Footprint
     depends_on: tuple[str, ...]
     merge_class: str | None
     tier: str | None
     done_checkpoint: bool
     position: int  # 0-based among the board's stories, in file order
-
-
-def _relative_posix(path: Path, root: Path) -> str | None:
-    # Lexically first; resolving symlinks (a stat per component) only when that fails, since
-    # this runs once per story of the board.
-    pairs = ((lambda: (Path(os.path.abspath(path)), Path(os.path.abspath(root)))),
-             (lambda: (path.resolve(), root.resolve())))
-    for pair in pairs:
-        p, r = pair()
-        try:
-            return p.relative_to(r).as_posix()
-        except ValueError:
-            continue
-    return None
-
-
-def _title_from_key(key: str) -> str:
-    parsed = parse_story_key(key)
-    slug = parsed[3] if parsed else key
-    words = slug.replace("-", " ").replace("_", " ").strip()
-    return words[:1].upper() + words[1:] if words else key
-
-
-def load_stories(
-    project_dir: Path,
-    board: Board,
-    story_dir: Path,
-    overrides: Mapping[str, Mapping] | None = None,
-) -> list[StorySpec]:
-    """Every story of the board, in file order, with its story file's metadata.
-
-    A policy override (`overrides[key]`, a `{files, shared, resources}` mapping) replaces the
-    story's own footprint. The story file's own path is always added to `footprint.files`.
-    A metadata error in a story file is a ConfigError naming the file.
-    """
-    project_dir = Path(project_dir)
-    story_dir = Path(story_dir)
-    if not story_dir.is_absolute():
-        story_dir = project_dir / story_dir
-    overrides = overrides or {}
-    specs: list[StorySpec] = []
-    for position, entry in enumerate(board.stories()):
-        path = story_dir / f"{entry.key}.md"
-        story_path = _relative_posix(path, project_dir)
-        story_file = Path(os.path.abspath(path)) if path.is_file() else None
-        title = None
-        depends_on: tuple[str, ...] = ()
-        merge_class = tier = None
-        done_checkpoint = False
-        footprint = Footprint(reason="missing")
-        if story_file is not None:
-            try:
-                text = story_file.read_text(encoding="utf-8")
-            except UnicodeDecodeError:
-                raise ConfigError(f"{story_file}: story file is not UTF-8 text") from None
-            except OSError as exc:
-                raise ConfigError(f"{story_file}: cannot read story file: {exc.strerror}") from None
-            meta = parse_story_text(text)
-            if meta.errors:
-                raise ConfigError(f"{story_file}: {'; '.join(meta.errors)}")
-            title = meta.title
-            footprint = meta.footprint
-            depends_on = meta.depends_on
-            merge_class = meta.merge_class
-            tier = meta.tier
-            done_checkpoint = meta.done_checkpoint
-        if entry.key in overrides:
-            footprint = footprint_from_mapping(overrides[entry.key])
-        if story_path is not None:
-            # anchor it: a bare file name would otherwise match at any depth
-            footprint = footprint.with_files(story_path if "/" in story_path else "/" + story_path)
-        specs.append(
-            StorySpec(
-                key=entry.key,
-                epic=entry.epic or "",
-                status=entry.status,
-                title=title or _title_from_key(entry.key),
-                story_file=story_file,
-                story_path=story_path,
-                footprint=footprint,
-                depends_on=depends_on,
-                merge_class=merge_class,
-                tier=tier,
-                done_checkpoint=done_checkpoint,
-                position=position,
-            )
-        )
-    return specs
 
 
 def current_epic(board: Board) -> str | None:

@@ -35,7 +35,17 @@ def main():
 def project_option(fn):
     return click.option("--project", "project_dir", default=".", envvar="BMAD_LOOP_PROJECT",
                         show_default=True, type=click.Path(file_okay=False, path_type=Path),
-                        help="The repository (or any folder holding .bmad-loop/policy.toml).")(fn)
+                        callback=_project_root,
+                        help="Any folder of the project: the nearest folder above it holding "
+                             ".bmad-loop/policy.toml, else the top of its git repository.")(fn)
+
+
+def _project_root(ctx, param, value: Path) -> Path:
+    """From a subfolder, the project it belongs to (`projectroot`); a folder that does not
+    exist stays as given, for `open_project` to name."""
+    from ..projectroot import find_project_root
+
+    return find_project_root(value) if value.is_dir() else value
 
 
 def json_option(fn):

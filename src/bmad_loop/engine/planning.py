@@ -11,19 +11,19 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from ..board import Board, branch_name_ok, load_board, resolve_board_path, resolve_story_dir
+from ..board import Board, branch_name_ok
 from ..db.models import Run, Story, utcnow
 from ..errors import ConfigError, GitError, StateError
-from ..footprint import footprint_from_mapping
 from ..profiles import resolve_command
-from ..selection import Selection, StorySpec, check_dependencies, load_stories, select_stories
+from ..selection import Selection, StorySpec, check_dependencies, select_stories
 from ..states import RUN_ONE_PER_TARGET, Phase, RunState, StoryState
 from .creation import journal_skipped, plan_creation
 from .journal import record
 from .layout import Layout
 from .ports import check_port_range
-from .repocheck import check_agent, check_has_commits, check_story_dir, not_a_checkout
+from .repocheck import check_agent, check_has_commits, not_a_checkout
 from .runs import path_inside
+from .sprintload import check_committed, load_sprint
 
 __all__ = ["Plan", "Selection", "build_plan", "enqueue", "new_run_id"]
 
@@ -63,20 +63,10 @@ def target_branch_of(project, policy) -> tuple[str, str]:
     return branch, sha
 
 
-def load_board_and_stories(project, policy):
-    board_path = resolve_board_path(project.root, policy.stories.sprint_status)
-    board = load_board(board_path).with_extra_keys(policy.stories.extra_keys)
-    story_dir = resolve_story_dir(project.root, board, policy.stories.story_dir)
-    check_story_dir(project, policy, story_dir)
-    overrides = {k: {"files": list(v.files), "shared": list(v.shared), "resources": list(v.resources)}
-                 for k, v in policy.footprints.overrides.items()}
-    for key in overrides:
-        if board.entry(key) is None:
-            raise ConfigError(f"{policy.source}: [footprints.\"{key}\"]: no such story on {board_path}")
-        fp = footprint_from_mapping(overrides[key])
-        if fp.reason and fp.reason.startswith("invalid"):
-            raise ConfigError(f"{policy.source}: [footprints.\"{key}\"]: {fp.reason}")
-    return board, load_stories(project.root, board, story_dir, overrides)
+def load_board_and_stories(project, policy, target_sha: str | None = None, branch: str = ""):
+    """(board, every story of it), read from the target commit (see `sprintload`)."""
+    sprint = load_sprint(project, policy, target_sha, branch)
+    return sprint.board, sprint.stories
 
 
 def agent_command(policy, project=None, target_sha: str | None = None) -> list[str]:
@@ -107,11 +97,13 @@ def agent_command(policy, project=None, target_sha: str | None = None) -> list[s
 
 def build_plan(project, policy, selection: Selection, run_id_for_checks: str = "20000101-000000-0000") -> Plan:
     target_branch, target_sha = target_branch_of(project, policy)
-    board, all_stories = load_board_and_stories(project, policy)
+    sprint = load_sprint(project, policy, target_sha, target_branch)
+    board, all_stories = sprint.board, sprint.stories
     chosen = select_stories(all_stories, board, epic=selection.epic, story=selection.stories,
                             max_stories=selection.max_stories)
     chosen, skipped = plan_creation(policy, chosen)
     check_dependencies(all_stories, chosen)
+    check_committed(project, policy, sprint, chosen, target_branch)
     layout = Layout(project.state_dir, run_id_for_checks)
     for spec in chosen:
         branch = layout.story_branch(spec.key, policy.scm.branch_per)
@@ -122,7 +114,7 @@ def build_plan(project, policy, selection: Selection, run_id_for_checks: str = "
                               f"'{spec.tier}' is not defined in [adapter.tiers]")
     argv = agent_command(policy, project, target_sha) if chosen else []
     check_port_range(policy)
-    warnings = []
+    warnings = list(sprint.warnings)  # a guessed story folder
     if policy.scm.isolation == "worktree" and policy.scm.max_parallel > 1 and policy.scm.rollback_on_failure:
         warnings.append("[scm] rollback_on_failure is ignored in parallel worktree mode")
     return Plan(target_branch, target_sha, board, chosen, all_stories, argv, warnings, skipped)
@@ -147,8 +139,9 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
                   max_parallel=policy.scm.max_parallel, merge_strategy=policy.scm.merge_strategy,
                   isolation=policy.scm.isolation, selection=selection.to_dict(),
                   policy=policy.to_dict(), board_path=str(plan.board.path), gates_passed=[],
-                  # None: a board outside the repository, which the lane cannot edit.
-                  board_rel=path_inside(plan.board.path, project.root),
+                  # None: a board outside the repository, which the lane cannot edit,
+                  # or a BMAD v4 project, which has no board (its story files are written).
+                  board_rel=None if plan.board.format == "v4" else path_inside(plan.board.path, project.root),
                   created_at=utcnow(), started_at=utcnow(), host=project.host)
         s.add(run)
         for seq, spec in enumerate(plan.stories, start=1):

@@ -13,8 +13,9 @@ from ..selection import check_dependencies
 from ..policy import load_policy
 from ..tasks import check_queue, queue_config
 from .creation import creation_checks
-from .planning import agent_command, load_board_and_stories, target_branch_of
+from .planning import agent_command, target_branch_of
 from .project import Project
+from .sprintload import Sprint, check_committed, load_sprint
 
 __all__ = ["preflight"]
 
@@ -33,7 +34,8 @@ def preflight(root: Path) -> dict:
         add("policy", "error", str(exc))
         return _report(checks)
     project = Project(root=root, policy=policy)
-    sha = None
+    sha = branch = None
+    found: dict = {}  # the board and the stories, for --json
     try:
         branch, sha = target_branch_of(project, policy)
         add("git", "ok", f"target branch {branch} at {sha[:10]}")
@@ -45,10 +47,19 @@ def preflight(root: Path) -> dict:
     except BmadLoopError as exc:
         add("state", "error", str(exc))
     try:
-        board, stories = load_board_and_stories(project, policy)
+        sprint = load_sprint(project, policy, sha, branch or "")
+        board, stories = sprint.board, sprint.stories
         check_dependencies(stories, [s for s in stories if s.status in ACTIONABLE])
         actionable = [s for s in stories if s.status in ACTIONABLE]
-        add("stories", "ok", f"{board.path}: {len(stories)} stories, {len(actionable)} actionable")
+        add("board", "ok", f"{sprint.source.rel or sprint.source.path} ({sprint.source.reason}); "
+            f"story files in {sprint.folder.rel or '.'} ({sprint.folder.reason}); read from "
+            f"{sprint.where}")
+        add("stories", "ok", f"{board.path}: {len(stories)} stories, {len(actionable)} actionable, "
+            f"{sum(1 for s in actionable if s.story_file)} with a story file")
+        for warning in sprint.warnings:  # a story_location that had to be guessed
+            add("stories", "warn", warning)
+        found.update(_found(sprint, actionable))
+        _check_committed(add, project, policy, sprint, actionable, branch if sha else None)
         for warning in board.warnings():  # unknown statuses, keys outside the grammar
             add("board", "warn", warning)
         for spec in actionable:
@@ -64,7 +75,7 @@ def preflight(root: Path) -> dict:
         add("agent", "ok", " ".join(argv))
     except BmadLoopError as exc:
         add("agent", "error", str(exc))
-    return _report(checks)
+    return _report(checks, **found)
 
 
 def _check_state(project, policy) -> None:
@@ -83,5 +94,30 @@ def _state_detail(project, policy) -> str:
     return f"database {database}, queue {policy.queue.backend}"
 
 
-def _report(checks):
-    return {"ok": all(c["status"] != "error" for c in checks), "checks": checks}
+def _found(sprint: Sprint, actionable) -> dict:
+    """Where the board was found and why, and per actionable story where its file is (or,
+    without one, where the create phase will write it)."""
+    source = sprint.source
+    return {
+        "board": {"path": source.rel if source.rel is not None else str(source.path),
+                  "reason": source.reason, "format": source.format,
+                  "story_folder": sprint.folder.rel, "story_folder_reason": sprint.folder.reason,
+                  "read_from": sprint.where},
+        "stories": [{"key": s.key, "status": s.status, "file": s.story_path,
+                     "found": s.story_file is not None} for s in actionable],
+    }
+
+
+def _check_committed(add, project, policy, sprint: Sprint, actionable, branch) -> None:
+    """The board and the actionable stories' files must be committed (`sprintload`)."""
+    if branch is None:
+        return  # no target commit to compare with: the git check failed already
+    try:
+        check_committed(project, policy, sprint, actionable, branch)
+        add("committed", "ok", f"the board and story files are committed on {branch}")
+    except BmadLoopError as exc:
+        add("committed", "error", str(exc))
+
+
+def _report(checks, **found):
+    return {"ok": all(c["status"] != "error" for c in checks), "checks": checks, **found}

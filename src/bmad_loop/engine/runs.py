@@ -31,5 +31,8 @@ def path_inside(path, root: Path) -> str | None:
 
 
 def board_rel(run: Run, root: Path) -> str | None:
-    """The board's path inside the repository (runs made before `board_rel` existed: derived)."""
-    return run.board_rel or path_inside(run.board_path, root)
+    """The board's path inside the repository (runs made before `board_rel` existed: derived;
+    a BMAD v4 run records its story folder, not a YAML board, and has none)."""
+    if run.board_rel or not str(run.board_path).endswith((".yaml", ".yml")):
+        return run.board_rel
+    return path_inside(run.board_path, root)
