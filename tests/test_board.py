@@ -12,8 +12,6 @@ from bmad_loop.board import (
     branch_name_problem,
     load_board,
     parse_board,
-    resolve_board_path,
-    resolve_story_dir,
     set_status,
     validate_story_key,
 )
@@ -318,62 +316,6 @@ def test_set_status_on_an_absent_key_is_a_config_error_naming_the_key():
 def test_set_status_refuses_a_status_that_is_not_one_token():
     with pytest.raises(ValueError):
         set_status(board_with("1-1-a: backlog"), "1-1-a", "done # sneaky")
-
-
-# --- locating the board and the stories ---
-
-
-def test_the_policy_sprint_status_wins_and_is_relative_to_the_project(tmp_path):
-    assert resolve_board_path(tmp_path, "boards/s.yaml") == tmp_path / "boards/s.yaml"
-
-
-def test_without_bmad_config_the_board_is_in_the_default_place(tmp_path):
-    assert resolve_board_path(tmp_path) == tmp_path / "_bmad-output/implementation-artifacts/sprint-status.yaml"
-
-
-def test_the_bmad_config_implementation_artifacts_folder_holds_the_board(tmp_path):
-    write(
-        tmp_path / "_bmad/bmm/config.yaml",
-        'project_name: shop\noutput_folder: "{project-root}/out"\n'
-        'implementation_artifacts: "{project-root}/out/impl"\n',
-    )
-    assert resolve_board_path(tmp_path) == tmp_path / "out/impl/sprint-status.yaml"
-
-
-def test_older_bmad_configs_with_sprint_artifacts_or_output_folder_are_followed(tmp_path):
-    config = write(
-        tmp_path / "_bmad/bmm/config.yaml",
-        "output_folder: '{project-root}/docs'\nsprint_artifacts: '{output_folder}/sprint-artifacts'\n",
-    )
-    assert resolve_board_path(tmp_path) == tmp_path / "docs/sprint-artifacts/sprint-status.yaml"
-    config.write_text("output_folder: docs\n")
-    assert resolve_board_path(tmp_path) == tmp_path / "docs/sprint-status.yaml"
-
-
-def test_an_existing_board_is_preferred_among_the_config_candidates(tmp_path):
-    write(
-        tmp_path / "_bmad/bmm/config.yaml",
-        "implementation_artifacts: '{project-root}/impl'\noutput_folder: '{project-root}/out'\n",
-    )
-    write(tmp_path / "out/sprint-status.yaml", board_with("epic-1: backlog"))
-    assert resolve_board_path(tmp_path) == tmp_path / "out/sprint-status.yaml"
-
-
-def test_a_malformed_bmad_config_names_the_file(tmp_path):
-    write(tmp_path / "_bmad/bmm/config.yaml", "output_folder: [\n")
-    with pytest.raises(ConfigError, match=r"_bmad/bmm/config\.yaml: invalid YAML"):
-        resolve_board_path(tmp_path)
-
-
-def test_story_dir_comes_from_policy_then_story_location_then_the_board_folder(tmp_path):
-    path = tmp_path / "boards/sprint-status.yaml"
-    located = parse_board("story_location: '{project-root}/stories'\n" + board_with("epic-1: backlog"), path)
-    relative = parse_board("story_location: rel/stories\n" + board_with("epic-1: backlog"), path)
-    plain = parse_board(board_with("epic-1: backlog"), path)
-    assert resolve_story_dir(tmp_path, located, "mine") == tmp_path / "mine"
-    assert resolve_story_dir(tmp_path, located) == tmp_path / "stories"
-    assert resolve_story_dir(tmp_path, relative) == tmp_path / "rel/stories"
-    assert resolve_story_dir(tmp_path, plain) == tmp_path / "boards"
 
 
 # Whole branch names (not story keys) for the cross-check of `branch_name_ok` with git itself.

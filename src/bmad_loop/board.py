@@ -51,8 +51,6 @@ __all__ = [
     "parse_board",
     "load_board",
     "set_status",
-    "resolve_board_path",
-    "resolve_story_dir",
     "validate_story_key",
     "parse_story_key",
     "branch_name_problem",
@@ -70,10 +68,6 @@ _STATUS_TOKEN_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 _STR_TAG = "tag:yaml.org,2002:str"
 _NULL_TAG = "tag:yaml.org,2002:null"
 
-DEFAULT_BOARD = Path("_bmad-output") / "implementation-artifacts" / "sprint-status.yaml"
-BMM_CONFIG = Path("_bmad") / "bmm" / "config.yaml"
-# Keys of `_bmad/bmm/config.yaml` naming the folder of the board, most specific first.
-_CONFIG_BOARD_KEYS = ("implementation_artifacts", "sprint_artifacts", "output_folder")
 EXTRA_KEYS_MODES = ("ignore", "run")
 
 
@@ -396,58 +390,3 @@ def set_status(text: str, key: str, status: str, source: Path | str = "sprint-st
         return text[:inner + reading.start] + status + text[inner + reading.end:]
     # a quoted value with escapes: its characters are not where the text has them
     return text[:value.start] + quote + status + quote + text[value.end:]
-
-
-# --- locating the board and the story files ---
-
-
-def _substitute(value: str, project_dir: Path, extra: dict[str, str] | None = None) -> str:
-    value = value.replace("{project-root}", str(project_dir))
-    for name, replacement in (extra or {}).items():
-        value = value.replace("{" + name + "}", replacement)
-    return value
-
-
-def _under_project(value: str, project_dir: Path) -> Path:
-    p = Path(value)
-    return p if p.is_absolute() else project_dir / p
-
-
-def resolve_board_path(project_dir: Path, sprint_status: str = "") -> Path:
-    """Where the board is: the policy's `[stories] sprint_status`, else what BMAD's config says."""
-    project_dir = Path(project_dir)
-    if sprint_status:
-        return _under_project(_substitute(sprint_status, project_dir), project_dir)
-    config_path = project_dir / BMM_CONFIG
-    if config_path.is_file():
-        text = _read_text(config_path, "BMAD config")
-        try:
-            config = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise ConfigError(f"{config_path}: invalid YAML") from None
-        if isinstance(config, dict):
-            extra = {}
-            if isinstance(config.get("output_folder"), str):
-                extra["output_folder"] = _substitute(config["output_folder"], project_dir)
-            candidates = []
-            for key in _CONFIG_BOARD_KEYS:
-                value = config.get(key)
-                if isinstance(value, str) and value.strip():
-                    folder = _under_project(_substitute(value, project_dir, extra), project_dir)
-                    candidates.append(folder / "sprint-status.yaml")
-            for candidate in candidates:
-                if candidate.is_file():
-                    return candidate
-            if candidates:
-                return candidates[0]
-    return project_dir / DEFAULT_BOARD
-
-
-def resolve_story_dir(project_dir: Path, board: Board, story_dir: str = "") -> Path:
-    """Where story files live: the policy's `story_dir`, else `story_location`, else beside the board."""
-    project_dir = Path(project_dir)
-    if story_dir:
-        return _under_project(_substitute(story_dir, project_dir), project_dir)
-    if board.story_location and board.story_location.strip():
-        return _under_project(_substitute(board.story_location, project_dir), project_dir)
-    return Path(board.path).parent
