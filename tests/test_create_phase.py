@@ -153,6 +153,15 @@ def test_a_create_that_writes_no_file_fails_and_the_story_escalates_when_the_bud
     assert "The previous attempt failed" in repo.calls()[1]["prompt"]
     assert f"{STORY_DIR}/{a.key}.md" not in repo.git("ls-tree", "-r", "--name-only", "main")
 
+    # resume: a fresh create budget, and the story goes on with its create phase, then dev.
+    repo.write_script({a.key: {"create": [create_step(a)],
+                               "dev": [{"write": {"src/alpha.py": "A = 1\n"}}]}})
+    resumed = repo.cli("resume", repo.status()["run"]["id"])
+    assert resumed.exit_code == 0, resumed.output
+    assert repo.story(a.key)["state"] == "integrated"
+    assert [c["phase"] for c in repo.calls()][3:5] == ["create", "dev"]
+    assert f"{STORY_DIR}/{a.key}.md" in repo.git("ls-tree", "-r", "--name-only", "main")
+
 
 def test_skip_leaves_stories_without_a_file_out_and_journals_each(make_repo):
     a = StoryDef("1-1-alpha", files=["src/alpha.py"], status="backlog")
