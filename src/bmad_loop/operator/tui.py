@@ -42,13 +42,20 @@ class BoardApp(App):
     """The operator's board. `refresh_s` is how often rows are re-read."""
 
     TITLE = "bmad-loop"
+    # The stories panel never collapses: it keeps MIN_STORY_ROWS; on a narrow terminal the runs
+    # panel shrinks to the run ids, on a short one the lane and the journal give up lines first.
     CSS = """
     #runs { width: 54; border: round $primary; }
     #right { width: 1fr; }
-    #stories { height: 1fr; border: round $primary; }
+    #stories { height: 1fr; min-height: 7; border: round $primary; }
     #lane { height: auto; max-height: 16; border: round $secondary; padding: 0 1; }
     #tail { height: 12; border: round $accent; }
+    Screen.-narrow #runs { width: 24; }
+    Screen.-short #lane { max-height: 5; }
+    Screen.-short #tail { height: 6; }
     """
+    NARROW_BELOW = 130  # columns: below, the runs panel shows little more than run ids
+    SHORT_BELOW = 40  # lines: below, the lane panel and the journal shrink
     BINDINGS = [
         Binding("s", "stop", "Stop"),
         Binding("S", "stop_now", "Stop now"),
@@ -96,6 +103,7 @@ class BoardApp(App):
         stories.border_title = "stories"
         self.query_one("#lane", Static).border_title = "lane"
         self.query_one("#tail", RichLog).border_title = "journal"
+        self._fit(self.size.width, self.size.height)
         if self.run_ref is not None:
             from ..engine.control import find_run
 
@@ -103,6 +111,14 @@ class BoardApp(App):
                 self.run_id = find_run(s, self.project, self.run_ref).id
         self.refresh_data()
         self.set_interval(self.refresh_s, self.refresh_data)
+
+    def on_resize(self, event) -> None:
+        self._fit(event.size.width, event.size.height)
+
+    def _fit(self, width: int, height: int) -> None:
+        """Compact layout classes for small terminals (80×24 stays usable)."""
+        self.screen.set_class(width < self.NARROW_BELOW, "-narrow")
+        self.screen.set_class(height < self.SHORT_BELOW, "-short")
 
     def on_unmount(self) -> None:
         if self.reader is not None:
