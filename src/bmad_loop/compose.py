@@ -209,6 +209,7 @@ def commit_worktree(
                 "checkout", "--quiet", base_sha, "--pathspec-from-file=-", "--pathspec-file-nul",
                 input="\0".join(restore), cwd=worktree, env=_LITERAL,
             )
+    exclude = _not_ignored(git, worktree, exclude)
     spec = (["--", "."] + [f":(exclude,literal){p}" for p in exclude]) if exclude else []
     git.run("add", "-A", *spec, cwd=worktree)
     staged = git.run("diff-index", "--cached", "--quiet", "HEAD", "--", cwd=worktree, check=False)
@@ -224,6 +225,20 @@ def commit_worktree(
     if head is None:
         raise GitError(f"{worktree} has no HEAD commit")
     return head, reverted
+
+
+def _not_ignored(git: Git, worktree: Path, paths: Sequence[str]) -> list[str]:
+    """`paths` less those git ignores: `add -A` leaves an ignored path out anyway, and an
+    exclude pathspec naming one makes `git add` fail ("paths are ignored")."""
+    if not paths:
+        return []
+    proc = git.run("check-ignore", "-z", "--stdin", input="\0".join(paths), cwd=worktree,
+                   check=False)
+    if proc.returncode not in (0, 1):
+        raise GitError(f"cannot tell which seeded paths {worktree} ignores",
+                       returncode=proc.returncode, stderr=proc.stderr)
+    ignored = {p for p in proc.stdout.split("\0") if p}
+    return [p for p in paths if p not in ignored]
 
 
 # -- composition --------------------------------------------------------------------------------

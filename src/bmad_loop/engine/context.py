@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..bmadinstall import bmad_seeds
 from ..db.models import Attempt, Story, utcnow
 from ..errors import StopRequested
 from ..states import StoryState
@@ -104,6 +105,8 @@ def make_workspace(policy, git, layout, target, *, root: Path, profile=None) -> 
     seeds = list(scm.worktree_seed)
     if scm.seed_adapter_defaults and profile is not None:
         seeds += list(profile.seed_files)
+    if scm.seed_bmad and scm.isolation != "none":
+        seeds += [p for p in bmad_seeds(git, root) if p not in seeds]
     kind = InPlaceWorkspace if scm.isolation == "none" else WorktreeWorkspace
     return kind(git, layout, target, scm, root=root, seeds=seeds)
 

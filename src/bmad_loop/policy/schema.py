@@ -59,6 +59,9 @@ class ScmPolicy:
     rollback_on_failure: bool = False
     worktree_seed: tuple[str, ...] = setting((), checks=(repo_paths,))
     seed_adapter_defaults: bool = True
+    # Copy the BMAD install (skills, `_bmad/`, `.bmad-core/`) into each worktree where the
+    # checkout has it untracked: a worktree holds only tracked files.
+    seed_bmad: bool = True
     commit_message_template: str = setting("{story_key}: {story_title}", checks=(commit_template,))
     author_name: str = "bmad-loop"
     author_email: str = "bmad-loop@localhost"
@@ -79,6 +82,9 @@ class LimitsPolicy:
     max_review_cycles: int = setting(3, checks=(at_least(0),))
     max_recompose: int = setting(3, checks=(at_least(0),))
     max_recoveries: int = setting(3, checks=(at_least(0),))  # orphan recoveries per story
+    # Budgets from the agent CLIs' own usage reports: crossing one pauses the run (none: no limit).
+    max_cost_per_run: float | None = setting(None, checks=(at_least(0),))  # US dollars
+    max_tokens_per_story: int | None = setting(None, checks=(at_least(1),))  # input + output
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,12 @@ class AdapterPolicy:
     stall_s: int = seconds(600, 0)
     env: Mapping[str, str] = setting(factory=empty_map)
     tmux: bool = False
+    # How a review says its verdict: "marker" (a printed line) or "exit" (the exit status);
+    # empty: the profile's ("marker") for a profile, "exit" for a custom command.
+    verdict: str = setting("", checks=(one_of("", "marker", "exit"),))
+    extra_args: tuple[str, ...] = setting((), checks=(argv_template,))  # added to the command
+    # An environment fault with a reset time (a usage limit): pause the run, or wait and go on.
+    on_limit: str = setting("pause", checks=(one_of("pause", "wait"),))
     create: PhaseOverride = setting(factory=PhaseOverride)
     dev: PhaseOverride = setting(factory=PhaseOverride)
     review: PhaseOverride = setting(factory=PhaseOverride)
