@@ -35,7 +35,8 @@ DEADLINE_S = 60.0  # the default patience of every wait below
 STORY_DIR = "_bmad-output/implementation-artifacts"  # where BMAD keeps the board and stories
 SETTLED = ("completed", "failed", "paused", "stopped")  # run states nothing moves on from
 CONTRACT_TABLES = frozenset({"runs", "stories", "attempts", "candidates", "events", "leases"})
-VIEWS = ("v_escalations", "v_integrations", "v_story_runs", "v_waits")  # sorted
+VIEWS = ("v_escalations", "v_integrations", "v_phase_usage", "v_run_usage", "v_story_runs",
+         "v_story_usage", "v_waits")  # sorted
 
 # The shape of a sprint-status.yaml as bmad-sprint-planning writes it.
 # Line numbers matter to test_board (1-2-user-auth is line 13).
@@ -575,6 +576,21 @@ def create_step(story: StoryDef, **step) -> dict:
     out = {"write": {f"{STORY_DIR}/{story.key}.md": _story_text(story)}}
     out.update(step)
     return out
+
+
+# ------------------------------------------------------------------------------ stand-in agent CLIs
+FAKE_CLIS = {"claude": "fake_claude.py", "codex": "fake_codex.py", "gemini": "fake_gemini.py"}
+
+
+def install_fake_clis(bin_dir: Path) -> Path:
+    """Executables `claude`, `codex` and `gemini` in `bin_dir` that run the stand-ins of
+    tests/agents (put `bin_dir` first on PATH and name their script in FAKE_CLI_SCRIPT)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, script in FAKE_CLIS.items():
+        path = bin_dir / name
+        path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{TESTS / "agents" / script}" "$@"\n')
+        path.chmod(0o755)
+    return bin_dir
 
 
 def story_file_text(story: StoryDef) -> str:

@@ -25,8 +25,13 @@ def test_history_lists_runs_newest_first_with_counts_durations_and_outcome(make_
     assert entry["duration_s"] > 0 and entry["ended_at"] is not None
 
     text = repo.cli("history").output.splitlines()
-    assert text[0].split() == ["RUN", "STATE", "OUTCOME", "DURATION", "STORIES", "COUNTS"]
+    assert text[0].split() == ["RUN", "STATE", "OUTCOME", "DURATION", "STORIES", "TOKENS", "COST",
+                               "COUNTS"]
     assert text[1].startswith(first) and "success" in text[1] and "2 integrated" in text[1]
+    # a custom command reports no usage: nulls, shown as "-"
+    assert entry["usage"] == {"input_tokens": None, "output_tokens": None, "cache_read_tokens": None,
+                              "cache_write_tokens": None, "cost_usd": None}
+    assert text[1].split()[5:7] == ["-", "-"]
 
 
 def test_history_of_a_paused_run_says_it_needs_a_human_and_why(make_repo):

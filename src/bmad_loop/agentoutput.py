@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-__all__ = ["FORMATS", "Usage", "SessionReport", "parse_output"]
+__all__ = ["FORMATS", "USAGE_COLUMNS", "Usage", "SessionReport", "parse_output"]
 
 FORMATS = ("text", "claude-stream-json", "codex-jsonl", "gemini-stream-json")
 USAGE_COLUMNS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd")

@@ -11,6 +11,7 @@ from ..errors import BmadLoopError
 from ..operator.advice import verify_advice
 from ..selection import check_dependencies
 from ..policy import load_policy
+from ..profiles import custom_command_warnings
 from ..tasks import check_queue, queue_config
 from .creation import creation_checks
 from .planning import agent_command, target_branch_of
@@ -30,6 +31,8 @@ def preflight(root: Path) -> dict:
         policy = load_policy(root)
         add("policy", "ok", policy.source)
         checks.extend(verify_advice(policy))  # warnings only (operator/advice.py)
+        checks.extend({"name": "agent", "status": "warn", "detail": w}
+                      for w in custom_command_warnings(policy.adapter))  # exit verdicts on a known CLI
     except BmadLoopError as exc:
         add("policy", "error", str(exc))
         return _report(checks)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..adapter import AgentCall, agent_env, render_argv, review_approved, run_agent, session_output
+from ..agentfaults import AgentFault, classify
+from ..agentoutput import SessionReport, Usage, parse_output
 from ..db.models import Attempt, Run, Story, utcnow
 from ..gitconfig_guard import ConfigWatch
 from ..prompts import PHASE_INSTRUCTIONS, build_prompt, write_prompt
@@ -25,6 +27,7 @@ from .faults import crash_point
 from .childenv import child_env, sandbox_vars
 from .guard import read_guard_log
 from .journal import record
+from .sessionchanges import changed_paths_between, snapshot
 
 __all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "verdict_mode"]
 
@@ -47,19 +50,35 @@ class SessionResult:
     head_sha: str | None
     guard_refusals: list[str]
     config_changes: list[str] = field(default_factory=list)  # git configuration the session changed
+    reason: str | None = None  # attempts.reason: why it did not pass ("stalled", ...)
+    usage: Usage = field(default_factory=Usage)  # tokens and cost, as the CLI reported them
+    # An environment fault (rate or usage limit, auth, trust, model, network): no attempt charged.
+    fault: AgentFault | None = None
 
     def attempt_values(self) -> dict:
         return {"state": self.state, "exit_code": self.exit_code, "ended_at": utcnow(),
                 "duration_s": round(self.duration_s, 3), "counted": self.state != AttemptState.INTERRUPTED,
-                "head_sha": self.head_sha}
+                "head_sha": self.head_sha, "reason": self.reason, **self.usage.columns()}
 
 
 def verdict_mode(policy, profile) -> str:
-    """Profiles whose CLI always exits 0 mark their verdict in the output; commands use exit codes."""
+    """`[adapter] verdict` when set; else profiles whose CLI always exits 0 mark their verdict in
+    the output, and custom commands use exit codes (the contract)."""
     adapter = policy.adapter
+    if adapter.verdict:
+        return adapter.verdict
     if profile and not adapter.command and not adapter.phase(Phase.REVIEW).command:
         return profile.verdict
     return "exit"
+
+
+def profile_in_use(policy, profile, phase: str):
+    """The profile whose CLI this phase runs (its output format and fault words), or None for a
+    custom command."""
+    adapter = policy.adapter
+    if profile and not adapter.command and not adapter.phase(phase).command:
+        return profile
+    return None
 
 
 def run_session(ctx, claim, phase: str, number: int) -> SessionResult:
@@ -72,7 +91,7 @@ def run_session(ctx, claim, phase: str, number: int) -> SessionResult:
     template = resolve_command(
         profile=policy.adapter.profile, command=policy.adapter.command,
         phase_command=phase_over.command, model=tier.model if tier else "",
-        tier_args=tier.args if tier else (),
+        tier_args=tier.args if tier else (), extra_args=policy.adapter.extra_args,
     )
     timeout = policy.adapter.timeout_for(phase, tier_name)
     worktree = Path(story.worktree)
@@ -113,6 +132,10 @@ def run_session(ctx, claim, phase: str, number: int) -> SessionResult:
         session = session_name(ctx.run_id, ctx.key, phase, number)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "bmad_loop.tmux_session", session, str(log_path), "--", *argv]
+    # What the story's work is before the session, to tell an empty dev or fix session. Only a
+    # profile's CLI is judged so: for a custom command exit 0 is success (the contract).
+    before = snapshot(ctx.git, worktree, story.base_sha) if phase in (Phase.DEV, Phase.FIX) \
+        and story.base_sha and profile_in_use(policy, ctx.profile, phase) else None
     # Git configuration, hooks and drivers before the agent runs; compared before any other git.
     watch = ConfigWatch(ctx.git, worktree, ctx.scratch.parent / f"{ctx.key}.git-config.json")
     watch.begin()
@@ -138,7 +161,8 @@ def run_session(ctx, claim, phase: str, number: int) -> SessionResult:
     with Heartbeat(ctx, claim, attempt_id):
         result = run_agent(argv, cwd=worktree, env=env, log_path=log_path, timeout_s=timeout,
                            stop_event=claim.stop_event, on_start=started,
-                           thaw_after_s=policy.leases.ttl_s)  # an agent that SIGSTOPs us
+                           thaw_after_s=policy.leases.ttl_s,  # an agent that SIGSTOPs us
+                           stall_s=policy.adapter.stall_s or None)
     crash_point("worker.after_agent")
     config_changes = watch.end()
     state = (AttemptState.INTERRUPTED if result.interrupted else AttemptState.TIMED_OUT if result.timed_out
@@ -147,16 +171,50 @@ def run_session(ctx, claim, phase: str, number: int) -> SessionResult:
                AttemptState.TIMED_OUT: f"agent timed out after {timeout}s (process tree killed)",
                AttemptState.SUCCEEDED: "agent exited 0",
                AttemptState.FAILED: f"agent exited {result.exit_code}"}[state]
+    reason = None
+    if result.stalled:  # silent and idle for stall_s: a failed attempt (stallwatch.py)
+        state, reason = AttemptState.FAILED, "stalled"
+        summary = f"stalled: no output and no CPU for {policy.adapter.stall_s}s (process tree killed)"
     output = session_output(log_path, result)
+    cli = profile_in_use(policy, ctx.profile, phase)
+    report = parse_output(cli.output if cli else "text", output)
+    fault = None
+    if cli is not None and result.exit_code is not None:
+        fault = classify(report, result.exit_code, patterns=cli.faults, exit_codes=cli.fault_exit_codes)
+    state, summary, reason = _judge(state, summary, reason, fault, report, result, timeout)
+    text = report.text if report.structured else output  # the agent's words, not the event stream
     ok = state == AttemptState.SUCCEEDED
-    if phase == Phase.REVIEW:
-        ok = review_approved(result, output, verdict=verdict_mode(policy, ctx.profile))
-        if not ok and state == AttemptState.SUCCEEDED:
-            summary = "review requested changes"
+    if phase == Phase.REVIEW and ok:
+        ok = review_approved(result, text, verdict=verdict_mode(policy, ctx.profile))
+        if not ok:
+            summary = reason = "review requested changes"
     head = None if config_changes else ctx.git.rev("HEAD", cwd=worktree)
-    return SessionResult(attempt_id, phase, number, state, ok, summary, output, result.exit_code,
+    if ok and before is not None and not config_changes:
+        ignore = [*policy.scm.lane_owned, *([ctx.board_rel] if ctx.board_rel else []), f"/{SESSION_DIR}/"]
+        if not changed_paths_between(before, snapshot(ctx.git, worktree, story.base_sha), ignore):
+            state, ok, reason = AttemptState.FAILED, False, "no changes"
+            summary = f"no changes: the {phase} session exited 0 but changed no file of the story"
+    return SessionResult(attempt_id, phase, number, state, ok, summary, text, result.exit_code,
                          result.duration_s, head, read_guard_log(guard_log, guard_offset),
-                         config_changes)
+                         config_changes, reason, report.usage, fault)
+
+
+def _judge(state, summary, reason, fault: AgentFault | None, report: SessionReport, result, timeout):
+    """The attempt's state, summary and reason once the CLI's own report is read: an environment
+    fault charges nothing (interrupted), an error the CLI reported with exit 0 fails."""
+    words = report.error.strip().splitlines()[-1][:300] if report.error.strip() else ""
+    if fault is not None:
+        return (AttemptState.INTERRUPTED, f"agent unavailable ({fault.category}): {fault.words}",
+                fault.reason())
+    if state == AttemptState.SUCCEEDED and report.is_error:
+        return AttemptState.FAILED, f"the agent reported an error: {words}", words or "error"
+    if reason is None and state == AttemptState.FAILED:
+        reason = f"exited {result.exit_code}" + (f": {words}" if words else "")
+    elif reason is None and state == AttemptState.TIMED_OUT:
+        reason = f"timed out after {timeout}s"
+    elif reason is None and state == AttemptState.INTERRUPTED:
+        reason = "stopped"
+    return state, summary, reason
 
 
 class Heartbeat:

@@ -9,6 +9,7 @@ from ..stallwatch import last_output_at
 from ..states import StoryState
 from .journal import event_json, events_after
 from .runs import stories_of
+from .usage import empty_usage, usage_by_story
 
 __all__ = ["run_status", "run_json", "story_json", "candidate_json", "journal_lines"]
 
@@ -37,7 +38,7 @@ def run_json(run: Run, target_now: str | None = None) -> dict:
     }
 
 
-def story_json(story: Story, now=None) -> dict:
+def story_json(story: Story, now=None, usage: dict | None = None) -> dict:
     now = now or utcnow()
     start = story.started_at
     end = story.ended_at or (story.ready_at if story.state in (StoryState.READY,) else None)
@@ -79,6 +80,8 @@ def story_json(story: Story, now=None) -> dict:
         "approved": story.approved,
         "signed_off": story.signed_off,
         "port_block": story.port_block,
+        # Summed from its attempts, as the agent CLI reported them (None: not reported).
+        "usage": usage or empty_usage(),
     }
 
 
@@ -105,9 +108,10 @@ def run_status(session, run: Run, target_now: str | None = None) -> dict:
     candidates = list(session.scalars(select(Candidate).where(Candidate.run_id == run.id)
                                       .order_by(Candidate.id)))
     now = utcnow()
+    usage = usage_by_story(session, run.id)
     return {
         "run": run_json(run, target_now),
-        "stories": [story_json(s, now) for s in stories],
+        "stories": [story_json(s, now, usage.get(s.id)) for s in stories],
         "candidates": [candidate_json(c, keys.get(c.story_id, "?")) for c in candidates],
     }
 

@@ -27,6 +27,7 @@ from ..gitconfig_guard import CONFIG_CHANGED_PREFIX, changed_files
 from ..states import AttemptState, Phase, RunState, StoryState
 from . import leases
 from .childenv import child_env, sandbox_vars
+from .agentpause import PauseRun, check_budget, pause_run, settle_unavailable
 from .context import Claim, Fenced, StoryContext, story_context
 from .create_step import carry_forward, phase_create
 from .leases import story_lease_name
@@ -87,6 +88,10 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         _release_after_stop(db, run_id, story_id, generation, fault=exc.fault.describe())
         if pause_for_fault(db, run_id, exc.fault, exc.attempts, story=ctx.key):
             notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.fault.describe())
+    except PauseRun as exc:  # the agent cannot work, or a budget is spent (agentpause.py)
+        _release_after_stop(db, run_id, story_id, generation, fault=exc.reason)
+        if pause_run(db, run_id, ctx.key, exc):
+            notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.reason)
     except Fenced:
         log.warning("story %s was taken back while this worker stalled; it stops here", story_id)
     except StopRequested:
@@ -405,7 +410,14 @@ class StoryWorker:
 
     def _session(self, phase: Phase, number: int):
         ctx = self.ctx
-        result = run_session(ctx, self.claim, phase, number)
+        waited = 0
+        while True:  # an agent that could not work charges nothing: pause, or wait and run again
+            check_budget(ctx, self.claim)
+            result = run_session(ctx, self.claim, phase, number)
+            if result.fault is None or result.config_changes:
+                break
+            settle_unavailable(ctx, self.claim, result, waited)  # PauseRun unless it waited
+            waited += 1
         if result.config_changes:
             # Checked first, even for an interrupted session: planted code must not run in
             # bmad-loop's own git, so the story stops before any, and the run pauses for a human.

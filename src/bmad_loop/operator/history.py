@@ -9,6 +9,7 @@ from sqlalchemy import func, select
 
 from ..db.models import Event, Run, Story, utcnow
 from ..engine.driver import exit_code_for
+from ..engine.usage import empty_usage, usage_by_run
 from ..states import RUN_SETTLED, RunState, StoryState
 from .style import format_duration
 
@@ -45,6 +46,7 @@ def run_history(session, project_key: str, *, limit: int | None = None, now=None
         stories[story.run_id].append(story)
     last_event = dict(session.execute(select(Event.run_id, func.max(Event.ts))
                                       .where(Event.run_id.in_(ids)).group_by(Event.run_id)).all())
+    usage = usage_by_run(session, ids)
     out = []
     for run in runs:
         members = stories[run.id]
@@ -73,6 +75,7 @@ def run_history(session, project_key: str, *, limit: int | None = None, now=None
             "counts": {k: v for k, v in counts.items() if v},
             "start_sha": run.target_sha,
             "head_sha": run.head_sha or run.target_sha,
+            "usage": usage.get(run.id) or empty_usage(),  # the agent CLIs' own reports, summed
         })
     return out
 
@@ -88,12 +91,13 @@ def _aware(value):
 def format_history(entries: list[dict]) -> str:
     if not entries:
         return "no runs yet"
-    header = ("RUN", "STATE", "OUTCOME", "DURATION", "STORIES", "COUNTS")
+    header = ("RUN", "STATE", "OUTCOME", "DURATION", "STORIES", "TOKENS", "COST", "COUNTS")
     rows = [(e["id"], e["state"], e["outcome"], format_duration(e["duration_s"]), str(e["stories"]),
+             _tokens(e["usage"]), _cost(e["usage"]),
              ", ".join(f"{n} {state}" for state, n in e["counts"].items()))
             for e in entries]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    right = {3, 4}
+    right = {3, 4, 5, 6}
 
     def line(values):
         return "  ".join(v.rjust(w) if i in right else v.ljust(w)
@@ -104,3 +108,14 @@ def format_history(entries: list[dict]) -> str:
         if e["reason"] and e["state"] != RunState.COMPLETED:
             lines.append(f"  {e['id']}: {e['reason']}")
     return "\n".join(lines)
+
+
+def _tokens(usage: dict) -> str:
+    """Input + output tokens (cache reads are not new work), or "-" when no CLI reported any."""
+    if usage.get("input_tokens") is None and usage.get("output_tokens") is None:
+        return "-"
+    return f"{(usage.get('input_tokens') or 0) + (usage.get('output_tokens') or 0):,}"
+
+
+def _cost(usage: dict) -> str:
+    return "-" if usage.get("cost_usd") is None else f"${usage['cost_usd']:.2f}"
