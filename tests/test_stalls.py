@@ -130,3 +130,28 @@ def test_a_stalled_dev_session_fails_its_attempt_with_reason_stalled(make_repo):
     assert alpha["last_output_at"] is not None
     log_text = open(alpha["log"]).read()
     assert "stalled: no output and no CPU for 1s" in log_text
+
+
+def test_the_live_board_shows_how_long_ago_a_working_story_last_printed():
+    import io
+
+    from rich.console import Console
+
+    from bmad_loop.operator.board_view import render_board
+
+    def story(key, seq, state, last):
+        return {"key": key, "seq": seq, "state": state, "phase": "dev" if state == "working" else None,
+                "heartbeat_at": "2026-01-01T12:00:00Z", "last_output_at": last, "elapsed_s": 60}
+
+    status = {"run": {"id": "r", "state": "running", "target_branch": "main"}, "candidates": [],
+              "stories": [story("1-1-alpha", 1, "working", "2026-01-01T11:58:55Z"),
+                          story("1-2-beta", 2, "working", None)]}
+    now = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+    console = Console(file=io.StringIO(), width=200, record=True, color_system=None)
+    console.print(render_board(status, None, now).renderable)
+    text = console.export_text()
+    assert "last output" in text
+    alpha = next(line for line in text.splitlines() if "1-1-alpha" in line)
+    assert alpha.rstrip().endswith("1m05s ago")
+    beta = next(line for line in text.splitlines() if "1-2-beta" in line)
+    assert beta.rstrip().endswith("-")  # no log yet
