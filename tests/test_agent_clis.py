@@ -199,3 +199,15 @@ def test_the_usage_views_are_documented_column_by_column(make_repo):
         section = re.search(rf"^### `{view}`.*?(?=^### |^## |\Z)", text, re.S | re.M).group(0)
         for column in run_query(url, f"SELECT * FROM {view} LIMIT 0").columns:
             assert f"`{column}`" in section, f"{view}.{column} is undocumented"
+
+
+def test_the_ci_reports_carry_the_usage_totals(make_repo, clis, tmp_path):
+    clis({"*": {"dev": [{"write": {"src/alpha.py": "A = 1\n"}}]}})
+    repo = make_repo([ALPHA], policy=profile_policy("claude"))
+    report, junit = tmp_path / "report.json", tmp_path / "junit.xml"
+    result = repo.cli("run", "--ci", "--report", str(report), "--junit", str(junit))
+    assert result.exit_code == 0, result.output
+    usage = json.loads(report.read_text())["usage"]
+    assert usage == {"input_tokens": 2000, "output_tokens": 400, "cache_read_tokens": 6000,
+                     "cache_write_tokens": 1000, "cost_usd": 0.5}
+    assert '<property name="usage.cost_usd" value="0.5"' in junit.read_text()

@@ -41,6 +41,16 @@ def summary(status: dict) -> dict:
     }
 
 
+def _usage_total(stories) -> dict:
+    """Each usage field summed over the stories that report it; None when none does."""
+    names = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd")
+    total = {}
+    for name in names:
+        values = [s["usage"][name] for s in stories if (s.get("usage") or {}).get(name) is not None]
+        total[name] = (round(sum(values), 6) if name == "cost_usd" else sum(values)) if values else None
+    return total
+
+
 def write_json_report(status: dict, path, *, exit_code: int | None = None) -> Path:
     """The whole status (run, stories, candidates) plus a summary and the exit code."""
     report = {
@@ -48,6 +58,7 @@ def write_json_report(status: dict, path, *, exit_code: int | None = None) -> Pa
         "run": status["run"],
         "exit_code": exit_code,
         "summary": summary(status),
+        "usage": _usage_total(status["stories"]),  # the agent CLIs' own reports, summed
         "stories": status["stories"],
         "candidates": status.get("candidates", []),
     }
@@ -70,6 +81,9 @@ def junit_tree(status: dict) -> ET.ElementTree:
                  "max_parallel", "reason"):
         if run.get(name) is not None:
             ET.SubElement(props, "property", name=f"run.{name}", value=str(run[name]))
+    for name, value in _usage_total(status["stories"]).items():  # tokens and cost, where the CLIs reported them
+        if value is not None:
+            ET.SubElement(props, "property", name=f"usage.{name}", value=str(value))
     candidates: dict[str, list[dict]] = {}
     for cand in status.get("candidates", []):
         candidates.setdefault(cand["story"], []).append(cand)
