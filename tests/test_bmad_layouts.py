@@ -10,6 +10,7 @@ import pytest
 
 from bmad_fixtures import (LAYOUTS, V4_ORDER, BmadLayout, IMPL, V6_LINES, board_text, build_layout,
                            story_text, v4_layout)
+from bmad_loop.storystatus import read_story_status
 from support import cli_argv, git, write
 
 RUN_POLICY = '[gates]\nmode = "none"\n[review]\nenabled = false\n'
@@ -81,6 +82,11 @@ def test_a_v4_run_integrates_the_approved_stories_and_writes_no_board(tmp_path):
         "1.2.login": "integrated", "1.10.export": "integrated"}
     assert repo.git("show", "main:src/s1_10_export.py") == "K = '1.10.export'"
     assert "sprint-status.yaml" not in repo.git("ls-tree", "-r", "--name-only", "main")
+    # the lane wrote each story file's own status instead, in v4's case style
+    for key in ("1.2.login", "1.10.export"):
+        text = repo.git("show", f"main:docs/stories/{key}.md")
+        assert read_story_status(text).value == "Done", text
+    assert read_story_status(repo.git("show", "main:docs/stories/2.1.md")).value == "Draft"
     assert repo.status()["run"]["state"] == "completed"
 
 
