@@ -14,7 +14,8 @@ from bmad_loop.engine.admission import StoryView, admit
 from bmad_loop.footprint import Footprint
 
 from support import (
-    STORY_DIR, StoryDef, create_step, drop_story_files, go, inside, query, states, wait_until,
+    STORY_DIR, StoryDef, create_step, drop_story_files, git, go, inside, make_remote_project,
+    query, states, wait_until,
 )
 
 PARALLEL = '[scm]\nmax_parallel = 2\n[gates]\nmode = "none"\n'
@@ -130,6 +131,24 @@ def test_dev_starts_from_the_target_as_it_is_after_the_creation_not_as_it_was(ma
         f"{STORY_DIR}/{b.key}.md"
 
 
+def test_remote_mode_pushes_the_created_story_file_with_its_branch(make_repo):
+    a = StoryDef("1-1-alpha", files=["src/alpha.py"], status="backlog")
+    script = {a.key: {"create": [create_step(a)], "dev": [{"write": {"src/alpha.py": "A = 1\n"}}]}}
+    repo, bare = make_remote_project(make_repo, [a], script, '[scm]\n[gates]\nmode = "none"\n')
+    drop_story_files(repo, a.key)
+    repo.git("push", "-q", "origin", "main")
+
+    result = repo.cli("run")
+
+    assert result.exit_code == 0, result.output
+    journal = repo.journal()
+    created = next(e for e in journal if e["kind"] == "story.created")
+    pushes = [e["data"]["head_sha"] for e in journal if e["kind"] == "story.pushed"]
+    assert pushes[0] == created["data"]["commit"]  # pushed right after create, before dev
+    assert len(pushes) == 2
+    assert f"{STORY_DIR}/{a.key}.md" in git(bare, "ls-tree", "-r", "--name-only", "main")
+
+
 def test_a_create_that_writes_no_file_fails_and_the_story_escalates_when_the_budget_is_used(make_repo):
     a = StoryDef("1-1-alpha", files=["src/alpha.py"], status="backlog")
     script = {a.key: {"create": [{"write": {"notes.txt": "thinking\n"}, "exit": 0}]}}
@@ -143,8 +162,8 @@ def test_a_create_that_writes_no_file_fails_and_the_story_escalates_when_the_bud
     assert story["state"] == "escalated"
     expected = f"the agent exited 0 but wrote no story file at {STORY_DIR}/{a.key}.md"
     assert story["reason"] == f"create attempts exhausted (3): {expected}"
-    assert query(repo, "SELECT phase, number, state FROM attempts ORDER BY id") == [
-        ("create", n, "failed") for n in (1, 2, 3)]
+    assert query(repo, "SELECT phase, number, state, reason FROM attempts ORDER BY id") == [
+        ("create", n, "failed", expected) for n in (1, 2, 3)]
     failed = [e["data"] for e in repo.journal() if e["kind"] == "create.failed"]
     assert failed == [{"attempt": n, "reason": expected} for n in (1, 2, 3)]
     discarded = [e["data"]["paths"] for e in repo.journal() if e["kind"] == "create.discarded"]

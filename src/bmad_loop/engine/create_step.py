@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..compose import blob_at, changed_paths, dirty_paths, replace_blob
+from ..errors import GitError
 from ..footprint import footprint_from_mapping
 from ..states import AttemptState, Phase
 from ..storymeta import parse_story_text
@@ -80,6 +81,13 @@ def phase_create(worker) -> Outcome:
         events.append(("create.discarded", {"paths": discarded}))
     if values["footprint_reason"]:
         events.append(("footprint.exclusive", {"reason": values["footprint_reason"]}))
+    try:  # remote mode: dev may be claimed on another host, which must find the created file
+        if ctx.target.publish_story(story.branch, head):
+            events.append(("story.pushed", {"branch": story.branch, "head_sha": head,
+                                            "remote": ctx.target.location}))
+    except GitError as exc:
+        return Outcome(escalate=f"cannot push the story branch: {exc}", session=result,
+                       events=events, values={"head_sha": head})
     values.update(to_create=False, dev_attempts=0, head_sha=head)
     return Outcome(pending=True, session=result, values=values, events=events,
                    feedback={"verify_output": "", CREATED_KEY: head})
