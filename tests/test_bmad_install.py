@@ -117,3 +117,56 @@ def test_seed_bmad_false_leaves_the_install_out(make_repo, bar):
     assert not (worktree / "_bmad").exists()
     go(bar, "1-1-alpha")
     assert wait_for_exit(proc) == 0, repo.spawned_logs()
+
+
+# --- the prompt a shipped profile's CLI gets, per install (stand-in CLIs of tests/agents) ------
+
+def _profile_run(make_repo, tmp_path, monkeypatch, install: tuple[str, ...]) -> list[dict]:
+    import json
+    import os
+
+    from support import install_fake_clis
+
+    bin_dir = install_fake_clis(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    script = tmp_path / "fake-cli-script.json"
+    script.write_text(json.dumps({"1-1-alpha": {"dev": [{"write": {"src/alpha.py": "A = 1\n"}}]}}))
+    monkeypatch.setenv("FAKE_CLI_SCRIPT", str(script))
+    repo = make_repo([StoryDef("1-1-alpha", files=["src/alpha.py"])],
+                     policy='[gates]\nmode = "none"\n[adapter]\nprofile = "claude"\ntimeout_s = 60\n')
+    _files(repo.root, *install)
+    (repo.root / ".git" / "info" / "exclude").write_text("_bmad/\n.claude/\n.agents/\n")
+    result = repo.cli("run")
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in Path(f"{script}.calls").read_text().splitlines()]
+
+
+def test_a_profile_on_a_v6_2_skills_project_is_told_to_run_the_skills(make_repo, tmp_path,
+                                                                      monkeypatch):
+    calls = _profile_run(make_repo, tmp_path, monkeypatch, (
+        ".claude/skills/bmad-dev-story/SKILL.md", ".claude/skills/bmad-code-review/SKILL.md"))
+    prompts = {c["phase"]: c["prompt"] for c in calls}
+    assert set(prompts) == {"dev", "review"}
+    assert "run the `bmad-dev-story` skill" in prompts["dev"]
+    assert "run the `bmad-code-review` skill" in prompts["review"]
+    for text in prompts.values():
+        section = text.split("## BMAD in this project")[1]
+        assert "4-implementation" not in text and "is not installed" not in section
+
+
+def test_a_profile_on_a_v6_0_workflows_project_is_sent_to_the_workflow_folders(make_repo, tmp_path,
+                                                                             monkeypatch):
+    base = "_bmad/bmm/workflows/4-implementation"
+    calls = _profile_run(make_repo, tmp_path, monkeypatch, (
+        f"{base}/dev-story/workflow.yaml", f"{base}/code-review/workflow.yaml"))
+    prompts = {c["phase"]: c["prompt"] for c in calls}
+    assert f"`{base}/dev-story/`" in prompts["dev"]
+    assert f"`{base}/code-review/`" in prompts["review"]
+    assert "skill" not in prompts["dev"].split("## BMAD in this project")[1]
+
+
+def test_a_profile_on_a_project_without_bmad_is_told_to_work_by_hand(make_repo, tmp_path,
+                                                                    monkeypatch):
+    calls = _profile_run(make_repo, tmp_path, monkeypatch, ())
+    (dev,) = [c["prompt"] for c in calls if c["phase"] == "dev"]
+    assert "BMAD is not installed in this project" in dev.split("## BMAD in this project")[1]

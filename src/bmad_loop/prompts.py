@@ -71,10 +71,10 @@ GROUND_RULES: Mapping[str, str] = MappingProxyType({
 DEFAULT_TASKS: Mapping[str, str] = MappingProxyType({
     Phase.CREATE: """\
 Create the story file for the story named below, the way BMAD's create-story workflow does.
-If the project has BMAD installed, run its create-story workflow or skill (`bmad-create-story`;
-in `_bmad/bmm/workflows/4-implementation/create-story/` or an older `bmad/` or `.bmad/` folder)
-for exactly this story key, writing its output to $BMAD_LOOP_STORY_FILE instead of the default
-path, and skip every step that reads or updates the sprint status. Without BMAD, write it by hand
+If the section "BMAD in this project" at the end of this file names a skill or a workflow for
+this phase, run it for exactly this story key, writing its output to $BMAD_LOOP_STORY_FILE instead
+of the default path, and skip every step that reads or updates the sprint status. Without BMAD
+(or without a create-story workflow), write it by hand
 from the epics, PRD and architecture documents in the repository: a title, `Status: ready-for-dev`,
 the user story, numbered acceptance criteria, tasks and subtasks, and dev notes that name the
 files to touch.
@@ -93,13 +93,18 @@ file (or a fenced `yaml` block under a `## Footprint` heading), for example
 Keep `files` as narrow as the plan allows: a path listed there waits for every earlier story
 that lists it too; a missing footprint makes the story wait for every other.""",
     Phase.DEV: """\
-Implement the story below, completely. Work through its tasks and subtasks in order; for each,
+Implement the story below, completely. If the section "BMAD in this project" at the end of this
+file names a skill or a workflow for this phase, run it on this story (the story file is
+$BMAD_LOOP_STORY_FILE; skip every step that reads or writes the sprint status). Otherwise work
+through its tasks and subtasks in order; for each,
 write the code and the tests that prove it, and run the project's tests. Mark a task done in the
 story file only when it is implemented and its tests pass. Fill in the story's Dev Agent Record
 (notes, debug log), File List and Change Log, and set its Status to `review` when every task is
 done. If a previous attempt failed verification, its output is below: fix that cause first.""",
     Phase.REVIEW: """\
-Review the changes made for the story below, as a senior reviewer who expects to find problems.
+Review the changes made for the story below, as a senior reviewer who expects to find problems;
+if the section "BMAD in this project" names a code-review skill or workflow, follow it, only
+reporting its findings (fix nothing, add no follow-up tasks, change no status).
 See them with `git diff $BMAD_LOOP_BASE_SHA` (committed and uncommitted) and
 `git log $BMAD_LOOP_BASE_SHA..HEAD`. Check every acceptance criterion and every task marked done
 against the code; look for bugs, missing or weak tests, security and error-handling gaps, and
@@ -139,6 +144,7 @@ def build_prompt(
     worktree: str = "",
     story_file: str = "",
     epic: str = "",
+    bmad: str = "",
 ) -> str:
     """The text of one session's prompt file.
 
@@ -146,7 +152,9 @@ def build_prompt(
     failing verify output and the review's notes; for a later `dev` attempt, the previous attempt's
     failing verify output. A `create` session has no story yet: it gets the key, the epic and
     where to write the file (`story_file`), and, on a later attempt, why the last one failed.
-    Evidence longer than `MAX_EVIDENCE_CHARS` keeps its tail.
+    Evidence longer than `MAX_EVIDENCE_CHARS` keeps its tail. `bmad` says how this project's
+    BMAD install runs the phase (`BmadInstall.guidance`; "" when it has none): the last section,
+    which the instructions refer to.
     """
     _check_phase(phase)
     title = f"{story_key}: {story_title}" if story_title else story_key
@@ -162,6 +170,7 @@ def build_prompt(
                      f"- Title (from the key): {story_title}")
         if verify_output.strip():
             parts.append("## The previous attempt failed\n\n" + _evidence(verify_output))
+        parts.append(_bmad_section(bmad))
         return "\n\n".join(parts) + "\n"
     parts.append(f"## The story ({story_key})\n\n{_fenced(story_text, 'markdown')}")
 
@@ -176,7 +185,16 @@ def build_prompt(
         parts.append(f"## The previous attempt failed verification — its output\n\n{_evidence(verify_output)}")
     elif phase == Phase.DEV and review_notes.strip():
         parts.append("## Review notes from earlier\n\n" + _evidence(review_notes))
+    parts.append(_bmad_section(bmad))
     return "\n\n".join(parts) + "\n"
+
+
+NO_BMAD = ("BMAD is not installed in this project (no BMAD skills, no workflow folders): do the "
+           "work by hand, as the instructions above describe.")
+
+
+def _bmad_section(guidance: str) -> str:
+    return "## BMAD in this project\n\n" + (guidance.strip() or NO_BMAD)
 
 
 def write_prompt(path: Path, text: str) -> Path:

@@ -36,8 +36,11 @@ def next_step(cli: str) -> dict:
         if calls_path.exists() else []
     n = sum(1 for c in previous if c["key"] == key and c["phase"] == phase)
     with open(calls_path, "a") as calls:
+        prompt_file = os.environ.get("BMAD_LOOP_PROMPT_FILE", "")
+        prompt = Path(prompt_file).read_text() if prompt_file and Path(prompt_file).is_file() else ""
         calls.write(json.dumps({"cli": cli, "key": key, "phase": phase, "argv": sys.argv[1:],
-                                "trust": os.environ.get("GEMINI_CLI_TRUST_WORKSPACE")}) + "\n")
+                                "trust": os.environ.get("GEMINI_CLI_TRUST_WORKSPACE"),
+                                "prompt": prompt}) + "\n")
     steps = script.get(key, {}).get(phase) or script.get("*", {}).get(phase) or [{}]
     step = dict(steps[min(n, len(steps) - 1)])
     if phase == "review" and "say" not in step:

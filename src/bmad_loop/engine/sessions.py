@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..adapter import AgentCall, agent_env, render_argv, review_approved, run_agent, session_output
+from ..bmadinstall import detect_bmad
 from ..agentfaults import AgentFault, classify
 from ..agentoutput import SessionReport, Usage, parse_output
 from ..db.models import Attempt, Run, Story, utcnow
@@ -110,6 +111,7 @@ def run_session(ctx, claim, phase: str, number: int) -> SessionResult:
         review_notes=story.feedback.get("review_notes", "") if phase == Phase.FIX else "",
         worktree=story.worktree,
         story_file=str(worktree / story.story_path) if story.story_path else "", epic=str(story.epic),
+        bmad=detect_bmad(ctx.workspace.root).guidance(phase),
     ))
     story_file = str(worktree / story.story_path) if story.story_path else ""
     # Profile defaults first, so the user's [adapter.env] wins.
