@@ -116,7 +116,7 @@ def test_story_metadata_is_read_from_front_matter(project):
 
 
 def test_a_metadata_error_in_a_story_file_names_the_file(project):
-    path = write(project / STORY_DIR / "1-4-audit-log.md", "---\ndepends_on: 1-1-project-scaffold\n---\n# S\n")
+    path = write(project / STORY_DIR / "1-4-audit-log.md", "---\ndepends_on: {key: 1-1-project-scaffold}\n---\n# S\n")
     with pytest.raises(ConfigError) as info:
         load(project)
     assert str(info.value) == f"{path}: 'depends_on' must be a list of story keys"
