@@ -13,6 +13,7 @@ import pytest
 from bmad_loop.board import parse_board, parse_story_key, set_status
 from bmad_loop.boardstatus import read_status
 from bmad_loop.engine.admission import StoryView, admit
+from bmad_loop.engine.gatepoints import gate_epics
 from bmad_loop.errors import ConfigError
 from bmad_loop.footprint import Footprint
 from bmad_loop.operator.reports import junit_tree
@@ -287,6 +288,11 @@ def test_a_story_in_no_epic_neither_opens_nor_waits_at_a_gate():
     stories = [view("fix-typo", "", seq=1), view("1-1-a", "1", seq=2)]
     decision = admit(stories, max_parallel=2, capacity=lambda _: 1, gates_mode="per-epic")
     assert decision.dispatch == ["fix-typo", "1-1-a"] and decision.gate is None
+
+
+def test_the_gate_points_run_prints_agree_with_admission_on_stories_in_no_epic():
+    plan = [view("fix-typo", ""), view("1-1-a", "1"), view("hotfix", ""), view("r-1-b", "r")]
+    assert gate_epics(plan) == [("r", "r-1-b")]
 
 
 def test_the_junit_classname_carries_the_string_epic():

@@ -19,7 +19,7 @@ def gate_epics(plan: Sequence) -> list[tuple[str, str]]:
     points: list[tuple[str, str]] = []
     for story in plan:
         epic = str(story.epic)
-        if epic in seen:
+        if epic in seen or not epic:  # a story in no epic ("") never meets a gate (admission)
             continue
         if seen:
             points.append((epic, story.key))
