@@ -58,7 +58,7 @@ def _new_run_with_story(db, state: str = "queued") -> int:
                   target_sha="0" * 40, state="running", merge_strategy="merge",
                   isolation="worktree", board_path="board.yaml"))
         s.flush()
-        story = Story(run_id="20260101-000000-abcd", key="1-1-alpha", seq=1, epic=1,
+        story = Story(run_id="20260101-000000-abcd", key="1-1-alpha", seq=1, epic="1",
                       state="pending")
         s.add(story)
         s.flush()

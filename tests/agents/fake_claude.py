@@ -8,6 +8,7 @@ Claude Code reports them: `rate-limit` exit 0 with `is_error` and "API Error: Ra
 Please run /login".
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,9 @@ FAULTS = {"rate-limit": (0, "API Error: Rate limit reached"),
 
 def main() -> int:
     argv = sys.argv[1:]
+    if argv == ["--version"]:  # as the real one prints it
+        print(os.environ.get("FAKE_CLI_VERSION", "2.1.240") + " (Claude Code)")
+        return 0
     if "-p" not in argv and "--print" not in argv:
         print("this stand-in only knows print mode", file=sys.stderr)
         return 2

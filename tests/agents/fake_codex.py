@@ -6,6 +6,7 @@ the agent message) and `turn.completed` with `usage` (`input_tokens` including
 `turn.failed` with "You've hit your usage limit. … try again at 3:28 PM.", exit 1.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,9 @@ FAULTS = {"usage-limit": "You've hit your usage limit. Visit https://chatgpt.com
 
 def main() -> int:
     argv = sys.argv[1:]
+    if argv == ["--version"]:  # as the real one prints it
+        print("codex-cli " + os.environ.get("FAKE_CLI_VERSION", "0.58.0"))
+        return 0
     if not argv or argv[0] != "exec":
         print("this stand-in only knows `codex exec`", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ from ..selection import check_dependencies
 from ..policy import load_policy
 from ..profiles import custom_command_warnings
 from ..tasks import check_queue, queue_config
+from .agentcheck import bmad_checks, version_checks
 from .creation import creation_checks
 from .planning import agent_command, target_branch_of
 from .project import Project
@@ -76,8 +77,15 @@ def preflight(root: Path) -> dict:
     try:
         argv = agent_command(policy, project, sha)
         add("agent", "ok", " ".join(argv))
+        checks.extend(version_checks(policy))  # the profile's CLI against its checked release
     except BmadLoopError as exc:
         add("agent", "error", str(exc))
+    try:
+        bmad, seen = bmad_checks(project)
+        checks.extend(bmad)
+        found.update(seen)
+    except BmadLoopError as exc:  # not a repository: the git check says so already
+        add("bmad", "warn", f"cannot tell what is seeded: {exc}")
     return _report(checks, **found)
 
 

@@ -27,7 +27,7 @@ __all__ = ["Profile", "known_profiles", "load_profile", "resolve_command", "phas
            "known_cli_of", "custom_command_warnings"]
 
 _KEYS = {"description", "command", "model_args", "seed_files", "env", "verdict", "instructions",
-         "output", "faults", "fault_exit_codes"}
+         "output", "faults", "fault_exit_codes", "checked_version"}
 _VERDICTS = ("exit", "marker")
 
 
@@ -45,6 +45,7 @@ class Profile:
     # environment-fault category -> patterns of the CLI's error words; exit code -> category
     faults: Mapping[str, tuple[re.Pattern, ...]] = field(default_factory=lambda: MappingProxyType({}))
     fault_exit_codes: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
+    checked_version: str = ""  # the CLI release its flags were checked against ("" unknown)
 
 
 def known_profiles() -> tuple[str, ...]:
@@ -107,6 +108,7 @@ def load_profile(name: str) -> Profile:
         verdict=verdict,
         description=str(data.get("description", "")),
         output=output,
+        checked_version=str(data.get("checked_version", "")),
         faults=faults,
         fault_exit_codes=MappingProxyType({int(k): v for k, v in exit_codes.items()}),
     )
