@@ -70,3 +70,15 @@ def test_validate_on_a_project_without_bmad_says_agents_work_by_hand(make_repo):
     (bmad,) = _checks(report, "bmad")
     assert bmad["status"] == "ok" and "work by hand" in bmad["detail"]
     assert report["bmad"] == {"kind": "none", "skills": {}, "workflows": {}, "seeded": []}
+
+
+def test_validate_does_not_call_a_story_still_to_be_created_footprintless(make_repo):
+    from support import drop_story_files
+
+    repo = make_repo([ALPHA, StoryDef("1-2-beta", files=["src/beta.py"], status="backlog")])
+    drop_story_files(repo, "1-2-beta")
+    report = _validate(repo)
+    assert report["ok"], report["checks"]
+    assert not [c for c in _checks(report, "footprint") if "1-2-beta" in c["detail"]]
+    assert [s["found"] for s in report["stories"] if s["key"] == "1-2-beta"] == [False]
+    assert any("1-2-beta" in c["detail"] for c in _checks(report, "create"))

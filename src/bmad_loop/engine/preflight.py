@@ -67,7 +67,9 @@ def preflight(root: Path) -> dict:
         for warning in board.warnings():  # unknown statuses, keys outside the grammar
             add("board", "warn", warning)
         for spec in actionable:
-            if spec.footprint.reason:
+            # A story still to be created declares its footprint in the file create writes:
+            # the `create` line speaks for it.
+            if spec.footprint.reason and spec.story_file is not None:
                 add("footprint", "warn", f"story {spec.key}: footprint {spec.footprint.reason} "
                     "(treated as exclusive)")
         for status, detail in creation_checks(policy, actionable):
