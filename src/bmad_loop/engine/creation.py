@@ -97,7 +97,9 @@ def creation_checks(policy, actionable: Sequence) -> list[tuple[str, str]]:
     keys = ", ".join(s.key for s in uncreated)
     if policy.stories.create == "skip":
         return [("warn", f"{len(uncreated)} backlog stories without a story file are skipped: {keys}")]
-    return [("ok", f"{len(uncreated)} backlog stories get the create phase first: {keys}")]
+    many = len(uncreated) != 1
+    return [("ok", f"{len(uncreated)} backlog {'stories get' if many else 'story gets'} the create "
+                   f"phase first: {keys}")]
 
 
 def journal_skipped(session, run_id: str, skipped: Sequence) -> None:
