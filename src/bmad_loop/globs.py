@@ -194,8 +194,9 @@ def pattern_problem(pattern: object) -> str | None:
 def _segments(pattern: str, covers_below: bool = True) -> tuple[str, ...]:
     """A pattern as anchored segments, `**` matching any number of them.
 
-    `covers_below`: whatever it matches may be a directory, so it ends with `**`; else only a
-    trailing `/` (a directory by its own say) adds the `**`."""
+    `covers_below`: whatever it matches may be a directory, so it ends with `**`. Else it is
+    exact: a trailing `/` (a directory by its own say) or `/**` covers what lies under the
+    directory, one segment or more, and not a file of the directory's name."""
     p = pattern[:-1] if pattern.endswith("/") else pattern
     if p.startswith("/"):
         p = p[1:]
@@ -205,8 +206,12 @@ def _segments(pattern: str, covers_below: bool = True) -> tuple[str, ...]:
     parts = p.split("/")
     if not anchored:
         parts.insert(0, "**")
-    if covers_below or pattern.endswith("/"):
+    if covers_below:
         parts.append("**")  # a matched directory covers everything under it
+    elif pattern.endswith("/"):
+        parts += ["*", "**"]
+    elif len(parts) > 1 and parts[-1] == "**":
+        parts[-1:] = ["*", "**"]
     out: list[str] = []
     for part in parts:
         if part == "**" and out and out[-1] == "**":
