@@ -54,7 +54,7 @@ class Doorbell:
     story that became ready waking the lane, the lane filling a worker slot) would wait up to
     the back-off. With the doorbell they start at once. An enqueue in another process rings it
     through the queue's wake socket (`bmad_loop.wakeup`); without one, the poll finds the
-    message within `idle_cap_s`. A generation counter read *before* each dequeue means a ring
+    message within `POLL_MAX_S`. A generation counter read *before* each dequeue means a ring
     between an empty dequeue and the wait is never missed.
     """
 
@@ -62,7 +62,8 @@ class Doorbell:
         self._cond = threading.Condition()
         self.generation = 0
         self.waiting = 0  # threads inside wait_past: what tests wait for before they ring
-        self.idle_cap_s = POLL_MAX_S  # the longest idle wait; raised once a wake socket is bound
+        self.remote = False  # True while a wake socket feeds this bell from other processes
+        self.fallback_s = WAKE_FALLBACK_S  # the idle wait while `remote`
 
     def ring(self) -> None:
         with self._cond:
@@ -128,11 +129,12 @@ class _DoorbellWorker(Worker):
             return
         if self.huey.storage.blocking or self.stop_flag.is_set():
             return
-        cap = bell.idle_cap_s
-        if bell.wait_past(seen, min(self.delay, cap)):
+        if bell.remote:  # every enqueue of this machine rings: no need to poll often
+            bell.wait_past(seen, bell.fallback_s)
+        elif bell.wait_past(seen, min(self.delay, self.max_delay)):
             self.delay = self.default_delay
         else:
-            self.delay = min(self.delay * self.backoff, cap)
+            self.delay = min(self.delay * self.backoff, self.max_delay)
 
 
 class _ThreadFriendlyConsumer(Consumer):
@@ -176,8 +178,7 @@ class BackgroundConsumer:
                 wake = getattr(self.huey, "wake", None)
                 if wake is not None:
                     self._listener = wake.listen(self.huey.doorbell.ring)
-                if self._listener is not None:
-                    self.huey.doorbell.idle_cap_s = WAKE_FALLBACK_S
+                self.huey.doorbell.remote = self._listener is not None
                 self.consumer.start()
                 self._started = True
 
@@ -190,4 +191,4 @@ class BackgroundConsumer:
                 if self._listener is not None:
                     self._listener.close()
                     self._listener = None
-                    self.huey.doorbell.idle_cap_s = POLL_MAX_S
+                    self.huey.doorbell.remote = False
