@@ -25,13 +25,12 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from bmad_loop.board import branch_name_ok
 from bmad_loop.errors import GitError
-from bmad_loop.gitcmd import Git, repo_lock
+from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
 
 __all__ = [
     "WorktreeInfo",
@@ -48,12 +47,6 @@ __all__ = [
 
 _ZERO_SHA = "0" * 40
 _INITIALIZING = "initializing"
-_FULL_SHA = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
-
-
-def is_full_sha(rev: str | None) -> bool:
-    """A full object name (SHA-1 or SHA-256), which names itself: no rev-parse needed."""
-    return bool(rev) and _FULL_SHA.fullmatch(rev) is not None
 
 
 @dataclass(frozen=True)
