@@ -19,7 +19,7 @@ import pytest
 from bmad_loop.queue import (INTEGRATION, STORIES, BackgroundConsumer, Doorbell, QueueConfig,
                              announce, make_huey)
 from bmad_loop.wakeup import WakeChannel, supported, wake_dir_for
-from support import wait_until
+from support import ALPHA_BETA_GAMMA, wait_until, write_each
 
 pytestmark = pytest.mark.skipif(not supported(), reason="no AF_UNIX datagram sockets here")
 
@@ -220,3 +220,35 @@ def test_redis_consumers_block_in_the_pop_and_sqlite_ones_have_a_wake_channel(ba
         assert huey.wake is not None and not huey.storage.blocking
     else:
         assert huey.wake is None and huey.storage.blocking  # BRPOP: woken by the push itself
+
+
+def test_the_tick_that_settles_a_run_wakes_whoever_waits_on_the_lane(make_repo):
+    """`drive` reads the journal after each lane tick: the callback of the tick that completes
+    the run sees it completed, so `run` returns without waiting for its next poll."""
+    from bmad_loop.db.models import Run
+    from bmad_loop.engine.consumers import ConsumerSet
+    from bmad_loop.engine.project import Project
+    from bmad_loop.states import RunState
+
+    stories = ALPHA_BETA_GAMMA[:1]
+    repo = make_repo(stories, script=write_each(stories),
+                     policy='[scm]\nmerge_strategy = "merge"\n[gates]\nmode = "none"\n')
+    result = repo.cli("run", "--enqueue-only")
+    assert result.exit_code == 0, result.output
+    run_id = result.output.strip().splitlines()[-1]
+    project = Project.open(repo.root)
+    consumers = ConsumerSet(project, queue="all", workers=1)
+    seen = []
+
+    def after_tick(tick_run_id):
+        with project.db.transaction() as s:
+            seen.append((tick_run_id, s.get(Run, tick_run_id).state))
+
+    consumers.after_each_tick(after_tick)
+    consumers.start()
+    try:
+        wait_until(lambda: (run_id, RunState.COMPLETED) in seen, what="a tick callback after completion")
+    finally:
+        consumers.stop(graceful=True)
+        project.close()
+    assert seen[-1] == (run_id, RunState.COMPLETED) and len(seen) >= 2  # one per tick, the last settled
