@@ -99,19 +99,24 @@ class WakeChannel:
         keeps polling)."""
         if not supported():
             return None
-        try:
-            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            path = self.folder / f"{self._own_prefix()}{secrets.token_hex(4)}.sock"
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            try:
-                sock.bind(str(path))
-            except OSError:
-                sock.close()
-                raise
-        except OSError as exc:
-            log.info("no cross-process wake-ups for queue %s (%s): polling instead", self.queue, exc)
-            return None
-        return Listener(sock, path, on_ring)
+        path = self.folder / f"{self._own_prefix()}{secrets.token_hex(4)}.sock"
+        for last in (False, True):  # twice: the last listener of another process may remove
+            try:                    # the folder between our mkdir and our bind
+                self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                try:
+                    sock.bind(str(path))
+                except OSError:
+                    sock.close()
+                    raise
+                return Listener(sock, path, on_ring)
+            except FileNotFoundError:
+                if last:
+                    break
+            except OSError as exc:
+                log.info("no cross-process wake-ups for queue %s (%s): polling", self.queue, exc)
+                return None
+        return None
 
 
 class Listener:
@@ -152,6 +157,10 @@ class Listener:
         self._thread.join(timeout=5)
         _unlink(self.path)
         self._sock.close()
+        try:
+            self.path.parent.rmdir()  # the last one out leaves no folder (refused while not empty)
+        except OSError:
+            pass
 
 
 def _unlink(path) -> None:
