@@ -92,6 +92,13 @@ def _diff_names(git: Git, base: str, head: str, *filters: str) -> list[str]:
     return [p for p in raw.split("\0") if p]
 
 
+def _diff_status(git: Git, base: str, head: str) -> dict[str, str]:
+    """{path: status letter} between commits (or trees) `base` and `head`, renames as two."""
+    raw = git.run("diff-tree", "-r", "-z", "--name-status", "--no-renames", base, head).stdout
+    fields = raw.split("\0")
+    return {fields[i + 1]: fields[i][:1] for i in range(0, len(fields) - 1, 2) if fields[i + 1]}
+
+
 def blob_at(git: Git, commit: str, path: str) -> bytes | None:
     """Content of `path` in `commit`, as stored (no filters), or None when it holds no such file."""
     proc = git.run("cat-file", "blob", f"{commit}:{path}", check=False, text=False)
@@ -490,7 +497,8 @@ def overlapping_dirty(git: Git, checkout: Path, old: str, new: str) -> list[str]
     reverse), and also files on disk — even ignored ones, which ``read-tree -u`` would overwrite
     without a word — where the advance creates a file.
     """
-    touched = set(changed_paths(git, old, new))
+    status = _diff_status(git, old, new)  # one diff: what changes, and what is created
+    touched = set(status)
     if not touched:
         return []
     above = {str(parent) for t in touched for parent in Path(t).parents if str(parent) != "."}
@@ -498,7 +506,7 @@ def overlapping_dirty(git: Git, checkout: Path, old: str, new: str) -> list[str]
     for d in dirty_paths(git, checkout):
         if d in touched or d in above or any(str(p) in touched for p in Path(d).parents):
             hits.add(d)
-    for t in _diff_names(git, old, new, "--diff-filter=A"):
+    for t in sorted(p for p, letter in status.items() if letter == "A"):
         if t in hits:
             continue
         if os.path.lexists(checkout / t):
@@ -522,7 +530,7 @@ def sync_checkout(git: Git, checkout: Path, old: str, new: str) -> None:
     before the target moves — or when the checkout's HEAD is not `new` (not on that branch).
     """
     head = git.rev("HEAD", cwd=checkout)
-    if head != git.rev(new):
+    if head != (new if is_full_sha(new) else git.rev(new)):
         raise GitError(f"{checkout} is at {head}, not at {new}: it is not on the advanced branch")
     git.run("update-index", "-q", "--refresh", cwd=checkout, check=False)
     git.run("read-tree", "-m", "-u", old, new, cwd=checkout)
