@@ -260,6 +260,8 @@ def compare(args, trees: list[tuple[str, str]], modes: list[str], work: Path) ->
                 values = found.get((label, mode), {}).get(name, [])
                 medians.append(median(values))
                 row.append(f"{ms(median(values))} / {ms(max(values))}" if values else "-")
+            if all(cell == "-" for cell in row[2:]):
+                continue  # e.g. the bare wake-ups, measured in-process only
             if len(trees) == 2:
                 row.append(f"{medians[1] / medians[0]:.2f}" if medians[0] else "-")
             rows.append(row)
