@@ -120,7 +120,8 @@ def epic_barrier(story, earlier, gates_mode, gates_passed, first_epic):
 # ------------------------------------------------------------------ random sprints
 PATTERNS = ["src/a.py", "src/b.py", "src", "src/", "src/**", "src/*.py", "docs/index.md", "docs/",
             "CHANGELOG.md", "flagA", "app", "src/app/models.py", "tests/test_a.py", "tests/",
-            "newdir", "newdir/x.py", "**/*.md", "lib/c.py"]
+            "newdir", "newdir/x.py", "**/*.md", "lib/c.py", "src/app/*", "/README.md", "docs/*.md",
+            "/*.py", "src/a*/x.py", "/src", "src/app/", "tests/test_*.py"]
 TREES = [None, frozenset({"src", "src/app", "docs", "tests"}),
          frozenset({"src", "src/app", "docs", "tests", "newdir", "lib"})]
 STATES = ["pending"] * 6 + ["queued", "working", "ready", "integrating", "held", "integrated",
@@ -225,20 +226,34 @@ def view(key: str, seq: int, files=(), state="pending", reason=None) -> StoryVie
 
 
 def test_each_pair_is_tested_once_per_run_and_a_changed_footprint_only_against_the_others():
-    stories = [view(f"1-{i}-s", i, [f"work/{i}.txt"]) for i in range(1, 21)]
+    # Every pattern under work/ with a wildcard: every pair has to be asked.
+    stories = [view(f"1-{i}-s", i, [f"work/{i}-*.txt"]) for i in range(1, 21)]
     index = ConflictIndex()
     for _ in range(5):  # five passes, nothing changed after the first
         decision = admit(stories, max_parallel=4, capacity=lambda n: 1, gates_mode="none", index=index)
     assert decision.dispatch == [s.key for s in stories[:4]]
     assert index.tests == 20 * 19 // 2
     # Story 7's create phase wrote its file: its footprint now meets story 3's.
-    stories[6] = view("1-7-s", 7, ["work/3.txt"])
+    stories[6] = view("1-7-s", 7, ["work/3-*.txt"])
     stories = [view(s.key, s.seq, s.footprint.files, "working" if s.seq <= 4 else "pending")
                for s in stories]
     decision = admit(stories, max_parallel=8, capacity=lambda n: 1, gates_mode="none", index=index)
     assert index.tests == 20 * 19 // 2 + 19
     assert "1-7-s" not in decision.dispatch
-    assert decision.waiting["1-7-s"] == "conflicts with 1-3-s: work/3.txt overlaps work/3.txt"
+    assert decision.waiting["1-7-s"] == "conflicts with 1-3-s: work/3-*.txt overlaps work/3-*.txt"
+
+
+def test_stories_on_distinct_literal_paths_are_never_tested_against_each_other():
+    stories = [view(f"1-{i}-s", i, [f"work/{i}.txt", f"src/m{i}/"]) for i in range(1, 301)]
+    stories.append(view("1-301-any", 301, ["CHANGELOG.md"]))  # matches at any depth
+    stories.append(view("1-302-src", 302, ["src/*"]))  # above every src/m<i>/
+    index = ConflictIndex()
+    decision = admit(stories, max_parallel=302, capacity=lambda n: 1, gates_mode="none", index=index)
+    assert index.tests == 301 + 300  # only the last two, each against every other
+    assert decision.dispatch == [s.key for s in stories[:300]]
+    assert decision.waiting == {  # without a tree, work/1.txt may be a folder
+        "1-301-any": "conflicts with 1-1-s: CHANGELOG.md overlaps work/1.txt",
+        "1-302-src": "conflicts with 1-1-s: src/* overlaps src/m1/"}
 
 
 def test_a_new_tree_re_tests_only_the_pairs_that_can_meet_under_some_tree():

@@ -11,6 +11,13 @@ per pass. Here each pair is tested once per run, and again only when it could ha
   relation tested without them (`directories=None`, "wide") holds every pair that can conflict
   under any tree, and only those pairs are re-tested against the new directories.
 
+Which pairs are tested at all: two patterns anchored at the root whose literal leading segments
+differ somewhere (`work/1.txt` and `work/2.txt`, `src/a/*.py` and `src/b/**`) can never match a
+common path, under any tree, so stories are only tested against those whose patterns share a
+literal path prefix (one prefix above the other), and against every story with a pattern that
+matches at any depth (`CHANGELOG.md`, `**/x`, `*.py`). With many stories on distinct files,
+building the relation costs a few look-ups per story, not a test per pair.
+
 Exclusive footprints (missing, empty, invalid) conflict with everything by definition
 (`Footprint.exclusive`), so they are not stored as pairs: admission treats them, and stories
 still to be created, as walls for every later story.
@@ -43,6 +50,9 @@ class ConflictIndex:
         self._pairs: dict[str, dict[str, str]] = {}  # key -> {key: reason} under `_directories`
         self._earlier: dict[str, tuple[str, ...]] = {}  # key -> earlier `_pairs` keys, plan order
         self._directories: Directories = None
+        self._prefixes: dict[str, set[tuple[str, ...]]] = {}  # key -> its patterns' prefixes
+        self._at: dict[tuple[str, ...], set[str]] = {}  # prefix -> keys with that prefix
+        self._under: dict[tuple[str, ...], set[str]] = {}  # prefix -> keys with one below it
         self.tests = 0  # footprint tests run so far (what this index saves)
 
     @classmethod
@@ -60,6 +70,8 @@ class ConflictIndex:
             self._forget(story.key)
             self._footprint[story.key] = story.footprint
             self._seq[story.key] = story.seq
+            if not story.footprint.exclusive:
+                self._place(story.key)
         if not any(self._wide.values()) and not changed:
             return
         tree = self._directories
@@ -105,9 +117,27 @@ class ConflictIndex:
         self._earlier.pop(key, None)
         self._earlier.pop(other, None)
 
+    def _candidates(self, key: str) -> set[str]:
+        """Stories whose patterns share a literal path prefix with `key`'s (see above)."""
+        found: set[str] = set()
+        for prefix in self._prefixes[key]:
+            for cut in range(len(prefix) + 1):
+                found |= self._at.get(prefix[:cut], set())
+            found |= self._under.get(prefix, set())
+        found.discard(key)
+        return found
+
+    def _place(self, key: str) -> None:
+        fp = self._footprint[key]
+        prefixes = self._prefixes[key] = {_literal_prefix(p) for p in fp.files + fp.shared}
+        for prefix in prefixes:
+            self._at.setdefault(prefix, set()).add(key)
+            for cut in range(len(prefix)):
+                self._under.setdefault(prefix[:cut], set()).add(key)
+
     def _test_against_all(self, key: str, skip: set[str], tree: Directories) -> None:
-        for other, theirs in self._footprint.items():
-            if other == key or other in skip or theirs.exclusive:
+        for other in self._candidates(key):
+            if other in skip:
                 continue
             later, earlier = self._ordered(key, other)
             self.tests += 1
@@ -139,3 +169,24 @@ class ConflictIndex:
             self._earlier.pop(other, None)
         self._earlier.pop(key, None)
         self._wide[key], self._pairs[key] = set(), {}
+        for prefix in self._prefixes.pop(key, ()):
+            self._at[prefix].discard(key)
+            for cut in range(len(prefix)):
+                self._under[prefix[:cut]].discard(key)
+
+
+def _literal_prefix(pattern: str) -> tuple[str, ...]:
+    """The leading path segments every path a gitignore-style pattern matches starts with:
+    those before the first one holding a wildcard, and none for a pattern that matches at any
+    depth (no slash but a trailing one)."""
+    body = pattern[:-1] if pattern.endswith("/") else pattern
+    if body.startswith("/"):
+        body = body[1:]
+    elif "/" not in body:
+        return ()
+    prefix = []
+    for segment in body.split("/"):
+        if any(ch in segment for ch in "*?["):
+            break
+        prefix.append(segment)
+    return tuple(prefix)

@@ -37,7 +37,7 @@ from .journal import record
 from .notify import notify
 from .recovery import recover_orphans
 from .retry import FaultPersisted, pause_for_fault, retrying
-from .runs import run_policy, stories_of
+from .runs import lane_rows, run_policy, stories_of
 from .transitions import transition_run, transition_story
 
 __all__ = ["tick"]
@@ -178,7 +178,7 @@ class _Lane:
 
     def _load(self):
         with self.db.transaction() as s:
-            return s.get(Run, self.run_id), stories_of(s, self.run_id)
+            return s.get(Run, self.run_id), lane_rows(s, self.run_id)
 
     # ------------------------------------------------------------ 0. dispatch first
     def _dispatch_first(self, run: Run, stories: list[Story]) -> bool:
