@@ -196,6 +196,16 @@ def test_a_socket_left_by_a_killed_process_is_removed_and_the_live_ones_still_ru
     assert not folder.exists()
 
 
+def test_a_ring_that_finds_only_stale_sockets_leaves_no_folder_behind(tmp_path):
+    folder = tmp_path / "wake"
+    dead, _ = _listener(tmp_path, folder, STORIES, "dead")
+    dead.send_signal(signal.SIGKILL)
+    assert dead.wait(timeout=30) == -signal.SIGKILL
+    assert len(list(folder.iterdir())) == 1
+    assert WakeChannel(folder, STORIES).ring() == 0
+    assert not folder.exists()
+
+
 def test_a_worker_process_binds_its_socket_and_removes_it_when_stopped(make_repo):
     repo = make_repo([])
     folder = wake_dir_for(repo.root / ".bmad-loop" / "queue.db")

@@ -75,15 +75,18 @@ class WakeChannel:
                        and not e.name.startswith(self._own_prefix())]
         except OSError:
             return 0  # no folder yet: nobody listens
-        sent = 0
+        sent = stale = 0
         for entry in entries:
             try:
                 self._send(entry.path, _RING)
                 sent += 1
             except (ConnectionRefusedError, FileNotFoundError):
                 _unlink(entry.path)  # stale: its process died without removing it
+                stale += 1
             except OSError:
                 pass  # a full buffer already holds wake-ups for it; anything else: it polls
+        if stale and not sent:
+            _remove_if_empty(self.folder)
         return sent
 
     def _send(self, path: str, data: bytes) -> None:
@@ -157,10 +160,16 @@ class Listener:
         self._thread.join(timeout=5)
         _unlink(self.path)
         self._sock.close()
-        try:
-            self.path.parent.rmdir()  # the last one out leaves no folder (refused while not empty)
-        except OSError:
-            pass
+        _remove_if_empty(self.path.parent)  # the last one out leaves no folder
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """rmdir refuses a folder that is not empty, so another process's socket is never lost; a
+    listener binding just then retries (see `listen`)."""
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
 
 
 def _unlink(path) -> None:
