@@ -194,7 +194,8 @@ class StoryWorker:
                  Phase.REVIEW: self.phase_review, Phase.FIX: self.phase_fix,
                  Phase.COMMIT: self.phase_commit}
         while True:
-            self._enter_phase(phase, check_stop=True)
+            if self._row is None or self._row.phase != phase:
+                self._enter_phase(phase, check_stop=True)  # else _apply just entered it
             try:
                 outcome = steps[phase]()
             except Escalate as esc:
@@ -367,6 +368,7 @@ class StoryWorker:
         # No git at all for a story whose session changed git's configuration: leave it as is.
         head = self._escalation_head() if outcome.escalate and not config_changed else None
         self._row = None  # changed below; the next phase's entry reads it again
+        stop = False
         with ctx.db.transaction() as s:
             row = self.claim.own(s)  # taken back (recovered as orphaned)? then nothing is written
             if outcome.session is not None:
@@ -405,6 +407,13 @@ class StoryWorker:
             else:
                 row.phase, row.heartbeat_at = outcome.next_phase, now
                 record(s, ctx.run_id, "story.phase", self.key, phase=outcome.next_phase)
+                # The next phase is entered here, in the same transaction (stop checked too).
+                if s.get(Run, ctx.run_id).state in (RunState.STOPPING, RunState.STOPPED):
+                    stop = True
+                else:
+                    self._row = row
+        if stop:
+            raise StopRequested()
         return None
 
     def _escalation_head(self) -> str | None:
