@@ -11,6 +11,10 @@ A pure function of the story rows, so it is easy to test and to reason about:
   only the slot and its epic's gate checked: creating touches nothing but its own story file.
   Until its create ends, its footprint is unknown, so no later story's dev may start (it is
   exclusive towards later devs only); then it comes back pending and is admitted like any other.
+
+Cost: the lane admits on every pass, so a pass is one walk in plan order with a few look-ups
+per story; which pairs conflict comes from the run's `ConflictIndex` (conflictindex.py), which
+runs the footprint test once per pair that can meet, not once per pass.
 """
 
 from __future__ import annotations
