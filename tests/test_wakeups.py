@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,15 @@ ENQUEUER = textwrap.dedent("""
 """)
 
 
+@pytest.fixture
+def short_dir():
+    """A folder whose socket paths fit in sun_path (about 104 bytes), wherever pytest puts
+    tmp_path (under xdist it is deep enough to overflow); removed after the test."""
+    path = Path(tempfile.mkdtemp(prefix="bw-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _script(tmp_path: Path, name: str, text: str) -> Path:
     path = tmp_path / f"{name}.py"
     path.write_text(text)
@@ -112,9 +123,9 @@ def test_a_ring_before_the_wait_is_not_lost():
     assert bell.wait_past(bell.generation, 0) is False  # nothing rung since: no spurious wake
 
 
-def test_a_ring_from_another_process_before_the_wait_is_not_lost(tmp_path):
+def test_a_ring_from_another_process_before_the_wait_is_not_lost(tmp_path, short_dir):
     """Across processes: the datagram arrives while nobody waits; the wait after it returns."""
-    folder = tmp_path / "wake"
+    folder = short_dir / "wake"
     bell = Doorbell()
     listener = WakeChannel(folder, STORIES).listen(bell.ring)
     try:
@@ -127,8 +138,8 @@ def test_a_ring_from_another_process_before_the_wait_is_not_lost(tmp_path):
     assert not folder.exists()  # closing removed this process's socket and the emptied folder
 
 
-def test_a_ring_wakes_only_the_listeners_of_its_queue(tmp_path):
-    folder = tmp_path / "wake"
+def test_a_ring_wakes_only_the_listeners_of_its_queue(tmp_path, short_dir):
+    folder = short_dir / "wake"
     stories, stories_out = _listener(tmp_path, folder, STORIES, "stories")
     lane, lane_out = _listener(tmp_path, folder, INTEGRATION, "lane")
     try:
@@ -179,8 +190,8 @@ def test_an_enqueue_in_another_process_wakes_the_idle_consumer_here(tmp_path):
     assert not wake_dir_for(db).exists()
 
 
-def test_a_socket_left_by_a_killed_process_is_removed_and_the_live_ones_still_rung(tmp_path):
-    folder = tmp_path / "wake"
+def test_a_socket_left_by_a_killed_process_is_removed_and_the_live_ones_still_rung(tmp_path, short_dir):
+    folder = short_dir / "wake"
     dead, _ = _listener(tmp_path, folder, STORIES, "dead")
     stale = Path(Path(f"{tmp_path / 'dead.rings'}.ready").read_text())
     dead.send_signal(signal.SIGKILL)  # no chance to remove its socket
@@ -196,8 +207,8 @@ def test_a_socket_left_by_a_killed_process_is_removed_and_the_live_ones_still_ru
     assert not folder.exists()
 
 
-def test_a_ring_that_finds_only_stale_sockets_leaves_no_folder_behind(tmp_path):
-    folder = tmp_path / "wake"
+def test_a_ring_that_finds_only_stale_sockets_leaves_no_folder_behind(tmp_path, short_dir):
+    folder = short_dir / "wake"
     dead, _ = _listener(tmp_path, folder, STORIES, "dead")
     dead.send_signal(signal.SIGKILL)
     assert dead.wait(timeout=30) == -signal.SIGKILL
