@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 from ..footprint import Footprint, footprints_conflict
-from ..states import STORY_AWAITING_LANE, STORY_DONE, STORY_IN_FLIGHT, StoryState
+from ..states import STORY_AWAITING_LANE, STORY_DONE, STORY_IN_FLIGHT, STORY_STACKABLE, StoryState
 
 __all__ = ["StoryView", "Admission", "admit", "HOLDS_RESOURCES"]
 
@@ -37,6 +37,9 @@ class StoryView:
     depends_on: tuple[str, ...] = ()
     approved: bool = True  # spec-approval gate
     to_create: bool = False  # its create phase has not ended: the footprint is not known yet
+    # May start on a stacked base: blockers that are finished but not integrated do not hold
+    # it back (stacking.py); the lane allows it only at max_parallel > 1, on a fresh branch.
+    can_stack: bool = False
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Admission:
     waiting: dict[str, str] = field(default_factory=dict)  # key -> what holds it back
     gate: str | None = None  # an epic whose gate must be passed before it can start
     approvals: list[str] = field(default_factory=list)  # stories waiting for `approve`
+    stacked: dict[str, list[str]] = field(default_factory=dict)  # key -> the stories it stacks on
 
 
 def admit(
@@ -94,7 +98,8 @@ def admit(
                 dispatched.add(story.key)
                 in_flight += 1
             continue
-        reason = _conflict_with_earlier(story, earlier, conflict) or _dependencies(story, by_key)
+        under: list[str] = []
+        reason = _conflict_with_earlier(story, earlier, conflict, under) or _dependencies(story, by_key, under)
         if reason is None and gates_mode == "per-story-spec-approval" and not story.approved:
             result.approvals.append(story.key)
             reason = "awaiting spec approval (bmad-loop approve)"
@@ -106,6 +111,8 @@ def admit(
             result.waiting[story.key] = reason
             continue
         result.dispatch.append(story.key)
+        if under:
+            result.stacked[story.key] = under
         dispatched.add(story.key)
         in_flight += 1
         for name in story.footprint.resources:
@@ -134,22 +141,31 @@ def _epic_barrier(story, earlier, gates_mode, gates_passed, first_epic) -> str |
     return None
 
 
-def _conflict_with_earlier(story, earlier, conflict) -> str | None:
+def _conflict_with_earlier(story, earlier, conflict, under: list[str]) -> str | None:
+    """What holds `story` back; finished blockers it may stack on are added to `under`."""
     for other in earlier:
         if other.state in STORY_DONE:
             continue
         if other.to_create:
             return f"waits for {other.key} to be created (its footprint is not known yet)"
         why = conflict(story.footprint, other.footprint)
-        if why:
+        if why and story.can_stack and other.state in STORY_STACKABLE:
+            under.append(other.key)
+        elif why:
             return f"conflicts with {other.key}: {why}"
     return None
 
 
-def _dependencies(story, by_key: Mapping[str, StoryView]) -> str | None:
+def _dependencies(story, by_key: Mapping[str, StoryView], under: list[str]) -> str | None:
+    # A dependency on a finished story is satisfied by stacking on it, like a conflict.
     for dep in story.depends_on:
         other = by_key.get(dep)
-        if other is not None and other.state not in (StoryState.INTEGRATED, StoryState.SKIPPED):
+        if other is None or other.state in (StoryState.INTEGRATED, StoryState.SKIPPED):
+            continue
+        if story.can_stack and other.state in STORY_STACKABLE:
+            if dep not in under:
+                under.append(dep)
+        else:
             return f"depends on {dep} ({other.state})"
     return None
 

@@ -210,7 +210,8 @@ class StoryWorker:
         ctx = self.ctx
         self._enter_phase(Phase.PREPARE)
         story = self.claim.load()
-        base_sha = ctx.target.sha()
+        # A stacked start begins on the base the lane composed for it (stacking.py).
+        base_sha = story.base_sha if story.stacked_on else ctx.target.sha()
         branch = ctx.layout.story_branch(self.key, self.policy.scm.branch_per)
         if ctx.target.publishes_stories:
             self._adopt_pushed_branch(story, branch)
