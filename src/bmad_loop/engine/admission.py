@@ -7,6 +7,9 @@ A pure function of the story rows, so it is easy to test and to reason about:
   footprint conflicts with it is integrated or terminally failed/skipped, every dependency is
   integrated, every resource it names has free capacity, and its epic's gate is open;
 - resources are held from dispatch until the story is integrated or terminal;
+- a story that may stack (`can_stack`) is not held back by an earlier conflicting story or a
+  dependency that is finished but not integrated (`ready`, `integrating`, `held`): it is
+  dispatched on a stacked base and `Admission.stacked` names the stories it stacks on;
 - a story whose file is not written yet (`to_create`) is dispatched for its create phase with
   only the slot and its epic's gate checked: creating touches nothing but its own story file.
   Until its create ends, its footprint is unknown, so no later story's dev may start (it is
