@@ -152,6 +152,11 @@ def main(argv=None) -> int:
     parser.add_argument("--probe", action="store_true",
                         help="also measure git calls, database lock waits and queue polls per "
                              "step of the lane and the worker (bench/_probe.py)")
+    parser.add_argument("--count", action="store_true",
+                        help="also count git processes (by subcommand and caller) and "
+                             "state-database transactions per story (bench/_count.py)")
+    parser.add_argument("--count-depth", type=int, default=1, metavar="N",
+                        help="with --count: engine frames named per git call [1]")
     parser.add_argument("--what-if", action="append", default=[], metavar="EXPERIMENT",
                         help="monkeypatch the engine in this process to try a change: "
                              "dispatch-first, poll=SECONDS (bench/_whatif.py); repeatable")
@@ -189,7 +194,14 @@ def main(argv=None) -> int:
         import _probe
 
         _probe.install()
+    if args.count:
+        import _count
+
+        _count.DEPTH = args.count_depth
+        _count.install()
     result = run_loop(root, workers=1)
+    if args.count:
+        counted = _count.totals()
     after, ops_after = bare(root, args.stories, write, "b")
     print(f"load average at end: {load()}\n")
     bare_story = before + after
@@ -241,6 +253,11 @@ def main(argv=None) -> int:
     print("\n## The bare git operations, per story\n")
     print(table(["operation", "mean ms"], [[name, ms(mean(v))] for name, v in bare_ops.items()]
                 + [["total", ms(bare_mean)]]))
+    if args.count:
+        print("\n## Count: git processes and transactions per story (whole run / K)\n")
+        print(f"git processes per story: {counted[0] / args.stories:.1f}; "
+              f"transactions per story: {counted[1] / args.stories:.1f}\n")
+        print(_count.report(args.stories))
     if args.probe:
         print("\n## Probe: the loop's steps (per story = total / K)\n")
         print(_probe.report(args.stories))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bmad_loop.errors import GitError
-from bmad_loop.gitcmd import Git, repo_lock
+from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
 
 __all__ = [
     "Composition",
@@ -37,6 +37,8 @@ __all__ = [
     "changed_paths",
     "blob_at",
     "replace_blob",
+    "replace_blobs",
+    "blobs_at",
     "path_matches",
     "commit_worktree",
     "commit_message",
@@ -101,6 +103,32 @@ def blob_at(git: Git, commit: str, path: str) -> bytes | None:
     return None
 
 
+def blobs_at(git: Git, tree: str, paths: Sequence[str]) -> dict[str, bytes | None]:
+    """`blob_at` for several paths of one commit or tree, through one ``cat-file --batch``.
+    A path that holds no file (absent, or a folder) maps to None."""
+    paths = list(dict.fromkeys(paths))
+    if not paths:
+        return {}
+    if any("\n" in p for p in paths):  # the batch protocol is line-based
+        return {p: blob_at(git, tree, p) for p in paths}
+    request = "".join(f"{tree}:{p}\n" for p in paths).encode("utf-8", "surrogateescape")
+    out = git.run("cat-file", "--batch", input=request).stdout
+    found: dict[str, bytes | None] = {}
+    pos = 0
+    for p in paths:
+        end = out.index(b"\n", pos)
+        line = out[pos:end]
+        pos = end + 1
+        if line.endswith((b" missing", b" ambiguous")):  # "<name> missing": no such path
+            found[p] = None
+            continue
+        header = line.split(b" ")  # "<sha> <type> <size>"
+        size = int(header[2])
+        found[p] = out[pos:pos + size] if header[1] == b"blob" else None
+        pos += size + 1
+    return found
+
+
 def _tree_of(git: Git, rev: str) -> str:
     return git.out("rev-parse", "--verify", "--end-of-options", f"{rev}^{{tree}}")
 
@@ -113,24 +141,42 @@ def replace_blob(git: Git, tree: str, path: str, content: bytes | None) -> str:
 
     Keeps an existing file's executable bit. Uses a temporary index (``GIT_INDEX_FILE``).
     """
-    entry = git.run("ls-tree", "-z", tree, "--", path, env=_LITERAL).stdout.split("\0")[0]
-    mode = "100644"
-    if entry:
-        meta, _, _name = entry.partition("\t")
+    return replace_blobs(git, tree, {path: content})
+
+
+def replace_blobs(git: Git, tree: str, contents: dict[str, bytes | None]) -> str:
+    """`replace_blob` for several paths at once: five git processes however many there are."""
+    if not contents:
+        return tree
+    listed = git.run("ls-tree", "-z", tree, "--", *contents, env=_LITERAL).stdout
+    modes: dict[str, str] = {}
+    for entry in filter(None, listed.split("\0")):
+        meta, _, name = entry.partition("\t")
         old_mode, kind, _sha = meta.split(" ")
-        if kind == "tree":
-            raise GitError(f"{path} is a folder in tree {tree}, not a file")
-        if old_mode == "100755":
-            mode = old_mode
+        if kind == "tree" and name in contents:
+            raise GitError(f"{name} is a folder in tree {tree}, not a file")
+        modes[name] = old_mode
     with tempfile.TemporaryDirectory(prefix="bmad-loop-index-") as tmp:
         env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
         git.run("read-tree", tree, env=env)
-        if content is None:
-            line = f"0 {'0' * 40}\t{path}\0"
-        else:
-            blob = git.out("hash-object", "-w", "--stdin", input=content)
-            line = f"{mode} {blob}\t{path}\0"
-        git.run("update-index", "-z", "--index-info", input=line, env=env)
+        written = [p for p, c in contents.items() if c is not None]
+        sources = []
+        for i, p in enumerate(written):
+            source = os.path.join(tmp, f"blob{i}")
+            with open(source, "wb") as handle:
+                handle.write(contents[p])
+            sources.append(source)
+        blobs = dict(zip(written, git.out(
+            "hash-object", "-w", "--no-filters", "--stdin-paths",
+            input="".join(f"{src}\n" for src in sources)).split()) if written else {})
+        lines = []
+        for p, c in contents.items():
+            if c is None:
+                lines.append(f"0 {'0' * 40}\t{p}\0")
+            else:
+                mode = "100755" if modes.get(p) == "100755" else "100644"
+                lines.append(f"{mode} {blobs[p]}\t{p}\0")
+        git.run("update-index", "-z", "--index-info", input="".join(lines), env=env)
         return git.out("write-tree", env=env)
 
 
@@ -193,25 +239,28 @@ def commit_worktree(
     could refuse it and unsigned — if anything is staged. Returns (HEAD sha, reverted paths).
     """
     worktree = Path(worktree)
+    exclude = _not_ignored(git, worktree, exclude)
+    spec = (["--", "."] + [f":(exclude,literal){p}" for p in exclude]) if exclude else []
+    git.run("add", "-A", *spec, cwd=worktree)
     reverted: list[str] = []
     if revert_globs:
-        head = git.rev("HEAD", cwd=worktree)
-        touched = dirty_paths(git, worktree)
-        if head is not None:
-            touched |= set(changed_paths(git, base_sha, head))
-        reverted = sorted(p for p in touched if path_matches(revert_globs, p))
-        restore = [p for p in reverted if blob_at(git, base_sha, p) is not None]
-        for p in reverted:
-            if p not in restore and os.path.lexists(worktree / p):
-                os.unlink(worktree / p)
+        # Once everything is staged, one diff of the index against the base names every path
+        # the story changed, in its own commits or not (and says which the base lacks).
+        changes = _index_changes(git, worktree, base_sha)
+        reverted = sorted(p for p in changes if path_matches(revert_globs, p))
+        restore = [p for p in reverted if changes[p] != "A"]
+        added = [p for p in reverted if changes[p] == "A"]
         if restore:
             git.run(
                 "checkout", "--quiet", base_sha, "--pathspec-from-file=-", "--pathspec-file-nul",
                 input="\0".join(restore), cwd=worktree, env=_LITERAL,
             )
-    exclude = _not_ignored(git, worktree, exclude)
-    spec = (["--", "."] + [f":(exclude,literal){p}" for p in exclude]) if exclude else []
-    git.run("add", "-A", *spec, cwd=worktree)
+        if added:
+            git.run("rm", "-q", "--cached", "--pathspec-from-file=-", "--pathspec-file-nul",
+                    input="\0".join(added), cwd=worktree, env=_LITERAL)
+            for p in added:
+                if os.path.lexists(worktree / p):
+                    os.unlink(worktree / p)
     staged = git.run("diff-index", "--cached", "--quiet", "HEAD", "--", cwd=worktree, check=False)
     if staged.returncode not in (0, 1):
         raise GitError(f"cannot tell what is staged in {worktree}", returncode=staged.returncode,
@@ -225,6 +274,15 @@ def commit_worktree(
     if head is None:
         raise GitError(f"{worktree} has no HEAD commit")
     return head, reverted
+
+
+def _index_changes(git: Git, worktree: Path, base_sha: str) -> dict[str, str]:
+    """{path: status letter} of the index of `worktree` against commit `base_sha` (renames as a
+    deletion and an addition)."""
+    raw = git.run("diff-index", "--cached", "-z", "--name-status", "--no-renames", base_sha,
+                  "--", cwd=worktree).stdout
+    fields = raw.split("\0")
+    return {fields[i + 1]: fields[i][:1] for i in range(0, len(fields) - 1, 2) if fields[i + 1]}
 
 
 def _not_ignored(git: Git, worktree: Path, paths: Sequence[str]) -> list[str]:
@@ -309,9 +367,10 @@ def compose(
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown merge strategy {strategy!r} (expected one of {STRATEGIES})")
-    target = _commit(git, target_sha)
-    branch = _commit(git, branch_sha)
-    env = git.identity_env(git.commit_date(branch))
+    # A full SHA names itself; a missing one fails the commands below with git's own message.
+    target = target_sha if is_full_sha(target_sha) else _commit(git, target_sha)
+    branch = branch_sha if is_full_sha(branch_sha) else _commit(git, branch_sha)
+    env = git.identity_env(git.commit_date(branch))  # reads the branch commit: it must exist
     if strategy in ("merge", "squash"):
         tree, conflicts = _merge_trees(git, target, branch)
         if conflicts:
@@ -405,13 +464,10 @@ def cas_advance(git: Git, branch: str, new: str, old: str) -> bool:
     longer `old` (someone else moved it — never force it). Any other failure is a `GitError`.
     """
     ref = f"refs/heads/{branch.removeprefix('refs/heads/')}"
-    new, old = _commit(git, new), _commit(git, old)
+    new = new if is_full_sha(new) else _commit(git, new)
+    old = old if is_full_sha(old) else _commit(git, old)
     with repo_lock(git):
-        current = git.rev(ref)
-        if current == new:
-            return True
-        if current != old:
-            return False
+        # update-ref checks `old` itself; the ref is read only when it refused.
         proc = git.run("update-ref", "-m", "bmad-loop: advance", ref, new, old, check=False)
         if proc.returncode == 0:
             return True

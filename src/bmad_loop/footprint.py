@@ -10,7 +10,9 @@ A footprint says which paths a story may change:
 It comes from a story file (see `storymeta`) or from a policy override. A footprint that is
 missing, empty (all lists empty), invalid, or given twice is *exclusive*: it conflicts with every
 other story. `Footprint.reason` says why. Patterns are gitignore-style globs (see `globs`); two
-footprints conflict when their globs may overlap, conservatively.
+footprints conflict when their globs may overlap, conservatively. Given the directories of the
+target tree, a literal path that is not one of them is a file (`CHANGELOG.md` does not meet
+`src/greet.py`); without them, any path may be a directory and overlap is decided as before.
 """
 
 from __future__ import annotations
@@ -104,12 +106,13 @@ def footprint_from_mapping(data: object) -> Footprint:
 # --- conflicts ---
 
 
-def footprints_conflict(a: Footprint, b: Footprint) -> str | None:
+def footprints_conflict(a: Footprint, b: Footprint, directories: frozenset[str] | None = None) -> str | None:
     """None if stories with footprints `a` and `b` may run in parallel, else a short reason.
 
     `files` conflict with the other's `files` and `shared`; `shared` never conflicts with
     `shared`; an exclusive footprint conflicts with everything. Resources are not conflicts
-    (they are capacities, counted by the scheduler).
+    (they are capacities, counted by the scheduler). `directories`: the target tree's
+    directories (see `treedirs`); None = unknown, every matched path may be a directory.
     """
     if a.exclusive:
         return f"exclusive footprint ({a.reason})"
@@ -117,10 +120,10 @@ def footprints_conflict(a: Footprint, b: Footprint) -> str | None:
         return f"exclusive footprint ({b.reason})"
     for pa in a.files:
         for pb in b.files + b.shared:
-            if globs_may_overlap(pa, pb):
+            if globs_may_overlap(pa, pb, directories):
                 return f"{pa} overlaps {pb}"
     for pb in b.files:
         for pa in a.shared:
-            if globs_may_overlap(pb, pa):
+            if globs_may_overlap(pb, pa, directories):
                 return f"{pb} overlaps {pa}"
     return None

@@ -43,6 +43,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import re
 import subprocess
 import threading
 import time
@@ -55,12 +56,22 @@ from bmad_loop import gitlocks
 from bmad_loop.board import branch_name_ok  # re-exported: the one check, git's rules in pure Python
 from bmad_loop.errors import GitError, TransientError
 
-__all__ = ["Identity", "Git", "branch_name_ok", "repo_lock", "clean_env", "LOCK_FILE_NAME"]
+__all__ = ["Identity", "Git", "branch_name_ok", "repo_lock", "clean_env", "LOCK_FILE_NAME",
+           "is_full_sha"]
 
 LOCK_FILE_NAME = "bmad-loop.lock"
 NO_HOOKS = "/dev/null"  # core.hooksPath that holds no hook, on Linux and macOS alike
 
 log = logging.getLogger(__name__)
+
+_COMMON_DIRS: dict[str, Path] = {}  # folder -> its git common dir (see Git.common_dir)
+_FULL_SHA = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
+
+
+def is_full_sha(rev: str | None) -> bool:
+    """A full object name (SHA-1 or SHA-256) names itself: callers that hold one need no
+    ``rev-parse`` to know what it is (a missing object still fails the command that uses it)."""
+    return bool(rev) and _FULL_SHA.fullmatch(rev) is not None
 
 # Subcommands that write something a lock guards (`config` only when it sets a value).
 _MUTATING = frozenset({
@@ -332,10 +343,21 @@ class Git:
         raise _error(["git", "rev-parse", ref], proc)
 
     def common_dir(self) -> Path:
-        """Absolute git common directory (the main ``.git``, shared by every worktree)."""
+        """Absolute git common directory (the main ``.git``, shared by every worktree).
+
+        Asked once per main checkout and process (each story's context makes a new `Git` for
+        the same repository); a repository's own ``.git`` stays where it is, and one that was
+        deleted is asked again. Other folders (worktrees) are asked once per `Git`.
+        """
         if self._common_dir is None:
-            raw = self.out("rev-parse", "--path-format=absolute", "--git-common-dir")
-            self._common_dir = Path(raw).resolve()
+            key = os.fspath(self.repo_dir.absolute())
+            known = _COMMON_DIRS.get(key)
+            if known is None or not known.is_dir():
+                raw = self.out("rev-parse", "--path-format=absolute", "--git-common-dir")
+                known = Path(raw).resolve()
+                if known == (self.repo_dir / ".git").resolve():  # a main checkout's own .git
+                    _COMMON_DIRS[key] = known
+            self._common_dir = known
         return self._common_dir
 
     def toplevel(self) -> Path | None:

@@ -18,6 +18,14 @@ Glob semantics (gitignore rules, from the repository root)
 - Not supported, and so *invalid*: `!` negation, backslashes (no escapes; use `/`), absolute
   paths, `.` and `..` components, empty components, unclosed `[`.
 
+Which directories exist decides what a literal covers. Without that knowledge
+(`directories=None`) every matched path may be a directory, so `src/greet.py` is taken to cover
+`src/greet.py/CHANGELOG.md` and meets the bare name `CHANGELOG.md`. Given the directories of the
+target tree (`directories=frozenset(...)`), a pattern covers what lies under a path it matches
+only when it ends with `/` (or `/**`, which says so itself) or that path is one of those
+directories; otherwise what it matches is a file. A directory the story will create must be
+written `newdir/`.
+
 Overlap is conservative: `globs_may_overlap(a, b)` is False only when no path, tracked or new, can
 match both. Patterns are compared segment by segment with a memoised walk over `**`; two wildcard
 segments are called disjoint only when their literal prefixes (before the first wildcard) or their
@@ -183,8 +191,12 @@ def pattern_problem(pattern: object) -> str | None:
 
 
 @lru_cache(maxsize=4096)
-def _segments(pattern: str) -> tuple[str, ...]:
-    """A pattern as anchored segments, `**` matching any number of them; ends with `**`."""
+def _segments(pattern: str, covers_below: bool = True) -> tuple[str, ...]:
+    """A pattern as anchored segments, `**` matching any number of them.
+
+    `covers_below`: whatever it matches may be a directory, so it ends with `**`. Else it is
+    exact: a trailing `/` (a directory by its own say) or `/**` covers what lies under the
+    directory, one segment or more, and not a file of the directory's name."""
     p = pattern[:-1] if pattern.endswith("/") else pattern
     if p.startswith("/"):
         p = p[1:]
@@ -194,7 +206,12 @@ def _segments(pattern: str) -> tuple[str, ...]:
     parts = p.split("/")
     if not anchored:
         parts.insert(0, "**")
-    parts.append("**")  # a matched directory covers everything under it
+    if covers_below:
+        parts.append("**")  # a matched directory covers everything under it
+    elif pattern.endswith("/"):
+        parts += ["*", "**"]
+    elif len(parts) > 1 and parts[-1] == "**":
+        parts[-1:] = ["*", "**"]
     out: list[str] = []
     for part in parts:
         if part == "**" and out and out[-1] == "**":
@@ -246,10 +263,39 @@ def _segments_may_overlap(a: str, b: str) -> bool:
     return True
 
 
+def globs_may_overlap(a: str, b: str, directories: frozenset[str] | None = None) -> bool:
+    """False only when no path can match both gitignore-style globs `a` and `b`.
+
+    `directories`: the directories of the tree the paths are written in (repo-relative, no
+    trailing `/`); None means unknown, and every matched path may then be a directory.
+    """
+    if directories is None:
+        return _overlap_any_directory(a, b)
+    return _overlap_in_tree(a, b, frozenset(directories))
+
+
 @lru_cache(maxsize=16384)
-def globs_may_overlap(a: str, b: str) -> bool:
-    """False only when no path can match both gitignore-style globs `a` and `b`."""
-    sa, sb = _segments(a), _segments(b)
+def _overlap_any_directory(a: str, b: str) -> bool:
+    return _walk(_segments(a), _segments(b))
+
+
+@lru_cache(maxsize=16384)
+def _overlap_in_tree(a: str, b: str, directories: frozenset[str]) -> bool:
+    # Knowing the directories only narrows what a pattern covers, so the wider test decides "no".
+    if not _overlap_any_directory(a, b):
+        return False
+    sa, sb = _segments(a, False), _segments(b, False)
+    if _walk(sa, sb):
+        return True
+    # A path under a directory that `a` matches: `b` matches that directory or something in it
+    # (when both reach it through directories, the deeper one is matched by the other's subtree).
+    if any(_walk(below, sb) for below in _directories_covered(a, directories)):
+        return True
+    return any(_walk(sa, below) for below in _directories_covered(b, directories))
+
+
+def _walk(sa: tuple[str, ...], sb: tuple[str, ...]) -> bool:
+    """Can one path match both segment lists? A memoised walk over `**`."""
     memo: dict[tuple[int, int], bool] = {}
 
     def walk(i: int, j: int) -> bool:
@@ -274,6 +320,49 @@ def globs_may_overlap(a: str, b: str) -> bool:
 
 
 @lru_cache(maxsize=4096)
+def _directories_covered(pattern: str, directories: frozenset[str]) -> tuple[tuple[str, ...], ...]:
+    """`d/**` (as segments) for each directory `d` of the tree that `pattern` matches, leaving out
+    those under another one. Empty when the pattern covers its matches' subtrees anyway."""
+    if pattern.endswith("/") or _segments(pattern, False)[-1] == "**":
+        return ()
+    matched = set(_directories_matching(pattern, directories))
+    outermost = sorted(d for d in matched if not any(up in matched for up in _ancestors(d)))
+    return tuple(tuple(_literal_glob(part) for part in d.split("/")) + ("**",) for d in outermost)
+
+
+def _directories_matching(pattern: str, directories: frozenset[str]):
+    body = pattern[1:] if pattern.startswith("/") else pattern
+    try:
+        literal = all(_is_literal(part) for part in body.split("/"))
+    except _BadPattern:
+        return directories  # not a valid glob: assume it matches every directory
+    if literal:
+        if pattern.startswith("/") or "/" in body:
+            return [body] if body in directories else []
+        return _directories_by_name(directories).get(body, ())
+    regex, _ = _path_regex(pattern)
+    return [d for d in directories if regex.fullmatch(d)]
+
+
+@lru_cache(maxsize=8)
+def _directories_by_name(directories: frozenset[str]) -> dict[str, tuple[str, ...]]:
+    by_name: dict[str, list[str]] = {}
+    for d in directories:
+        by_name.setdefault(d.rsplit("/", 1)[-1], []).append(d)
+    return {name: tuple(ds) for name, ds in by_name.items()}
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:k]) for k in range(1, len(parts))]
+
+
+def _literal_glob(name: str) -> str:
+    """A glob segment that matches exactly the file name `name` (wildcard characters bracketed)."""
+    return "".join(f"[{ch}]" if ch in "*?[" else ch for ch in name)
+
+
+@lru_cache(maxsize=4096)
 def _path_regex(pattern: str) -> tuple[re.Pattern, bool]:
     dir_only = pattern.endswith("/")
     p = pattern[:-1] if dir_only else pattern
@@ -292,17 +381,22 @@ def _path_regex(pattern: str) -> tuple[re.Pattern, bool]:
     return re.compile("".join(out), re.DOTALL), dir_only
 
 
-def path_matches(pattern: str, path: str) -> bool:
+def path_matches(pattern: str, path: str, directories: frozenset[str] | None = None) -> bool:
     """Does the gitignore-style `pattern` cover the file at repo-relative posix `path`?
 
     True when the pattern matches the path or one of its parent directories (a trailing `/` in
     the pattern matches directories only). The exact matcher, e.g. for footprint drift.
+    With `directories` (a tree's directories), a parent counts only if it is one of them, or
+    the pattern ends with `/`: the reference for `globs_may_overlap(..., directories)`.
     """
     regex, dir_only = _path_regex(pattern)
     parts = path.strip("/").split("/")
     for k in range(1, len(parts) + 1):
         if dir_only and k == len(parts):
             break
-        if regex.fullmatch("/".join(parts[:k])):
+        prefix = "/".join(parts[:k])
+        if directories is not None and not dir_only and k < len(parts) and prefix not in directories:
+            continue
+        if regex.fullmatch(prefix):
             return True
     return False

@@ -18,14 +18,24 @@ from pathlib import Path
 from huey import RedisHuey, SqliteHuey
 from huey.consumer import Consumer, Worker
 
-__all__ = ["QueueConfig", "make_huey", "BackgroundConsumer", "Doorbell", "STORIES", "INTEGRATION"]
+from .wakeup import WakeChannel, wake_dir_for
+
+__all__ = ["QueueConfig", "make_huey", "announce", "BackgroundConsumer", "Doorbell", "STORIES",
+           "INTEGRATION"]
 
 STORIES = "stories"
 INTEGRATION = "integration"
 
-# SQLite consumers poll; a short maximum back-off keeps dispatch latency well under a second.
+# SQLite consumers that cannot be woken across processes (no AF_UNIX datagrams) poll; a short
+# maximum back-off keeps their dispatch latency well under a second.
 POLL_INITIAL_S = 0.05
 POLL_MAX_S = 0.5
+# With a wake socket bound, an idle SQLite consumer is woken by every enqueue of this machine;
+# the poll is only the fallback for a wake-up that could not be sent (another TMPDIR, another
+# host sharing the file), so it may be slow.
+WAKE_FALLBACK_S = 2.0
+# Redis consumers wait in BRPOP; this bounds how long a stop waits for one to notice.
+REDIS_READ_TIMEOUT_S = 1
 
 
 @dataclass(frozen=True)
@@ -38,18 +48,22 @@ class QueueConfig:
 
 
 class Doorbell:
-    """Rung on every enqueue made in this process; idle workers of the same queue wait on it.
+    """Rung on every enqueue of its queue; idle workers of that queue wait on it.
 
     huey's SQLite consumers poll with a back-off, so a message enqueued by a sibling thread (a
     story that became ready waking the lane, the lane filling a worker slot) would wait up to
-    the back-off. With the doorbell they start at once; messages from other processes are still
-    found by the poll, within `POLL_MAX_S`. A generation counter read *before* each dequeue means
-    a ring between an empty dequeue and the wait is never missed.
+    the back-off. With the doorbell they start at once. An enqueue in another process rings it
+    through the queue's wake socket (`bmad_loop.wakeup`); without one, the poll finds the
+    message within `POLL_MAX_S`. A generation counter read *before* each dequeue means a ring
+    between an empty dequeue and the wait is never missed.
     """
 
     def __init__(self):
         self._cond = threading.Condition()
         self.generation = 0
+        self.waiting = 0  # threads inside wait_past: what tests wait for before they ring
+        self.remote = False  # True while a wake socket feeds this bell from other processes
+        self.fallback_s = WAKE_FALLBACK_S  # the idle wait while `remote`
 
     def ring(self) -> None:
         with self._cond:
@@ -59,21 +73,40 @@ class Doorbell:
     def wait_past(self, seen: int, timeout: float) -> bool:
         """Wait until rung after `seen`, or `timeout` seconds; True when rung."""
         with self._cond:
-            return self._cond.wait_for(lambda: self.generation != seen, timeout)
+            self.waiting += 1
+            try:
+                return self._cond.wait_for(lambda: self.generation != seen, timeout)
+            finally:
+                self.waiting -= 1
 
 
 def make_huey(config: QueueConfig, queue: str):
-    """A huey instance for one queue, with its doorbell. `results=False`: the state lives in
-    the database."""
+    """A huey instance for one queue, with its doorbell and, on SQLite, its cross-process wake
+    channel (`huey.wake`; None on Redis, whose consumers block in BRPOP). `results=False`: the
+    state lives in the database."""
     name = f"{config.prefix}-{queue}"
+    wake = None
     if config.backend == "redis":
-        huey = RedisHuey(name=name, url=config.url, results=False, utc=True)
+        huey = RedisHuey(name=name, url=config.url, results=False, utc=True, blocking=True,
+                         read_timeout=REDIS_READ_TIMEOUT_S)
     else:
         config.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
         huey = SqliteHuey(name=name, filename=str(config.sqlite_path), results=False, utc=True,
                           timeout=30)
+        wake = WakeChannel(wake_dir_for(config.sqlite_path), queue)
     huey.doorbell = Doorbell()
+    huey.wake = wake
     return huey
+
+
+def announce(huey) -> None:
+    """After an enqueue on `huey`: wake its idle consumers, in this process and in others."""
+    huey.doorbell.ring()
+    if huey.wake is not None:
+        try:
+            huey.wake.ring()
+        except Exception:  # never fail an enqueue over a wake-up: the poll finds the message
+            logging.getLogger(__name__).warning("could not send wake-ups", exc_info=True)
 
 
 class _DoorbellWorker(Worker):
@@ -96,7 +129,9 @@ class _DoorbellWorker(Worker):
             return
         if self.huey.storage.blocking or self.stop_flag.is_set():
             return
-        if bell.wait_past(seen, min(self.delay, self.max_delay)):
+        if bell.remote:  # every enqueue of this machine rings: no need to poll often
+            bell.wait_past(seen, bell.fallback_s)
+        elif bell.wait_past(seen, min(self.delay, self.max_delay)):
             self.delay = self.default_delay
         else:
             self.delay = min(self.delay * self.backoff, self.max_delay)
@@ -135,10 +170,15 @@ class BackgroundConsumer:
         )
         self._started = False
         self._lock = threading.Lock()
+        self._listener = None
 
     def start(self) -> None:
         with self._lock:
             if not self._started:
+                wake = getattr(self.huey, "wake", None)
+                if wake is not None:
+                    self._listener = wake.listen(self.huey.doorbell.ring)
+                self.huey.doorbell.remote = self._listener is not None
                 self.consumer.start()
                 self._started = True
 
@@ -148,3 +188,7 @@ class BackgroundConsumer:
                 self.huey.doorbell.ring()  # idle workers notice the stop at once
                 self.consumer.stop(graceful=graceful)
                 self._started = False
+                if self._listener is not None:
+                    self._listener.close()
+                    self._listener = None
+                    self.huey.doorbell.remote = False

@@ -10,7 +10,7 @@ import hashlib
 import threading
 
 from .errors import ConfigError
-from .queue import INTEGRATION, STORIES, QueueConfig, make_huey
+from .queue import INTEGRATION, STORIES, QueueConfig, announce, make_huey
 
 __all__ = ["Tasks", "check_queue", "queue_config", "STORY_TASK", "LANE_TASK"]
 
@@ -106,12 +106,12 @@ class Tasks:
     def enqueue_story(self, run_id: str, story_id: int) -> None:
         stories, _ = self._built()
         self._story(run_id, story_id)
-        stories.doorbell.ring()  # a consumer of this process starts it at once
+        announce(stories)  # an idle consumer, here or in another process, starts it at once
 
     def enqueue_lane(self, run_id: str) -> None:
         _, integration = self._built()
         self._lane(run_id)
-        integration.doorbell.ring()
+        announce(integration)
 
     def lane_pending(self) -> int:
         return self.integration.pending_count()

@@ -11,6 +11,13 @@ initializing`` because ``worktree add`` was killed — is removed properly (unlo
 remove -f -f``, remove the folder, ``prune``) and made again. A complete worktree is never thrown
 away by an ``ensure_*`` call: one on another branch raises `GitError` instead, so a kept
 (escalated) worktree cannot lose a human's edits by accident.
+
+Each git process costs a few milliseconds of start-up, and a story's prepare and clean-up run
+these functions on the hot path, so each operation lists the worktrees once and reuses the
+listing, creates a missing branch with the ``worktree add -b`` that checks it out, trusts a
+full SHA it is given instead of re-reading it, and prunes only when a removal left something
+behind. A folder that does not exist and that no registration names (read from the admin
+entries' ``gitdir`` files) needs no git at all.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from pathlib import Path
 
 from bmad_loop.board import branch_name_ok
 from bmad_loop.errors import GitError
-from bmad_loop.gitcmd import Git, repo_lock
+from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
 
 __all__ = [
     "WorktreeInfo",
@@ -35,6 +42,7 @@ __all__ = [
     "delete_branch",
     "delete_ref",
     "prune",
+    "is_full_sha",
 ]
 
 _ZERO_SHA = "0" * 40
@@ -113,29 +121,41 @@ def checkout_of(git: Git, branch: str) -> Path | None:
     return None
 
 
-def ensure_worktree(git: Git, path: Path, branch: str, start_sha: str) -> str:
+_UNKNOWN = "unknown"  # `branch_head` not given: ensure_worktree reads it
+
+
+def ensure_worktree(git: Git, path: Path, branch: str, start_sha: str, *,
+                    branch_head: str | None = _UNKNOWN) -> str:
     """Make `path` a worktree on `branch`, creating the branch at `start_sha` if it is absent.
 
     Idempotent: an existing worktree on that branch at `path` is reused as it is (an existing
     branch is never moved). A half-made one is removed and made again. Returns the branch head.
+    `branch_head`: the caller's reading of the branch (None: absent), to spare a look-up; it is
+    re-read only if the checkout is refused, and the listing taken here wins over it.
     """
     if not branch_name_ok(branch):
         raise GitError(f"git refuses {branch!r} as a branch name")
     path = _abs(path)
     ref = f"refs/heads/{branch}"
     with repo_lock(git):
-        info = _find(git, path)
+        listing = list_worktrees(git)
+        info = _find_in(listing, path)
         if info is not None and not info.half_made:
             if info.branch == branch:
-                return _rev_or_fail(git, ref)
+                return info.head or _rev_or_fail(git, ref)
             where = f"branch {info.branch}" if info.branch else f"detached at {info.head}"
             raise GitError(f"{path} is already a worktree on {where}, not on {branch}")
-        _discard(git, path, info)
-        _free_branch(git, branch, path)
-        if git.rev(ref) is None:
-            git.run("branch", "--no-track", branch, start_sha)
+        if info is not None or os.path.lexists(path):
+            _discard(git, path, info, listing)
+            listing = list_worktrees(git)
+        _free_branch(git, branch, path, listing)
+        head = git.rev(ref) if branch_head == _UNKNOWN else branch_head
+        if head is None:
+            # One process makes the branch and checks it out (`worktree add -b`).
+            _add(git, path, branch, new_branch_at=start_sha)
+            return start_sha if is_full_sha(start_sha) else _rev_or_fail(git, ref)
         _add(git, path, branch)
-        return _rev_or_fail(git, ref)
+        return head
 
 
 def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
@@ -146,15 +166,17 @@ def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
     """
     path = _abs(path)
     with repo_lock(git):
-        info = _find(git, path)
+        listing = list_worktrees(git)
+        info = _find_in(listing, path)
         if info is not None and not info.half_made:
             if not info.detached:
                 raise GitError(f"{path} is a worktree on branch {info.branch}, not detached")
-            if info.head != git.rev(sha):
+            if info.head != (sha if is_full_sha(sha) else git.rev(sha)):
                 git.run("checkout", "--quiet", "--detach", "-f", sha, cwd=path)
                 git.run("clean", "-ffdxq", cwd=path)
             return
-        _discard(git, path, info)
+        if info is not None or os.path.lexists(path):
+            _discard(git, path, info, listing)
         _add(git, path, sha, detach=True)
 
 
@@ -162,23 +184,31 @@ def remove_worktree(git: Git, path: Path) -> None:
     """Remove the worktree at `path`, its folder and its registration. Missing is fine."""
     path = _abs(path)
     with repo_lock(git):
-        info = _find(git, path)
-        if info is not None and (info.bare or _is_main(git, info)):
+        if not os.path.lexists(path) and not _registered(git, path):
+            return  # nothing on disk, nothing registered: no git needed
+        listing = list_worktrees(git)
+        info = _find_in(listing, path)
+        if info is not None and (info.bare or _same(listing[0].path, info.path)):
             raise GitError(f"refusing to remove the main worktree {path}")
-        _discard(git, path, info)
+        _discard(git, path, info, listing)
 
 
 def delete_branch(git: Git, name: str) -> None:
     """Delete branch `name`. Missing is fine; a branch checked out in a live worktree is an error.
 
-    Prunes first: ``branch -D`` refuses a branch checked out in any worktree, even a stale one.
+    ``branch -D`` refuses a branch checked out in any worktree, even a stale one: when it does,
+    stale registrations are pruned, half-made checkouts of the branch removed, and it runs again.
     """
     name = name.removeprefix("refs/heads/")
     with repo_lock(git):
+        proc = git.run("branch", "-D", "--", name, check=False)
+        if proc.returncode == 0:
+            return
         _prune(git)
-        for info in list_worktrees(git):
-            if info.branch == name and info.half_made and not _is_main(git, info):
-                _discard(git, info.path, info)
+        listing = list_worktrees(git)
+        for info in listing:
+            if info.branch == name and info.half_made and not _same(listing[0].path, info.path):
+                _discard(git, info.path, info, listing)
         proc = git.run("branch", "-D", "--", name, check=False)
         if proc.returncode != 0 and git.rev(f"refs/heads/{name}") is not None:
             raise GitError(
@@ -216,15 +246,33 @@ def _same(a: Path, b: Path) -> bool:
 
 
 def _find(git: Git, path: Path) -> WorktreeInfo | None:
-    for info in list_worktrees(git):
+    return _find_in(list_worktrees(git), path)
+
+
+def _find_in(listing: list[WorktreeInfo], path: Path) -> WorktreeInfo | None:
+    for info in listing:
         if _same(info.path, path):
             return info
     return None
 
 
-def _is_main(git: Git, info: WorktreeInfo) -> bool:
-    main = list_worktrees(git)[0]
-    return _same(main.path, info.path)
+def _registered(git: Git, path: Path) -> bool:
+    """Does an admin entry (``<common dir>/worktrees/<id>/gitdir``) name `path`? Read from the
+    files git keeps, so the common case (nothing there) costs no process. Unsure means yes."""
+    admin = git.common_dir() / "worktrees"
+    if not admin.is_dir():
+        return False
+    wanted = {os.path.normcase(os.fspath(path / ".git")),
+              os.path.normcase(os.fspath(path.resolve() / ".git"))}
+    for entry in admin.iterdir():
+        try:
+            named = (entry / "gitdir").read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            return True
+        if os.path.normcase(named) in wanted or os.path.normcase(
+                os.path.abspath(os.path.join(entry, named))) in wanted:
+            return True
+    return False
 
 
 def _rev_or_fail(git: Git, ref: str) -> str:
@@ -234,46 +282,62 @@ def _rev_or_fail(git: Git, ref: str) -> str:
     return sha
 
 
-def _add(git: Git, path: Path, what: str, *, detach: bool = False) -> None:
+def _add(git: Git, path: Path, what: str, *, detach: bool = False,
+         new_branch_at: str | None = None) -> None:
+    """``worktree add`` of `what` (a branch, or with `detach` a commit); with `new_branch_at`,
+    `what` is a branch to create there (``-b``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    argv = ["worktree", "add", "--quiet"] + (["--detach"] if detach else []) + [path, what]
+    argv = ["worktree", "add", "--quiet"] + (["--detach"] if detach else [])
+    argv += ["--no-track", "-b", what, path, new_branch_at] if new_branch_at else [path, what]
     try:
         git.run(*argv)
     except GitError:
-        _discard(git, path, _find(git, path))
+        info = _find(git, path)
+        if info is not None or os.path.lexists(path):
+            _discard(git, path, info)
         raise
 
 
-def _free_branch(git: Git, branch: str, path: Path) -> None:
+def _free_branch(git: Git, branch: str, path: Path, listing: list[WorktreeInfo]) -> None:
     """Make sure `branch` is not checked out anywhere but (possibly) `path`."""
-    for info in list_worktrees(git):
+    for info in listing:
         if info.branch != branch or _same(info.path, path):
             continue
-        if info.half_made and not _is_main(git, info):
-            _discard(git, info.path, info)
+        if info.half_made and not _same(listing[0].path, info.path):
+            _discard(git, info.path, info, listing)
         else:
             raise GitError(f"branch {branch} is already checked out at {info.path}")
 
 
-def _discard(git: Git, path: Path, info: WorktreeInfo | None) -> None:
-    """Remove whatever is at `path`: registration (even locked), folder, stale admin entries."""
-    _guard(git, path)
+def _discard(git: Git, path: Path, info: WorktreeInfo | None,
+             listing: list[WorktreeInfo] | None = None) -> None:
+    """Remove whatever is at `path`: registration (even locked), folder, stale admin entries.
+
+    A ``worktree remove`` that succeeds leaves nothing to prune; otherwise (a half-made entry
+    git refuses to remove) the folder goes, ``prune`` drops the registration, and a listing
+    checks that it is gone.
+    """
+    _guard(git, path, listing)
+    removed = False
     if info is not None:
         if info.locked:
             git.run("worktree", "unlock", info.path, check=False)
-        git.run("worktree", "remove", "-f", "-f", info.path, check=False)
+        proc = git.run("worktree", "remove", "-f", "-f", info.path, check=False)
+        removed = proc.returncode == 0
     if os.path.lexists(path):
         _rmtree(path)
+    if info is None or removed:
+        return
     _prune(git)
-    if info is not None and _find(git, path) is not None:
+    if _find(git, path) is not None:
         raise GitError(f"could not remove the worktree registered at {path}")
 
 
-def _guard(git: Git, path: Path) -> None:
+def _guard(git: Git, path: Path, listing: list[WorktreeInfo] | None = None) -> None:
     """Never delete the main working tree, the git directory, or a folder containing either."""
     target = path.resolve()
     protected = [git.common_dir()]
-    main = list_worktrees(git)[0]
+    main = (listing or list_worktrees(git))[0]
     if not main.bare:
         protected.append(main.path.resolve())
     for p in protected:

@@ -26,7 +26,8 @@ from ..board import parse_board
 from ..compose import blob_at
 from ..db.models import Run, Story, utcnow
 from ..gitconfig_guard import CONFIG_CHANGED_PREFIX
-from ..footprint import Footprint, footprints_conflict
+from ..footprint import Footprint
+from ..treedirs import conflict_on
 from ..states import RUN_LIVE, STORY_IN_FLIGHT, STORY_DONE, STORY_PARKED, RunState, StoryState
 from .admission import StoryView, admit
 from .integrate import Integrator, LaneFenced, TargetMoved
@@ -243,6 +244,7 @@ class _Lane:
         if not parked:
             return False
         changed = False
+        conflict = self._conflict()
         with self.db.transaction() as s:
             for story in stories:
                 if story.state != StoryState.PENDING:
@@ -253,7 +255,7 @@ class _Lane:
                         why = f"depends on {other.key}, which is {other.state}: {other.reason}"
                         break
                     if other.seq < story.seq:
-                        clash = footprints_conflict(_footprint(story), _footprint(other))
+                        clash = conflict(_footprint(story), _footprint(other))
                         if clash:
                             why = f"conflicts with {other.key} ({other.state}): {clash}"
                             break
@@ -269,6 +271,12 @@ class _Lane:
                 record(s, self.run_id, "run.pausing", story, reason=reason, pause=pause)
 
     # ------------------------------------------------------------ 3. admission
+    def _conflict(self):
+        """The footprint conflict test against the target's tree as it is now (its directories
+        decide what a literal path covers; listed once per target SHA, and only if needed)."""
+        target = self.integrator.target
+        return conflict_on(self.integrator.git, lambda: target.sha(fetch=False))
+
     def _dispatch(self, run: Run, stories: list[Story]) -> bool:
         # Stacked starts only in parallel (N = 1 is the sequential loop), in one clone, and on
         # a fresh branch (a created or resumed story keeps the branch it has).
@@ -280,7 +288,8 @@ class _Lane:
                  for s in stories]
         decision = admit(views, max_parallel=run.max_parallel,
                          capacity=self.policy.resources.capacity,
-                         gates_mode=self.policy.gates.mode, gates_passed=run.gates_passed or ())
+                         gates_mode=self.policy.gates.mode, gates_passed=run.gates_passed or (),
+                         conflict=self._conflict())
         by_key = {s.key: s for s in stories}
         shipped = self._done_on_target([by_key[k] for k in decision.dispatch])
         if shipped:

@@ -82,9 +82,10 @@ def profile_in_use(policy, profile, phase: str):
     return None
 
 
-def run_session(ctx, claim, phase: str, number: int) -> SessionResult:
-    """Run one agent session of the claimed story; its attempt row is left for the caller to close."""
-    story = claim.load()
+def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResult:
+    """Run one agent session of the claimed story; its attempt row is left for the caller to close.
+    `story`: the row as the caller just read it (else it is read here)."""
+    story = story if story is not None else claim.load()
     policy = ctx.policy
     tier_name = story.tier or ""
     tier = policy.adapter.tiers.get(tier_name) if tier_name else None

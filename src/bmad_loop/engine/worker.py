@@ -163,6 +163,7 @@ class StoryWorker:
         self.policy = ctx.policy
         self.git = ctx.git
         self.key = ctx.key
+        self._row: Story | None = None  # the row as the last transaction of this walk left it
 
     # ----------------------------------------------------------------- the walk
     def walk(self) -> str | None:
@@ -177,7 +178,7 @@ class StoryWorker:
                 self.prepare()
             except Escalate as esc:
                 return self._apply(Outcome(escalate=esc.reason, evidence=esc.evidence))
-            story = self.claim.load()
+            story = self._story()
             phase = (Phase.CREATE if story.to_create else Phase.VERIFY if story.human_fix
                      else Phase.DEV)
         steps = {Phase.CREATE: lambda: phase_create(self),
@@ -185,8 +186,7 @@ class StoryWorker:
                  Phase.REVIEW: self.phase_review, Phase.FIX: self.phase_fix,
                  Phase.COMMIT: self.phase_commit}
         while True:
-            self._check_stop()
-            self._enter_phase(phase)
+            self._enter_phase(phase, check_stop=True)
             try:
                 outcome = steps[phase]()
             except Escalate as esc:
@@ -196,11 +196,6 @@ class StoryWorker:
                 return escalated
             phase = outcome.next_phase
 
-    def _check_stop(self) -> None:
-        with self.ctx.db.transaction() as s:
-            if s.get(Run, self.ctx.run_id).state in (RunState.STOPPING, RunState.STOPPED):
-                raise StopRequested()
-
     # ----------------------------------------------------------------- phases
     def prepare(self) -> None:
         with Heartbeat(self.ctx, self.claim):  # its git steps may outlast the lease
@@ -208,8 +203,7 @@ class StoryWorker:
 
     def _prepare(self) -> None:
         ctx = self.ctx
-        self._enter_phase(Phase.PREPARE)
-        story = self.claim.load()
+        story = self._enter_phase(Phase.PREPARE)
         # A stacked start begins on the base the lane composed for it (stacking.py).
         base_sha = story.base_sha if story.stacked_on else ctx.target.sha()
         branch = ctx.layout.story_branch(self.key, self.policy.scm.branch_per)
@@ -227,6 +221,7 @@ class StoryWorker:
                 row.base_sha = prepared.base_sha
             record(s, ctx.run_id, "story.prepared", self.key, worktree=str(prepared.worktree),
                    branch=branch, base_sha=row.base_sha)
+        self._row = row
 
     def _adopt_pushed_branch(self, story: Story, branch: str) -> None:
         """The pushed story branch wins when this clone has none (the story began on a host
@@ -246,7 +241,7 @@ class StoryWorker:
                 self.git.run("reset", "-q", "--hard", pushed, cwd=worktree)
 
     def phase_dev(self) -> Outcome:
-        story = self.claim.load()
+        story = self._story()
         result = self._session(Phase.DEV, story.dev_attempts + 1)
         used = story.dev_attempts + 1
         if result.ok:
@@ -260,7 +255,7 @@ class StoryWorker:
 
     def phase_verify(self) -> Outcome:
         ctx = self.ctx
-        story = self.claim.load()
+        story = self._story()
         label = f"{story.dev_attempts}-{story.review_cycles}"
         worktree = Path(story.worktree)
         env = child_env()
@@ -297,7 +292,7 @@ class StoryWorker:
         return Outcome(Phase.DEV, events=[event], feedback=feedback)
 
     def phase_review(self) -> Outcome:
-        story = self.claim.load()
+        story = self._story()
         cycle = story.review_cycles + 1
         result = self._session(Phase.REVIEW, cycle)
         if result.ok:
@@ -316,7 +311,7 @@ class StoryWorker:
                        values={"after_phase": Phase.REVIEW}, **outcome)
 
     def phase_fix(self) -> Outcome:
-        story = self.claim.load()
+        story = self._story()
         result = self._session(Phase.FIX, story.review_cycles)
         if result.ok:
             return Outcome(Phase.VERIFY, session=result, values={"after_phase": Phase.FIX})
@@ -332,7 +327,7 @@ class StoryWorker:
 
     def _phase_commit(self) -> Outcome:
         ctx = self.ctx
-        story = self.claim.load()
+        story = self._story()
         revert = list(self.policy.scm.lane_owned) + ([ctx.board_rel] if ctx.board_rel else [])
         head, reverted = ctx.workspace.commit(story, self._commit_message(story), revert)
         delay_point("worker.in_commit")
@@ -364,6 +359,7 @@ class StoryWorker:
         config_changed = outcome.evidence.get("git_config_changed")
         # No git at all for a story whose session changed git's configuration: leave it as is.
         head = self._escalation_head() if outcome.escalate and not config_changed else None
+        self._row = None  # changed below; the next phase's entry reads it again
         with ctx.db.transaction() as s:
             row = self.claim.own(s)  # taken back (recovered as orphaned)? then nothing is written
             if outcome.session is not None:
@@ -414,7 +410,7 @@ class StoryWorker:
         waited = 0
         while True:  # an agent that could not work charges nothing: pause, or wait and run again
             check_budget(ctx, self.claim)
-            result = run_session(ctx, self.claim, phase, number)
+            result = run_session(ctx, self.claim, phase, number, story=self._story())
             if result.fault is None or result.config_changes:
                 break
             settle_unavailable(ctx, self.claim, result, waited)  # PauseRun unless it waited
@@ -450,13 +446,25 @@ class StoryWorker:
         return result
 
     # ----------------------------------------------------------------- helpers
-    def _enter_phase(self, phase: Phase) -> None:
+    def _enter_phase(self, phase: Phase, *, check_stop: bool = False) -> Story:
+        """One transaction at each phase's start: a stop asked for ends the walk here (with
+        `check_stop`), the fence is checked, the phase and heartbeat written, and the row kept
+        for the phase to read (nothing but this worker writes it until `_apply`)."""
         with self.ctx.db.transaction() as s:
+            if check_stop and s.get(Run, self.ctx.run_id).state in (RunState.STOPPING,
+                                                                     RunState.STOPPED):
+                raise StopRequested()
             row = self.claim.own(s)
             if row.phase != phase:
                 row.phase = phase
                 record(s, self.ctx.run_id, "story.phase", self.key, phase=phase)
             row.heartbeat_at = utcnow()
+        self._row = row
+        return row
+
+    def _story(self) -> Story:
+        """The story row: as this walk last wrote or read it, else read now."""
+        return self._row if self._row is not None else self.claim.load()
 
     def _commit_message(self, story: Story) -> str:
         return commit_message(self.policy.scm.commit_message_template, story_key=story.key,

@@ -31,16 +31,18 @@ class WorktreeWorkspace(Workspace):
         worktree = self.layout.story_worktree(story.key, self.scm.branch_per)
         start = base_sha
         existing = self.git.rev(f"refs/heads/{branch}")
+        head = existing  # what the branch holds once this is done: handed on, not re-read
         if self.shared_branch and existing and self.git.is_ancestor(existing, base_sha):
             # The shared run branch was integrated: move it up to the target before reuse.
             self.git.run("update-ref", f"refs/heads/{branch}", base_sha, existing)
+            head = base_sha
             if worktree.exists():
                 self.git.run("reset", "-q", "--hard", base_sha, cwd=worktree)
         elif existing:
             start = existing
             # Resumed on its own branch: the story's changes are measured from the fork point.
             base_sha = self.git.out("merge-base", existing, base_sha)
-        ensure_worktree(self.git, worktree, branch, start)
+        ensure_worktree(self.git, worktree, branch, start, branch_head=head)
         self._seed(worktree)
         return Prepared(worktree, base_sha)
 

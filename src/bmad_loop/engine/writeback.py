@@ -26,7 +26,7 @@ from typing import Callable
 
 from ..board import parse_board, set_status
 from ..boardstatus import DONE
-from ..compose import blob_at, replace_blob
+from ..compose import blobs_at, replace_blobs
 from ..errors import ConfigError
 from ..storystatus import set_story_status
 
@@ -94,16 +94,15 @@ def mark_story_file_done(text: str) -> str:
     return set_story_status(text, DONE)
 
 
-def _edit_blob(git, tree: str, path: str, change: Callable[[str], str]) -> str:
-    current = blob_at(git, tree, path)
+def _edited(current: bytes | None, change: Callable[[str], str]) -> bytes | None:
+    """The file's new content, or None to leave it (not tracked in the candidate, not text)."""
     if current is None:
-        return tree  # not tracked in the candidate: nothing to fold in
+        return None
     try:
         text = current.decode("utf-8")
     except UnicodeDecodeError:
-        return tree
-    updated = change(text).encode("utf-8")
-    return tree if updated == current else replace_blob(git, tree, path, updated)
+        return None
+    return change(text).encode("utf-8")
 
 
 def lane_tree_edit(git, *, key: str, epic: str | None, board_rel: str | None,
@@ -113,12 +112,17 @@ def lane_tree_edit(git, *, key: str, epic: str | None, board_rel: str | None,
     if not board_rel and not story_path:
         return None
 
+    changes = {}
+    if board_rel:
+        changes[board_rel] = lambda text: mark_done_on_board(text, key, epic, board_rel)
+    if story_path and story_path != board_rel:
+        changes[story_path] = mark_story_file_done
+
     def edit(tree: str) -> str:
-        if board_rel:
-            tree = _edit_blob(git, tree, board_rel,
-                              lambda text: mark_done_on_board(text, key, epic, board_rel))
-        if story_path and story_path != board_rel:
-            tree = _edit_blob(git, tree, story_path, mark_story_file_done)
-        return tree
+        # One read and one tree write for both files (compose.blobs_at / replace_blobs).
+        current = blobs_at(git, tree, list(changes))
+        updated = {path: _edited(current[path], change) for path, change in changes.items()}
+        return replace_blobs(git, tree, {p: new for p, new in updated.items()
+                                         if new is not None and new != current[p]})
 
     return edit
