@@ -2,6 +2,7 @@
 """The loop's own cost per story, beside the same git operations run bare.
 
     python bench/overhead.py [--files 2000] [--stories 10] [--strategy merge] [--no-write]
+                             [--agent-s S] [--count [--count-depth N]] [--reuse]
                              [--probe] [--what-if EXPERIMENT]
 
 Builds a BMAD-shaped repository with `--files` small tracked files and `--stories` independent
@@ -16,6 +17,11 @@ stories, then:
    verify commands, gates ``none``, and an agent that is a tiny Python script: it appends one
    line to ``work/<story>.txt`` (so the worker has something to commit, like the bare sequence)
    and exits 0 (``--no-write``: it writes nothing).
+
+``--count`` adds git processes per story (by subcommand and by the engine function that asked)
+and state-database transactions per story (bench/_count.py); ``--reuse`` measures, bare, what
+reusing one worktree from story to story would cost instead of ``worktree add`` + ``remove``;
+``--agent-s 2`` makes the agent take 2 s (issue 15's N = 1 figure).
 
 Prints Markdown tables: per-story time of both, their ratio, the loop's time split into phases
 from the journal (``events``) and the attempt rows, and each phase beside the bare operations
@@ -37,7 +43,8 @@ from _common import (  # noqa: E402
     BenchStory, build_repo, git, load, machine, mean, median, ms, policy_text, run_loop, table,
 )
 
-AGENT = '''import os, sys
+AGENT = '''import os, sys, time
+time.sleep(float(os.environ.get("BENCH_AGENT_S", "0")))
 if os.environ.get("BENCH_WRITE", "1") == "1":
     key = os.environ["BMAD_LOOP_STORY_KEY"]
     with open(os.path.join("work", key + ".txt"), "a") as handle:
@@ -113,9 +120,41 @@ def bare(root: Path, count: int, write: bool, tag: str = "a") -> tuple[list[floa
     return per_story, per_op
 
 
+def bare_reuse(root: Path, count: int) -> dict[str, list[float]]:
+    """What reusing one worktree from story to story would cost instead of ``worktree add -b``
+    + ``worktree remove``: take a parked, detached worktree (``worktree move`` to the story's
+    path, ``checkout -f -B <branch> <target>``, ``clean -ffdx``), then park it again after the
+    story (``checkout --detach``, ``worktree move`` back). Per-operation seconds."""
+    folder = root / ".bmad-loop" / "bare-worktrees"
+    folder.mkdir(parents=True, exist_ok=True)
+    spare = folder / "spare"
+    target = git(root, "rev-parse", "refs/heads/main")
+    git(root, "worktree", "add", "-q", "--detach", str(spare), target)
+    per_op: dict[str, list[float]] = {}
+
+    def timed(name, fn):
+        t = time.perf_counter()
+        out = fn()
+        per_op.setdefault(name, []).append(time.perf_counter() - t)
+        return out
+
+    for i in range(count):
+        branch, wt = f"bench-reuse/{i}", folder / f"reuse{i}"
+        timed("take: worktree move", lambda: git(root, "worktree", "move", str(spare), str(wt)))
+        timed("take: checkout -f -B", lambda: git(wt, "checkout", "-q", "-f", "-B", branch, target))
+        timed("take: clean -ffdx", lambda: git(wt, "clean", "-q", "-ffdx"))
+        (wt / "work" / f"reuse-{i}.txt").write_text(f"{i}\n")
+        git(wt, "add", "-A")
+        git(wt, "commit", "-q", "-m", f"reuse story {i}")
+        timed("park: checkout --detach", lambda: git(wt, "checkout", "-q", "--detach"))
+        timed("park: worktree move", lambda: git(root, "worktree", "move", str(wt), str(spare)))
+        git(root, "branch", "-D", branch)
+    git(root, "worktree", "remove", "-f", str(spare))
+    return per_op
+
+
 def loop_breakdown(result, keys: list[str]) -> tuple[list[list[str]], dict]:
     """Per-phase mean/median over stories from the journal, plus the gaps between stories."""
-    rows = []
     spans: dict[str, list[float]] = {}
     for label, start, end in PHASES:
         values = []
@@ -155,6 +194,11 @@ def main(argv=None) -> int:
     parser.add_argument("--count", action="store_true",
                         help="also count git processes (by subcommand and caller) and "
                              "state-database transactions per story (bench/_count.py)")
+    parser.add_argument("--agent-s", type=float, default=0.0, metavar="S",
+                        help="the agent sleeps S seconds before it writes (issue 15 uses 2) [0]")
+    parser.add_argument("--reuse", action="store_true",
+                        help="also measure, bare, reusing one worktree from story to story "
+                             "instead of worktree add + remove")
     parser.add_argument("--count-depth", type=int, default=1, metavar="N",
                         help="with --count: engine frames named per git call [1]")
     parser.add_argument("--what-if", action="append", default=[], metavar="EXPERIMENT",
@@ -175,9 +219,11 @@ def main(argv=None) -> int:
     agent_argv = [sys.executable, "-I", "-S", str(agent)]
     policy = policy_text(parallel=1, agent_argv=agent_argv, strategy=args.strategy)
     root = build_repo(base / "repo", stories, files=args.files, policy=policy)
-    if not write:
+    env = ([] if write else ['BENCH_WRITE = "0"']) + (
+        [f'BENCH_AGENT_S = "{args.agent_s}"'] if args.agent_s else [])
+    if env:
         (root / ".bmad-loop" / "policy.toml").write_text(
-            policy + '\n[adapter.env]\nBENCH_WRITE = "0"\n')
+            policy + "\n[adapter.env]\n" + "\n".join(env) + "\n")
 
     print(f"# bench/overhead.py — {args.stories} stories, {args.files} filler files, "
           f"max_parallel 1, strategy {args.strategy}")
@@ -230,6 +276,8 @@ def main(argv=None) -> int:
     ]))
     print(f"\nloop / bare = {whole / bare_mean:.2f} (whole run), "
           f"{loop_no_agent / bare_mean:.2f} without the agent process")
+    print(f"overhead per story (whole run / K minus the agent process): {ms(loop_no_agent)} ms"
+          + (f" with a {args.agent_s:g} s agent" if args.agent_s else ""))
 
     spans, spans_run = loop_breakdown(result, keys)
     total = sum(mean(v) for v in spans.values())
@@ -253,6 +301,15 @@ def main(argv=None) -> int:
     print("\n## The bare git operations, per story\n")
     print(table(["operation", "mean ms"], [[name, ms(mean(v))] for name, v in bare_ops.items()]
                 + [["total", ms(bare_mean)]]))
+    if args.reuse:
+        reuse = bare_reuse(root, args.stories)
+        fresh = mean(bare_ops["worktree add -b"]) + mean(bare_ops["worktree remove"])
+        again = sum(mean(v) for v in reuse.values())
+        print("\n## Worktree reuse, measured bare (not what the loop does)\n")
+        print(table(["operation", "mean ms"], [[k, ms(mean(v))] for k, v in reuse.items()]
+                    + [["reuse: take + park", ms(again)],
+                       ["fresh: worktree add -b + worktree remove", ms(fresh)]]))
+        print(f"\nreuse / fresh = {again / fresh:.2f}")
     if args.count:
         print("\n## Count: git processes and transactions per story (whole run / K)\n")
         print(f"git processes per story: {counted[0] / args.stories:.1f}; "

@@ -7,7 +7,6 @@ only a wake-up could have delivered a message.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 from bmad_loop.queue import (INTEGRATION, STORIES, BackgroundConsumer, Doorbell, QueueConfig,
                              announce, make_huey)
 from bmad_loop.wakeup import WakeChannel, supported, wake_dir_for
-from support import wait_until
+from support import ALPHA_BETA_GAMMA, wait_until, write_each
 
 pytestmark = pytest.mark.skipif(not supported(), reason="no AF_UNIX datagram sockets here")
 
@@ -125,7 +124,7 @@ def test_a_ring_from_another_process_before_the_wait_is_not_lost(tmp_path):
         assert bell.wait_past(seen, HOUR) is True
     finally:
         listener.close()
-    assert list(folder.iterdir()) == []  # closing removed this process's socket
+    assert not folder.exists()  # closing removed this process's socket and the emptied folder
 
 
 def test_a_ring_wakes_only_the_listeners_of_its_queue(tmp_path):
@@ -145,7 +144,7 @@ def test_a_ring_wakes_only_the_listeners_of_its_queue(tmp_path):
     finally:
         _stop(stories)
         _stop(lane)
-    assert list(folder.iterdir()) == []  # both closed cleanly: no socket file left
+    assert not folder.exists()  # both closed cleanly: no socket file, no folder left
 
 
 def test_an_enqueue_in_one_process_rings_only_its_queues_doorbell(tmp_path):
@@ -177,8 +176,7 @@ def test_an_enqueue_in_another_process_wakes_the_idle_consumer_here(tmp_path):
         wait_until(lambda: done.exists(), what="the message taken by the woken consumer")
     finally:
         consumer.stop(graceful=True)
-    socket_dir = wake_dir_for(db)
-    assert [p for p in socket_dir.iterdir() if f"-{os.getpid()}-" in p.name] == []
+    assert not wake_dir_for(db).exists()
 
 
 def test_a_socket_left_by_a_killed_process_is_removed_and_the_live_ones_still_rung(tmp_path):
@@ -195,7 +193,17 @@ def test_a_socket_left_by_a_killed_process_is_removed_and_the_live_ones_still_ru
         wait_until(lambda: _rings(live_out) == 1, what="the live listener rung")
     finally:
         _stop(live)
-    assert list(folder.iterdir()) == []
+    assert not folder.exists()
+
+
+def test_a_ring_that_finds_only_stale_sockets_leaves_no_folder_behind(tmp_path):
+    folder = tmp_path / "wake"
+    dead, _ = _listener(tmp_path, folder, STORIES, "dead")
+    dead.send_signal(signal.SIGKILL)
+    assert dead.wait(timeout=30) == -signal.SIGKILL
+    assert len(list(folder.iterdir())) == 1
+    assert WakeChannel(folder, STORIES).ring() == 0
+    assert not folder.exists()
 
 
 def test_a_worker_process_binds_its_socket_and_removes_it_when_stopped(make_repo):
@@ -211,7 +219,7 @@ def test_a_worker_process_binds_its_socket_and_removes_it_when_stopped(make_repo
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
     assert code == 0, repo.spawned_logs()
-    assert [p for p in folder.iterdir() if f"-{proc.pid}-" in p.name] == []
+    assert not folder.exists()
 
 
 def test_redis_consumers_block_in_the_pop_and_sqlite_ones_have_a_wake_channel(backend):
@@ -220,3 +228,35 @@ def test_redis_consumers_block_in_the_pop_and_sqlite_ones_have_a_wake_channel(ba
         assert huey.wake is not None and not huey.storage.blocking
     else:
         assert huey.wake is None and huey.storage.blocking  # BRPOP: woken by the push itself
+
+
+def test_the_tick_that_settles_a_run_wakes_whoever_waits_on_the_lane(make_repo):
+    """`drive` reads the journal after each lane tick: the callback of the tick that completes
+    the run sees it completed, so `run` returns without waiting for its next poll."""
+    from bmad_loop.db.models import Run
+    from bmad_loop.engine.consumers import ConsumerSet
+    from bmad_loop.engine.project import Project
+    from bmad_loop.states import RunState
+
+    stories = ALPHA_BETA_GAMMA[:1]
+    repo = make_repo(stories, script=write_each(stories),
+                     policy='[scm]\nmerge_strategy = "merge"\n[gates]\nmode = "none"\n')
+    result = repo.cli("run", "--enqueue-only")
+    assert result.exit_code == 0, result.output
+    run_id = result.output.strip().splitlines()[-1]
+    project = Project.open(repo.root)
+    consumers = ConsumerSet(project, queue="all", workers=1)
+    seen = []
+
+    def after_tick(tick_run_id):
+        with project.db.transaction() as s:
+            seen.append((tick_run_id, s.get(Run, tick_run_id).state))
+
+    consumers.after_each_tick(after_tick)
+    consumers.start()
+    try:
+        wait_until(lambda: (run_id, RunState.COMPLETED) in seen, what="a tick callback after completion")
+    finally:
+        consumers.stop(graceful=True)
+        project.close()
+    assert seen[-1] == (run_id, RunState.COMPLETED) and len(seen) >= 2  # one per tick, the last settled

@@ -241,12 +241,17 @@ def run_agent(
         log.write(f"=== bmad-loop {label} started {_utc_now()}: {_show_argv(argv)} ===\n".encode())
         log_start = log.tell()
         started = time.monotonic()
+        # The thaw helper is up before the agent starts: an agent that stops bmad-loop at once
+        # would otherwise freeze it before the helper exists, for good.
+        thawer = proctree.Thawer(thaw_after_s, log_path) if thaw_after_s else None
         try:
             proc = subprocess.Popen(
                 [str(a) for a in argv], cwd=str(cwd), env=child_env, stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
             )
         except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+            if thawer is not None:
+                thawer.close()
             log.write(f"=== bmad-loop {label} could not start: {exc} ===\n".encode())
             if exc.filename is not None and str(exc.filename) == str(cwd):
                 raise
@@ -255,7 +260,6 @@ def run_agent(
         timed_out = interrupted = stalled = False
         waiter = proctree.ExitWaiter(proc)
         watch = StallWatch(stall_s, log_path, proc.pid, marker=(SESSION_TOKEN_VAR, token)) if stall_s else None
-        thawer = proctree.Thawer(thaw_after_s, log_path) if thaw_after_s else None
         try:
             if on_start is not None:
                 on_start(proc.pid)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .compose import changed_paths
 from .errors import GitError
-from .gitcmd import Git
+from .gitcmd import Git, is_full_sha
 
 __all__ = ["index_path", "sync_held_checkout"]
 
@@ -33,7 +33,7 @@ def sync_held_checkout(git: Git, checkout: Path, lock, old: str, new: str) -> No
     changed) when the checkout's HEAD is not `new`.
     """
     head = git.rev("HEAD", cwd=checkout)
-    if head != git.rev(new):
+    if head != (new if is_full_sha(new) else git.rev(new)):  # a full SHA needs no look-up
         raise GitError(f"{checkout} is at {head}, not at {new}: it is not on the advanced branch")
     touched = changed_paths(git, old, new)
     if not touched:

@@ -22,13 +22,13 @@ under it; ``\\`` escapes. ``!`` negation is not supported.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
+from bmad_loop.treeedit import blob_at, blobs_at, replace_blob, replace_blobs  # noqa: F401 (re-exported)
 
 __all__ = [
     "Composition",
@@ -92,41 +92,11 @@ def _diff_names(git: Git, base: str, head: str, *filters: str) -> list[str]:
     return [p for p in raw.split("\0") if p]
 
 
-def blob_at(git: Git, commit: str, path: str) -> bytes | None:
-    """Content of `path` in `commit`, as stored (no filters), or None when it holds no such file."""
-    proc = git.run("cat-file", "blob", f"{commit}:{path}", check=False, text=False)
-    if proc.returncode == 0:
-        return proc.stdout
-    if git.run("cat-file", "-e", f"{commit}^{{tree}}", check=False).returncode != 0:
-        raise GitError(f"no commit or tree {commit}", returncode=proc.returncode,
-                       stderr=proc.stderr.decode("utf-8", "replace"))
-    return None
-
-
-def blobs_at(git: Git, tree: str, paths: Sequence[str]) -> dict[str, bytes | None]:
-    """`blob_at` for several paths of one commit or tree, through one ``cat-file --batch``.
-    A path that holds no file (absent, or a folder) maps to None."""
-    paths = list(dict.fromkeys(paths))
-    if not paths:
-        return {}
-    if any("\n" in p for p in paths):  # the batch protocol is line-based
-        return {p: blob_at(git, tree, p) for p in paths}
-    request = "".join(f"{tree}:{p}\n" for p in paths).encode("utf-8", "surrogateescape")
-    out = git.run("cat-file", "--batch", input=request).stdout
-    found: dict[str, bytes | None] = {}
-    pos = 0
-    for p in paths:
-        end = out.index(b"\n", pos)
-        line = out[pos:end]
-        pos = end + 1
-        if line.endswith((b" missing", b" ambiguous")):  # "<name> missing": no such path
-            found[p] = None
-            continue
-        header = line.split(b" ")  # "<sha> <type> <size>"
-        size = int(header[2])
-        found[p] = out[pos:pos + size] if header[1] == b"blob" else None
-        pos += size + 1
-    return found
+def _diff_status(git: Git, base: str, head: str) -> dict[str, str]:
+    """{path: status letter} between commits (or trees) `base` and `head`, renames as two."""
+    raw = git.run("diff-tree", "-r", "-z", "--name-status", "--no-renames", base, head).stdout
+    fields = raw.split("\0")
+    return {fields[i + 1]: fields[i][:1] for i in range(0, len(fields) - 1, 2) if fields[i + 1]}
 
 
 def _tree_of(git: Git, rev: str) -> str:
@@ -134,50 +104,6 @@ def _tree_of(git: Git, rev: str) -> str:
 
 
 # -- trees and commits --------------------------------------------------------------------------
-
-
-def replace_blob(git: Git, tree: str, path: str, content: bytes | None) -> str:
-    """A new tree: `tree` with `path` holding `content` (None removes it). No worktree involved.
-
-    Keeps an existing file's executable bit. Uses a temporary index (``GIT_INDEX_FILE``).
-    """
-    return replace_blobs(git, tree, {path: content})
-
-
-def replace_blobs(git: Git, tree: str, contents: dict[str, bytes | None]) -> str:
-    """`replace_blob` for several paths at once: five git processes however many there are."""
-    if not contents:
-        return tree
-    listed = git.run("ls-tree", "-z", tree, "--", *contents, env=_LITERAL).stdout
-    modes: dict[str, str] = {}
-    for entry in filter(None, listed.split("\0")):
-        meta, _, name = entry.partition("\t")
-        old_mode, kind, _sha = meta.split(" ")
-        if kind == "tree" and name in contents:
-            raise GitError(f"{name} is a folder in tree {tree}, not a file")
-        modes[name] = old_mode
-    with tempfile.TemporaryDirectory(prefix="bmad-loop-index-") as tmp:
-        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
-        git.run("read-tree", tree, env=env)
-        written = [p for p, c in contents.items() if c is not None]
-        sources = []
-        for i, p in enumerate(written):
-            source = os.path.join(tmp, f"blob{i}")
-            with open(source, "wb") as handle:
-                handle.write(contents[p])
-            sources.append(source)
-        blobs = dict(zip(written, git.out(
-            "hash-object", "-w", "--no-filters", "--stdin-paths",
-            input="".join(f"{src}\n" for src in sources)).split()) if written else {})
-        lines = []
-        for p, c in contents.items():
-            if c is None:
-                lines.append(f"0 {'0' * 40}\t{p}\0")
-            else:
-                mode = "100755" if modes.get(p) == "100755" else "100644"
-                lines.append(f"{mode} {blobs[p]}\t{p}\0")
-        git.run("update-index", "-z", "--index-info", input="".join(lines), env=env)
-        return git.out("write-tree", env=env)
 
 
 def _commit_tree(git: Git, tree: str, parents: Iterable[str], message: str, env: dict) -> str:
@@ -490,7 +416,8 @@ def overlapping_dirty(git: Git, checkout: Path, old: str, new: str) -> list[str]
     reverse), and also files on disk — even ignored ones, which ``read-tree -u`` would overwrite
     without a word — where the advance creates a file.
     """
-    touched = set(changed_paths(git, old, new))
+    status = _diff_status(git, old, new)  # one diff: what changes, and what is created
+    touched = set(status)
     if not touched:
         return []
     above = {str(parent) for t in touched for parent in Path(t).parents if str(parent) != "."}
@@ -498,7 +425,7 @@ def overlapping_dirty(git: Git, checkout: Path, old: str, new: str) -> list[str]
     for d in dirty_paths(git, checkout):
         if d in touched or d in above or any(str(p) in touched for p in Path(d).parents):
             hits.add(d)
-    for t in _diff_names(git, old, new, "--diff-filter=A"):
+    for t in sorted(p for p, letter in status.items() if letter == "A"):
         if t in hits:
             continue
         if os.path.lexists(checkout / t):
@@ -522,7 +449,7 @@ def sync_checkout(git: Git, checkout: Path, old: str, new: str) -> None:
     before the target moves — or when the checkout's HEAD is not `new` (not on that branch).
     """
     head = git.rev("HEAD", cwd=checkout)
-    if head != git.rev(new):
+    if head != (new if is_full_sha(new) else git.rev(new)):
         raise GitError(f"{checkout} is at {head}, not at {new}: it is not on the advanced branch")
     git.run("update-index", "-q", "--refresh", cwd=checkout, check=False)
     git.run("read-tree", "-m", "-u", old, new, cwd=checkout)

@@ -75,15 +75,18 @@ class WakeChannel:
                        and not e.name.startswith(self._own_prefix())]
         except OSError:
             return 0  # no folder yet: nobody listens
-        sent = 0
+        sent = stale = 0
         for entry in entries:
             try:
                 self._send(entry.path, _RING)
                 sent += 1
             except (ConnectionRefusedError, FileNotFoundError):
                 _unlink(entry.path)  # stale: its process died without removing it
+                stale += 1
             except OSError:
                 pass  # a full buffer already holds wake-ups for it; anything else: it polls
+        if stale and not sent:
+            _remove_if_empty(self.folder)
         return sent
 
     def _send(self, path: str, data: bytes) -> None:
@@ -99,19 +102,24 @@ class WakeChannel:
         keeps polling)."""
         if not supported():
             return None
-        try:
-            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            path = self.folder / f"{self._own_prefix()}{secrets.token_hex(4)}.sock"
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            try:
-                sock.bind(str(path))
-            except OSError:
-                sock.close()
-                raise
-        except OSError as exc:
-            log.info("no cross-process wake-ups for queue %s (%s): polling instead", self.queue, exc)
-            return None
-        return Listener(sock, path, on_ring)
+        path = self.folder / f"{self._own_prefix()}{secrets.token_hex(4)}.sock"
+        for last in (False, True):  # twice: the last listener of another process may remove
+            try:                    # the folder between our mkdir and our bind
+                self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                try:
+                    sock.bind(str(path))
+                except OSError:
+                    sock.close()
+                    raise
+                return Listener(sock, path, on_ring)
+            except FileNotFoundError:
+                if last:
+                    break
+            except OSError as exc:
+                log.info("no cross-process wake-ups for queue %s (%s): polling", self.queue, exc)
+                return None
+        return None
 
 
 class Listener:
@@ -152,6 +160,16 @@ class Listener:
         self._thread.join(timeout=5)
         _unlink(self.path)
         self._sock.close()
+        _remove_if_empty(self.path.parent)  # the last one out leaves no folder
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """rmdir refuses a folder that is not empty, so another process's socket is never lost; a
+    listener binding just then retries (see `listen`)."""
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
 
 
 def _unlink(path) -> None:

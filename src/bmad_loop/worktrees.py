@@ -130,14 +130,24 @@ def ensure_worktree(git: Git, path: Path, branch: str, start_sha: str, *,
 
     Idempotent: an existing worktree on that branch at `path` is reused as it is (an existing
     branch is never moved). A half-made one is removed and made again. Returns the branch head.
-    `branch_head`: the caller's reading of the branch (None: absent), to spare a look-up; it is
-    re-read only if the checkout is refused, and the listing taken here wins over it.
+    `branch_head`: the caller's reading of the branch; None (absent) with nothing at `path`
+    allows the quick path, one ``worktree add -b``; any other case reads the branch itself.
     """
     if not branch_name_ok(branch):
         raise GitError(f"git refuses {branch!r} as a branch name")
     path = _abs(path)
     ref = f"refs/heads/{branch}"
     with repo_lock(git):
+        if branch_head is None and is_full_sha(start_sha) and not os.path.lexists(path) \
+                and not _registered(git, path):
+            # The common case, a new story: no branch, nothing at `path`. A branch that does
+            # not exist is checked out nowhere, so no listing is needed; should git still
+            # refuse, the careful way below finds out why.
+            try:
+                _add(git, path, branch, new_branch_at=start_sha)
+                return start_sha
+            except GitError:
+                pass
         listing = list_worktrees(git)
         info = _find_in(listing, path)
         if info is not None and not info.half_made:
@@ -149,7 +159,7 @@ def ensure_worktree(git: Git, path: Path, branch: str, start_sha: str, *,
             _discard(git, path, info, listing)
             listing = list_worktrees(git)
         _free_branch(git, branch, path, listing)
-        head = git.rev(ref) if branch_head == _UNKNOWN else branch_head
+        head = git.rev(ref)  # the careful way reads it again: the rare path, so be sure
         if head is None:
             # One process makes the branch and checks it out (`worktree add -b`).
             _add(git, path, branch, new_branch_at=start_sha)
@@ -186,6 +196,11 @@ def remove_worktree(git: Git, path: Path) -> None:
     with repo_lock(git):
         if not os.path.lexists(path) and not _registered(git, path):
             return  # nothing on disk, nothing registered: no git needed
+        if _linked(git, path):
+            # A linked worktree (never the main one): one `worktree remove` does it all.
+            proc = git.run("worktree", "remove", "-f", "-f", path, check=False)
+            if proc.returncode == 0 and not os.path.lexists(path):
+                return
         listing = list_worktrees(git)
         info = _find_in(listing, path)
         if info is not None and (info.bare or _same(listing[0].path, info.path)):
@@ -254,6 +269,22 @@ def _find_in(listing: list[WorktreeInfo], path: Path) -> WorktreeInfo | None:
         if _same(info.path, path):
             return info
     return None
+
+
+def _linked(git: Git, path: Path) -> bool:
+    """Is `path` a linked worktree of this repository? Its ``.git`` is a file naming an admin
+    entry under ``<common dir>/worktrees/`` (the main checkout's names the common dir itself)."""
+    try:
+        text = (path / ".git").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    if not text.startswith("gitdir:"):
+        return False
+    named = Path(os.path.join(path, text[len("gitdir:"):].strip()))
+    try:
+        return named.resolve().parent == (git.common_dir() / "worktrees").resolve()
+    except OSError:
+        return False
 
 
 def _registered(git: Git, path: Path) -> bool:

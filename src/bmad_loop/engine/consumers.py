@@ -45,13 +45,26 @@ class ConsumerSet:
         self.workers = workers
         self.tasks = tasks or Tasks(project)
         self.tasks.bind(story=lambda run_id, story_id: work(project, self.tasks, run_id, story_id),
-                        lane=lambda run_id: tick(project, self.tasks, run_id, holder=self.holder))
+                        lane=self._lane_tick)
+        self._after_tick: list = []
         self._consumers: list[BackgroundConsumer] = []
         self._lane: BackgroundConsumer | None = None
         self._lane_lock = threading.Lock()
         self.holder: leases.LeaseHolder | None = None
         self._watchdog_stop = threading.Event()
         self._watchdog: threading.Thread | None = None
+
+    def after_each_tick(self, callback) -> None:
+        """Call `callback(run_id)` after every lane tick of this process (the driver wakes on it
+        to see a settled run at once instead of at its next poll)."""
+        self._after_tick.append(callback)
+
+    def _lane_tick(self, run_id: str) -> None:
+        try:
+            tick(self.project, self.tasks, run_id, holder=self.holder)
+        finally:
+            for callback in self._after_tick:
+                callback(run_id)
 
     @property
     def runs_lane(self) -> bool:

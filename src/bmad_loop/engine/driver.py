@@ -32,12 +32,15 @@ def exit_code_for(run: Run, stories) -> int:
 
 
 def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[object], None] | None,
-          poll_s: float = 0.2, install_signals: bool = True, since_seq: int = 0) -> int:
+          poll_s: float = 0.5, install_signals: bool = True, since_seq: int = 0) -> int:
     """Consumers on in this process until the run settles; `progress` gets each journal event
-    after `since_seq` (a resume shows only what happens from the resume on)."""
+    after `since_seq` (a resume shows only what happens from the resume on). The journal is
+    read after every lane tick (the run settles only in one) and at least every `poll_s`, for
+    the workers' own progress lines."""
     consumers = ConsumerSet(project, queue="all", workers=workers, tasks=tasks)
     interrupts = {"count": 0}
     woke = threading.Event()
+    consumers.after_each_tick(lambda _run_id: woke.set())
     previous = None
 
     def on_sigint(signum, frame):
@@ -66,7 +69,7 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
             if settled:
                 break
             woke.wait(poll_s)
-            woke.clear()
+            woke.clear()  # before the next read, so what a tick did before this is in that read
     finally:
         consumers.stop(graceful=True)
         if previous is not None:

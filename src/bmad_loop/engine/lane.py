@@ -18,6 +18,8 @@ Ticks are idempotent: a duplicate or late tick finds nothing to do.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 from sqlalchemy import select
@@ -27,16 +29,16 @@ from ..compose import blob_at
 from ..db.models import Run, Story, utcnow
 from ..gitconfig_guard import CONFIG_CHANGED_PREFIX
 from ..footprint import Footprint
-from ..treedirs import conflict_on
+from ..treedirs import tree_directories
 from ..states import RUN_LIVE, STORY_IN_FLIGHT, STORY_DONE, STORY_PARKED, RunState, StoryState
-from .admission import StoryView, admit
+from .admission import ConflictIndex, StoryView, admit
 from .integrate import Integrator, LaneFenced, TargetMoved
 from .journal import record
 from .notify import notify
 from .recovery import recover_orphans
 from .restack import restack_stale
 from .retry import FaultPersisted, pause_for_fault, retrying
-from .runs import run_policy, stories_of
+from .runs import lane_rows, run_policy, stories_of
 from .stacking import layers_under, stack
 from .transitions import transition_run, transition_story
 
@@ -45,6 +47,32 @@ __all__ = ["tick"]
 log = logging.getLogger(__name__)
 
 FOREIGN_MOVE_PREFIX = "target moved by someone else"
+
+# Kept across ticks (a tick makes a fresh `_Lane`), per (project, run): the run's conflict
+# relation (see conflictindex.py) and the keys the target's board marks done at the target
+# commit last read. A handful of runs at most.
+_MEMO_RUNS = 16
+_memo: OrderedDict[tuple[str, str], "_RunMemo"] = OrderedDict()
+_memo_lock = threading.Lock()
+
+
+class _RunMemo:
+    def __init__(self):
+        self.lock = threading.Lock()  # one lane per run, but a test may also tick by hand
+        self.index = ConflictIndex()
+        self.board_done: tuple[str, frozenset[str]] | None = None  # (target sha, done keys)
+
+
+def _run_memo(project, run_id: str) -> _RunMemo:
+    key = (str(project.key), run_id)
+    with _memo_lock:
+        memo = _memo.get(key)
+        if memo is None:
+            memo = _memo[key] = _RunMemo()
+            while len(_memo) > _MEMO_RUNS:
+                _memo.popitem(last=False)
+        _memo.move_to_end(key)
+        return memo
 
 
 def tick(project, tasks, run_id: str, holder=None) -> None:
@@ -93,6 +121,7 @@ class _Lane:
         self.integrator = Integrator(project, run, policy,
                                      fence=holder.still_holds if holder is not None else None)
         self.pause_on_escalation = policy.parallel.on_escalation == "pause"
+        self.memo = _run_memo(project, run.id)
 
     def loop(self) -> None:
         recover_orphans(self.db, self.tasks, self.run_id, self.policy.leases.ttl_s)
@@ -153,7 +182,7 @@ class _Lane:
 
     def _load(self):
         with self.db.transaction() as s:
-            return s.get(Run, self.run_id), stories_of(s, self.run_id)
+            return s.get(Run, self.run_id), lane_rows(s, self.run_id)
 
     # ------------------------------------------------------------ 0. dispatch first
     def _dispatch_first(self, run: Run, stories: list[Story]) -> bool:
@@ -222,21 +251,27 @@ class _Lane:
         return True
 
     def _done_on_target(self, rows: list[Story]) -> list[Story]:
-        """Stale-premise check: stories someone shipped since the plan was made."""
+        """Stale-premise check: stories someone shipped since the plan was made. The board is
+        read and parsed again only when the target moved since the last read."""
         if not rows or not self.integrator.board_rel:
             return []
-        git = self.integrator.git
-        target = self.integrator.target
-        target.sha()  # remote mode: refresh the mirror
-        blob = blob_at(git, target.ref, self.integrator.board_rel)
-        if blob is None:
+        sha = self.integrator.target.sha()  # remote mode: refresh the mirror
+        if sha is None:
             return []
+        known = self.memo.board_done
+        if known is None or known[0] != sha:
+            known = self.memo.board_done = (sha, self._board_done_at(sha))
+        return [row for row in rows if row.key in known[1]]
+
+    def _board_done_at(self, sha: str) -> frozenset[str]:
+        blob = blob_at(self.integrator.git, sha, self.integrator.board_rel)
+        if blob is None:
+            return frozenset()
         try:
             board = parse_board(blob.decode("utf-8"), Path(self.integrator.board_rel))
         except Exception:  # a board someone broke on the target: the lane's own edit will tell
-            return []
-        done = {e.key for e in board.entries if e.status == "done"}  # extra keys too
-        return [row for row in rows if row.key in done]
+            return frozenset()
+        return frozenset(e.key for e in board.entries if e.status == "done")  # extra keys too
 
     def _block_behind_parked(self, stories: list[Story]) -> bool:
         """on_escalation = continue: what depends on or conflicts with a parked story is blocked."""
@@ -244,7 +279,8 @@ class _Lane:
         if not parked:
             return False
         changed = False
-        conflict = self._conflict()
+        with self.memo.lock:
+            index = self._conflict_index(stories)
         with self.db.transaction() as s:
             for story in stories:
                 if story.state != StoryState.PENDING:
@@ -255,7 +291,7 @@ class _Lane:
                         why = f"depends on {other.key}, which is {other.state}: {other.reason}"
                         break
                     if other.seq < story.seq:
-                        clash = conflict(_footprint(story), _footprint(other))
+                        clash = index.reason(story.key, other.key)
                         if clash:
                             why = f"conflicts with {other.key} ({other.state}): {clash}"
                             break
@@ -271,25 +307,25 @@ class _Lane:
                 record(s, self.run_id, "run.pausing", story, reason=reason, pause=pause)
 
     # ------------------------------------------------------------ 3. admission
-    def _conflict(self):
-        """The footprint conflict test against the target's tree as it is now (its directories
-        decide what a literal path covers; listed once per target SHA, and only if needed)."""
-        target = self.integrator.target
-        return conflict_on(self.integrator.git, lambda: target.sha(fetch=False))
+    def _directories(self) -> frozenset[str] | None:
+        """The target tree's directories (they decide what a literal path covers); listed
+        once per target SHA, and asked for only when some pair of footprints depends on them."""
+        return tree_directories(self.integrator.git, self.integrator.target.sha(fetch=False))
+
+    def _conflict_index(self, stories: list[Story]) -> ConflictIndex:
+        """The run's conflict relation, brought up to date with these rows and the target."""
+        self.memo.index.update(_views(stories), self._directories)
+        return self.memo.index
 
     def _dispatch(self, run: Run, stories: list[Story]) -> bool:
         # Stacked starts only in parallel (N = 1 is the sequential loop), in one clone, and on
         # a fresh branch (a created or resumed story keeps the branch it has).
         stacking = run.max_parallel > 1 and not self.integrator.target.publishes_stories
-        views = [StoryView(key=s.key, seq=s.seq, epic=s.epic, state=s.state,
-                           footprint=_footprint(s), depends_on=tuple(s.depends_on or ()),
-                           approved=s.approved, to_create=s.to_create,
-                           can_stack=stacking and not s.branch and not s.human_fix)
-                 for s in stories]
-        decision = admit(views, max_parallel=run.max_parallel,
-                         capacity=self.policy.resources.capacity,
-                         gates_mode=self.policy.gates.mode, gates_passed=run.gates_passed or (),
-                         conflict=self._conflict())
+        with self.memo.lock:
+            decision = admit(_views(stories, stacking), max_parallel=run.max_parallel,
+                             capacity=self.policy.resources.capacity,
+                             gates_mode=self.policy.gates.mode, gates_passed=run.gates_passed or (),
+                             index=self.memo.index, directories=self._directories)
         by_key = {s.key: s for s in stories}
         shipped = self._done_on_target([by_key[k] for k in decision.dispatch])
         if shipped:
@@ -436,6 +472,13 @@ class _Lane:
     def _story(self, story_id: int) -> Story:
         with self.db.transaction() as s:
             return s.get(Story, story_id)
+
+
+def _views(stories: list[Story], stacking: bool = False) -> list[StoryView]:
+    return [StoryView(key=s.key, seq=s.seq, epic=s.epic, state=s.state, footprint=_footprint(s),
+                      depends_on=tuple(s.depends_on or ()), approved=s.approved,
+                      to_create=s.to_create,
+                      can_stack=stacking and not s.branch and not s.human_fix) for s in stories]
 
 
 def _footprint(story: Story) -> Footprint:

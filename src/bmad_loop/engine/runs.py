@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from ..db.models import Run, Story
 from ..policy import Policy, policy_from_dict
 
-__all__ = ["run_policy", "stories_of", "path_inside", "board_rel"]
+__all__ = ["run_policy", "stories_of", "lane_rows", "path_inside", "board_rel"]
 
 
 def run_policy(run: Run) -> Policy:
@@ -20,6 +20,23 @@ def run_policy(run: Run) -> Policy:
 
 def stories_of(session: Session, run_id: str) -> list[Story]:
     return list(session.scalars(select(Story).where(Story.run_id == run_id).order_by(Story.seq)))
+
+
+# What the lane reads of every story on every pass (see `lane_rows`).
+_LANE_COLUMNS = (Story.id, Story.key, Story.seq, Story.epic, Story.state, Story.footprint,
+                 Story.footprint_reason, Story.depends_on, Story.approved, Story.to_create,
+                 Story.wait_reason, Story.port_block, Story.reason, Story.done_checkpoint,
+                 # stacked starts (stacking.py, restack.py)
+                 Story.branch, Story.human_fix, Story.base_sha, Story.head_sha, Story.stacked_on,
+                 Story.worktree)
+
+
+def lane_rows(session: Session, run_id: str) -> list:
+    """The run's stories in plan order as read-only rows of the columns the lane reads (same
+    attribute names as `Story`). The lane reads them on every pass: building full ORM objects
+    (forty columns, timestamps, JSON) costs several times more per story."""
+    return list(session.execute(select(*_LANE_COLUMNS).where(Story.run_id == run_id)
+                                .order_by(Story.seq)))
 
 
 def path_inside(path, root: Path) -> str | None:

@@ -71,12 +71,17 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         generation = story.claim
         record(s, run_id, "story.started", story.key, phase=story.phase or Phase.PREPARE,
                host=project.host)
+        _close_running_attempts(s, run_id, story)  # none but a lost worker's could be open
         policy = run_policy(run)
         ctx = story_context(project, run, story, policy)
     token = leases.take(db, story_lease_name(story_id), owner, policy.leases.ttl_s)
     claim = Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
+    tries = []
+
     def walk_once():
-        _interrupt_open_attempts(claim)  # a try cut short by a fault left its session open
+        if tries:  # a try cut short by a fault left its session open (the claim closed older ones)
+            _interrupt_open_attempts(claim)
+        tries.append(1)
         return StoryWorker(ctx, claim).walk()
 
     try:
@@ -146,12 +151,15 @@ def _interrupt_open_attempts(claim: Claim) -> None:
     """Close this story's sessions still marked running (uncounted): only ours can be, since we
     hold its claim, and a retried step starts a new one."""
     with claim.db.transaction() as s:
-        row = claim.own(s)
-        for att in s.scalars(select(Attempt).where(Attempt.story_id == claim.story_id,
-                                                   Attempt.state == AttemptState.RUNNING)):
-            att.state, att.counted, att.ended_at = AttemptState.INTERRUPTED, False, utcnow()
-            record(s, claim.run_id, "attempt.finished", row.key, phase=att.phase, attempt=att.number,
-                   state=AttemptState.INTERRUPTED, counted=False, why="retried after a fault")
+        _close_running_attempts(s, claim.run_id, claim.own(s))
+
+
+def _close_running_attempts(s, run_id: str, row: Story) -> None:
+    for att in s.scalars(select(Attempt).where(Attempt.story_id == row.id,
+                                               Attempt.state == AttemptState.RUNNING)):
+        att.state, att.counted, att.ended_at = AttemptState.INTERRUPTED, False, utcnow()
+        record(s, run_id, "attempt.finished", row.key, phase=att.phase, attempt=att.number,
+               state=AttemptState.INTERRUPTED, counted=False, why="retried after a fault")
 
 
 class StoryWorker:
@@ -186,7 +194,8 @@ class StoryWorker:
                  Phase.REVIEW: self.phase_review, Phase.FIX: self.phase_fix,
                  Phase.COMMIT: self.phase_commit}
         while True:
-            self._enter_phase(phase, check_stop=True)
+            if self._row is None or self._row.phase != phase:
+                self._enter_phase(phase, check_stop=True)  # else _apply just entered it
             try:
                 outcome = steps[phase]()
             except Escalate as esc:
@@ -360,6 +369,7 @@ class StoryWorker:
         # No git at all for a story whose session changed git's configuration: leave it as is.
         head = self._escalation_head() if outcome.escalate and not config_changed else None
         self._row = None  # changed below; the next phase's entry reads it again
+        stop = False
         with ctx.db.transaction() as s:
             row = self.claim.own(s)  # taken back (recovered as orphaned)? then nothing is written
             if outcome.session is not None:
@@ -398,6 +408,13 @@ class StoryWorker:
             else:
                 row.phase, row.heartbeat_at = outcome.next_phase, now
                 record(s, ctx.run_id, "story.phase", self.key, phase=outcome.next_phase)
+                # The next phase is entered here, in the same transaction (stop checked too).
+                if s.get(Run, ctx.run_id).state in (RunState.STOPPING, RunState.STOPPED):
+                    stop = True
+                else:
+                    self._row = row
+        if stop:
+            raise StopRequested()
         return None
 
     def _escalation_head(self) -> str | None:

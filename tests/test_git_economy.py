@@ -1,0 +1,157 @@
+"""How many git processes a story costs, counted from outside: a `git` on PATH that logs each
+call and runs the real one (no tracing of git itself, no wrapper around the project's code).
+
+Numbers are per story of a plain run (max_parallel 1, merge, review off, no verify commands),
+whole run included (enqueue, start-up clean-up, the last settle). The bound sits well under
+twice what a story costs today, so a change that doubles it fails here, and the timing lives
+in bench/overhead.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bmad_loop.compose import blobs_at, commit_worktree, replace_blobs
+from bmad_loop.gitcmd import Git
+from bmad_loop.worktrees import ensure_worktree, list_worktrees, remove_worktree
+from support import StoryDef, git_repo, write, write_each
+
+STORIES = [StoryDef(f"1-{i}-s{i}", files=[f"src/s{i}.py"]) for i in range(1, 5)]
+PER_STORY_BOUND = 55  # measured ~44 per story here (76 before issue 15); twice that fails
+
+
+def git_shim(folder: Path) -> tuple[Path, Path]:
+    """A folder holding a `git` that appends its arguments to a log, then runs the real git."""
+    real = shutil.which("git")
+    assert real, "git is not on PATH"
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "calls.log"
+    shim = folder / "git"
+    shim.write_text(f'#!/bin/sh\nprintf \'%s\\n\' "$*" >> "{log}"\nexec "{real}" "$@"\n')
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return folder, log
+
+
+def subcommands(log: Path) -> Counter:
+    """Calls by subcommand (bmad-loop's fixed ``-c k=v`` options skipped)."""
+    counts: Counter = Counter()
+    for line in log.read_text().splitlines() if log.exists() else []:
+        words = line.split()
+        while words and words[0] == "-c":
+            words = words[2:]
+        if words:
+            counts[" ".join(words[:2]) if words[0] == "worktree" else words[0]] += 1
+    return counts
+
+
+@pytest.fixture
+def counted(tmp_path, monkeypatch):
+    """Start counting: every git process started from here on (this process and its children)."""
+    folder, log = git_shim(tmp_path / "shim")
+
+    def start():
+        monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+        return log
+
+    return start
+
+
+def test_a_plain_run_costs_a_bounded_number_of_git_processes_per_story(make_repo, counted):
+    repo = make_repo(STORIES, script=write_each(STORIES),
+                     policy='[scm]\nmerge_strategy = "merge"\n[gates]\nmode = "none"\n'
+                            '[review]\nenabled = false\n')
+    log = counted()
+    result = repo.cli("run")
+    calls = subcommands(log)
+    os.environ["PATH"] = os.environ["PATH"].split(os.pathsep, 1)[1]  # stop counting
+    assert result.exit_code == 0, result.output
+    assert set(repo.board_status(s.key) for s in STORIES) == {"done"}
+    total = sum(calls.values())
+    per_story = total / len(STORIES)
+    assert per_story <= PER_STORY_BOUND, f"{per_story:.1f} git processes per story: {calls}"
+    # Look-ups answered once per step, not once per helper.
+    assert calls["worktree list"] <= 2 * len(STORIES), calls
+    assert calls["worktree prune"] <= 1, calls  # start-up clean-up only
+    assert calls["check-ref-format"] == 0, calls  # names are checked in Python
+    assert calls["worktree add"] == len(STORIES) and calls["worktree remove"] == len(STORIES)
+    assert calls["branch"] == len(STORIES), calls  # the deletes: `worktree add -b` makes them
+
+
+def test_removing_a_worktree_that_is_not_there_starts_no_git(tmp_path, counted):
+    git = git_repo(tmp_path / "repo", {"a.txt": "a\n"})
+    git.common_dir()  # asked once per repository
+    log = counted()
+    remove_worktree(git, tmp_path / "repo" / ".wt" / "never-made")
+    assert subcommands(log) == Counter()
+
+
+def test_a_new_story_worktree_is_one_worktree_add_and_its_removal_one_remove(tmp_path, counted):
+    git = git_repo(tmp_path / "repo", {"a.txt": "a\n"})
+    base = git.rev("HEAD")
+    path = tmp_path / "wts" / "s1"
+    git.common_dir()  # asked once per repository
+    log = counted()
+    assert ensure_worktree(git, path, "bmad-loop/r/s1", base, branch_head=None) == base
+    made = subcommands(log)
+    remove_worktree(git, path)
+    assert made == Counter({"worktree add": 1}), log.read_text()
+    assert subcommands(log) == Counter({"worktree add": 1, "worktree remove": 1})
+    assert [i.path for i in list_worktrees(git)] == [tmp_path / "repo"]
+    assert git.rev("refs/heads/bmad-loop/r/s1") == base  # the branch stays; delete_branch drops it
+
+
+def test_ensure_worktree_still_recovers_a_half_made_checkout_after_the_quick_path(tmp_path):
+    git = git_repo(tmp_path / "repo", {"a.txt": "a\n"})
+    base = git.rev("HEAD")
+    path = tmp_path / "wts" / "s1"
+    ensure_worktree(git, path, "bmad-loop/r/s1", base, branch_head=None)
+    shutil.rmtree(path)  # a crash left the registration without its folder
+    # The caller believes the branch is new; the registration says otherwise: the careful way.
+    assert ensure_worktree(git, path, "bmad-loop/r/s1", base, branch_head=None) == base
+    assert (path / "a.txt").read_text() == "a\n"
+    assert git.current_branch(cwd=path) == "bmad-loop/r/s1"
+
+
+def test_blobs_at_reads_several_paths_in_one_process(tmp_path, counted):
+    files = {"a b.txt": "spaced\n", "dir/x.md": "x\n", "run.sh": "#!/bin/sh\n"}
+    git = git_repo(tmp_path / "repo", files)
+    head = git.rev("HEAD")
+    log = counted()
+    got = blobs_at(git, head, ["a b.txt", "dir/x.md", "missing.txt", "dir"])
+    assert got == {"a b.txt": b"spaced\n", "dir/x.md": b"x\n", "missing.txt": None, "dir": None}
+    assert subcommands(log) == Counter({"cat-file": 1})
+
+
+def test_replace_blobs_writes_edits_and_deletions_in_one_tree_keeping_the_exec_bit(tmp_path):
+    git = git_repo(tmp_path / "repo", {"a.txt": "a\n", "run.sh": "#!/bin/sh\n", "gone.txt": "g\n"})
+    git.run("update-index", "--chmod=+x", "run.sh")
+    git.run("commit", "-q", "-m", "exec", env=git.identity_env())
+    tree = git.out("rev-parse", "HEAD^{tree}")
+    new = replace_blobs(git, tree, {"run.sh": b"#!/bin/sh\necho hi\n", "gone.txt": None,
+                                    "new dir/n.txt": b"n\n"})
+    listing = git.out("ls-tree", "-r", new)
+    entries = {line.split("\t")[1]: line.split()[0] for line in listing.splitlines()}
+    assert entries == {"a.txt": "100644", "run.sh": "100755", "new dir/n.txt": "100644"}
+    assert blobs_at(git, new, ["run.sh"]) == {"run.sh": b"#!/bin/sh\necho hi\n"}
+    assert replace_blobs(git, tree, {}) == tree
+
+
+def test_commit_worktree_reverts_a_lane_owned_file_the_story_added_or_deleted(tmp_path):
+    git = git_repo(tmp_path / "repo", {"ledger/board.yaml": "board\n", "src/a.py": "A\n"})
+    base = git.rev("HEAD")
+    wt = tmp_path / "repo"
+    (wt / "ledger" / "board.yaml").unlink()  # deleted by the agent
+    write(wt / "ledger" / "new.yaml", "planted\n")  # added by the agent
+    write(wt / "src" / "a.py", "A2\n")
+    head, reverted = commit_worktree(Git(wt), wt, "story", base, ["ledger/**"])
+    assert reverted == ["ledger/board.yaml", "ledger/new.yaml"]
+    assert (wt / "ledger" / "board.yaml").read_text() == "board\n"
+    assert not (wt / "ledger" / "new.yaml").exists()
+    assert git.out("diff-tree", "-r", "--name-only", "--no-commit-id", base, head) == "src/a.py"
+    assert git.out("status", "--porcelain") == ""
