@@ -4,6 +4,7 @@
     python bench/makespan.py [--stories 16] [--agent-seconds 2] [--parallel 1,2,4]
                              [--sprints independent,mixed[,mixed-adjacent]] [--files 200]
                              [--repeat 1] [--probe] [--what-if EXPERIMENT]
+                             [--adjacent-seconds 3] [--no-adjacent]
 
 Two sprints of K stories in one epic, each agent session sleeping T seconds and then appending
 one line to its story's file:
@@ -15,6 +16,13 @@ one line to its story's file:
   each pair sits half a sprint after the first, so the lower bound is reachable;
 - *mixed-adjacent* (not run by default): the same, with each pair next to each other in plan
   order, where plan-order integration itself costs a round at N = 4 (see `layout`).
+
+And, by default, the *adjacent-pairs* sprint of issue 15: 8 stories, T = 3 s, N = 4, where
+stories 1-2 write one file, 3-4 another, 5-6 share a capacity-1 resource and 7-8 are free. Its
+bound with stacked starts is 9 s (stories 2 and 4 start at 3 s on their finished, unintegrated
+predecessors; 6 still waits for 5's integration, because resources are held until then);
+without stacking the admission rules allow 12 s. Printed: makespan, both schedules, the ratio
+(aim: makespan <= 1.2 x the stacked schedule).
 
 Each (sprint, N) is a fresh repository and one real run (``enqueue`` + ``drive`` in process: real
 huey consumers on the embedded SQLite queue, real git, real agent processes), ``merge_strategy =
@@ -135,6 +143,72 @@ def plan_order_schedule(stories: list[BenchStory], n: int, w: float) -> float:
         now = min(pending)
 
 
+def adjacent_pairs() -> list[BenchStory]:
+    """Issue 15's adjacent-pairs sprint: 1-2 share a file, 3-4 another, 5-6 a resource."""
+    keys = [f"1-{i}-p{i}" for i in range(1, 9)]
+    stories = [BenchStory(key, files=[f"work/{key}.txt"], writes=f"work/{key}.txt") for key in keys]
+    for a, b, shared in ((0, 1, "work/pair-12.txt"), (2, 3, "work/pair-34.txt")):
+        for i in (a, b):
+            stories[i].files, stories[i].writes = [shared], shared
+    for i in (4, 5):
+        stories[i].resources = [RESOURCE]
+    return stories
+
+
+def stacked_schedule(stories: list[BenchStory], n: int, w: float) -> float:
+    """What the admission rules with stacked starts allow with zero coordination latency: a
+    story waits for an earlier conflicting one only until it has *finished* (it then starts on
+    a stacked base), for a resource until its holder is integrated; integration is instant and
+    in plan order; slots go to the earliest eligible story."""
+    k = len(stories)
+    finish: list[float | None] = [None] * k
+    integrated: list[float | None] = [None] * k
+    now, running = 0.0, 0
+    while True:
+        for i in range(k):  # plan-order integration of whatever has finished
+            if integrated[i] is None:
+                if finish[i] is None or finish[i] > now:
+                    break
+                integrated[i] = now
+        running = sum(1 for f in finish if f is not None and f > now)
+        for i, s in enumerate(stories):
+            if running >= n:
+                break
+            if finish[i] is not None:
+                continue
+            files_blocked = any(set(stories[j].files) & set(s.files)
+                                and (finish[j] is None or finish[j] > now) for j in range(i))
+            held = any(finish[j] is not None and integrated[j] is None and
+                       set(stories[j].resources) & set(s.resources) for j in range(k) if j != i)
+            if files_blocked or held:
+                continue
+            finish[i] = now + w
+            running += 1
+        if all(x is not None for x in integrated):
+            return max(integrated)
+        now = min(f for f in finish if f is not None and f > now)
+
+
+def run_adjacent(base: Path, t: float, files: int) -> int:
+    """The adjacent-pairs case at N = 4: makespan against its stacked schedule."""
+    stories, n = adjacent_pairs(), 4
+    result = one_run(base / "adjacent-pairs-n4", stories, n, t, files)
+    if result is None:
+        return 1
+    bound, unstacked = stacked_schedule(stories, n, t), plan_order_schedule(stories, n, t)
+    stacked = sum(1 for e in result.events if e["kind"] == "story.queued"
+                  and (e.get("data") or {}).get("stacked_on"))
+    print("\n## Adjacent pairs (issue 15): 8 stories, N = 4\n")
+    print(table(["T s", "makespan s", "stacked schedule s", "makespan / stacked schedule",
+                 "schedule without stacking s", "stacked starts"],
+                [[f"{t:g}", f"{result.makespan:.2f}", f"{bound:.2f}",
+                  f"{result.makespan / bound:.2f}", f"{unstacked:.2f}", stacked]], align="rrrrrr"))
+    print("\nAim (issue 15): makespan / stacked schedule <= 1.2. Schedules with zero "
+          "coordination latency, each story taking T; stacked starts = stories queued on a "
+          f"stacked base in this run. load average: {load()}")
+    return 0
+
+
 def spans(result, keys: list[str]) -> dict[str, float]:
     """Mean per story of the journal spans that tell where coordination time goes."""
     pairs = {
@@ -230,6 +304,10 @@ def main(argv=None) -> int:
     parser.add_argument("--what-if", action="append", default=[], metavar="EXPERIMENT",
                         help="monkeypatch the engine in this process to try a change: "
                              "dispatch-first, poll=SECONDS (bench/_whatif.py); repeatable")
+    parser.add_argument("--adjacent-seconds", type=float, default=3.0,
+                        help="agent T of the adjacent-pairs case [3]")
+    parser.add_argument("--no-adjacent", action="store_true",
+                        help="leave out the adjacent-pairs case (8 stories, N = 4)")
     args = parser.parse_args(argv)
     import _whatif
 
@@ -338,6 +416,8 @@ def main(argv=None) -> int:
     for kind, n, rep, text in probes:
         print(f"\n## Probe: {kind}, N = {n}, run {rep} (per story = total / K)\n")
         print(text)
+    if not args.no_adjacent:
+        return run_adjacent(base, args.adjacent_seconds, args.files)
     return 0
 
 

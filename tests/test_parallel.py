@@ -77,9 +77,11 @@ def test_file_conflicts_serialise_and_the_later_story_starts_on_the_integrated_t
     assert "conflicts with 1-1-a" in story_b["waiting_for"]
     assert "src/shared.py" in story_b["waiting_for"]
     go(bar, a.key)
-    wait_until(lambda: "1-2-b" in inside(bar), what="b inside after a integrated")
-    integrated_a = repo.story(a.key)["integrated_sha"]
-    assert repo.story(b.key)["base_sha"] == integrated_a
+    wait_until(lambda: "1-2-b" in inside(bar), what="b inside once a finished")
+    # b starts on a's work: stacked on a's finished branch, or on a's integration.
+    story_b = repo.story(b.key)
+    assert story_b["stacked_on"] in ([], [a.key])
+    assert repo.git("show", f"{story_b['base_sha']}:src/shared.py") == "NAME = '1-1-a'"
     go(bar, b.key)
     go(bar, c.key)
     assert proc.wait(timeout=60) == 0

@@ -19,7 +19,7 @@ __all__ = [
     "RUN_LIVE", "RUN_ONE_PER_TARGET", "RUN_RESUMABLE", "RUN_SETTLED", "RUN_TERMINAL",
     "RUN_ABANDONABLE",
     "STORY_IN_FLIGHT", "STORY_PARKED", "STORY_NEEDS_HUMAN", "STORY_DONE", "STORY_TERMINAL",
-    "STORY_AWAITING_LANE", "AGENT_PHASES", "CANDIDATE_ENDED",
+    "STORY_AWAITING_LANE", "STORY_STACKABLE", "AGENT_PHASES", "CANDIDATE_ENDED",
     "RUN_TRANSITIONS", "STORY_TRANSITIONS", "CANDIDATE_TRANSITIONS", "ATTEMPT_TRANSITIONS",
     "RUN_INITIAL", "STORY_INITIAL", "CANDIDATE_INITIAL", "ATTEMPT_INITIAL",
     "IllegalTransition", "check_transition",
@@ -108,6 +108,8 @@ RUN_ABANDONABLE = frozenset({RunState.PAUSED, RunState.STOPPED, RunState.FAILED}
 
 STORY_IN_FLIGHT = frozenset({StoryState.QUEUED, StoryState.WORKING})
 STORY_AWAITING_LANE = frozenset({StoryState.READY, StoryState.INTEGRATING})
+# Finished, not yet integrated: a later story may start on a base stacked on such a story.
+STORY_STACKABLE = STORY_AWAITING_LANE | {StoryState.HELD}
 STORY_NEEDS_HUMAN = frozenset({StoryState.ESCALATED, StoryState.BLOCKED, StoryState.HELD})
 STORY_PARKED = STORY_NEEDS_HUMAN | {StoryState.FAILED}
 # Done for scheduling: nothing more happens to the story; conflicts with it are released.
@@ -140,7 +142,7 @@ STORY_TRANSITIONS: dict[StoryState, frozenset[StoryState]] = {
     S.PENDING: frozenset({S.QUEUED, S.BLOCKED, S.SKIPPED}),
     S.QUEUED: frozenset({S.PENDING, S.WORKING}),
     S.WORKING: frozenset({S.PENDING, S.QUEUED, S.READY, S.ESCALATED}),
-    S.READY: frozenset({S.INTEGRATING}),
+    S.READY: frozenset({S.INTEGRATING, S.PENDING}),  # pending: restacked (restack.py)
     S.INTEGRATING: frozenset({S.HELD, S.INTEGRATED, S.ESCALATED}),
     S.HELD: frozenset({S.READY, S.ESCALATED}),
     S.ESCALATED: frozenset({S.PENDING}),

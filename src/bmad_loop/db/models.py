@@ -143,6 +143,9 @@ class Story(Base):
     worktree: Mapped[str | None] = mapped_column(Text)
     branch: Mapped[str | None] = mapped_column(String(255))
     base_sha: Mapped[str | None] = mapped_column(String(64))
+    # A stacked start: the finished, unintegrated stories under `base_sha`, in plan order, each
+    # {"key", "head"} (the head its layer was composed from). None: started on the target.
+    stacked_on: Mapped[list | None] = mapped_column(JSON)
     head_sha: Mapped[str | None] = mapped_column(String(64))
     integrated_sha: Mapped[str | None] = mapped_column(String(64))
     dev_attempts: Mapped[int] = mapped_column(Integer, default=0)  # counted dev attempts

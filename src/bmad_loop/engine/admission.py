@@ -10,7 +10,10 @@ A pure function of the story rows, so it is easy to test and to reason about:
 - a story whose file is not written yet (`to_create`) is dispatched for its create phase with
   only the slot and its epic's gate checked: creating touches nothing but its own story file.
   Until its create ends, its footprint is unknown, so no later story's dev may start (it is
-  exclusive towards later devs only); then it comes back pending and is admitted like any other.
+  exclusive towards later devs only); then it comes back pending and is admitted like any other;
+- stacked starts (`can_stack`, at `max_parallel > 1`): a blocker (conflict or dependency) that
+  is finished but not yet integrated (`STORY_STACKABLE`) does not hold a story back; the story
+  starts on a base with that blocker's work in it (`Admission.stacked`, stacking.py).
 
 Cost: the lane admits on every pass, so a pass is one walk in plan order with a few look-ups
 per story; which pairs conflict comes from the run's `ConflictIndex` (conflictindex.py), which
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from ..footprint import Footprint, footprints_conflict
-from ..states import STORY_AWAITING_LANE, STORY_DONE, STORY_IN_FLIGHT, StoryState
+from ..states import STORY_AWAITING_LANE, STORY_DONE, STORY_IN_FLIGHT, STORY_STACKABLE, StoryState
 from .conflictindex import ConflictIndex
 
 __all__ = ["StoryView", "Admission", "admit", "HOLDS_RESOURCES", "ConflictIndex"]
@@ -42,6 +45,9 @@ class StoryView:
     depends_on: tuple[str, ...] = ()
     approved: bool = True  # spec-approval gate
     to_create: bool = False  # its create phase has not ended: the footprint is not known yet
+    # May start on a stacked base: blockers that are finished but not integrated do not hold
+    # it back (stacking.py); the lane allows it only at max_parallel > 1, on a fresh branch.
+    can_stack: bool = False
 
 
 @dataclass
@@ -50,6 +56,7 @@ class Admission:
     waiting: dict[str, str] = field(default_factory=dict)  # key -> what holds it back
     gate: str | None = None  # an epic whose gate must be passed before it can start
     approvals: list[str] = field(default_factory=list)  # stories waiting for `approve`
+    stacked: dict[str, list[str]] = field(default_factory=dict)  # key -> the stories it stacks on
 
 
 def admit(
@@ -91,8 +98,9 @@ def admit(
     for story in ordered:
         dispatched = False
         if story.state == StoryState.PENDING:
+            under: list[str] = []
             reason = _decide(story, earlier, by_key, index, used, capacity, in_flight,
-                             max_parallel, gates_mode, gates_passed, first_epic, result)
+                             max_parallel, gates_mode, gates_passed, first_epic, result, under)
             if reason == "gate":
                 result.gate = story.epic
                 result.waiting[story.key] = f"gate before epic {story.epic}"
@@ -101,6 +109,8 @@ def admit(
                 result.waiting[story.key] = reason
             else:
                 result.dispatch.append(story.key)
+                if under:
+                    result.stacked[story.key] = under
                 dispatched = True
                 in_flight += 1
                 if not story.to_create:
@@ -113,15 +123,16 @@ def admit(
 
 
 def _decide(story, earlier, by_key, index, used, capacity, in_flight, max_parallel, gates_mode,
-            gates_passed, first_epic, result) -> str | None:
-    """What holds a pending story back (None: it gets a slot; "gate": a closed epic gate)."""
+            gates_passed, first_epic, result, under: list[str]) -> str | None:
+    """What holds a pending story back (None: it gets a slot; "gate": a closed epic gate).
+    Finished blockers it may stack on are added to `under`."""
     reason = earlier.epic_barrier(story, gates_passed, first_epic)
     if reason:
         return reason
     if story.to_create:
         # Spec approval, dependencies and resources concern dev, which comes after.
         return f"all {max_parallel} worker slot(s) busy" if in_flight >= max_parallel else None
-    reason = earlier.conflict(story, index) or _dependencies(story, by_key)
+    reason = earlier.conflict(story, index, under) or _dependencies(story, by_key, under)
     if reason is None and gates_mode == "per-story-spec-approval" and not story.approved:
         result.approvals.append(story.key)
         reason = "awaiting spec approval (bmad-loop approve)"
@@ -140,6 +151,10 @@ class _Earlier:
         self.seen: dict[str, tuple[StoryView, str]] = {}  # key -> (story, state in this pass)
         self.first_open: StoryView | None = None  # earliest story not done
         self.first_wall: StoryView | None = None  # earliest not-done exclusive or to-create story
+        # Every not-done story, and every not-done wall, in plan order: only a story that may
+        # stack looks past its first blocker.
+        self.open: list[StoryView] = []
+        self.walls: list[StoryView] = []
         self.epics: set[str] = set()
         # Each epic's earliest story that holds later epics back (per-epic: not integrated or
         # skipped; otherwise: still pending), in plan order.
@@ -153,6 +168,9 @@ class _Earlier:
                 self.first_open = story
             if self.first_wall is None and (story.to_create or story.footprint.exclusive):
                 self.first_wall = story
+            self.open.append(story)
+            if story.to_create or story.footprint.exclusive:
+                self.walls.append(story)
         if story.epic:
             self.epics.add(story.epic)
             holds = (state not in (StoryState.INTEGRATED, StoryState.SKIPPED) if self.per_epic
@@ -177,10 +195,13 @@ class _Earlier:
             return f"epic {story.epic} waits until epic {holder.epic} is dispatched ({holder.key})"
         return None
 
-    def conflict(self, story, index: ConflictIndex) -> str | None:
+    def conflict(self, story, index: ConflictIndex, under: list[str]) -> str | None:
         """The earliest unfinished earlier story that conflicts with `story`, and why: an
         exclusive story conflicts with every story, every story with an exclusive one or one
-        still to be created (a wall); other pairs come from the index."""
+        still to be created (a wall); other pairs come from the index. A story that may stack
+        passes the finished ones (added to `under`) and is held only by the others."""
+        if story.can_stack:
+            return self._conflict_stacking(story, index, under)
         blocker = self.first_open if story.footprint.exclusive else self.first_wall
         for key in index.earlier_conflicts(story.key):
             other, state = self.seen[key]
@@ -191,15 +212,42 @@ class _Earlier:
                 break
         if blocker is None:
             return None
+        return self._held_by(story, blocker, index)
+
+    def _conflict_stacking(self, story, index: ConflictIndex, under: list[str]) -> str | None:
+        if story.footprint.exclusive:
+            blockers = self.open
+        else:
+            found = {s.key: s for s in self.walls}
+            for key in index.earlier_conflicts(story.key):
+                other, state = self.seen[key]
+                if state not in STORY_DONE:
+                    found[key] = other
+            blockers = sorted(found.values(), key=lambda s: s.seq)
+        for other in blockers:
+            if not other.to_create and self.seen[other.key][1] in STORY_STACKABLE:
+                under.append(other.key)
+                continue
+            return self._held_by(story, other, index)
+        return None
+
+    @staticmethod
+    def _held_by(story, blocker, index: ConflictIndex) -> str:
         if blocker.to_create:
             return f"waits for {blocker.key} to be created (its footprint is not known yet)"
         return f"conflicts with {blocker.key}: {index.reason(story.key, blocker.key)}"
 
 
-def _dependencies(story, by_key: Mapping[str, StoryView]) -> str | None:
+def _dependencies(story, by_key: Mapping[str, StoryView], under: list[str]) -> str | None:
+    # A dependency on a finished story is satisfied by stacking on it, like a conflict.
     for dep in story.depends_on:
         other = by_key.get(dep)
-        if other is not None and other.state not in (StoryState.INTEGRATED, StoryState.SKIPPED):
+        if other is None or other.state in (StoryState.INTEGRATED, StoryState.SKIPPED):
+            continue
+        if story.can_stack and other.state in STORY_STACKABLE:
+            if dep not in under:
+                under.append(dep)
+        else:
             return f"depends on {dep} ({other.state})"
     return None
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from ..compose import commit_message, compose, integration_message, overlapping_dirty
+from ..compose import Composition, commit_message, compose, integration_message, overlapping_dirty
 from ..db.models import Candidate, Run, Story, utcnow
 from ..worktrees import delete_ref, ensure_detached_worktree, remove_worktree
 from ..states import CandidateState, Phase, StoryState
@@ -26,6 +26,7 @@ from .journal import journal_git_locks, record
 from .ports import lane_block, port_env
 from .layout import Layout
 from .runs import board_rel
+from .stacking import replay
 from .transitions import transition_story
 from .verify import run_verify
 from .writeback import lane_tree_edit
@@ -105,8 +106,7 @@ class Integrator:
             s.add(cand)
             s.flush()
             cand_id = cand.id
-        comp = compose(self.git, strategy, target_sha, branch_sha, self._message(story, strategy),
-                       tree_edit=self._board_edit(story), lane_message=f"bmad-loop: mark {story.key} done")
+        comp = self._compose(story, strategy, target_sha, branch_sha)
         ref = self.layout.candidate_ref(story.key, attempt)
         if comp.conflicts:
             return self._conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)
@@ -125,6 +125,17 @@ class Integrator:
         if self._needs_sign_off(story):
             return self._hold(story, cand_id, attempt, comp.sha)
         return self._advance(story, cand_id, attempt, comp.sha, target_sha)
+
+    def _compose(self, story: Story, strategy: str, target_sha: str, branch_sha: str) -> Composition:
+        """The candidate. A story that started on a stacked base brings only its own commits
+        (`base_sha..head`): they are replayed onto the target first, then composed as usual."""
+        if story.stacked_on:
+            replayed = replay(self.git, target_sha, story.base_sha, branch_sha)
+            if replayed.tip is None:
+                return Composition(None, replayed.tree, replayed.conflicts, strategy, True)
+            branch_sha = replayed.tip
+        return compose(self.git, strategy, target_sha, branch_sha, self._message(story, strategy),
+                       tree_edit=self._board_edit(story), lane_message=f"bmad-loop: mark {story.key} done")
 
     def _fetch_story(self, story: Story) -> str | None:
         """Bring the story's commits here (remote mode: from the remote); why not, when the

@@ -36,8 +36,10 @@ from .integrate import Integrator, LaneFenced, TargetMoved
 from .journal import record
 from .notify import notify
 from .recovery import recover_orphans
+from .restack import restack_stale
 from .retry import FaultPersisted, pause_for_fault, retrying
 from .runs import lane_rows, run_policy, stories_of
+from .stacking import layers_under, stack
 from .transitions import transition_run, transition_story
 
 __all__ = ["tick"]
@@ -130,6 +132,8 @@ class _Lane:
             run, stories = self._load()
             if run.state not in RUN_LIVE:
                 return
+            if restack_stale(self.db, self.integrator.git, self.run_id, stories):
+                continue
             if self._dispatch_first(run, stories):
                 continue
             if self._integrate_next(run, stories):
@@ -314,8 +318,11 @@ class _Lane:
         return self.memo.index
 
     def _dispatch(self, run: Run, stories: list[Story]) -> bool:
+        # Stacked starts only in parallel (N = 1 is the sequential loop), in one clone, and on
+        # a fresh branch (a created or resumed story keeps the branch it has).
+        stacking = run.max_parallel > 1 and not self.integrator.target.publishes_stories
         with self.memo.lock:
-            decision = admit(_views(stories), max_parallel=run.max_parallel,
+            decision = admit(_views(stories, stacking), max_parallel=run.max_parallel,
                              capacity=self.policy.resources.capacity,
                              gates_mode=self.policy.gates.mode, gates_passed=run.gates_passed or (),
                              index=self.memo.index, directories=self._directories)
@@ -329,6 +336,7 @@ class _Lane:
                         record(s, self.run_id, "story.skipped", row.key,
                                reason="stale premise: the target's board marks it done")
             return True  # admit again without them
+        bases = self._stacked_bases(decision, by_key)
         queued = []
         used_blocks = {s.port_block for s in stories if s.state in STORY_IN_FLIGHT and s.port_block is not None}
         with self.db.transaction() as s:
@@ -339,13 +347,17 @@ class _Lane:
                     record(s, self.run_id, "story.waiting", key, reason=why)
             for key in decision.dispatch:
                 row = by_key[key]
+                stacked = bases.get(key, (None, None))
                 block = None
                 if self.policy.resources.ports:
                     block = min(i for i in range(run.max_parallel) if i not in used_blocks)
                     used_blocks.add(block)
+                fields = {"base_sha": stacked[0], "stacked_on": stacked[1]} if stacked[1] else {}
                 if transition_story(s, row.id, StoryState.PENDING, state=StoryState.QUEUED, queued_at=utcnow(),
-                                    wait_reason=None, port_block=block):
-                    record(s, self.run_id, "story.queued", key, seq=row.seq)
+                                    wait_reason=None, port_block=block, **fields):
+                    record(s, self.run_id, "story.queued", key, seq=row.seq,
+                           **({"base_sha": stacked[0], "stacked_on": [x["key"] for x in stacked[1]]}
+                              if stacked[1] else {}))
                     queued.append(row.id)
             if decision.gate is not None:
                 self._gate = decision.gate
@@ -354,6 +366,26 @@ class _Lane:
         self._decision = decision
         # Settle on fresh rows: what was just queued is in flight now.
         return bool(queued)
+
+    def _stacked_bases(self, decision, by_key) -> dict:
+        """key -> (stacked base SHA, stacked_on rows) for each story admitted on a stacked base;
+        a story whose base does not compose cleanly is taken out of `decision.dispatch` and
+        waits as it would without stacking."""
+        bases = {}
+        if not decision.stacked:
+            return bases
+        git = self.integrator.git
+        target_sha = self.integrator.target.sha(fetch=False)
+        for key in decision.stacked:
+            layers = layers_under(decision.stacked[key], by_key)
+            built = stack(git, target_sha, layers)
+            if built.tip is None:  # it waits for their integration instead, as without stacking
+                decision.dispatch.remove(key)
+                decision.waiting[key] = (f"stacking on {', '.join(x.key for x in layers)} conflicts "
+                                         f"({', '.join(built.conflicts)}): waits for their integration")
+                continue
+            bases[key] = (built.tip, [{"key": x.key, "head": x.head} for x in layers]) if layers else (None, None)
+        return bases
 
     # ------------------------------------------------------------ 4. settling
     def _settle(self, run: Run, stories: list[Story]) -> None:
@@ -442,10 +474,11 @@ class _Lane:
             return s.get(Story, story_id)
 
 
-def _views(stories: list[Story]) -> list[StoryView]:
+def _views(stories: list[Story], stacking: bool = False) -> list[StoryView]:
     return [StoryView(key=s.key, seq=s.seq, epic=s.epic, state=s.state, footprint=_footprint(s),
                       depends_on=tuple(s.depends_on or ()), approved=s.approved,
-                      to_create=s.to_create) for s in stories]
+                      to_create=s.to_create,
+                      can_stack=stacking and not s.branch and not s.human_fix) for s in stories]
 
 
 def _footprint(story: Story) -> Footprint:

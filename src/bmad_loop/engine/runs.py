@@ -25,7 +25,10 @@ def stories_of(session: Session, run_id: str) -> list[Story]:
 # What the lane reads of every story on every pass (see `lane_rows`).
 _LANE_COLUMNS = (Story.id, Story.key, Story.seq, Story.epic, Story.state, Story.footprint,
                  Story.footprint_reason, Story.depends_on, Story.approved, Story.to_create,
-                 Story.wait_reason, Story.port_block, Story.reason, Story.done_checkpoint)
+                 Story.wait_reason, Story.port_block, Story.reason, Story.done_checkpoint,
+                 # stacked starts (stacking.py, restack.py)
+                 Story.branch, Story.human_fix, Story.base_sha, Story.head_sha, Story.stacked_on,
+                 Story.worktree)
 
 
 def lane_rows(session: Session, run_id: str) -> list:

@@ -56,6 +56,7 @@ def story_json(story: Story, now=None, usage: dict | None = None) -> dict:
         "worktree": story.worktree,
         "branch": story.branch,
         "base_sha": story.base_sha,
+        "stacked_on": [layer["key"] for layer in story.stacked_on or ()],
         "head_sha": story.head_sha,
         "integrated_sha": story.integrated_sha,
         "session": story.session,

@@ -213,7 +213,8 @@ class StoryWorker:
     def _prepare(self) -> None:
         ctx = self.ctx
         story = self._enter_phase(Phase.PREPARE)
-        base_sha = ctx.target.sha()
+        # A stacked start begins on the base the lane composed for it (stacking.py).
+        base_sha = story.base_sha if story.stacked_on else ctx.target.sha()
         branch = ctx.layout.story_branch(self.key, self.policy.scm.branch_per)
         if ctx.target.publishes_stories:
             self._adopt_pushed_branch(story, branch)

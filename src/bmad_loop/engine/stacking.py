@@ -1,0 +1,141 @@
+"""Stacked starts: the composition of finished, not yet integrated work.
+
+A story whose only blockers are earlier stories that are finished but not integrated (`ready`,
+`integrating`, `held`) may start on a *stacked base*: the target with those stories' own commits
+(`base_sha..head_sha` of each, in plan order) replayed on top. It records the base in `base_sha`
+and the stories under it in `stacked_on` (`{"key", "head"}` each). Its integration replays its
+own commits (`base_sha..head_sha`) onto the real target first, then composes as usual, so what
+lands is exactly its own change and the target's trees are those of the sequential loop.
+
+The same layering (`stack`) is what a stack of speculative candidates needs: C(k) = C(k-1)
+with story k's own commits on top.
+
+Replay is pure plumbing (no worktree, index or ref): commit C with parent P is picked onto the
+tip by a three-way merge with P's tree as the base, through throw-away commits, because git
+2.39 has no `merge-tree --merge-base`. Replayed commits keep author, dates and message, so the
+same inputs always give the same SHAs (a lane that crashed recomputes the same base).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from ..compose import _merge_trees
+from ..states import STORY_STACKABLE, StoryState
+
+__all__ = ["Layer", "Replayed", "replay", "stack", "layers_under", "stale_layer", "LAYER_OK"]
+
+# A layer is still good while its story is in one of these states with the recorded head.
+LAYER_OK = STORY_STACKABLE | {StoryState.INTEGRATED}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One story's own commits: `base..head`."""
+
+    key: str
+    base: str
+    head: str
+
+
+@dataclass(frozen=True)
+class Replayed:
+    tip: str | None  # None: a conflict
+    tree: str
+    conflicts: tuple[str, ...]
+
+
+def replay(git, onto: str, base: str, head: str) -> Replayed:
+    """The commits of `base..head` (no merges, oldest first) replayed onto `onto`.
+
+    A commit whose change is already there is dropped, as `git rebase` does; an empty commit
+    stays empty. On a conflict, `tip` is None and `tree` holds the conflicted tree."""
+    tip = onto
+    tip_tree = _tree(git, onto)
+    if base == head:
+        return Replayed(tip, tip_tree, ())
+    commits = git.out("rev-list", "--reverse", "--topo-order", "--no-merges",
+                      f"{base}..{head}").split()
+    for sha in commits:
+        info = git.commit_header(sha)
+        parent_tree = _tree(git, info["parents"][0]) if info["parents"] else git.out("mktree", input="")
+        own_tree = info["tree"]
+        if own_tree == parent_tree:
+            new_tree = tip_tree
+        elif parent_tree == tip_tree:
+            new_tree = own_tree
+        else:
+            new_tree, conflicts = _pick(git, parent_tree, own_tree, tip_tree, info["committer"][2])
+            if conflicts:
+                return Replayed(None, new_tree, conflicts)
+            if new_tree == tip_tree:
+                continue  # already there
+        name, email, author_date = info["author"]
+        env = git.identity_env()
+        env.update(GIT_AUTHOR_NAME=name, GIT_AUTHOR_EMAIL=email, GIT_AUTHOR_DATE=author_date,
+                   GIT_COMMITTER_DATE=info["committer"][2])
+        tip = git.out("commit-tree", "--no-gpg-sign", new_tree, "-p", tip,
+                      input=info["message"], env=env)
+        tip_tree = new_tree
+    return Replayed(tip, tip_tree, ())
+
+
+def stack(git, onto: str, layers: Iterable[Layer]) -> Replayed:
+    """`onto` with each layer's own commits replayed on top, in the order given."""
+    result = Replayed(onto, "", ())
+    for layer in layers:
+        result = replay(git, result.tip, layer.base, layer.head)
+        if result.tip is None:
+            return Replayed(None, result.tree, tuple(f"{layer.key}: {p}" for p in result.conflicts))
+    return result
+
+
+def layers_under(blockers: Sequence[str], rows: Mapping[str, object]) -> list[Layer]:
+    """The layers a story stacked on `blockers` needs, in plan order: each blocker that is not
+    yet integrated, and (transitively) what that blocker was itself stacked on, since its own
+    commits were written on top of those."""
+    wanted: dict[str, object] = {}
+    todo = list(blockers)
+    while todo:
+        key = todo.pop()
+        row = rows.get(key)
+        if row is None or key in wanted or row.state == StoryState.INTEGRATED:
+            continue
+        wanted[key] = row
+        todo.extend(layer["key"] for layer in row.stacked_on or ())
+    ordered = sorted(wanted.values(), key=lambda row: row.seq)
+    return [Layer(row.key, row.base_sha, row.head_sha) for row in ordered]
+
+
+def stale_layer(story, rows: Mapping[str, object]) -> str | None:
+    """Why `story`'s stacked base no longer stands (a story under it failed to integrate, was
+    sent back or redone), or None while every layer is ready, on its way, or integrated with
+    the head the base was built from."""
+    for layer in story.stacked_on or ():
+        row = rows.get(layer["key"])
+        if row is None:
+            return f"{layer['key']} is no longer in the run"
+        if row.state not in LAYER_OK:
+            return f"{row.key} is {row.state}" + (f": {row.reason}" if row.reason else "")
+        if row.head_sha != layer["head"]:
+            return f"{row.key} was redone ({(row.head_sha or 'no head')[:12]}, not {layer['head'][:12]})"
+    return None
+
+
+def _tree(git, rev: str) -> str:
+    return git.out("rev-parse", "--verify", "--end-of-options", f"{rev}^{{tree}}")
+
+
+def _pick(git, base_tree: str, theirs_tree: str, ours_tree: str, date: str):
+    """Three-way merge of trees with `base_tree` as the merge base."""
+    env = git.identity_env(date)
+
+    def commit(tree, *parents):
+        argv = ["commit-tree", "--no-gpg-sign", tree]
+        for parent in parents:
+            argv += ["-p", parent]
+        return git.out(*argv, input="bmad-loop: stack pick\n", env=env)
+
+    root = commit(base_tree)
+    return _merge_trees(git, commit(ours_tree, root), commit(theirs_tree, root))
