@@ -42,7 +42,6 @@ def test_three_story_run_leaves_exactly_the_expected_target_history(make_repo, s
         assert all(c["parents"] == 1 for c in later)
     # Each integration step adds exactly its story's file, in plan order.
     added = [s.files[0] for s in THREE]
-    step_trees = [c for c in later if not c["subject"].startswith("1-") or strategy != "ff"]
     for index, story_file in enumerate(added):
         assert story_file in history[-1]["files"]
     seen = [next(c for c in later if f in c["files"]) for f in added]
@@ -66,7 +65,6 @@ def _run_id(repo):
 
 
 def test_failing_verify_gives_a_second_dev_attempt_that_sees_the_failure(make_repo, tmp_path):
-    marker = tmp_path / "fixed"
     stories = [StoryDef("1-1-alpha", files=["src/alpha.py"])]
     script = {"1-1-alpha": {"dev": [
         {"write": {"src/alpha.py": "bad\n"}},

@@ -56,7 +56,6 @@ def test_each_profile_runs_the_bmad_workflow_the_project_has(name):
 
 @pytest.mark.parametrize("name", sorted(BINARIES))
 def test_each_profile_renders_to_a_complete_argv(name):
-    profile = load_profile(name)
     argv = render_argv(resolve_command(profile=name, command=[], phase_command=None, model="", tier_args=[]), _call())
     assert not any(re.search(r"\{[a-z_]+\}", part) for part in argv)
     assert any("/wt/.bmad-loop/p.md" in part for part in argv)

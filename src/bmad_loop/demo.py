@@ -18,7 +18,6 @@ from .errors import ConfigError
 from .engine.driver import drive
 from .engine.planning import enqueue
 from .engine.project import Project, ensure_state_dir
-from .engine.runs import stories_of
 from .engine.status import run_status
 from .policy import load_policy
 from .selection import Selection
