@@ -335,11 +335,18 @@ def _replay(git: Git, target: str, branch: str) -> tuple[str, str, tuple[str, ..
     if proc.returncode != 0:
         raise GitError(f"{branch} and {target} have no common history", returncode=proc.returncode,
                        stderr=proc.stderr)
-    base = proc.stdout.strip()
+    return replay_commits(git, target, proc.stdout.strip(), branch)
+
+
+def replay_commits(git: Git, onto: str, base: str, head: str) -> tuple[str, str, tuple[str, ...]]:
+    """The commits of `base..head` (no merges, oldest first) replayed onto `onto`, each keeping
+    its author, dates and message (the same inputs give the same SHAs): (tip, tree, conflicts).
+    A commit whose change is already there is dropped, as `git rebase` does; an empty commit
+    stays empty. On a conflict, `tree` holds the conflicted tree."""
     commits = git.out(
-        "rev-list", "--reverse", "--topo-order", "--no-merges", f"{base}..{branch}"
+        "rev-list", "--reverse", "--topo-order", "--no-merges", f"{base}..{head}"
     ).split()
-    tip, tip_tree = target, _tree_of(git, target)
+    tip, tip_tree = onto, _tree_of(git, onto)
     for c in commits:
         info = git.commit_header(c)
         parent_tree = _tree_of(git, info["parents"][0]) if info["parents"] else _empty_tree(git)

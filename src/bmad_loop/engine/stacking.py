@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from ..compose import _merge_trees
+from ..compose import replay_commits
 from ..states import STORY_STACKABLE, StoryState
 
 __all__ = ["Layer", "Replayed", "replay", "stack", "layers_under", "stale_layer", "LAYER_OK"]
@@ -47,38 +47,11 @@ class Replayed:
 
 
 def replay(git, onto: str, base: str, head: str) -> Replayed:
-    """The commits of `base..head` (no merges, oldest first) replayed onto `onto`.
-
-    A commit whose change is already there is dropped, as `git rebase` does; an empty commit
-    stays empty. On a conflict, `tip` is None and `tree` holds the conflicted tree."""
-    tip = onto
-    tip_tree = _tree(git, onto)
-    if base == head:
-        return Replayed(tip, tip_tree, ())
-    commits = git.out("rev-list", "--reverse", "--topo-order", "--no-merges",
-                      f"{base}..{head}").split()
-    for sha in commits:
-        info = git.commit_header(sha)
-        parent_tree = _tree(git, info["parents"][0]) if info["parents"] else git.out("mktree", input="")
-        own_tree = info["tree"]
-        if own_tree == parent_tree:
-            new_tree = tip_tree
-        elif parent_tree == tip_tree:
-            new_tree = own_tree
-        else:
-            new_tree, conflicts = _pick(git, parent_tree, own_tree, tip_tree, info["committer"][2])
-            if conflicts:
-                return Replayed(None, new_tree, conflicts)
-            if new_tree == tip_tree:
-                continue  # already there
-        name, email, author_date = info["author"]
-        env = git.identity_env()
-        env.update(GIT_AUTHOR_NAME=name, GIT_AUTHOR_EMAIL=email, GIT_AUTHOR_DATE=author_date,
-                   GIT_COMMITTER_DATE=info["committer"][2])
-        tip = git.out("commit-tree", "--no-gpg-sign", new_tree, "-p", tip,
-                      input=info["message"], env=env)
-        tip_tree = new_tree
-    return Replayed(tip, tip_tree, ())
+    """The commits of `base..head` replayed onto `onto` (`compose.replay_commits`: the replay
+    the lane's `ff` composition uses too). On a conflict, `tip` is None and `tree` holds the
+    conflicted tree."""
+    tip, tree, conflicts = replay_commits(git, onto, base, head)
+    return Replayed(None if conflicts else tip, tree, conflicts)
 
 
 def stack(git, onto: str, layers: Iterable[Layer]) -> Replayed:
@@ -121,21 +94,3 @@ def stale_layer(story, rows: Mapping[str, object]) -> str | None:
         if row.head_sha != layer["head"]:
             return f"{row.key} was redone ({(row.head_sha or 'no head')[:12]}, not {layer['head'][:12]})"
     return None
-
-
-def _tree(git, rev: str) -> str:
-    return git.out("rev-parse", "--verify", "--end-of-options", f"{rev}^{{tree}}")
-
-
-def _pick(git, base_tree: str, theirs_tree: str, ours_tree: str, date: str):
-    """Three-way merge of trees with `base_tree` as the merge base."""
-    env = git.identity_env(date)
-
-    def commit(tree, *parents):
-        argv = ["commit-tree", "--no-gpg-sign", tree]
-        for parent in parents:
-            argv += ["-p", parent]
-        return git.out(*argv, input="bmad-loop: stack pick\n", env=env)
-
-    root = commit(base_tree)
-    return _merge_trees(git, commit(ours_tree, root), commit(theirs_tree, root))
