@@ -98,3 +98,27 @@ def test_a_bare_file_name_and_a_source_file_are_in_dev_together_through_the_cli(
     assert proc.wait(timeout=60) == 0, repo.spawned_logs()
     assert states(repo) == {a.key: "integrated", b.key: "integrated"}
     assert not [e for e in repo.journal() if e["kind"] == "story.waiting" and e["story"] == b.key]
+
+
+# ------------------------------------------------------------------ drift reads footprints the same way
+def _drift_paths(repo) -> list[str]:
+    return [p for e in repo.journal() if e["kind"] == "footprint.drift" for p in e["data"]["paths"]]
+
+
+def test_drift_reads_a_literal_path_as_admission_does(make_repo):
+    """`src` is a folder of the target, so it covers `src/new.py`; `newdir` is not, so it is a
+    file and `newdir/x.py` is drift (admission let other stories write under it meanwhile)."""
+    from support import StoryDef
+
+    stories = [StoryDef("1-1-alpha", files=["src"]), StoryDef("1-2-beta", files=["newdir"]),
+               StoryDef("1-3-gamma", files=["other/"])]
+    script = {"1-1-alpha": {"dev": [{"write": {"src/new.py": "A = 1\n"}}]},
+              "1-2-beta": {"dev": [{"write": {"newdir/x.py": "B = 1\n"}}]},
+              "1-3-gamma": {"dev": [{"write": {"other/y.py": "C = 1\n"}}]}}
+    repo = make_repo(stories, script=script, policy='[gates]\nmode = "none"\n')
+    (repo.root / "src").mkdir(exist_ok=True)
+    (repo.root / "src" / "keep.py").write_text("K = 1\n")
+    repo.commit_all("src is a folder of the target")
+    result = repo.cli("run")
+    assert result.exit_code == 0, result.output
+    assert _drift_paths(repo) == ["newdir/x.py"]

@@ -138,14 +138,16 @@ def integration_message(title: str, strategy: str, branch: str) -> str:
 # -- globs --------------------------------------------------------------------------------------
 
 
-def path_matches(globs: Iterable[str], path: str) -> bool:
+def path_matches(globs: Iterable[str], path: str, directories: frozenset[str] | None = None) -> bool:
     """True when repository-relative `path` matches any of the gitignore-style `globs`.
 
-    One matcher for the whole project: footprints, drift and lane-owned files agree.
+    One matcher for the whole project: footprints, drift and lane-owned files agree. With
+    `directories` (a tree's), a literal glob covers what is under it only where it names one
+    of them (`globs.path_matches`), as admission reads footprints.
     """
     from .globs import path_matches as matches
 
-    return any(matches(g, path) for g in globs if g.strip())
+    return any(matches(g, path, directories) for g in globs if g.strip())
 
 
 def commit_worktree(

@@ -25,6 +25,7 @@ from ..db.models import Attempt, Run, Story, utcnow
 from ..errors import GitError, StopRequested
 from ..gitconfig_guard import CONFIG_CHANGED_PREFIX, changed_files
 from ..states import AttemptState, Phase, RunState, StoryState
+from ..treedirs import tree_directories
 from . import leases
 from .childenv import child_env, sandbox_vars
 from .agentpause import PauseRun, check_budget, pause_run, settle_unavailable
@@ -492,4 +493,7 @@ class StoryWorker:
             return []
         declared = list(story.footprint.get("files", [])) + list(story.footprint.get("shared", []))
         ignored = [self.ctx.board_rel] if self.ctx.board_rel else []
-        return [p for p in changed if p not in ignored and not matches_any(p, declared)]
+        # Read the footprint as admission did: a literal path covers a folder only if the
+        # story's base has that folder (`newdir` is a file, `newdir/` a folder).
+        directories = tree_directories(self.git, story.base_sha)
+        return [p for p in changed if p not in ignored and not matches_any(p, declared, directories)]

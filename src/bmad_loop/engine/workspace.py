@@ -61,5 +61,7 @@ class Workspace(ABC):
         """The lane, after the story landed: remove what the story no longer needs."""
 
 
-def matches_any(path: str, patterns) -> bool:
-    return path_matches(list(patterns), path)
+def matches_any(path: str, patterns, directories: frozenset[str] | None = None) -> bool:
+    """Does any pattern cover `path`? With `directories` (a tree's), a literal pattern covers
+    what is under it only where it names one of them, as admission reads footprints."""
+    return path_matches(list(patterns), path, directories)
