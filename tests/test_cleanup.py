@@ -268,12 +268,23 @@ def test_cleanup_runs_keeps_the_newest_runs_removes_older_files_and_purge_remove
     logs = repo.root / ".bmad-loop" / "logs"
     assert (logs / older).is_dir() and (logs / newer).is_dir()
 
+    # Work a run kept aside under its own namespace (a restacked story's head) is its to lose.
+    head = repo.git("rev-parse", "main")
+    kept_old = f"refs/bmad-loop/{older}/restacked/{ALPHA.key}/1"
+    kept_new = f"refs/bmad-loop/{newer}/restacked/{BETA.key}/1"
+    repo.git("update-ref", kept_old, head)
+    repo.git("update-ref", kept_new, head)
+
     dry = cleanup_json(repo, "--runs", "--dry-run")
     assert dry["runs_pruned"] == [older] and (logs / older).is_dir()
+    assert kept_old in dry["refs_deleted"] and repo.git("rev-parse", kept_old) == head
 
     report = cleanup_json(repo, "--runs")
     assert report["runs_pruned"] == [older]
     assert not (logs / older).exists() and (logs / newer).is_dir()
+    assert kept_old in report["refs_deleted"] and kept_new not in report["refs_deleted"]
+    assert repo.git("for-each-ref", f"refs/bmad-loop/{older}") == ""
+    assert repo.git("rev-parse", kept_new) == head
     # Rows and journal of the pruned run stay.
     assert repo.status(older)["run"]["state"] == "completed"
     assert any(e["kind"] == "run.completed" for e in repo.journal(older))

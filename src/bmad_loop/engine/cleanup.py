@@ -16,8 +16,9 @@ next worker recreates it from the branch.
 
 Each host cleans only its own debris: what is in its own repository (or clone) and rows that
 carry its host name. In remote mode, story branches on the remote that no row owns go too.
-`--runs` also removes logs, prompts, evidence, scratch folders and worktrees of finished runs
-beyond `[cleanup] keep_runs` (rows stay unless `--purge`).
+`--runs` also removes logs, prompts, evidence, scratch folders, worktrees and the refs kept
+under `refs/bmad-loop/<run>/` (a restacked story's work) of finished runs beyond
+`[cleanup] keep_runs` (rows stay unless `--purge`).
 """
 
 from __future__ import annotations
@@ -224,15 +225,22 @@ def _retention(project, report, *, dry_run, purge, say) -> None:
         finished = list(s.scalars(select(Run).where(Run.project == project.key,
                                                     Run.state.in_(RUN_TERMINAL))
                                   .order_by(Run.created_at.desc(), Run.id.desc())))
+    git = project.git()
     for run in finished[keep:]:
         say(f"prune finished run {run.id}")
         report.runs_pruned.append(run.id)
+        # Work the run kept aside under its own ref namespace (a restacked story's branch head,
+        # engine/restack.py) goes with the run's other files.
+        kept_refs = [r for r in git.out("for-each-ref", "--format=%(refname)",
+                                        f"refs/bmad-loop/{run.id}").splitlines() if r]
+        report.refs_deleted.extend(kept_refs)
         if dry_run:
             continue
+        for ref in kept_refs:
+            delete_ref(git, ref)
         for folder in RUN_FOLDERS:
             target = project.path(folder, run.id)
             if folder in ("worktrees", "candidates") and target.is_dir():
-                git = project.git()
                 for leaf in target.iterdir():
                     remove_worktree(git, leaf)
             shutil.rmtree(target, ignore_errors=True)
