@@ -32,6 +32,7 @@ Not a test: nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 import time
@@ -81,6 +82,14 @@ MATCH = [
 ]
 
 
+def _timed(per_op: dict[str, list[float]], name: str, fn):
+    """`fn()`, its wall time appended to `per_op[name]`."""
+    t = time.perf_counter()
+    out = fn()
+    per_op.setdefault(name, []).append(time.perf_counter() - t)
+    return out
+
+
 def bare(root: Path, count: int, write: bool, tag: str = "a") -> tuple[list[float], dict[str, list[float]]]:
     """The loop's unavoidable git work, by hand; per-story seconds and per-operation seconds."""
     target = f"bench-bare-target-{tag}"
@@ -89,12 +98,7 @@ def bare(root: Path, count: int, write: bool, tag: str = "a") -> tuple[list[floa
     folder.mkdir(parents=True, exist_ok=True)
     per_story: list[float] = []
     per_op: dict[str, list[float]] = {}
-
-    def timed(name, fn):
-        t = time.perf_counter()
-        out = fn()
-        per_op.setdefault(name, []).append(time.perf_counter() - t)
-        return out
+    timed = functools.partial(_timed, per_op)
 
     for i in range(count):
         branch, wt = f"bench-bare/{tag}{i}", folder / f"{tag}{i}"
@@ -131,12 +135,7 @@ def bare_reuse(root: Path, count: int) -> dict[str, list[float]]:
     target = git(root, "rev-parse", "refs/heads/main")
     git(root, "worktree", "add", "-q", "--detach", str(spare), target)
     per_op: dict[str, list[float]] = {}
-
-    def timed(name, fn):
-        t = time.perf_counter()
-        out = fn()
-        per_op.setdefault(name, []).append(time.perf_counter() - t)
-        return out
+    timed = functools.partial(_timed, per_op)
 
     for i in range(count):
         branch, wt = f"bench-reuse/{i}", folder / f"reuse{i}"

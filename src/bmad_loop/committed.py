@@ -18,6 +18,7 @@ import posixpath
 from pathlib import Path
 
 from .errors import ConfigError, GitError
+from .treeedit import cat_file_batch
 
 __all__ = ["CommittedTree", "FolderTree", "uncommitted"]
 
@@ -94,17 +95,8 @@ class CommittedTree(_Tree):
             raise KeyError(missing[0])
         if not rels:
             return {}
-        request = "".join(self._files[r] + "\n" for r in rels).encode("ascii")
-        out = self.git.run("cat-file", "--batch", input=request).stdout
-        contents: dict[str, bytes] = {}
-        pos = 0
-        for rel in rels:
-            newline = out.index(b"\n", pos)
-            header = out[pos:newline].split(b" ")
-            size = int(header[2])
-            contents[rel] = out[newline + 1:newline + 1 + size]
-            pos = newline + 1 + size + 1  # the blob, then one newline
-        return contents
+        found = cat_file_batch(self.git, [self._files[r] for r in rels])  # blob ids: never missing
+        return {rel: obj[1] for rel, obj in zip(rels, found)}
 
 
 class FolderTree(_Tree):

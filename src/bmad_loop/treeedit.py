@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git
 
-__all__ = ["blob_at", "blobs_at", "replace_blob", "replace_blobs"]
+__all__ = ["blob_at", "blobs_at", "cat_file_batch", "replace_blob", "replace_blobs"]
 
 _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
 
@@ -31,6 +31,29 @@ def blob_at(git: Git, commit: str, path: str) -> bytes | None:
     return None
 
 
+def cat_file_batch(git: Git, objects: Sequence[str]) -> list[tuple[str, bytes] | None]:
+    """Each object's (type, content), through one ``git cat-file --batch``; None where git
+    says it is missing or ambiguous. The protocol is line-based: no name may hold a newline."""
+    if not objects:
+        return []
+    request = "".join(f"{o}\n" for o in objects).encode("utf-8", "surrogateescape")
+    out = git.run("cat-file", "--batch", input=request).stdout
+    found: list[tuple[str, bytes] | None] = []
+    pos = 0
+    for _ in objects:
+        end = out.index(b"\n", pos)
+        line = out[pos:end]
+        pos = end + 1
+        if line.endswith((b" missing", b" ambiguous")):  # "<name> missing"
+            found.append(None)
+            continue
+        header = line.split(b" ")  # "<sha> <type> <size>"
+        size = int(header[2])
+        found.append((header[1].decode("ascii"), out[pos:pos + size]))
+        pos += size + 1  # the content, then one newline
+    return found
+
+
 def blobs_at(git: Git, tree: str, paths: Sequence[str]) -> dict[str, bytes | None]:
     """`blob_at` for several paths of one commit or tree, through one ``cat-file --batch``.
     A path that holds no file (absent, or a folder) maps to None."""
@@ -39,22 +62,9 @@ def blobs_at(git: Git, tree: str, paths: Sequence[str]) -> dict[str, bytes | Non
         return {}
     if any("\n" in p for p in paths):  # the batch protocol is line-based
         return {p: blob_at(git, tree, p) for p in paths}
-    request = "".join(f"{tree}:{p}\n" for p in paths).encode("utf-8", "surrogateescape")
-    out = git.run("cat-file", "--batch", input=request).stdout
-    found: dict[str, bytes | None] = {}
-    pos = 0
-    for p in paths:
-        end = out.index(b"\n", pos)
-        line = out[pos:end]
-        pos = end + 1
-        if line.endswith((b" missing", b" ambiguous")):  # "<name> missing": no such path
-            found[p] = None
-            continue
-        header = line.split(b" ")  # "<sha> <type> <size>"
-        size = int(header[2])
-        found[p] = out[pos:pos + size] if header[1] == b"blob" else None
-        pos += size + 1
-    return found
+    found = cat_file_batch(git, [f"{tree}:{p}" for p in paths])
+    return {p: (obj[1] if obj is not None and obj[0] == "blob" else None)
+            for p, obj in zip(paths, found)}
 
 
 def replace_blob(git: Git, tree: str, path: str, content: bytes | None) -> str:

@@ -102,11 +102,15 @@ class Claim:
 def make_workspace(policy, git, layout, target, *, root: Path, profile=None) -> Workspace:
     """The workspace the policy's `[scm] isolation` asks for."""
     scm = policy.scm
-    seeds = list(scm.worktree_seed)
+    fixed = list(scm.worktree_seed)
     if scm.seed_adapter_defaults and profile is not None:
-        seeds += list(profile.seed_files)
-    if scm.seed_bmad and scm.isolation != "none":
-        seeds += [p for p in bmad_seeds(git, root) if p not in seeds]
+        fixed += list(profile.seed_files)
+
+    def seeds() -> list[str]:  # listed on first use: it costs a git process
+        if not scm.seed_bmad or scm.isolation == "none":
+            return fixed
+        return fixed + [p for p in bmad_seeds(git, root) if p not in fixed]
+
     kind = InPlaceWorkspace if scm.isolation == "none" else WorktreeWorkspace
     return kind(git, layout, target, scm, root=root, seeds=seeds)
 

@@ -10,6 +10,7 @@ policy. (`WorktreeWorkspace` lives in worktree_workspace.py.)
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,15 @@ class Workspace(ABC):
         self.target = target  # targets.Target
         self.scm = scm        # the policy's [scm] section
         self.root = Path(root)
-        self.seeds = list(seeds)
+        self._seeds = seeds
+
+    @functools.cached_property
+    def seeds(self) -> list[str]:
+        """Untracked files copied into each worktree and never committed. `seeds` may be a
+        callable: then they are listed on first use, so a workspace that never prepares or
+        commits a story (the lane's) never pays for the listing."""
+        source = self._seeds
+        return list(source() if callable(source) else source)
 
     @abstractmethod
     def usable(self, worktree: str | None) -> bool:
