@@ -38,6 +38,8 @@ __all__ = [
     "checkout_of",
     "ensure_worktree",
     "ensure_detached_worktree",
+    "admin_dir",
+    "move_worktree",
     "remove_worktree",
     "delete_branch",
     "delete_ref",
@@ -190,6 +192,35 @@ def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
         _add(git, path, sha, detach=True)
 
 
+def admin_dir(git: Git, path: Path) -> Path | None:
+    """The admin entry (``<common dir>/worktrees/<id>``) of the linked worktree at `path`, read
+    from its ``.git`` file; None when `path` is not a linked worktree of this repository (the
+    main checkout, another repository's worktree, a plain folder)."""
+    try:
+        text = (path / ".git").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    if not text.startswith("gitdir:"):
+        return None
+    named = Path(os.path.join(path, text[len("gitdir:"):].strip()))
+    try:
+        named = named.resolve()
+        if named.parent != (git.common_dir() / "worktrees").resolve() or not named.is_dir():
+            return None
+    except OSError:
+        return None
+    return named
+
+
+def move_worktree(git: Git, source: Path, dest: Path) -> None:
+    """``worktree move`` `source` to `dest` (a path that must not exist yet): the folder is
+    renamed and git's registration follows it, so nothing is checked out again."""
+    source, dest = _abs(source), _abs(dest)
+    with repo_lock(git):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        git.run("worktree", "move", source, dest)
+
+
 def remove_worktree(git: Git, path: Path) -> None:
     """Remove the worktree at `path`, its folder and its registration. Missing is fine."""
     path = _abs(path)
@@ -274,17 +305,7 @@ def _find_in(listing: list[WorktreeInfo], path: Path) -> WorktreeInfo | None:
 def _linked(git: Git, path: Path) -> bool:
     """Is `path` a linked worktree of this repository? Its ``.git`` is a file naming an admin
     entry under ``<common dir>/worktrees/`` (the main checkout's names the common dir itself)."""
-    try:
-        text = (path / ".git").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    if not text.startswith("gitdir:"):
-        return False
-    named = Path(os.path.join(path, text[len("gitdir:"):].strip()))
-    try:
-        return named.resolve().parent == (git.common_dir() / "worktrees").resolve()
-    except OSError:
-        return False
+    return admin_dir(git, path) is not None
 
 
 def _registered(git: Git, path: Path) -> bool:

@@ -41,6 +41,7 @@ from .retry import FaultPersisted, pause_for_fault, retrying
 from .runs import lane_rows, run_policy, stories_of
 from .stacking import layers_under, stack
 from .transitions import transition_run, transition_story
+from .worktree_pool import drain_pool, drain_run_pool
 
 __all__ = ["tick"]
 
@@ -108,6 +109,7 @@ def tick(project, tasks, run_id: str, holder=None) -> None:
             if transition_run(s, run_id, RUN_LIVE, state=RunState.FAILED, reason=f"lane error: {exc}",
                               ended_at=utcnow()):
                 record(s, run_id, "run.failed", reason=f"lane error: {exc}")
+        drain_run_pool(project, run_id, policy)  # parked worktrees go when the run settles
         notify(db, policy, run_id, "run.failed", reason=str(exc))
 
 
@@ -449,6 +451,7 @@ class _Lane:
 
     def _end_pause(self, state: RunState, reason: str) -> None:
         """Settle as paused (from running or pausing) or stopped (from stopping)."""
+        drain_pool(self.integrator.git, self.integrator.layout)  # no worktree parked past the run
         expected = (RunState.STOPPING,) if state == RunState.STOPPED else (RunState.RUNNING, RunState.PAUSING)
         with self.db.transaction() as s:
             if transition_run(s, self.run_id, expected, state=state, reason=reason):
@@ -458,6 +461,7 @@ class _Lane:
         notify(self.db, self.policy, self.run_id, f"run.{state}", reason=reason)
 
     def _complete(self) -> None:
+        drain_pool(self.integrator.git, self.integrator.layout)  # no worktree parked past the run
         with self.db.transaction() as s:
             if transition_run(s, self.run_id, (RunState.RUNNING,), state=RunState.COMPLETED, ended_at=utcnow(),
                               reason=None):

@@ -1,17 +1,21 @@
 """`isolation = "worktree"`: each story in its own git worktree, on its own branch.
 
 With `branch_per = "run"` the stories share one run branch and worktree, taken up to the
-target after each integration.
+target after each integration. With `branch_per = "story"` in local mode, an integrated story's
+worktree is parked and the next new story takes it instead of a fresh checkout
+(worktree_pool.py).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 from ..compose import commit_worktree
 from ..worktrees import ensure_worktree, remove_worktree
 from .workspace import Prepared, Workspace
+from .worktree_pool import clear_interrupted_take, park, pool_size, take
 
 __all__ = ["WorktreeWorkspace"]
 
@@ -42,6 +46,12 @@ class WorktreeWorkspace(Workspace):
             start = existing
             # Resumed on its own branch: the story's changes are measured from the fork point.
             base_sha = self.git.out("merge-base", existing, base_sha)
+        elif self._pooled:
+            # A new story: a parked worktree of an integrated one, if the pool has any.
+            clear_interrupted_take(self.git, worktree)
+            if not os.path.lexists(worktree) and take(self.git, self.layout, worktree, branch, start):
+                self._seed(worktree)
+                return Prepared(worktree, base_sha)
         ensure_worktree(self.git, worktree, branch, start, branch_head=head)
         self._seed(worktree)
         return Prepared(worktree, base_sha)
@@ -59,9 +69,17 @@ class WorktreeWorkspace(Workspace):
         if self.shared_branch:
             return  # the run branch and its worktree serve the next story
         if self.target.lane_removes_story_worktrees and story.worktree:
-            remove_worktree(self.git, Path(story.worktree))
+            if not (story.branch and park(self.git, Path(story.worktree), story.branch, self.layout,
+                                          size=pool_size(self.scm.max_parallel),
+                                          seeds=lambda: self.seeds)):
+                remove_worktree(self.git, Path(story.worktree))
         if delete_branch and story.branch:
             self.target.delete_story_branch(story.branch)
+
+    @property
+    def _pooled(self) -> bool:
+        """Worktrees are parked and taken: one branch per story, removed by this host's lane."""
+        return not self.shared_branch and self.target.lane_removes_story_worktrees
 
     def _seed(self, worktree: Path) -> None:
         """Copy untracked seed files (policy list + the agent profile's config) into a worktree."""

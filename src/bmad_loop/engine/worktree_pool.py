@@ -1,0 +1,248 @@
+"""A run's pool of parked worktrees: a landed story's worktree serves the next new story.
+
+Removing a worktree and checking out the next one costs a full checkout (0.2–1.3 s for 2,000
+files on a slow disk); switching a kept worktree to the next story's branch rewrites only the
+files that differ. So, in local worktree isolation with one branch per story, the lane *parks*
+an integrated story's worktree instead of removing it, and the worker of the next new story
+*takes* it.
+
+- **Park** (the lane, after integration; `park`): only when nothing of the story can be lost
+  and nothing of it can leak. The worktree is a linked worktree of this repository at the
+  run's own story path, still on the story's branch; `git status` reports it clean (seed files
+  aside); its admin entry (``<common dir>/worktrees/<id>``) holds nothing beyond what every
+  worktree has (`_ADMIN_FILES`): no ``locked`` file, no per-worktree ``config.worktree`` an
+  agent could have planted, no half-done merge, rebase, cherry-pick or bisect, no per-worktree
+  refs. Then its HEAD is detached (so the branch can be deleted) and ``worktree move`` puts it
+  at ``worktrees/<run>/.pool/<n>``, n from 1 to the pool's size. Otherwise, or when the pool
+  is full, the caller removes it as before.
+- **Take** (the worker, preparing a story that has no branch yet; `take`): ``worktree move``
+  of the first parked worktree to the story's path, ``clean -ffdx`` (ignored build output of
+  the last story must not reach the next agent), then ``checkout -f --no-track -b <branch>
+  <base>``, which makes the branch and leaves exactly the base's tree. Any failure removes
+  that worktree and says no, and the caller makes the worktree with ``worktree add`` as before:
+  the pool never fails a story. Cleaning before the checkout means an interrupted take leaves
+  either a parked worktree, a detached one at the story's path (no branch yet: `prepare`
+  removes it, `clear_interrupted_take`), or a finished one.
+- **Drain** (the lane, when the run completes, pauses or stops; `drain_pool`): every parked
+  worktree is removed, so a settled run leaves no worktree behind. ``bmad-loop cleanup``
+  removes the parked worktrees of runs that are not live (a crash between park and take).
+
+Choosing and moving a parked worktree happen under the repository lock (`gitcmd.repo_lock`),
+as ``worktree add`` and ``remove`` do, so two workers never take the same one and a take never
+meets a park half way. ``.pool`` begins with a dot, which git refuses at the start of a branch
+name component, so no story key (a branch name's last component) can ever be that folder.
+
+The pool holds at most ``[scm] max_parallel`` worktrees (at most that many stories start at
+once, so more would only wait); ``BMAD_LOOP_WORKTREE_POOL=<n>`` in the environment of the
+consumers sets another size, and 0 turns reuse off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+from ..errors import GitError
+from ..gitcmd import repo_lock
+from ..worktrees import admin_dir, move_worktree, remove_worktree
+
+__all__ = ["POOL_DIR", "POOL_ENV", "pool_dir", "pool_size", "parked", "park", "take",
+           "drain_pool", "drain_run_pool", "clear_interrupted_take"]
+
+log = logging.getLogger(__name__)
+
+POOL_DIR = ".pool"
+POOL_ENV = "BMAD_LOOP_WORKTREE_POOL"
+
+# What the admin entry of a worktree holds after `worktree add`, commits and the worker's own
+# steps. Anything else (locked, config.worktree, MERGE_HEAD, rebase-merge, BISECT_LOG, refs/,
+# info/, modules/ …) means the worktree is not parked.
+_ADMIN_FILES = frozenset({"HEAD", "ORIG_HEAD", "FETCH_HEAD", "AUTO_MERGE", "COMMIT_EDITMSG",
+                          "index", "commondir", "gitdir", "logs"})
+_SHA = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
+
+
+def pool_dir(layout) -> Path:
+    """``<state>/worktrees/<run>/.pool``: beside the run's story worktrees."""
+    return layout.state_dir / "worktrees" / layout.run_id / POOL_DIR
+
+
+def pool_size(max_parallel: int) -> int:
+    """How many worktrees a run may keep parked: `max_parallel`, or ``BMAD_LOOP_WORKTREE_POOL``."""
+    raw = os.environ.get(POOL_ENV, "").strip()
+    if not raw:
+        return max_parallel
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        log.warning("%s=%r is not a number; the pool holds %d", POOL_ENV, raw, max_parallel)
+        return max_parallel
+
+
+def parked(layout) -> list[Path]:
+    """The run's parked worktrees, in slot order (no git)."""
+    folder = pool_dir(layout)
+    try:
+        names = [n for n in os.listdir(folder) if n.isdigit()]
+    except OSError:
+        return []
+    return [folder / n for n in sorted(names, key=int)]
+
+
+def park(git, worktree: Path, branch: str, layout, *, size: int, seeds=()) -> Path | None:
+    """Park the landed story's `worktree` (on `branch`) in the run's pool; its slot, or None
+    when it is not safe to keep or the pool is full (the caller then removes it). Never raises
+    for git's reasons: a failure is logged and answered None. `seeds` (or a callable giving
+    them, asked only when the worktree holds untracked files) are the untracked files every
+    worktree gets."""
+    if size < 1:
+        return None
+    path = _abs(worktree)
+    if path.parent != _abs(layout.state_dir / "worktrees" / layout.run_id) or path.name == POOL_DIR:
+        return None  # not one of this run's story worktrees
+    try:
+        admin = admin_dir(git, path)
+        if admin is None or not _admin_plain(admin) or _head(admin) != f"ref: refs/heads/{branch}":
+            return None
+        if len(parked(layout)) >= size or not _clean(git, path, seeds):
+            return None
+        with repo_lock(git):
+            slot = next((pool_dir(layout) / str(n) for n in range(1, size + 1)
+                         if not os.path.lexists(pool_dir(layout) / str(n))), None)
+            if slot is None:
+                return None
+            git.run("checkout", "-q", "--detach", cwd=path)
+            move_worktree(git, path, slot)
+        return slot
+    except (GitError, OSError) as exc:
+        log.warning("could not park %s (%s); it is removed instead", path, exc)
+        return None
+
+
+def take(git, layout, worktree: Path, branch: str, start_sha: str) -> bool:
+    """Make `worktree` (nothing there yet) a checkout of `start_sha` on the new `branch` from a
+    parked worktree. False when the pool is empty or anything failed; then nothing is at
+    `worktree` and `branch` was not made, and the caller adds a worktree as usual."""
+    path = _abs(worktree)
+    if not parked(layout):
+        return False  # the common first story: no lock, no git
+    with repo_lock(git):
+        source = _first_usable(git, layout)
+        if source is None:
+            return False
+        try:
+            move_worktree(git, source, path)
+        except (GitError, OSError) as exc:
+            log.warning("could not take parked worktree %s (%s); adding one instead", source, exc)
+            _quietly_remove(git, source)
+            _quietly_remove(git, path)
+            return False
+    try:
+        # Clean first: what the last story left (ignored build output included) goes before
+        # the branch exists, so a take cut short here is a detached worktree prepare removes.
+        git.run("clean", "-q", "-ffdx", cwd=path)
+        admin = admin_dir(git, path)
+        if admin is not None:
+            (admin / "logs" / "HEAD").unlink(missing_ok=True)  # the last story's HEAD history
+        with repo_lock(git):
+            git.run("checkout", "-q", "-f", "--no-track", "-b", branch, start_sha, cwd=path)
+    except (GitError, OSError) as exc:
+        log.warning("could not switch parked worktree %s to %s (%s); adding one instead",
+                    path, branch, exc)
+        _quietly_remove(git, path)
+        return False
+    return True
+
+
+def clear_interrupted_take(git, worktree: Path) -> None:
+    """A detached worktree at a story's path whose branch does not exist yet is a take that was
+    cut short (a story's own worktree is always on its branch): remove it, so the story's
+    worktree is made again."""
+    path = _abs(worktree)
+    if not os.path.lexists(path):
+        return
+    admin = admin_dir(git, path)
+    if admin is not None and _SHA.fullmatch(_head(admin)):
+        remove_worktree(git, path)
+
+
+def drain_pool(git, layout) -> list[str]:
+    """Remove every parked worktree of the run (it settled). Returns their paths. Never raises:
+    what it could not remove, ``bmad-loop cleanup`` does."""
+    removed = []
+    for slot in parked(layout):
+        if _quietly_remove(git, slot):
+            removed.append(str(slot))
+    try:
+        pool_dir(layout).rmdir()
+    except OSError:
+        pass  # absent (no pool), or something is left for cleanup
+    return removed
+
+
+# -- internals ----------------------------------------------------------------------------------
+
+
+def _abs(path: Path) -> Path:
+    return Path(os.path.abspath(os.fspath(path)))
+
+
+def _head(admin: Path) -> str:
+    try:
+        return (admin / "HEAD").read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _admin_plain(admin: Path) -> bool:
+    """Nothing in the admin entry beyond what every worktree has (see `_ADMIN_FILES`)."""
+    if not set(os.listdir(admin)) <= _ADMIN_FILES:
+        return False
+    logs = admin / "logs"
+    return not logs.exists() or set(os.listdir(logs)) <= {"HEAD"}
+
+
+def _clean(git, path: Path, seeds) -> bool:
+    """`git status` shows nothing but untracked seed files (copied in, never committed)."""
+    out = git.run("status", "--porcelain", "-z", "--untracked-files=all", cwd=path).stdout
+    records = [r for r in out.split("\0") if r]
+    if any(not r.startswith("?? ") for r in records):
+        return False
+    if not records:
+        return True
+    names = [s.rstrip("/") for s in (seeds() if callable(seeds) else seeds)]
+    prefixes = tuple(n + "/" for n in names)
+    return all(r[3:] in names or r[3:].startswith(prefixes) for r in records)
+
+
+def _first_usable(git, layout) -> Path | None:
+    """The first parked worktree still fit to take (caller holds the lock); unfit ones go."""
+    for slot in parked(layout):
+        admin = admin_dir(git, slot)
+        if admin is not None and _admin_plain(admin) and _SHA.fullmatch(_head(admin)):
+            return slot
+        _quietly_remove(git, slot)
+    return None
+
+
+def _quietly_remove(git, path: Path) -> bool:
+    try:
+        remove_worktree(git, path)
+        return True
+    except (GitError, OSError) as exc:
+        log.warning("could not remove worktree %s (%s); `bmad-loop cleanup` will", path, exc)
+        return False
+
+
+def drain_run_pool(project, run_id: str, policy) -> list[str]:
+    """`drain_pool` for a run known by id (the lane's error path, which has no lane object)."""
+    from .layout import Layout
+
+    try:
+        git = project.git(policy)
+    except Exception:  # the lane is failing already; cleanup removes what is left
+        log.warning("could not drain the worktree pool of run %s", run_id, exc_info=True)
+        return []
+    return drain_pool(git, Layout(project.state_dir, run_id))
