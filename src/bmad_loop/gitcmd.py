@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bmad_loop import gitlocks
+from bmad_loop import gitlocks, refread
 from bmad_loop.board import branch_name_ok  # re-exported: the one check, git's rules in pure Python
 from bmad_loop.errors import GitError, TransientError
 
@@ -331,7 +331,13 @@ class Git:
     # -- reading ---------------------------------------------------------------------------
 
     def rev(self, ref: str, cwd: Path | None = None) -> str | None:
-        """Full sha of the commit `ref` names, or None when it names none."""
+        """Full sha of the commit `ref` names, or None when it names none.
+
+        ``HEAD`` and ``refs/heads/<branch>`` are read from git's files when they are plain
+        (`refread`); anything else, or anything unusual there, asks ``git rev-parse``."""
+        found = refread.read_commit_ref(cwd if cwd is not None else self.repo_dir, ref)
+        if found is not refread.UNKNOWN:
+            return found
         proc = self.run(
             "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}",
             cwd=cwd, check=False,
