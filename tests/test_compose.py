@@ -12,6 +12,7 @@ from bmad_loop.compose import (
     blob_at,
     cas_advance,
     changed_paths,
+    changed_status,
     commit_worktree,
     compose,
     dirty_paths,
@@ -20,8 +21,10 @@ from bmad_loop.compose import (
     replace_blob,
     sync_checkout,
 )
+from bmad_loop.checkout_sync import index_path
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git
+from bmad_loop.targets.local import LocalTarget
 from bmad_loop.worktrees import ensure_worktree
 from support import git_repo
 
@@ -419,3 +422,57 @@ def test_sync_checkout_refuses_a_checkout_that_is_not_on_the_advanced_branch(git
     with pytest.raises(GitError, match="not on the advanced branch"):
         sync_checkout(git, git.repo_dir, old, new)  # main was never advanced
     assert (git.repo_dir / "src/b.py").read_text() == "b\n"
+
+
+def test_commit_worktree_without_an_agent_commit_commits_all_but_the_reverted_files(git, story):
+    base = git.rev("main")
+    (story / BOARD).write_text("1-1-a: done\n")  # lane-owned, uncommitted
+    (story / "src/b.py").unlink()
+    (story / "src/new.py").write_text("new\n")
+    head, reverted = commit_worktree(git, story, "msg", base, [BOARD])
+    assert reverted == [BOARD]
+    assert head != base and parents(git, head) == [base]
+    assert changed_paths(git, base, head) == ["src/b.py", "src/new.py"]
+    assert dirty_paths(git, story) == set()
+
+
+def test_changed_status_names_each_path_s_change_and_answers_a_pair_again_alike(git, story):
+    base = git.rev("main")
+    git.run("rm", "-q", "run.sh", cwd=story)
+    head = commit(git, story, {"src/a.py": a_with(2, "x"), "src/new.py": "n\n"}, "s")
+    expected = {"run.sh": "D", "src/a.py": "M", "src/new.py": "A"}
+    assert changed_status(git, base, head) == expected
+    again = changed_status(git, base, head)
+    assert again == expected and changed_paths(git, base, head) == sorted(expected)
+    again["x"] = "A"  # a caller's copy: the next answer is unchanged
+    assert changed_status(git, base, head) == expected
+    assert changed_status(git, head, base) == {"run.sh": "A", "src/a.py": "M", "src/new.py": "D"}
+
+
+def test_the_held_checkout_follows_the_advance_and_keeps_unrelated_local_changes(git, story):
+    target = LocalTarget(git, "main")
+    old = git.rev("main")
+    new = commit(git, story, {"src/a.py": a_with(1, "story"), "src/new.py": "n\n",
+                              "src/b.py": None}, "story")
+    checkout = git.repo_dir
+    (checkout / "README").write_text("local edit\n")
+    (checkout / "notes.txt").write_text("staged note\n")
+    git.run("add", "notes.txt")
+    assert index_path(git, checkout) == Path(
+        git.out("rev-parse", "--path-format=absolute", "--git-path", "index"))
+    with target.checkout_held() as held:
+        assert held == checkout
+        assert overlapping_dirty(git, checkout, old, new) == []
+        assert target.advance(new, old)
+        target.sync_checkout(checkout, old, new)
+        target.sync_checkout(checkout, old, new)  # idempotent: a resumed lane syncs again
+    assert (checkout / "src/a.py").read_text() == a_with(1, "story")
+    assert (checkout / "src/new.py").exists() and not (checkout / "src/b.py").exists()
+    assert (checkout / "README").read_text() == "local edit\n"
+    assert dirty_paths(git, checkout) == {"README", "notes.txt"}
+    assert git.out("diff", "--cached", "--name-only") == "notes.txt"
+
+
+def test_a_linked_worktree_s_index_is_its_own(git, story):
+    assert index_path(git, story) == Path(
+        git.out("rev-parse", "--path-format=absolute", "--git-path", "index", cwd=story))

@@ -6,18 +6,24 @@ swap until the checkout follows; `sync_held_checkout` does the following under t
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
-from .compose import changed_paths
+from .compose import changed_status
 from .errors import GitError
 from .gitcmd import Git, is_full_sha
+from .gitlocks import git_dirs
 
 __all__ = ["index_path", "sync_held_checkout"]
 
 
 def index_path(git: Git, checkout: Path) -> Path:
     """The index file of `checkout` (a linked worktree has its own under the common dir)."""
+    if os.path.lexists(Path(checkout) / ".git"):  # its own top level: found without git
+        dirs = git_dirs(Path(checkout))
+        if dirs is not None and (dirs[0] / "HEAD").is_file():
+            return dirs[0] / "index"  # GIT_INDEX_FILE, which could move it, is never passed on
     raw = git.out("rev-parse", "--git-path", "index", cwd=checkout)
     path = Path(raw)
     return path if path.is_absolute() else (Path(checkout) / path)
@@ -35,12 +41,12 @@ def sync_held_checkout(git: Git, checkout: Path, lock, old: str, new: str) -> No
     head = git.rev("HEAD", cwd=checkout)
     if head != (new if is_full_sha(new) else git.rev(new)):  # a full SHA needs no look-up
         raise GitError(f"{checkout} is at {head}, not at {new}: it is not on the advanced branch")
-    touched = changed_paths(git, old, new)
-    if not touched:
+    # One diff names what changes and what goes (the dirty check before the CAS asked the same).
+    status = changed_status(git, old, new)
+    if not status:
         return
-    gone = [p for p in git.run("diff-tree", "-r", "-z", "--name-only", "--no-renames",
-                                 "--diff-filter=D", old, new).stdout.split("\0") if p]
-    kept = set(touched) - set(gone)
+    gone = [p for p, letter in status.items() if letter == "D"]
+    kept = set(status) - set(gone)
     scratch = lock.index.with_name(lock.index.name + ".bmad-loop-sync")
     if lock.index.exists():
         shutil.copyfile(lock.index, scratch)

@@ -22,6 +22,8 @@ under it; ``\\`` escapes. ``!`` negation is not supported.
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,7 @@ __all__ = [
     "STRATEGIES",
     "dirty_paths",
     "changed_paths",
+    "changed_status",
     "blob_at",
     "replace_blob",
     "replace_blobs",
@@ -82,21 +85,36 @@ def dirty_paths(git: Git, worktree: Path) -> set[str]:
 
 def changed_paths(git: Git, base: str, head: str) -> list[str]:
     """Paths that differ between commits (or trees) `base` and `head`, renames as two paths."""
-    return _diff_names(git, base, head)
+    return list(changed_status(git, base, head))
 
 
-def _diff_names(git: Git, base: str, head: str, *filters: str) -> list[str]:
-    raw = git.run(
-        "diff-tree", "-r", "-z", "--name-only", "--no-renames", *filters, base, head
-    ).stdout
-    return [p for p in raw.split("\0") if p]
+# The diff of two full SHAs never changes (objects are named by their content): the lane's
+# dirty check and its checkout sync ask for the same pair, and git is run for it once.
+_DIFFS: OrderedDict[tuple[str, str, str], dict[str, str]] = OrderedDict()
+_DIFFS_KEPT = 16
+_DIFFS_LOCK = threading.Lock()
 
 
-def _diff_status(git: Git, base: str, head: str) -> dict[str, str]:
-    """{path: status letter} between commits (or trees) `base` and `head`, renames as two."""
+def changed_status(git: Git, base: str, head: str) -> dict[str, str]:
+    """{path: status letter (A, D, M, T)} between commits (or trees) `base` and `head`, in
+    git's path order, renames as a deletion and an addition."""
+    key = (os.fspath(git.repo_dir), base, head)
+    cacheable = is_full_sha(base) and is_full_sha(head)
+    if cacheable:
+        with _DIFFS_LOCK:
+            known = _DIFFS.get(key)
+            if known is not None:
+                _DIFFS.move_to_end(key)
+                return dict(known)
     raw = git.run("diff-tree", "-r", "-z", "--name-status", "--no-renames", base, head).stdout
     fields = raw.split("\0")
-    return {fields[i + 1]: fields[i][:1] for i in range(0, len(fields) - 1, 2) if fields[i + 1]}
+    status = {fields[i + 1]: fields[i][:1] for i in range(0, len(fields) - 1, 2) if fields[i + 1]}
+    if cacheable:
+        with _DIFFS_LOCK:
+            _DIFFS[key] = dict(status)
+            while len(_DIFFS) > _DIFFS_KEPT:
+                _DIFFS.popitem(last=False)
+    return status
 
 
 def _tree_of(git: Git, rev: str) -> str:
@@ -171,6 +189,7 @@ def commit_worktree(
     spec = (["--", "."] + [f":(exclude,literal){p}" for p in exclude]) if exclude else []
     git.run("add", "-A", *spec, cwd=worktree)
     reverted: list[str] = []
+    staged: bool | None = None  # known without asking git again?
     if revert_globs:
         # Once everything is staged, one diff of the index against the base names every path
         # the story changed, in its own commits or not (and says which the base lacks).
@@ -189,11 +208,18 @@ def commit_worktree(
             for p in added:
                 if os.path.lexists(worktree / p):
                     os.unlink(worktree / p)
-    staged = git.run("diff-index", "--cached", "--quiet", "HEAD", "--", cwd=worktree, check=False)
-    if staged.returncode not in (0, 1):
-        raise GitError(f"cannot tell what is staged in {worktree}", returncode=staged.returncode,
-                       stderr=staged.stderr)
-    if staged.returncode == 1:
+        if is_full_sha(base_sha) and git.rev("HEAD", cwd=worktree) == base_sha:
+            # No commit of the agent's: the index now differs from HEAD exactly where it
+            # differs from the base, i.e. in what the diff named and nothing put back.
+            staged = bool(set(changes) - set(reverted))
+    if staged is None:
+        proc = git.run("diff-index", "--cached", "--quiet", "HEAD", "--", cwd=worktree,
+                       check=False)
+        if proc.returncode not in (0, 1):
+            raise GitError(f"cannot tell what is staged in {worktree}",
+                           returncode=proc.returncode, stderr=proc.stderr)
+        staged = proc.returncode == 1
+    if staged:
         git.run(
             "-c", "commit.gpgsign=false", "commit", "--no-verify", "--quiet", "-m", message,
             cwd=worktree, env=git.identity_env(),
@@ -425,7 +451,7 @@ def overlapping_dirty(git: Git, checkout: Path, old: str, new: str) -> list[str]
     reverse), and also files on disk — even ignored ones, which ``read-tree -u`` would overwrite
     without a word — where the advance creates a file.
     """
-    status = _diff_status(git, old, new)  # one diff: what changes, and what is created
+    status = changed_status(git, old, new)  # one diff: what changes, and what is created
     touched = set(status)
     if not touched:
         return []
