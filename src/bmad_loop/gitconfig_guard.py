@@ -31,6 +31,8 @@ import stat
 import threading
 from pathlib import Path
 
+from bmad_loop import gitconfig_inputs
+
 __all__ = ["project_hooks_dir", "pin_hooks", "fingerprint", "changes", "changed_files",
            "ConfigWatch", "PINNED_DIRNAME", "CONFIG_CHANGED_PREFIX"]
 
@@ -56,11 +58,17 @@ exec "$hook" "$@"
 
 def _config_entries(git, cwd: Path) -> tuple[list[tuple[str, str, str, str]], str | None]:
     """(scope, origin, key, value) of every configuration entry git reads in `cwd`, the command
-    line's left out; and git's complaint when it cannot read them."""
+    line's left out; and git's complaint when it cannot read them. git is asked again only when
+    a file it reads for them changed (`gitconfig_inputs`)."""
+    found, error = gitconfig_inputs.entries(git, Path(cwd), _read_entries)
+    return list(found), error
+
+
+def _read_entries(git, cwd: Path) -> tuple[tuple[tuple[str, str, str, str], ...], str | None]:
     proc = git.run("config", "--list", "-z", "--show-origin", "--show-scope", "--includes",
                    cwd=cwd, check=False)
     if proc.returncode != 0:
-        return [], (proc.stderr or "").strip() or f"git config exit {proc.returncode}"
+        return (), (proc.stderr or "").strip() or f"git config exit {proc.returncode}"
     fields = proc.stdout.split("\0")
     entries = []
     for i in range(0, len(fields) - 2, 3):
@@ -69,7 +77,7 @@ def _config_entries(git, cwd: Path) -> tuple[list[tuple[str, str, str, str]], st
             continue
         key, _, value = item.partition("\n")
         entries.append((scope, _origin(origin, cwd), key.lower(), value))
-    return entries, None
+    return tuple(entries), None
 
 
 def _origin(origin: str, cwd: Path) -> str:
