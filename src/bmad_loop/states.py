@@ -143,7 +143,8 @@ STORY_TRANSITIONS: dict[StoryState, frozenset[StoryState]] = {
     S.QUEUED: frozenset({S.PENDING, S.WORKING}),
     S.WORKING: frozenset({S.PENDING, S.QUEUED, S.READY, S.ESCALATED}),
     S.READY: frozenset({S.INTEGRATING, S.PENDING}),  # pending: restacked (restack.py)
-    S.INTEGRATING: frozenset({S.HELD, S.INTEGRATED, S.ESCALATED}),
+    # ready: its speculative candidate was given up (one below it failed, or the run stopped)
+    S.INTEGRATING: frozenset({S.HELD, S.INTEGRATED, S.ESCALATED, S.READY}),
     S.HELD: frozenset({S.READY, S.ESCALATED}),
     S.ESCALATED: frozenset({S.PENDING}),
     S.BLOCKED: frozenset({S.PENDING}),

@@ -240,6 +240,10 @@ class Candidate(Base):
     evidence: Mapped[str | None] = mapped_column(Text)  # path of a JSON file
     reason: Mapped[str | None] = mapped_column(Text)
     verify_s: Mapped[float | None] = mapped_column(Float)
+    # Its place in the lane's stack of speculative candidates (1 = composed on the target) and
+    # the candidate it was composed on (None: on the target itself).
+    stack: Mapped[int | None] = mapped_column(Integer)
+    on_candidate_id: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
     ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
 

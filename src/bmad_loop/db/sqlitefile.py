@@ -24,6 +24,12 @@ __all__ = ["check_sqlite_file", "check_folder_writable", "sqlite_error_message"]
 _MAGIC = b"SQLite format 3\x00"
 _HEADER = 100
 
+# Files this process has checked, and may since hold SQLite connections on. They are never
+# opened here again: POSIX locks belong to the process, and closing *any* descriptor of the
+# file drops every lock SQLite holds on it through its connections; another process could then
+# checkpoint the WAL under a reader here ("database disk image is malformed").
+_checked: set[str] = set()
+
 
 def _header_problem(path: Path) -> str | None:
     try:
@@ -57,6 +63,9 @@ def check_sqlite_file(path: Path, what: str) -> None:
     right now (its first page half-written, a checkpoint growing it) is not taken for damage.
     """
     path = Path(path)
+    key = os.path.abspath(path)
+    if key in _checked:
+        return
     if not path.exists():
         return
     problem = _header_problem(path)
@@ -66,6 +75,7 @@ def check_sqlite_file(path: Path, what: str) -> None:
     if problem:
         raise ConfigError(f"{path}: the {what} is unusable: {problem}; it was left untouched "
                           "(restore it, or move it aside to start afresh)")
+    _checked.add(key)
 
 
 def check_folder_writable(folder: Path, what: str) -> None:

@@ -83,48 +83,80 @@ class Integrator:
 
     # ------------------------------------------------------------------ one attempt
     def _one_composition(self, story: Story) -> str:
-        strategy = self.policy.scm.merge_strategy
+        begun = self.begin_on_target(story)
+        if isinstance(begun, str):
+            return begun
+        cand_id, attempt, target_sha, branch_sha = begun
+        sha = self.compose_candidate(story, cand_id, attempt, target_sha, branch_sha)
+        if sha is None:
+            return self._escalate(story, cand_id, self.candidate_reason(cand_id))
+        verdict = self._verify(story, cand_id, attempt, sha, target_sha, branch_sha)
+        if verdict != CandidateState.VERIFIED:
+            return verdict
+        crash_point("lane.after_verify")
+        return self.land(story, cand_id, attempt, sha, target_sha)
+
+    def land(self, story: Story, cand_id: int, attempt: int, sha: str, target_sha: str) -> str:
+        """A verified candidate: hold it for sign-off, or advance the target to it."""
+        if self._needs_sign_off(story):
+            return self._hold(story, cand_id, attempt, sha)
+        return self._advance(story, cand_id, attempt, sha, target_sha)
+
+    def begin_on_target(self, story: Story) -> tuple[int, int, str, str] | str:
+        """The checks before composing on the target itself, then the candidate row:
+        (row id, attempt, target SHA, branch SHA), or the story's state when it escalated."""
         with self.db.transaction() as s:
-            attempts = s.scalar(select(func.count()).select_from(Candidate)
-                                .where(Candidate.story_id == story.id)) or 0
             stale = s.scalar(select(func.count()).select_from(Candidate)
                              .where(Candidate.story_id == story.id, Candidate.state == CandidateState.STALE)) or 0
         if stale > self.policy.limits.max_recompose:
             return self._escalate(story, None, f"target kept moving: {stale} stale compositions "
                                   f"(max_recompose = {self.policy.limits.max_recompose})")
-        attempt = attempts + 1
         target_sha = self.target.sha()
         self._check_foreign_move(story, target_sha)
-        branch_sha = story.head_sha
         missing = self._fetch_story(story)
         if missing:
             return self._escalate(story, None, missing)
+        cand_id, attempt = self.new_candidate(story, target_sha, stack=1, on_id=None)
+        return cand_id, attempt, target_sha, story.head_sha
+
+    def new_candidate(self, story: Story, on_sha: str, *, stack: int, on_id: int | None) -> tuple[int, int]:
+        """A `composing` row for the story's next attempt, composed on `on_sha`."""
         with self.db.transaction() as s:
-            cand = Candidate(run_id=self.run_id, story_id=story.id, attempt=attempt,
-                             strategy=strategy, state=CandidateState.COMPOSING, target_sha=target_sha,
-                             branch_sha=branch_sha)
+            attempts = s.scalar(select(func.count()).select_from(Candidate)
+                                .where(Candidate.story_id == story.id)) or 0
+            cand = Candidate(run_id=self.run_id, story_id=story.id, attempt=attempts + 1,
+                             strategy=self.policy.scm.merge_strategy, state=CandidateState.COMPOSING,
+                             target_sha=on_sha, branch_sha=story.head_sha, stack=stack,
+                             on_candidate_id=on_id)
             s.add(cand)
             s.flush()
-            cand_id = cand.id
-        comp = self._compose(story, strategy, target_sha, branch_sha)
+            return cand.id, cand.attempt
+
+    def compose_candidate(self, story: Story, cand_id: int, attempt: int, on_sha: str,
+                          branch_sha: str) -> str | None:
+        """Compose the candidate on `on_sha` and move its row to `verifying`: its SHA. On a
+        conflict the row becomes `conflict` (tree and evidence kept) and None is returned;
+        escalating the story is the caller's call."""
+        strategy = self.policy.scm.merge_strategy
+        comp = self._compose(story, strategy, on_sha, branch_sha)
         ref = self.layout.candidate_ref(story.key, attempt)
         if comp.conflicts:
-            return self._conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)
+            self._record_conflict(story, cand_id, attempt, comp, on_sha, branch_sha, ref)
+            return None
         self.git.run("update-ref", ref, comp.sha)
         crash_point("lane.after_compose")
         with self.db.transaction() as s:
             cand = s.get(Candidate, cand_id)
             cand.candidate_sha, cand.ref, cand.state = comp.sha, ref, CandidateState.VERIFYING
             record(s, self.run_id, "candidate.composed", story.key, attempt=attempt,
-                   strategy=strategy, target_sha=target_sha, branch_sha=branch_sha,
-                   candidate_sha=comp.sha, rebased=comp.rebased)
-        verdict = self._verify(story, cand_id, attempt, comp.sha, target_sha, branch_sha)
-        if verdict != CandidateState.VERIFIED:
-            return verdict
-        crash_point("lane.after_verify")
-        if self._needs_sign_off(story):
-            return self._hold(story, cand_id, attempt, comp.sha)
-        return self._advance(story, cand_id, attempt, comp.sha, target_sha)
+                   strategy=strategy, target_sha=on_sha, branch_sha=branch_sha,
+                   candidate_sha=comp.sha, rebased=comp.rebased, stack=cand.stack,
+                   **({"on": cand.on_candidate_id} if cand.on_candidate_id else {}))
+        return comp.sha
+
+    def candidate_reason(self, cand_id: int) -> str:
+        with self.db.transaction() as s:
+            return s.get(Candidate, cand_id).reason or "candidate failed"
 
     def _compose(self, story: Story, strategy: str, target_sha: str, branch_sha: str) -> Composition:
         """The candidate. A story that started on a stacked base brings only its own commits
@@ -170,24 +202,44 @@ class Integrator:
         return StoryState.HELD
 
     def _verify(self, story, cand_id, attempt, sha, target_sha, branch_sha) -> str:
+        worktree = self.candidate_checkout(story.key, attempt, sha)
+        result = self.run_candidate_verify(story.key, attempt, worktree, self._verify_env())
+        if self.record_verdict(story, cand_id, attempt, result, worktree, target_sha, branch_sha, sha):
+            return CandidateState.VERIFIED
+        return self._escalate(story, cand_id, f"candidate verification failed: {result.failed_command}")
+
+    def candidate_checkout(self, key: str, attempt: int, sha: str) -> Path | None:
+        """The detached worktree verification runs in (none without verify commands)."""
+        if not self.policy.verify.commands:
+            return None
+        worktree = self.layout.candidate_worktree(key, attempt)
+        ensure_detached_worktree(self.git, worktree, sha)
+        return worktree
+
+    def run_candidate_verify(self, key: str, attempt: int, worktree: Path | None, env: dict,
+                             stop_event=None):
+        return run_verify(self.policy.verify.commands, cwd=worktree or self.project.root,
+                          log_path=self.layout.verify_log(key, f"candidate-{attempt}"),
+                          timeout_s=self.policy.verify.timeout_s, env=env,
+                          run_id=self.run_id, thaw_after_s=self.policy.leases.ttl_s,
+                          stop_event=stop_event)
+
+    def record_verdict(self, story, cand_id, attempt, result, worktree, target_sha, branch_sha,
+                       sha) -> bool:
+        """Write the verification's outcome on a `verifying` row: True for `verified`. A row
+        that is no longer `verifying` (given up meanwhile) is left as it is: False."""
         commands = self.policy.verify.commands
-        worktree = None
-        if commands:
-            worktree = self.layout.candidate_worktree(story.key, attempt)
-            ensure_detached_worktree(self.git, worktree, sha)
-        result = run_verify(commands, cwd=worktree or self.project.root,
-                            log_path=self.layout.verify_log(story.key, f"candidate-{attempt}"),
-                            timeout_s=self.policy.verify.timeout_s, env=self._verify_env(),
-                            run_id=self.run_id, thaw_after_s=self.policy.leases.ttl_s)
         with self.db.transaction() as s:
             cand = s.get(Candidate, cand_id)
+            if cand.state != CandidateState.VERIFYING:
+                return False
             cand.worktree = str(worktree) if worktree else None
             cand.verify_s = round(result.duration_s, 3)
             if result.ok:
                 cand.state = CandidateState.VERIFIED
                 record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,
                        duration_s=cand.verify_s, commands=len(commands))
-                return CandidateState.VERIFIED
+                return True
         evidence = self._write_evidence(story.key, attempt, {
             "kind": "verify-failed", "story": story.key, "attempt": attempt,
             "target_sha": target_sha, "branch_sha": branch_sha, "candidate_sha": sha,
@@ -196,11 +248,13 @@ class Integrator:
         })
         with self.db.transaction() as s:
             cand = s.get(Candidate, cand_id)
+            if cand.state != CandidateState.VERIFYING:
+                return False
             cand.state, cand.evidence, cand.ended_at = CandidateState.VERIFY_FAILED, str(evidence), utcnow()
-            cand.reason = f"verify failed on the candidate: {result.failed_command}"
+            cand.reason = f"candidate verification failed: {result.failed_command}"
             record(s, self.run_id, "candidate.verify_failed", story.key, attempt=attempt,
                    command=result.failed_command, evidence=str(evidence))
-        return self._escalate(story, cand_id, f"candidate verification failed: {result.failed_command}")
+        return False
 
     def _verify_env(self) -> dict:
         env = child_env()
@@ -311,12 +365,7 @@ class Integrator:
             return None
         target_now = self.target.sha()
         if cand.candidate_sha and target_now == cand.candidate_sha:
-            # The CAS happened but the row was not written: that counts as advanced. The
-            # checkout may be half-way (a crash during its sync): the sync is idempotent.
-            with self._checkout_held() as checkout:
-                if checkout is not None:
-                    self.target.sync_checkout(checkout, cand.target_sha, cand.candidate_sha)
-            return self._finish(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
+            return self.finish_after_crash(story, cand)
         # A lane in another clone (the old one's host died) lacks the candidate: recompose.
         here = cand.candidate_sha and self.git.rev(cand.candidate_sha) is not None
         if cand.state in (CandidateState.VERIFIED, CandidateState.ADVANCING) and target_now == cand.target_sha and here:
@@ -329,8 +378,16 @@ class Integrator:
                    was=cand.state, reason=row.reason)
         return None
 
+    def finish_after_crash(self, story: Story, cand: Candidate) -> str:
+        """The CAS to `cand` happened but the row was not written: that counts as advanced. The
+        checkout may be half-way (a crash during its sync): the sync is idempotent."""
+        with self._checkout_held() as checkout:
+            if checkout is not None:
+                self.target.sync_checkout(checkout, cand.target_sha, cand.candidate_sha)
+        return self._finish(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
+
     # ------------------------------------------------------------------ outcomes
-    def _conflict(self, story, cand_id, attempt, comp, target_sha, branch_sha, ref) -> str:
+    def _record_conflict(self, story, cand_id, attempt, comp, target_sha, branch_sha, ref) -> None:
         # Keep the conflicted tree (with markers) as a commit and a worktree for a human.
         preserved = None
         if comp.tree:
@@ -353,11 +410,9 @@ class Integrator:
             cand.ref = ref if preserved else None
             cand.candidate_sha = preserved
             cand.worktree = str(worktree) if worktree else None
-            cand.reason = f"conflict in {', '.join(comp.conflicts)}"
+            cand.reason = f"merge conflict with the target in {', '.join(comp.conflicts)}"
             record(s, self.run_id, "candidate.conflict", story.key, attempt=attempt,
                    paths=list(comp.conflicts), evidence=str(evidence))
-        return self._escalate(story, cand_id, f"merge conflict with the target in "
-                              f"{', '.join(comp.conflicts)}")
 
     def _escalate(self, story, cand_id, reason: str) -> str:
         with self.db.transaction() as s:

@@ -18,8 +18,6 @@ Ticks are idempotent: a duplicate or late tick finds nothing to do.
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from pathlib import Path
 
 from sqlalchemy import select
@@ -30,13 +28,15 @@ from ..db.models import Run, Story, utcnow
 from ..gitconfig_guard import CONFIG_CHANGED_PREFIX
 from ..footprint import Footprint
 from ..treedirs import tree_directories
-from ..states import RUN_LIVE, STORY_IN_FLIGHT, STORY_DONE, STORY_PARKED, RunState, StoryState
+from ..states import RUN_LIVE, STORY_IN_FLIGHT, STORY_DONE, STORY_PARKED, RunState, StopMode, StoryState
 from .admission import ConflictIndex, StoryView, admit
 from .integrate import Integrator, LaneFenced, TargetMoved
 from .journal import record
+from .lanememo import run_memo
 from .notify import notify
 from .recovery import recover_orphans
 from .restack import restack_stale
+from .speculation import Stack, speculating, verifying_here
 from .retry import FaultPersisted, pause_for_fault, retrying
 from .runs import lane_rows, run_policy, stories_of
 from .stacking import layers_under, stack
@@ -48,33 +48,6 @@ __all__ = ["tick"]
 log = logging.getLogger(__name__)
 
 FOREIGN_MOVE_PREFIX = "target moved by someone else"
-
-# Kept across ticks (a tick makes a fresh `_Lane`), per (project, run): the run's conflict
-# relation (see conflictindex.py) and the keys the target's board marks done at the target
-# commit last read. A handful of runs at most.
-_MEMO_RUNS = 16
-_memo: OrderedDict[tuple[str, str], "_RunMemo"] = OrderedDict()
-_memo_lock = threading.Lock()
-
-
-class _RunMemo:
-    def __init__(self):
-        self.lock = threading.Lock()  # one lane per run, but a test may also tick by hand
-        self.index = ConflictIndex()
-        self.board_done: tuple[str, frozenset[str]] | None = None  # (target sha, done keys)
-
-
-def _run_memo(project, run_id: str) -> _RunMemo:
-    key = (str(project.key), run_id)
-    with _memo_lock:
-        memo = _memo.get(key)
-        if memo is None:
-            memo = _memo[key] = _RunMemo()
-            while len(_memo) > _MEMO_RUNS:
-                _memo.popitem(last=False)
-        _memo.move_to_end(key)
-        return memo
-
 
 def tick(project, tasks, run_id: str, holder=None) -> None:
     """One lane tick for `run_id`. `holder` is this lane's lease holder (None: unfenced, as
@@ -123,7 +96,9 @@ class _Lane:
         self.integrator = Integrator(project, run, policy,
                                      fence=holder.still_holds if holder is not None else None)
         self.pause_on_escalation = policy.parallel.on_escalation == "pause"
-        self.memo = _run_memo(project, run.id)
+        self.memo = run_memo(project, run.id)
+        self.stack = (Stack(self, policy.verify.depth(run.max_parallel))
+                      if speculating(policy, run.max_parallel) else None)
 
     def loop(self) -> None:
         recover_orphans(self.db, self.tasks, self.run_id, self.policy.leases.ttl_s)
@@ -135,6 +110,8 @@ class _Lane:
             if run.state not in RUN_LIVE:
                 return
             if restack_stale(self.db, self.integrator.git, self.run_id, stories):
+                continue
+            if self._stop_now(run):
                 continue
             if self._dispatch_first(run, stories):
                 continue
@@ -186,6 +163,11 @@ class _Lane:
         with self.db.transaction() as s:
             return s.get(Run, self.run_id), lane_rows(s, self.run_id)
 
+    def _stop_now(self, run: Run) -> bool:
+        """`stop --now` ends the stack's verifications too (their stories wait as ready)."""
+        return (self.stack is not None and run.state == RunState.STOPPING
+                and run.stop_mode == StopMode.NOW and self.stack.give_up_all("stopped (now)"))
+
     # ------------------------------------------------------------ 0. dispatch first
     def _dispatch_first(self, run: Run, stories: list[Story]) -> bool:
         """Start what can start before integrating, when that cannot change the history.
@@ -210,6 +192,8 @@ class _Lane:
             return False
         if self._integration_held(run):
             return False
+        if self.stack is not None:  # several candidates at once (speculation.py)
+            return self.stack.step(run, stories)
         for story in stories:
             if story.state in STORY_DONE:
                 continue
@@ -221,24 +205,32 @@ class _Lane:
                 continue
             if story.state not in (StoryState.READY, StoryState.INTEGRATING):
                 return False  # the earliest open story is not finished: later ones wait
-            try:
-                outcome = self.integrator.integrate(story.id)
-            except TargetMoved as moved:
-                self._request_pause(f"{FOREIGN_MOVE_PREFIX}{moved}; inspect it, then "
-                                    "`bmad-loop resume` adopts the target as it is",
-                                    pause="foreign-move", story=story.key)
-                return True
-            if outcome == StoryState.HELD:
-                notify(self.db, self.policy, self.run_id, "story.held", story=story.key,
-                       reason="waiting for operator sign-off")
-            if outcome == StoryState.INTEGRATED and story.done_checkpoint:
-                self._request_pause(f"checkpoint after {story.key}", pause="checkpoint",
-                                    story=story.key)
-            if outcome == StoryState.ESCALATED:
-                notify(self.db, self.policy, self.run_id, "story.escalated", story=story.key,
-                       reason=self._story(story.id).reason)
+            outcome = self._landing(story, lambda: self.integrator.integrate(story.id))
+            if outcome is not None:
+                self._after_integration(story, outcome)
             return True
         return False
+
+    def _landing(self, story, action):
+        """Run an integration step; a target someone else moved pauses the run (None)."""
+        try:
+            return action()
+        except TargetMoved as moved:
+            self._request_pause(f"{FOREIGN_MOVE_PREFIX}{moved}; inspect it, then "
+                                "`bmad-loop resume` adopts the target as it is",
+                                pause="foreign-move", story=story.key)
+            return None
+
+    def _after_integration(self, story, outcome: str) -> None:
+        if outcome == StoryState.HELD:
+            notify(self.db, self.policy, self.run_id, "story.held", story=story.key,
+                   reason="waiting for operator sign-off")
+        if outcome == StoryState.INTEGRATED and story.done_checkpoint:
+            self._request_pause(f"checkpoint after {story.key}", pause="checkpoint",
+                                story=story.key)
+        if outcome == StoryState.ESCALATED:
+            notify(self.db, self.policy, self.run_id, "story.escalated", story=story.key,
+                   reason=self._story(story.id).reason)
 
     # ------------------------------------------------------------ 2. escalation
     def _pause_for_escalation(self, run: Run, stories: list[Story]) -> bool:
@@ -394,6 +386,8 @@ class _Lane:
         in_flight = [s for s in stories if s.state in STORY_IN_FLIGHT]
         if in_flight:
             return  # workers will wake the lane when they finish
+        if verifying_here(self.run_id):
+            return  # so will the stack's verifications
         states = {s.state for s in stories}
         if run.state == RunState.STOPPING:
             return self._end_pause(RunState.STOPPED, run.reason or "stopped")

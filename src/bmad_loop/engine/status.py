@@ -86,10 +86,13 @@ def story_json(story: Story, now=None, usage: dict | None = None) -> dict:
     }
 
 
-def candidate_json(candidate: Candidate, story_key: str) -> dict:
+def candidate_json(candidate: Candidate, story_key: str, on: dict | None = None) -> dict:
+    """`on`: the candidate it was composed on ({story, attempt}); None: on the target."""
     return {
         "story": story_key,
         "attempt": candidate.attempt,
+        "stack": candidate.stack or 1,
+        "on": on,
         "strategy": candidate.strategy,
         "state": candidate.state,
         "ref": candidate.ref,
@@ -108,13 +111,22 @@ def run_status(session, run: Run, target_now: str | None = None) -> dict:
     keys = {s.id: s.key for s in stories}
     candidates = list(session.scalars(select(Candidate).where(Candidate.run_id == run.id)
                                       .order_by(Candidate.id)))
+    by_id = {c.id: c for c in candidates}
     now = utcnow()
     usage = usage_by_story(session, run.id)
     return {
         "run": run_json(run, target_now),
         "stories": [story_json(s, now, usage.get(s.id)) for s in stories],
-        "candidates": [candidate_json(c, keys.get(c.story_id, "?")) for c in candidates],
+        "candidates": [candidate_json(c, keys.get(c.story_id, "?"), _on(c, by_id, keys))
+                       for c in candidates],
     }
+
+
+def _on(candidate: Candidate, by_id: dict, keys: dict) -> dict | None:
+    below = by_id.get(candidate.on_candidate_id) if candidate.on_candidate_id else None
+    if below is None:
+        return None
+    return {"story": keys.get(below.story_id, "?"), "attempt": below.attempt}
 
 
 def journal_lines(session, run_id: str, after_seq: int = 0, kinds=(), story=None) -> list[dict]:

@@ -91,6 +91,11 @@ class LimitsPolicy:
 class VerifyPolicy:
     commands: tuple[str, ...] = ()  # shell strings
     timeout_s: int = seconds(1800, 1)
+    # How many speculative candidates the lane verifies at once; None: the run's max_parallel.
+    parallel: int | None = setting(None, checks=(at_least(1), at_most(MAX_PARALLEL)))
+
+    def depth(self, max_parallel: int) -> int:
+        return self.parallel if self.parallel is not None else max_parallel
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,331 @@
+"""Speculative candidates: several verified at once, the target advanced through them in order.
+
+With `[verify] commands` and a depth d = `[verify] parallel` (default `[scm] max_parallel`)
+above 1, the lane does not wait for one candidate's verification before it composes the next.
+It keeps a *stack* of up to d candidates in plan order — C1 = target + S1, C2 = C1 + S2, … —
+each checked out in its own candidate worktree and verified by a thread of the lane's process,
+all at once. The target advances through them one by one, each by compare-and-swap from its
+predecessor, and only to a candidate whose own verification passed: the target only ever points
+at a verified tree, and its sequence of trees is the one-at-a-time lane's (composition is
+deterministic, so C2 is the very commit the one-at-a-time lane would compose on C1).
+
+A candidate's verdict counts only once every candidate under it has advanced: when Ck fails
+(verification or a conflict), the candidates above it are given up at once (`abandoned`, their
+stories back to `ready`), and Sk escalates when Ck reaches the bottom. Then `on_escalation`
+decides as for any escalation: `pause` stops there, `continue` composes the later stories again
+without Sk. No batching: each tree the target takes was verified on its own.
+
+Everything is in the rows: a story in the stack is `integrating`, its candidate records its
+place (`stack`) and what it was composed on (`on_candidate_id`). A lane in a fresh process
+(after a crash) finds the stack in the rows, restarts the verifications no thread here is
+running, and goes on; a stack whose chain does not hold any more is given up from the first
+broken link and composed again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from ..db.models import Candidate, Run, Story, utcnow
+from ..states import STORY_DONE, CandidateState, RunState, StoryState
+from .journal import record
+from .ports import lane_block, port_env
+from .childenv import child_env
+from .transitions import transition_story
+
+__all__ = ["Stack", "speculating", "verifying_here"]
+
+log = logging.getLogger(__name__)
+
+_LIVE = (CandidateState.COMPOSING, CandidateState.VERIFYING, CandidateState.VERIFIED,
+         CandidateState.ADVANCING)
+_FAILED = (CandidateState.VERIFY_FAILED, CandidateState.CONFLICT)
+
+
+@dataclass
+class _Verification:
+    run_id: str
+    slot: int
+    stop: threading.Event
+    thread: threading.Thread | None = None
+
+
+# Candidate id -> its verification running in this process. Rows say `verifying`; this says
+# whether anyone here is actually doing it (a fresh process after a crash: nobody).
+_running: dict[int, _Verification] = {}
+_running_lock = threading.Lock()
+
+
+def speculating(policy, max_parallel: int) -> bool:
+    """Does this run's lane keep a stack? Only when there is something slow to overlap."""
+    return bool(policy.verify.commands) and policy.verify.depth(max_parallel) > 1
+
+
+def verifying_here(run_id: str) -> bool:
+    with _running_lock:
+        return any(v.run_id == run_id for v in _running.values())
+
+
+@dataclass
+class _Entry:
+    story: Story
+    cand: Candidate | None
+
+
+class Stack:
+    """One lane tick's view of the run's stack; `step` does one thing and says whether it did."""
+
+    def __init__(self, lane, depth: int):
+        self.lane = lane
+        self.integrator = lane.integrator
+        self.db = lane.db
+        self.run_id = lane.run_id
+        self.policy = lane.policy
+        self.depth = depth
+
+    # ------------------------------------------------------------------ one step
+    def step(self, run: Run, stories) -> bool:
+        entries = self._entries(stories)
+        if self._repair(run, entries):
+            return True
+        if entries and self._resolve_bottom(run, stories, entries[0]):
+            return True
+        self._keep_verifying(entries)
+        return self._extend(run, stories, entries)
+
+    def give_up_all(self, reason: str) -> bool:
+        """`stop --now`: every candidate not yet advancing is given up, its story back to ready."""
+        entries = self._entries(None)
+        keep = [e for e in entries if e.cand is not None and e.cand.state == CandidateState.ADVANCING]
+        return self._give_up([e for e in entries if e not in keep], reason)
+
+    # ------------------------------------------------------------------ reading the rows
+    def _entries(self, _stories) -> list[_Entry]:
+        """The stories in the stack (`integrating`), in plan order, each with its latest candidate."""
+        with self.db.transaction() as s:
+            rows = list(s.scalars(select(Story).where(Story.run_id == self.run_id,
+                                                      Story.state == StoryState.INTEGRATING)
+                                  .order_by(Story.seq)))
+            latest: dict[int, Candidate] = {}
+            if rows:
+                for cand in s.scalars(select(Candidate).where(
+                        Candidate.story_id.in_([r.id for r in rows])).order_by(Candidate.attempt)):
+                    latest[cand.story_id] = cand
+            return [_Entry(r, latest.get(r.id)) for r in rows]
+
+    def _first_open(self, stories, after_seq: int | None = None):
+        """The earliest story in plan order (after `after_seq`) the lane must deal with next, or
+        None when the scan stops before any (a held story; an escalated one under `pause`)."""
+        for story in stories:
+            if after_seq is not None and story.seq <= after_seq:
+                continue
+            if story.state in STORY_DONE:
+                continue
+            if story.state == StoryState.HELD:
+                return None
+            if story.state in (StoryState.ESCALATED, StoryState.BLOCKED):
+                if self.lane.pause_on_escalation:
+                    return None
+                continue
+            return story
+        return None
+
+    # ------------------------------------------------------------------ repair
+    def _repair(self, run: Run, entries: list[_Entry]) -> bool:
+        """Give up the stack from its first broken link: a candidate missing, interrupted while
+        composing, or composed on something other than the one under it (the bottom: on the
+        target the lane last advanced to); and everything above a failed candidate."""
+        broken = None
+        for i, entry in enumerate(entries):
+            cand = entry.cand
+            if cand is None or cand.state not in _LIVE + _FAILED or cand.state == CandidateState.COMPOSING:
+                broken = i
+                break
+            if i == 0:
+                if cand.target_sha != run.head_sha and not self._already_advanced(cand):
+                    broken = i
+                    break
+            else:
+                below = entries[i - 1].cand
+                if below.state in _FAILED or cand.on_candidate_id != below.id:
+                    broken = i
+                    break
+        if broken is None:
+            return False
+        below = entries[broken - 1].cand if broken else None
+        if below is not None and below.state in _FAILED:
+            why = f"the candidate under it ({entries[broken - 1].story.key}) failed"
+        else:
+            why = "its stack no longer holds (interrupted, or composed on a candidate given up)"
+        return self._give_up(entries[broken:], why)
+
+    def _already_advanced(self, cand: Candidate) -> bool:
+        """The CAS to this candidate happened but its row was not written (a crash)."""
+        return (cand.state in (CandidateState.VERIFIED, CandidateState.ADVANCING)
+                and cand.candidate_sha is not None
+                and self.integrator.target.sha(fetch=False) == cand.candidate_sha)
+
+    def _give_up(self, entries: list[_Entry], reason: str) -> bool:
+        changed = False
+        for entry in entries:
+            cand = entry.cand
+            if cand is not None:
+                _stop(cand.id)
+            with self.db.transaction() as s:
+                if cand is not None:
+                    row = s.get(Candidate, cand.id)
+                    if row.state in _LIVE:
+                        was = row.state
+                        row.state, row.ended_at, row.reason = CandidateState.ABANDONED, utcnow(), reason
+                        record(s, self.run_id, "candidate.abandoned", entry.story.key,
+                               attempt=row.attempt, was=was, stack=row.stack, reason=reason)
+                        changed = True
+                if transition_story(s, entry.story.id, StoryState.INTEGRATING, state=StoryState.READY):
+                    record(s, self.run_id, "story.unstacked", entry.story.key, reason=reason)
+                    changed = True
+        return changed
+
+    # ------------------------------------------------------------------ the bottom
+    def _resolve_bottom(self, run: Run, stories, entry: _Entry) -> bool:
+        """Advance the target to the bottom candidate once it is verified; escalate its story
+        once it failed (its verdict counts now: everything under it has advanced)."""
+        if not self._lane_may_land(run):
+            return False
+        first = self._first_open(stories)
+        if first is None or first.id != entry.story.id:
+            return False
+        cand = entry.cand
+        if cand.state in _FAILED:
+            outcome = self.integrator._escalate(entry.story, cand.id, cand.reason or "candidate failed")
+            self.lane._after_integration(entry.story, outcome)
+            return True
+        if cand.state not in (CandidateState.VERIFIED, CandidateState.ADVANCING):
+            return False  # still verifying
+        if self._already_advanced(cand):
+            outcome = self.integrator.finish_after_crash(entry.story, cand)
+        else:
+            outcome = self.lane._landing(entry.story, lambda: self.integrator.land(
+                entry.story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha))
+        if outcome is not None:
+            self.lane._after_integration(entry.story, outcome)
+        return True
+
+    def _lane_may_land(self, run: Run) -> bool:
+        return run.state in (RunState.RUNNING, RunState.PAUSING) and not self.lane._integration_held(run)
+
+    # ------------------------------------------------------------------ verification
+    def _keep_verifying(self, entries: list[_Entry]) -> None:
+        """Every `verifying` candidate has a verification running here (a lane in a fresh
+        process restarts the ones a crash cut short)."""
+        for entry in entries:
+            if entry.cand is not None and entry.cand.state == CandidateState.VERIFYING:
+                with _running_lock:
+                    running = entry.cand.id in _running
+                if not running:
+                    with self.db.transaction() as s:
+                        record(s, self.run_id, "candidate.reverifying", entry.story.key,
+                               attempt=entry.cand.attempt, stack=entry.cand.stack,
+                               reason="its verification was not running in this lane (restarted)")
+                    self._start(entry.story, entry.cand)
+
+    def _start(self, story: Story, cand: Candidate) -> None:
+        integrator = self.integrator
+        worktree = integrator.candidate_checkout(story.key, cand.attempt, cand.candidate_sha)
+        with _running_lock:
+            if cand.id in _running:
+                return
+            used = {v.slot for v in _running.values() if v.run_id == self.run_id}
+            slot = min(i for i in range(len(used) + 1) if i not in used)
+            job = _running[cand.id] = _Verification(self.run_id, slot, threading.Event())
+        env = child_env()
+        env.update(port_env(_slot_block(self.policy, slot, self.depth)))
+        tasks, run_id = self.lane.tasks, self.run_id
+        cand_id, attempt = cand.id, cand.attempt
+        target_sha, branch_sha, sha = cand.target_sha, cand.branch_sha, cand.candidate_sha
+
+        def verify() -> None:
+            try:
+                result = integrator.run_candidate_verify(story.key, attempt, worktree, env,
+                                                         stop_event=job.stop)
+                if not job.stop.is_set():
+                    integrator.record_verdict(story, cand_id, attempt, result, worktree,
+                                              target_sha, branch_sha, sha)
+            except Exception:  # the row stays `verifying`; the next tick starts it again
+                log.exception("verification of candidate %s (%s) failed to run", cand_id, story.key)
+            finally:
+                with _running_lock:
+                    _running.pop(cand_id, None)
+                try:
+                    tasks.enqueue_lane(run_id)  # the lane advances, escalates or settles now
+                except Exception:
+                    log.exception("could not wake the lane of run %s", run_id)
+
+        job.thread = threading.Thread(target=verify, name=f"verify-{story.key}-{attempt}",
+                                      daemon=True)
+        job.thread.start()
+
+    # ------------------------------------------------------------------ extending
+    def _extend(self, run: Run, stories, entries: list[_Entry]) -> bool:
+        """Compose the next ready story in plan order on the top of the stack (or on the
+        target, when the stack is empty) and start its verification."""
+        if len(entries) >= self.depth or not self._lane_may_land(run):
+            return False
+        top = entries[-1] if entries else None
+        if top is not None:
+            if top.cand.state not in (CandidateState.VERIFYING, CandidateState.VERIFIED):
+                return False  # failed (its story escalates at the bottom) or advancing
+            if top.story.merge_class == "operator" and not top.story.signed_off:
+                return False  # what it will be after sign-off is not known yet
+        nxt = self._first_open(stories, after_seq=top.story.seq if top else None)
+        if nxt is None or nxt.state != StoryState.READY:
+            return False  # plan order: a later ready story waits for this one
+        with self.db.transaction() as s:
+            if not transition_story(s, nxt.id, StoryState.READY, state=StoryState.INTEGRATING):
+                return True
+            record(s, self.run_id, "story.integrating", nxt.key,
+                   stack=len(entries) + 1, **({"on": top.story.key} if top else {}))
+            story = s.get(Story, nxt.id)
+        integrator = self.integrator
+        if top is None:
+            begun = self.lane._landing(story, lambda: integrator.begin_on_target(story))
+            if not isinstance(begun, tuple):
+                if begun is not None:
+                    self.lane._after_integration(story, begun)
+                return True
+            cand_id, attempt, on_sha, branch_sha = begun
+        else:
+            missing = integrator._fetch_story(story)
+            if missing:
+                outcome = integrator._escalate(story, None, missing)
+                self.lane._after_integration(story, outcome)
+                return True
+            on_sha, branch_sha = top.cand.candidate_sha, story.head_sha
+            cand_id, attempt = integrator.new_candidate(story, on_sha, stack=len(entries) + 1,
+                                                        on_id=top.cand.id)
+        sha = integrator.compose_candidate(story, cand_id, attempt, on_sha, branch_sha)
+        if sha is not None:
+            with self.db.transaction() as s:
+                cand = s.get(Candidate, cand_id)
+            self._start(story, cand)
+        return True
+
+
+def _slot_block(policy, slot: int, depth: int) -> dict | None:
+    """The lane's port block shared out among the candidates verifying at once."""
+    block = lane_block(policy)
+    if not block:
+        return None
+    size = max(1, block["count"] // depth)
+    slot %= depth  # a given-up verification may still be ending while its successor starts
+    return {"base": block["base"] + slot * size, "count": size, "index": block["index"]}
+
+
+def _stop(cand_id: int) -> None:
+    with _running_lock:
+        job = _running.get(cand_id)
+    if job is not None:
+        job.stop.set()  # its process group is ended; the verdict is not written

@@ -1,0 +1,220 @@
+"""Speculative candidates: the lane verifies a stack of candidates at once (issue 16).
+
+Three independent stories at max_parallel 3. Their verify command (`verify_gate.py`) passes at
+once in a story worktree; in a candidate worktree it touches `verifying-<story>-<attempt>` in
+the barrier folder and then waits for the test to drop `pass-…` or `fail-…` beside it — or, with
+a `rules` file there, decides alone (fail when every path a rule line names is in the tree).
+So the test decides which candidate passes, which fails and when; no sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import MERGE_NONE, StoryDef, query, wait_until, write_each
+
+A = StoryDef("1-1-a", files=["src/a.py"])
+B = StoryDef("1-2-b", files=["src/b.py"])
+C = StoryDef("1-3-c", files=["src/c.py"])
+SPRINT = [A, B, C]
+
+GATE = '''\
+import os, sys, time
+bar = sys.argv[1]
+cwd = os.getcwd()
+if "/candidates/" not in cwd:
+    sys.exit(0)
+name = os.path.basename(cwd)
+open(os.path.join(bar, "verifying-" + name), "a").close()
+rules = os.path.join(bar, "rules")
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    if os.path.exists(rules):
+        for line in open(rules).read().splitlines():
+            paths = line.split()
+            if paths and all(os.path.exists(p) for p in paths):
+                sys.exit(1)
+        sys.exit(0)
+    if os.path.exists(os.path.join(bar, "pass-" + name)):
+        sys.exit(0)
+    if os.path.exists(os.path.join(bar, "fail-" + name)):
+        sys.exit(1)
+    time.sleep(0.02)
+sys.exit(3)
+'''
+
+
+def _policy(bar: Path, *, n: int = 3, extra: str = "", parallel: int | None = None) -> str:
+    gate = bar / "verify_gate.py"
+    gate.write_text(GATE)
+    command = f"{sys.executable} {gate} {bar}"
+    text = MERGE_NONE.format(n=n, strategy="merge") + f"[verify]\ncommands = [{json.dumps(command)}]\n"
+    if parallel is not None:
+        text += f"parallel = {parallel}\n"
+    return text + extra
+
+
+def _verifying(bar: Path) -> set[str]:
+    return {p.name[len("verifying-"):] for p in bar.glob("verifying-*")}
+
+
+def _decide(bar: Path, name: str, ok: bool = True) -> None:
+    (bar / f"{'pass' if ok else 'fail'}-{name}").write_text("")
+
+
+def _rules(bar: Path, *combinations: tuple[str, ...]) -> None:
+    (bar / "rules").write_text("".join(" ".join(c) + "\n" for c in combinations))
+
+
+def _events(repo, kind: str) -> list[dict]:
+    return [e for e in repo.journal() if e["kind"] == kind]
+
+
+def _run_state(repo) -> str:
+    return query(repo, "SELECT state FROM runs")[0][0]
+
+
+def _target_trees(repo) -> list[list[str]]:
+    """The files of each tree the target took, oldest first (story commits left out)."""
+    return [t["files"] for t in repo.first_parent_trees()]
+
+
+def test_three_candidates_verify_at_once_and_the_target_advances_in_order(make_repo, bar):
+    repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar))
+    proc = repo.spawn("run")
+    try:
+        wait_until(lambda: _verifying(bar) >= {"1-1-a-1", "1-2-b-1", "1-3-c-1"},
+                   what="three candidates verifying at once")
+        status = repo.status()
+        assert {s["key"]: s["state"] for s in status["stories"]} == {
+            A.key: "integrating", B.key: "integrating", C.key: "integrating"}
+        cands = {c["story"]: c for c in status["candidates"]}
+        assert [cands[k]["stack"] for k in (A.key, B.key, C.key)] == [1, 2, 3]
+        assert cands[A.key]["on"] is None
+        assert cands[B.key]["on"] == {"story": A.key, "attempt": 1}
+        assert cands[C.key]["on"] == {"story": B.key, "attempt": 1}
+        # Each is composed on the one under it.
+        assert cands[B.key]["target_sha"] == cands[A.key]["candidate_sha"]
+        assert cands[C.key]["target_sha"] == cands[B.key]["candidate_sha"]
+        assert all(c["state"] == "verifying" for c in cands.values())
+        # The top passes first: nothing lands before the bottom has passed.
+        _decide(bar, "1-3-c-1")
+        _decide(bar, "1-2-b-1")
+        wait_until(lambda: len(_events(repo, "candidate.verified")) == 2, what="c and b verified")
+        assert _events(repo, "target.advanced") == []
+        _decide(bar, "1-1-a-1")
+        assert proc.wait(timeout=120) == 0, repo.spawned_logs()
+    finally:
+        repo.kill_spawned()
+    assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, B.key, C.key]
+    advanced = _events(repo, "target.advanced")
+    assert [e["data"]["old"] for e in advanced[1:]] == [e["data"]["new"] for e in advanced[:-1]]
+    assert repo.git("rev-parse", "main") == cands[C.key]["candidate_sha"]
+    assert repo.worktrees() == [str(repo.root)]
+
+
+@pytest.mark.parametrize("mode", ["continue", "pause"])
+def test_a_failed_middle_candidate_gives_up_the_one_above_it(make_repo, bar, mode):
+    extra = f'[parallel]\non_escalation = "{mode}"\n'
+    repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar, extra=extra))
+    proc = repo.spawn("run")
+    try:
+        wait_until(lambda: _verifying(bar) >= {"1-1-a-1", "1-2-b-1", "1-3-c-1"},
+                   what="three candidates verifying")
+        _decide(bar, "1-2-b-1", ok=False)
+        # C3 was composed on C2: given up at once, its story back to ready, a still verifying.
+        wait_until(lambda: [e["story"] for e in _events(repo, "candidate.abandoned")] == [C.key],
+                   what="c's candidate given up")
+        now = {s["key"]: s["state"] for s in repo.status()["stories"]}
+        assert now == {A.key: "integrating", B.key: "integrating", C.key: "ready"}
+        assert _events(repo, "story.escalated") == []  # b's verdict counts once a has landed
+        _decide(bar, "1-1-a-1")
+        if mode == "continue":
+            wait_until(lambda: "1-3-c-2" in _verifying(bar), what="c recomposed without b")
+            c2 = next(c for c in repo.status()["candidates"] if c["story"] == C.key and c["attempt"] == 2)
+            assert c2["stack"] == 1 and c2["on"] is None
+            assert "src/b.py" not in repo.git("ls-tree", "-r", "--name-only", c2["candidate_sha"])
+            _decide(bar, "1-3-c-2")
+            assert proc.wait(timeout=120) == 3, repo.spawned_logs()  # paused: b needs a human
+            assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, C.key]
+            assert {s["key"]: s["state"] for s in repo.status()["stories"]} == {
+                A.key: "integrated", B.key: "escalated", C.key: "integrated"}
+            return
+        wait_until(lambda: _run_state(repo) == "paused", what="the run to pause")
+        assert proc.wait(timeout=60) == 3, repo.spawned_logs()  # paused
+        now = {s["key"]: s["state"] for s in repo.status()["stories"]}
+        assert now == {A.key: "integrated", B.key: "escalated", C.key: "ready"}
+        cands = {(c["story"], c["attempt"]): c for c in repo.status()["candidates"]}
+        assert cands[(C.key, 1)]["state"] == "abandoned"
+        assert cands[(B.key, 1)]["state"] == "verify-failed"
+        # Resume: b gets a fresh attempt; this time its candidate passes, then c lands on it.
+        _rules(bar)  # no failing combination: every candidate passes from now on
+        resumed = repo.spawn("resume")
+        assert resumed.wait(timeout=120) == 0, repo.spawned_logs()
+    finally:
+        repo.kill_spawned()
+    assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, B.key, C.key]
+    assert _run_state(repo) == "completed"
+
+
+def _history(make_repo, bar: Path, name: str, parallel: int, rules) -> tuple[list, dict]:
+    bar = bar / name
+    bar.mkdir()
+    _rules(bar, *rules)
+    extra = '[parallel]\non_escalation = "continue"\n'
+    repo = make_repo(SPRINT, script=write_each(SPRINT), name=name,
+                     policy=_policy(bar, extra=extra, parallel=parallel))
+    result = repo.cli("run")
+    assert result.exit_code in (0, 3), result.output
+    return _target_trees(repo), {s["key"]: s["state"] for s in repo.status()["stories"]}
+
+
+@pytest.mark.parametrize("rules", [
+    [],                                  # all pass
+    [("src/b.py",)],                     # b fails on its own
+    [("src/b.py", "src/c.py")],          # b and c each pass alone, fail together: c is caught
+    [("src/a.py",), ("src/c.py",)],      # the bottom fails, and the top
+], ids=["all-pass", "b-fails", "b-with-c-fails", "a-and-c-fail"])
+def test_same_target_history_as_the_one_at_a_time_lane(make_repo, bar, rules):
+    one_at_a_time = _history(make_repo, bar, "one", 1, rules)
+    stacked = _history(make_repo, bar, "stacked", 3, rules)
+    assert stacked == one_at_a_time
+    if rules == [("src/b.py", "src/c.py")]:
+        assert stacked[1] == {A.key: "integrated", B.key: "integrated", C.key: "escalated"}
+
+
+def test_kill_9_during_stacked_verification_resumes_with_the_same_history(make_repo, bar):
+    repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar))
+    proc = repo.spawn("run")
+    try:
+        wait_until(lambda: _verifying(bar) >= {"1-1-a-1", "1-2-b-1", "1-3-c-1"},
+                   what="three candidates verifying")
+        _decide(bar, "1-2-b-1")
+        wait_until(lambda: len(_events(repo, "candidate.verified")) == 1, what="b verified")
+        repo.kill_spawned()  # SIGKILL to the run's process group, verifications and all
+        assert proc.returncode == -9
+        rows = dict(query(repo, "SELECT s.key, c.state FROM candidates c "
+                                "JOIN stories s ON s.id = c.story_id"))
+        assert rows == {A.key: "verifying", B.key: "verified", C.key: "verifying"}
+        _rules(bar)  # everything passes from now on
+        resumed = repo.spawn("resume")
+        assert resumed.wait(timeout=120) == 0, repo.spawned_logs()
+    finally:
+        repo.kill_spawned()
+    assert _run_state(repo) == "completed"
+    # The verifications the kill cut short ran again; b's verdict was kept.
+    again = sorted(e["story"] for e in _events(repo, "candidate.reverifying"))
+    assert again == [A.key, C.key]
+    assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, B.key, C.key]
+    assert len(query(repo, "SELECT id FROM candidates")) == 3  # nothing composed twice
+    uninterrupted = bar / "clean"
+    uninterrupted.mkdir()
+    _rules(uninterrupted)
+    other = make_repo(SPRINT, script=write_each(SPRINT), name="clean",
+                      policy=_policy(uninterrupted))
+    assert other.cli("run").exit_code == 0
+    assert _target_trees(repo) == _target_trees(other)
