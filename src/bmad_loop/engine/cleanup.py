@@ -8,7 +8,10 @@ Only bmad-loop's own things are candidates: worktrees under `.bmad-loop/worktree
   stopping, stopped) owns its worktree and branch;
 - an escalated, blocked or failed story keeps its worktree, branch and preserved candidates
   while its run can resume, and afterwards if `[scm] keep_failed` is true;
-- an integrated story owns nothing (its branch stays only if `[scm] delete_branch` is false).
+- an integrated story owns nothing (its branch stays only if `[scm] delete_branch` is false);
+- a parked worktree (``worktrees/<run>/.pool/<n>``, see worktree_pool.py) is kept only while
+  its run is live (running, pausing, stopping: a worker may take it); a settled run's pool is
+  emptied by the lane, so one found later was left by a crash between park and take.
 
 Everything else in the namespaces is removed; stale worktree metadata is pruned; story rows
 of this host whose worktree folder vanished are marked (`worktree` cleared, journaled), so the
@@ -31,10 +34,11 @@ from sqlalchemy import delete, select
 
 from ..db.models import Attempt, Candidate, Event, Run, Story
 from ..worktrees import delete_branch, delete_ref, list_worktrees, prune, remove_worktree
-from ..states import RUN_RESUMABLE, RUN_TERMINAL, STORY_PARKED, Phase, RunState, StoryState
+from ..states import RUN_LIVE, RUN_RESUMABLE, RUN_TERMINAL, STORY_PARKED, Phase, RunState, StoryState
 from .journal import record
 from .layout import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE, Layout
 from .runs import run_policy
+from .worktree_pool import POOL_DIR, pool_dir
 
 __all__ = ["CleanupReport", "cleanup", "sweep_landed"]
 
@@ -58,13 +62,16 @@ class CleanupReport:
 
 
 def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str, str]]]:
-    """Worktree paths, branch names and candidate refs that live rows still need."""
+    """Worktree paths, branch names and candidate refs that live rows still need; the pool
+    folders of live runs count as worktree paths (everything under them is kept)."""
     paths: set[Path] = set()
     branches: set[str] = set()
     refs: set[str] = set()
     worktree_rows: list[tuple[int, str, str]] = []
     with project.db.transaction() as s:
         runs = {r.id: r for r in s.scalars(select(Run).where(Run.project == project.key))}
+        state_dir = project.state_dir.resolve()
+        paths.update(pool_dir(Layout(state_dir, r.id)) for r in runs.values() if r.state in RUN_LIVE)
         for story in s.scalars(select(Story).where(Story.run_id.in_(list(runs)))):
             run = runs[story.run_id]
             policy = run_policy(run)
@@ -132,10 +139,10 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
         path = info.path.resolve()
         if not any(_under(path, base) for base in ours):
             continue  # never touch a worktree bmad-loop did not make
-        if path in owned_paths:
+        if path in owned_paths or path.parent in owned_paths and path.parent.name == POOL_DIR:
             report.kept.append(str(path))
             continue
-        say(f"remove worktree {path}")
+        say(f"remove {'parked ' if path.parent.name == POOL_DIR else ''}worktree {path}")
         report.worktrees_removed.append(str(path))
         if not dry_run:
             remove_worktree(git, path)
@@ -144,12 +151,18 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
         if not base.is_dir():
             continue
         for run_dir in base.iterdir():
-            for leaf in (run_dir.iterdir() if run_dir.is_dir() else ()):
-                if leaf.resolve() not in owned_paths and str(leaf.resolve()) not in report.worktrees_removed:
+            for leaf in _leaves(run_dir):
+                resolved = leaf.resolve()
+                if resolved.parent in owned_paths:
+                    continue  # parked in a live run's pool
+                if resolved not in owned_paths and str(resolved) not in report.worktrees_removed:
                     say(f"remove stray folder {leaf}")
                     report.worktrees_removed.append(str(leaf.resolve()))
                     if not dry_run:
                         remove_worktree(git, leaf)
+            pool = run_dir / POOL_DIR
+            if not dry_run and pool.resolve() not in owned_paths and pool.is_dir():
+                _rmdir_quietly(pool)  # emptied above
 
     listing = git.out("for-each-ref", "--format=%(refname)", f"refs/heads/{BRANCH_NAMESPACE.rstrip('/')}",
                       CANDIDATE_REF_NAMESPACE.rstrip("/"))
@@ -241,7 +254,7 @@ def _retention(project, report, *, dry_run, purge, say) -> None:
         for folder in RUN_FOLDERS:
             target = project.path(folder, run.id)
             if folder in ("worktrees", "candidates") and target.is_dir():
-                for leaf in target.iterdir():
+                for leaf in _leaves(target):
                     remove_worktree(git, leaf)
             shutil.rmtree(target, ignore_errors=True)
         if purge:
@@ -249,6 +262,27 @@ def _retention(project, report, *, dry_run, purge, say) -> None:
                 for model in (Event, Attempt, Candidate, Story):
                     s.execute(delete(model).where(model.run_id == run.id))
                 s.execute(delete(Run).where(Run.id == run.id))
+
+
+def _leaves(run_dir: Path) -> list[Path]:
+    """The worktree folders of one run: its story (or candidate) folders, and the parked
+    worktrees inside its pool folder rather than the pool folder itself."""
+    if not run_dir.is_dir():
+        return []
+    leaves = []
+    for leaf in run_dir.iterdir():
+        if leaf.name == POOL_DIR and leaf.is_dir() and not leaf.is_symlink():
+            leaves.extend(leaf.iterdir())
+        else:
+            leaves.append(leaf)
+    return leaves
+
+
+def _rmdir_quietly(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # not empty: something there is still owned, or could not be removed
 
 
 def _under(path: Path, base: Path) -> bool:
