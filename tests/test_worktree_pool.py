@@ -267,3 +267,36 @@ def test_cleanup_removes_a_parked_worktree_a_crash_left_unless_its_run_is_live(m
         assert report["worktrees_removed"] == [str(slot)]
         assert repo.worktrees() == [str(repo.root)]
         assert not pool_dir(layout).exists()
+
+
+def test_a_take_cut_short_at_the_story_path_is_made_again_by_prepare(make_repo):
+    """A crash after the move of a take (or before its checkout) leaves a detached worktree
+    at the story's path and no branch: the next prepare removes it and adds a fresh one."""
+    from types import SimpleNamespace
+
+    from bmad_loop.engine.context import make_workspace
+    from bmad_loop.engine.project import Project
+    from bmad_loop.policy import load_policy
+    from bmad_loop.worktrees import move_worktree
+
+    repo = make_repo(THREE[:1], policy=RUN)
+    project = Project(root=repo.root, policy=load_policy(repo.root))
+    git = project.git()
+    layout = Layout(project.state_dir.resolve(), "r1")
+    old, old_branch = layout.story_worktree("1-0-old"), layout.story_branch("1-0-old")
+    base = git.rev("HEAD")
+    ensure_worktree(git, old, old_branch, base, branch_head=None)
+    slot = park(git, old, old_branch, layout, size=1)
+    delete_branch(git, old_branch)
+    story = SimpleNamespace(key="1-1-alpha")
+    path, branch = layout.story_worktree(story.key), layout.story_branch(story.key)
+    move_worktree(git, slot, path)  # the take stopped here
+    workspace = make_workspace(project.policy, git, layout, project.target(git, "main"),
+                               root=repo.root)
+
+    prepared = workspace.prepare(story, branch, base)
+
+    assert prepared.worktree == path and _admin_of(path) == story.key  # made by worktree add
+    assert git.current_branch(cwd=path) == branch and git.rev("HEAD", cwd=path) == base
+    assert parked(layout) == [] and len(list_worktrees(git)) == 2
+    project.close()
