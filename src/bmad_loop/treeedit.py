@@ -1,19 +1,32 @@
 """Reading and writing files of a commit's tree without any worktree: plumbing only.
 
 `blob_at` / `blobs_at` read files as stored (one ``cat-file --batch`` for several), and
-`replace_blob` / `replace_blobs` make a new tree with files replaced or removed, through a
-temporary index: five git processes however many files change. The lane's write-back (board and
-story file) and the create phase use them; `compose` re-exports them.
+`replace_blob` / `replace_blobs` make a new tree with files replaced or removed. The lane's
+write-back (board and story file) and the create phase use them; `compose` re-exports them.
+
+A new tree is built folder by folder: only the folders along the changed paths are rebuilt
+(their entries read through ``cat-file --batch``, which `blobs_at` already ran for the same
+tree and paths, so the write-back reads them there), their object names computed here in git's
+tree format and order, and written by one ``hash-object -w`` (the new files) and one ``mktree
+--batch`` (the folders, deepest first); git's answers are checked against the names computed
+here. The result is what a temporary index would give (``read-tree``, ``update-index``,
+``write-tree``: five processes), which is still the way for anything unusual: a file in the
+way of a folder, an odd path, or a folder holding a mode git no longer writes (the index route
+rewrites such folders in git's canonical form; the folder route keeps folders it does not
+touch as they are).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from bmad_loop.errors import GitError
-from bmad_loop.gitcmd import Git
+from bmad_loop.gitcmd import Git, is_full_sha
 
 __all__ = ["blob_at", "blobs_at", "cat_file_batch", "replace_blob", "replace_blobs"]
 
@@ -56,13 +69,16 @@ def cat_file_batch(git: Git, objects: Sequence[str]) -> list[tuple[str, bytes] |
 
 def blobs_at(git: Git, tree: str, paths: Sequence[str]) -> dict[str, bytes | None]:
     """`blob_at` for several paths of one commit or tree, through one ``cat-file --batch``.
-    A path that holds no file (absent, or a folder) maps to None."""
+    A path that holds no file (absent, or a folder) maps to None. The folders along the paths
+    are read in the same process and kept for a `replace_blobs` of the same tree."""
     paths = list(dict.fromkeys(paths))
     if not paths:
         return {}
     if any("\n" in p for p in paths):  # the batch protocol is line-based
         return {p: blob_at(git, tree, p) for p in paths}
-    found = cat_file_batch(git, [f"{tree}:{p}" for p in paths])
+    folders = _folders(paths) if is_full_sha(tree) else []
+    found = cat_file_batch(git, [f"{tree}:{p}" for p in paths] + [_spec(tree, f) for f in folders])
+    _keep_folders(git, tree, folders, found[len(paths):])
     return {p: (obj[1] if obj is not None and obj[0] == "blob" else None)
             for p, obj in zip(paths, found)}
 
@@ -76,9 +92,16 @@ def replace_blob(git: Git, tree: str, path: str, content: bytes | None) -> str:
 
 
 def replace_blobs(git: Git, tree: str, contents: dict[str, bytes | None]) -> str:
-    """`replace_blob` for several paths at once: five git processes however many there are."""
+    """`replace_blob` for several paths at once: two git processes however many there are (a
+    third when `blobs_at` did not read this tree's folders just before)."""
     if not contents:
         return tree
+    built = _by_folders(git, tree, contents)
+    return built if built is not None else _through_index(git, tree, contents)
+
+
+def _through_index(git: Git, tree: str, contents: dict[str, bytes | None]) -> str:
+    """`replace_blobs` through a temporary index: five git processes."""
     listed = git.run("ls-tree", "-z", tree, "--", *contents, env=_LITERAL).stdout
     modes: dict[str, str] = {}
     for entry in filter(None, listed.split("\0")):
@@ -109,3 +132,187 @@ def replace_blobs(git: Git, tree: str, contents: dict[str, bytes | None]) -> str
                 lines.append(f"{mode} {blobs[p]}\t{p}\0")
         git.run("update-index", "-z", "--index-info", input="".join(lines), env=env)
         return git.out("write-tree", env=env)
+
+
+# -- folder by folder ---------------------------------------------------------------------------
+
+_TREE_MODE = b"40000"
+_WRITTEN_MODES = frozenset({b"100644", b"100755", b"120000", b"160000", _TREE_MODE})
+_KEPT = 64
+# (repository, tree, folder) -> the folder's tree object (None: no folder there). Trees are
+# named by their content, so an entry never goes stale; a few are kept, the oldest dropped.
+_FOLDERS: OrderedDict[tuple[str, str, str], bytes | None] = OrderedDict()
+_FOLDERS_LOCK = threading.Lock()
+
+
+def _folders(paths) -> list[str]:
+    """The folders along `paths`, the root ("") first, each once."""
+    found = {"": None}
+    for p in paths:
+        parts = p.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            found["/".join(parts[:i])] = None
+    return list(found)
+
+
+def _spec(tree: str, folder: str) -> str:
+    return f"{tree}^{{tree}}" if not folder else f"{tree}:{folder}"
+
+
+def _keep_folders(git: Git, tree: str, folders, objects) -> None:
+    with _FOLDERS_LOCK:
+        for folder, obj in zip(folders, objects):
+            _FOLDERS[(os.fspath(git.repo_dir), tree, folder)] = (
+                obj[1] if obj is not None and obj[0] == "tree" else None)
+            _FOLDERS.move_to_end((os.fspath(git.repo_dir), tree, folder))
+        while len(_FOLDERS) > _KEPT:
+            _FOLDERS.popitem(last=False)
+
+
+def _read_folders(git: Git, tree: str, folders) -> dict[str, bytes | None]:
+    where = os.fspath(git.repo_dir)
+    with _FOLDERS_LOCK:
+        known = {f: _FOLDERS[(where, tree, f)] for f in folders if (where, tree, f) in _FOLDERS}
+    missing = [f for f in folders if f not in known]
+    if missing:
+        found = cat_file_batch(git, [_spec(tree, f) for f in missing])
+        _keep_folders(git, tree, missing, found)
+        known.update({f: (obj[1] if obj is not None and obj[0] == "tree" else None)
+                      for f, obj in zip(missing, found)})
+    return known
+
+
+def _parse_tree(raw: bytes, size: int) -> dict[bytes, tuple[bytes, bytes]] | None:
+    """name -> (mode, raw object name) of a tree object; None when it holds a mode git no
+    longer writes (the index route then decides) or does not parse."""
+    entries: dict[bytes, tuple[bytes, bytes]] = {}
+    pos = 0
+    while pos < len(raw):
+        space = raw.find(b" ", pos)
+        nul = raw.find(b"\0", space + 1)
+        if space < 0 or nul < 0 or nul + 1 + size > len(raw):
+            return None
+        mode, name = raw[pos:space], raw[space + 1:nul]
+        if mode not in _WRITTEN_MODES or name in entries:
+            return None
+        entries[name] = (mode, raw[nul + 1:nul + 1 + size])
+        pos = nul + 1 + size
+    return entries
+
+
+def _tree_bytes(entries: dict[bytes, tuple[bytes, bytes]]) -> bytes:
+    """A tree object's content: entries in git's order (a folder sorts as if its name ended
+    in "/")."""
+    order = sorted(entries, key=lambda n: n + b"/" if entries[n][0] == _TREE_MODE else n)
+    return b"".join(entries[n][0] + b" " + n + b"\0" + entries[n][1] for n in order)
+
+
+def _object_name(kind: bytes, content: bytes, hex_len: int) -> bytes:
+    algorithm = hashlib.sha1 if hex_len == 40 else hashlib.sha256
+    return algorithm(kind + b" %d\0" % len(content) + content).digest()
+
+
+def _by_folders(git: Git, tree: str, contents: dict[str, bytes | None]) -> str | None:
+    """The new tree built folder by folder (see the module's docstring), or None when the
+    index route must decide."""
+    if not is_full_sha(tree):
+        return None
+    paths = list(contents)
+    for p in paths:
+        parts = p.split("/")
+        if any(part in ("", ".", "..") or "\0" in part or "\n" in part for part in parts):
+            return None
+    hex_len = len(tree)
+    size = hex_len // 2
+    folders = _folders(paths)
+    raw = _read_folders(git, tree, folders)
+    if raw[""] is None:
+        return None
+    trees: dict[str, dict[bytes, tuple[bytes, bytes]] | None] = {}
+    for folder in folders:
+        if raw[folder] is None:
+            trees[folder] = None
+            continue
+        parsed = _parse_tree(raw[folder], size)
+        if parsed is None:
+            return None
+        trees[folder] = parsed
+    # Each folder along a path is a folder or nothing; a path is a file or nothing.
+    for folder in folders[1:]:
+        parent, _, name = folder.rpartition("/")
+        entry = (trees[parent] or {}).get(name.encode("utf-8", "surrogateescape"))
+        if entry is not None and entry[0] != _TREE_MODE:
+            return None  # a file in the way of a folder
+        if folder in contents:
+            return None
+    blobs: dict[str, bytes] = {}
+    for p, content in contents.items():
+        parent, _, name = p.rpartition("/")
+        entry = (trees[parent] or {}).get(name.encode("utf-8", "surrogateescape"))
+        if entry is not None and entry[0] == _TREE_MODE:
+            raise GitError(f"{p} is a folder in tree {tree}, not a file")
+        if content is not None:
+            blobs[p] = _object_name(b"blob", content, hex_len)
+    # Apply the edits, then rebuild the folders deepest first.
+    for p, content in contents.items():
+        parent, _, name = p.rpartition("/")
+        key = name.encode("utf-8", "surrogateescape")
+        folder = trees[parent] if trees[parent] is not None else {}
+        trees[parent] = folder
+        old = folder.get(key)
+        if content is None:
+            folder.pop(key, None)
+        else:
+            mode = b"100755" if old is not None and old[0] == b"100755" else b"100644"
+            folder[key] = (mode, blobs[p])
+    written: list[tuple[str, bytes, dict]] = []  # (folder, name, entries), deepest first
+    for folder in sorted(folders, key=lambda f: (-f.count("/") if f else 1, f)):
+        entries = trees[folder]
+        if folder == "":
+            continue
+        parent, _, name = folder.rpartition("/")
+        key = name.encode("utf-8", "surrogateescape")
+        holder = trees[parent] if trees[parent] is not None else {}
+        trees[parent] = holder
+        if not entries:
+            holder.pop(key, None)  # an emptied folder is no folder
+            continue
+        body = _tree_bytes(entries)
+        name_raw = _object_name(b"tree", body, hex_len)
+        if holder.get(key) != (_TREE_MODE, name_raw):
+            holder[key] = (_TREE_MODE, name_raw)
+            written.append((folder, name_raw, entries))
+    if not trees[""]:
+        return None  # an empty root: the index route's answer
+    root_body = _tree_bytes(trees[""])
+    root = _object_name(b"tree", root_body, hex_len)
+    written.append(("", root, trees[""]))
+    _write_objects(git, contents, blobs, written)
+    return root.hex()
+
+
+def _write_objects(git: Git, contents, blobs: dict[str, bytes], written) -> None:
+    """The new files (one ``hash-object -w``) and folders (one ``mktree --batch``, deepest
+    first), each checked against the name computed for it."""
+    if blobs:
+        with tempfile.TemporaryDirectory(prefix="bmad-loop-blobs-") as tmp:
+            sources = []
+            for i, p in enumerate(blobs):
+                source = os.path.join(tmp, f"blob{i}")
+                with open(source, "wb") as handle:
+                    handle.write(contents[p])
+                sources.append(source)
+            got = git.out("hash-object", "-w", "--no-filters", "--stdin-paths",
+                          input="".join(f"{src}\n" for src in sources)).split()
+        if got != [b.hex() for b in blobs.values()]:
+            raise GitError(f"git named the new files {got}, not {[b.hex() for b in blobs.values()]}")
+    lines = []
+    for _folder, _name, entries in written:
+        for name, (mode, obj) in entries.items():
+            kind = b"tree" if mode == _TREE_MODE else b"commit" if mode == b"160000" else b"blob"
+            lines.append(mode + b" " + kind + b" " + obj.hex().encode() + b"\t" + name + b"\0")
+        lines.append(b"\0")
+    got = git.out("mktree", "-z", "--batch", input=b"".join(lines)).split()
+    expected = [name.hex() for _f, name, _e in written]
+    if got != expected:
+        raise GitError(f"git named the new folders {got}, not {expected}")

@@ -1,0 +1,125 @@
+"""Tree edits folder by folder (treeedit.replace_blobs): the same trees as a temporary index
+gives, byte for byte, with fewer git processes."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import stat
+
+import pytest
+
+from bmad_loop.errors import GitError
+from bmad_loop.treeedit import _by_folders, _through_index, blobs_at, replace_blobs
+from support import git_repo
+
+FILES = {
+    "README": "top\n",
+    "a.txt": "a\n",
+    "a-b.txt": "dash sorts before the folder a/\n",
+    "a/x.txt": "x\n",
+    "a/deep/y.txt": "y\n",
+    "a/deep/z.txt": "z\n",
+    "b/only.txt": "alone in b\n",
+    "sp ace/f.md": "spaced\n",
+    "run.sh": "#!/bin/sh\n",
+}
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A real repository with nested folders, an executable, a symlink and an odd neighbour
+    order (``a-b.txt`` < ``a/`` < ``a.txt`` in git's tree order)."""
+    git = git_repo(tmp_path / "repo", FILES)
+    (git.repo_dir / "run.sh").chmod(0o755)
+    os.symlink("a.txt", git.repo_dir / "link")
+    git.run("add", "-A")
+    git.run("commit", "-q", "-m", "modes", env=git.identity_env())
+    return git, git.out("rev-parse", "HEAD^{tree}")
+
+
+CASES = [
+    {"a/deep/y.txt": b"edited\n"},
+    {"run.sh": b"#!/bin/sh\necho hi\n", "link": b"now a file\n"},
+    {"b/only.txt": None},  # empties b/
+    {"a/deep/y.txt": None, "a/deep/z.txt": None, "a/new/n.txt": b"n\n"},
+    {"new dir/deeper/n.txt": b"n\n", "a.txt": None, "a-b.txt": b"changed\n"},
+    {"sp ace/f.md": b"spaced again\n", "missing/never.txt": None, "a/x.txt": b"x\n"},
+    {"a/x.txt": b"x\n"},  # unchanged content: the same tree
+]
+
+
+@pytest.mark.parametrize("edit", CASES)
+def test_each_edit_gives_the_tree_a_temporary_index_gives(repo, edit):
+    git, tree = repo
+    built = _by_folders(git, tree, edit)
+    assert built is not None  # the folder route answered, not the index route behind it
+    assert built == replace_blobs(git, tree, edit) == _through_index(git, tree, edit)
+
+
+def test_random_edits_of_random_trees_match_the_index_route(tmp_path):
+    rng = random.Random(15)
+    names = ["a", "b", "a.b", "a-b", "c d", "z"]
+    for round_ in range(6):
+        paths = {"/".join(rng.choice(names) + str(rng.randrange(2)) for _ in range(rng.randint(1, 3)))
+                 for _ in range(12)}
+        files = {}
+        for p in sorted(paths):  # a path that is a folder of another stays a folder
+            if not any(q.startswith(p + "/") for q in paths):
+                files[p] = f"{p}\n"
+        git = git_repo(tmp_path / f"r{round_}", files)
+        tree = git.out("rev-parse", "HEAD^{tree}")
+        for _ in range(4):
+            edit = {}
+            for p in rng.sample(sorted(files), k=min(3, len(files))):
+                edit[p] = None if rng.random() < 0.4 else f"{p} v{rng.random()}\n".encode()
+            edit[f"n{rng.randrange(9)}/{rng.choice(names)}.new"] = b"new\n"
+            built = _by_folders(git, tree, edit)
+            assert built is not None and built == _through_index(git, tree, edit), edit
+
+
+def test_a_folder_named_as_a_file_is_refused_both_ways(repo):
+    git, tree = repo
+    with pytest.raises(GitError, match="is a folder"):
+        replace_blobs(git, tree, {"a/deep": b"x\n"})
+
+
+def test_a_file_in_the_way_of_a_folder_takes_the_index_route(repo):
+    git, tree = repo
+    edit = {"a.txt/inside": b"x\n"}
+    try:
+        expected = _through_index(git, tree, edit)
+    except GitError:
+        with pytest.raises(GitError):
+            replace_blobs(git, tree, edit)
+    else:
+        assert replace_blobs(git, tree, edit) == expected
+
+
+def git_shim(folder):
+    """A `git` that logs its arguments, then runs the real one."""
+    real = shutil.which("git")
+    folder.mkdir()
+    log = folder / "calls.log"
+    shim = folder / "git"
+    shim.write_text(f'#!/bin/sh\nprintf \'%s\\n\' "$*" >> "{log}"\nexec "{real}" "$@"\n')
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    return log
+
+
+def test_after_blobs_at_the_write_back_costs_two_processes(repo, tmp_path, monkeypatch):
+    git, tree = repo
+    log = git_shim(tmp_path / "shim")
+    monkeypatch.setenv("PATH", f"{log.parent}{os.pathsep}{os.environ['PATH']}")
+    paths = ["a/deep/y.txt", "sp ace/f.md"]
+    current = blobs_at(git, tree, paths)
+    new = replace_blobs(git, tree, {p: current[p] + b"done\n" for p in paths})
+    calls = [line.split() for line in log.read_text().splitlines()]
+    commands = [next(w for i, w in enumerate(words) if not w.startswith("-")
+                     and (i == 0 or words[i - 1] != "-c")) for words in calls]
+    assert commands == ["cat-file", "hash-object", "mktree"]
+    monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])
+    assert blobs_at(git, new, paths) == {p: current[p] + b"done\n" for p in paths}
+    assert git.run("fsck", "--no-dangling", "--strict").returncode == 0
+    assert git.out("status", "--porcelain") == ""  # no worktree or index was involved
