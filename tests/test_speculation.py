@@ -74,6 +74,20 @@ def _events(repo, kind: str) -> list[dict]:
     return [e for e in repo.journal() if e["kind"] == kind]
 
 
+def _views(status: dict) -> tuple[str, str]:
+    """The live board (`status --watch`) and the TUI's lane panel, as plain text."""
+    import datetime as dt
+
+    from rich.console import Console
+
+    from bmad_loop.operator.board_view import render_board
+    from bmad_loop.operator.tui import lane_text
+
+    console = Console(width=160, record=True, color_system=None)
+    console.print(render_board(status, None, dt.datetime.now(dt.timezone.utc)).renderable)
+    return console.export_text(), lane_text(status).plain
+
+
 def _run_state(repo) -> str:
     return query(repo, "SELECT state FROM runs")[0][0]
 
@@ -101,6 +115,12 @@ def test_three_candidates_verify_at_once_and_the_target_advances_in_order(make_r
         assert cands[B.key]["target_sha"] == cands[A.key]["candidate_sha"]
         assert cands[C.key]["target_sha"] == cands[B.key]["candidate_sha"]
         assert all(c["state"] == "verifying" for c in cands.values())
+        board, lane = _views(status)
+        assert "lane: 3 candidates, target advances bottom first" in board
+        assert "2. 1-2-b #1 verifying  on 1-1-a #1" in board
+        assert "3. 1-3-c #1 verifying  on 1-2-b #1" in board
+        assert "in the lane now: candidate 3 of 3, verifying on 1-2-b #1" in board
+        assert "now: 3 candidates" in lane and "1. 1-1-a #1 verifying on target" in lane
         # The top passes first: nothing lands before the bottom has passed.
         _decide(bar, "1-3-c-1")
         _decide(bar, "1-2-b-1")

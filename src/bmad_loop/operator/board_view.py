@@ -18,7 +18,8 @@ from rich.text import Text
 
 from ..states import (STORY_AWAITING_LANE, STORY_DONE, STORY_IN_FLIGHT, STORY_NEEDS_HUMAN,
                       RunState, StoryState)
-from .style import current_candidate, format_duration, preserved, short_sha, state_text
+from .style import (composed_on, current_candidate, format_duration, preserved, short_sha,
+                    stack_of, state_text)
 
 __all__ = ["Frame", "render_board", "lane_queue", "held_back", "MARK"]
 
@@ -58,7 +59,7 @@ def lane_queue(status: dict, *, escalation_blocks: bool = True) -> list[tuple[di
         if story["state"] not in STORY_AWAITING_LANE:
             continue
         if story["state"] == StoryState.INTEGRATING:
-            out.append((story, "in the lane now"))
+            out.append((story, _in_lane(story, status.get("candidates", []))))
             continue
         blocker = None
         for earlier in stories:
@@ -81,6 +82,15 @@ def lane_queue(status: dict, *, escalation_blocks: bool = True) -> list[tuple[di
                 else ")")
         out.append((story, why))
     return out
+
+
+def _in_lane(story: dict, candidates: list[dict]) -> str:
+    """An integrating story: its candidate's place when the lane verifies several at once."""
+    stack = stack_of(candidates)
+    mine = next((c for c in stack if c["story"] == story["key"]), None)
+    if len(stack) < 2 or mine is None:
+        return "in the lane now"
+    return f"in the lane now: candidate {mine.get('stack') or 1} of {len(stack)}, {mine['state']} on {composed_on(mine)}"
 
 
 def held_back(status: dict) -> list[tuple[dict, str]]:
@@ -178,6 +188,7 @@ def render_board(status: dict, previous: Frame | None, now: dt.datetime, *,
         workers.add_row("", Text("no worker in flight", style="dim"), "", "", "", "", "", "", "", "")
 
     # ------------------------------------------------------------------ the lane
+    stack = stack_of(candidates)
     current = current_candidate(candidates)
     lane_changed = changed("lane", (current["story"], current["attempt"], current["state"])
                            if current else ("idle",))
@@ -190,6 +201,15 @@ def render_board(status: dict, previous: Frame | None, now: dt.datetime, *,
                          f" -> {short_sha(current.get('candidate_sha'))})")
     else:
         lane_line.append("lane: idle", style="bold")
+    if len(stack) > 1:  # speculative candidates: several composed ahead, verified at once
+        lane_line = Text()
+        signature = tuple((c["story"], c["attempt"], c["state"]) for c in stack)
+        lane_line.append(MARK + " " if changed("lane", signature) else "  ", style="bold yellow")
+        lane_line.append(f"lane: {len(stack)} candidates, target advances bottom first", style="bold")
+        for cand in stack:
+            lane_line.append(f"\n    {cand.get('stack') or 1}. {cand['story']} #{cand['attempt']} ")
+            lane_line.append(state_text(cand["state"]))
+            lane_line.append(f"  on {composed_on(cand)} -> {short_sha(cand.get('candidate_sha'))}")
     queue = story_table("finished, waiting for the lane (plan order)", "waits for", "queue",
                         lane_queue(status, escalation_blocks=escalation_blocks), "nothing waiting")
 

@@ -9,7 +9,7 @@ from rich.text import Text
 
 from ..states import CANDIDATE_ENDED, CandidateState, RunState, StoryState
 
-__all__ = ["CANDIDATE_ACTIVE", "CANDIDATE_PRESERVED", "state_style", "state_text",
+__all__ = ["CANDIDATE_ACTIVE", "CANDIDATE_PRESERVED", "stack_of", "composed_on", "state_style", "state_text",
            "format_duration", "short_sha", "short_value", "current_candidate", "preserved",
            "story_note"]
 
@@ -78,6 +78,20 @@ def current_candidate(candidates: list[dict]) -> dict | None:
     """The candidate the lane is working on (the newest active one), if any."""
     active = [c for c in candidates if c["state"] in CANDIDATE_ACTIVE]
     return active[-1] if active else None
+
+
+def stack_of(candidates: list[dict]) -> list[dict]:
+    """The candidates the lane is working on, bottom first (speculative: several at once)."""
+    return sorted((c for c in candidates if c["state"] in CANDIDATE_ACTIVE),
+                  key=lambda c: c.get("stack") or 1)
+
+
+def composed_on(cand: dict) -> str:
+    """What a candidate was composed on, in words."""
+    on = cand.get("on")
+    if on:
+        return f"{on['story']} #{on['attempt']}"
+    return f"target {short_sha(cand.get('target_sha'))}"
 
 
 def preserved(candidates: list[dict]) -> list[dict]:

@@ -28,7 +28,8 @@ from .board_view import held_back, lane_queue
 from .follow import _Tail, format_event
 from .history import run_history
 from .reader import Reader
-from .style import current_candidate, format_duration, short_sha, state_text, story_note
+from .style import (composed_on, current_candidate, format_duration, short_sha, stack_of,
+                    state_text, story_note)
 
 __all__ = ["BoardApp", "cli_argv"]
 
@@ -304,7 +305,14 @@ def lane_text(status: dict, root: Path | None = None) -> Text:
     text = Text()
     candidates = status.get("candidates", [])
     current = current_candidate(candidates)
-    if current:
+    stack = stack_of(candidates)
+    if len(stack) > 1:  # speculative candidates, verified at once; the bottom lands first
+        text.append(f"now: {len(stack)} candidates\n", style="bold")
+        for cand in stack:
+            text.append(f"  {cand.get('stack') or 1}. {cand['story']} #{cand['attempt']} ")
+            text.append(state_text(cand["state"]))
+            text.append(f" on {composed_on(cand)}\n")
+    elif current:
         text.append(f"now: {current['story']} candidate #{current['attempt']} ", style="bold")
         text.append(state_text(current["state"]))
         text.append("\n")
