@@ -10,8 +10,9 @@ import stat
 
 import pytest
 
+from bmad_loop.compose import compose
 from bmad_loop.errors import GitError
-from bmad_loop.treeedit import _by_folders, _through_index, blobs_at, replace_blobs
+from bmad_loop.treeedit import _by_folders, _through_index, blob_at, blobs_at, replace_blobs
 from support import git_repo
 
 FILES = {
@@ -123,3 +124,22 @@ def test_after_blobs_at_the_write_back_costs_two_processes(repo, tmp_path, monke
     assert blobs_at(git, new, paths) == {p: current[p] + b"done\n" for p in paths}
     assert git.run("fsck", "--no-dangling", "--strict").returncode == 0
     assert git.out("status", "--porcelain") == ""  # no worktree or index was involved
+
+
+def test_a_file_written_into_a_commit_made_here_is_read_back_without_git(repo, tmp_path,
+                                                                           monkeypatch):
+    git, tree = repo
+    head = git.out("rev-parse", "HEAD")
+    edit = lambda t: replace_blobs(git, t, {"a/deep/y.txt": b"done\n"})  # noqa: E731
+    candidate = compose(git, "squash", head, head, "write-back", tree_edit=edit).sha
+    assert candidate == git.out("commit-tree", edit(tree), "-p", head, "-m", "write-back",
+                                env=git.identity_env(git.commit_date(head)))
+    empty = tmp_path / "no-git"
+    empty.mkdir()
+    path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", str(empty))  # any git started now fails
+    assert blob_at(git, candidate, "a/deep/y.txt") == b"done\n"
+    with pytest.raises(GitError):
+        blob_at(git, candidate, "a/x.txt")  # not written here: git is asked
+    monkeypatch.setenv("PATH", path)
+    assert blob_at(git, candidate, "a/x.txt") == b"x\n"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
-from bmad_loop.treeedit import blob_at, blobs_at, replace_blob, replace_blobs  # noqa: F401 (re-exported)
+from bmad_loop.treeedit import blob_at, blobs_at, remember_commit, replace_blob, replace_blobs  # noqa: F401 (re-exported)
 
 __all__ = [
     "Composition",
@@ -128,7 +128,9 @@ def _commit_tree(git: Git, tree: str, parents: Iterable[str], message: str, env:
     argv = ["commit-tree", "--no-gpg-sign", tree]
     for p in parents:
         argv += ["-p", p]
-    return git.out(*argv, input=message, env=env)
+    sha = git.out(*argv, input=message, env=env)
+    remember_commit(git, sha, tree)
+    return sha
 
 
 def _lane_text(message: str) -> str:

@@ -28,13 +28,21 @@ from collections.abc import Sequence
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha
 
-__all__ = ["blob_at", "blobs_at", "cat_file_batch", "replace_blob", "replace_blobs"]
+__all__ = ["blob_at", "blobs_at", "cat_file_batch", "replace_blob", "replace_blobs",
+           "remember_commit"]
 
 _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
 
 
 def blob_at(git: Git, commit: str, path: str) -> bytes | None:
-    """Content of `path` in `commit`, as stored (no filters), or None when it holds no such file."""
+    """Content of `path` in `commit`, as stored (no filters), or None when it holds no such file.
+
+    A file this process wrote with `replace_blobs` into the tree of a commit made here
+    (`remember_commit`) is answered from memory: the lane reads the board of the target it has
+    just advanced to, which is the board its own write-back wrote."""
+    written = _written(git, commit, path)
+    if written is not None:
+        return written
     proc = git.run("cat-file", "blob", f"{commit}:{path}", check=False, text=False)
     if proc.returncode == 0:
         return proc.stdout
@@ -288,7 +296,38 @@ def _by_folders(git: Git, tree: str, contents: dict[str, bytes | None]) -> str |
     root = _object_name(b"tree", root_body, hex_len)
     written.append(("", root, trees[""]))
     _write_objects(git, contents, blobs, written)
+    _remember(_WRITTEN, {(os.fspath(git.repo_dir), root.hex(), p): content
+                         for p, content in contents.items() if content is not None})
     return root.hex()
+
+
+# (repository, commit) -> its tree, for commits made here; (repository, tree, path) -> a file
+# `replace_blobs` wrote there. Both are named by content: never stale; a few are kept.
+_COMMITS: OrderedDict[tuple[str, str], str] = OrderedDict()
+_WRITTEN: OrderedDict[tuple[str, str, str], bytes] = OrderedDict()
+
+
+def remember_commit(git: Git, commit: str, tree: str) -> None:
+    """`commit` (made in this process) has `tree`: `blob_at` may then answer from what
+    `replace_blobs` wrote into that tree."""
+    if is_full_sha(commit) and is_full_sha(tree):
+        _remember(_COMMITS, {(os.fspath(git.repo_dir), commit): tree})
+
+
+def _remember(kept: OrderedDict, items: dict) -> None:
+    with _FOLDERS_LOCK:
+        for key, value in items.items():
+            kept[key] = value
+            kept.move_to_end(key)
+        while len(kept) > _KEPT:
+            kept.popitem(last=False)
+
+
+def _written(git: Git, commit: str, path: str) -> bytes | None:
+    where = os.fspath(git.repo_dir)
+    with _FOLDERS_LOCK:
+        tree = _COMMITS.get((where, commit))
+        return None if tree is None else _WRITTEN.get((where, tree, path))
 
 
 def _write_objects(git: Git, contents, blobs: dict[str, bytes], written) -> None:
