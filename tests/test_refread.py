@@ -9,7 +9,9 @@ import pytest
 
 from bmad_loop.compose import cas_advance
 from bmad_loop.gitcmd import clean_env
-from bmad_loop.refread import UNKNOWN, read_commit_ref
+from bmad_loop.refread import UNKNOWN, main_checkout_branch, read_commit_ref
+from bmad_loop.targets.local import LocalTarget
+from bmad_loop.worktrees import checkout_of
 from support import git_repo, write
 
 
@@ -155,3 +157,18 @@ def test_a_stale_read_only_makes_the_compare_and_swap_refuse(repo):
                   env=git.identity_env())
     assert cas_advance(git, "main", new, stale) is False
     assert parsed(git, "main") == first
+
+
+def test_the_target_s_checkout_is_found_as_git_lists_it(repo, tmp_path):
+    git, first, _tip = repo
+    target = LocalTarget(git, "main")
+    assert main_checkout_branch(git.repo_dir) == "refs/heads/main"
+    assert target.checkout() == checkout_of(git, "main") == git.repo_dir.resolve()
+    git.run("switch", "-q", "-c", "elsewhere")
+    linked = tmp_path / "linked"
+    git.run("worktree", "add", "-q", str(linked), "main")
+    assert main_checkout_branch(linked) is None  # a linked worktree: git's list decides
+    assert target.checkout() == checkout_of(git, "main") == linked.resolve()
+    git.run("switch", "-q", "--detach", first, cwd=linked)
+    assert main_checkout_branch(git.repo_dir) == "refs/heads/elsewhere"
+    assert target.checkout() is None and checkout_of(git, "main") is None

@@ -32,7 +32,7 @@ from pathlib import Path
 from bmad_loop.board import branch_name_ok
 from bmad_loop.gitlocks import git_dirs
 
-__all__ = ["read_commit_ref", "UNKNOWN"]
+__all__ = ["read_commit_ref", "main_checkout_branch", "UNKNOWN"]
 
 UNKNOWN = object()  # ask git
 _SHA = re.compile(rb"([0-9a-f]{40}|[0-9a-f]{64})\n?")
@@ -122,3 +122,16 @@ def _read(path: Path):
             return handle.read()
     except OSError as exc:
         return None if exc.errno in _ABSENT else UNKNOWN
+
+
+def main_checkout_branch(folder: Path | str) -> str | None:
+    """The branch (``refs/heads/<name>``) checked out in `folder` when `folder` is a main
+    worktree (its ``.git`` a folder, not a reftable one) whose HEAD names one; else None."""
+    gitdir = Path(folder) / ".git"
+    if not gitdir.is_dir() or (gitdir / "reftable").is_dir():
+        return None
+    raw = _read(gitdir / "HEAD")
+    if raw is None or raw is UNKNOWN or not raw.startswith(b"ref: "):
+        return None
+    target = raw[5:].strip().decode("utf-8", "surrogateescape")
+    return target if target.startswith(_HEADS) and branch_name_ok(target[len(_HEADS):]) else None
