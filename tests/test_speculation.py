@@ -29,6 +29,19 @@ cwd = os.getcwd()
 if "/candidates/" not in cwd:
     sys.exit(0)
 name = os.path.basename(cwd)
+
+
+def log(what):
+    with open(os.path.join(bar, "log"), "a") as f:
+        f.write(f"{what} {name} {os.getpid()}\\n")
+
+
+def leave(code):
+    log("end")
+    sys.exit(code)
+
+
+log("start")
 open(os.path.join(bar, "verifying-" + name), "a").close()
 rules = os.path.join(bar, "rules")
 deadline = time.monotonic() + 120
@@ -37,14 +50,14 @@ while time.monotonic() < deadline:
         for line in open(rules).read().splitlines():
             paths = line.split()
             if paths and all(os.path.exists(p) for p in paths):
-                sys.exit(1)
-        sys.exit(0)
+                leave(1)
+        leave(0)
     if os.path.exists(os.path.join(bar, "pass-" + name)):
-        sys.exit(0)
+        leave(0)
     if os.path.exists(os.path.join(bar, "fail-" + name)):
-        sys.exit(1)
+        leave(1)
     time.sleep(0.02)
-sys.exit(3)
+leave(3)
 '''
 
 
@@ -60,6 +73,11 @@ def _policy(bar: Path, *, n: int = 3, extra: str = "", parallel: int | None = No
 
 def _verifying(bar: Path) -> set[str]:
     return {p.name[len("verifying-"):] for p in bar.glob("verifying-*")}
+
+
+def _gate_log(bar: Path) -> list[tuple[str, str, str]]:
+    path = bar / "log"
+    return [tuple(line.split()) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _decide(bar: Path, name: str, ok: bool = True) -> None:
@@ -215,13 +233,18 @@ def test_kill_9_during_stacked_verification_resumes_with_the_same_history(make_r
                    what="three candidates verifying")
         _decide(bar, "1-2-b-1")
         wait_until(lambda: len(_events(repo, "candidate.verified")) == 1, what="b verified")
-        repo.kill_spawned()  # SIGKILL to the run's process group, verifications and all
+        repo.kill_spawned()  # SIGKILL to the run's process group; verify commands have their own
         assert proc.returncode == -9
+        orphans = {pid for what, _, pid in _gate_log(bar) if what == "start"} - {
+            pid for what, _, pid in _gate_log(bar) if what == "end"}
+        assert len(orphans) == 2  # a's and c's verify commands, still waiting
         rows = dict(query(repo, "SELECT s.key, c.state FROM candidates c "
                                 "JOIN stories s ON s.id = c.story_id"))
         assert rows == {A.key: "verifying", B.key: "verified", C.key: "verifying"}
-        _rules(bar)  # everything passes from now on
         resumed = repo.spawn("resume")
+        wait_until(lambda: len([x for x in _gate_log(bar) if x[0] == "start"]) == 5,
+                   what="a's and c's candidates verified again")
+        _rules(bar)  # everything passes from now on
         assert resumed.wait(timeout=120) == 0, repo.spawned_logs()
     finally:
         repo.kill_spawned()
@@ -231,6 +254,8 @@ def test_kill_9_during_stacked_verification_resumes_with_the_same_history(make_r
     assert again == [A.key, C.key]
     assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, B.key, C.key]
     assert len(query(repo, "SELECT id FROM candidates")) == 3  # nothing composed twice
+    # The dead lane's verify commands were ended before their candidates were verified again.
+    assert not orphans & {pid for what, _, pid in _gate_log(bar) if what == "end"}
     uninterrupted = bar / "clean"
     uninterrupted.mkdir()
     _rules(uninterrupted)

@@ -36,6 +36,7 @@ from .journal import record
 from .ports import lane_block, port_env
 from .childenv import child_env
 from .transitions import transition_story
+from .verify import VerifyResult
 
 __all__ = ["Stack", "speculating", "verifying_here"]
 
@@ -221,6 +222,8 @@ class Stack:
     def _keep_verifying(self, entries: list[_Entry]) -> None:
         """Every `verifying` candidate has a verification running here (a lane in a fresh
         process restarts the ones a crash cut short)."""
+        # What a dead lane left running in those worktrees was ended by the tick's orphan
+        # recovery (`recovery.sweep_dead_owners`, first thing in a fresh process).
         for entry in entries:
             if entry.cand is not None and entry.cand.state == CandidateState.VERIFYING:
                 with _running_lock:
@@ -254,8 +257,13 @@ class Stack:
                 if not job.stop.is_set():
                     integrator.record_verdict(story, cand_id, attempt, result, worktree,
                                               target_sha, branch_sha, sha)
-            except Exception:  # the row stays `verifying`; the next tick starts it again
+            except Exception as exc:  # counts as a failed verification, never a silent retry loop
                 log.exception("verification of candidate %s (%s) failed to run", cand_id, story.key)
+                failed = VerifyResult(ok=False, failed_command=f"(verification could not run: {exc})",
+                                      exit_code=None, timed_out=False, output=str(exc),
+                                      duration_s=0.0, log=None)
+                integrator.record_verdict(story, cand_id, attempt, failed, worktree,
+                                          target_sha, branch_sha, sha)
             finally:
                 with _running_lock:
                     _running.pop(cand_id, None)
