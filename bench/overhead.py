@@ -2,7 +2,7 @@
 """The loop's own cost per story, beside the same git operations run bare.
 
     python bench/overhead.py [--files 2000] [--stories 10] [--strategy merge] [--no-write]
-                             [--agent-s S] [--count [--count-depth N]] [--reuse]
+                             [--agent-s S] [--count [--count-depth N]] [--reuse] [--no-pool]
                              [--probe] [--what-if EXPERIMENT]
 
 Builds a BMAD-shaped repository with `--files` small tracked files and `--stories` independent
@@ -19,9 +19,14 @@ stories, then:
    and exits 0 (``--no-write``: it writes nothing).
 
 ``--count`` adds git processes per story (by subcommand and by the engine function that asked)
-and state-database transactions per story (bench/_count.py); ``--reuse`` measures, bare, what
-reusing one worktree from story to story would cost instead of ``worktree add`` + ``remove``;
-``--agent-s 2`` makes the agent take 2 s (issue 15's N = 1 figure).
+and state-database transactions per story (bench/_count.py); ``--reuse`` also runs the bare
+sequence the way the loop now does it with its worktree pool (engine/worktree_pool.py): the
+first story adds a worktree, each story parks it (``status``, ``update-ref --no-deref HEAD
+HEAD``, ``worktree move``), the next takes it (``worktree move``, ``clean -ffdx``, ``checkout
+-f -b``), the last park is drained (``worktree remove``), and prints the loop against both
+floors; ``--no-pool``
+runs the loop without the pool (``BMAD_LOOP_WORKTREE_POOL=0``: add + remove per story, as
+before); ``--agent-s 2`` makes the agent take 2 s (issue 15's N = 1 figure).
 
 Prints Markdown tables: per-story time of both, their ratio, the loop's time split into phases
 from the journal (``events``) and the attempt rows, and each phase beside the bare operations
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import tempfile
 import time
@@ -43,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     BenchStory, build_repo, git, load, machine, mean, median, ms, policy_text, run_loop, table,
 )
+from bmad_loop.engine.worktree_pool import POOL_ENV  # noqa: E402
 
 AGENT = '''import os, sys, time
 time.sleep(float(os.environ.get("BENCH_AGENT_S", "0")))
@@ -56,7 +63,7 @@ sys.exit(0)
 # (label, from event, to event): consecutive spans of one story at max_parallel = 1.
 PHASES = [
     ("dispatch (queued → worker picks it up)", "story.queued", "story.started"),
-    ("prepare (worktree add, seed)", "story.started", "story.prepared"),
+    ("prepare (worktree take or add, seed)", "story.started", "story.prepared"),
     ("agent set-up (prompt, attempt row)", "story.prepared", "attempt.started"),
     ("agent process (spawn → exit)", "attempt.started", "attempt.finished"),
     ("verify (no commands) + commit + drift", "attempt.finished", "story.ready"),
@@ -70,7 +77,7 @@ PHASES = [
 # Which bare operations do the git work of which loop phase (the rest is coordination).
 MATCH = [
     ("dispatch (queued → worker picks it up)", []),
-    ("prepare (worktree add, seed)", ["worktree add -b"]),
+    ("prepare (worktree take or add, seed)", ["worktree add -b"]),
     ("agent set-up (prompt, attempt row)", []),
     ("agent process (spawn → exit)", ["write a file"]),
     ("verify (no commands) + commit + drift", ["add -A", "commit"]),
@@ -124,32 +131,53 @@ def bare(root: Path, count: int, write: bool, tag: str = "a") -> tuple[list[floa
     return per_story, per_op
 
 
-def bare_reuse(root: Path, count: int) -> dict[str, list[float]]:
-    """What reusing one worktree from story to story would cost instead of ``worktree add -b``
-    + ``worktree remove``: take a parked, detached worktree (``worktree move`` to the story's
-    path, ``checkout -f -B <branch> <target>``, ``clean -ffdx``), then park it again after the
-    story (``checkout --detach``, ``worktree move`` back). Per-operation seconds."""
+def bare_pooled(root: Path, count: int, write: bool, tag: str = "p") -> tuple[list[float], dict[str, list[float]]]:
+    """`bare` as the loop does it with its worktree pool: one ``worktree add -b`` for the first
+    story; after each story the worktree is parked (``status``, ``update-ref --no-deref HEAD
+    HEAD``, ``worktree move`` into the pool) and the next story takes it (``worktree move`` to its
+    path, ``clean -ffdx``, ``checkout -f --no-track -b <branch> <target>``); the last one is
+    drained (``worktree remove``). Per-story seconds and per-operation seconds."""
+    target = f"bench-bare-target-{tag}"
+    git(root, "branch", target, "main")
     folder = root / ".bmad-loop" / "bare-worktrees"
     folder.mkdir(parents=True, exist_ok=True)
-    spare = folder / "spare"
-    target = git(root, "rev-parse", "refs/heads/main")
-    git(root, "worktree", "add", "-q", "--detach", str(spare), target)
+    spare = folder / f"{tag}-pool"
+    per_story: list[float] = []
     per_op: dict[str, list[float]] = {}
     timed = functools.partial(_timed, per_op)
 
     for i in range(count):
-        branch, wt = f"bench-reuse/{i}", folder / f"reuse{i}"
-        timed("take: worktree move", lambda: git(root, "worktree", "move", str(spare), str(wt)))
-        timed("take: checkout -f -B", lambda: git(wt, "checkout", "-q", "-f", "-B", branch, target))
-        timed("take: clean -ffdx", lambda: git(wt, "clean", "-q", "-ffdx"))
-        (wt / "work" / f"reuse-{i}.txt").write_text(f"{i}\n")
-        git(wt, "add", "-A")
-        git(wt, "commit", "-q", "-m", f"reuse story {i}")
-        timed("park: checkout --detach", lambda: git(wt, "checkout", "-q", "--detach"))
+        branch, wt = f"bench-bare/{tag}{i}", folder / f"{tag}{i}"
+        started = time.perf_counter()
+        old = git(root, "rev-parse", f"refs/heads/{target}")
+        if i == 0:
+            timed("worktree add -b (first story)", lambda: git(root, "worktree", "add", "-q", "-b",
+                                                               branch, str(wt), old))
+        else:
+            timed("take: worktree move", lambda: git(root, "worktree", "move", str(spare), str(wt)))
+            timed("take: clean -ffdx", lambda: git(wt, "clean", "-q", "-ffdx"))
+            timed("take: checkout -f -b", lambda: git(wt, "checkout", "-q", "-f", "--no-track",
+                                                      "-b", branch, old))
+        if write:
+            (wt / "work" / f"bare-{tag}{i}.txt").write_text(f"{i}\n")
+        timed("add -A", lambda: git(wt, "add", "-A"))
+        timed("commit", lambda: git(wt, "commit", "-q", "--allow-empty", "-m", f"bare story {i}"))
+        head = git(wt, "rev-parse", "HEAD")
+        tree = timed("merge-tree --write-tree",
+                     lambda: git(root, "merge-tree", "--write-tree", old, head).splitlines()[0])
+        new = timed("commit-tree", lambda: git(root, "commit-tree", tree, "-p", old, "-p", head,
+                                               input=f"Merge {branch}\n"))
+        timed("update-ref (CAS)", lambda: git(root, "update-ref", f"refs/heads/{target}", new, old))
+        timed("park: status", lambda: git(wt, "status", "--porcelain", "-z", "--untracked-files=all"))
+        timed("park: update-ref --no-deref HEAD", lambda: git(wt, "update-ref", "--no-deref",
+                                                              "HEAD", "HEAD"))
         timed("park: worktree move", lambda: git(root, "worktree", "move", str(wt), str(spare)))
-        git(root, "branch", "-D", branch)
-    git(root, "worktree", "remove", "-f", str(spare))
-    return per_op
+        timed("branch -D", lambda: git(root, "branch", "-D", branch))
+        if i == count - 1:
+            timed("drain: worktree remove (last story)", lambda: git(root, "worktree", "remove", str(spare)))
+        per_story.append(time.perf_counter() - started)
+    git(root, "branch", "-D", target)
+    return per_story, per_op
 
 
 def loop_breakdown(result, keys: list[str]) -> tuple[list[list[str]], dict]:
@@ -196,8 +224,10 @@ def main(argv=None) -> int:
     parser.add_argument("--agent-s", type=float, default=0.0, metavar="S",
                         help="the agent sleeps S seconds before it writes (issue 15 uses 2) [0]")
     parser.add_argument("--reuse", action="store_true",
-                        help="also measure, bare, reusing one worktree from story to story "
-                             "instead of worktree add + remove")
+                        help="also run the bare sequence with the worktree pool (take and park "
+                             "instead of worktree add + remove) and compare the loop with it")
+    parser.add_argument("--no-pool", action="store_true",
+                        help="run the loop without its worktree pool (BMAD_LOOP_WORKTREE_POOL=0)")
     parser.add_argument("--count-depth", type=int, default=1, metavar="N",
                         help="with --count: engine frames named per git call [1]")
     parser.add_argument("--what-if", action="append", default=[], metavar="EXPERIMENT",
@@ -235,6 +265,10 @@ def main(argv=None) -> int:
 
     git(root, "status", "--porcelain")  # warm the file-system cache for both sides alike
     before, ops_before = bare(root, args.stories, write, "a")
+    if args.reuse:
+        pooled_before, pooled_ops = bare_pooled(root, args.stories, write, "p")
+    if args.no_pool:
+        os.environ[POOL_ENV] = "0"  # read by the engine when it parks (this process only)
     if args.probe:
         import _probe
 
@@ -248,6 +282,8 @@ def main(argv=None) -> int:
     if args.count:
         counted = _count.totals()
     after, ops_after = bare(root, args.stories, write, "b")
+    if args.reuse:
+        pooled_after, pooled_ops_after = bare_pooled(root, args.stories, write, "q")
     print(f"load average at end: {load()}\n")
     bare_story = before + after
     bare_ops = {name: ops_before[name] + ops_after[name] for name in ops_before}
@@ -301,14 +337,25 @@ def main(argv=None) -> int:
     print(table(["operation", "mean ms"], [[name, ms(mean(v))] for name, v in bare_ops.items()]
                 + [["total", ms(bare_mean)]]))
     if args.reuse:
-        reuse = bare_reuse(root, args.stories)
+        pooled = pooled_before + pooled_after
+        ops = {k: pooled_ops[k] + pooled_ops_after[k] for k in pooled_ops}
+        runs = 2 * args.stories  # per story: what each operation costs summed over its runs / K
+        print("\n## The loop against both bare floors\n")
+        print(f"loop {'without' if args.no_pool else 'with'} its worktree pool\n")
+        print(table(["", "ms / story", "loop overhead / floor"], [
+            ["loop, whole run / K, minus the agent process", ms(loop_no_agent), ""],
+            ["bare floor, worktree add + remove per story", ms(bare_mean),
+             f"{loop_no_agent / bare_mean:.2f}"],
+            ["bare floor, the pool's take + park (one add, one drain)", ms(mean(pooled)),
+             f"{loop_no_agent / mean(pooled):.2f}"],
+        ]))
+        print("\nThe pooled bare sequence, per story (sum over all stories / K):\n")
+        print(table(["operation", "ms / story"], [[k, ms(sum(v) / runs)] for k, v in ops.items()]
+                    + [["total", ms(mean(pooled))]]))
         fresh = mean(bare_ops["worktree add -b"]) + mean(bare_ops["worktree remove"])
-        again = sum(mean(v) for v in reuse.values())
-        print("\n## Worktree reuse, measured bare (not what the loop does)\n")
-        print(table(["operation", "mean ms"], [[k, ms(mean(v))] for k, v in reuse.items()]
-                    + [["reuse: take + park", ms(again)],
-                       ["fresh: worktree add -b + worktree remove", ms(fresh)]]))
-        print(f"\nreuse / fresh = {again / fresh:.2f}")
+        again = sum(sum(v) / runs for k, v in ops.items() if k.startswith(("take", "park", "worktree add", "drain")))
+        print(f"\nworktree work per story: take + park {ms(again)} ms, add + remove {ms(fresh)} ms "
+              f"(ratio {again / fresh:.2f})")
     if args.count:
         print("\n## Count: git processes and transactions per story (whole run / K)\n")
         print(f"git processes per story: {counted[0] / args.stories:.1f}; "

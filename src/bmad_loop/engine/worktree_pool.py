@@ -113,7 +113,8 @@ def park(git, worktree: Path, branch: str, layout, *, size: int, seeds=()) -> Pa
                          if not os.path.lexists(pool_dir(layout) / str(n))), None)
             if slot is None:
                 return None
-            git.run("checkout", "-q", "--detach", cwd=path)
+            # Detach without touching the index or files: HEAD takes the commit it names.
+            git.run("update-ref", "--no-deref", "-m", "bmad-loop: park", "HEAD", "HEAD", cwd=path)
             move_worktree(git, path, slot)
         return slot
     except (GitError, OSError) as exc:
