@@ -33,7 +33,7 @@ name = os.path.basename(cwd)
 
 def log(what):
     with open(os.path.join(bar, "log"), "a") as f:
-        f.write(f"{what} {name} {os.getpid()}\\n")
+        f.write(f"{what} {name} {os.getpid()} {os.environ.get('BMAD_LOOP_PORT_BASE', '-')}\\n")
 
 
 def leave(code):
@@ -75,7 +75,7 @@ def _verifying(bar: Path) -> set[str]:
     return {p.name[len("verifying-"):] for p in bar.glob("verifying-*")}
 
 
-def _gate_log(bar: Path) -> list[tuple[str, str, str]]:
+def _gate_log(bar: Path) -> list[tuple[str, str, str, str]]:
     path = bar / "log"
     return [tuple(line.split()) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -235,8 +235,8 @@ def test_kill_9_during_stacked_verification_resumes_with_the_same_history(make_r
         wait_until(lambda: len(_events(repo, "candidate.verified")) == 1, what="b verified")
         repo.kill_spawned()  # SIGKILL to the run's process group; verify commands have their own
         assert proc.returncode == -9
-        orphans = {pid for what, _, pid in _gate_log(bar) if what == "start"} - {
-            pid for what, _, pid in _gate_log(bar) if what == "end"}
+        orphans = {pid for what, _, pid, _ in _gate_log(bar) if what == "start"} - {
+            pid for what, _, pid, _ in _gate_log(bar) if what == "end"}
         assert len(orphans) == 2  # a's and c's verify commands, still waiting
         rows = dict(query(repo, "SELECT s.key, c.state FROM candidates c "
                                 "JOIN stories s ON s.id = c.story_id"))
@@ -255,7 +255,7 @@ def test_kill_9_during_stacked_verification_resumes_with_the_same_history(make_r
     assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, B.key, C.key]
     assert len(query(repo, "SELECT id FROM candidates")) == 3  # nothing composed twice
     # The dead lane's verify commands were ended before their candidates were verified again.
-    assert not orphans & {pid for what, _, pid in _gate_log(bar) if what == "end"}
+    assert not orphans & {pid for what, _, pid, _ in _gate_log(bar) if what == "end"}
     uninterrupted = bar / "clean"
     uninterrupted.mkdir()
     _rules(uninterrupted)
@@ -263,3 +263,71 @@ def test_kill_9_during_stacked_verification_resumes_with_the_same_history(make_r
                       policy=_policy(uninterrupted))
     assert other.cli("run").exit_code == 0
     assert _target_trees(repo) == _target_trees(other)
+
+
+def test_stop_now_ends_the_stacks_verifications_and_resume_composes_them_again(make_repo, bar):
+    repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar))
+    proc = repo.spawn("run")
+    try:
+        wait_until(lambda: _verifying(bar) >= {"1-1-a-1", "1-2-b-1", "1-3-c-1"},
+                   what="three candidates verifying")
+        run_id = query(repo, "SELECT id FROM runs")[0][0]
+        assert repo.cli("stop", run_id, "--now").exit_code == 0
+        wait_until(lambda: _run_state(repo) == "stopped", what="the run to stop")
+        proc.wait(timeout=60)
+        # Every verify command was ended by the stop, none finished on its own.
+        assert [x for x in _gate_log(bar) if x[0] == "end"] == []
+        assert {s["key"]: s["state"] for s in repo.status()["stories"]} == {
+            A.key: "ready", B.key: "ready", C.key: "ready"}
+        assert sorted(c["state"] for c in repo.status()["candidates"]) == ["abandoned"] * 3
+        _rules(bar)
+        assert repo.cli("resume", run_id).exit_code == 0
+    finally:
+        repo.kill_spawned()
+    assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, B.key, C.key]
+    assert [c["attempt"] for c in repo.status()["candidates"] if c["state"] == "advanced"] == [2, 2, 2]
+
+
+def test_nothing_is_stacked_on_a_story_waiting_for_sign_off(make_repo, bar):
+    b = StoryDef(B.key, files=B.files, extra_front_matter={"merge_class": "operator"})
+    sprint = [A, b, C]
+    repo = make_repo(sprint, script=write_each(sprint), policy=_policy(bar))
+    _rules(bar)  # every candidate passes at once
+    result = repo.cli("run")
+    assert result.exit_code == 3, result.output  # paused: b waits for its sign-off
+    now = {s["key"]: s["state"] for s in repo.status()["stories"]}
+    assert now == {A.key: "integrated", B.key: "held", C.key: "ready"}
+    assert [c["story"] for c in repo.status()["candidates"]] == [A.key, B.key]  # none for c yet
+    run_id = query(repo, "SELECT id FROM runs")[0][0]
+    assert repo.cli("approve", run_id, B.key).exit_code == 0
+    assert repo.cli("resume", run_id).exit_code == 0
+    assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, B.key, C.key]
+    c = next(c for c in repo.status()["candidates"] if c["story"] == C.key)
+    b_cand = next(x for x in repo.status()["candidates"] if x["story"] == B.key)
+    assert c["target_sha"] == b_cand["candidate_sha"]
+
+
+def test_candidates_verified_at_once_share_out_the_lanes_port_block(make_repo, bar):
+    # 80 ports / (3 workers + the lane) = 20 each; the lane's 20 (9160-9179) split 3 ways.
+    ports = '[resources]\nports = "9100-9179"\n'
+    repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar, extra=ports))
+    proc = repo.spawn("run")
+    try:
+        wait_until(lambda: _verifying(bar) >= {"1-1-a-1", "1-2-b-1", "1-3-c-1"},
+                   what="three candidates verifying")
+        _rules(bar)
+        assert proc.wait(timeout=120) == 0, repo.spawned_logs()
+    finally:
+        repo.kill_spawned()
+    bases = sorted(int(base) for what, _, _, base in _gate_log(bar) if what == "start")
+    assert bases == [9160, 9166, 9172]
+
+
+def test_a_port_range_too_small_for_the_stack_is_bad_input(make_repo, bar):
+    repo = make_repo(SPRINT, script=write_each(SPRINT),
+                     policy=_policy(bar, extra='[resources]\nports = "9100-9107"\n'))
+    result = repo.cli("run")
+    assert result.exit_code == 2
+    assert "[verify] parallel" in result.output and "[resources] ports" in result.output
+    assert repo.bmad_branches() == []
+    assert not (repo.root / ".bmad-loop" / "state.db").exists()

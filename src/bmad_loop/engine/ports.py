@@ -29,6 +29,13 @@ def check_port_range(policy) -> None:
         raise ConfigError(
             f"{policy.source}: [resources] ports = \"{policy.resources.ports}\" is too small for "
             f"{policy.scm.max_parallel} worker(s) and the lane: each block would be empty")
+    # The lane's block is shared out among the candidates it verifies at once (speculation.py).
+    depth = policy.verify.depth(policy.scm.max_parallel) if policy.verify.commands else 1
+    if _range(policy) is not None and block_size(policy) < depth:
+        raise ConfigError(
+            f"{policy.source}: [resources] ports = \"{policy.resources.ports}\" is too small for "
+            f"{depth} candidates verified at once ([verify] parallel): the lane's block of "
+            f"{block_size(policy)} port(s) cannot give each one")
 
 
 def worker_block(policy, index: int | None) -> dict | None:
