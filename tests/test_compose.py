@@ -432,8 +432,25 @@ def test_commit_worktree_without_an_agent_commit_commits_all_but_the_reverted_fi
     head, reverted = commit_worktree(git, story, "msg", base, [BOARD])
     assert reverted == [BOARD]
     assert head != base and parents(git, head) == [base]
-    assert changed_paths(git, base, head) == ["src/b.py", "src/new.py"]
+    assert changed_status(git, base, head) == {"src/b.py": "D", "src/new.py": "A"}
     assert dirty_paths(git, story) == set()
+
+
+@pytest.mark.parametrize("agent_commits", [False, True])
+def test_the_story_s_changes_known_from_its_commit_are_what_git_diffs(git, story, agent_commits):
+    base = git.rev("main")
+    if agent_commits:
+        commit(git, story, {BOARD: "1-1-a: done\n", "src/a.py": a_with(3, "c")}, "agent")
+    (story / BOARD).write_text("1-1-a: review\n")
+    (story / "src/b.py").unlink()
+    (story / "ledger").mkdir()
+    (story / "ledger/x.md").write_text("lane-owned, new\n")
+    head, _ = commit_worktree(git, story, "msg", base, [BOARD, "ledger/**"])
+    raw = git.out("diff-tree", "-r", "-z", "--name-status", "--no-renames", base, head)
+    fields = raw.split("\0")
+    diffed = {fields[i + 1]: fields[i] for i in range(0, len(fields) - 1, 2)}
+    assert changed_status(git, base, head) == diffed
+    assert list(changed_status(git, base, head)) == list(diffed)
 
 
 def test_changed_status_names_each_path_s_change_and_answers_a_pair_again_alike(git, story):

@@ -109,12 +109,18 @@ def changed_status(git: Git, base: str, head: str) -> dict[str, str]:
     raw = git.run("diff-tree", "-r", "-z", "--name-status", "--no-renames", base, head).stdout
     fields = raw.split("\0")
     status = {fields[i + 1]: fields[i][:1] for i in range(0, len(fields) - 1, 2) if fields[i + 1]}
-    if cacheable:
-        with _DIFFS_LOCK:
-            _DIFFS[key] = dict(status)
-            while len(_DIFFS) > _DIFFS_KEPT:
-                _DIFFS.popitem(last=False)
+    _remember_diff(git, base, head, status)
     return status
+
+
+def _remember_diff(git: Git, base: str, head: str, status: dict[str, str]) -> None:
+    if not (is_full_sha(base) and is_full_sha(head)):
+        return
+    with _DIFFS_LOCK:
+        _DIFFS[(os.fspath(git.repo_dir), base, head)] = dict(status)
+        _DIFFS.move_to_end((os.fspath(git.repo_dir), base, head))
+        while len(_DIFFS) > _DIFFS_KEPT:
+            _DIFFS.popitem(last=False)
 
 
 def _tree_of(git: Git, rev: str) -> str:
@@ -229,6 +235,12 @@ def commit_worktree(
     head = git.rev("HEAD", cwd=worktree)
     if head is None:
         raise GitError(f"{worktree} has no HEAD commit")
+    if revert_globs:
+        # HEAD's tree is the index now, which differs from the base in what the one diff
+        # named less what was put back: the story's changes (`changed_paths`) without git.
+        put_back = set(reverted)
+        _remember_diff(git, base_sha, head,
+                       {p: letter for p, letter in changes.items() if p not in put_back})
     return head, reverted
 
 
