@@ -6,14 +6,15 @@ write-back (board and story file) and the create phase use them; `compose` re-ex
 
 A new tree is built folder by folder: only the folders along the changed paths are rebuilt
 (their entries read through ``cat-file --batch``, which `blobs_at` already ran for the same
-tree and paths, so the write-back reads them there), their object names computed here in git's
-tree format and order, and written by one ``hash-object -w`` (the new files) and one ``mktree
---batch`` (the folders, deepest first); git's answers are checked against the names computed
-here. The result is what a temporary index would give (``read-tree``, ``update-index``,
+tree and paths, so the write-back reads them there), in git's tree format and order, with their
+object names computed here. The new files and folders go to git as one small pack through
+``unpack-objects --strict``, which names each object from its content, checks every folder's
+format (sorted, no duplicate, no ``.git``) and that everything it names exists. The result is
+what a temporary index gives (``ls-tree``, ``read-tree``, ``hash-object``, ``update-index``,
 ``write-tree``: five processes), which is still the way for anything unusual: a file in the
-way of a folder, an odd path, or a folder holding a mode git no longer writes (the index route
-rewrites such folders in git's canonical form; the folder route keeps folders it does not
-touch as they are).
+way of a folder, an odd path, a pack git refuses, or a folder holding a mode git no longer
+writes (the index route rewrites such folders in git's canonical form; the folder route keeps
+folders it does not touch as they are).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import hashlib
 import os
 import tempfile
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -100,8 +102,8 @@ def replace_blob(git: Git, tree: str, path: str, content: bytes | None) -> str:
 
 
 def replace_blobs(git: Git, tree: str, contents: dict[str, bytes | None]) -> str:
-    """`replace_blob` for several paths at once: two git processes however many there are (a
-    third when `blobs_at` did not read this tree's folders just before)."""
+    """`replace_blob` for several paths at once: one git process however many there are (a
+    second when `blobs_at` did not read this tree's folders just before)."""
     if not contents:
         return tree
     built = _by_folders(git, tree, contents)
@@ -295,7 +297,8 @@ def _by_folders(git: Git, tree: str, contents: dict[str, bytes | None]) -> str |
     root_body = _tree_bytes(trees[""])
     root = _object_name(b"tree", root_body, hex_len)
     written.append(("", root, trees[""]))
-    _write_objects(git, contents, blobs, written)
+    if not _write_objects(git, contents, blobs, written, hex_len):
+        return None  # git's own verdict comes from the index route
     _remember(_WRITTEN, {(os.fspath(git.repo_dir), root.hex(), p): content
                          for p, content in contents.items() if content is not None})
     return root.hex()
@@ -330,28 +333,32 @@ def _written(git: Git, commit: str, path: str) -> bytes | None:
         return None if tree is None else _WRITTEN.get((where, tree, path))
 
 
-def _write_objects(git: Git, contents, blobs: dict[str, bytes], written) -> None:
-    """The new files (one ``hash-object -w``) and folders (one ``mktree --batch``, deepest
-    first), each checked against the name computed for it."""
-    if blobs:
-        with tempfile.TemporaryDirectory(prefix="bmad-loop-blobs-") as tmp:
-            sources = []
-            for i, p in enumerate(blobs):
-                source = os.path.join(tmp, f"blob{i}")
-                with open(source, "wb") as handle:
-                    handle.write(contents[p])
-                sources.append(source)
-            got = git.out("hash-object", "-w", "--no-filters", "--stdin-paths",
-                          input="".join(f"{src}\n" for src in sources)).split()
-        if got != [b.hex() for b in blobs.values()]:
-            raise GitError(f"git named the new files {got}, not {[b.hex() for b in blobs.values()]}")
-    lines = []
-    for _folder, _name, entries in written:
-        for name, (mode, obj) in entries.items():
-            kind = b"tree" if mode == _TREE_MODE else b"commit" if mode == b"160000" else b"blob"
-            lines.append(mode + b" " + kind + b" " + obj.hex().encode() + b"\t" + name + b"\0")
-        lines.append(b"\0")
-    got = git.out("mktree", "-z", "--batch", input=b"".join(lines)).split()
-    expected = [name.hex() for _f, name, _e in written]
-    if got != expected:
-        raise GitError(f"git named the new folders {got}, not {expected}")
+def _write_objects(git: Git, contents, blobs: dict[str, bytes], written, hex_len: int) -> bool:
+    """The new files and folders, written by one ``unpack-objects --strict`` from a pack made
+    here (git names every object from its content, and checks each folder's format and that
+    everything it names exists); False when git refused it."""
+    objects = [(_PACK_BLOB, contents[p]) for p in blobs]
+    objects += [(_PACK_TREE, _tree_bytes(entries)) for _f, _n, entries in written]
+    body = b"PACK" + (2).to_bytes(4, "big") + len(objects).to_bytes(4, "big")
+    body += b"".join(_pack_entry(kind, content) for kind, content in objects)
+    algorithm = hashlib.sha1 if hex_len == 40 else hashlib.sha256
+    proc = git.run("unpack-objects", "-q", "--strict", input=body + algorithm(body).digest(),
+                   check=False)
+    return proc.returncode == 0
+
+
+_PACK_TREE, _PACK_BLOB = 2, 3
+
+
+def _pack_entry(kind: int, content: bytes) -> bytes:
+    """One undeltified pack entry: type and size (a little-endian varint), then zlib data."""
+    size = len(content)
+    header = bytearray()
+    byte = (kind << 4) | (size & 0x0F)
+    size >>= 4
+    while size:
+        header.append(byte | 0x80)
+        byte = size & 0x7F
+        size >>= 7
+    header.append(byte)
+    return bytes(header) + zlib.compress(content)
