@@ -331,3 +331,29 @@ def test_a_port_range_too_small_for_the_stack_is_bad_input(make_repo, bar):
     assert "[verify] parallel" in result.output and "[resources] ports" in result.output
     assert repo.bmad_branches() == []
     assert not (repo.root / ".bmad-loop" / "state.db").exists()
+
+
+def test_a_stack_on_a_remote_target_pushes_each_candidate_in_order(make_repo, bar):
+    from support import make_remote_project, remote_trees
+
+    repo, bare = make_remote_project(make_repo, SPRINT, write_each(SPRINT), _policy(bar))
+    proc = repo.spawn("run")
+    try:
+        wait_until(lambda: _verifying(bar) >= {"1-1-a-1", "1-2-b-1", "1-3-c-1"},
+                   what="three candidates verifying against the remote's target")
+        _rules(bar)
+        assert proc.wait(timeout=120) == 0, repo.spawned_logs()
+    finally:
+        repo.kill_spawned()
+    cands = {c["story"]: c for c in repo.status()["candidates"]}
+    assert [cands[k]["stack"] for k in (A.key, B.key, C.key)] == [1, 2, 3]
+    # The remote's target took C1, C2, C3 in turn, each a fast-forward of the one before.
+    shas = git_rev_list(bare)
+    assert shas[-3:] == [cands[k]["candidate_sha"] for k in (A.key, B.key, C.key)]
+    assert len(remote_trees(bare)) == len(shas)
+
+
+def git_rev_list(bare: Path) -> list[str]:
+    from support import git
+
+    return git(bare, "rev-list", "--first-parent", "--reverse", "main").split()
