@@ -493,3 +493,14 @@ def test_the_held_checkout_follows_the_advance_and_keeps_unrelated_local_changes
 def test_a_linked_worktree_s_index_is_its_own(git, story):
     assert index_path(git, story) == Path(
         git.out("rev-parse", "--path-format=absolute", "--git-path", "index", cwd=story))
+
+
+def test_the_worker_s_commit_date_known_here_is_the_one_git_stored(git, story):
+    from bmad_loop.compose import _commit_date
+
+    base = git.rev("main")
+    (story / "src/new.py").write_text("new\n")
+    head, _ = commit_worktree(git, story, "msg", base, [BOARD])
+    assert _commit_date(git, head) == git.commit_date(head)
+    assert git.out("log", "-1", "--format=%ad|%cd", "--date=raw", head).split("|") == \
+        [git.commit_date(head)[1:]] * 2

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -227,14 +228,18 @@ def commit_worktree(
             raise GitError(f"cannot tell what is staged in {worktree}",
                            returncode=proc.returncode, stderr=proc.stderr)
         staged = proc.returncode == 1
+    date = None
     if staged:
+        date = _now()  # what git would take; known here, the lane need not read it back
         git.run(
             "-c", "commit.gpgsign=false", "commit", "--no-verify", "--quiet", "-m", message,
-            cwd=worktree, env=git.identity_env(),
+            cwd=worktree, env=git.identity_env(date),
         )
     head = git.rev("HEAD", cwd=worktree)
     if head is None:
         raise GitError(f"{worktree} has no HEAD commit")
+    if date is not None and not git.run_hooks:  # no post-commit hook can have amended it
+        _remember_date(git, head, date)
     if revert_globs:
         # HEAD's tree is the index now, which differs from the base in what the one diff
         # named less what was put back: the story's changes (`changed_paths`) without git.
@@ -242,6 +247,28 @@ def commit_worktree(
         _remember_diff(git, base_sha, head,
                        {p: letter for p, letter in changes.items() if p not in put_back})
     return head, reverted
+
+
+# (repository, commit) -> "@<unix> <tz>" of commits `commit_worktree` made in this process:
+# composing the story reads its date, and a worker and the lane often share a process.
+_DATES: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+
+def _now() -> str:
+    return f"@{int(time.time())} {time.strftime('%z')}"
+
+
+def _remember_date(git: Git, commit: str, date: str) -> None:
+    with _DIFFS_LOCK:
+        _DATES[(os.fspath(git.repo_dir), commit)] = date
+        while len(_DATES) > _DIFFS_KEPT:
+            _DATES.popitem(last=False)
+
+
+def _commit_date(git: Git, commit: str) -> str:
+    with _DIFFS_LOCK:
+        known = _DATES.get((os.fspath(git.repo_dir), commit))
+    return known if known is not None else git.commit_date(commit)
 
 
 def _index_changes(git: Git, worktree: Path, base_sha: str) -> dict[str, str]:
@@ -338,7 +365,7 @@ def compose(
     # A full SHA names itself; a missing one fails the commands below with git's own message.
     target = target_sha if is_full_sha(target_sha) else _commit(git, target_sha)
     branch = branch_sha if is_full_sha(branch_sha) else _commit(git, branch_sha)
-    env = git.identity_env(git.commit_date(branch))  # reads the branch commit: it must exist
+    env = git.identity_env(_commit_date(git, branch))  # the branch commit must exist
     if strategy in ("merge", "squash"):
         tree, conflicts = _merge_trees(git, target, branch)
         if conflicts:
