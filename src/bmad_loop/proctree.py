@@ -33,6 +33,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 
@@ -290,11 +291,14 @@ class Thawer:
         if proc is None:
             return
         try:
-            proc.stdin.close()  # end of the step: the helper exits at once
-            proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
-            proc.wait()
+            proc.stdin.close()  # end of the step: the helper exits as soon as it reads that
+        except OSError:
+            pass
+        # Not waited for here: a helper still starting up (its interpreter loading) would hold
+        # the step's end for tens of milliseconds. It is reaped later, or killed if it lingers.
+        with _closing_lock:
+            _closing.append((proc, time.monotonic() + _HELPER_GRACE_S))
+        _reap()
 
     def __enter__(self) -> "Thawer":
         return self
@@ -302,6 +306,26 @@ class Thawer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+_HELPER_GRACE_S = 5.0
+_closing: list[tuple[subprocess.Popen, float]] = []  # closed helpers not yet reaped
+_closing_lock = threading.Lock()
+
+
+def _reap() -> None:
+    """Reap the closed helpers that exited; kill the ones past their grace."""
+    now = time.monotonic()
+    with _closing_lock:
+        left = []
+        for proc, deadline in _closing:
+            if proc.poll() is not None:
+                continue
+            if now > deadline:
+                proc.kill()
+                proc.wait()
+                continue
+            left.append((proc, deadline))
+        _closing[:] = left
 
 def _thaw(pid: int, start: float, after_s: float, note: str) -> None:
     """The helper's loop: SIGCONT to `pid` whenever it has been stopped for `after_s`."""

@@ -79,7 +79,10 @@ class StallWatch:
         self._last_active = now
         self._next_sample = now
         self._size = self._log_size()
-        self._cpu = self._sample()
+        # No baseline now: the session is active as it starts, and a walk of every process of
+        # the machine here would delay the agent's start. The first sample's processes are all
+        # new, i.e. active, as they are.
+        self._cpu: dict = {}
 
     @property
     def quiet_s(self) -> float:
