@@ -118,3 +118,21 @@ def test_a_subfolder_is_always_asked(repo):
     sub.mkdir()
     assert answer(repo, sub, reads)[1]
     assert answer(repo, sub, reads)[1]
+
+
+def test_sibling_worktrees_share_an_answer_until_a_condition_could_tell_them_apart(repo, tmp_path):
+    reads = Reads()
+    one, two, three = (tmp_path / name for name in ("one", "two", "three"))
+    for i, folder in enumerate((one, two, three)):
+        repo.run("worktree", "add", "-q", "-b", f"s{i}", str(folder))
+    assert answer(repo, one, reads)[1]
+    assert not answer(repo, two, reads)[1]  # the same files, no condition: one's answer
+    repo.run("config", "filter.x.smudge", "planted")
+    found, asked = answer(repo, two, reads)
+    assert asked and values(found, "filter.x.smudge") == ["planted"]
+    write(tmp_path / "only-three.conf", "[core]\n\tpager = three\n")
+    repo.run("config", "includeIf.onbranch:s2.path", str(tmp_path / "only-three.conf"))
+    assert answer(repo, two, reads)[1]
+    found, asked = answer(repo, three, reads)  # a condition could tell them apart: not shared
+    assert asked and values(found, "core.pager") == ["three"]
+    assert values(answer(repo, one, reads)[0], "core.pager") == []

@@ -37,6 +37,8 @@ _SYSTEM_MISSING = re.compile(r"unable to read config file '([^']+)'")
 
 _lock = threading.Lock()
 _answers: OrderedDict[str, tuple[tuple, object, tuple[Path, ...]]] = OrderedDict()
+# common dir -> the answer a linked worktree of it gave, shared with its siblings (`_sharing`)
+_shared: OrderedDict[str, tuple[tuple, object, tuple[Path, ...]]] = OrderedDict()
 _system: list[Path | None] = []  # [path] once known; [None]: git would not say
 
 
@@ -55,6 +57,14 @@ def entries(git, cwd: Path, read):
         with _lock:
             _answers.move_to_end(key, last=True)
         return known[1]
+    share = _sharing(git, Path(cwd))
+    if share is not None:
+        with _lock:
+            other = _shared.get(share[0])
+        if other is not None:
+            files = tuple(dict.fromkeys(share[1] + other[2]))
+            if _snapshot(Path(cwd), files) == other[0]:
+                return other[1]
     answer = read(git, cwd)
     found, error = answer
     included = _included_files(found) if error is None else None
@@ -65,10 +75,40 @@ def entries(git, cwd: Path, read):
             _answers[key] = (after, answer, tuple(included))
             while len(_answers) > _KEPT:
                 _answers.popitem(last=False)
+        if share is not None and not any(k.startswith("includeif.") for _s, _o, k, _v in found):
+            # No condition can tell this worktree from its siblings: they may share it.
+            files = tuple(dict.fromkeys(share[1] + tuple(included)))
+            contents = dict(after[1:-1])
+            shared = (after[0], *((os.fspath(f), contents[os.fspath(f)]) for f in files),
+                      after[-1])
+            with _lock:
+                _shared[share[0]] = (shared, answer, tuple(included))
+                while len(_shared) > _KEPT:
+                    _shared.popitem(last=False)
     elif included is not None:  # the files to watch are known now: the next read can keep it
         with _lock:
             _answers[key] = ((), answer, tuple(included))
     return answer
+
+
+def _sharing(git, cwd: Path) -> tuple[str, tuple[Path, ...]] | None:
+    """(common dir, the files its linked worktrees' answers depend on) when `cwd` is a linked
+    worktree without its own configuration, it and its git folders owned by this user (so
+    ``safe.directory`` says the same for every sibling); else None."""
+    if not (cwd / ".git").is_file():
+        return None
+    dirs = git_dirs(cwd)
+    system = _system_file(git)
+    if dirs is None or system is None or os.path.lexists(dirs[0] / "config.worktree"):
+        return None
+    try:
+        if any(os.stat(p).st_uid != os.geteuid() for p in (cwd, *dirs)):
+            return None
+    except OSError:
+        return None
+    common = dirs[1]
+    return os.fspath(common), (system, common / "config", common / "config.worktree",
+                               *_global_files())
 
 
 def _base_files(git, cwd: Path) -> tuple[Path, ...] | None:
@@ -80,17 +120,21 @@ def _base_files(git, cwd: Path) -> tuple[Path, ...] | None:
     if dirs is None or system is None:
         return None
     gitdir, common = dirs
-    files = [system, common / "config", common / "config.worktree", gitdir / "config.worktree",
-             gitdir / "HEAD", gitdir / "commondir", cwd / ".git"]
+    return (system, common / "config", common / "config.worktree", gitdir / "config.worktree",
+            gitdir / "HEAD", gitdir / "commondir", cwd / ".git", *_global_files())
+
+
+def _global_files() -> list[Path]:
     home = os.environ.get("HOME")
     xdg = os.environ.get("XDG_CONFIG_HOME")
+    files = []
     if xdg:
         files.append(Path(xdg) / "git" / "config")
     elif home:
         files.append(Path(home) / ".config" / "git" / "config")
     if home:
         files.append(Path(home) / ".gitconfig")
-    return tuple(files)
+    return files
 
 
 def _system_file(git) -> Path | None:
