@@ -188,6 +188,9 @@ def test_a_failed_middle_candidate_gives_up_the_one_above_it(make_repo, bar, mod
         assert now == {A.key: "integrated", B.key: "escalated", C.key: "ready"}
         cands = {(c["story"], c["attempt"]): c for c in repo.status()["candidates"]}
         assert cands[(C.key, 1)]["state"] == "abandoned"
+        evidence = json.loads(Path(cands[(C.key, 1)]["evidence"]).read_text())
+        assert (evidence["kind"], evidence["was"], evidence["stack"]) == ("abandoned", "verifying", 3)
+        assert evidence["target_sha"] == cands[(B.key, 1)]["candidate_sha"]
         assert cands[(B.key, 1)]["state"] == "verify-failed"
         # Resume: b gets a fresh attempt; this time its candidate passes, then c lands on it.
         _rules(bar)  # no failing combination: every candidate passes from now on

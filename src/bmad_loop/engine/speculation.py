@@ -182,6 +182,7 @@ class Stack:
                     if row.state in _LIVE:
                         was = row.state
                         row.state, row.ended_at, row.reason = CandidateState.ABANDONED, utcnow(), reason
+                        row.evidence = str(self._evidence(entry.story, row, was, reason))
                         record(s, self.run_id, "candidate.abandoned", entry.story.key,
                                attempt=row.attempt, was=was, stack=row.stack, reason=reason)
                         changed = True
@@ -189,6 +190,17 @@ class Stack:
                     record(s, self.run_id, "story.unstacked", entry.story.key, reason=reason)
                     changed = True
         return changed
+
+    def _evidence(self, story: Story, cand: Candidate, was: str, reason: str):
+        """What a given-up candidate was: its ref, worktree and verify log stay for a look."""
+        layout = self.integrator.layout
+        return self.integrator._write_evidence(story.key, cand.attempt, {
+            "kind": "abandoned", "story": story.key, "attempt": cand.attempt, "was": was,
+            "reason": reason, "stack": cand.stack, "target_sha": cand.target_sha,
+            "branch_sha": cand.branch_sha, "candidate_sha": cand.candidate_sha,
+            "ref": cand.ref, "worktree": cand.worktree,
+            "log": str(layout.verify_log(story.key, f"candidate-{cand.attempt}")),
+        })
 
     # ------------------------------------------------------------------ the bottom
     def _resolve_bottom(self, run: Run, stories, entry: _Entry) -> bool:
@@ -238,6 +250,8 @@ class Stack:
     def _start(self, story: Story, cand: Candidate) -> None:
         integrator = self.integrator
         worktree = integrator.candidate_checkout(story.key, cand.attempt, cand.candidate_sha)
+        with self.db.transaction() as s:  # where it is being verified, for status and evidence
+            s.get(Candidate, cand.id).worktree = str(worktree) if worktree else None
         with _running_lock:
             if cand.id in _running:
                 return
