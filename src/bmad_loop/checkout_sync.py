@@ -10,7 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .compose import changed_status
+from .treediff import changed_status
 from .errors import GitError
 from .gitcmd import Git, is_full_sha
 from .gitlocks import git_dirs

@@ -22,15 +22,15 @@ under it; ``\\`` escapes. ``!`` negation is not supported.
 from __future__ import annotations
 
 import os
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
+from bmad_loop.objectmemo import Memo
+from bmad_loop.treediff import changed_paths, changed_status, dirty_paths, remember_diff  # noqa: F401 (re-exported)
 from bmad_loop.treeedit import blob_at, blobs_at, remember_commit, replace_blob, replace_blobs  # noqa: F401 (re-exported)
 
 __all__ = [
@@ -58,70 +58,6 @@ _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
 
 
 # -- reading ------------------------------------------------------------------------------------
-
-
-def dirty_paths(git: Git, worktree: Path) -> set[str]:
-    """Paths that are modified, staged, deleted or untracked in `worktree` (not ignored ones).
-
-    Repository-relative. A rename counts as both its paths.
-    """
-    raw = git.run(
-        "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", cwd=worktree
-    ).stdout
-    fields = raw.split("\0")
-    paths: set[str] = set()
-    i = 0
-    while i < len(fields):
-        entry = fields[i]
-        i += 1
-        if len(entry) < 4:
-            continue
-        paths.add(entry[3:])
-        if "R" in entry[:2] or "C" in entry[:2]:  # renames despite --no-renames: source follows
-            if i < len(fields) and fields[i]:
-                paths.add(fields[i])
-            i += 1
-    return paths
-
-
-def changed_paths(git: Git, base: str, head: str) -> list[str]:
-    """Paths that differ between commits (or trees) `base` and `head`, renames as two paths."""
-    return list(changed_status(git, base, head))
-
-
-# The diff of two full SHAs never changes (objects are named by their content): the lane's
-# dirty check and its checkout sync ask for the same pair, and git is run for it once.
-_DIFFS: OrderedDict[tuple[str, str, str], dict[str, str]] = OrderedDict()
-_DIFFS_KEPT = 16
-_DIFFS_LOCK = threading.Lock()
-
-
-def changed_status(git: Git, base: str, head: str) -> dict[str, str]:
-    """{path: status letter (A, D, M, T)} between commits (or trees) `base` and `head`, in
-    git's path order, renames as a deletion and an addition."""
-    key = (os.fspath(git.repo_dir), base, head)
-    cacheable = is_full_sha(base) and is_full_sha(head)
-    if cacheable:
-        with _DIFFS_LOCK:
-            known = _DIFFS.get(key)
-            if known is not None:
-                _DIFFS.move_to_end(key)
-                return dict(known)
-    raw = git.run("diff-tree", "-r", "-z", "--name-status", "--no-renames", base, head).stdout
-    fields = raw.split("\0")
-    status = {fields[i + 1]: fields[i][:1] for i in range(0, len(fields) - 1, 2) if fields[i + 1]}
-    _remember_diff(git, base, head, status)
-    return status
-
-
-def _remember_diff(git: Git, base: str, head: str, status: dict[str, str]) -> None:
-    if not (is_full_sha(base) and is_full_sha(head)):
-        return
-    with _DIFFS_LOCK:
-        _DIFFS[(os.fspath(git.repo_dir), base, head)] = dict(status)
-        _DIFFS.move_to_end((os.fspath(git.repo_dir), base, head))
-        while len(_DIFFS) > _DIFFS_KEPT:
-            _DIFFS.popitem(last=False)
 
 
 def _tree_of(git: Git, rev: str) -> str:
@@ -239,36 +175,27 @@ def commit_worktree(
     if head is None:
         raise GitError(f"{worktree} has no HEAD commit")
     if date is not None and not git.run_hooks:  # no post-commit hook can have amended it
-        _remember_date(git, head, date)
+        _DATES.put((os.fspath(git.repo_dir), head), date)
     if revert_globs:
         # HEAD's tree is the index now, which differs from the base in what the one diff
         # named less what was put back: the story's changes (`changed_paths`) without git.
         put_back = set(reverted)
-        _remember_diff(git, base_sha, head,
+        remember_diff(git, base_sha, head,
                        {p: letter for p, letter in changes.items() if p not in put_back})
     return head, reverted
 
 
 # (repository, commit) -> "@<unix> <tz>" of commits `commit_worktree` made in this process:
 # composing the story reads its date, and a worker and the lane often share a process.
-_DATES: OrderedDict[tuple[str, str], str] = OrderedDict()
+_DATES = Memo(16)
 
 
 def _now() -> str:
     return f"@{int(time.time())} {time.strftime('%z')}"
 
 
-def _remember_date(git: Git, commit: str, date: str) -> None:
-    with _DIFFS_LOCK:
-        _DATES[(os.fspath(git.repo_dir), commit)] = date
-        while len(_DATES) > _DIFFS_KEPT:
-            _DATES.popitem(last=False)
-
-
 def _commit_date(git: Git, commit: str) -> str:
-    with _DIFFS_LOCK:
-        known = _DATES.get((os.fspath(git.repo_dir), commit))
-    return known if known is not None else git.commit_date(commit)
+    return _DATES.get((os.fspath(git.repo_dir), commit)) or git.commit_date(commit)
 
 
 def _index_changes(git: Git, worktree: Path, base_sha: str) -> dict[str, str]:

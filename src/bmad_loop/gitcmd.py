@@ -90,22 +90,12 @@ _RACE_RETRY = frozenset({"fetch", "pull", "remote"})
 _MAX_BACKOFF_S = 1.0
 
 # Inherited GIT_* variables we keep: they only say how to reach remotes or how to trace.
-_KEEP_GIT_VARS = frozenset(
-    {
-        "GIT_SSH",
-        "GIT_SSH_COMMAND",
-        "GIT_SSH_VARIANT",
-        "GIT_ASKPASS",
-        "GIT_PROXY_COMMAND",
-        "GIT_SSL_NO_VERIFY",
-        "GIT_SSL_CAINFO",
-        "GIT_SSL_CAPATH",
-        "GIT_HTTP_USER_AGENT",
-        "GIT_CURL_VERBOSE",
-        "GIT_EXEC_PATH",
-        "GIT_CONFIG_NOSYSTEM",  # can only make git read less configuration
-    }
-)
+_KEEP_GIT_VARS = frozenset({
+    "GIT_SSH", "GIT_SSH_COMMAND", "GIT_SSH_VARIANT", "GIT_ASKPASS", "GIT_PROXY_COMMAND",
+    "GIT_SSL_NO_VERIFY", "GIT_SSL_CAINFO", "GIT_SSL_CAPATH", "GIT_HTTP_USER_AGENT",
+    "GIT_CURL_VERBOSE", "GIT_EXEC_PATH",
+    "GIT_CONFIG_NOSYSTEM",  # can only make git read less configuration
+})
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -331,10 +321,8 @@ class Git:
     # -- reading ---------------------------------------------------------------------------
 
     def rev(self, ref: str, cwd: Path | None = None) -> str | None:
-        """Full sha of the commit `ref` names, or None when it names none.
-
-        ``HEAD`` and ``refs/heads/<branch>`` are read from git's files when they are plain
-        (`refread`); anything else, or anything unusual there, asks ``git rev-parse``."""
+        """Full sha of the commit `ref` names, or None when it names none (``HEAD`` and
+        ``refs/heads/<branch>`` are read from git's files when plain: `refread`)."""
         found = refread.read_commit_ref(cwd if cwd is not None else self.repo_dir, ref)
         if found is not refread.UNKNOWN:
             return found

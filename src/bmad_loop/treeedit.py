@@ -22,13 +22,12 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-import threading
 import zlib
-from collections import OrderedDict
 from collections.abc import Sequence
 
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha
+from bmad_loop.objectmemo import Memo
 
 __all__ = ["blob_at", "blobs_at", "cat_file_batch", "replace_blob", "replace_blobs",
            "remember_commit"]
@@ -148,11 +147,9 @@ def _through_index(git: Git, tree: str, contents: dict[str, bytes | None]) -> st
 
 _TREE_MODE = b"40000"
 _WRITTEN_MODES = frozenset({b"100644", b"100755", b"120000", b"160000", _TREE_MODE})
-_KEPT = 64
-# (repository, tree, folder) -> the folder's tree object (None: no folder there). Trees are
-# named by their content, so an entry never goes stale; a few are kept, the oldest dropped.
-_FOLDERS: OrderedDict[tuple[str, str, str], bytes | None] = OrderedDict()
-_FOLDERS_LOCK = threading.Lock()
+# (repository, tree, folder) -> the folder's tree object (None: no folder there).
+_FOLDERS = Memo(64)
+_UNREAD = object()
 
 
 def _folders(paths) -> list[str]:
@@ -170,19 +167,15 @@ def _spec(tree: str, folder: str) -> str:
 
 
 def _keep_folders(git: Git, tree: str, folders, objects) -> None:
-    with _FOLDERS_LOCK:
-        for folder, obj in zip(folders, objects):
-            _FOLDERS[(os.fspath(git.repo_dir), tree, folder)] = (
-                obj[1] if obj is not None and obj[0] == "tree" else None)
-            _FOLDERS.move_to_end((os.fspath(git.repo_dir), tree, folder))
-        while len(_FOLDERS) > _KEPT:
-            _FOLDERS.popitem(last=False)
+    for folder, obj in zip(folders, objects):
+        _FOLDERS.put((os.fspath(git.repo_dir), tree, folder),
+                     obj[1] if obj is not None and obj[0] == "tree" else None)
 
 
 def _read_folders(git: Git, tree: str, folders) -> dict[str, bytes | None]:
     where = os.fspath(git.repo_dir)
-    with _FOLDERS_LOCK:
-        known = {f: _FOLDERS[(where, tree, f)] for f in folders if (where, tree, f) in _FOLDERS}
+    got = {f: _FOLDERS.get((where, tree, f), _UNREAD) for f in folders}
+    known = {f: folder for f, folder in got.items() if folder is not _UNREAD}
     missing = [f for f in folders if f not in known]
     if missing:
         found = cat_file_batch(git, [_spec(tree, f) for f in missing])
@@ -299,38 +292,29 @@ def _by_folders(git: Git, tree: str, contents: dict[str, bytes | None]) -> str |
     written.append(("", root, trees[""]))
     if not _write_objects(git, contents, blobs, written, hex_len):
         return None  # git's own verdict comes from the index route
-    _remember(_WRITTEN, {(os.fspath(git.repo_dir), root.hex(), p): content
-                         for p, content in contents.items() if content is not None})
+    for p, content in contents.items():
+        if content is not None:
+            _WRITTEN.put((os.fspath(git.repo_dir), root.hex(), p), content)
     return root.hex()
 
 
 # (repository, commit) -> its tree, for commits made here; (repository, tree, path) -> a file
-# `replace_blobs` wrote there. Both are named by content: never stale; a few are kept.
-_COMMITS: OrderedDict[tuple[str, str], str] = OrderedDict()
-_WRITTEN: OrderedDict[tuple[str, str, str], bytes] = OrderedDict()
+# `replace_blobs` wrote there.
+_COMMITS = Memo(64)
+_WRITTEN = Memo(64)
 
 
 def remember_commit(git: Git, commit: str, tree: str) -> None:
     """`commit` (made in this process) has `tree`: `blob_at` may then answer from what
     `replace_blobs` wrote into that tree."""
     if is_full_sha(commit) and is_full_sha(tree):
-        _remember(_COMMITS, {(os.fspath(git.repo_dir), commit): tree})
-
-
-def _remember(kept: OrderedDict, items: dict) -> None:
-    with _FOLDERS_LOCK:
-        for key, value in items.items():
-            kept[key] = value
-            kept.move_to_end(key)
-        while len(kept) > _KEPT:
-            kept.popitem(last=False)
+        _COMMITS.put((os.fspath(git.repo_dir), commit), tree)
 
 
 def _written(git: Git, commit: str, path: str) -> bytes | None:
     where = os.fspath(git.repo_dir)
-    with _FOLDERS_LOCK:
-        tree = _COMMITS.get((where, commit))
-        return None if tree is None else _WRITTEN.get((where, tree, path))
+    tree = _COMMITS.get((where, commit))
+    return None if tree is None else _WRITTEN.get((where, tree, path))
 
 
 def _write_objects(git: Git, contents, blobs: dict[str, bytes], written, hex_len: int) -> bool:
