@@ -23,7 +23,7 @@ from bmad_loop.worktrees import ensure_worktree, list_worktrees, remove_worktree
 from support import StoryDef, git_repo, write, write_each
 
 STORIES = [StoryDef(f"1-{i}-s{i}", files=[f"src/s{i}.py"]) for i in range(1, 5)]
-PER_STORY_BOUND = 55  # measured ~40 per story here with the worktree pool (76 before issue 15)
+PER_STORY_BOUND = 40  # measured ~25 per story here with the worktree pool (76 before issue 15)
 
 
 def git_shim(folder: Path) -> tuple[Path, Path]:
