@@ -61,6 +61,14 @@ class Integrator:
         self.workspace = make_workspace(policy, self.git, self.layout, self.target, root=project.root)
         self.board_rel = board_rel(run, project.root)
         self.fence = fence  # () -> bool: does this lane still hold its lease?
+        self.landed: list[tuple[Story, int]] = []  # integrated, not yet cleaned up
+
+    def clean_landed(self) -> None:
+        """Clean up after the stories integrated since the last call (see `_finish`). A crash
+        before it leaves worktrees and refs no row owns; `cleanup` removes those."""
+        while self.landed:
+            story, attempt = self.landed.pop(0)
+            self._clean_after_integration(story, attempt)
 
     def integrate(self, story_id: int) -> str:
         """The story's state afterwards: integrated, held (waiting for sign-off), escalated, or the
@@ -353,7 +361,12 @@ class Integrator:
             record(s, self.run_id, "target.advanced", story.key, attempt=attempt,
                    old=target_sha, new=sha, strategy=self.policy.scm.merge_strategy)
             record(s, self.run_id, "story.integrated", story.key, sha=sha)
-        self._clean_after_integration(story, attempt)
+        # Its worktree goes now, parked for the next story to take; the rest of the clean-up
+        # waits until the lane has started what can start now (`clean_landed`).
+        with self.db.transaction() as s:
+            row = s.get(Story, story.id)
+        self.workspace.release_worktree(row)
+        self.landed.append((story, attempt))
         return StoryState.INTEGRATED
 
     def _resume_candidate(self, story: Story) -> str | None:

@@ -101,6 +101,16 @@ class _Lane:
                       if speculating(policy, run.max_parallel) else None)
 
     def loop(self) -> None:
+        try:
+            self._passes()
+        finally:
+            if self.integrator.landed:  # a pass that ended early (an error, a run ended)
+                try:
+                    self.integrator.clean_landed()
+                except Exception:  # leftovers no row owns: `cleanup` removes them
+                    log.exception("clean-up after integration failed for run %s", self.run_id)
+
+    def _passes(self) -> None:
         recover_orphans(self.db, self.tasks, self.run_id, self.policy.leases.ttl_s)
         self.integrator.git.clear_stale_locks()  # git steps of ours that died (journaled)
         if self._rows_contradict_git():
@@ -114,6 +124,7 @@ class _Lane:
             if self._stop_now(run):
                 continue
             if self._dispatch_first(run, stories):
+                self.integrator.clean_landed()
                 continue
             if self._integrate_next(run, stories):
                 continue
@@ -122,7 +133,9 @@ class _Lane:
             if not self.pause_on_escalation and self._block_behind_parked(stories):
                 continue
             if run.state == RunState.RUNNING and self._dispatch(run, stories):
+                self.integrator.clean_landed()  # the next story is on its way meanwhile
                 continue
+            self.integrator.clean_landed()  # before settling: a completed run keeps no worktree
             self._settle(run, stories)
             return
 

@@ -65,9 +65,14 @@ class Workspace(ABC):
         """Environment that arms the target guard for processes run in `worktree`."""
         return guard_env(self.git, worktree, self.target.branch, hooks_dir, guard_log)
 
+    def release_worktree(self, story) -> None:
+        """The lane, right after the story landed: its worktree goes (or waits, parked, for
+        the next story), before the next story is dispatched. In place: nothing to release."""
+
     @abstractmethod
     def discard_landed(self, story, *, delete_branch: bool) -> None:
-        """The lane, after the story landed: remove what the story no longer needs."""
+        """The lane, after the story landed and the next one is on its way: remove what the
+        story no longer needs (its worktree too, if `release_worktree` did not)."""
 
 
 def matches_any(path: str, patterns, directories: frozenset[str] | None = None) -> bool:

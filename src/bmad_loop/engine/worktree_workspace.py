@@ -65,14 +65,19 @@ class WorktreeWorkspace(Workspace):
             return self.git.rev("HEAD", cwd=Path(story.worktree))
         return None
 
-    def discard_landed(self, story, *, delete_branch: bool) -> None:
+    def release_worktree(self, story) -> None:
         if self.shared_branch:
             return  # the run branch and its worktree serve the next story
-        if self.target.lane_removes_story_worktrees and story.worktree:
+        if self.target.lane_removes_story_worktrees and story.worktree and Path(story.worktree).exists():
             if not (story.branch and park(self.git, Path(story.worktree), story.branch, self.layout,
                                           size=pool_size(self.scm.max_parallel),
                                           seeds=lambda: self.seeds)):
                 remove_worktree(self.git, Path(story.worktree))
+
+    def discard_landed(self, story, *, delete_branch: bool) -> None:
+        if self.shared_branch:
+            return
+        self.release_worktree(story)  # nothing to do when the lane released it already
         if delete_branch and story.branch:
             self.target.delete_story_branch(story.branch)
 
