@@ -151,11 +151,15 @@ class Integrator:
         if comp.conflicts:
             self._record_conflict(story, cand_id, attempt, comp, on_sha, branch_sha, ref)
             return None
-        self.git.run("update-ref", ref, comp.sha)
+        # The ref keeps the candidate while something may take time with it (its verification,
+        # an operator's sign-off); without either, the CAS follows at once and the target keeps it.
+        keep = bool(self.policy.verify.commands) or story.merge_class == "operator"
+        if keep:
+            self.git.run("update-ref", ref, comp.sha)
         crash_point("lane.after_compose")
         with self.db.transaction() as s:
             cand = s.get(Candidate, cand_id)
-            cand.candidate_sha, cand.ref, cand.state = comp.sha, ref, CandidateState.VERIFYING
+            cand.candidate_sha, cand.ref, cand.state = comp.sha, ref if keep else None, CandidateState.VERIFYING
             record(s, self.run_id, "candidate.composed", story.key, attempt=attempt,
                    strategy=strategy, target_sha=on_sha, branch_sha=branch_sha,
                    candidate_sha=comp.sha, rebased=comp.rebased, stack=cand.stack,
@@ -456,17 +460,19 @@ class Integrator:
         path.write_text(json.dumps(payload, indent=2, sort_keys=True))
         return path
 
-    def _drop_candidate(self, key: str, attempt: int) -> None:
+    def _drop_candidate(self, key: str, attempt: int, *, ref: bool = True) -> None:
         remove_worktree(self.git, self.layout.candidate_worktree(key, attempt))
-        delete_ref(self.git, self.layout.candidate_ref(key, attempt))
+        if ref:
+            delete_ref(self.git, self.layout.candidate_ref(key, attempt))
 
     def _clean_after_integration(self, story: Story, attempt: int) -> None:
         """Candidates and, per policy, the story's worktree and branch go once it landed."""
         with self.db.transaction() as s:
-            attempts = [c.attempt for c in s.scalars(select(Candidate).where(Candidate.story_id == story.id))]
+            attempts = [(c.attempt, c.ref is not None or c.state == CandidateState.COMPOSING)
+                        for c in s.scalars(select(Candidate).where(Candidate.story_id == story.id))]
             row = s.get(Story, story.id)
-        for n in attempts:
-            self._drop_candidate(story.key, n)
+        for n, has_ref in attempts:
+            self._drop_candidate(story.key, n, ref=has_ref)
         crash_point("lane.during_cleanup")
         self.workspace.discard_landed(row, delete_branch=self.policy.scm.delete_branch)
 
