@@ -360,3 +360,15 @@ def git_rev_list(bare: Path) -> list[str]:
     from support import git
 
     return git(bare, "rev-list", "--first-parent", "--reverse", "main").split()
+
+
+def test_at_max_parallel_1_each_story_still_starts_on_its_predecessors_result(make_repo, bar):
+    """`[verify] parallel` does not turn the sequential loop into a stack: the lane verifies
+    before it dispatches, so each story's base is the target with the one before it landed."""
+    _rules(bar)
+    repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar, n=1, parallel=3))
+    assert repo.cli("run").exit_code == 0
+    advanced = {e["story"]: e["data"]["new"] for e in _events(repo, "target.advanced")}
+    assert repo.story(B.key)["base_sha"] == advanced[A.key]
+    assert repo.story(C.key)["base_sha"] == advanced[B.key]
+    assert {c["stack"] for c in repo.status()["candidates"]} == {1}

@@ -62,8 +62,11 @@ _running_lock = threading.Lock()
 
 
 def speculating(policy, max_parallel: int) -> bool:
-    """Does this run's lane keep a stack? Only when there is something slow to overlap."""
-    return bool(policy.verify.commands) and policy.verify.depth(max_parallel) > 1
+    """Does this run's lane keep a stack? Only when there is something slow to overlap, and
+    not at `max_parallel = 1`: there each story starts on its predecessor's integrated result,
+    as in the sequential loop, so nothing could be ready to stack on a verifying candidate."""
+    return (bool(policy.verify.commands) and max_parallel > 1
+            and policy.verify.depth(max_parallel) > 1)
 
 
 def verifying_here(run_id: str) -> bool:
