@@ -372,3 +372,29 @@ def test_at_max_parallel_1_each_story_still_starts_on_its_predecessors_result(ma
     assert repo.story(B.key)["base_sha"] == advanced[A.key]
     assert repo.story(C.key)["base_sha"] == advanced[B.key]
     assert {c["stack"] for c in repo.status()["candidates"]} == {1}
+
+
+def test_a_target_moved_under_the_stack_pauses_and_resume_composes_the_stack_on_it(make_repo, bar):
+    repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar))
+    proc = repo.spawn("run")
+    try:
+        wait_until(lambda: _verifying(bar) >= {"1-1-a-1", "1-2-b-1", "1-3-c-1"},
+                   what="three candidates verifying")
+        (repo.root / "HOTFIX.md").write_text("a person's hotfix\n")
+        repo.git("add", "HOTFIX.md")
+        repo.git("-c", "user.name=Human", "-c", "user.email=h@example.com",
+                 "commit", "-q", "--no-verify", "-m", "hotfix")
+        hotfix = repo.git("rev-parse", "HEAD")
+        _rules(bar)
+        wait_until(lambda: _run_state(repo) == "paused", what="the run to pause on the move")
+        assert proc.wait(timeout=60) == 3, repo.spawned_logs()
+        assert "target moved by someone else" in repo.status()["run"]["reason"]
+        assert repo.git("rev-parse", "main") == hotfix  # never forced
+        assert _events(repo, "target.advanced") == []
+        run_id = query(repo, "SELECT id FROM runs")[0][0]
+        assert repo.cli("resume", run_id).exit_code == 0
+    finally:
+        repo.kill_spawned()
+    assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, B.key, C.key]
+    assert repo.git("rev-list", "--first-parent", "-n", "4", "main").split()[-1] == hotfix
+    assert "HOTFIX.md" in repo.git("ls-tree", "--name-only", "main")
