@@ -15,6 +15,8 @@ then refused the same way.
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 import fcntl
 from pathlib import Path
 from typing import Iterator
@@ -80,6 +82,16 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+_writers: dict[str, threading.RLock] = {}
+_writers_guard = threading.Lock()
+
+
+def _writer_lock(path: str) -> threading.RLock:
+    """One lock per SQLite file in this process, shared by every `Database` opened on it."""
+    with _writers_guard:
+        return _writers.setdefault(path, threading.RLock())
+
+
 class Database:
     """One engine and its session factory. Create after a fork, never before."""
 
@@ -108,12 +120,28 @@ class Database:
                 # A URL SQLAlchemy cannot read: one line.
                 raise ConfigError(f"[database] url {_shown(url)}: {exc}") from None
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._writer = (_writer_lock(os.path.abspath(self.path))
+                        if self.is_sqlite and self.path and self.path != ":memory:" else None)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Session]:
         """A short write transaction: commit on success, roll back on error. Keep slow work out."""
-        with self._sessions.begin() as session:
-            yield session
+        lock = self._writer
+        if lock is None:
+            with self._sessions.begin() as session:
+                yield session
+            return
+        # Threads of this process take turns here, handing the file's write lock over at once;
+        # left to SQLite, a waiting `BEGIN IMMEDIATE` sleeps in growing steps (up to 100 ms)
+        # even when the holder is done a millisecond later. Other processes still meet
+        # SQLite's busy timeout. Re-entrant: a nested transaction behaves as it did before.
+        acquired = lock.acquire(timeout=self.lock_wait_s)
+        try:
+            with self._sessions.begin() as session:
+                yield session
+        finally:
+            if acquired:
+                lock.release()
 
     def session(self) -> Session:
         return self._sessions()

@@ -135,8 +135,8 @@ class _Lane:
             if run.state == RunState.RUNNING and self._dispatch(run, stories):
                 self.integrator.clean_landed()  # the next story is on its way meanwhile
                 continue
-            self.integrator.clean_landed()  # before settling: a completed run keeps no worktree
             self._settle(run, stories)
+            self.integrator.clean_landed()  # the last stories' refs and branches
             return
 
     def _rows_contradict_git(self) -> bool:
@@ -468,17 +468,19 @@ class _Lane:
         notify(self.db, self.policy, self.run_id, f"run.{state}", reason=reason)
 
     def _complete(self) -> None:
-        drain_pool(self.integrator.git, self.integrator.layout)  # no worktree parked past the run
         with self.db.transaction() as s:
-            if transition_run(s, self.run_id, (RunState.RUNNING,), state=RunState.COMPLETED, ended_at=utcnow(),
-                              reason=None):
+            completed = transition_run(s, self.run_id, (RunState.RUNNING,), state=RunState.COMPLETED,
+                                       ended_at=utcnow(), reason=None)
+            if completed:
                 stories = stories_of(s, self.run_id)
                 record(s, self.run_id, "run.completed",
                        integrated=sum(1 for x in stories if x.state == StoryState.INTEGRATED),
                        skipped=sum(1 for x in stories if x.state == StoryState.SKIPPED))
-            else:
-                return
-        notify(self.db, self.policy, self.run_id, "run.completed")
+        # Every story has landed: the parked worktrees go right after (the tick, and so `run`,
+        # ends once they are gone), not on the way to the run's completion.
+        drain_pool(self.integrator.git, self.integrator.layout)
+        if completed:
+            notify(self.db, self.policy, self.run_id, "run.completed")
 
     def _story(self, story_id: int) -> Story:
         with self.db.transaction() as s:
