@@ -116,20 +116,25 @@ def bare(root: Path, count: int, write: bool, tag: str = "a") -> tuple[list[floa
             timed("write a file", lambda: (wt / "work" / f"bare-{tag}{i}.txt").write_text(f"{i}\n"))
         else:
             timed("write a file", lambda: None)
-        timed("add -A", lambda: git(wt, "add", "-A"))
-        timed("commit", lambda: git(wt, "commit", "-q", "--allow-empty", "-m", f"bare story {i}"))
-        head = git(wt, "rev-parse", "HEAD")
-        tree = timed("merge-tree --write-tree",
-                     lambda: git(root, "merge-tree", "--write-tree", old, head).splitlines()[0])
-        new = timed("commit-tree", lambda: git(root, "commit-tree", tree, "-p", old, "-p", head,
-                                               input=f"Merge {branch}\n"))
-        timed("update-ref (CAS)", lambda: git(root, "update-ref", f"refs/heads/{target}", new, old))
+        _commit_and_land(timed, root, wt, i, branch, target, old)
         timed("worktree remove", lambda: git(root, "worktree", "remove", str(wt)))
         timed("branch -D", lambda: git(root, "branch", "-D", branch))
         per_story.append(time.perf_counter() - started)
     git(root, "branch", "-D", target)
     return per_story, per_op
 
+
+
+def _commit_and_land(timed, root: Path, wt: Path, i: int, branch: str, target: str, old: str) -> None:
+    """The bare story's commit, its merge onto the scratch target and the CAS."""
+    timed("add -A", lambda: git(wt, "add", "-A"))
+    timed("commit", lambda: git(wt, "commit", "-q", "--allow-empty", "-m", f"bare story {i}"))
+    head = git(wt, "rev-parse", "HEAD")
+    tree = timed("merge-tree --write-tree",
+                 lambda: git(root, "merge-tree", "--write-tree", old, head).splitlines()[0])
+    new = timed("commit-tree", lambda: git(root, "commit-tree", tree, "-p", old, "-p", head,
+                                           input=f"Merge {branch}\n"))
+    timed("update-ref (CAS)", lambda: git(root, "update-ref", f"refs/heads/{target}", new, old))
 
 def bare_pooled(root: Path, count: int, write: bool, tag: str = "p") -> tuple[list[float], dict[str, list[float]]]:
     """`bare` as the loop does it with its worktree pool: one ``worktree add -b`` for the first
@@ -160,14 +165,7 @@ def bare_pooled(root: Path, count: int, write: bool, tag: str = "p") -> tuple[li
                                                       "-b", branch, old))
         if write:
             (wt / "work" / f"bare-{tag}{i}.txt").write_text(f"{i}\n")
-        timed("add -A", lambda: git(wt, "add", "-A"))
-        timed("commit", lambda: git(wt, "commit", "-q", "--allow-empty", "-m", f"bare story {i}"))
-        head = git(wt, "rev-parse", "HEAD")
-        tree = timed("merge-tree --write-tree",
-                     lambda: git(root, "merge-tree", "--write-tree", old, head).splitlines()[0])
-        new = timed("commit-tree", lambda: git(root, "commit-tree", tree, "-p", old, "-p", head,
-                                               input=f"Merge {branch}\n"))
-        timed("update-ref (CAS)", lambda: git(root, "update-ref", f"refs/heads/{target}", new, old))
+        _commit_and_land(timed, root, wt, i, branch, target, old)
         timed("park: status", lambda: git(wt, "status", "--porcelain", "-z", "--untracked-files=all"))
         timed("park: update-ref --no-deref HEAD", lambda: git(wt, "update-ref", "--no-deref",
                                                               "HEAD", "HEAD"))

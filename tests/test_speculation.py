@@ -106,6 +106,26 @@ def _views(status: dict) -> tuple[str, str]:
     return console.export_text(), lane_text(status).plain
 
 
+THREE = {"1-1-a-1", "1-2-b-1", "1-3-c-1"}  # the first candidate of each story
+
+
+def _spawn_until_three_verify(repo, bar: Path):
+    """`run` as a process, returned once all three candidates verify at once."""
+    proc = repo.spawn("run")
+    wait_until(lambda: _verifying(bar) >= THREE, what="three candidates verifying at once")
+    return proc
+
+
+def _stack_three_then_pass_all(repo, bar: Path) -> None:
+    """A run whose three candidates verify at once, then all pass; it must complete."""
+    proc = _spawn_until_three_verify(repo, bar)
+    try:
+        _rules(bar)
+        assert proc.wait(timeout=120) == 0, repo.spawned_logs()
+    finally:
+        repo.kill_spawned()
+
+
 def _run_state(repo) -> str:
     return query(repo, "SELECT state FROM runs")[0][0]
 
@@ -117,10 +137,8 @@ def _target_trees(repo) -> list[list[str]]:
 
 def test_three_candidates_verify_at_once_and_the_target_advances_in_order(make_repo, bar):
     repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar))
-    proc = repo.spawn("run")
+    proc = _spawn_until_three_verify(repo, bar)
     try:
-        wait_until(lambda: _verifying(bar) >= {"1-1-a-1", "1-2-b-1", "1-3-c-1"},
-                   what="three candidates verifying at once")
         status = repo.status()
         assert {s["key"]: s["state"] for s in status["stories"]} == {
             A.key: "integrating", B.key: "integrating", C.key: "integrating"}
@@ -159,10 +177,8 @@ def test_three_candidates_verify_at_once_and_the_target_advances_in_order(make_r
 def test_a_failed_middle_candidate_gives_up_the_one_above_it(make_repo, bar, mode):
     extra = f'[parallel]\non_escalation = "{mode}"\n'
     repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar, extra=extra))
-    proc = repo.spawn("run")
+    proc = _spawn_until_three_verify(repo, bar)
     try:
-        wait_until(lambda: _verifying(bar) >= {"1-1-a-1", "1-2-b-1", "1-3-c-1"},
-                   what="three candidates verifying")
         _decide(bar, "1-2-b-1", ok=False)
         # C3 was composed on C2: given up at once, its story back to ready, a still verifying.
         wait_until(lambda: [e["story"] for e in _events(repo, "candidate.abandoned")] == [C.key],
@@ -230,10 +246,8 @@ def test_same_target_history_as_the_one_at_a_time_lane(make_repo, bar, rules):
 
 def test_kill_9_during_stacked_verification_resumes_with_the_same_history(make_repo, bar):
     repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar))
-    proc = repo.spawn("run")
+    proc = _spawn_until_three_verify(repo, bar)
     try:
-        wait_until(lambda: _verifying(bar) >= {"1-1-a-1", "1-2-b-1", "1-3-c-1"},
-                   what="three candidates verifying")
         _decide(bar, "1-2-b-1")
         wait_until(lambda: len(_events(repo, "candidate.verified")) == 1, what="b verified")
         repo.kill_spawned()  # SIGKILL to the run's process group; verify commands have their own
@@ -270,10 +284,8 @@ def test_kill_9_during_stacked_verification_resumes_with_the_same_history(make_r
 
 def test_stop_now_ends_the_stacks_verifications_and_resume_composes_them_again(make_repo, bar):
     repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar))
-    proc = repo.spawn("run")
+    proc = _spawn_until_three_verify(repo, bar)
     try:
-        wait_until(lambda: _verifying(bar) >= {"1-1-a-1", "1-2-b-1", "1-3-c-1"},
-                   what="three candidates verifying")
         run_id = query(repo, "SELECT id FROM runs")[0][0]
         assert repo.cli("stop", run_id, "--now").exit_code == 0
         wait_until(lambda: _run_state(repo) == "stopped", what="the run to stop")
@@ -314,14 +326,7 @@ def test_candidates_verified_at_once_share_out_the_lanes_port_block(make_repo, b
     # 80 ports / (3 workers + the lane) = 20 each; the lane's 20 (9160-9179) split 3 ways.
     ports = '[resources]\nports = "9100-9179"\n'
     repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar, extra=ports))
-    proc = repo.spawn("run")
-    try:
-        wait_until(lambda: _verifying(bar) >= {"1-1-a-1", "1-2-b-1", "1-3-c-1"},
-                   what="three candidates verifying")
-        _rules(bar)
-        assert proc.wait(timeout=120) == 0, repo.spawned_logs()
-    finally:
-        repo.kill_spawned()
+    _stack_three_then_pass_all(repo, bar)
     bases = sorted(int(base) for what, _, _, base in _gate_log(bar) if what == "start")
     assert bases == [9160, 9166, 9172]
 
@@ -340,14 +345,7 @@ def test_a_stack_on_a_remote_target_pushes_each_candidate_in_order(make_repo, ba
     from support import make_remote_project, remote_trees
 
     repo, bare = make_remote_project(make_repo, SPRINT, write_each(SPRINT), _policy(bar))
-    proc = repo.spawn("run")
-    try:
-        wait_until(lambda: _verifying(bar) >= {"1-1-a-1", "1-2-b-1", "1-3-c-1"},
-                   what="three candidates verifying against the remote's target")
-        _rules(bar)
-        assert proc.wait(timeout=120) == 0, repo.spawned_logs()
-    finally:
-        repo.kill_spawned()
+    _stack_three_then_pass_all(repo, bar)
     cands = {c["story"]: c for c in repo.status()["candidates"]}
     assert [cands[k]["stack"] for k in (A.key, B.key, C.key)] == [1, 2, 3]
     # The remote's target took C1, C2, C3 in turn, each a fast-forward of the one before.
@@ -376,10 +374,8 @@ def test_at_max_parallel_1_each_story_still_starts_on_its_predecessors_result(ma
 
 def test_a_target_moved_under_the_stack_pauses_and_resume_composes_the_stack_on_it(make_repo, bar):
     repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar))
-    proc = repo.spawn("run")
+    proc = _spawn_until_three_verify(repo, bar)
     try:
-        wait_until(lambda: _verifying(bar) >= {"1-1-a-1", "1-2-b-1", "1-3-c-1"},
-                   what="three candidates verifying")
         (repo.root / "HOTFIX.md").write_text("a person's hotfix\n")
         repo.git("add", "HOTFIX.md")
         repo.git("-c", "user.name=Human", "-c", "user.email=h@example.com",
