@@ -244,6 +244,38 @@ def test_same_target_history_as_the_one_at_a_time_lane(make_repo, bar, rules):
         assert stacked[1] == {A.key: "integrated", B.key: "integrated", C.key: "escalated"}
 
 
+FOUR = SPRINT + [StoryDef("1-4-d", files=["src/d.py"])]
+
+
+def _random_rules(seed: int) -> list[tuple[str, ...]]:
+    """A seeded mix: some stories fail alone, some pairs fail only together."""
+    import random
+
+    rng = random.Random(seed)
+    files = [s.files[0] for s in FOUR]
+    rules = [(f,) for f in files if rng.random() < 0.25]
+    rules += [tuple(rng.sample(files, 2)) for _ in range(rng.randint(0, 2))]
+    return rules
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_same_history_for_random_mixes_of_passes_and_failures(make_repo, bar, seed):
+    rules = _random_rules(seed)
+
+    def history(name: str, parallel: int):
+        folder = bar / name
+        folder.mkdir()
+        _rules(folder, *rules)
+        extra = '[parallel]\non_escalation = "continue"\n'
+        repo = make_repo(FOUR, script=write_each(FOUR), name=name,
+                         policy=_policy(folder, n=4, extra=extra, parallel=parallel))
+        result = repo.cli("run")
+        assert result.exit_code in (0, 3), result.output
+        return _target_trees(repo), {s["key"]: s["state"] for s in repo.status()["stories"]}
+
+    assert history("stacked", 4) == history("one", 1), rules
+
+
 def test_kill_9_during_stacked_verification_resumes_with_the_same_history(make_repo, bar):
     repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar))
     proc = _spawn_until_three_verify(repo, bar)
