@@ -123,7 +123,10 @@ def test_a_story_branch_written_after_ready_is_not_integrated_but_escalated(make
     go(bar, B.key)  # b finishes first and waits, ready, behind a
     wait_until(lambda: repo.story(B.key)["state"] == "ready", what="b ready")
     b = repo.story(B.key)
-    worktree = b["worktree"]  # someone else writes into b's branch through its worktree
+    # Someone else writes into b's branch (its own worktree went to the pool at ready: the
+    # work is all on the branch), through a checkout of their own.
+    worktree = str(repo.root.parent / "sneaky")
+    git(repo.root, "worktree", "add", "-q", worktree, b["branch"])
     (Path(worktree) / "planted.py").write_text("PLANTED = True\n")
     git(worktree, "add", "planted.py")
     git(worktree, "commit", "-q", "--no-verify", "-m", "sneaked in")

@@ -300,3 +300,38 @@ def test_a_take_cut_short_at_the_story_path_is_made_again_by_prepare(make_repo):
     assert git.current_branch(cwd=path) == branch and git.rev("HEAD", cwd=path) == base
     assert parked(layout) == [] and len(list_worktrees(git)) == 2
     project.close()
+
+
+def test_a_ready_story_waits_without_its_worktree_and_gets_it_back_if_integration_escalates(
+        make_repo, bar):
+    """Ready means the work is all on the branch: the worktree goes to the pool at once (a story
+    dispatched into the freed slot takes it). Should the story's integration escalate, the lane
+    makes it a worktree again on its branch, for the human."""
+    from support import MERGE_NONE, StoryDef, inside, wait_until
+
+    a, b = StoryDef("1-1-a", files=["src/a.py"]), StoryDef("1-2-b", files=["src/b.py"])
+    script = barrier_script([a, b], bar)
+    # b passes its own verify and fails in its candidate: an escalation at integration.
+    verify = '[verify]\ncommands = [\'case "$PWD" in */candidates/*) ! test -f src/b.py;; esac\']\n'
+    repo = make_repo([a, b], script=script, policy=MERGE_NONE.format(n=2, strategy="merge") + verify)
+    proc = repo.spawn("run")
+    wait_until(lambda: {a.key, b.key} <= set(inside(bar)), what="both inside dev")
+    go(bar, b.key)  # b finishes first and waits, ready, behind a (still in dev)
+    wait_until(lambda: repo.story(b.key)["state"] == "ready", what="b ready")
+    ready = repo.story(b.key)
+    wait_until(lambda: not Path(ready["worktree"]).exists(), what="b's worktree released")
+    assert len(list((Path(ready["worktree"]).parent / ".pool").iterdir())) == 1
+    go(bar, a.key)
+    assert proc.wait(timeout=120) == 3, repo.spawned_logs()
+    b_row = repo.story(b.key)
+    assert b_row["state"] == "escalated" and "candidate verification failed" in b_row["reason"]
+    back = Path(b_row["worktree"])
+    assert (back / "src" / "b.py").read_text() == "NAME = '1-2-b'\n"
+    assert git_out(back, "symbolic-ref", "--short", "HEAD") == b_row["branch"]
+    assert git_out(back, "rev-parse", "HEAD") == b_row["head_sha"]
+
+
+def git_out(cwd: Path, *args: str) -> str:
+    from support import git
+
+    return git(cwd, *args)

@@ -437,10 +437,14 @@ class Integrator:
             feedback = dict(row.feedback or {})
             # A fresh attempt after resume sees why integration failed.
             feedback["verify_output"] = f"Integration onto {self.target.branch} failed: {reason}"
-            if transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.ESCALATED,
-                                reason=reason, ended_at=utcnow(), feedback=feedback):
+            escalated = transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.ESCALATED,
+                                         reason=reason, ended_at=utcnow(), feedback=feedback)
+            if escalated:
                 record(s, self.run_id, "story.escalated", story.key, reason=reason,
                        candidate=cand_id, phase=Phase.INTEGRATE)
+            row = s.get(Story, story.id)
+        if escalated:
+            self.workspace.restore_worktree(row)  # released at ready: a human gets it back
         return StoryState.ESCALATED
 
     # ------------------------------------------------------------------ pieces

@@ -89,6 +89,8 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         escalated = retrying(walk_once, db=db, run_id=run_id, story=ctx.key, what=f"story {ctx.key}")
         if escalated:
             notify(db, policy, run_id, "story.escalated", story=ctx.key, reason=escalated)
+        else:
+            _release_if_ready(ctx, claim)
     except FaultPersisted as exc:
         # Not the story's fault: it goes back in line, its phase and work kept, and the run pauses.
         _release_after_stop(db, run_id, story_id, generation, fault=exc.fault.describe())
@@ -116,6 +118,15 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         _quietly(tasks.enqueue_lane, run_id)  # lost: the consumers' watchdog wakes the lane
     if not ctx.target.lane_removes_story_worktrees:
         _sweep(project, run_id)
+
+
+def _release_if_ready(ctx, claim) -> None:
+    """A ready story's work is all on its branch: its worktree goes to the pool now, before
+    the lane wakes, so a story the lane dispatches into the freed slot takes it instead of
+    checking out a new one. (Should its integration escalate, the lane gives it one back.)"""
+    story = claim.load()
+    if story.state == StoryState.READY:
+        _quietly(ctx.workspace.release_worktree, story)
 
 
 def _quietly(step, *args) -> None:

@@ -66,8 +66,13 @@ class Workspace(ABC):
         return guard_env(self.git, worktree, self.target.branch, hooks_dir, guard_log)
 
     def release_worktree(self, story) -> None:
-        """The lane, right after the story landed: its worktree goes (or waits, parked, for
-        the next story), before the next story is dispatched. In place: nothing to release."""
+        """The worker once the story is ready (its work is all on its branch), else the lane
+        right after it landed: its worktree goes (or waits, parked, for the next story). In
+        place: nothing to release."""
+
+    def restore_worktree(self, story) -> None:
+        """The lane, when the story's integration escalated: a worktree released at ready is
+        made again on its branch, for the human who will look at it. In place: nothing."""
 
     @abstractmethod
     def discard_landed(self, story, *, delete_branch: bool) -> None:

@@ -8,16 +8,20 @@ worktree is parked and the next new story takes it instead of a fresh checkout
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
 
 from ..compose import commit_worktree
+from ..errors import GitError
 from ..worktrees import ensure_worktree, remove_worktree
 from .workspace import Prepared, Workspace
 from .worktree_pool import clear_interrupted_take, park, pool_size, take
 
 __all__ = ["WorktreeWorkspace"]
+
+log = logging.getLogger(__name__)
 
 
 class WorktreeWorkspace(Workspace):
@@ -73,6 +77,17 @@ class WorktreeWorkspace(Workspace):
                                           size=pool_size(self.scm.max_parallel),
                                           seeds=lambda: self.seeds)):
                 remove_worktree(self.git, Path(story.worktree))
+
+    def restore_worktree(self, story) -> None:
+        if self.shared_branch or not self.target.lane_removes_story_worktrees:
+            return
+        if story.worktree and story.branch and story.head_sha and not Path(story.worktree).exists():
+            try:
+                ensure_worktree(self.git, Path(story.worktree), story.branch, story.head_sha,
+                                branch_head=story.head_sha)
+            except (GitError, OSError) as exc:  # e.g. someone has the branch checked out
+                log.warning("could not give %s its worktree back (%s); its branch %s has its "
+                            "work", story.key, exc, story.branch)
 
     def discard_landed(self, story, *, delete_branch: bool) -> None:
         if self.shared_branch:
