@@ -174,7 +174,7 @@ class _Lane:
 
     def _load(self):
         with self.db.transaction() as s:
-            return s.get(Run, self.run_id), lane_rows(s, self.run_id)
+            return s.get(Run, self.run_id), lane_rows(s, self.run_id, self.memo.settled_rows)
 
     def _stop_now(self, run: Run) -> bool:
         """`stop --now` ends the stack's verifications too (their stories wait as ready)."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from ..db.models import Run, Story
 from ..policy import Policy, policy_from_dict
+from ..states import StoryState
 
 __all__ = ["run_policy", "stories_of", "lane_rows", "path_inside", "board_rel"]
 
@@ -31,12 +32,33 @@ _LANE_COLUMNS = (Story.id, Story.key, Story.seq, Story.epic, Story.state, Story.
                  Story.worktree)
 
 
-def lane_rows(session: Session, run_id: str) -> list:
+# A story in one of these states never changes again: its row, once read, is kept.
+_SETTLED_FOR_GOOD = (StoryState.INTEGRATED, StoryState.SKIPPED)
+
+
+def lane_rows(session: Session, run_id: str, kept: dict | None = None) -> list:
     """The run's stories in plan order as read-only rows of the columns the lane reads (same
     attribute names as `Story`). The lane reads them on every pass: building full ORM objects
-    (forty columns, timestamps, JSON) costs several times more per story."""
-    return list(session.execute(select(*_LANE_COLUMNS).where(Story.run_id == run_id)
-                                .order_by(Story.seq)))
+    (forty columns, timestamps, JSON) costs several times more per story.
+
+    `kept` (id -> row, the caller's across passes) holds the rows of integrated and skipped
+    stories, which never change: only their ids are read again, so a pass late in a long run
+    does not parse hundreds of finished footprints."""
+    if kept is None:
+        return list(session.execute(select(*_LANE_COLUMNS).where(Story.run_id == run_id)
+                                    .order_by(Story.seq)))
+    settled = set(session.scalars(select(Story.id).where(Story.run_id == run_id,
+                                                         Story.state.in_(_SETTLED_FOR_GOOD))))
+    new = [i for i in settled if i not in kept]
+    wanted = Story.state.not_in(_SETTLED_FOR_GOOD)
+    if new:
+        wanted = or_(wanted, Story.id.in_(new))
+    fresh = list(session.execute(select(*_LANE_COLUMNS).where(Story.run_id == run_id, wanted)))
+    for row in fresh:
+        if row.state in _SETTLED_FOR_GOOD:
+            kept[row.id] = row
+    rows = fresh + [row for i, row in kept.items() if i in settled and i not in new]
+    return sorted(rows, key=lambda row: row.seq)
 
 
 def path_inside(path, root: Path) -> str | None:
