@@ -18,7 +18,6 @@ import logging
 import traceback
 from pathlib import Path
 
-from sqlalchemy import select
 
 from ..compose import changed_paths, commit_message
 from ..db.models import Attempt, Run, Story, utcnow
@@ -33,6 +32,7 @@ from .context import Claim, Fenced, StoryContext, story_context
 from .create_step import carry_forward, phase_create
 from .leases import story_lease_name
 from .faults import crash_point, delay_point
+from .interruptions import close_running_attempts, interrupt_open_attempts, release_after_stop
 from .journal import record
 from .notify import notify
 from .outcome import Escalate, Outcome
@@ -72,7 +72,7 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         generation = story.claim
         record(s, run_id, "story.started", story.key, phase=story.phase or Phase.PREPARE,
                host=project.host)
-        _close_running_attempts(s, run_id, story)  # none but a lost worker's could be open
+        close_running_attempts(s, run_id, story)  # none but a lost worker's could be open
         policy = run_policy(run)
         ctx = story_context(project, run, story, policy)
     token = leases.take(db, story_lease_name(story_id), owner, policy.leases.ttl_s)
@@ -81,7 +81,7 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
 
     def walk_once():
         if tries:  # a try cut short by a fault left its session open (the claim closed older ones)
-            _interrupt_open_attempts(claim)
+            interrupt_open_attempts(claim)
         tries.append(1)
         return StoryWorker(ctx, claim).walk()
 
@@ -93,17 +93,17 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
             _release_if_ready(ctx, claim)
     except FaultPersisted as exc:
         # Not the story's fault: it goes back in line, its phase and work kept, and the run pauses.
-        _release_after_stop(db, run_id, story_id, generation, fault=exc.fault.describe())
+        release_after_stop(db, run_id, story_id, generation, fault=exc.fault.describe())
         if pause_for_fault(db, run_id, exc.fault, exc.attempts, story=ctx.key):
             notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.fault.describe())
     except PauseRun as exc:  # the agent cannot work, or a budget is spent (agentpause.py)
-        _release_after_stop(db, run_id, story_id, generation, fault=exc.reason)
+        release_after_stop(db, run_id, story_id, generation, fault=exc.reason)
         if pause_run(db, run_id, ctx.key, exc):
             notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.reason)
     except Fenced:
         log.warning("story %s was taken back while this worker stalled; it stops here", story_id)
     except StopRequested:
-        _release_after_stop(db, run_id, story_id, generation)
+        release_after_stop(db, run_id, story_id, generation)
     except Exception as exc:  # a bug or an environment failure: keep the work, tell a human
         log.exception("story %s failed unexpectedly", story_id)
         with db.transaction() as s:
@@ -145,33 +145,6 @@ def _sweep(project, run_id: str) -> None:
         sweep_landed(project, run_id)
     except Exception:  # debris only: `cleanup` on this host removes what is left
         log.warning("could not remove landed worktrees of run %s", run_id, exc_info=True)
-
-
-def _release_after_stop(db, run_id: str, story_id: int, generation: int, fault: str | None = None) -> None:
-    """A stop (or a persistent fault) reached this story: hand it back as pending, its phase
-    and worktree kept."""
-    with db.transaction() as s:
-        story = s.get(Story, story_id)
-        if story.claim == generation and transition_story(s, story_id, StoryState.WORKING,
-                                                          state=StoryState.PENDING,
-                                                          heartbeat_at=None):
-            data = {"fault": fault} if fault else {}
-            record(s, run_id, "story.interrupted", story.key, phase=story.phase, **data)
-
-
-def _interrupt_open_attempts(claim: Claim) -> None:
-    """Close this story's sessions still marked running (uncounted): only ours can be, since we
-    hold its claim, and a retried step starts a new one."""
-    with claim.db.transaction() as s:
-        _close_running_attempts(s, claim.run_id, claim.own(s))
-
-
-def _close_running_attempts(s, run_id: str, row: Story) -> None:
-    for att in s.scalars(select(Attempt).where(Attempt.story_id == row.id,
-                                               Attempt.state == AttemptState.RUNNING)):
-        att.state, att.counted, att.ended_at = AttemptState.INTERRUPTED, False, utcnow()
-        record(s, run_id, "attempt.finished", row.key, phase=att.phase, attempt=att.number,
-               state=AttemptState.INTERRUPTED, counted=False, why="retried after a fault")
 
 
 class StoryWorker:
