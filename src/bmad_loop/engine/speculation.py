@@ -261,8 +261,18 @@ class Stack:
             used = {v.slot for v in _running.values() if v.run_id == self.run_id}
             slot = min(i for i in range(len(used) + 1) if i not in used)
             job = _running[cand.id] = _Verification(self.run_id, slot, threading.Event())
+        try:
+            self._launch(story, cand, job, worktree)
+        except BaseException:  # nothing runs it, so nothing may say it does
+            with _running_lock:
+                _running.pop(cand.id, None)
+            raise
+
+    def _launch(self, story: Story, cand: Candidate, job: _Verification, worktree) -> None:
+        """The verification's thread: run the commands, write the verdict, wake the lane."""
+        integrator = self.integrator
         env = child_env()
-        env.update(port_env(_slot_block(self.policy, slot, self.depth)))
+        env.update(port_env(_slot_block(self.policy, job.slot, self.depth)))
         tasks, run_id = self.lane.tasks, self.run_id
         cand_id, attempt = cand.id, cand.attempt
         target_sha, branch_sha, sha = cand.target_sha, cand.branch_sha, cand.candidate_sha
