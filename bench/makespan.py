@@ -40,13 +40,12 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    BenchStory, build_repo, load, machine, mean, median, policy_text, run_loop, table,
+    BenchStory, build_repo, load, machine, mean, policy_text, run_loop, table,
 )
 
 RESOURCE = "service:db"
