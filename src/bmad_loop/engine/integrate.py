@@ -365,11 +365,10 @@ class Integrator:
             record(s, self.run_id, "target.advanced", story.key, attempt=attempt,
                    old=target_sha, new=sha, strategy=self.policy.scm.merge_strategy)
             record(s, self.run_id, "story.integrated", story.key, sha=sha)
-        # Its worktree goes now, parked for the next story to take; the rest of the clean-up
-        # waits until the lane has started what can start now (`clean_landed`).
-        with self.db.transaction() as s:
-            row = s.get(Story, story.id)
-        self.workspace.release_worktree(row)
+        # Its worktree, if its worker did not park it at ready, goes now (parked for the next
+        # story to take); the rest of the clean-up waits until the lane has started what can
+        # start now (`clean_landed`). Worktree and branch never change once a story is ready.
+        self.workspace.release_worktree(story)
         self.landed.append((story, attempt))
         return StoryState.INTEGRATED
 
