@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         if result.state != "completed":
             print(f"depth {depth}: run {result.run_id} in {root} ended {result.state}", file=sys.stderr)
             return 1
-        history = [tree for tree in trees(root)]
+        history = trees(root)
         if reference is None:
             reference = history
         print(f"  [verify] parallel = {depth}: makespan {result.makespan:.2f} s, load {load()}",

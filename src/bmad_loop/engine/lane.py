@@ -28,7 +28,7 @@ from ..db.models import Run, Story, utcnow
 from ..gitconfig_guard import CONFIG_CHANGED_PREFIX
 from ..footprint import Footprint
 from ..treedirs import tree_directories
-from ..states import RUN_LIVE, STORY_IN_FLIGHT, STORY_DONE, STORY_PARKED, RunState, StopMode, StoryState
+from ..states import RUN_LIVE, STORY_IN_FLIGHT, STORY_PARKED, RunState, StopMode, StoryState
 from .admission import ConflictIndex, StoryView, admit
 from .integrate import Integrator, LaneFenced, TargetMoved
 from .journal import record
@@ -38,7 +38,7 @@ from .recovery import recover_orphans
 from .restack import restack_stale
 from .speculation import Stack, speculating, verifying_here
 from .retry import FaultPersisted, pause_for_fault, retrying
-from .runs import lane_rows, run_policy, stories_of
+from .runs import lane_rows, next_in_plan, run_policy, stories_of
 from .stacking import layers_under, stack
 from .transitions import transition_run, transition_story
 from .worktree_pool import drain_pool, drain_run_pool
@@ -207,22 +207,13 @@ class _Lane:
             return False
         if self.stack is not None:  # several candidates at once (speculation.py)
             return self.stack.step(run, stories)
-        for story in stories:
-            if story.state in STORY_DONE:
-                continue
-            if story.state == StoryState.HELD:
-                return False  # integration order is plan order: later stories wait behind it
-            if story.state in (StoryState.ESCALATED, StoryState.BLOCKED):
-                if self.pause_on_escalation:
-                    return False
-                continue
-            if story.state not in (StoryState.READY, StoryState.INTEGRATING):
-                return False  # the earliest open story is not finished: later ones wait
-            outcome = self._landing(story, lambda: self.integrator.integrate(story.id))
-            if outcome is not None:
-                self._after_integration(story, outcome)
-            return True
-        return False
+        story = next_in_plan(stories, self.pause_on_escalation)
+        if story is None or story.state not in (StoryState.READY, StoryState.INTEGRATING):
+            return False  # the earliest open story is not finished: later ones wait
+        outcome = self._landing(story, lambda: self.integrator.integrate(story.id))
+        if outcome is not None:
+            self._after_integration(story, outcome)
+        return True
 
     def _landing(self, story, action):
         """Run an integration step; a target someone else moved pauses the run (None)."""
@@ -439,17 +430,8 @@ class _Lane:
         """Would `_integrate_next` find a story to integrate? (Same scan, no side effects.)"""
         if self._integration_held(run):
             return False
-        for story in stories:
-            if story.state in STORY_DONE:
-                continue
-            if story.state == StoryState.HELD:
-                return False
-            if story.state in (StoryState.ESCALATED, StoryState.BLOCKED):
-                if self.pause_on_escalation:
-                    return False
-                continue
-            return story.state in (StoryState.READY, StoryState.INTEGRATING)
-        return False
+        story = next_in_plan(stories, self.pause_on_escalation)
+        return story is not None and story.state in (StoryState.READY, StoryState.INTEGRATING)
 
     def _set_gate(self, epic: str) -> None:
         with self.db.transaction() as s:

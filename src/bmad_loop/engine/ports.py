@@ -30,8 +30,7 @@ def check_port_range(policy) -> None:
             f"{policy.source}: [resources] ports = \"{policy.resources.ports}\" is too small for "
             f"{policy.scm.max_parallel} worker(s) and the lane: each block would be empty")
     # The lane's block is shared out among the candidates it verifies at once (speculation.py).
-    speculative = policy.verify.commands and policy.scm.max_parallel > 1
-    depth = policy.verify.depth(policy.scm.max_parallel) if speculative else 1
+    depth = policy.verify.depth(policy.scm.max_parallel)
     if _range(policy) is not None and block_size(policy) < depth:
         raise ConfigError(
             f"{policy.source}: [resources] ports = \"{policy.resources.ports}\" is too small for "

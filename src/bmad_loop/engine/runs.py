@@ -9,9 +9,9 @@ from sqlalchemy.orm import Session
 
 from ..db.models import Run, Story
 from ..policy import Policy, policy_from_dict
-from ..states import StoryState
+from ..states import STORY_DONE, StoryState
 
-__all__ = ["run_policy", "stories_of", "lane_rows", "path_inside", "board_rel"]
+__all__ = ["run_policy", "stories_of", "lane_rows", "next_in_plan", "path_inside", "board_rel"]
 
 
 def run_policy(run: Run) -> Policy:
@@ -59,6 +59,25 @@ def lane_rows(session: Session, run_id: str, kept: dict | None = None) -> list:
             kept[row.id] = row
     rows = fresh + [row for i, row in kept.items() if i in settled and i not in new]
     return sorted(rows, key=lambda row: row.seq)
+
+
+def next_in_plan(stories, pause_on_escalation: bool, after_seq: int | None = None):
+    """The earliest story in plan order (after `after_seq`) that integration must deal with
+    next, or None when the scan stops before any: integration is in plan order, so a held
+    story stops it, and so does an escalated or blocked one when escalation pauses the run."""
+    for story in stories:
+        if after_seq is not None and story.seq <= after_seq:
+            continue
+        if story.state in STORY_DONE:
+            continue
+        if story.state == StoryState.HELD:
+            return None
+        if story.state in (StoryState.ESCALATED, StoryState.BLOCKED):
+            if pause_on_escalation:
+                return None
+            continue
+        return story
+    return None
 
 
 def path_inside(path, root: Path) -> str | None:

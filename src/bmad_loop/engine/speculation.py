@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from sqlalchemy import select
 
 from ..db.models import Candidate, Run, Story, utcnow
-from ..states import STORY_DONE, CandidateState, RunState, StoryState
+from ..states import CandidateState, RunState, StoryState
 from .journal import record
 from .ports import lane_block, port_env
+from .runs import next_in_plan
 from .childenv import child_env
 from .transitions import transition_story
 from .verify import VerifyResult
@@ -62,11 +63,8 @@ _running_lock = threading.Lock()
 
 
 def speculating(policy, max_parallel: int) -> bool:
-    """Does this run's lane keep a stack? Only when there is something slow to overlap, and
-    not at `max_parallel = 1`: there each story starts on its predecessor's integrated result,
-    as in the sequential loop, so nothing could be ready to stack on a verifying candidate."""
-    return (bool(policy.verify.commands) and max_parallel > 1
-            and policy.verify.depth(max_parallel) > 1)
+    """Does this run's lane keep a stack? (`VerifyPolicy.depth` says when it is deeper than 1.)"""
+    return policy.verify.depth(max_parallel) > 1
 
 
 def verifying_here(run_id: str) -> bool:
@@ -93,7 +91,7 @@ class Stack:
 
     # ------------------------------------------------------------------ one step
     def step(self, run: Run, stories) -> bool:
-        entries = self._entries(stories)
+        entries = self._entries()
         if self._repair(run, entries):
             return True
         if entries and self._resolve_bottom(run, stories, entries[0]):
@@ -103,12 +101,11 @@ class Stack:
 
     def give_up_all(self, reason: str) -> bool:
         """`stop --now`: every candidate not yet advancing is given up, its story back to ready."""
-        entries = self._entries(None)
-        keep = [e for e in entries if e.cand is not None and e.cand.state == CandidateState.ADVANCING]
-        return self._give_up([e for e in entries if e not in keep], reason)
+        return self._give_up([e for e in self._entries()
+                              if e.cand is None or e.cand.state != CandidateState.ADVANCING], reason)
 
     # ------------------------------------------------------------------ reading the rows
-    def _entries(self, _stories) -> list[_Entry]:
+    def _entries(self) -> list[_Entry]:
         """The stories in the stack (`integrating`), in plan order, each with its latest candidate."""
         with self.db.transaction() as s:
             rows = list(s.scalars(select(Story).where(Story.run_id == self.run_id,
@@ -120,23 +117,6 @@ class Stack:
                         Candidate.story_id.in_([r.id for r in rows])).order_by(Candidate.attempt)):
                     latest[cand.story_id] = cand
             return [_Entry(r, latest.get(r.id)) for r in rows]
-
-    def _first_open(self, stories, after_seq: int | None = None):
-        """The earliest story in plan order (after `after_seq`) the lane must deal with next, or
-        None when the scan stops before any (a held story; an escalated one under `pause`)."""
-        for story in stories:
-            if after_seq is not None and story.seq <= after_seq:
-                continue
-            if story.state in STORY_DONE:
-                continue
-            if story.state == StoryState.HELD:
-                return None
-            if story.state in (StoryState.ESCALATED, StoryState.BLOCKED):
-                if self.lane.pause_on_escalation:
-                    return None
-                continue
-            return story
-        return None
 
     # ------------------------------------------------------------------ repair
     def _repair(self, run: Run, entries: list[_Entry]) -> bool:
@@ -211,7 +191,7 @@ class Stack:
         once it failed (its verdict counts now: everything under it has advanced)."""
         if not self._lane_may_land(run):
             return False
-        first = self._first_open(stories)
+        first = next_in_plan(stories, self.lane.pause_on_escalation)
         if first is None or first.id != entry.story.id:
             return False
         cand = entry.cand
@@ -251,8 +231,7 @@ class Stack:
                     self._start(entry.story, entry.cand)
 
     def _start(self, story: Story, cand: Candidate) -> None:
-        integrator = self.integrator
-        worktree = integrator.candidate_checkout(story.key, cand.attempt, cand.candidate_sha)
+        worktree = self.integrator.candidate_checkout(story.key, cand.attempt, cand.candidate_sha)
         with self.db.transaction() as s:  # where it is being verified, for status and evidence
             s.get(Candidate, cand.id).worktree = str(worktree) if worktree else None
         with _running_lock:
@@ -315,7 +294,8 @@ class Stack:
                 return False  # failed (its story escalates at the bottom) or advancing
             if top.story.merge_class == "operator" and not top.story.signed_off:
                 return False  # what it will be after sign-off is not known yet
-        nxt = self._first_open(stories, after_seq=top.story.seq if top else None)
+        nxt = next_in_plan(stories, self.lane.pause_on_escalation,
+                           after_seq=top.story.seq if top else None)
         if nxt is None or nxt.state != StoryState.READY:
             return False  # plan order: a later ready story waits for this one
         with self.db.transaction() as s:

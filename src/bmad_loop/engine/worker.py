@@ -18,7 +18,6 @@ import logging
 import traceback
 from pathlib import Path
 
-
 from ..compose import changed_paths, commit_message
 from ..db.models import Attempt, Run, Story, utcnow
 from ..errors import GitError, StopRequested

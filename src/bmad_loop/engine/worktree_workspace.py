@@ -1,9 +1,9 @@
 """`isolation = "worktree"`: each story in its own git worktree, on its own branch.
 
 With `branch_per = "run"` the stories share one run branch and worktree, taken up to the
-target after each integration. With `branch_per = "story"` in local mode, an integrated story's
-worktree is parked and the next new story takes it instead of a fresh checkout
-(worktree_pool.py).
+target after each integration. With `branch_per = "story"` in local mode, a ready story's
+worktree (its work is all on its branch) is parked and the next new story takes it instead of a
+fresh checkout (worktree_pool.py); should its integration escalate, it is made again.
 """
 
 from __future__ import annotations
@@ -70,18 +70,16 @@ class WorktreeWorkspace(Workspace):
         return None
 
     def release_worktree(self, story) -> None:
-        if self.shared_branch:
-            return  # the run branch and its worktree serve the next story
-        if self.target.lane_removes_story_worktrees and story.worktree and Path(story.worktree).exists():
+        # (The shared run branch's worktree serves the next story; a story host removes its own.)
+        if self._pooled and story.worktree and Path(story.worktree).exists():
             if not (story.branch and park(self.git, Path(story.worktree), story.branch, self.layout,
                                           size=pool_size(self.scm.max_parallel),
                                           seeds=lambda: self.seeds)):
                 remove_worktree(self.git, Path(story.worktree))
 
     def restore_worktree(self, story) -> None:
-        if self.shared_branch or not self.target.lane_removes_story_worktrees:
-            return
-        if story.worktree and story.branch and story.head_sha and not Path(story.worktree).exists():
+        if self._pooled and story.worktree and story.branch and story.head_sha \
+                and not Path(story.worktree).exists():
             try:
                 ensure_worktree(self.git, Path(story.worktree), story.branch, story.head_sha,
                                 branch_head=story.head_sha)

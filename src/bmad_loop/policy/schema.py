@@ -95,6 +95,11 @@ class VerifyPolicy:
     parallel: int | None = setting(None, checks=(at_least(1), at_most(MAX_PARALLEL)))
 
     def depth(self, max_parallel: int) -> int:
+        """How many candidates the lane verifies at once in a run of `max_parallel`: 1 without
+        commands (nothing slow to overlap) and at max_parallel 1, where each story starts on its
+        predecessor's integrated result, so nothing could be ready to stack on a candidate."""
+        if not self.commands or max_parallel <= 1:
+            return 1
         return self.parallel if self.parallel is not None else max_parallel
 
 
