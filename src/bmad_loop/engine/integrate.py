@@ -471,7 +471,10 @@ class Integrator:
     def _clean_after_integration(self, story: Story, attempt: int) -> None:
         """Candidates and, per policy, the story's worktree and branch go once it landed."""
         with self.db.transaction() as s:
-            attempts = [(c.attempt, c.ref is not None or c.state == CandidateState.COMPOSING)
+            # A ref the row does not name may still exist: one cut short between writing the
+            # ref and its row (left `composing`, or `abandoned` by the lane that took over).
+            attempts = [(c.attempt, c.ref is not None
+                         or c.state in (CandidateState.COMPOSING, CandidateState.ABANDONED))
                         for c in s.scalars(select(Candidate).where(Candidate.story_id == story.id))]
             row = s.get(Story, story.id)
         for n, has_ref in attempts:
