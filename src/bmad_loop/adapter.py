@@ -34,7 +34,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping, Sequence
 
-from . import proctree
+from . import proctree, thaw
 from .errors import ConfigError
 from .hostid import host_name
 from .stallwatch import StallWatch
@@ -223,8 +223,9 @@ def run_agent(
     is killed, whole tree, when `timeout_s` passes (`timed_out`) or `stop_event` is set
     (`interrupted`); whatever it left running when it exits by itself is ended too. Any exception
     while waiting (including `StopRequested` or Ctrl+C) kills the tree before it propagates.
-    With `thaw_after_s`, a `proctree.Thawer` continues bmad-loop when the session stopped it
-    (SIGSTOP) for that long, so a stopped bmad-loop never outlasts its lease by much.
+    With `thaw_after_s`, this process's thaw helper (`thaw.guard`) continues bmad-loop when the
+    session stopped it (SIGSTOP) for that long, so a stopped bmad-loop never outlasts its lease
+    by much.
     With `stall_s`, a session silent and idle that long is killed (`stalled`, see stallwatch).
     """
     if not argv:
@@ -242,20 +243,23 @@ def run_agent(
         log_start = log.tell()
         started = time.monotonic()
         # The thaw helper is up before the agent starts: an agent that stops bmad-loop at once
-        # would otherwise freeze it before the helper exists, for good.
-        thawer = proctree.Thawer(thaw_after_s, log_path) if thaw_after_s else None
+        # would otherwise freeze it before the helper exists, for good. Only the first step of
+        # this process starts it; later ones just tell it they are open.
+        thawer = thaw.guard(thaw_after_s, log_path)
         try:
             proc = subprocess.Popen(
                 [str(a) for a in argv], cwd=str(cwd), env=child_env, stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
             )
         except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
-            if thawer is not None:
-                thawer.close()
+            thawer.close()
             log.write(f"=== bmad-loop {label} could not start: {exc} ===\n".encode())
             if exc.filename is not None and str(exc.filename) == str(cwd):
                 raise
             raise ConfigError(f"[adapter] command: cannot run agent binary '{argv[0]}': {exc.strerror}") from exc
+        except BaseException:
+            thawer.close()  # an open step left behind would keep the helper watching
+            raise
 
         timed_out = interrupted = stalled = False
         waiter = proctree.ExitWaiter(proc)
@@ -280,13 +284,11 @@ def run_agent(
         except BaseException:
             _end_session(proc, token, kill_grace_s)
             waiter.close()
-            if thawer is not None:
-                thawer.close()
+            thawer.close()
             log.write(f"=== bmad-loop {label} killed: bmad-loop itself was interrupted ===\n".encode())
             raise
         waiter.close()
-        if thawer is not None:
-            thawer.close()
+        thawer.close()
 
         _end_session(proc, token, kill_grace_s)
         duration = time.monotonic() - started

@@ -19,11 +19,7 @@ until the last signal, so its pid and group id cannot be recycled) and counts a 
 environment passes a test (e.g. "names this run and story"), with its whole session, SIGKILLed
 at once and waited for. `started_at`/`is_running` identify a process by pid *and* start time, so
 an owner recorded as `pid:start` is never confused with a later process that got its pid.
-
-`Thawer` guards against a step that stops bmad-loop itself (`kill -STOP $PPID`): a small
-helper process, in a session of its own, that sends SIGCONT to this process once it has stayed
-stopped (SIGSTOP, SIGTSTP; not a debugger's tracing stop) for `after_s`, and notes it in the
-step's log. It ends when the step ends (its stdin closes) or this process dies.
+(Keeping bmad-loop thawed while a step runs is `thaw`'s job.)
 """
 
 from __future__ import annotations
@@ -32,8 +28,6 @@ import os
 import select
 import signal
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 
@@ -41,7 +35,6 @@ import psutil
 
 __all__ = [
     "ExitWaiter",
-    "Thawer",
     "alive",
     "end_tree",
     "environ_of",
@@ -269,90 +262,3 @@ def _signal_all(pgid: int | None, targets: Mapping[int, psutil.Process], sig: in
                 process.send_signal(sig)  # psutil refuses a pid that was recycled
             except (psutil.Error, OSError):
                 pass
-
-
-class Thawer:
-    """While it is open, a helper process continues this process when it stays stopped."""
-
-    def __init__(self, after_s: float, note: os.PathLike | str | None = None) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BMAD_LOOP_")}
-        pid = os.getpid()
-        argv = [sys.executable, "-m", "bmad_loop.proctree", "thaw", str(pid), repr(started_at(pid)),
-                str(after_s), str(note or "")]
-        try:
-            self._proc: subprocess.Popen | None = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True, close_fds=True, env=env)
-        except OSError:
-            self._proc = None  # best effort: the step runs unguarded
-
-    def close(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        try:
-            proc.stdin.close()  # end of the step: the helper exits as soon as it reads that
-        except OSError:
-            pass
-        # Not waited for here: a helper still starting up (its interpreter loading) would hold
-        # the step's end for tens of milliseconds. It is reaped later, or killed if it lingers.
-        with _closing_lock:
-            _closing.append((proc, time.monotonic() + _HELPER_GRACE_S))
-        _reap()
-
-    def __enter__(self) -> "Thawer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-_HELPER_GRACE_S = 5.0
-_closing: list[tuple[subprocess.Popen, float]] = []  # closed helpers not yet reaped
-_closing_lock = threading.Lock()
-
-
-def _reap() -> None:
-    """Reap the closed helpers that exited; kill the ones past their grace."""
-    now = time.monotonic()
-    with _closing_lock:
-        left = []
-        for proc, deadline in _closing:
-            if proc.poll() is not None:
-                continue
-            if now > deadline:
-                proc.kill()
-                proc.wait()
-                continue
-            left.append((proc, deadline))
-        _closing[:] = left
-
-def _thaw(pid: int, start: float, after_s: float, note: str) -> None:
-    """The helper's loop: SIGCONT to `pid` whenever it has been stopped for `after_s`."""
-    stopped_since = None
-    while True:
-        readable, _, _ = select.select([0], [], [], 0.1)
-        if readable and not os.read(0, 64):
-            return  # the step ended, or the process that started us died
-        if not is_running(pid, start):
-            return
-        try:
-            stopped = psutil.Process(pid).status() == psutil.STATUS_STOPPED
-        except (psutil.Error, OSError):
-            return
-        if not stopped:
-            stopped_since = None
-            continue
-        stopped_since = stopped_since or time.monotonic()
-        held = time.monotonic() - stopped_since
-        if held >= after_s:
-            os.kill(pid, signal.SIGCONT)
-            stopped_since = None
-            if note:
-                with open(note, "ab") as handle:
-                    handle.write(f"\n=== bmad-loop (pid {pid}) was stopped for {held:.1f}s while "
-                                 "this step ran: continued (SIGCONT) ===\n".encode())
-
-
-if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "thaw":
-    _thaw(int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
