@@ -209,10 +209,12 @@ def test_a_kill_9_at_each_crash_point_loses_nothing_doubles_nothing_and_leaves_n
         cands = [c for c in status["candidates"] if c["story"] == "1-1-alpha"]
         ours = [e for e in after if e["story"] == "1-1-alpha"]
         if point == "lane.after_compose":
-            # The unrecorded composition is abandoned and composed again, identically.
-            assert [c["state"] for c in cands] == ["abandoned", "advanced"]
-            assert cands[0]["reason"] == "interrupted; recomposed"
-            assert [e["data"]["attempt"] for e in ours if e["kind"] == "candidate.composed"] == [2]
+            # Nothing waits on a candidate without verify commands, so its row is written only
+            # once it is composed: the crash left none, and the story is composed again, as
+            # attempt 1, identically (the target's trees are checked above).
+            assert before["1-1-alpha"]["state"] == "integrating"
+            assert [c["state"] for c in cands] == ["advanced"]
+            assert [e["data"]["attempt"] for e in ours if e["kind"] == "candidate.composed"] == [1]
         elif point == "lane.after_verify":
             # Verified before the crash: advanced from the row, not composed or verified again.
             assert [c["state"] for c in cands] == ["advanced"]
@@ -247,6 +249,39 @@ def test_a_kill_9_at_each_crash_point_loses_nothing_doubles_nothing_and_leaves_n
     # The target checkout followed every advance.
     assert repo.git("status", "--porcelain") == ""
     assert repo.git("rev-parse", "HEAD") == repo.git("rev-parse", "main")
+
+
+def test_a_kill_9_after_composing_a_candidate_something_waits_on_abandons_its_row_and_composes_again(
+        make_repo, reference_trees, tmp_path):
+    """With verify commands the candidate has its row (and a ref) before it is composed: a kill
+    right after composing leaves it `composing`; the next lane abandons it and composes attempt
+    2, identically, and the abandoned attempt leaves no ref behind."""
+    repo = make_repo(STORIES, script=SCRIPT, policy=POLICY + '[verify]\ncommands = ["true"]\n',
+                     name="repo")
+    log = tmp_path / "worker.log"
+    marker = tmp_path / "crashed.marker"
+    env = dict(os.environ, **{CRASH_ENV: "lane.after_compose", ONCE_ENV: str(marker)})
+    run_id = enqueue(repo)
+    first = start_worker(repo, env, log)
+    code = wait_for_exit(first, CRASH_DEADLINE_S, log)
+    assert code == -signal.SIGKILL, f"exit {code}; log:\n{log.read_text()[-4000:]}"
+    crash_seq = max_seq(repo)
+    second = start_worker(repo, env, log)
+    try:
+        status = wait_until_completed(repo, run_id, second, log)
+    finally:
+        stop_processes(second)
+    assert [s["state"] for s in status["stories"]] == ["integrated"] * len(STORIES)
+    assert target_trees(repo) == reference_trees
+    cands = [c for c in status["candidates"] if c["story"] == "1-1-alpha"]
+    assert [c["state"] for c in cands] == ["abandoned", "advanced"]
+    assert cands[0]["reason"] == "interrupted; recomposed"
+    ours = [e for e in repo.journal(run_id) if e["story"] == "1-1-alpha" and e["seq"] > crash_seq]
+    assert [e["data"]["attempt"] for e in ours if e["kind"] == "candidate.composed"] == [2]
+    result = repo.cli("cleanup")
+    assert result.exit_code == 0, result.output
+    assert repo.bmad_branches() == []
+    assert repo.git("for-each-ref", "refs/bmad-loop") == ""
 
 
 def test_the_crash_matrix_covers_every_declared_point():

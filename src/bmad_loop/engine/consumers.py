@@ -74,7 +74,6 @@ class ConsumerSet:
         project = self.project
         project.db  # migrate once, before any consumer thread touches the database
         ttl = project.policy.leases.ttl_s
-        recover_live_runs(project, self.tasks, stale_after=dt.timedelta(seconds=ttl))
         if self.queue in ("stories", "all"):
             consumer = BackgroundConsumer(self.tasks.stories, self.workers)
             self._consumers.append(consumer)
@@ -88,6 +87,9 @@ class ConsumerSet:
             self.holder.start()
             self._watchdog = threading.Thread(target=self._watch, daemon=True, name="bmad-watchdog")
             self._watchdog.start()
+        if self.holder is None or not self.holder.held:
+            # (A lane that took the lease at once has just re-queued them: `_lane_acquired`.)
+            recover_live_runs(project, self.tasks, stale_after=dt.timedelta(seconds=ttl))
 
     @property
     def is_standby(self) -> bool:

@@ -9,19 +9,20 @@ verification failures escalate with the candidate's ref, worktree and an evidenc
 
 from __future__ import annotations
 
-import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import func, select
 
 from ..compose import Composition, commit_message, compose, integration_message, overlapping_dirty
 from ..db.models import Candidate, Run, Story, utcnow
-from ..worktrees import delete_ref, ensure_detached_worktree, remove_worktree
-from ..states import CandidateState, Phase, StoryState
+from ..worktrees import ensure_detached_worktree
+from ..states import CandidateState, StoryState
 from .childenv import child_env
 from .context import make_workspace
 from .faults import crash_point
+from .integrate_outcomes import Outcomes
 from .journal import journal_git_locks, record
 from .ports import lane_block, port_env
 from .layout import Layout
@@ -49,7 +50,17 @@ class TargetMoved(Exception):
 log = logging.getLogger(__name__)
 
 
-class Integrator:
+@dataclass(frozen=True)
+class _Known:
+    """A story's candidate rows and the run's baseline, read as its integration begins."""
+
+    latest: Candidate | None  # the last attempt
+    attempts: int
+    stale: int
+    baseline: str | None  # the SHA the lane last advanced the target to (run.head_sha)
+
+
+class Integrator(Outcomes):
     def __init__(self, project, run: Run, policy, fence=None):
         self.project = project
         self.db = project.db
@@ -62,6 +73,7 @@ class Integrator:
         self.board_rel = board_rel(run, project.root)
         self.fence = fence  # () -> bool: does this lane still hold its lease?
         self.landed: list[tuple[Story, int]] = []  # integrated, not yet cleaned up
+        self.between = None  # () -> None: called between a candidate's verdict and its landing
 
     def clean_landed(self) -> None:
         """Clean up after the stories integrated since the last call (see `_finish`). A crash
@@ -81,20 +93,32 @@ class Integrator:
             elif story.state != StoryState.INTEGRATING:
                 return story.state
             story = s.get(Story, story_id)
-        resumed = self._resume_candidate(story)
+            known = self._known(s, story.id)
+        resumed = self._resume_candidate(story, known.latest)
         if resumed:
             return resumed
         while True:
-            outcome = self._one_composition(story)
+            outcome = self._one_composition(story, known)
+            known = None  # a stale candidate changed the rows: a recomposition reads them again
             if outcome != CandidateState.STALE:
                 return outcome
 
+    def _known(self, s, story_id: int) -> "_Known":
+        cands = list(s.scalars(select(Candidate).where(Candidate.story_id == story_id)
+                               .order_by(Candidate.attempt.desc())))
+        return _Known(cands[0] if cands else None, len(cands),
+                      sum(c.state == CandidateState.STALE for c in cands),
+                      s.get(Run, self.run_id).head_sha)
+
     # ------------------------------------------------------------------ one attempt
-    def _one_composition(self, story: Story) -> str:
-        begun = self.begin_on_target(story)
+    def _one_composition(self, story: Story, known: "_Known | None" = None) -> str:
+        quick = not self._keeps_candidate(story)
+        begun = self.begin_on_target(story, known, row=not quick)
         if isinstance(begun, str):
             return begun
         cand_id, attempt, target_sha, branch_sha = begun
+        if quick:
+            return self._compose_and_land(story, attempt, target_sha, branch_sha)
         sha = self.compose_candidate(story, cand_id, attempt, target_sha, branch_sha)
         if sha is None:
             return self._escalate(story, cand_id, self.candidate_reason(cand_id))
@@ -102,6 +126,8 @@ class Integrator:
         if verdict != CandidateState.VERIFIED:
             return verdict
         crash_point("lane.after_verify")
+        if self.between is not None:
+            self.between()  # the lane starts what a worker freed meanwhile (see lane.py)
         return self.land(story, cand_id, attempt, sha, target_sha)
 
     def land(self, story: Story, cand_id: int, attempt: int, sha: str, target_sha: str) -> str:
@@ -110,22 +136,65 @@ class Integrator:
             return self._hold(story, cand_id, attempt, sha)
         return self._advance(story, cand_id, attempt, sha, target_sha)
 
-    def begin_on_target(self, story: Story) -> tuple[int, int, str, str] | str:
+    def begin_on_target(self, story: Story, known: "_Known | None" = None, *,
+                        row: bool = True) -> tuple[int | None, int, str, str] | str:
         """The checks before composing on the target itself, then the candidate row:
-        (row id, attempt, target SHA, branch SHA), or the story's state when it escalated."""
-        with self.db.transaction() as s:
-            stale = s.scalar(select(func.count()).select_from(Candidate)
-                             .where(Candidate.story_id == story.id, Candidate.state == CandidateState.STALE)) or 0
+        (row id, attempt, target SHA, branch SHA), or the story's state when it escalated.
+        `known`: the rows as `integrate` read them; `row` False: no row yet (id None)."""
+        if known is None:
+            with self.db.transaction() as s:
+                known = self._known(s, story.id)
+        stale = known.stale
         if stale > self.policy.limits.max_recompose:
             return self._escalate(story, None, f"target kept moving: {stale} stale compositions "
                                   f"(max_recompose = {self.policy.limits.max_recompose})")
         target_sha = self.target.sha()
-        self._check_foreign_move(story, target_sha)
+        self._check_foreign_move(story, target_sha, known.baseline)
         missing = self._fetch_story(story)
         if missing:
             return self._escalate(story, None, missing)
+        if not row:
+            return None, known.attempts + 1, target_sha, story.head_sha
         cand_id, attempt = self.new_candidate(story, target_sha, stack=1, on_id=None)
         return cand_id, attempt, target_sha, story.head_sha
+
+    def _keeps_candidate(self, story: Story) -> bool:
+        """Something may take time with the candidate (its verification, an operator's
+        sign-off): it gets a ref and a row at each step. Otherwise the CAS follows at once."""
+        return bool(self.policy.verify.commands) or story.merge_class == "operator"
+
+    def _compose_and_land(self, story: Story, attempt: int, target_sha: str, branch_sha: str) -> str:
+        """Nothing waits on this candidate: its row is written once it is composed, and steps
+        through `verifying` and `verified` (by no command) to `advancing` in that transaction.
+        A crash before it leaves no row to resume: the story is simply composed again."""
+        strategy = self.policy.scm.merge_strategy
+        comp = self._compose(story, strategy, target_sha, branch_sha)
+        crash_point("lane.after_compose")
+        with self.db.transaction() as s:
+            cand = Candidate(run_id=self.run_id, story_id=story.id, attempt=attempt,
+                             strategy=strategy, target_sha=target_sha, branch_sha=branch_sha,
+                             stack=1, state=CandidateState.COMPOSING)
+            if not comp.conflicts:
+                cand.candidate_sha, cand.verify_s = comp.sha, 0.0
+                for step in (CandidateState.VERIFYING, CandidateState.VERIFIED,
+                             CandidateState.ADVANCING):
+                    cand.state = step  # each step of the machine, in this one transaction
+                record(s, self.run_id, "candidate.composed", story.key, attempt=attempt,
+                       strategy=strategy, target_sha=target_sha, branch_sha=branch_sha,
+                       candidate_sha=comp.sha, rebased=comp.rebased, stack=1)
+                record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,
+                       duration_s=0.0, commands=0)
+            s.add(cand)
+            s.flush()
+            cand_id = cand.id
+        if comp.conflicts:
+            ref = self.layout.candidate_ref(story.key, attempt)
+            self._record_conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)
+            return self._escalate(story, cand_id, self.candidate_reason(cand_id))
+        crash_point("lane.after_verify")
+        if self.between is not None:
+            self.between()
+        return self._advance(story, cand_id, attempt, comp.sha, target_sha, advancing=True)
 
     def new_candidate(self, story: Story, on_sha: str, *, stack: int, on_id: int | None) -> tuple[int, int]:
         """A `composing` row for the story's next attempt, composed on `on_sha`."""
@@ -151,9 +220,7 @@ class Integrator:
         if comp.conflicts:
             self._record_conflict(story, cand_id, attempt, comp, on_sha, branch_sha, ref)
             return None
-        # The ref keeps the candidate while something may take time with it (its verification,
-        # an operator's sign-off); without either, the CAS follows at once and the target keeps it.
-        keep = bool(self.policy.verify.commands) or story.merge_class == "operator"
+        keep = self._keeps_candidate(story)  # else the CAS follows at once and the target keeps it
         if keep:
             self.git.run("update-ref", ref, comp.sha)
         crash_point("lane.after_compose")
@@ -199,6 +266,8 @@ class Integrator:
                 f"not at the {story.head_sha[:12]} its worker recorded")
 
     def _needs_sign_off(self, story: Story) -> bool:
+        if story.merge_class != "operator":
+            return False
         with self.db.transaction() as s:
             row = s.get(Story, story.id)
             return row.merge_class == "operator" and not row.signed_off
@@ -273,7 +342,7 @@ class Integrator:
         env.update(port_env(lane_block(self.policy)))
         return env
 
-    def _advance(self, story, cand_id, attempt, sha, target_sha) -> str:
+    def _advance(self, story, cand_id, attempt, sha, target_sha, *, advancing: bool = False) -> str:
         # The target checkout's index is held from before the CAS until it follows the new
         # target (remote mode keeps none in step): nobody sees it half-way.
         with self._checkout_held() as checkout:
@@ -282,8 +351,9 @@ class Integrator:
                 if overlap:
                     return self._dirty_checkout(story, cand_id, attempt, checkout, overlap,
                                                 target_sha, sha)
-            with self.db.transaction() as s:
-                s.get(Candidate, cand_id).state = CandidateState.ADVANCING
+            if not advancing:
+                with self.db.transaction() as s:
+                    s.get(Candidate, cand_id).state = CandidateState.ADVANCING
             if self.fence is not None and not self.fence():
                 raise LaneFenced(f"lost the lane lease before advancing {self.target.branch} "
                                  f"for {story.key}")
@@ -304,12 +374,14 @@ class Integrator:
             return CandidateState.STALE
         return self._finish(story, cand_id, attempt, sha, target_sha)
 
-    def _check_foreign_move(self, story: Story, target_now: str | None) -> None:
+    def _check_foreign_move(self, story: Story, target_now: str | None,
+                            baseline: str | None = None) -> None:
         """The lane's baseline is the run's start, then each SHA it advanced to: a target found
         anywhere else was moved by someone else. Journaled; `pause` stops here for a human,
         `accept` takes it as the new baseline (the candidate is composed on top)."""
-        with self.db.transaction() as s:
-            baseline = s.get(Run, self.run_id).head_sha
+        if baseline is None:
+            with self.db.transaction() as s:
+                baseline = s.get(Run, self.run_id).head_sha
         if not target_now or not baseline or target_now == baseline:
             return
         commits = self._commits_between(baseline, target_now)
@@ -340,18 +412,6 @@ class Integrator:
         return self.target.checkout_held(wait_s=self.policy.scm.lock_wait_s, on_wait=waited,
                                          on_stale=stale)
 
-    def _dirty_checkout(self, story, cand_id, attempt, checkout, overlap, target_sha, sha) -> str:
-        evidence = self._write_evidence(story.key, attempt, {
-            "kind": "dirty-target-checkout", "story": story.key, "checkout": str(checkout),
-            "paths": overlap, "target_sha": target_sha, "candidate_sha": sha,
-        })
-        with self.db.transaction() as s:
-            cand = s.get(Candidate, cand_id)
-            cand.state, cand.evidence, cand.ended_at = CandidateState.ABANDONED, str(evidence), utcnow()
-            cand.reason = f"local changes in {checkout} overlap: {', '.join(overlap)}"
-        return self._escalate(story, cand_id, f"the target checkout {checkout} has local "
-                              f"changes that overlap the candidate: {', '.join(overlap)}")
-
     def _finish(self, story, cand_id, attempt, sha, target_sha) -> str:
         with self.db.transaction() as s:
             if not transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.INTEGRATED,
@@ -372,11 +432,8 @@ class Integrator:
         self.landed.append((story, attempt))
         return StoryState.INTEGRATED
 
-    def _resume_candidate(self, story: Story) -> str | None:
-        """A lane that died mid-integration: pick up the last candidate where it stopped."""
-        with self.db.transaction() as s:
-            cand = s.scalars(select(Candidate).where(Candidate.story_id == story.id)
-                             .order_by(Candidate.attempt.desc())).first()
+    def _resume_candidate(self, story: Story, cand: Candidate | None) -> str | None:
+        """A lane that died mid-integration: pick up its last candidate (`cand`) where it stopped."""
         if cand is None or cand.state not in (CandidateState.VERIFIED, CandidateState.ADVANCING, CandidateState.COMPOSING, CandidateState.VERIFYING):
             return None
         target_now = self.target.sha()
@@ -402,50 +459,6 @@ class Integrator:
                 self.target.sync_checkout(checkout, cand.target_sha, cand.candidate_sha)
         return self._finish(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
 
-    # ------------------------------------------------------------------ outcomes
-    def _record_conflict(self, story, cand_id, attempt, comp, target_sha, branch_sha, ref) -> None:
-        # Keep the conflicted tree (with markers) as a commit and a worktree for a human.
-        preserved = None
-        if comp.tree:
-            preserved = self.git.out("commit-tree", comp.tree, "-p", target_sha, "-p", branch_sha,
-                                     "-m", f"bmad-loop: conflicted candidate for {story.key}",
-                                     env=self.git.identity_env(self.git.commit_date(branch_sha)))
-            self.git.run("update-ref", ref, preserved)
-            worktree = self.layout.candidate_worktree(story.key, attempt)
-            ensure_detached_worktree(self.git, worktree, preserved)
-        else:
-            worktree = None
-        evidence = self._write_evidence(story.key, attempt, {
-            "kind": "conflict", "story": story.key, "attempt": attempt,
-            "strategy": comp.strategy, "conflicts": list(comp.conflicts),
-            "target_sha": target_sha, "branch_sha": branch_sha, "candidate_ref": ref if preserved else None,
-        })
-        with self.db.transaction() as s:
-            cand = s.get(Candidate, cand_id)
-            cand.state, cand.evidence, cand.ended_at = CandidateState.CONFLICT, str(evidence), utcnow()
-            cand.ref = ref if preserved else None
-            cand.candidate_sha = preserved
-            cand.worktree = str(worktree) if worktree else None
-            cand.reason = f"merge conflict with the target in {', '.join(comp.conflicts)}"
-            record(s, self.run_id, "candidate.conflict", story.key, attempt=attempt,
-                   paths=list(comp.conflicts), evidence=str(evidence))
-
-    def _escalate(self, story, cand_id, reason: str) -> str:
-        with self.db.transaction() as s:
-            row = s.get(Story, story.id)
-            feedback = dict(row.feedback or {})
-            # A fresh attempt after resume sees why integration failed.
-            feedback["verify_output"] = f"Integration onto {self.target.branch} failed: {reason}"
-            escalated = transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.ESCALATED,
-                                         reason=reason, ended_at=utcnow(), feedback=feedback)
-            if escalated:
-                record(s, self.run_id, "story.escalated", story.key, reason=reason,
-                       candidate=cand_id, phase=Phase.INTEGRATE)
-            row = s.get(Story, story.id)
-        if escalated:
-            self.workspace.restore_worktree(row)  # released at ready: a human gets it back
-        return StoryState.ESCALATED
-
     # ------------------------------------------------------------------ pieces
     def _message(self, story: Story, strategy: str) -> str:
         title = commit_message(self.policy.scm.commit_message_template, story_key=story.key,
@@ -456,29 +469,3 @@ class Integrator:
         """The lane's BMAD write-back inside the candidate: board line, epic line, story file."""
         return lane_tree_edit(self.git, key=story.key, epic=story.epic, board_rel=self.board_rel,
                               story_path=story.story_path)
-
-    def _write_evidence(self, key: str, attempt: int, payload: dict) -> Path:
-        path = self.layout.evidence(key, attempt)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(payload, indent=2, sort_keys=True))
-        return path
-
-    def _drop_candidate(self, key: str, attempt: int, *, ref: bool = True) -> None:
-        remove_worktree(self.git, self.layout.candidate_worktree(key, attempt))
-        if ref:
-            delete_ref(self.git, self.layout.candidate_ref(key, attempt))
-
-    def _clean_after_integration(self, story: Story, attempt: int) -> None:
-        """Candidates and, per policy, the story's worktree and branch go once it landed."""
-        with self.db.transaction() as s:
-            # A ref the row does not name may still exist: one cut short between writing the
-            # ref and its row (left `composing`, or `abandoned` by the lane that took over).
-            attempts = [(c.attempt, c.ref is not None
-                         or c.state in (CandidateState.COMPOSING, CandidateState.ABANDONED))
-                        for c in s.scalars(select(Candidate).where(Candidate.story_id == story.id))]
-            row = s.get(Story, story.id)
-        for n, has_ref in attempts:
-            self._drop_candidate(story.key, n, ref=has_ref)
-        crash_point("lane.during_cleanup")
-        self.workspace.discard_landed(row, delete_branch=self.policy.scm.delete_branch)
-

@@ -99,6 +99,8 @@ class _Lane:
         self.memo = run_memo(project, run.id)
         self.stack = (Stack(self, policy.verify.depth(run.max_parallel))
                       if speculating(policy, run.max_parallel) else None)
+        if run.max_parallel > 1:
+            self.integrator.between = self._dispatch_between
 
     def loop(self) -> None:
         try:
@@ -198,6 +200,13 @@ class _Lane:
         if not any(s.state == StoryState.PENDING for s in stories):
             return False
         return self._dispatch(run, stories)
+
+    def _dispatch_between(self) -> None:
+        """Mid-integration: a worker that finished meanwhile freed a slot, and its wake-up waits
+        in the lane's queue; the slot is filled now rather than after this integration (the
+        rules are `_dispatch_first`'s). Nothing waiting: one count of the queue, no rows read."""
+        if self.tasks.lane_pending() > 0:
+            self._dispatch_first(*self._load())
 
     # ------------------------------------------------------------ 1. integration
     def _integrate_next(self, run: Run, stories: list[Story]) -> bool:

@@ -74,6 +74,9 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         close_running_attempts(s, run_id, story)  # none but a lost worker's could be open
         policy = run_policy(run)
         ctx = story_context(project, run, story, policy)
+        # At max_parallel 1 the lane integrates before it dispatches: nothing can take a parked
+        # worktree before that, so the lane is woken first and the park runs meanwhile.
+        park_after_wake = run.max_parallel <= 1
     token = leases.take(db, story_lease_name(story_id), owner, policy.leases.ttl_s)
     claim = Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
     tries = []
@@ -84,10 +87,13 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         tries.append(1)
         return StoryWorker(ctx, claim).walk()
 
+    finished = False
     try:
         escalated = retrying(walk_once, db=db, run_id=run_id, story=ctx.key, what=f"story {ctx.key}")
         if escalated:
             notify(db, policy, run_id, "story.escalated", story=ctx.key, reason=escalated)
+        elif park_after_wake:
+            finished = True
         else:
             _release_if_ready(ctx, claim)
     except FaultPersisted as exc:
@@ -115,14 +121,18 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
     finally:
         _quietly(leases.release, db, story_lease_name(story_id), owner)
         _quietly(tasks.enqueue_lane, run_id)  # lost: the consumers' watchdog wakes the lane
+    if finished:
+        _release_if_ready(ctx, claim)  # parks beside the lane's integration (which may park it first)
     if not ctx.target.lane_removes_story_worktrees:
         _sweep(project, run_id)
 
 
 def _release_if_ready(ctx, claim) -> None:
     """A ready story's work is all on its branch: its worktree goes to the pool now, before
-    the lane wakes, so a story the lane dispatches into the freed slot takes it instead of
-    checking out a new one. (Should its integration escalate, the lane gives it one back.)"""
+    the lane wakes (at max_parallel 1, as it wakes), so a story the lane dispatches into the
+    freed slot takes it instead of checking out a new one. (Should its integration escalate,
+    the lane gives it one back; should the lane's integration get there first, it parks it and
+    this park finds nothing to do.)"""
     story = claim.load()
     if story.state == StoryState.READY:
         _quietly(ctx.workspace.release_worktree, story)

@@ -1,0 +1,106 @@
+"""What an integration leaves behind when it does not simply advance, and after it lands.
+
+A mixin of `Integrator` (integrate.py): a conflict or a dirty target checkout keeps its
+evidence (a JSON file, the conflicted tree as a commit and a worktree) and escalates the story;
+a landed story's candidates, worktree and branch are cleaned up.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sqlalchemy import select
+
+from ..db.models import Candidate, Story, utcnow
+from ..states import CandidateState, Phase, StoryState
+from ..worktrees import delete_ref, ensure_detached_worktree, remove_worktree
+from .faults import crash_point
+from .journal import record
+from .transitions import transition_story
+
+__all__ = ["Outcomes"]
+
+
+class Outcomes:
+    """Needs from its host: db, run_id, git, layout, target, workspace, policy."""
+
+    def _dirty_checkout(self, story, cand_id, attempt, checkout, overlap, target_sha, sha) -> str:
+        evidence = self._write_evidence(story.key, attempt, {
+            "kind": "dirty-target-checkout", "story": story.key, "checkout": str(checkout),
+            "paths": overlap, "target_sha": target_sha, "candidate_sha": sha,
+        })
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            cand.state, cand.evidence, cand.ended_at = CandidateState.ABANDONED, str(evidence), utcnow()
+            cand.reason = f"local changes in {checkout} overlap: {', '.join(overlap)}"
+        return self._escalate(story, cand_id, f"the target checkout {checkout} has local "
+                              f"changes that overlap the candidate: {', '.join(overlap)}")
+
+    def _record_conflict(self, story, cand_id, attempt, comp, target_sha, branch_sha, ref) -> None:
+        # Keep the conflicted tree (with markers) as a commit and a worktree for a human.
+        preserved = None
+        if comp.tree:
+            preserved = self.git.out("commit-tree", comp.tree, "-p", target_sha, "-p", branch_sha,
+                                     "-m", f"bmad-loop: conflicted candidate for {story.key}",
+                                     env=self.git.identity_env(self.git.commit_date(branch_sha)))
+            self.git.run("update-ref", ref, preserved)
+            worktree = self.layout.candidate_worktree(story.key, attempt)
+            ensure_detached_worktree(self.git, worktree, preserved)
+        else:
+            worktree = None
+        evidence = self._write_evidence(story.key, attempt, {
+            "kind": "conflict", "story": story.key, "attempt": attempt,
+            "strategy": comp.strategy, "conflicts": list(comp.conflicts),
+            "target_sha": target_sha, "branch_sha": branch_sha, "candidate_ref": ref if preserved else None,
+        })
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            cand.state, cand.evidence, cand.ended_at = CandidateState.CONFLICT, str(evidence), utcnow()
+            cand.ref = ref if preserved else None
+            cand.candidate_sha = preserved
+            cand.worktree = str(worktree) if worktree else None
+            cand.reason = f"merge conflict with the target in {', '.join(comp.conflicts)}"
+            record(s, self.run_id, "candidate.conflict", story.key, attempt=attempt,
+                   paths=list(comp.conflicts), evidence=str(evidence))
+
+    def _escalate(self, story, cand_id, reason: str) -> str:
+        with self.db.transaction() as s:
+            row = s.get(Story, story.id)
+            feedback = dict(row.feedback or {})
+            # A fresh attempt after resume sees why integration failed.
+            feedback["verify_output"] = f"Integration onto {self.target.branch} failed: {reason}"
+            escalated = transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.ESCALATED,
+                                         reason=reason, ended_at=utcnow(), feedback=feedback)
+            if escalated:
+                record(s, self.run_id, "story.escalated", story.key, reason=reason,
+                       candidate=cand_id, phase=Phase.INTEGRATE)
+            row = s.get(Story, story.id)
+        if escalated:
+            self.workspace.restore_worktree(row)  # released at ready: a human gets it back
+        return StoryState.ESCALATED
+
+    def _write_evidence(self, key: str, attempt: int, payload: dict) -> Path:
+        path = self.layout.evidence(key, attempt)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2, sort_keys=True))
+        return path
+
+    def _drop_candidate(self, key: str, attempt: int, *, ref: bool = True) -> None:
+        remove_worktree(self.git, self.layout.candidate_worktree(key, attempt))
+        if ref:
+            delete_ref(self.git, self.layout.candidate_ref(key, attempt))
+
+    def _clean_after_integration(self, story: Story, attempt: int) -> None:
+        """Candidates and, per policy, the story's worktree and branch go once it landed."""
+        with self.db.transaction() as s:
+            # A ref the row does not name may still exist: one cut short between writing the
+            # ref and its row (left `composing`, or `abandoned` by the lane that took over).
+            attempts = [(c.attempt, c.ref is not None
+                         or c.state in (CandidateState.COMPOSING, CandidateState.ABANDONED))
+                        for c in s.scalars(select(Candidate).where(Candidate.story_id == story.id))]
+            row = s.get(Story, story.id)
+        for n, has_ref in attempts:
+            self._drop_candidate(story.key, n, ref=has_ref)
+        crash_point("lane.during_cleanup")
+        self.workspace.discard_landed(row, delete_branch=self.policy.scm.delete_branch)
