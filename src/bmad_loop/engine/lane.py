@@ -115,10 +115,16 @@ class _Lane:
     def _passes(self) -> None:
         recover_orphans(self.db, self.tasks, self.run_id, self.policy.leases.ttl_s)
         self.integrator.git.clear_stale_locks()  # git steps of ours that died (journaled)
-        if self._rows_contradict_git():
+        with self.db.transaction() as s:  # the check's rows and the first pass's, one read
+            integrated = self._integrated_rows(s)
+            loaded = s.get(Run, self.run_id), lane_rows(s, self.run_id, self.memo.settled_rows)
+        contradicted = self._rows_contradict_git(loaded[0], *integrated)
+        if contradicted:
+            self._contradicted(contradicted)
             return
         for _ in range(10_000):  # bounded: each pass either progresses or returns
-            run, stories = self._load()
+            run, stories = loaded or self._load()
+            loaded = None  # later passes read what the earlier ones changed
             if run.state not in RUN_LIVE:
                 return
             if restack_stale(self.db, self.integrator.git, self.run_id, stories):
@@ -141,29 +147,32 @@ class _Lane:
             self.integrator.clean_landed()  # the last stories' refs and branches
             return
 
-    def _rows_contradict_git(self) -> bool:
+    def _integrated_rows(self, s) -> tuple:
+        """The latest integrated story, and those integrated without a commit."""
+        integrated = (Story.run_id == self.run_id, Story.state == StoryState.INTEGRATED)
+        latest = s.scalars(select(Story).where(*integrated)
+                           .order_by(Story.seq.desc()).limit(1)).first()
+        bad = list(s.scalars(select(Story).where(*integrated, Story.integrated_sha.is_(None))
+                             .order_by(Story.seq)))
+        return latest, bad
+
+    def _rows_contradict_git(self, run: Run, latest, bad: list) -> list:
         """Rows are checked against git, not trusted: a story the rows call integrated must have
         its commit on the target (an agent may have edited the state database). Only what
         changed is looked at: integrations are in plan order, each on top of the last, so the
         latest one stands for all; it costs a git call only when it is not where the lane
-        itself last advanced the target."""
-        integrated = (Story.run_id == self.run_id, Story.state == StoryState.INTEGRATED)
-        with self.db.transaction() as s:
-            run = s.get(Run, self.run_id)
-            latest = s.scalars(select(Story).where(*integrated)
-                               .order_by(Story.seq.desc()).limit(1)).first()
-            bad = list(s.scalars(select(Story).where(*integrated, Story.integrated_sha.is_(None))
-                                 .order_by(Story.seq)))
+        itself last advanced the target. Returns the stories that contradict it."""
         if latest is None:
-            return False
+            return []
         if not bad and latest.integrated_sha != run.head_sha:
             target_now = self.integrator.target.sha(fetch=False)
             git = self.integrator.git
             if target_now and (git.rev(f"{latest.integrated_sha}^{{commit}}") is None
                                or not git.is_ancestor(latest.integrated_sha, target_now)):
                 bad = [latest]
-        if not bad:
-            return False
+        return bad
+
+    def _contradicted(self, bad: list[Story]) -> None:
         listing = ", ".join(f"{st.key} ({(st.integrated_sha or 'no commit')[:12]})" for st in bad)
         reason = (f"the rows contradict git: {listing} marked integrated but not on "
                   f"{self.integrator.target.branch}; check the state database")
@@ -172,7 +181,6 @@ class _Lane:
                    reason=reason)
         self._request_pause(reason, pause="rows")
         self._settle(*self._load())
-        return True
 
     def _load(self):
         with self.db.transaction() as s:
