@@ -94,7 +94,8 @@ def test_removing_a_worktree_that_is_not_there_starts_no_git(tmp_path, counted):
     assert subcommands(log) == Counter()
 
 
-def test_a_new_story_worktree_is_one_worktree_add_and_its_removal_one_remove(tmp_path, counted):
+def test_a_new_story_worktree_is_one_add_one_checkout_and_its_removal_one_remove(tmp_path,
+                                                                                 counted):
     git = git_repo(tmp_path / "repo", {"a.txt": "a\n"})
     base = git.rev("HEAD")
     path = tmp_path / "wts" / "s1"
@@ -103,8 +104,10 @@ def test_a_new_story_worktree_is_one_worktree_add_and_its_removal_one_remove(tmp
     assert ensure_worktree(git, path, "bmad-loop/r/s1", base, branch_head=None) == base
     made = subcommands(log)
     remove_worktree(git, path)
-    assert made == Counter({"worktree add": 1}), log.read_text()
-    assert subcommands(log) == Counter({"worktree add": 1, "worktree remove": 1})
+    # `worktree add --no-checkout` under the repository lock, the checkout (`read-tree`) outside
+    # it: git's own add runs that checkout as a child process (`reset --hard`) anyway.
+    assert made == Counter({"worktree add": 1, "read-tree": 1}), log.read_text()
+    assert subcommands(log) == Counter({"worktree add": 1, "read-tree": 1, "worktree remove": 1})
     assert [i.path for i in list_worktrees(git)] == [tmp_path / "repo"]
     assert git.rev("refs/heads/bmad-loop/r/s1") == base  # the branch stays; delete_branch drops it
 

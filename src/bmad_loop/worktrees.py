@@ -1,23 +1,40 @@
 """Worktrees and branches of one repository, made and removed idempotently.
 
-Every mutation here (worktree add/remove/prune, branch create/delete, ref delete), and the
-``worktree list`` read, runs under `repo_lock`: concurrent ``git worktree add`` in one repository
-fails intermittently otherwise (the branch is created even when the add fails), and ``worktree
-list`` fails when it meets an add half way through.
+Every mutation here (worktree add/remove/prune, branch create/delete, ref delete; a new
+worktree's checkout aside, see below), and the ``worktree list`` read, runs under `repo_lock`:
+concurrent ``git worktree add`` in one repository fails intermittently otherwise (the branch is
+created even when the add fails), and ``worktree list`` fails when it meets an add half way
+through.
 
 Every ``ensure_*`` function can be re-run after a crash at any point: a half-made worktree — a
-folder without ``.git``, a registration whose folder is gone, or a checkout still marked ``locked
-initializing`` because ``worktree add`` was killed — is removed properly (unlock, ``worktree
-remove -f -f``, remove the folder, ``prune``) and made again. A complete worktree is never thrown
-away by an ``ensure_*`` call: one on another branch raises `GitError` instead, so a kept
-(escalated) worktree cannot lose a human's edits by accident.
+folder without ``.git``, a registration whose folder is gone, or a checkout still marked
+``locked initializing`` because ``worktree add`` was killed — is removed properly (unlock,
+``worktree remove -f -f``, remove the folder, ``prune``) and made again. A complete worktree is
+never thrown away by an ``ensure_*`` call: one on another branch raises `GitError` instead, so a
+kept (escalated) worktree cannot lose a human's edits by accident.
 
 Each git process costs a few milliseconds of start-up, and a story's prepare and clean-up run
 these functions on the hot path, so each operation lists the worktrees once and reuses the
-listing, creates a missing branch with the ``worktree add -b`` that checks it out, trusts a
-full SHA it is given instead of re-reading it, and prunes only when a removal left something
-behind. A folder that does not exist and that no registration names (read from the admin
-entries' ``gitdir`` files) needs no git at all.
+listing, creates a missing branch with the ``worktree add -b`` that registers it, trusts a full
+SHA it is given instead of re-reading it, and prunes only when a removal left something behind.
+A folder that does not exist and that no registration names (read from the admin entries'
+``gitdir`` files) needs no git at all.
+
+A new story's worktree (the quick path of `ensure_worktree`) holds the lock only to register:
+``worktree add --no-checkout --lock --reason initializing -b`` makes the branch and the admin
+entry, no files. The checkout (``read-tree -u --reset HEAD``: the worktree's own index and
+files, no ref) runs without the lock, so the first stories of a run check out side by side
+instead of one after another; then the ``locked`` file is removed, under the lock again, since
+``worktree list`` dies when a ``locked`` file it saw vanishes before it reads it. Until then the
+entry is half-made by the rule above: a crash in between is discarded and made again by the next
+``ensure_worktree``, never used empty, and ``worktree prune`` (ours or any git's) leaves a
+locked entry alone. Nothing discards another story's add in progress: what discards half-made
+worktrees does so for one path or one branch, a story's own (one worker holds a story at a time,
+one lane a run's candidates); orphan clean-up (engine/cleanup.py) decides by ownership, and
+every unfinished story of a live run owns its worktree path and branch whether a row names them
+yet or not. A pinned ``post-checkout`` hook (``[scm] run_hooks``) keeps the single ``worktree
+add``: it runs on that checkout only. A new candidate worktree (`ensure_detached_worktree`) is
+made the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +42,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,41 +151,50 @@ def ensure_worktree(git: Git, path: Path, branch: str, start_sha: str, *,
     Idempotent: an existing worktree on that branch at `path` is reused as it is (an existing
     branch is never moved). A half-made one is removed and made again. Returns the branch head.
     `branch_head`: the caller's reading of the branch; None (absent) with nothing at `path`
-    allows the quick path, one ``worktree add -b``; any other case reads the branch itself.
+    allows the quick path (``worktree add -b`` without checkout under the lock, the checkout
+    outside it: see the module docstring); any other case reads the branch itself.
     """
     if not branch_name_ok(branch):
         raise GitError(f"git refuses {branch!r} as a branch name")
     path = _abs(path)
-    ref = f"refs/heads/{branch}"
     with repo_lock(git):
-        if branch_head is None and is_full_sha(start_sha) and not os.path.lexists(path) \
-                and not _registered(git, path):
-            # The common case, a new story: no branch, nothing at `path`. A branch that does
-            # not exist is checked out nowhere, so no listing is needed; should git still
-            # refuse, the careful way below finds out why.
-            try:
-                _add(git, path, branch, new_branch_at=start_sha)
-                return start_sha
-            except GitError:
-                pass
+        if not (branch_head is None and is_full_sha(start_sha) and not os.path.lexists(path)
+                and not _registered(git, path)):
+            return _ensure_carefully(git, path, branch, start_sha)
+        # The common case, a new story: no branch, nothing at `path`. A branch that does not
+        # exist is checked out nowhere, so no listing is needed; should git still refuse, the
+        # careful way finds out why.
+        apart = _checkout_apart(git)
+        try:
+            _add(git, path, branch, new_branch_at=start_sha, checkout=not apart)
+        except GitError:
+            return _ensure_carefully(git, path, branch, start_sha)
+    if apart:
+        _populate(git, path)
+    return start_sha
+
+
+def _ensure_carefully(git: Git, path: Path, branch: str, start_sha: str) -> str:
+    """`ensure_worktree` the rare way (caller holds the lock): list, repair, check, add."""
+    ref = f"refs/heads/{branch}"
+    listing = list_worktrees(git)
+    info = _find_in(listing, path)
+    if info is not None and not info.half_made:
+        if info.branch == branch:
+            return info.head or _rev_or_fail(git, ref)
+        where = f"branch {info.branch}" if info.branch else f"detached at {info.head}"
+        raise GitError(f"{path} is already a worktree on {where}, not on {branch}")
+    if info is not None or os.path.lexists(path):
+        _discard(git, path, info, listing)
         listing = list_worktrees(git)
-        info = _find_in(listing, path)
-        if info is not None and not info.half_made:
-            if info.branch == branch:
-                return info.head or _rev_or_fail(git, ref)
-            where = f"branch {info.branch}" if info.branch else f"detached at {info.head}"
-            raise GitError(f"{path} is already a worktree on {where}, not on {branch}")
-        if info is not None or os.path.lexists(path):
-            _discard(git, path, info, listing)
-            listing = list_worktrees(git)
-        _free_branch(git, branch, path, listing)
-        head = git.rev(ref)  # the careful way reads it again: the rare path, so be sure
-        if head is None:
-            # One process makes the branch and checks it out (`worktree add -b`).
-            _add(git, path, branch, new_branch_at=start_sha)
-            return start_sha if is_full_sha(start_sha) else _rev_or_fail(git, ref)
-        _add(git, path, branch)
-        return head
+    _free_branch(git, branch, path, listing)
+    head = git.rev(ref)  # the careful way reads it again: the rare path, so be sure
+    if head is None:
+        # One process makes the branch and checks it out (`worktree add -b`).
+        _add(git, path, branch, new_branch_at=start_sha)
+        return start_sha if is_full_sha(start_sha) else _rev_or_fail(git, ref)
+    _add(git, path, branch)
+    return head
 
 
 def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
@@ -175,6 +202,7 @@ def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
 
     Idempotent: an existing detached worktree at `path` is reused; if it is at another commit it is
     reset to `sha` (``checkout --detach -f`` and ``clean -ffdx``). A half-made one is made again.
+    A new one is registered under the lock and checked out without it, as a new story's is.
     """
     path = _abs(path)
     with repo_lock(git):
@@ -189,7 +217,10 @@ def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
             return
         if info is not None or os.path.lexists(path):
             _discard(git, path, info, listing)
-        _add(git, path, sha, detach=True)
+        apart = _checkout_apart(git)
+        _add(git, path, sha, detach=True, checkout=not apart)
+    if apart:
+        _populate(git, path)
 
 
 def admin_dir(git: Git, path: Path) -> Path | None:
@@ -335,11 +366,14 @@ def _rev_or_fail(git: Git, ref: str) -> str:
 
 
 def _add(git: Git, path: Path, what: str, *, detach: bool = False,
-         new_branch_at: str | None = None) -> None:
+         new_branch_at: str | None = None, checkout: bool = True) -> None:
     """``worktree add`` of `what` (a branch, or with `detach` a commit); with `new_branch_at`,
-    `what` is a branch to create there (``-b``)."""
+    `what` is a branch to create there (``-b``). Without `checkout`, only the registration and
+    the branch: no index, no files, and the entry stays locked ``initializing`` (`_populate`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     argv = ["worktree", "add", "--quiet"] + (["--detach"] if detach else [])
+    if not checkout:
+        argv += ["--no-checkout", "--lock", "--reason", _INITIALIZING]
     argv += ["--no-track", "-b", what, path, new_branch_at] if new_branch_at else [path, what]
     try:
         git.run(*argv)
@@ -347,6 +381,38 @@ def _add(git: Git, path: Path, what: str, *, detach: bool = False,
         info = _find(git, path)
         if info is not None or os.path.lexists(path):
             _discard(git, path, info)
+        raise
+
+
+def _checkout_apart(git: Git) -> bool:
+    """Register first and check out without the lock? Not when a pinned ``post-checkout`` hook
+    must run: git runs it on `worktree add`'s own checkout only."""
+    return "post-checkout" not in git.run_hooks
+
+
+# Test seam: called with the path between registration and checkout, outside the lock.
+_after_register: Callable[[Path], None] | None = None
+
+
+def _populate(git: Git, path: Path) -> None:
+    """Check out a worktree `_add` registered without a checkout, then unlock it. Runs without
+    the repository lock, apart from the unlock: ``worktree list`` dies when a ``locked`` file
+    it saw vanishes before it reads it. On failure the half-made worktree is discarded."""
+    try:
+        if _after_register is not None:
+            _after_register(path)
+        # Index and files only (no ref is written, unlike the `reset --hard` of git's own add).
+        git.run("read-tree", "-u", "--reset", "--no-recurse-submodules", "HEAD", cwd=path)
+        with repo_lock(git):
+            admin = admin_dir(git, path)
+            if admin is None:
+                raise GitError(f"the worktree at {path} vanished while it was checked out")
+            (admin / "locked").unlink(missing_ok=True)  # what `worktree unlock` does, sans git
+    except Exception:
+        with repo_lock(git):
+            info = _find(git, path)
+            if info is not None or os.path.lexists(path):
+                _discard(git, path, info)
         raise
 
 
