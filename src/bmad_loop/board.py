@@ -33,6 +33,7 @@ comments, decorations, quoting, spacing and order survive byte for byte.
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -49,6 +50,7 @@ __all__ = [
     "BoardEntry",
     "Board",
     "parse_board",
+    "remember_board",
     "load_board",
     "set_status",
     "validate_story_key",
@@ -273,21 +275,33 @@ def _story_location(item: Scalar | None, path: Path) -> str | None:
     raise ConfigError(f"{path}: 'story_location' is not a string")
 
 
-# The last board parsed, by its text: the lane re-reads the target's board on every tick, and a
-# Board is immutable, so the same text need not be parsed twice in a row.
-_last_parsed: tuple[str, Path, Board] | None = None
+# The last few boards parsed (or derived from an edit, `remember_board`), by their text: the
+# lane reads the target's board after every integration, and the write-back edits that same
+# text; a Board is immutable, so no text is parsed twice while it is among the last few.
+_PARSED: dict[tuple[str, Path], Board] = {}
+_PARSED_KEEP = 4
+_parsed_lock = threading.Lock()
 
 
 def parse_board(text: str, path: Path) -> Board:
     """Parse board text; `path` is only used in messages and kept on the Board."""
-    global _last_parsed
     path = Path(path)
-    last = _last_parsed
-    if last is not None and last[1] == path and last[0] == text:
-        return last[2]
+    with _parsed_lock:
+        known = _PARSED.get((text, path))
+    if known is not None:
+        return known
     board = _parse_board(text, path)
-    _last_parsed = (text, path, board)
+    remember_board(text, path, board)
     return board
+
+
+def remember_board(text: str, path: Path, board: Board) -> None:
+    """`board` is what `parse_board(text, path)` gives (an edit that knows its result)."""
+    with _parsed_lock:
+        _PARSED.pop((text, Path(path)), None)
+        _PARSED[(text, Path(path))] = board
+        while len(_PARSED) > _PARSED_KEEP:
+            del _PARSED[next(iter(_PARSED))]
 
 
 def _parse_board(text: str, path: Path) -> Board:

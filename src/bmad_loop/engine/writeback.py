@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..board import parse_board, set_status
+from ..boardedit import set_statuses
 from ..boardstatus import DONE
 from ..compose import blobs_at, replace_blobs
 from ..errors import ConfigError
@@ -54,25 +55,23 @@ def _finished(entry) -> bool:
 
 def mark_done_on_board(text: str, key: str, epic: str | None, source: str = "sprint-status.yaml") -> str:
     """The board text with `key` done and its epic's line moved on; unchanged when there is
-    nothing to change (the key is not on the board, or every value already says so)."""
+    nothing to change (the key is not on the board, or every value already says so). The board
+    is parsed once; the edits know the board they make (boardedit.py)."""
     try:
-        entry = parse_board(text, Path(source)).entry(key)
+        board = parse_board(text, Path(source))
     except ConfigError:  # a board the parser refuses: edit the story's line as before, no epic
         return set_status(text, key, DONE, source)
+    entry = board.entry(key)
     if entry is None:
         return text
     if entry.status != DONE:
-        text = set_status(text, key, DONE, source)
+        text, board = set_statuses(text, board, {key: DONE}, source)
     if epic is None:
         return text
-    return _move_epic(text, str(epic), source)
+    return _move_epic(text, board, str(epic), source)
 
 
-def _move_epic(text: str, epic: str, source: str) -> str:
-    try:
-        board = parse_board(text, Path(source))
-    except ConfigError:
-        return text  # a board only the story line could be edited in: leave the epic alone
+def _move_epic(text: str, board, epic: str, source: str) -> str:
     epic_entry = board.entry(f"epic-{epic}")
     if epic_entry is None:
         return text
@@ -86,7 +85,7 @@ def _move_epic(text: str, epic: str, source: str) -> str:
         return text
     if current == wanted:
         return text
-    return set_status(text, epic_entry.key, wanted, source)
+    return set_statuses(text, board, {epic_entry.key: wanted}, source)[0]
 
 
 def mark_story_file_done(text: str) -> str:
