@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import threading
+from collections import namedtuple
 from pathlib import Path
 
-from sqlalchemy import or_, select
+from sqlalchemy import Text, or_, select, type_coerce
 from sqlalchemy.orm import Session
 
 from ..db.models import Run, Story
@@ -30,6 +33,16 @@ _LANE_COLUMNS = (Story.id, Story.key, Story.seq, Story.epic, Story.state, Story.
                  # stacked starts (stacking.py, restack.py)
                  Story.branch, Story.human_fix, Story.base_sha, Story.head_sha, Story.stacked_on,
                  Story.worktree)
+# The JSON columns are read as stored and decoded here, each distinct text once (`_decoded`):
+# decoding every open story's footprint on every pass made a pass cost grow with the sprint.
+_JSON_COLUMNS = frozenset({"footprint", "depends_on", "stacked_on"})
+_SELECTED = tuple(type_coerce(c, Text).label(c.key) if c.key in _JSON_COLUMNS else c
+                  for c in _LANE_COLUMNS)
+LaneRow = namedtuple("LaneRow", [c.key for c in _LANE_COLUMNS])
+_JSON_AT = tuple(i for i, c in enumerate(_LANE_COLUMNS) if c.key in _JSON_COLUMNS)
+_DECODED: dict[str, object] = {}
+_DECODED_KEEP = 20_000
+_decoded_lock = threading.Lock()
 
 
 # A story in one of these states never changes again: its row, once read, is kept.
@@ -39,26 +52,51 @@ _SETTLED_FOR_GOOD = (StoryState.INTEGRATED, StoryState.SKIPPED)
 def lane_rows(session: Session, run_id: str, kept: dict | None = None) -> list:
     """The run's stories in plan order as read-only rows of the columns the lane reads (same
     attribute names as `Story`). The lane reads them on every pass: building full ORM objects
-    (forty columns, timestamps, JSON) costs several times more per story.
+    (forty columns, timestamps, JSON) costs several times more per story. Treat the rows and
+    their JSON values as read-only: equal texts share one decoded value.
 
     `kept` (id -> row, the caller's across passes) holds the rows of integrated and skipped
     stories, which never change: only their ids are read again, so a pass late in a long run
     does not parse hundreds of finished footprints."""
     if kept is None:
-        return list(session.execute(select(*_LANE_COLUMNS).where(Story.run_id == run_id)
-                                    .order_by(Story.seq)))
+        return _rows(session.execute(select(*_SELECTED).where(Story.run_id == run_id)
+                                     .order_by(Story.seq)))
     settled = set(session.scalars(select(Story.id).where(Story.run_id == run_id,
                                                          Story.state.in_(_SETTLED_FOR_GOOD))))
     new = [i for i in settled if i not in kept]
     wanted = Story.state.not_in(_SETTLED_FOR_GOOD)
     if new:
         wanted = or_(wanted, Story.id.in_(new))
-    fresh = list(session.execute(select(*_LANE_COLUMNS).where(Story.run_id == run_id, wanted)))
+    fresh = _rows(session.execute(select(*_SELECTED).where(Story.run_id == run_id, wanted)))
     for row in fresh:
         if row.state in _SETTLED_FOR_GOOD:
             kept[row.id] = row
     rows = fresh + [row for i, row in kept.items() if i in settled and i not in new]
     return sorted(rows, key=lambda row: row.seq)
+
+
+def _rows(result) -> list:
+    out = []
+    for raw in result:
+        values = list(raw)
+        for i in _JSON_AT:
+            values[i] = _decoded(values[i])
+        out.append(LaneRow._make(values))
+    return out
+
+
+def _decoded(value):
+    """A JSON column's value: SQLite hands back the stored text, PostgreSQL the decoded value."""
+    if not isinstance(value, str):
+        return value
+    with _decoded_lock:
+        known = _DECODED.get(value, _DECODED)
+        if known is _DECODED:
+            known = json.loads(value)
+            if len(_DECODED) >= _DECODED_KEEP:
+                _DECODED.clear()
+            _DECODED[value] = known
+    return known
 
 
 def next_in_plan(stories, pause_on_escalation: bool, after_seq: int | None = None):
