@@ -210,10 +210,11 @@ class _Lane:
         return self._dispatch(run, stories)
 
     def _dispatch_between(self) -> None:
-        """Mid-integration: a worker that finished meanwhile freed a slot, and its wake-up waits
-        in the lane's queue; the slot is filled now rather than after this integration (the
-        rules are `_dispatch_first`'s). Nothing waiting: one count of the queue, no rows read."""
-        if self.tasks.lane_pending() > 0:
+        """Mid-integration: a worker that finished meanwhile freed a slot (its wake-up waits in
+        the lane's queue): fill it now, by `_dispatch_first`'s rules. No rows are read when
+        nothing waits or the last admission left nothing pending."""
+        last = getattr(self, "_decision", None)
+        if (last is None or last.waiting) and self.tasks.lane_pending() > 0:
             self._dispatch_first(*self._load())
 
     # ------------------------------------------------------------ 1. integration
