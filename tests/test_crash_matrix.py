@@ -97,6 +97,29 @@ def target_trees(repo) -> list[tuple[str, int]]:
     return [(c["tree"], c["parents"]) for c in repo.first_parent_trees("main")]
 
 
+def crash_at(repo, point: str, tmp_path: Path) -> tuple[str, dict, Path]:
+    """Enqueue a run and start a worker that kills itself (SIGKILL) at `point`: the run, the
+    environment for the next worker, and the log both write to."""
+    log = tmp_path / "worker.log"
+    marker = tmp_path / "crashed.marker"
+    env = dict(os.environ, **{CRASH_ENV: point, ONCE_ENV: str(marker)})
+    run_id = enqueue(repo)
+    first = start_worker(repo, env, log)
+    code = wait_for_exit(first, CRASH_DEADLINE_S, log)
+    assert code == -signal.SIGKILL, f"exit {code}; log:\n{log.read_text()[-4000:]}"
+    assert marker.read_text() == point  # it died at this point, not somewhere else
+    return run_id, env, log
+
+
+def finish(repo, run_id: str, env: dict, log: Path) -> dict:
+    """A second worker (the crash switch fired once) runs the crashed run to its end."""
+    second = start_worker(repo, env, log)
+    try:
+        return wait_until_completed(repo, run_id, second, log)
+    finally:
+        stop_processes(second)
+
+
 def max_seq(repo) -> int:
     return query(repo, "SELECT COALESCE(MAX(seq), 0) FROM events")[0][0]
 
@@ -137,15 +160,7 @@ def reference_trees(make_repo, reference_memo):
 def test_a_kill_9_at_each_crash_point_loses_nothing_doubles_nothing_and_leaves_no_debris(
         point, make_repo, reference_trees, tmp_path):
     repo = make_repo(STORIES, script=SCRIPT, policy=POLICY, name="repo")
-    log = tmp_path / "worker.log"
-    marker = tmp_path / "crashed.marker"
-    env = dict(os.environ, **{CRASH_ENV: point, ONCE_ENV: str(marker)})
-    run_id = enqueue(repo)
-
-    first = start_worker(repo, env, log)
-    code = wait_for_exit(first, CRASH_DEADLINE_S, log)
-    assert code == -signal.SIGKILL, f"exit {code}; log:\n{log.read_text()[-4000:]}"
-    assert marker.read_text() == point  # it died at this point, not somewhere else
+    run_id, env, log = crash_at(repo, point, tmp_path)
     crash_seq = max_seq(repo)
     main_at_crash = repo.git("rev-parse", "main")
     before = {s["key"]: s for s in repo.status(run_id)["stories"]}
@@ -154,11 +169,7 @@ def test_a_kill_9_at_each_crash_point_loses_nothing_doubles_nothing_and_leaves_n
     worktree_at_crash = before["1-1-alpha"]["worktree"]
     branch_at_crash = before["1-1-alpha"]["branch"]
 
-    second = start_worker(repo, env, log)
-    try:
-        status = wait_until_completed(repo, run_id, second, log)
-    finally:
-        stop_processes(second)
+    status = finish(repo, run_id, env, log)
 
     # Every story integrated exactly once.
     assert [s["state"] for s in status["stories"]] == ["integrated"] * len(STORIES)
@@ -258,19 +269,9 @@ def test_a_kill_9_after_composing_a_candidate_something_waits_on_abandons_its_ro
     2, identically, and the abandoned attempt leaves no ref behind."""
     repo = make_repo(STORIES, script=SCRIPT, policy=POLICY + '[verify]\ncommands = ["true"]\n',
                      name="repo")
-    log = tmp_path / "worker.log"
-    marker = tmp_path / "crashed.marker"
-    env = dict(os.environ, **{CRASH_ENV: "lane.after_compose", ONCE_ENV: str(marker)})
-    run_id = enqueue(repo)
-    first = start_worker(repo, env, log)
-    code = wait_for_exit(first, CRASH_DEADLINE_S, log)
-    assert code == -signal.SIGKILL, f"exit {code}; log:\n{log.read_text()[-4000:]}"
+    run_id, env, log = crash_at(repo, "lane.after_compose", tmp_path)
     crash_seq = max_seq(repo)
-    second = start_worker(repo, env, log)
-    try:
-        status = wait_until_completed(repo, run_id, second, log)
-    finally:
-        stop_processes(second)
+    status = finish(repo, run_id, env, log)
     assert [s["state"] for s in status["stories"]] == ["integrated"] * len(STORIES)
     assert target_trees(repo) == reference_trees
     cands = [c for c in status["candidates"] if c["story"] == "1-1-alpha"]

@@ -5,7 +5,7 @@ barriers; nothing is mocked and nothing waits on a sleep and hope.
 
 - An agent that SIGKILLs its bmad-loop parent every time: recovered `[limits] max_recoveries`
   times, then escalated with a reason that says so; the run ends (exit 3).
-- An agent that SIGSTOPs its bmad-loop parent every time: the session's thaw helper continues
+- An agent that SIGSTOPs its bmad-loop parent every time: the process's thaw helper continues
   it after `ttl_s`, and the run ends (exit 3) instead of hanging.
 - An agent (and a verify command) printing hundreds of MB: the `bmad-loop run` process's peak
   RSS stays bounded (`bench/bounded_memory.py` does the same with 1 GB).
@@ -162,7 +162,7 @@ PARENT_STOPPER = """\
 
 
 def test_an_agent_that_stops_its_bmad_loop_every_time_cannot_hang_the_run(make_repo, tmp_path):
-    """SIGSTOP freezes every thread of bmad-loop, so nothing inside it can act: the session's
+    """SIGSTOP freezes every thread of bmad-loop, so nothing inside it can act: the process's
     thaw helper continues it after `ttl_s`; then the story is recovered (its lease expired)
     or its session times out, until `max_recoveries` or `max_dev_attempts` escalates it."""
     bar = tmp_path / "bar"
