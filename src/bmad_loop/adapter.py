@@ -386,15 +386,9 @@ def _end_session(proc: subprocess.Popen, token: str, grace_s: float) -> None:
 
 # --------------------------------------------------------------------------- the owner marker
 
-_STARTED: dict[int, float] = {}
-
-
 def owner_marker() -> str:
     """`host:pid:start` of this process (its start time tells it from a later one with its pid)."""
-    pid = os.getpid()
-    if pid not in _STARTED:
-        _STARTED[pid] = proctree.started_at(pid)
-    return f"{host_name()}:{pid}:{_STARTED[pid]:.2f}"
+    return f"{host_name()}:{os.getpid()}:{proctree.own_start_time() or 0.0:.2f}"
 
 
 def parse_owner(value: str | None) -> tuple[str, int, float] | None:

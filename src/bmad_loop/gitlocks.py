@@ -33,7 +33,7 @@ import psutil
 
 from .hostid import host_name
 from .indexlock import stale_marker_lock
-from .proctree import is_running, start_time
+from .proctree import is_running, own_start_time, start_time
 
 __all__ = ["LockHit", "lock_in", "git_dirs", "StepRecord", "begin_step", "sweep",
            "stale_lock", "STEPS_DIRNAME", "STEP_ENV"]
@@ -200,16 +200,6 @@ def _carries_marker(name: str) -> bool:
     return False
 
 
-_own_starts: dict[int, float | None] = {}
-
-
-def _own_start(pid: int) -> float | None:
-    """This process's start time, asked once (keyed by pid: a forked child asks again)."""
-    if pid not in _own_starts:
-        _own_starts[pid] = start_time(pid)
-    return _own_starts[pid]
-
-
 def begin_step(cwd: Path, argv: list[str], env: dict | None) -> StepRecord | None:
     """Write the record of a mutating step about to run in `cwd`; None outside a repository."""
     dirs = git_dirs(cwd)
@@ -234,7 +224,7 @@ def begin_step(cwd: Path, argv: list[str], env: dict | None) -> StepRecord | Non
         n = next(_counter)
     pid = os.getpid()
     record = StepRecord(folder / f"{pid}-{n}", {
-        "host": host_name(), "pid": pid, "pid_start": _own_start(pid), "started": time.time(),
+        "host": host_name(), "pid": pid, "pid_start": own_start_time(), "started": time.time(),
         "argv": argv[:40], "cwd": str(cwd), "locks": locks, "prefixes": sorted(set(prefixes)),
     })
     try:

@@ -138,6 +138,17 @@ def started_at(pid: int | None = None) -> float:
     return start_time(pid) or 0.0
 
 
+_OWN_STARTS: dict[int, float | None] = {}
+
+
+def own_start_time() -> float | None:
+    """This process's `start_time`, read once (keyed by pid: a forked child reads its own)."""
+    pid = os.getpid()
+    if pid not in _OWN_STARTS:
+        _OWN_STARTS[pid] = start_time(pid)
+    return _OWN_STARTS[pid]
+
+
 def is_running(pid: int, start: float | None = None, *, tolerance_s: float = 0.01) -> bool:
     """Is `pid` alive (not a zombie) and, when `start` is given, the process that started then
     (within `tolerance_s`: a start time read back from a file may be rounded)?"""

@@ -165,7 +165,7 @@ def _spawn() -> _Helper | None:
     here = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     pid = os.getpid()
-    argv = [sys.executable, "-m", "bmad_loop.thaw", str(pid), repr(proctree.started_at(pid))]
+    argv = [sys.executable, "-m", "bmad_loop.thaw", str(pid), repr(proctree.own_start_time() or 0.0)]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
