@@ -179,9 +179,7 @@ class Integrator(Outcomes):
                 for step in (CandidateState.VERIFYING, CandidateState.VERIFIED,
                              CandidateState.ADVANCING):
                     cand.state = step  # each step of the machine, in this one transaction
-                record(s, self.run_id, "candidate.composed", story.key, attempt=attempt,
-                       strategy=strategy, target_sha=target_sha, branch_sha=branch_sha,
-                       candidate_sha=comp.sha, rebased=comp.rebased, stack=1)
+                self._record_composed(s, story, cand, comp, target_sha, branch_sha)
                 record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,
                        duration_s=0.0, commands=0)
             s.add(cand)
@@ -227,11 +225,15 @@ class Integrator(Outcomes):
         with self.db.transaction() as s:
             cand = s.get(Candidate, cand_id)
             cand.candidate_sha, cand.ref, cand.state = comp.sha, ref if keep else None, CandidateState.VERIFYING
-            record(s, self.run_id, "candidate.composed", story.key, attempt=attempt,
-                   strategy=strategy, target_sha=on_sha, branch_sha=branch_sha,
-                   candidate_sha=comp.sha, rebased=comp.rebased, stack=cand.stack,
-                   **({"on": cand.on_candidate_id} if cand.on_candidate_id else {}))
+            self._record_composed(s, story, cand, comp, on_sha, branch_sha)
         return comp.sha
+
+    def _record_composed(self, s, story: Story, cand: Candidate, comp: Composition, on_sha: str,
+                         branch_sha: str) -> None:
+        record(s, self.run_id, "candidate.composed", story.key, attempt=cand.attempt,
+               strategy=cand.strategy, target_sha=on_sha, branch_sha=branch_sha,
+               candidate_sha=comp.sha, rebased=comp.rebased, stack=cand.stack,
+               **({"on": cand.on_candidate_id} if cand.on_candidate_id else {}))
 
     def candidate_reason(self, cand_id: int) -> str:
         with self.db.transaction() as s:
