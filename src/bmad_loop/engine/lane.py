@@ -113,8 +113,6 @@ class _Lane:
                     log.exception("clean-up after integration failed for run %s", self.run_id)
 
     def _passes(self) -> None:
-        recover_orphans(self.db, self.tasks, self.run_id, self.policy.leases.ttl_s)
-        self.integrator.git.clear_stale_locks()  # git steps of ours that died (journaled)
         with self.db.transaction() as s:  # the check's rows and the first pass's, one read
             integrated = self._integrated_rows(s)
             loaded = s.get(Run, self.run_id), lane_rows(s, self.run_id, self.memo.settled_rows)
@@ -122,6 +120,10 @@ class _Lane:
         if contradicted:
             self._contradicted(contradicted)
             return
+        if recover_orphans(self.db, self.tasks, self.run_id, self.policy.leases.ttl_s,
+                           any_working=any(r.state == StoryState.WORKING for r in loaded[1])):
+            loaded = None  # re-queued or escalated: the first pass reads the rows again
+        self.integrator.git.clear_stale_locks()  # git steps of ours that died (journaled)
         for _ in range(10_000):  # bounded: each pass either progresses or returns
             run, stories = loaded or self._load()
             loaded = None  # later passes read what the earlier ones changed
@@ -210,9 +212,8 @@ class _Lane:
         return self._dispatch(run, stories)
 
     def _dispatch_between(self) -> None:
-        """Mid-integration: a worker that finished meanwhile freed a slot (its wake-up waits in
-        the lane's queue): fill it now, by `_dispatch_first`'s rules. No rows are read when
-        nothing waits or the last admission left nothing pending."""
+        """Mid-integration: a slot a worker freed meanwhile (its wake-up waits in the lane's
+        queue) is filled now, by `_dispatch_first`'s rules; no rows read if nothing waits."""
         last = getattr(self, "_decision", None)
         if (last is None or last.waiting) and self.tasks.lane_pending() > 0:
             self._dispatch_first(*self._load())
@@ -405,8 +406,7 @@ class _Lane:
 
     # ------------------------------------------------------------ 4. settling
     def _settle(self, run: Run, stories: list[Story]) -> None:
-        in_flight = [s for s in stories if s.state in STORY_IN_FLIGHT]
-        if in_flight:
+        if any(s.state in STORY_IN_FLIGHT for s in stories):
             return  # workers will wake the lane when they finish
         if verifying_here(self.run_id):
             return  # so will the stack's verifications

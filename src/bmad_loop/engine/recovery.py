@@ -67,10 +67,16 @@ def find_orphans(session, run_id: str, ttl_s: float, now: dt.datetime | None = N
     return orphans
 
 
-def recover_orphans(db, tasks, run_id: str, ttl_s: float, now: dt.datetime | None = None) -> list[str]:
-    """Re-queue (or, past `max_recoveries`, escalate) the run's orphaned stories; their keys."""
+def recover_orphans(db, tasks, run_id: str, ttl_s: float, now: dt.datetime | None = None, *,
+                    any_working: bool = True) -> list[str]:
+    """Re-queue (or, past `max_recoveries`, escalate) the run's orphaned stories; their keys.
+    `any_working=False`: the caller's rows, just read, hold no working story, so none can be
+    orphaned (one that starts later has a fresh lease); only the periodic sweep runs."""
     recovered: list[int] = []
     keys = []
+    if not any_working:
+        _sweep_now_and_then(run_id)
+        return keys
     with db.transaction() as s:
         orphans = find_orphans(s, run_id, ttl_s, now)
         limit = _max_recoveries(s, run_id) if orphans else 0

@@ -84,8 +84,9 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
     def walk_once():
         if tries:  # a try cut short by a fault left its session open (the claim closed older ones)
             interrupt_open_attempts(claim)
+        claimed = story if not tries else None  # as the claim left it; a retry reads it again
         tries.append(1)
-        return StoryWorker(ctx, claim).walk()
+        return StoryWorker(ctx, claim).walk(claimed)
 
     finished = False
     try:
@@ -168,8 +169,8 @@ class StoryWorker:
         self._row: Story | None = None  # the row as the last transaction of this walk left it
 
     # ----------------------------------------------------------------- the walk
-    def walk(self) -> str | None:
-        story = self.claim.load()
+    def walk(self, claimed: Story | None = None) -> str | None:
+        story = claimed if claimed is not None else self.claim.load()
         phase = story.phase or Phase.PREPARE
         if phase != Phase.PREPARE and not self.ctx.workspace.usable(story.worktree):
             phase = Phase.PREPARE  # its worktree is another host's (that host died) or was removed
@@ -487,6 +488,11 @@ class StoryWorker:
         declared = list(story.footprint.get("files", [])) + list(story.footprint.get("shared", []))
         ignored = [self.ctx.board_rel] if self.ctx.board_rel else []
         # Read the footprint as admission did: a literal path covers a folder only if the
-        # story's base has that folder (`newdir` is a file, `newdir/` a folder).
+        # story's base has that folder (`newdir` is a file, `newdir/` a folder). Knowing no
+        # folder at all covers least, so a path covered that way is covered in any tree: the
+        # base's folders are listed (one git process) only for the paths left.
+        unsure = [p for p in changed if p not in ignored and not matches_any(p, declared, frozenset())]
+        if not unsure:
+            return []
         directories = tree_directories(self.git, story.base_sha)
-        return [p for p in changed if p not in ignored and not matches_any(p, declared, directories)]
+        return [p for p in unsure if not matches_any(p, declared, directories)]
