@@ -249,6 +249,30 @@ def test_a_daemon_that_double_forked_out_of_the_tree_is_found_by_its_token(tmp_p
     assert _wait_gone(agent_pid) and _wait_gone(daemon_pid)
 
 
+def test_a_process_older_than_the_session_is_not_searched_for_its_marker(tmp_path):
+    """The marker walk skips processes that started before the session: a real process carrying
+    the marker is listed when the session began before it, not when it began well after."""
+    import subprocess
+
+    import psutil
+
+    from bmad_loop.proctree import session_processes
+
+    marker = ("BMAD_LOOP_TEST_MARKER", f"m{os.getpid()}")
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                            stdin=subprocess.PIPE, env={**os.environ, marker[0]: marker[1]},
+                            start_new_session=True)
+    try:
+        born = psutil.Process(proc.pid).create_time()
+        listed = lambda since: proc.pid in session_processes(os.getpid(), marker, tree=False,  # noqa: E731
+                                                             since=since)
+        assert listed(None) and listed(born) and listed(born - 5)
+        assert not listed(born + 5)  # it was running long before this "session" started
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
 def test_what_an_agent_leaves_running_when_it_exits_is_ended(tmp_path, worktree):
     pids = tmp_path / "pids"
     script = _script(tmp_path, "agent.py", _SPAWNER)

@@ -262,8 +262,12 @@ def run_agent(
             raise
 
         timed_out = interrupted = stalled = False
+        # The agent's start, as the process table tells it: nothing older is the session's, and
+        # its descendants' start times are read on the same clock (None: search them all).
+        since = proctree.start_time(proc.pid)
         waiter = proctree.ExitWaiter(proc)
-        watch = StallWatch(stall_s, log_path, proc.pid, marker=(SESSION_TOKEN_VAR, token)) if stall_s else None
+        watch = (StallWatch(stall_s, log_path, proc.pid, marker=(SESSION_TOKEN_VAR, token), since=since)
+                 if stall_s else None)
         try:
             if on_start is not None:
                 on_start(proc.pid)
@@ -282,7 +286,7 @@ def run_agent(
                     stalled = True
                     break
         except BaseException:
-            _end_session(proc, token, kill_grace_s)
+            _end_session(proc, token, kill_grace_s, since)
             waiter.close()
             thawer.close()
             log.write(f"=== bmad-loop {label} killed: bmad-loop itself was interrupted ===\n".encode())
@@ -290,7 +294,7 @@ def run_agent(
         waiter.close()
         thawer.close()
 
-        _end_session(proc, token, kill_grace_s)
+        _end_session(proc, token, kill_grace_s, since)
         duration = time.monotonic() - started
         log_end = log_path.stat().st_size
         if timed_out:
@@ -374,13 +378,15 @@ def review_approved(result: AgentResult, output: str, *, verdict: str = "exit") 
 # --------------------------------------------------------------------------- ending the session
 
 
-def _end_session(proc: subprocess.Popen, token: str, grace_s: float) -> None:
+def _end_session(proc: subprocess.Popen, token: str, grace_s: float, since: float | None) -> None:
     """End the agent and everything it started: SIGTERM, grace, SIGKILL; then reap the agent.
 
     Nothing is reaped before the last signal, so no pid in the tree can have been recycled.
+    Processes that started before `since` (the session's start) are not searched for its marker.
     """
     tree = proc.returncode is None  # False only when the agent had to be reaped to see it exit
-    proctree.end_tree(proc.pid, marker=(SESSION_TOKEN_VAR, token), grace_s=grace_s, tree=tree)
+    proctree.end_tree(proc.pid, marker=(SESSION_TOKEN_VAR, token), grace_s=grace_s, tree=tree,
+                      since=since)
     proc.wait()
 
 

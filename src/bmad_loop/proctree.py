@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 _POLL_S = 0.02
+_START_SLACK_S = 1.0  # psutil's start times can be rounded (to clock ticks on Linux)
 
 
 def environ_of(pid: int) -> dict[str, str] | None:
@@ -65,12 +66,16 @@ def alive(process: psutil.Process) -> bool:
 
 
 def session_processes(root: int, marker: tuple[str, str] | None = None, *,
-                      tree: bool = True) -> dict[int, psutil.Process]:
+                      tree: bool = True, since: float | None = None) -> dict[int, psutil.Process]:
     """pid -> handle of every process belonging to the session rooted at `root`.
 
     `marker` is a `(name, value)` environment variable that only the session's processes carry.
     `tree=False` (the root was already reaped, its pid may be reused) skips the walk by parent pid
     and the group/session match, leaving only the marker. This process and pid 1 are never listed.
+    `since` (the start time of the session's first process, as `start_time` reads it): a process
+    that started earlier cannot carry the marker, which is made for the session and handed only
+    to its processes, so its environment is not read (that read is most of this walk's cost on
+    a machine with many processes). `_START_SLACK_S` covers start times that are rounded.
     """
     found: dict[int, psutil.Process] = {}
     if tree:
@@ -86,7 +91,7 @@ def session_processes(root: int, marker: tuple[str, str] | None = None, *,
     for pid in psutil.pids():
         if pid in found:
             continue
-        if not (tree and _in_group_or_session(pid, root)) and not _carries(pid, marker):
+        if not (tree and _in_group_or_session(pid, root)) and not _carries(pid, marker, since):
             continue
         try:
             found[pid] = psutil.Process(pid)
@@ -106,7 +111,7 @@ def signal_group(pgid: int, sig: int) -> None:
 
 
 def end_tree(root: int, *, marker: tuple[str, str] | None = None, grace_s: float = 3.0,
-             tree: bool = True) -> None:
+             tree: bool = True, since: float | None = None) -> None:
     """End the session rooted at `root`: SIGTERM, up to `grace_s` of grace, then SIGKILL.
 
     Each signal goes to the group `root` (when `tree`) and to every process of
@@ -114,14 +119,14 @@ def end_tree(root: int, *, marker: tuple[str, str] | None = None, grace_s: float
     grace, so whatever was started during it is killed too. Nothing is reaped here.
     """
     group = root if tree else None
-    targets = session_processes(root, marker, tree=tree)
+    targets = session_processes(root, marker, tree=tree, since=since)
     if not _any_alive(targets):
         return
     _signal_all(group, targets, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and _any_alive(targets):
         time.sleep(_POLL_S)
-    targets.update(session_processes(root, marker, tree=tree))
+    targets.update(session_processes(root, marker, tree=tree, since=since))
     _signal_all(group, targets, signal.SIGKILL)
 
 
@@ -253,11 +258,17 @@ def _in_group_or_session(pid: int, root: int) -> bool:
         return False
 
 
-def _carries(pid: int, marker: tuple[str, str] | None) -> bool:
+def _carries(pid: int, marker: tuple[str, str] | None, since: float | None = None) -> bool:
     if marker is None:
         return False
-    env = environ_of(pid)
-    return env is not None and env.get(marker[0]) == marker[1]
+    try:
+        process = psutil.Process(pid)
+        if since is not None and process.create_time() < since - _START_SLACK_S:
+            return False
+        env = process.environ()
+    except (psutil.Error, OSError):
+        return False  # gone, a zombie or not ours to read
+    return env.get(marker[0]) == marker[1]
 
 
 def _any_alive(targets: Mapping[int, psutil.Process]) -> bool:

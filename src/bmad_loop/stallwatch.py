@@ -42,11 +42,12 @@ def last_output_at(log_path: str | os.PathLike | None) -> dt.datetime | None:
     return dt.datetime.fromtimestamp(mtime, dt.timezone.utc)
 
 
-def tree_cpu(root: int, marker: tuple[str, str] | None = None) -> dict[tuple[int, float], float]:
+def tree_cpu(root: int, marker: tuple[str, str] | None = None,
+             since: float | None = None) -> dict[tuple[int, float], float]:
     """(pid, start time) -> CPU seconds (user + system, own and reaped children) of every
-    process of the session rooted at `root`."""
+    process of the session rooted at `root` (which started at or after `since`, when given)."""
     cpu: dict[tuple[int, float], float] = {}
-    for pid, process in proctree.session_processes(root, marker).items():
+    for pid, process in proctree.session_processes(root, marker, since=since).items():
         try:
             with process.oneshot():
                 times = process.cpu_times()
@@ -69,12 +70,12 @@ class StallWatch:
     def __init__(self, stall_s: float, log_path: str | os.PathLike, root: int, *,
                  marker: tuple[str, str] | None = None, sample_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 sample: Callable[[], dict] | None = None) -> None:
+                 sample: Callable[[], dict] | None = None, since: float | None = None) -> None:
         self.stall_s = float(stall_s)
         self.log_path = Path(log_path)
         self.sample_s = sample_s if sample_s is not None else min(max(self.stall_s / 5, 0.1), 5.0)
         self._clock = clock
-        self._sample = sample or (lambda: tree_cpu(root, marker))
+        self._sample = sample or (lambda: tree_cpu(root, marker, since))
         now = clock()
         self._last_active = now
         self._next_sample = now
