@@ -5,7 +5,8 @@ Wraps, in this process only (the engine code is unchanged):
 - `Git.run`: every git subprocess bmad-loop starts, by subcommand (``rev-parse --verify``,
   ``worktree list``, …) and by the engine function that asked for it (the innermost frame of
   ``bmad_loop`` outside the git wrappers), so a look-up repeated in a hot spot shows where;
-- `Database.transaction`: every transaction, by the engine function that opened it.
+- `Database.transaction` and `Database.read`: every transaction, by the engine function that
+  opened it (a read-only one marked `(read)`).
 
 Call `install()` before the run, `report(stories)` after: Markdown tables, per story.
 """
@@ -79,15 +80,33 @@ def install() -> None:
     gitcmd.Git.run = run
     original_tx = database.Database.transaction
 
+    original_read = database.Database.read
+    reading = threading.local()  # a read that falls back to a transaction counts once
+
     @contextlib.contextmanager
     def transaction(self):
-        caller = _caller()
-        with _lock:
-            TX[caller] += 1
+        if not getattr(reading, "on", False):
+            caller = _caller()
+            with _lock:
+                TX[caller] += 1
         with original_tx(self) as session:
             yield session
 
+    @contextlib.contextmanager
+    def read(self):
+        caller = _caller() + " (read)"
+        with _lock:
+            TX[caller] += 1
+        reading.on = True
+        try:
+            with original_read(self) as session:
+                reading.on = False
+                yield session
+        finally:
+            reading.on = False
+
     database.Database.transaction = transaction
+    database.Database.read = read
 
 
 def reset() -> None:

@@ -34,6 +34,7 @@ from .sqlitefile import check_folder_writable, check_sqlite_file, sqlite_error_m
 __all__ = ["Database", "check_driver", "default_database_url"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+_READ_ONLY = "bmad_loop_read_only"  # execution option of `Database.read`'s connections
 # pg_advisory_lock key serialising migrations of one PostgreSQL database across hosts.
 PG_MIGRATION_LOCK_KEY = 0x626D_6164  # "bmad"
 
@@ -79,7 +80,14 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn):
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # A read (`Database.read`) takes no write lock: in WAL mode it neither waits for a
+        # writer nor makes one wait.
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_ONLY) else "BEGIN IMMEDIATE")
+
+
+def _refuse_writes(session, _flush_context, _instances) -> None:
+    if session.new or session.dirty or session.deleted:
+        raise RuntimeError("a write in a read-only transaction (Database.read): use transaction()")
 
 
 _writers: dict[str, threading.RLock] = {}
@@ -120,6 +128,9 @@ class Database:
                 # A URL SQLAlchemy cannot read: one line.
                 raise ConfigError(f"[database] url {_shown(url)}: {exc}") from None
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._reads = sessionmaker(self.engine.execution_options(**{_READ_ONLY: True}),
+                                   expire_on_commit=False)
+        event.listen(self._reads, "before_flush", _refuse_writes)
         self._writer = (_writer_lock(os.path.abspath(self.path))
                         if self.is_sqlite and self.path and self.path != ":memory:" else None)
 
@@ -142,6 +153,18 @@ class Database:
         finally:
             if acquired:
                 lock.release()
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Session]:
+        """A short read-only transaction: one consistent snapshot, and no write lock on SQLite,
+        so a poll or a check neither waits for the writers nor holds them up. A flush that would
+        write raises; a bulk UPDATE or DELETE must not be issued in it (use `transaction`)."""
+        if self._writer is None:  # PostgreSQL, or an in-memory SQLite: as a transaction
+            with self.transaction() as session:
+                yield session
+            return
+        with self._reads.begin() as session:
+            yield session
 
     def session(self) -> Session:
         return self._sessions()

@@ -78,7 +78,7 @@ class Claim:
         return row
 
     def load(self) -> Story:
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             return s.get(Story, self.story_id)
 
     def beat(self, attempt_id: int | None = None) -> None:

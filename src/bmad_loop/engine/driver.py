@@ -58,7 +58,7 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
             if interrupts["count"] > handled:
                 handled = interrupts["count"]
                 stop(project, tasks, run_id, now=handled >= 2)
-            with project.db.transaction() as s:
+            with project.db.read() as s:  # a poll: it holds up no writer
                 for event in events_after(s, run_id, last_seq):
                     last_seq = event.seq
                     if progress:

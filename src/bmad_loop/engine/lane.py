@@ -53,7 +53,7 @@ def tick(project, tasks, run_id: str, holder=None) -> None:
     """One lane tick for `run_id`. `holder` is this lane's lease holder (None: unfenced, as
     in a single-process test); a standby or a fenced holder changes nothing."""
     db = project.db
-    with db.transaction() as s:
+    with db.read() as s:
         run = s.get(Run, run_id)
         if run is None or run.state not in RUN_LIVE:
             return
@@ -113,7 +113,7 @@ class _Lane:
                     log.exception("clean-up after integration failed for run %s", self.run_id)
 
     def _passes(self) -> None:
-        with self.db.transaction() as s:  # the check's rows and the first pass's, one read
+        with self.db.read() as s:  # the check's rows and the first pass's, one read
             integrated = self._integrated_rows(s)
             loaded = s.get(Run, self.run_id), lane_rows(s, self.run_id, self.memo.settled_rows)
         contradicted = self._rows_contradict_git(loaded[0], *integrated)
@@ -185,7 +185,7 @@ class _Lane:
         self._settle(*self._load())
 
     def _load(self):
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             return s.get(Run, self.run_id), lane_rows(s, self.run_id, self.memo.settled_rows)
 
     def _stop_now(self, run: Run) -> bool:

@@ -119,7 +119,7 @@ def renew(db, name: str, owner: str, token: int, ttl_s: float, now: dt.datetime 
 def holds(db, name: str, owner: str, token: int, now: dt.datetime | None = None) -> bool:
     """The fencing check: is this (owner, token) still the unexpired holder?"""
     now = now or utcnow()
-    with db.transaction() as s:
+    with db.read() as s:
         row = s.get(Lease, name)
         return bool(row and row.owner == owner and row.token == token and row.expires_at > now)
 
