@@ -2,7 +2,8 @@
 
 Embedded default: SQLite in WAL mode under `.bmad-loop/state.db`. Every write transaction on
 SQLite starts with BEGIN IMMEDIATE, so several consumer processes never hit the deferred
-read-then-write "database is locked" failure and never lose an update (see docs/architecture.md).
+read-then-write "database is locked" failure and never lose an update (see docs/architecture.md);
+a read-only one (`Database.read`) takes no write lock at all.
 Any other SQLAlchemy URL (PostgreSQL for scale-out) is used as given.
 
 Opening refuses, in one line naming the file and before any connection is made, a SQLite file
