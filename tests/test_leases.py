@@ -180,3 +180,19 @@ def test_lease_holder_stop_releases_only_its_own_lease(db):
     holder.step()
     holder.stop(release_lease=True)
     assert lease_row(db) is None and not holder.held
+
+
+def test_take_in_belongs_to_the_callers_transaction_and_takes_over_any_holder(db):
+    """A story worker takes its lease in the transaction that claims the story: rolled back,
+    no lease is left; committed, the token goes past whoever held it."""
+    name = leases.story_lease_name(7)
+    with pytest.raises(RuntimeError, match="claim lost"):
+        with db.transaction() as s:
+            assert leases.take_in(s, name, "h:1", TTL, at(0)) == 1
+            raise RuntimeError("claim lost")  # the claim's transaction fails after the take
+    assert not leases.holds(db, name, "h:1", 1, at(1))
+    assert leases.acquire(db, name, "h:2", TTL, at(0)) == 1  # an unexpired holder …
+    with db.transaction() as s:
+        assert leases.take_in(s, name, "h:3", TTL, at(1)) == 2  # … is taken over all the same
+    assert leases.holds(db, name, "h:3", 2, at(2))
+    assert not leases.holds(db, name, "h:2", 1, at(2))

@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from ..db.models import Lease, utcnow
 from ..hostid import host_name
 
-__all__ = ["story_lease_name", "acquire", "take", "renew", "release", "holds", "owner_id", "LeaseHolder", "pid_alive"]
+__all__ = ["story_lease_name", "acquire", "take", "take_in", "renew", "release", "holds", "owner_id", "LeaseHolder", "pid_alive"]
 
 log = logging.getLogger(__name__)
 
@@ -80,30 +80,34 @@ def acquire(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = N
 
 
 def take(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int:
-    """Take the lease whoever holds it (the caller already won the row it guards); the token.
+    """Take the lease whoever holds it (the caller already won the row it guards); the token."""
+    with db.transaction() as s:
+        return take_in(s, name, owner, ttl_s, now)
 
-    A story worker uses it after its claim on the story row succeeded: the row's claim
-    generation fences the previous worker, and a new token fences its lease."""
+
+def take_in(session, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int:
+    """`take` inside the caller's transaction: a story worker takes its lease in the one that
+    claims the story row. The row's claim generation fences the previous worker, and a new
+    token fences its lease."""
     now = now or utcnow()
     expires = now + dt.timedelta(seconds=ttl_s)
     host = owner.split(":")[0]
-    for _ in range(3):  # lost a race with a concurrent creator: read again
-        try:
-            with db.transaction() as s:
-                row = s.get(Lease, name)
-                if row is None:
-                    s.add(Lease(name=name, owner=owner, host=host, token=1, acquired_at=now,
-                                renewed_at=now, expires_at=expires))
-                    s.flush()
-                    return 1
-                token = row.token if row.owner == owner else row.token + 1
-                result = s.execute(update(Lease).where(Lease.name == name, Lease.token == row.token)
-                                   .values(owner=owner, host=host, token=token, acquired_at=now,
-                                           renewed_at=now, expires_at=expires))
-                if result.rowcount == 1:
-                    return token
-        except IntegrityError:
-            continue
+    for _ in range(3):  # lost a race with a concurrent creator (PostgreSQL): read again
+        row = session.get(Lease, name, populate_existing=True)
+        if row is None:
+            try:
+                with session.begin_nested():  # a savepoint: the caller's work is kept
+                    session.add(Lease(name=name, owner=owner, host=host, token=1, acquired_at=now,
+                                      renewed_at=now, expires_at=expires))
+                return 1
+            except IntegrityError:
+                continue
+        token = row.token if row.owner == owner else row.token + 1
+        result = session.execute(update(Lease).where(Lease.name == name, Lease.token == row.token)
+                                 .values(owner=owner, host=host, token=token, acquired_at=now,
+                                         renewed_at=now, expires_at=expires))
+        if result.rowcount == 1:
+            return token
     raise RuntimeError(f"lease {name}: could not be taken after three races")
 
 

@@ -18,17 +18,19 @@ import logging
 import traceback
 from pathlib import Path
 
+from sqlalchemy import select
+
 from ..compose import changed_paths, commit_message
 from ..db.models import Attempt, Run, Story, utcnow
 from ..errors import GitError, StopRequested
 from ..gitconfig_guard import CONFIG_CHANGED_PREFIX, changed_files
 from ..states import AttemptState, Phase, RunState, StoryState
-from ..treedirs import tree_directories
 from . import leases
 from .childenv import child_env, sandbox_vars
 from .agentpause import PauseRun, check_budget, pause_run, settle_unavailable
 from .context import Claim, Fenced, StoryContext, story_context
 from .create_step import carry_forward, phase_create
+from .drift import footprint_drift
 from .leases import story_lease_name
 from .faults import crash_point, delay_point
 from .interruptions import close_running_attempts, interrupt_open_attempts, release_after_stop
@@ -40,7 +42,6 @@ from .runs import run_policy
 from .sessions import Heartbeat, run_session
 from .transitions import transition_run, transition_story
 from .verify import run_verify
-from .workspace import matches_any
 
 __all__ = ["work", "StoryWorker", "story_lease_name"]
 
@@ -77,7 +78,7 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         # At max_parallel 1 the lane integrates before it dispatches: nothing can take a parked
         # worktree before that, so the lane is woken first and the park runs meanwhile.
         park_after_wake = run.max_parallel <= 1
-    token = leases.take(db, story_lease_name(story_id), owner, policy.leases.ttl_s)
+        token = leases.take_in(s, story_lease_name(story_id), owner, policy.leases.ttl_s)
     claim = Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
     tries = []
 
@@ -181,9 +182,7 @@ class StoryWorker:
                 self.prepare()
             except Escalate as esc:
                 return self._apply(Outcome(escalate=esc.reason, evidence=esc.evidence))
-            story = self._story()
-            phase = (Phase.CREATE if story.to_create else Phase.VERIFY if story.human_fix
-                     else Phase.DEV)
+            phase = self._row.phase  # entered by prepare's last transaction
         steps = {Phase.CREATE: lambda: phase_create(self),
                  Phase.DEV: self.phase_dev, Phase.VERIFY: self.phase_verify,
                  Phase.REVIEW: self.phase_review, Phase.FIX: self.phase_fix,
@@ -225,7 +224,16 @@ class StoryWorker:
                 row.base_sha = prepared.base_sha
             record(s, ctx.run_id, "story.prepared", self.key, worktree=str(prepared.worktree),
                    branch=branch, base_sha=row.base_sha)
+            # The next phase is entered here, as `_enter_phase` would (a stop asked for ends
+            # the walk once this is written).
+            stop = s.scalar(select(Run.state).where(Run.id == ctx.run_id)) in (
+                RunState.STOPPING, RunState.STOPPED)
+            row.phase = Phase.CREATE if row.to_create else Phase.VERIFY if row.human_fix else Phase.DEV
+            record(s, ctx.run_id, "story.phase", self.key, phase=row.phase)
+            row.heartbeat_at = utcnow()
         self._row = row
+        if stop:
+            raise StopRequested()
 
     def _adopt_pushed_branch(self, story: Story, branch: str) -> None:
         """The pushed story branch wins when this clone has none (the story began on a host
@@ -337,7 +345,7 @@ class StoryWorker:
         delay_point("worker.in_commit")
         crash_point("worker.after_commit")
         changed = changed_paths(self.git, story.base_sha, head)
-        drift = self._drift(story, changed)
+        drift = footprint_drift(self.git, story, changed, ctx.board_rel)
         events = []
         if reverted:
             events.append(("story.ledger_reverted", {"paths": reverted}))
@@ -481,18 +489,3 @@ class StoryWorker:
     def _commit_message(self, story: Story) -> str:
         return commit_message(self.policy.scm.commit_message_template, story_key=story.key,
                               story_title=story.title, run_id=self.ctx.run_id, epic=story.epic)
-
-    def _drift(self, story: Story, changed: list[str]) -> list[str]:
-        if story.footprint_reason:  # exclusive footprints conflict with everything already
-            return []
-        declared = list(story.footprint.get("files", [])) + list(story.footprint.get("shared", []))
-        ignored = [self.ctx.board_rel] if self.ctx.board_rel else []
-        # Read the footprint as admission did: a literal path covers a folder only if the
-        # story's base has that folder (`newdir` is a file, `newdir/` a folder). Knowing no
-        # folder at all covers least, so a path covered that way is covered in any tree: the
-        # base's folders are listed (one git process) only for the paths left.
-        unsure = [p for p in changed if p not in ignored and not matches_any(p, declared, frozenset())]
-        if not unsure:
-            return []
-        directories = tree_directories(self.git, story.base_sha)
-        return [p for p in unsure if not matches_any(p, declared, directories)]
