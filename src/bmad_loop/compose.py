@@ -22,6 +22,7 @@ under it; ``\\`` escapes. ``!`` negation is not supported.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -425,9 +426,17 @@ def overlapping_dirty(git: Git, checkout: Path, old: str, new: str) -> list[str]
         return []
     above = {str(parent) for t in touched for parent in Path(t).parents if str(parent) != "."}
     hits: set[str] = set()
-    for d in dirty_paths(git, checkout):
-        if d in touched or d in above or any(str(p) in touched for p in Path(d).parents):
+    # git looks only at the touched paths (and under them); a file where one of their folders
+    # must go is looked for on disk instead: anything there but a folder is in the way.
+    for d in dirty_paths(git, checkout, within=sorted(touched)):
+        if d in touched or any(str(p) in touched for p in Path(d).parents):
             hits.add(d)
+    for p in above - touched:
+        try:
+            if not stat.S_ISDIR(os.lstat(checkout / p).st_mode):
+                hits.add(p)
+        except (FileNotFoundError, NotADirectoryError):
+            pass  # nothing there, or a file higher up (itself one of `above`)
     for t in sorted(p for p, letter in status.items() if letter == "A"):
         if t in hits:
             continue

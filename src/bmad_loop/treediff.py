@@ -9,20 +9,38 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Sequence
 
 from bmad_loop.gitcmd import Git, is_full_sha
+
+_LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}  # a path is a path, never a glob
 from bmad_loop.objectmemo import Memo
 
 __all__ = ["dirty_paths", "changed_paths", "changed_status", "remember_diff"]
 
 
-def dirty_paths(git: Git, worktree: Path) -> set[str]:
+# More paths than this, or a longer command line, and the whole worktree is looked at instead.
+MAX_PATHSPECS = 256
+_MAX_PATHSPEC_CHARS = 32_000
+
+
+def dirty_paths(git: Git, worktree: Path, within: Sequence[str] | None = None) -> set[str]:
     """Paths that are modified, staged, deleted or untracked in `worktree` (not ignored ones).
 
-    Repository-relative. A rename counts as both its paths.
+    Repository-relative. A rename counts as both its paths. `within` (repository-relative
+    paths, taken literally): only those and what lies under them are looked at, which spares
+    git a walk of the whole worktree (20 → 3 ms at 2,000 files here); past `MAX_PATHSPECS`
+    of them the whole worktree is looked at, which finds the same and more.
     """
+    limit = []
+    if within is not None and len(within) <= MAX_PATHSPECS \
+            and sum(len(p) + 1 for p in within) <= _MAX_PATHSPEC_CHARS:
+        if not within:
+            return set()
+        limit = ["--", *within]
     raw = git.run(
-        "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", cwd=worktree
+        "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", *limit,
+        cwd=worktree, env=_LITERAL if limit else None,
     ).stdout
     fields = raw.split("\0")
     paths: set[str] = set()
