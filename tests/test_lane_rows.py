@@ -38,3 +38,25 @@ def test_settled_rows_are_kept_and_the_rest_read_fresh_in_plan_order(make_repo):
         assert again[2].state == "escalated"           # no longer settled: read fresh
     finally:
         project.close()
+
+
+def test_run_policy_parses_each_snapshot_once_and_keeps_nothing_of_a_bad_one():
+    """The lane and every worker ask for the run's policy; one snapshot is one (frozen) object,
+    a changed snapshot (a resume with other settings) a new one, and a bad one raises each time."""
+    import json
+
+    import pytest
+
+    from bmad_loop.db.models import Run
+    from bmad_loop.errors import ConfigError
+    from bmad_loop.engine.runs import run_policy
+
+    snapshot = {"scm": {"max_parallel": 3}, "gates": {"mode": "none"}}
+    first = run_policy(Run(id="r-policy", policy=snapshot))
+    again = run_policy(Run(id="r-policy", policy=json.loads(json.dumps(snapshot))))
+    assert again is first and first.scm.max_parallel == 3
+    changed = run_policy(Run(id="r-policy", policy={**snapshot, "scm": {"max_parallel": 2}}))
+    assert changed is not first and changed.scm.max_parallel == 2
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="max_parallel"):
+            run_policy(Run(id="r-policy", policy={"scm": {"max_parallel": "many"}}))

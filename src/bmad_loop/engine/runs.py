@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import namedtuple
+from collections import OrderedDict, namedtuple
 from pathlib import Path
 
 from sqlalchemy import Text, or_, select, type_coerce
@@ -17,9 +17,28 @@ from ..states import STORY_DONE, StoryState
 __all__ = ["run_policy", "stories_of", "lane_rows", "next_in_plan", "path_inside", "board_rel"]
 
 
+# (run id, snapshot text) -> its Policy, parsed once per process: the lane reads it every tick
+# and each worker once per story, and a Policy is frozen, so one object serves every thread.
+_policies: OrderedDict[tuple[str, str], Policy] = OrderedDict()
+_policies_lock = threading.Lock()
+_KEPT_POLICIES = 8
+
+
 def run_policy(run: Run) -> Policy:
-    """The policy snapshot taken at enqueue: a resumed run keeps its settings."""
-    return policy_from_dict(run.policy, source=f"run {run.id} policy snapshot", env={})
+    """The policy snapshot taken at enqueue: a resumed run keeps its settings. A snapshot
+    that does not validate raises every time it is asked for (nothing is kept of it)."""
+    key = (run.id, json.dumps(run.policy, sort_keys=True))
+    with _policies_lock:
+        known = _policies.get(key)
+        if known is not None:
+            _policies.move_to_end(key)
+            return known
+    policy = policy_from_dict(run.policy, source=f"run {run.id} policy snapshot", env={})
+    with _policies_lock:
+        _policies[key] = policy
+        while len(_policies) > _KEPT_POLICIES:
+            _policies.popitem(last=False)
+    return policy
 
 
 def stories_of(session: Session, run_id: str) -> list[Story]:
