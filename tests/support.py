@@ -458,14 +458,35 @@ class SprintRepo:
                          for p in sorted(self.root.parent.glob(f"{self.root.name}-*.log")))
 
     def kill_spawned(self) -> None:
-        """Kill what `spawn` started and is still running (never leave consumers behind)."""
+        """Kill what `spawn` started and is still running (never leave consumers behind), and the
+        agent sessions they started: those lead sessions of their own, out of the group a kill
+        reaches, and would otherwise outlive a test that failed while they waited."""
+        import psutil
+
+        from bmad_loop.adapter import OWNER_VAR, SESSION_TOKEN_VAR, parse_owner
+        from bmad_loop.proctree import kill_marked
+
+        owners: dict[int, float] = {}  # pid -> start time of each killed bmad-loop process
         for proc in self._spawned:
             if proc.poll() is None:
+                try:
+                    top = psutil.Process(proc.pid)
+                    for each in [top, *top.children(recursive=True)]:
+                        owners[each.pid] = each.create_time()
+                except psutil.Error:
+                    pass
                 try:
                     os.killpg(proc.pid, 9)
                 except ProcessLookupError:
                     pass
                 proc.wait()
+
+        def started_by_them(env) -> bool:
+            owner = parse_owner(env.get(OWNER_VAR))
+            return owner is not None and owner[1] in owners and abs(owners[owner[1]] - owner[2]) < 1
+
+        if owners:
+            kill_marked(started_by_them, token_var=SESSION_TOKEN_VAR)
 
     def story(self, key: str, run: str | None = None) -> dict:
         return next(s for s in self.status(run)["stories"] if s["key"] == key)
