@@ -167,6 +167,7 @@ def test_a_kill_9_at_each_crash_point_loses_nothing_doubles_nothing_and_leaves_n
     index_lock = repo.root / ".git" / "index.lock"
     locked_at_crash = index_lock.exists()
     worktree_at_crash = before["1-1-alpha"]["worktree"]
+    leases_at_crash = [name for (name,) in query(repo, "SELECT name FROM leases")]
     branch_at_crash = before["1-1-alpha"]["branch"]
 
     status = finish(repo, run_id, env, log)
@@ -188,7 +189,16 @@ def test_a_kill_9_at_each_crash_point_loses_nothing_doubles_nothing_and_leaves_n
     recovered = [e for e in journal if e["kind"] == "story.recovered"]
     dev_calls = [c for c in repo.calls() if c["key"] == "1-1-alpha" and c["phase"] == "dev"]
     attempts = [a for a in attempt_rows(repo) if a["key"] == "1-1-alpha"]
-    if point.startswith("worker."):
+    if point == "worker.after_ready":
+        # The story's last transaction made it ready and released its lease together: the
+        # dead worker left no lease, so nothing was recovered; the lane integrated it as it
+        # was, and parked or removed the worktree the worker could not park.
+        assert before["1-1-alpha"]["state"] == "ready"
+        alpha_id = query(repo, "SELECT id FROM stories WHERE key = '1-1-alpha'")[0][0]
+        assert f"story:{alpha_id}" not in leases_at_crash, leases_at_crash
+        assert recovered == [] and len(dev_calls) == 1
+        assert all(a["state"] != "running" for a in attempts)
+    elif point.startswith("worker."):
         assert [e["story"] for e in recovered] == ["1-1-alpha"]
         assert recovered[0]["seq"] > crash_seq
         interrupted = [a for a in attempts if a["state"] == "interrupted"]
@@ -288,7 +298,7 @@ def test_a_kill_9_after_composing_a_candidate_something_waits_on_abandons_its_ro
 def test_the_crash_matrix_covers_every_declared_point():
     """A new point in faults.py must get an expectation in the matrix above."""
     handled = {"worker.after_worktree", "worker.in_agent", "worker.after_agent",
-               "worker.after_commit", "lane.after_compose", "lane.after_verify",
+               "worker.after_commit", "worker.after_ready", "lane.after_compose", "lane.after_verify",
                "lane.after_cas", "lane.after_sync", "lane.during_cleanup"}
     assert set(CRASH_POINTS) == handled
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from huey import RedisHuey, SqliteHuey
+from huey.storage import SqliteStorage
 from huey.consumer import Consumer, Worker
 
 from .wakeup import WakeChannel, wake_dir_for
@@ -80,6 +81,23 @@ class Doorbell:
                 self.waiting -= 1
 
 
+class _QueueStorage(SqliteStorage):
+    """huey's SQLite storage, committing without an fsync (WAL, `synchronous = NORMAL`).
+
+    A message is only a wake-up: one lost to a power cut is re-queued from the state database
+    on resume (recovery re-queues every non-terminal row), and WAL with NORMAL cannot corrupt
+    the file. huey's default (FULL) syncs the log on every enqueue and dequeue."""
+
+    def _create_connection(self):
+        conn = super()._create_connection()
+        conn.execute("pragma synchronous = NORMAL")
+        return conn
+
+
+class _SqliteQueue(SqliteHuey):
+    storage_class = _QueueStorage
+
+
 def make_huey(config: QueueConfig, queue: str):
     """A huey instance for one queue, with its doorbell and, on SQLite, its cross-process wake
     channel (`huey.wake`; None on Redis, whose consumers block in BRPOP). `results=False`: the
@@ -91,7 +109,7 @@ def make_huey(config: QueueConfig, queue: str):
                          read_timeout=REDIS_READ_TIMEOUT_S)
     else:
         config.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
-        huey = SqliteHuey(name=name, filename=str(config.sqlite_path), results=False, utc=True,
+        huey = _SqliteQueue(name=name, filename=str(config.sqlite_path), results=False, utc=True,
                           timeout=30)
         wake = WakeChannel(wake_dir_for(config.sqlite_path), queue)
     huey.doorbell = Doorbell()

@@ -69,6 +69,7 @@ class Claim:
     token: int
     ttl_s: float
     stop_event: threading.Event = field(default_factory=threading.Event)
+    lease_dropped: bool = False  # by the transaction that took the story out of `working`
 
     def own(self, session) -> Story:
         """The story row, if this worker still holds its claim; otherwise Fenced."""
@@ -80,6 +81,12 @@ class Claim:
     def load(self) -> Story:
         with self.db.read() as s:
             return s.get(Story, self.story_id)
+
+    def drop_lease_in(self, session) -> None:
+        """Release the story's lease inside the transaction that ends its `working` state (the
+        lease only ever guards a working story), so the worker's end costs no transaction."""
+        leases.release_in(session, leases.story_lease_name(self.story_id), self.owner)
+        self.lease_dropped = True
 
     def beat(self, attempt_id: int | None = None) -> None:
         now = utcnow()

@@ -36,6 +36,7 @@ CRASH_POINTS = (
     "worker.in_agent",         # the agent session is running
     "worker.after_agent",      # the session ended, its outcome not yet written
     "worker.after_commit",     # the branch is committed, the story not yet ready
+    "worker.after_ready",      # the story is ready; the lane not yet woken, its worktree not parked
     "lane.after_compose",      # the candidate commit exists, not yet verified
     "lane.after_verify",       # verified, not yet advanced
     "lane.after_cas",          # the target moved; its checkout and the row not yet

@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from ..db.models import Lease, utcnow
 from ..hostid import host_name
 
-__all__ = ["story_lease_name", "acquire", "take", "take_in", "renew", "release", "holds", "owner_id", "LeaseHolder", "pid_alive"]
+__all__ = ["story_lease_name", "acquire", "take", "take_in", "renew", "release", "release_in", "holds", "owner_id", "LeaseHolder", "pid_alive"]
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,12 @@ def holds(db, name: str, owner: str, token: int, now: dt.datetime | None = None)
 
 def release(db, name: str, owner: str) -> None:
     with db.transaction() as s:
-        s.execute(delete(Lease).where(Lease.name == name, Lease.owner == owner))
+        release_in(s, name, owner)
+
+
+def release_in(session, name: str, owner: str) -> None:
+    """`release` inside the caller's transaction."""
+    session.execute(delete(Lease).where(Lease.name == name, Lease.owner == owner))
 
 
 class LeaseHolder:

@@ -38,7 +38,7 @@ from .journal import record
 from .notify import notify
 from .outcome import Escalate, Outcome
 from .retry import FaultPersisted, pause_for_fault, retrying
-from .runs import run_policy
+from .runs import run_policy, stories_wait
 from .sessions import Heartbeat, run_session
 from .transitions import transition_run, transition_story
 from .verify import run_verify
@@ -76,7 +76,8 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         policy = run_policy(run)
         ctx = story_context(project, run, story, policy)
         # At max_parallel 1 the lane integrates before it dispatches: nothing can take a parked
-        # worktree before that, so the lane is woken first and the park runs meanwhile.
+        # worktree before that, so the lane is woken first and the park runs meanwhile (so too
+        # in parallel once no story waits for a slot).
         park_after_wake = run.max_parallel <= 1
         token = leases.take_in(s, story_lease_name(story_id), owner, policy.leases.ttl_s)
     claim = Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
@@ -89,13 +90,15 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         tries.append(1)
         return StoryWorker(ctx, claim).walk(claimed)
 
-    finished = False
+    finished = lease_gone = False
     try:
         escalated = retrying(walk_once, db=db, run_id=run_id, story=ctx.key, what=f"story {ctx.key}")
+        lease_gone = claim.lease_dropped  # by the walk's last transaction, which committed
+        crash_point("worker.after_ready")
         if escalated:
             notify(db, policy, run_id, "story.escalated", story=ctx.key, reason=escalated)
-        elif park_after_wake:
-            finished = True
+        elif park_after_wake or not stories_wait(db, run_id):
+            finished = True  # nothing could take the worktree before the lane is woken
         else:
             _release_if_ready(ctx, claim)
     except FaultPersisted as exc:
@@ -121,7 +124,8 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
                 record(s, run_id, "story.escalated", story.key, reason=story.reason,
                        traceback=traceback.format_exc()[-4000:])
     finally:
-        _quietly(leases.release, db, story_lease_name(story_id), owner)
+        if not lease_gone:
+            _quietly(leases.release, db, story_lease_name(story_id), owner)
         _quietly(tasks.enqueue_lane, run_id)  # lost: the consumers' watchdog wakes the lane
     if finished:
         _release_if_ready(ctx, claim)  # parks beside the lane's integration (which may park it first)
@@ -130,11 +134,10 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
 
 
 def _release_if_ready(ctx, claim) -> None:
-    """A ready story's work is all on its branch: its worktree goes to the pool now, before
-    the lane wakes (at max_parallel 1, as it wakes), so a story the lane dispatches into the
-    freed slot takes it instead of checking out a new one. (Should its integration escalate,
-    the lane gives it one back; should the lane's integration get there first, it parks it and
-    this park finds nothing to do.)"""
+    """A ready story's work is all on its branch: its worktree goes to the pool, so a story
+    dispatched into the freed slot takes it instead of checking out a new one. (Should its
+    integration escalate, the lane gives it one back; should the lane get there first, it
+    parks it and this park finds nothing to do.)"""
     story = claim.load()
     if story.state == StoryState.READY:
         _quietly(ctx.workspace.release_worktree, story)
@@ -395,6 +398,7 @@ class StoryWorker:
                 row.state, row.reason, row.ended_at, row.heartbeat_at = (
                     StoryState.ESCALATED, outcome.escalate, now, None)
                 row.head_sha = head or row.head_sha
+                self.claim.drop_lease_in(s)
                 record(s, ctx.run_id, "story.escalated", self.key, reason=outcome.escalate,
                        phase=row.phase, head_sha=row.head_sha, **outcome.evidence)
                 if config_changed and transition_run(s, ctx.run_id, RunState.RUNNING,
@@ -406,8 +410,10 @@ class StoryWorker:
                 row.state, row.phase, row.ready_at, row.heartbeat_at = (
                     StoryState.READY, Phase.COMMIT, now, None)
                 row.feedback, row.human_fix, row.after_phase = {}, False, None
+                self.claim.drop_lease_in(s)
             elif outcome.pending:  # created: dev is admitted like any story, by its footprint
                 row.state, row.phase, row.heartbeat_at = StoryState.PENDING, Phase.PREPARE, None
+                self.claim.drop_lease_in(s)
             else:
                 row.phase, row.heartbeat_at = outcome.next_phase, now
                 record(s, ctx.run_id, "story.phase", self.key, phase=outcome.next_phase)
