@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import threading
+import time
 import fcntl
 from pathlib import Path
 from typing import Iterator
@@ -74,7 +76,7 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
-        cur.execute("PRAGMA journal_mode = WAL")
+        _enter_wal(cur, busy_timeout_ms / 1000)
         cur.execute("PRAGMA synchronous = NORMAL")
         cur.execute("PRAGMA foreign_keys = ON")
         cur.close()
@@ -84,6 +86,27 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
         # A read (`Database.read`) takes no write lock: in WAL mode it neither waits for a
         # writer nor makes one wait.
         conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_ONLY) else "BEGIN IMMEDIATE")
+
+
+def _enter_wal(cursor, wait_s: float) -> None:
+    """Switch the file to WAL, waiting up to `wait_s` for other connections.
+
+    A brand-new file is still in rollback mode, and switching it needs an exclusive lock that
+    SQLite takes without calling the busy handler: two processes opening a new database at once
+    (two `worker` consumers, a `worker` and an `enqueue`) got "database is locked" at once,
+    whatever busy_timeout said. Once the file is WAL (a setting stored in the file) this returns
+    at the first try."""
+    deadline = time.monotonic() + wait_s
+    pause = 0.001
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def _refuse_writes(session, _flush_context, _instances) -> None:
