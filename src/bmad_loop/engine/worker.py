@@ -31,7 +31,6 @@ from .agentpause import PauseRun, check_budget, pause_run, settle_unavailable
 from .context import Claim, Fenced, StoryContext, story_context
 from .create_step import carry_forward, phase_create
 from .drift import footprint_drift
-from .leases import story_lease_name
 from .faults import crash_point, delay_point
 from .interruptions import close_running_attempts, interrupt_open_attempts, release_after_stop
 from .journal import record
@@ -43,7 +42,7 @@ from .sessions import Heartbeat, run_session
 from .transitions import transition_run, transition_story
 from .verify import run_verify
 
-__all__ = ["work", "StoryWorker", "story_lease_name"]
+__all__ = ["work", "StoryWorker"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +71,9 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         generation = story.claim
         record(s, run_id, "story.started", story.key, phase=story.phase or Phase.PREPARE,
                host=project.host)
+        if story.phase is None:  # a first start enters prepare here, as `_enter_phase` would
+            story.phase = Phase.PREPARE
+            record(s, run_id, "story.phase", story.key, phase=Phase.PREPARE)
         close_running_attempts(s, run_id, story)  # none but a lost worker's could be open
         policy = run_policy(run)
         ctx = story_context(project, run, story, policy)
@@ -79,7 +81,7 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         # worktree before that, so the lane is woken first and the park runs meanwhile (so too
         # in parallel once no story waits for a slot).
         park_after_wake = run.max_parallel <= 1
-        token = leases.take_in(s, story_lease_name(story_id), owner, policy.leases.ttl_s)
+        token = leases.take_in(s, leases.story_lease_name(story_id), owner, policy.leases.ttl_s)
     claim = Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
     tries = []
 
@@ -125,7 +127,7 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
                        traceback=traceback.format_exc()[-4000:])
     finally:
         if not lease_gone:
-            _quietly(leases.release, db, story_lease_name(story_id), owner)
+            _quietly(leases.release, db, leases.story_lease_name(story_id), owner)
         _quietly(tasks.enqueue_lane, run_id)  # lost: the consumers' watchdog wakes the lane
     if finished:
         _release_if_ready(ctx, claim)  # parks beside the lane's integration (which may park it first)
@@ -154,7 +156,6 @@ def _quietly(step, *args) -> None:
 def _sweep(project, run_id: str) -> None:
     """A story host removes its own landed worktrees (the lane, in another clone, cannot)."""
     from .cleanup import sweep_landed  # cleanup imports this module's neighbours; keep it lazy
-
     try:
         sweep_landed(project, run_id)
     except Exception:  # debris only: `cleanup` on this host removes what is left
@@ -175,6 +176,8 @@ class StoryWorker:
     # ----------------------------------------------------------------- the walk
     def walk(self, claimed: Story | None = None) -> str | None:
         story = claimed if claimed is not None else self.claim.load()
+        if claimed is not None and claimed.phase == Phase.PREPARE:
+            self._row = claimed  # the claim just entered prepare: no transaction of its own
         phase = story.phase or Phase.PREPARE
         if phase != Phase.PREPARE and not self.ctx.workspace.usable(story.worktree):
             phase = Phase.PREPARE  # its worktree is another host's (that host died) or was removed
@@ -209,7 +212,7 @@ class StoryWorker:
 
     def _prepare(self) -> None:
         ctx = self.ctx
-        story = self._enter_phase(Phase.PREPARE)
+        story = self._row if self._row is not None else self._enter_phase(Phase.PREPARE)
         # A stacked start begins on the base the lane composed for it (stacking.py).
         base_sha = story.base_sha if story.stacked_on else ctx.target.sha()
         branch = ctx.layout.story_branch(self.key, self.policy.scm.branch_per)
