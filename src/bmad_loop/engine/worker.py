@@ -3,13 +3,12 @@
 A story whose file is not written yet goes prepare → create → back to pending (create_step.py);
 its next claim starts again at prepare, from the target as it is then, and goes on to dev.
 
-One call of `work()` is the body of one `stories` task. It claims the story row (a duplicate
-message finds it already claimed and returns) and its lease, then walks the phases from the
-one recorded in the row. Each phase does its slow work outside any transaction and ends in ONE
-transaction (`_apply`) that closes the agent attempt, updates the counters and feedback, and
-moves the story to its next phase or escalates it. A crash before that transaction re-runs the
-phase (an unfinished session is marked interrupted and not counted); a crash after it never
-re-runs a finished session.
+One call of `work()` is the body of one `stories` task. It claims the story row and its lease
+(a duplicate message finds it claimed and returns), then walks on from the row's phase. Each
+phase does its slow work outside any transaction and ends in ONE transaction (`_apply`) that
+closes the agent attempt, updates the counters and feedback, and moves the story on or
+escalates it. A crash before that transaction re-runs the phase (an unfinished session is
+marked interrupted and not counted); a crash after it never re-runs a finished session.
 """
 
 from __future__ import annotations
@@ -74,7 +73,8 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         if story.phase is None:  # a first start enters prepare here, as `_enter_phase` would
             story.phase = Phase.PREPARE
             record(s, run_id, "story.phase", story.key, phase=Phase.PREPARE)
-        close_running_attempts(s, run_id, story)  # none but a lost worker's could be open
+        if story.session is not None:  # a session ever began: only a lost worker's is still open
+            close_running_attempts(s, run_id, story)
         policy = run_policy(run)
         ctx = story_context(project, run, story, policy)
         # At max_parallel 1 the lane integrates before it dispatches: nothing can take a parked
