@@ -158,3 +158,26 @@ def test_in_place_escalation_keeps_the_work_and_rolls_back_only_when_asked(make_
     else:
         assert repo.git("rev-parse", "--abbrev-ref", "HEAD") == story["branch"]
         assert (repo.root / "src" / "alpha.py").read_text() == "half done\n"
+
+
+def test_each_story_walks_its_journal_lifecycle_in_order_entering_each_phase_once(make_repo):
+    """The story events of a run without faults, as `journal` readers see them: a first claim
+    enters prepare at once, every later phase is entered once, and the lane's events follow."""
+    repo = make_repo(THREE, script=_script_writing_one_file_each(commit=False),
+                     policy='[gates]\nmode = "none"\n[review]\nenabled = false\n')
+    result = repo.cli("run")
+    assert result.exit_code == 0, result.output
+    journal = repo.journal()
+    expected = [
+        ("story.queued", None), ("story.started", "prepare"), ("story.phase", "prepare"),
+        ("story.prepared", None), ("story.phase", "dev"), ("attempt.started", "dev"),
+        ("attempt.finished", "dev"), ("story.phase", "verify"), ("verify.passed", None),
+        ("story.phase", "commit"), ("story.ready", None), ("story.integrating", None),
+        ("candidate.composed", None), ("candidate.verified", None), ("target.advanced", None),
+        ("story.integrated", None)]
+    for story in THREE:
+        walked = [(e["kind"], e["data"].get("phase")) for e in journal
+                  if e["story"] == story.key and e["kind"] != "story.waiting"]
+        assert walked == expected, story.key
+    seqs = [e["seq"] for e in journal]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
