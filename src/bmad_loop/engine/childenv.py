@@ -11,7 +11,7 @@ import os
 
 from .ports import port_env
 
-__all__ = ["child_env", "sandbox_vars"]
+__all__ = ["child_env", "sandbox_vars", "story_verify_env"]
 
 
 def child_env() -> dict:
@@ -26,3 +26,11 @@ def sandbox_vars(ctx) -> dict:
     values = {"BMAD_LOOP_STATE_DIR": str(scratch / "state"), "TMPDIR": str(scratch / "tmp")}
     values.update(port_env(ctx.port_block))
     return values
+
+
+def story_verify_env(ctx, worktree) -> dict:
+    """What a story's verify commands run with: ours, its sandbox, and the armed target guard."""
+    env = child_env()
+    env.update(sandbox_vars(ctx))
+    env.update(ctx.workspace.guard_env(worktree, ctx.guard_hooks, ctx.scratch / "guard.log"))
+    return env

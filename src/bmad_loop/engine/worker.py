@@ -13,6 +13,7 @@ marked interrupted and not counted); a crash after it never re-runs a finished s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import traceback
 from pathlib import Path
@@ -25,7 +26,7 @@ from ..errors import GitError, StopRequested
 from ..gitconfig_guard import CONFIG_CHANGED_PREFIX, changed_files
 from ..states import AttemptState, Phase, RunState, StoryState
 from . import leases
-from .childenv import child_env, sandbox_vars
+from .childenv import story_verify_env
 from .agentpause import PauseRun, check_budget, pause_run, settle_unavailable
 from .context import Claim, Fenced, StoryContext, story_context
 from .create_step import carry_forward, phase_create
@@ -77,9 +78,8 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
             close_running_attempts(s, run_id, story)
         policy = run_policy(run)
         ctx = story_context(project, run, story, policy)
-        # At max_parallel 1 the lane integrates before it dispatches: nothing can take a parked
-        # worktree before that, so the lane is woken first and the park runs meanwhile (so too
-        # in parallel once no story waits for a slot).
+        # At max_parallel 1 nothing takes a parked worktree before the lane integrates: the lane
+        # is woken first and the park runs meanwhile (in parallel too, once no story waits).
         park_after_wake = run.max_parallel <= 1
         token = leases.take_in(s, leases.story_lease_name(story_id), owner, policy.leases.ttl_s)
     claim = Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
@@ -276,11 +276,11 @@ class StoryWorker:
         story = self._story()
         label = f"{story.dev_attempts}-{story.review_cycles}"
         worktree = Path(story.worktree)
-        env = child_env()
-        env.update(sandbox_vars(ctx))
-        env.update(ctx.workspace.guard_env(worktree, ctx.guard_hooks, ctx.scratch / "guard.log"))
-        with Heartbeat(ctx, self.claim):
-            result = run_verify(self.policy.verify.commands, cwd=worktree,
+        # No commands, nothing to run: no environment (guard hooks) made, no heartbeat started.
+        commands = self.policy.verify.commands
+        env = story_verify_env(ctx, worktree) if commands else None
+        with Heartbeat(ctx, self.claim) if commands else contextlib.nullcontext():
+            result = run_verify(commands, cwd=worktree,
                                 log_path=ctx.layout.verify_log(self.key, label),
                                 timeout_s=self.policy.verify.timeout_s, env=env,
                                 stop_event=self.claim.stop_event, run_id=ctx.run_id, story_key=self.key,
