@@ -273,10 +273,13 @@ def test_a_process_older_than_the_session_is_not_searched_for_its_marker(tmp_pat
         proc.wait(timeout=30)
 
 
-def test_what_an_agent_leaves_running_when_it_exits_is_ended(tmp_path, worktree):
+@pytest.mark.parametrize("mode", ["child", "setsid", "daemon"])
+def test_what_an_agent_leaves_running_when_it_exits_is_ended(tmp_path, worktree, mode):
+    """The agent has exited (a zombie, not yet reaped) when its leftovers are looked for: a
+    child in its group, one that left the group, and a double-forked daemon are all ended."""
     pids = tmp_path / "pids"
     script = _script(tmp_path, "agent.py", _SPAWNER)
-    result = run_agent([sys.executable, str(script), "setsid", str(pids), "leave"], cwd=worktree,
+    result = run_agent([sys.executable, str(script), mode, str(pids), "leave"], cwd=worktree,
                        env=dict(os.environ), log_path=tmp_path / "s.log", timeout_s=30, kill_grace_s=2.0)
     _, grandchild_pid = map(int, _wait_file(pids).split())
     assert result.exit_code == 0 and not result.timed_out

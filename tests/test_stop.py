@@ -97,7 +97,10 @@ def test_a_graceful_stop_lets_the_session_finish_exits_4_and_resume_completes_wi
     assert status["run"]["state"] == "stopped"
     story = status["stories"][0]
     assert story["state"] == "pending"  # resumable, its worktree and phase kept
-    assert story["phase"] == "verify" and Path(story["worktree"]).is_dir()
+    # The finished dev session moved it on: verify (no commands here: it passed at once, with
+    # its event) and the review phase, where the stop took effect before any session.
+    assert story["phase"] == "review" and Path(story["worktree"]).is_dir()
+    assert has_event(repo, "verify.passed")
     assert attempts(repo) == [{"phase": "dev", "number": 1, "state": "succeeded", "counted": 1}]
     assert has_event(repo, "run.stopping", mode="graceful")
     assert has_event(repo, "story.interrupted")

@@ -82,8 +82,12 @@ def session_processes(root: int, marker: tuple[str, str] | None = None, *,
         try:
             top = psutil.Process(root)
             found[root] = top
-            for child in top.children(recursive=True):
-                found.setdefault(child.pid, child)
+            # A root that exited (a zombie until it is reaped) has no children left: the kernel
+            # gave them to init or a subreaper as it exited, and the group/session match below
+            # finds them. The walk by parent pid reads every process, so it is skipped then.
+            if top.status() != psutil.STATUS_ZOMBIE:
+                for child in top.children(recursive=True):
+                    found.setdefault(child.pid, child)
         except (psutil.Error, OSError):
             pass
     # Fresh handles from psutil.pids(), not process_iter(): its cached handles may predate a pid's

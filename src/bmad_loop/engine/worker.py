@@ -34,6 +34,7 @@ from .drift import footprint_drift
 from .faults import crash_point, delay_point
 from .interruptions import close_running_attempts, interrupt_open_attempts, release_after_stop
 from .journal import record
+from .pushed_branch import adopt_pushed_branch
 from .notify import notify
 from .outcome import Escalate, Outcome
 from .retry import FaultPersisted, pause_for_fault, retrying
@@ -203,7 +204,7 @@ class StoryWorker:
             escalated = self._apply(outcome)
             if escalated or outcome.ready or outcome.pending:
                 return escalated
-            phase = outcome.next_phase
+            phase = self._row.phase  # entered by `_apply` (which may have passed verify too)
 
     # ----------------------------------------------------------------- phases
     def prepare(self) -> None:
@@ -217,7 +218,7 @@ class StoryWorker:
         base_sha = story.base_sha if story.stacked_on else ctx.target.sha()
         branch = ctx.layout.story_branch(self.key, self.policy.scm.branch_per)
         if ctx.target.publishes_stories:
-            self._adopt_pushed_branch(story, branch)
+            adopt_pushed_branch(ctx, story, branch)
         prepared = carry_forward(ctx, story, ctx.workspace.prepare(story, branch, base_sha), base_sha)
         delay_point("worker.in_prepare")
         crash_point("worker.after_worktree")
@@ -240,23 +241,6 @@ class StoryWorker:
         self._row = row
         if stop:
             raise StopRequested()
-
-    def _adopt_pushed_branch(self, story: Story, branch: str) -> None:
-        """The pushed story branch wins when this clone has none (the story began on a host
-        that died after pushing) or a human pushed a fix to it."""
-        pushed = self.ctx.target.story_head(branch)
-        local = self.git.rev(f"refs/heads/{branch}")
-        if pushed is None or pushed == local:
-            return
-        if local is not None and not story.human_fix:
-            return
-        if local is None:
-            self.git.run("update-ref", f"refs/heads/{branch}", pushed)
-        else:
-            self.git.run("update-ref", f"refs/heads/{branch}", pushed, local)
-            worktree = self.ctx.layout.story_worktree(self.key, self.policy.scm.branch_per)
-            if worktree.exists():
-                self.git.run("reset", "-q", "--hard", pushed, cwd=worktree)
 
     def phase_dev(self) -> Outcome:
         story = self._story()
@@ -293,8 +277,7 @@ class StoryWorker:
                   "log": result.log})
         human_fix = story.human_fix
         if result.ok:
-            nxt = Phase.COMMIT if human_fix or not self.policy.review.enabled else Phase.REVIEW
-            return Outcome(nxt, feedback={"verify_output": ""}, events=[event])
+            return self._verified(story, event)
         feedback = {"verify_output": result.output, "verify_command": result.failed_command}
         if human_fix:
             return Outcome(escalate=f"verify failed on the human-fixed branch: {result.failed_command}",
@@ -308,6 +291,10 @@ class StoryWorker:
                            evidence={"output": result.output[-4000:]}, events=[event],
                            feedback=feedback)
         return Outcome(Phase.DEV, events=[event], feedback=feedback)
+
+    def _verified(self, story: Story, event: tuple) -> Outcome:
+        nxt = Phase.COMMIT if story.human_fix or not self.policy.review.enabled else Phase.REVIEW
+        return Outcome(nxt, feedback={"verify_output": ""}, events=[event])
 
     def phase_review(self) -> Outcome:
         story = self._story()
@@ -420,6 +407,8 @@ class StoryWorker:
             else:
                 row.phase, row.heartbeat_at = outcome.next_phase, now
                 record(s, ctx.run_id, "story.phase", self.key, phase=outcome.next_phase)
+                if row.phase == Phase.VERIFY and not self.policy.verify.commands:
+                    self._pass_empty_verify(s, row)
                 # The next phase is entered here, in the same transaction (stop checked too).
                 if s.get(Run, ctx.run_id).state in (RunState.STOPPING, RunState.STOPPED):
                     stop = True
@@ -428,6 +417,17 @@ class StoryWorker:
         if stop:
             raise StopRequested()
         return None
+
+    def _pass_empty_verify(self, s, row: Story) -> None:
+        """No verify commands: verify passes in the transaction that entered it, recorded as
+        `phase_verify` would record it, and the phase after it is entered."""
+        passed = self._verified(row, ("verify.passed", {"command": None, "exit_code": 0,
+                                                        "timed_out": False, "duration_s": 0.0, "log": None}))
+        row.feedback = {**(row.feedback or {}), **passed.feedback}
+        for kind, data in passed.events:
+            record(s, self.ctx.run_id, kind, self.key, **data)
+        row.phase = passed.next_phase
+        record(s, self.ctx.run_id, "story.phase", self.key, phase=row.phase)
 
     def _escalation_head(self) -> str | None:
         return self.ctx.workspace.leave(
