@@ -230,10 +230,11 @@ def test_a_kill_9_at_each_crash_point_loses_nothing_doubles_nothing_and_leaves_n
         cands = [c for c in status["candidates"] if c["story"] == "1-1-alpha"]
         ours = [e for e in after if e["story"] == "1-1-alpha"]
         if point == "lane.after_compose":
-            # Nothing waits on a candidate without verify commands, so its row is written only
-            # once it is composed: the crash left none, and the story is composed again, as
-            # attempt 1, identically (the target's trees are checked above).
-            assert before["1-1-alpha"]["state"] == "integrating"
+            # Nothing waits on a candidate without verify commands, so its row (and the story's
+            # move to integrating) is written only once it is composed: the crash left the story
+            # ready and no row, and it is composed again, as attempt 1, identically (the
+            # target's trees are checked above).
+            assert before["1-1-alpha"]["state"] == "ready"
             assert [c["state"] for c in cands] == ["advanced"]
             assert [e["data"]["attempt"] for e in ours if e["kind"] == "candidate.composed"] == [1]
         elif point == "lane.after_verify":

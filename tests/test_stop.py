@@ -277,3 +277,38 @@ def test_a_graceful_stop_with_a_queued_story_not_yet_claimed_still_settles_as_st
     result = repo.cli("resume", run_id)
     assert result.exit_code == 0, result.output
     assert set(states().values()) == {"integrated"}
+
+
+def test_a_stop_that_settles_while_the_lane_composes_a_ready_story_lands_nothing(make_repo, tmp_path):
+    """Without verify commands a ready story enters `integrating` only in the transaction that
+    records its composition. A stop settling in between (the story is only ready, so `stop`
+    stops the run at once) must win: the lane then writes nothing and moves no target; resume
+    integrates the story. The lane is held after composing by a delay point (a file barrier)."""
+    delays = tmp_path / "delays"
+    delays.mkdir()
+    repo = make_repo([ALPHA], script={ALPHA.key: {"dev": [DONE]}})
+    before = repo.git("rev-parse", "main")
+    proc = repo.spawn("run", env={"BMAD_LOOP_DELAY_AT": "lane.in_compose",
+                                  "BMAD_LOOP_DELAY_DIR": str(delays)})
+    try:
+        wait_until((delays / "lane.in_compose.reached").exists, what="the lane to compose alpha")
+        run_id = repo.status()["run"]["id"]
+        assert repo.status(run_id)["stories"][0]["state"] == "ready"
+        result = repo.cli("stop", run_id)
+        assert result.exit_code == 0, result.output
+        assert repo.status(run_id)["run"]["state"] == "stopped"  # nothing was integrating
+        (delays / "lane.in_compose.go").write_text("go")
+        assert wait_for_exit(proc, DEADLINE_S) == 4, repo.spawned_logs()
+    finally:
+        stop_processes(proc)
+    status = repo.status(run_id)
+    assert status["run"]["state"] == "stopped"
+    assert status["stories"][0]["state"] == "ready" and status["candidates"] == []
+    assert repo.git("rev-parse", "main") == before  # the composed candidate never landed
+    kinds = [e["kind"] for e in repo.journal()]
+    assert "story.integrating" not in kinds and "target.advanced" not in kinds
+
+    result = repo.cli("resume", run_id)
+    assert result.exit_code == 0, result.output
+    assert repo.status(run_id)["stories"][0]["state"] == "integrated"
+    assert repo.git("show", "main:src/alpha.py") == "NAME = 'alpha'"

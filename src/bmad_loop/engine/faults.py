@@ -29,6 +29,7 @@ DELAY_DIR_ENV = "BMAD_LOOP_DELAY_DIR"
 DELAY_POINTS = (
     "worker.in_prepare",       # the worktree is made, the row does not name it yet
     "worker.in_commit",        # the story's commit is made, its footprint not yet checked
+    "lane.in_compose",         # a quick candidate is composed, its row (and integrating) not written
 )
 
 CRASH_POINTS = (

@@ -21,7 +21,7 @@ from ..worktrees import ensure_detached_worktree
 from ..states import CandidateState, StoryState
 from .childenv import child_env
 from .context import make_workspace
-from .faults import crash_point
+from .faults import crash_point, delay_point
 from .integrate_outcomes import Outcomes
 from .journal import journal_git_locks, record
 from .ports import lane_block, port_env
@@ -60,6 +60,11 @@ class _Known:
     baseline: str | None  # the SHA the lane last advanced the target to (run.head_sha)
 
 
+# A candidate in one of these states was cut short by a lane that died: it is picked up.
+_RESUMABLE = frozenset({CandidateState.COMPOSING, CandidateState.VERIFYING,
+                        CandidateState.VERIFIED, CandidateState.ADVANCING})
+
+
 class Integrator(Outcomes):
     def __init__(self, project, run: Run, policy, fence=None):
         self.project = project
@@ -85,15 +90,20 @@ class Integrator(Outcomes):
     def integrate(self, story_id: int) -> str:
         """The story's state afterwards: integrated, held (waiting for sign-off), escalated, or the
         state it already had when it was not this lane's to integrate (e.g. another lane finished it)."""
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             story = s.get(Story, story_id)
-            if story.state == StoryState.READY:
-                transition_story(s, story_id, StoryState.READY, state=StoryState.INTEGRATING)
-                record(s, self.run_id, "story.integrating", story.key)
-            elif story.state != StoryState.INTEGRATING:
+            if story.state not in (StoryState.READY, StoryState.INTEGRATING):
                 return story.state
-            story = s.get(Story, story_id)
             known = self._known(s, story.id)
+        # A ready story that nothing will wait on (no verify commands, no sign-off, nothing to
+        # resume) enters `integrating` in the transaction that records its composition.
+        quick = (story.state == StoryState.READY and not self._keeps_candidate(story)
+                 and (known.latest is None or known.latest.state not in _RESUMABLE))
+        if story.state == StoryState.READY and not quick:
+            with self.db.transaction() as s:
+                if not self._enter_integrating(s, story):
+                    return s.get(Story, story_id).state
+                story = s.get(Story, story_id)
         resumed = self._resume_candidate(story, known.latest)
         if resumed:
             return resumed
@@ -170,7 +180,12 @@ class Integrator(Outcomes):
         strategy = self.policy.scm.merge_strategy
         comp = self._compose(story, strategy, target_sha, branch_sha)
         crash_point("lane.after_compose")
+        delay_point("lane.in_compose")
         with self.db.transaction() as s:
+            if story.state == StoryState.READY:
+                if not self._enter_integrating(s, story):  # stopped meanwhile, or not ours
+                    return s.get(Story, story.id).state
+                story.state = StoryState.INTEGRATING
             cand = Candidate(run_id=self.run_id, story_id=story.id, attempt=attempt,
                              strategy=strategy, target_sha=target_sha, branch_sha=branch_sha,
                              stack=1, state=CandidateState.COMPOSING)
@@ -436,7 +451,7 @@ class Integrator(Outcomes):
 
     def _resume_candidate(self, story: Story, cand: Candidate | None) -> str | None:
         """A lane that died mid-integration: pick up its last candidate (`cand`) where it stopped."""
-        if cand is None or cand.state not in (CandidateState.VERIFIED, CandidateState.ADVANCING, CandidateState.COMPOSING, CandidateState.VERIFYING):
+        if cand is None or cand.state not in _RESUMABLE:
             return None
         target_now = self.target.sha()
         if cand.candidate_sha and target_now == cand.candidate_sha:

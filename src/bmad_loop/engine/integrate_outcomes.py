@@ -12,8 +12,8 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from ..db.models import Candidate, Story, utcnow
-from ..states import CandidateState, Phase, StoryState
+from ..db.models import Candidate, Run, Story, utcnow
+from ..states import CandidateState, Phase, RunState, StoryState
 from ..worktrees import delete_ref, ensure_detached_worktree, remove_worktree
 from .faults import crash_point
 from .journal import record
@@ -64,9 +64,22 @@ class Outcomes:
             record(s, self.run_id, "candidate.conflict", story.key, attempt=attempt,
                    paths=list(comp.conflicts), evidence=str(evidence))
 
+    def _enter_integrating(self, s, story) -> bool:
+        """ready -> integrating, while the run may still integrate (a stop settles a run whose
+        stories are only ready at once: then nothing lands)."""
+        if s.get(Run, self.run_id).state not in (RunState.RUNNING, RunState.PAUSING):
+            return False
+        if not transition_story(s, story.id, StoryState.READY, state=StoryState.INTEGRATING):
+            return False
+        record(s, self.run_id, "story.integrating", story.key)
+        return True
+
     def _escalate(self, story, cand_id, reason: str) -> str:
         with self.db.transaction() as s:
             row = s.get(Story, story.id)
+            if row.state == StoryState.READY:  # found before composing, on the quick path
+                transition_story(s, story.id, StoryState.READY, state=StoryState.INTEGRATING)
+                record(s, self.run_id, "story.integrating", story.key)
             feedback = dict(row.feedback or {})
             # A fresh attempt after resume sees why integration failed.
             feedback["verify_output"] = f"Integration onto {self.target.branch} failed: {reason}"
