@@ -29,7 +29,7 @@ from ..footprint import Footprint, footprints_conflict
 from ..states import STORY_AWAITING_LANE, STORY_DONE, STORY_IN_FLIGHT, STORY_STACKABLE, StoryState
 from .conflictindex import ConflictIndex
 
-__all__ = ["StoryView", "Admission", "admit", "HOLDS_RESOURCES", "ConflictIndex"]
+__all__ = ["StoryView", "Admission", "admit", "views_of", "HOLDS_RESOURCES", "ConflictIndex"]
 
 # Resources are held from dispatch until the story is integrated or terminal.
 HOLDS_RESOURCES = STORY_IN_FLIGHT | STORY_AWAITING_LANE | {StoryState.HELD}
@@ -258,3 +258,18 @@ def _resources(story, used, capacity) -> str | None:
         if used.get(name, 0) >= cap:
             return f"resource {name} at capacity ({cap})"
     return None
+
+
+def views_of(rows, stacking: bool = False) -> list[StoryView]:
+    """The admission's view of story rows (`Story` objects or the lane's read-only rows).
+    `stacking`: a story may start on a stacked base when it has no branch yet and no human fix."""
+    return [StoryView(key=s.key, seq=s.seq, epic=s.epic, state=s.state, footprint=_footprint_of(s),
+                      depends_on=tuple(s.depends_on or ()), approved=s.approved,
+                      to_create=s.to_create,
+                      can_stack=stacking and not s.branch and not s.human_fix) for s in rows]
+
+
+def _footprint_of(row) -> Footprint:
+    fp = row.footprint or {}
+    return Footprint(files=tuple(fp.get("files", ())), shared=tuple(fp.get("shared", ())),
+                     resources=tuple(fp.get("resources", ())), reason=row.footprint_reason)

@@ -26,10 +26,10 @@ from ..board import parse_board
 from ..compose import blob_at
 from ..db.models import Run, Story, utcnow
 from ..gitconfig_guard import CONFIG_CHANGED_PREFIX
-from ..footprint import Footprint
 from ..treedirs import tree_directories
-from ..states import RUN_LIVE, STORY_IN_FLIGHT, STORY_PARKED, RunState, StopMode, StoryState
-from .admission import ConflictIndex, StoryView, admit
+from ..states import (RUN_LIVE, STORY_AWAITING_LANE, STORY_IN_FLIGHT, STORY_PARKED, RunState,
+                      StopMode, StoryState)
+from .admission import ConflictIndex, admit, views_of
 from .integrate import Integrator, LaneFenced, TargetMoved
 from .journal import record
 from .lanememo import run_memo
@@ -144,6 +144,8 @@ class _Lane:
                 continue
             if run.state == RunState.RUNNING and self._dispatch(run, stories):
                 self.integrator.clean_landed()  # the next story is on its way meanwhile
+                if self._nothing_left(run, stories):
+                    return
                 continue
             self._settle(run, stories)
             self.integrator.clean_landed()  # the last stories' refs and branches
@@ -331,15 +333,16 @@ class _Lane:
 
     def _conflict_index(self, stories: list[Story]) -> ConflictIndex:
         """The run's conflict relation, brought up to date with these rows and the target."""
-        self.memo.index.update(_views(stories), self._directories)
+        self.memo.index.update(views_of(stories), self._directories)
         return self.memo.index
 
     def _dispatch(self, run: Run, stories: list[Story]) -> bool:
         # Stacked starts only in parallel (N = 1 is the sequential loop), in one clone, and on
         # a fresh branch (a created or resumed story keeps the branch it has).
         stacking = run.max_parallel > 1 and not self.integrator.target.publishes_stories
+        self._queued = 0
         with self.memo.lock:
-            decision = admit(_views(stories, stacking), max_parallel=run.max_parallel,
+            decision = admit(views_of(stories, stacking), max_parallel=run.max_parallel,
                              capacity=self.policy.resources.capacity,
                              gates_mode=self.policy.gates.mode, gates_passed=run.gates_passed or (),
                              index=self.memo.index, directories=self._directories)
@@ -380,9 +383,17 @@ class _Lane:
                 self._gate = decision.gate
         for story_id in queued:
             self.tasks.enqueue_story(self.run_id, story_id)
-        self._decision = decision
+        self._decision, self._queued = decision, len(queued)
         # Settle on fresh rows: what was just queued is in flight now.
         return bool(queued)
+
+    def _nothing_left(self, run: Run, stories: list[Story]) -> bool:
+        """After a dispatch: every slot is taken and no story waits for the lane, so another
+        pass would find nothing to do (any story that moves on wakes the lane); the lane stops
+        here instead of reading the rows again while the new stories start."""
+        busy = sum(1 for s in stories if s.state in STORY_IN_FLIGHT) + self._queued
+        return busy >= run.max_parallel and not any(
+            s.state in STORY_AWAITING_LANE or s.state in STORY_PARKED for s in stories)
 
     def _stacked_bases(self, decision, by_key) -> dict:
         """key -> (stacked base SHA, stacked_on rows) for each story admitted on a stacked base;
@@ -485,16 +496,3 @@ class _Lane:
     def _story(self, story_id: int) -> Story:
         with self.db.transaction() as s:
             return s.get(Story, story_id)
-
-
-def _views(stories: list[Story], stacking: bool = False) -> list[StoryView]:
-    return [StoryView(key=s.key, seq=s.seq, epic=s.epic, state=s.state, footprint=_footprint(s),
-                      depends_on=tuple(s.depends_on or ()), approved=s.approved,
-                      to_create=s.to_create,
-                      can_stack=stacking and not s.branch and not s.human_fix) for s in stories]
-
-
-def _footprint(story: Story) -> Footprint:
-    fp = story.footprint or {}
-    return Footprint(files=tuple(fp.get("files", ())), shared=tuple(fp.get("shared", ())),
-                     resources=tuple(fp.get("resources", ())), reason=story.footprint_reason)
