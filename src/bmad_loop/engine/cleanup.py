@@ -30,7 +30,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import delete, select
+from sqlalchemy import and_, delete, or_, select
 
 from ..db.models import Attempt, Candidate, Event, Run, Story
 from ..worktrees import delete_branch, delete_ref, list_worktrees, prune, remove_worktree
@@ -61,6 +61,24 @@ class CleanupReport:
         return {k: v for k, v in self.__dict__.items()}
 
 
+def _may_own_something(runs: dict):
+    """The stories worth looking at: every story of a run that may still go on or keeps its
+    integrated branches; of the others (runs that are over), only those neither integrated nor
+    skipped. So a project's history of finished runs costs a start of `run` next to nothing."""
+    whole = [rid for rid, run in runs.items()
+             if run.state in RUN_RESUMABLE or not _deletes_branches(run)]
+    return or_(Story.run_id.in_(whole),
+               and_(Story.run_id.in_(list(runs)),
+                    Story.state.not_in([StoryState.INTEGRATED, StoryState.SKIPPED])))
+
+
+def _deletes_branches(run: Run) -> bool:
+    """`[scm] delete_branch` of the run's snapshot, read without validating the snapshot (a
+    snapshot not shaped as expected counts as keeping them: its stories are looked at)."""
+    scm = run.policy.get("scm") if isinstance(run.policy, dict) else None
+    return isinstance(scm, dict) and scm.get("delete_branch", True) is True
+
+
 def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str, str]]]:
     """Worktree paths, branch names and candidate refs that live rows still need; the pool
     folders of live runs count as worktree paths (everything under them is kept)."""
@@ -72,9 +90,10 @@ def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str,
         runs = {r.id: r for r in s.scalars(select(Run).where(Run.project == project.key))}
         state_dir = project.state_dir.resolve()
         paths.update(pool_dir(Layout(state_dir, r.id)) for r in runs.values() if r.state in RUN_LIVE)
-        for story in s.scalars(select(Story).where(Story.run_id.in_(list(runs)))):
+        policies: dict[str, object] = {}  # one snapshot per run, not one per story
+        for story in s.scalars(select(Story).where(_may_own_something(runs))):
             run = runs[story.run_id]
-            policy = run_policy(run)
+            policy = policies.get(run.id) or policies.setdefault(run.id, run_policy(run))
             live = run.state in RUN_RESUMABLE  # failed runs too: `resume` may take them over
             # An abandoned run's unfinished work is evidence like a parked story's.
             kept_unfinished = live or (run.state == RunState.ABANDONED and policy.scm.keep_failed)
