@@ -321,3 +321,23 @@ def test_cleanup_on_a_project_without_state_creates_none_and_still_removes_orpha
     assert real.returncode == 0, real.stderr
     assert git(root, "branch", "--list", "bmad-loop/*") == ""
     assert not (root / ".bmad-loop").exists()
+
+
+def test_only_a_run_that_started_a_process_is_searched_for_leftovers_of_dead_owners(make_repo):
+    """Consumer start skips the process search for a run that never started one: it has no
+    attempt and no candidate row. Once its agent ran, the run counts as having started one."""
+    from bmad_loop.engine.recovery import ever_spawned
+
+    repo = make_repo([ALPHA], script={ALPHA.key: {"dev": [GOOD]}})
+    result = repo.cli("enqueue")
+    assert result.exit_code == 0, result.output
+    run_id = result.output.strip()
+    project = Project.open(repo.root)
+    try:
+        with project.db.read() as s:
+            assert ever_spawned(s, run_id) is False
+        assert repo.cli("resume", run_id).exit_code == 0
+        with project.db.read() as s:
+            assert ever_spawned(s, run_id) is True
+    finally:
+        project.close()

@@ -15,7 +15,7 @@ from ..errors import Ambiguous, NotFound, StateError
 from ..states import RUN_ABANDONABLE, RUN_ONE_PER_TARGET, RUN_LIVE, RUN_RESUMABLE, RUN_TERMINAL, STORY_DONE, CandidateState, Phase, RunState, StopMode, StoryState
 from ..policy import load_policy, policy_from_dict
 from .journal import record
-from .recovery import recover_orphans
+from .recovery import ever_spawned, recover_orphans
 from .runs import run_policy, stories_of
 from .transitions import transition_run, transition_story
 
@@ -152,7 +152,8 @@ def requeue_run(project, tasks, run_id: str, stale_after: dt.timedelta | None) -
     """
     with project.db.transaction() as s:
         ttl = run_policy(s.get(Run, run_id)).leases.ttl_s
-    recover_orphans(project.db, tasks, run_id, ttl)
+        spawned = ever_spawned(s, run_id)  # a run just enqueued has nothing to sweep for
+    recover_orphans(project.db, tasks, run_id, ttl, spawned=spawned)
     resent = []
     with project.db.transaction() as s:
         resent = [story.id for story in stories_of(s, run_id) if story.state == StoryState.QUEUED]

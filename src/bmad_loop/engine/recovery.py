@@ -34,7 +34,7 @@ from sqlalchemy import func, select
 
 from .. import proctree
 from ..adapter import OWNER_VAR, SESSION_TOKEN_VAR, parse_owner
-from ..db.models import Attempt, Event, Lease, Run, Story, utcnow
+from ..db.models import Attempt, Candidate, Event, Lease, Run, Story, utcnow
 from ..hostid import host_name
 from ..states import AttemptState, StoryState
 from . import leases
@@ -68,10 +68,12 @@ def find_orphans(session, run_id: str, ttl_s: float, now: dt.datetime | None = N
 
 
 def recover_orphans(db, tasks, run_id: str, ttl_s: float, now: dt.datetime | None = None, *,
-                    any_working: bool = True) -> list[str]:
+                    any_working: bool = True, spawned: bool = True) -> list[str]:
     """Re-queue (or, past `max_recoveries`, escalate) the run's orphaned stories; their keys.
     `any_working=False`: the caller's rows, just read, hold no working story, so none can be
-    orphaned (one that starts later has a fresh lease); only the periodic sweep runs."""
+    orphaned (one that starts later has a fresh lease); only the periodic sweep runs.
+    `spawned=False`: no process was ever started for the run (`ever_spawned`), so the sweep
+    for processes of dead owners is skipped and counted as done."""
     recovered: list[int] = []
     keys = []
     if not any_working:
@@ -102,7 +104,7 @@ def recover_orphans(db, tasks, run_id: str, ttl_s: float, now: dt.datetime | Non
                    **({"killed": killed} if killed else {}))
             recovered.append(story.id)
             keys.append(story.key)
-    _sweep_now_and_then(run_id)  # before any story is sent again
+    _sweep_now_and_then(run_id, needed=spawned)  # before any story is sent again
     for story_id in recovered:
         tasks.enqueue_story(run_id, story_id)
     return keys
@@ -149,13 +151,24 @@ def sweep_dead_owners(run_id: str) -> list[int]:
     return proctree.kill_marked(orphaned, token_var=SESSION_TOKEN_VAR)
 
 
-def _sweep_now_and_then(run_id: str) -> None:
+def _sweep_now_and_then(run_id: str, *, needed: bool = True) -> None:
+    """`needed` False: nothing of the run was ever started (no attempt, no candidate), so no
+    process can carry its id yet; this counts as a sweep (the next is due in SWEEP_EVERY_S)."""
     now = time.monotonic()
     with _swept_lock:
         if now - _swept.get(run_id, -SWEEP_EVERY_S) < SWEEP_EVERY_S:
             return
         _swept[run_id] = now
-    sweep_dead_owners(run_id)
+    if needed:
+        sweep_dead_owners(run_id)
+
+
+def ever_spawned(session, run_id: str) -> bool:
+    """Did any process ever start for the run? Agents and story verify commands follow an
+    attempt row, a candidate's verify commands its candidate row."""
+    return (session.scalar(select(Attempt.id).where(Attempt.run_id == run_id).limit(1)) is not None
+            or session.scalar(select(Candidate.id).where(Candidate.run_id == run_id).limit(1))
+            is not None)
 
 
 def _max_recoveries(session, run_id: str) -> int:
