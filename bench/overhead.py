@@ -28,7 +28,8 @@ floors; ``--no-pool``
 runs the loop without the pool (``BMAD_LOOP_WORKTREE_POOL=0``: add + remove per story, as
 before); ``--agent-s 2`` makes the agent take 2 s (issue 15's N = 1 figure).
 
-Prints Markdown tables: per-story time of both, their ratio, the loop's time split into phases
+Prints Markdown tables: per-story time of both, their ratio, CPU time per story of this
+process and of its child processes (git, the agents) for the bare sequence and the loop, the loop's time split into phases
 from the journal (``events``) and the attempt rows, and each phase beside the bare operations
 that do its git work. ``--probe`` adds git calls, database and repository lock waits per step.
 Not a test: nothing is asserted.
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -95,6 +97,17 @@ def _timed(per_op: dict[str, list[float]], name: str, fn):
     out = fn()
     per_op.setdefault(name, []).append(time.perf_counter() - t)
     return out
+
+
+def cpu_times() -> tuple[float, float]:
+    """(this process, its reaped child processes) CPU seconds, user + system."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+def cpu_since(start: tuple[float, float]) -> tuple[float, float]:
+    now = cpu_times()
+    return now[0] - start[0], now[1] - start[1]
 
 
 def bare(root: Path, count: int, write: bool, tag: str = "a") -> tuple[list[float], dict[str, list[float]]]:
@@ -262,7 +275,9 @@ def main(argv=None) -> int:
     print(f"agent: {' '.join(agent_argv)} ({'appends one line to work/<story>.txt' if write else 'writes nothing'}), exit 0\n")
 
     git(root, "status", "--porcelain")  # warm the file-system cache for both sides alike
+    cpu_at = cpu_times()
     before, ops_before = bare(root, args.stories, write, "a")
+    bare_cpu = cpu_since(cpu_at)
     if args.reuse:
         pooled_before, pooled_ops = bare_pooled(root, args.stories, write, "p")
     if args.no_pool:
@@ -276,7 +291,9 @@ def main(argv=None) -> int:
 
         _count.DEPTH = args.count_depth
         _count.install()
+    cpu_at = cpu_times()
     result = run_loop(root, workers=1)
+    loop_cpu = cpu_since(cpu_at)
     if args.count:
         counted = _count.totals()
     after, ops_after = bare(root, args.stories, write, "b")
@@ -311,6 +328,15 @@ def main(argv=None) -> int:
           f"{loop_no_agent / bare_mean:.2f} without the agent process")
     print(f"overhead per story (whole run / K minus the agent process): {ms(loop_no_agent)} ms"
           + (f" with a {args.agent_s:g} s agent" if args.agent_s else ""))
+
+    k = args.stories
+    print("\nCPU time per story (less noisy than wall time on a shared machine: it does not wait "
+          "for the disk):\n")
+    print(table(["", "this process ms", "child processes ms", "sum ms"], [
+        ["bare git operations (before the loop)", "0", ms(bare_cpu[1] / k), ms(bare_cpu[1] / k)],
+        ["loop, whole run (the agents' own CPU included)", ms(loop_cpu[0] / k), ms(loop_cpu[1] / k),
+         ms(sum(loop_cpu) / k)],
+    ]))
 
     spans, spans_run = loop_breakdown(result, keys)
     total = sum(mean(v) for v in spans.values())
