@@ -79,8 +79,13 @@ def recover_orphans(db, tasks, run_id: str, ttl_s: float, now: dt.datetime | Non
     if not any_working:
         _sweep_now_and_then(run_id)
         return keys
+    with db.read() as s:  # the common answer, none, without taking the write lock
+        suspects = find_orphans(s, run_id, ttl_s, now)
+    if not suspects:
+        _sweep_now_and_then(run_id, needed=spawned)
+        return keys
     with db.transaction() as s:
-        orphans = find_orphans(s, run_id, ttl_s, now)
+        orphans = find_orphans(s, run_id, ttl_s, now)  # again, under the write lock
         limit = _max_recoveries(s, run_id) if orphans else 0
         for story in orphans:
             running = list(s.scalars(select(Attempt).where(Attempt.story_id == story.id,
