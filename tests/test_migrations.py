@@ -184,3 +184,42 @@ def test_0006_keeps_a_runs_numeric_epics_as_text_on_postgresql():
             _check_after_0006(engine)
         finally:
             engine.dispose()
+
+
+def test_the_head_revision_constant_is_alembics_head():
+    """`HEAD_REVISION` lets a process skip alembic on an up-to-date database; a new migration
+    must move it."""
+    from bmad_loop.db.migrate import HEAD_REVISION
+
+    assert HEAD_REVISION == head_revision()
+
+
+def test_opening_an_up_to_date_database_loads_no_alembic_and_an_old_one_is_upgraded(tmp_path):
+    """A real second process opens the database: once it is at head, alembic is not even
+    imported (it and the revision scripts cost ~180 ms per command); a database left at an older
+    revision is still brought to head on open."""
+    import subprocess
+    import sys
+
+    from alembic import command
+
+    from bmad_loop.db import migrate
+
+    path = tmp_path / "state.db"
+    probe = ("import sys; from pathlib import Path; from bmad_loop.db.database import Database; "
+             f"db = Database({_url(path)!r}, lock_dir=Path({str(tmp_path)!r})); db.migrate(); "
+             "print('alembic' in sys.modules); db.dispose()")
+
+    def open_in_a_process() -> str:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    engine = sa.create_engine(_url(path))
+    try:
+        command.upgrade(migrate.alembic_config(engine), "0005")  # an old database
+        assert open_in_a_process() == "True"  # it had to migrate
+        assert current_revision(engine) == head_revision()
+        assert open_in_a_process() == "False"  # at head: no alembic at all
+    finally:
+        engine.dispose()

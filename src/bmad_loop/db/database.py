@@ -200,6 +200,8 @@ class Database:
         nothing: a session-level advisory lock in the database serialises them instead.
         """
         self._check_reachable()
+        if migrate.at_head(self.engine):
+            return  # the common case: no lock, no alembic
         with self._migration_lock(), self._database_lock(), self.one_line_errors():
             migrate.upgrade(self.engine)
 
