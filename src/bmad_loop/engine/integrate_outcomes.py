@@ -67,7 +67,8 @@ class Outcomes:
     def _enter_integrating(self, s, story) -> bool:
         """ready -> integrating, while the run may still integrate (a stop settles a run whose
         stories are only ready at once: then nothing lands)."""
-        if s.get(Run, self.run_id).state not in (RunState.RUNNING, RunState.PAUSING):
+        state = s.scalar(select(Run.state).where(Run.id == self.run_id))  # not the whole row
+        if state not in (RunState.RUNNING, RunState.PAUSING):
             return False
         if not transition_story(s, story.id, StoryState.READY, state=StoryState.INTEGRATING):
             return False
