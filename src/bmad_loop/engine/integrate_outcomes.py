@@ -64,12 +64,14 @@ class Outcomes:
             record(s, self.run_id, "candidate.conflict", story.key, attempt=attempt,
                    paths=list(comp.conflicts), evidence=str(evidence))
 
-    def _enter_integrating(self, s, story) -> bool:
+    def _enter_integrating(self, s, story, *, to_escalate: bool = False) -> bool:
         """ready -> integrating, while the run may still integrate (a stop settles a run whose
-        stories are only ready at once: then nothing lands)."""
-        state = s.scalar(select(Run.state).where(Run.id == self.run_id))  # not the whole row
-        if state not in (RunState.RUNNING, RunState.PAUSING):
-            return False
+        stories are only ready at once: then nothing lands). `to_escalate`: on the way to
+        `escalated`, which needs no such check."""
+        if not to_escalate:
+            state = s.scalar(select(Run.state).where(Run.id == self.run_id))  # not the whole row
+            if state not in (RunState.RUNNING, RunState.PAUSING):
+                return False
         if not transition_story(s, story.id, StoryState.READY, state=StoryState.INTEGRATING):
             return False
         record(s, self.run_id, "story.integrating", story.key)
@@ -79,8 +81,7 @@ class Outcomes:
         with self.db.transaction() as s:
             row = s.get(Story, story.id)
             if row.state == StoryState.READY:  # found before composing, on the quick path
-                transition_story(s, story.id, StoryState.READY, state=StoryState.INTEGRATING)
-                record(s, self.run_id, "story.integrating", story.key)
+                self._enter_integrating(s, row, to_escalate=True)
             feedback = dict(row.feedback or {})
             # A fresh attempt after resume sees why integration failed.
             feedback["verify_output"] = f"Integration onto {self.target.branch} failed: {reason}"

@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 
 from ..adapter import read_tail, run_agent
 
-__all__ = ["VerifyResult", "run_verify", "verify_tags", "OUTPUT_TAIL_CHARS"]
+__all__ = ["VerifyResult", "run_verify", "verify_tags", "OUTPUT_TAIL_CHARS", "NOTHING_TO_RUN"]
 
 OUTPUT_TAIL_CHARS = 20_000  # what is handed to the next prompt and kept in evidence
 
@@ -36,6 +36,17 @@ class VerifyResult:
     duration_s: float
     log: str | None
     interrupted: bool = False
+
+    def event(self) -> tuple[str, dict]:
+        """The journal event of this verification: `verify.passed` or `verify.failed`."""
+        return ("verify.passed" if self.ok else "verify.failed",
+                {"command": self.failed_command, "exit_code": self.exit_code,
+                 "timed_out": self.timed_out, "duration_s": round(self.duration_s, 3),
+                 "log": self.log})
+
+
+# What verifying with no commands gives: passed, at once, with no log.
+NOTHING_TO_RUN = VerifyResult(True, None, 0, False, "", 0.0, None)
 
 
 def verify_tags(run_id: str | None, story_key: str | None) -> dict[str, str]:
@@ -64,7 +75,7 @@ def run_verify(
 ) -> VerifyResult:
     started = time.monotonic()
     if not commands:
-        return VerifyResult(True, None, 0, False, "", 0.0, None)
+        return NOTHING_TO_RUN
     base_env = dict(os.environ if env is None else env)
     base_env.update(verify_tags(run_id, story_key))
     for command in commands:

@@ -41,7 +41,7 @@ from .retry import FaultPersisted, pause_for_fault, retrying
 from .runs import run_policy, stories_wait
 from .sessions import Heartbeat, run_session
 from .transitions import transition_run, transition_story
-from .verify import run_verify
+from .verify import NOTHING_TO_RUN, run_verify
 
 __all__ = ["work", "StoryWorker"]
 
@@ -271,10 +271,7 @@ class StoryWorker:
                                 thaw_after_s=self.policy.leases.ttl_s)
         if result.interrupted:
             raise StopRequested()
-        event = ("verify.passed" if result.ok else "verify.failed",
-                 {"command": result.failed_command, "exit_code": result.exit_code,
-                  "timed_out": result.timed_out, "duration_s": round(result.duration_s, 3),
-                  "log": result.log})
+        event = result.event()
         human_fix = story.human_fix
         if result.ok:
             return self._verified(story, event)
@@ -421,8 +418,7 @@ class StoryWorker:
     def _pass_empty_verify(self, s, row: Story) -> None:
         """No verify commands: verify passes in the transaction that entered it, recorded as
         `phase_verify` would record it, and the phase after it is entered."""
-        passed = self._verified(row, ("verify.passed", {"command": None, "exit_code": 0,
-                                                        "timed_out": False, "duration_s": 0.0, "log": None}))
+        passed = self._verified(row, NOTHING_TO_RUN.event())
         row.feedback = {**(row.feedback or {}), **passed.feedback}
         for kind, data in passed.events:
             record(s, self.ctx.run_id, kind, self.key, **data)
