@@ -24,10 +24,10 @@ import fcntl
 from pathlib import Path
 from typing import Iterator
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, insert
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import (ArgumentError, DatabaseError, InterfaceError, NoSuchModuleError,
-                            OperationalError)
+from sqlalchemy.exc import (ArgumentError, DatabaseError, DBAPIError, InterfaceError,
+                            NoSuchModuleError, OperationalError)
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import ConfigError
@@ -85,7 +85,15 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
     def _on_begin(conn):
         # A read (`Database.read`) takes no write lock: in WAL mode it neither waits for a
         # writer nor makes one wait.
-        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_ONLY) else "BEGIN IMMEDIATE")
+        # Straight to the driver: through SQLAlchemy's statement machinery this one line
+        # cost more than the statements it opens (SQLAlchemy still sees the transaction: it
+        # is the one calling here). Its failure (the write lock not free within the busy
+        # timeout) is raised as SQLAlchemy's own, as any statement's would be.
+        statement = "BEGIN" if conn.get_execution_options().get(_READ_ONLY) else "BEGIN IMMEDIATE"
+        try:
+            conn.connection.driver_connection.execute(statement)
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
 
 
 def _enter_wal(cursor, wait_s: float) -> None:
@@ -109,9 +117,31 @@ def _enter_wal(cursor, wait_s: float) -> None:
         pause = min(pause * 2, 0.05)
 
 
-def _refuse_writes(session, _flush_context, _instances) -> None:
-    if session.new or session.dirty or session.deleted:
+def _refuse_writes(session, _flush_context=None, _instances=None) -> None:
+    if session.new or session.dirty or session.deleted or session.info.get(_PENDING_ROWS):
         raise RuntimeError("a write in a read-only transaction (Database.read): use transaction()")
+
+
+_PENDING_ROWS = "bmad_loop.rows_at_commit"
+
+
+def insert_at_commit(session: Session, table, row: dict) -> None:
+    """Queue `row` for `table`: inserted when `session` commits, with the other rows queued for
+    the same table in one statement. For append-only rows nobody reads back in the same
+    transaction (the journal): as ORM objects each cost a flush and a RETURNING of its key."""
+    session.info.setdefault(_PENDING_ROWS, []).append((table, row))
+
+
+@event.listens_for(Session, "before_commit")
+def _insert_queued_rows(session: Session) -> None:
+    queued = session.info.pop(_PENDING_ROWS, None)
+    if not queued:
+        return
+    by_table: dict = {}
+    for table, row in queued:
+        by_table.setdefault(table, []).append(row)
+    for table, rows in by_table.items():
+        session.execute(insert(table), rows)
 
 
 _writers: dict[str, threading.RLock] = {}
@@ -155,6 +185,7 @@ class Database:
         self._reads = sessionmaker(self.engine.execution_options(**{_READ_ONLY: True}),
                                    expire_on_commit=False)
         event.listen(self._reads, "before_flush", _refuse_writes)
+        event.listen(self._reads, "before_commit", _refuse_writes)
         self._writer = (_writer_lock(os.path.abspath(self.path))
                         if self.is_sqlite and self.path and self.path != ":memory:" else None)
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ..db.database import insert_at_commit
 from ..db.models import Event, utcnow
 
 __all__ = ["record", "events_after", "event_json"]
 
 
-def record(session: Session, run_id: str, kind: str, story: str | None = None, **data) -> Event:
-    """Append an event inside the caller's transaction (never commits)."""
-    event = Event(run_id=run_id, ts=utcnow(), kind=kind, story=story, data=_jsonable(data))
-    session.add(event)
-    return event
+def record(session: Session, run_id: str, kind: str, story: str | None = None, **data) -> None:
+    """Append an event inside the caller's transaction (never commits). Its row is written
+    when the transaction commits, in order with the transaction's other events."""
+    insert_at_commit(session, Event.__table__, {"run_id": run_id, "ts": utcnow(), "kind": kind,
+                                                "story": story, "data": _jsonable(data)})
 
 
 def events_after(session: Session, run_id: str, after_seq: int = 0, kinds=(), story=None):
