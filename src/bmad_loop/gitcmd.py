@@ -44,6 +44,7 @@ import fcntl
 import logging
 import os
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -96,6 +97,23 @@ _KEEP_GIT_VARS = frozenset({
     "GIT_CURL_VERBOSE", "GIT_EXEC_PATH",
     "GIT_CONFIG_NOSYSTEM",  # can only make git read less configuration
 })
+
+
+_PROGRAMS: dict[str | None, str] = {}  # PATH -> the git it finds there ("git" when none)
+
+
+def git_program(path: str | None) -> str:
+    """The git executable the search path `path` finds, looked up once per search path. Spares
+    every git step the search itself (an exec tried in each folder of PATH before git's)."""
+    found = _PROGRAMS.get(path)
+    if found is None:
+        found = shutil.which("git", path=path) or ""
+        if not os.path.isabs(found):  # none, or in a relative folder of PATH: let exec search
+            found = "git"
+        if len(_PROGRAMS) > 16:
+            _PROGRAMS.clear()
+        _PROGRAMS[path] = found
+    return found
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -235,9 +253,10 @@ class Git:
 
     def _spawn(self, argv, shown, where, extra, input, timeout, text, step):
         kwargs: dict = {"encoding": "utf-8", "errors": "surrogateescape"} if text else {}
+        env = clean_env(extra)
         try:
             child = subprocess.Popen(
-                argv, cwd=os.fspath(where), env=clean_env(extra),
+                [git_program(env.get("PATH")), *argv[1:]], cwd=os.fspath(where), env=env,
                 stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
         except (FileNotFoundError, NotADirectoryError) as exc:

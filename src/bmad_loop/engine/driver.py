@@ -11,12 +11,14 @@ import signal
 import threading
 from typing import Callable
 
+from sqlalchemy import select
+
 from ..db.models import Run
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NEEDS_HUMAN, EXIT_OK, EXIT_STOPPED
 from ..states import RUN_SETTLED, RunState, StoryState
 from .consumers import ConsumerSet
 from .control import stop
-from .journal import events_after
+from .journal import event_rows_after
 from .runs import stories_of
 
 __all__ = ["drive", "exit_code_for"]
@@ -58,14 +60,16 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
             if interrupts["count"] > handled:
                 handled = interrupts["count"]
                 stop(project, tasks, run_id, now=handled >= 2)
-            with project.db.read() as s:  # a poll: it holds up no writer
-                for event in events_after(s, run_id, last_seq):
-                    last_seq = event.seq
-                    if progress:
+            # A poll: it holds up no writer. It runs after every lane tick, beside the story
+            # that tick started, so it reads plain rows and nothing it will not show.
+            with project.db.read() as s:
+                if progress:
+                    for event in event_rows_after(s, run_id, last_seq):
+                        last_seq = event.seq
                         progress(event)
-                run = s.get(Run, run_id)
-                settled = run.state in RUN_SETTLED
-                stories = stories_of(s, run_id) if settled else []
+                settled = s.scalar(select(Run.state).where(Run.id == run_id)) in RUN_SETTLED
+                if settled:  # one snapshot: every event up to the settling one was shown
+                    run, stories = s.get(Run, run_id), stories_of(s, run_id)
             if settled:
                 break
             woke.wait(poll_s)

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from ..db.database import insert_at_commit
 from ..db.models import Event, utcnow
 
-__all__ = ["record", "events_after", "event_json"]
+__all__ = ["record", "events_after", "event_rows_after", "event_json"]
 
 
 def record(session: Session, run_id: str, kind: str, story: str | None = None, **data) -> None:
@@ -25,6 +25,15 @@ def events_after(session: Session, run_id: str, after_seq: int = 0, kinds=(), st
     if story:
         query = query.where(Event.story == story)
     return list(session.scalars(query.order_by(Event.seq)))
+
+
+def event_rows_after(session: Session, run_id: str, after_seq: int = 0) -> list:
+    """`events_after` as plain rows (seq, ts, kind, story, data as attributes): for a poll
+    that only shows them, without the cost of ORM objects."""
+    table = Event.__table__
+    return list(session.execute(select(table).where(table.c.run_id == run_id,
+                                                    table.c.seq > after_seq)
+                                .order_by(table.c.seq)))
 
 
 def event_json(event: Event) -> dict:

@@ -67,8 +67,7 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
                                 host=project.host, heartbeat_at=now, started_at=now,
                                 claim=Story.claim + 1):
             return  # someone else has it, or it is no longer queued: a duplicate message
-        story = s.get(Story, story_id)
-        s.refresh(story)
+        story = s.get(Story, story_id, populate_existing=True)  # as the UPDATE left it
         generation = story.claim
         record(s, run_id, "story.started", story.key, phase=story.phase or Phase.PREPARE,
                host=project.host)
