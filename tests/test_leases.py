@@ -196,3 +196,31 @@ def test_take_in_belongs_to_the_callers_transaction_and_takes_over_any_holder(db
         assert leases.take_in(s, name, "h:3", TTL, at(1)) == 2  # … is taken over all the same
     assert leases.holds(db, name, "h:3", 2, at(2))
     assert not leases.holds(db, name, "h:2", 1, at(2))
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.scaleout)])
+def test_take_in_keeps_the_token_of_its_own_owner_and_raises_it_for_another(kind, tmp_path, request):
+    """The claim takes its lease in one statement (an upsert) on both databases: a new lease
+    starts at token 1, the same owner taking it again keeps its token, any other owner gets
+    the next one, and every take renews the expiry."""
+    if kind == "sqlite":
+        database = request.getfixturevalue("db")
+    else:
+        database = Database(request.getfixturevalue("postgres_url"), lock_dir=tmp_path)
+        database.migrate()
+    name = leases.story_lease_name(9)
+    try:
+        with database.transaction() as s:
+            assert leases.take_in(s, name, "h:1", TTL, at(0)) == 1
+        with database.transaction() as s:
+            assert leases.take_in(s, name, "h:1", TTL, at(5)) == 1
+        with database.transaction() as s:
+            assert leases.take_in(s, name, "h:2", TTL, at(6)) == 2
+        with database.transaction() as s:
+            assert leases.take_in(s, name, "h:3", TTL, at(7)) == 3
+        assert leases.holds(database, name, "h:3", 3, at(7 + TTL - 1))
+        assert not leases.holds(database, name, "h:3", 3, at(7 + TTL + 1))
+        assert not leases.holds(database, name, "h:2", 2, at(8))
+    finally:
+        if kind != "sqlite":
+            database.dispose()

@@ -39,7 +39,7 @@ from .restack import restack_stale
 from .speculation import Stack, speculating, verifying_here
 from .retry import FaultPersisted, pause_for_fault, retrying
 from .runs import lane_rows, next_in_plan, run_policy, stories_of
-from .stacking import layers_under, stack
+from .stacking import stacked_bases
 from .transitions import transition_run, transition_story
 from .worktree_pool import drain_pool, drain_run_pool
 
@@ -97,6 +97,7 @@ class _Lane:
                                      fence=holder.still_holds if holder is not None else None)
         self.pause_on_escalation = policy.parallel.on_escalation == "pause"
         self.memo = run_memo(project, run.id)
+        self._landed: int | None = None  # the story the last integration step landed
         self.stack = (Stack(self, policy.verify.depth(run.max_parallel))
                       if speculating(policy, run.max_parallel) else None)
         if run.max_parallel > 1:
@@ -137,6 +138,7 @@ class _Lane:
                 self.integrator.clean_landed()
                 continue
             if self._integrate_next(run, stories):
+                loaded = self._rows_after_landing(run, stories)
                 continue
             if self._pause_for_escalation(run, stories):
                 continue
@@ -234,7 +236,19 @@ class _Lane:
         outcome = self._landing(story, lambda: self.integrator.integrate(story.id))
         if outcome is not None:
             self._after_integration(story, outcome)
+        self._landed = story.id if outcome == StoryState.INTEGRATED else None
         return True
+
+    def _rows_after_landing(self, run: Run, stories: list[Story]):
+        """At `max_parallel = 1` nothing but the lane moves a story while it integrates (the
+        next one starts after it): after a landing the next pass needs only the run's row (a
+        stop or a checkpoint may have changed it), not every open story's again."""
+        if self._landed is None or run.max_parallel > 1 or self.stack is not None:
+            return None
+        with self.db.read() as s:
+            run = s.get(Run, self.run_id)
+        return run, [row._replace(state=StoryState.INTEGRATED, port_block=None)
+                     if row.id == self._landed else row for row in stories]
 
     def _landing(self, story, action):
         """Run an integration step; a target someone else moved pauses the run (None)."""
@@ -356,7 +370,8 @@ class _Lane:
                         record(s, self.run_id, "story.skipped", row.key,
                                reason="stale premise: the target's board marks it done")
             return True  # admit again without them
-        bases = self._stacked_bases(decision, by_key)
+        bases = stacked_bases(self.integrator.git, self.integrator.target.sha(fetch=False),
+                              decision, by_key) if decision.stacked else {}
         queued = []
         used_blocks = {s.port_block for s in stories if s.state in STORY_IN_FLIGHT and s.port_block is not None}
         with self.db.transaction() as s:
@@ -394,26 +409,6 @@ class _Lane:
         busy = sum(1 for s in stories if s.state in STORY_IN_FLIGHT) + self._queued
         return busy >= run.max_parallel and not any(
             s.state in STORY_AWAITING_LANE or s.state in STORY_PARKED for s in stories)
-
-    def _stacked_bases(self, decision, by_key) -> dict:
-        """key -> (stacked base SHA, stacked_on rows) for each story admitted on a stacked base;
-        a story whose base does not compose cleanly is taken out of `decision.dispatch` and
-        waits as it would without stacking."""
-        bases = {}
-        if not decision.stacked:
-            return bases
-        git = self.integrator.git
-        target_sha = self.integrator.target.sha(fetch=False)
-        for key in decision.stacked:
-            layers = layers_under(decision.stacked[key], by_key)
-            built = stack(git, target_sha, layers)
-            if built.tip is None:  # it waits for their integration instead, as without stacking
-                decision.dispatch.remove(key)
-                decision.waiting[key] = (f"stacking on {', '.join(x.key for x in layers)} conflicts "
-                                         f"({', '.join(built.conflicts)}): waits for their integration")
-                continue
-            bases[key] = (built.tip, [{"key": x.key, "head": x.head} for x in layers]) if layers else (None, None)
-        return bases
 
     # ------------------------------------------------------------ 4. settling
     def _settle(self, run: Run, stories: list[Story]) -> None:

@@ -14,7 +14,8 @@ import logging
 import os
 import threading
 
-from sqlalchemy import delete, update
+from sqlalchemy import case, delete, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from ..db.models import Lease, utcnow
@@ -79,6 +80,10 @@ def acquire(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = N
         return token if result.rowcount == 1 else None
 
 
+# INSERT … ON CONFLICT DO UPDATE … RETURNING, where the database has it.
+_UPSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
+
+
 def take(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int:
     """Take the lease whoever holds it (the caller already won the row it guards); the token."""
     with db.transaction() as s:
@@ -92,6 +97,16 @@ def take_in(session, name: str, owner: str, ttl_s: float, now: dt.datetime | Non
     now = now or utcnow()
     expires = now + dt.timedelta(seconds=ttl_s)
     host = owner.split(":")[0]
+    upsert = _UPSERTS.get(session.get_bind().dialect.name)
+    if upsert is not None:  # one statement, atomic on both databases
+        stmt = upsert(Lease).values(name=name, owner=owner, host=host, token=1, acquired_at=now,
+                                    renewed_at=now, expires_at=expires)
+        new = stmt.excluded
+        stmt = stmt.on_conflict_do_update(index_elements=[Lease.name], set_={
+            "owner": new.owner, "host": new.host, "acquired_at": new.acquired_at,
+            "renewed_at": new.renewed_at, "expires_at": new.expires_at,
+            "token": case((Lease.owner == new.owner, Lease.token), else_=Lease.token + 1)})
+        return session.scalar(stmt.returning(Lease.token))
     for _ in range(3):  # lost a race with a concurrent creator (PostgreSQL): read again
         row = session.get(Lease, name, populate_existing=True)
         if row is None:

@@ -24,7 +24,7 @@ from typing import Iterable, Mapping, Sequence
 from ..compose import replay_commits
 from ..states import STORY_STACKABLE, StoryState
 
-__all__ = ["Layer", "Replayed", "replay", "stack", "layers_under", "stale_layer", "LAYER_OK"]
+__all__ = ["Layer", "Replayed", "replay", "stack", "layers_under", "stacked_bases", "stale_layer", "LAYER_OK"]
 
 # A layer is still good while its story is in one of these states with the recorded head.
 LAYER_OK = STORY_STACKABLE | {StoryState.INTEGRATED}
@@ -79,6 +79,24 @@ def layers_under(blockers: Sequence[str], rows: Mapping[str, object]) -> list[La
         todo.extend(layer["key"] for layer in row.stacked_on or ())
     ordered = sorted(wanted.values(), key=lambda row: row.seq)
     return [Layer(row.key, row.base_sha, row.head_sha) for row in ordered]
+
+
+def stacked_bases(git, target_sha: str, decision, rows: Mapping[str, object]) -> dict:
+    """key -> (stacked base SHA, stacked_on entries) for each story admission put on a stacked
+    base (`decision.stacked`); a story whose base does not compose cleanly is taken out of
+    `decision.dispatch` and waits as it would without stacking."""
+    bases = {}
+    for key in decision.stacked:
+        layers = layers_under(decision.stacked[key], rows)
+        built = stack(git, target_sha, layers)
+        if built.tip is None:  # it waits for their integration instead, as without stacking
+            decision.dispatch.remove(key)
+            decision.waiting[key] = (f"stacking on {', '.join(x.key for x in layers)} conflicts "
+                                     f"({', '.join(built.conflicts)}): waits for their integration")
+            continue
+        bases[key] = ((built.tip, [{"key": x.key, "head": x.head} for x in layers]) if layers
+                      else (None, None))
+    return bases
 
 
 def stale_layer(story, rows: Mapping[str, object]) -> str | None:
