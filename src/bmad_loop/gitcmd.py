@@ -44,7 +44,6 @@ import fcntl
 import logging
 import os
 import re
-import shutil
 import subprocess
 import threading
 import time
@@ -54,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bmad_loop import gitlocks, refread
+from bmad_loop.gitenv import clean_env, git_program  # clean_env re-exported
 from bmad_loop.board import branch_name_ok  # re-exported: the one check, git's rules in pure Python
 from bmad_loop.errors import GitError, TransientError
 
@@ -89,47 +89,6 @@ _NO_RETRY = {("worktree", "add"), ("clone",)}
 # for an update-ref with an expected old value it is the compare-and-swap's answer.
 _RACE_RETRY = frozenset({"fetch", "pull", "remote"})
 _MAX_BACKOFF_S = 1.0
-
-# Inherited GIT_* variables we keep: they only say how to reach remotes or how to trace.
-_KEEP_GIT_VARS = frozenset({
-    "GIT_SSH", "GIT_SSH_COMMAND", "GIT_SSH_VARIANT", "GIT_ASKPASS", "GIT_PROXY_COMMAND",
-    "GIT_SSL_NO_VERIFY", "GIT_SSL_CAINFO", "GIT_SSL_CAPATH", "GIT_HTTP_USER_AGENT",
-    "GIT_CURL_VERBOSE", "GIT_EXEC_PATH",
-    "GIT_CONFIG_NOSYSTEM",  # can only make git read less configuration
-})
-
-
-_PROGRAMS: dict[str | None, str] = {}  # PATH -> the git it finds there ("git" when none)
-
-
-def git_program(path: str | None) -> str:
-    """The git executable the search path `path` finds, looked up once per search path. Spares
-    every git step the search itself (an exec tried in each folder of PATH before git's)."""
-    found = _PROGRAMS.get(path)
-    if found is None:
-        found = shutil.which("git", path=path) or ""
-        if not os.path.isabs(found):  # none, or in a relative folder of PATH: let exec search
-            found = "git"
-        if len(_PROGRAMS) > 16:
-            _PROGRAMS.clear()
-        _PROGRAMS[path] = found
-    return found
-
-
-def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """os.environ without git redirections, plus our fixed settings, plus `extra` (which wins)."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("GIT_") or k in _KEEP_GIT_VARS or k.startswith("GIT_TRACE")
-    }
-    env["LC_ALL"] = "C"
-    env["GIT_TERMINAL_PROMPT"] = "0"
-    env["GIT_OPTIONAL_LOCKS"] = "0"
-    if extra:
-        env.update({str(k): str(v) for k, v in extra.items()})
-    return env
-
 
 @dataclass(frozen=True)
 class Identity:
