@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from ..compose import Composition, commit_message, compose, integration_message, overlapping_dirty
 from ..db.models import Candidate, Run, Story, utcnow
@@ -28,7 +28,7 @@ from .ports import lane_block, port_env
 from .layout import Layout
 from .runs import board_rel
 from .stacking import replay
-from .transitions import transition_story
+from .transitions import transition_candidate, transition_story
 from .verify import run_verify
 from .writeback import lane_tree_edit
 
@@ -435,10 +435,11 @@ class Integrator(Outcomes):
                                     integrated_sha=sha, ended_at=utcnow(), phase=None,
                                     port_block=None):
                 return s.get(Story, story.id).state  # another lane finished it: record nothing
-            cand = s.get(Candidate, cand_id)
-            cand.state, cand.ended_at = CandidateState.ADVANCED, utcnow()
-            run = s.get(Run, self.run_id)
-            run.head_sha = sha
+            if not transition_candidate(s, cand_id, CandidateState.ADVANCING,
+                                        state=CandidateState.ADVANCED, ended_at=utcnow()):
+                cand = s.get(Candidate, cand_id)  # not advancing: as the row's checks say
+                cand.state, cand.ended_at = CandidateState.ADVANCED, utcnow()
+            s.execute(update(Run).where(Run.id == self.run_id).values(head_sha=sha))
             record(s, self.run_id, "target.advanced", story.key, attempt=attempt,
                    old=target_sha, new=sha, strategy=self.policy.scm.merge_strategy)
             record(s, self.run_id, "story.integrated", story.key, sha=sha)

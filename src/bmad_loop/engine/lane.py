@@ -156,9 +156,9 @@ class _Lane:
     def _integrated_rows(self, s) -> tuple:
         """The latest integrated story, and those integrated without a commit."""
         integrated = (Story.run_id == self.run_id, Story.state == StoryState.INTEGRATED)
-        latest = s.scalars(select(Story).where(*integrated)
-                           .order_by(Story.seq.desc()).limit(1)).first()
-        bad = list(s.scalars(select(Story).where(*integrated, Story.integrated_sha.is_(None))
+        columns = select(Story.key, Story.integrated_sha)  # all the check reads of them
+        latest = s.execute(columns.where(*integrated).order_by(Story.seq.desc()).limit(1)).first()
+        bad = list(s.execute(columns.where(*integrated, Story.integrated_sha.is_(None))
                              .order_by(Story.seq)))
         return latest, bad
 

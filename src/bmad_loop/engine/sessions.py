@@ -18,6 +18,8 @@ from ..adapter import AgentCall, agent_env, render_argv, review_approved, run_ag
 from ..bmadinstall import detect_bmad
 from ..agentfaults import AgentFault, classify
 from ..agentoutput import SessionReport, Usage, parse_output
+from sqlalchemy import update
+
 from ..db.models import Attempt, Run, Story, utcnow
 from ..gitconfig_guard import ConfigWatch
 from ..prompts import PHASE_INSTRUCTIONS, build_prompt, write_prompt
@@ -158,7 +160,7 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
 
     def started(pid: int) -> None:
         with ctx.db.transaction() as s:
-            s.get(Attempt, attempt_id).pid = pid
+            s.execute(update(Attempt).where(Attempt.id == attempt_id).values(pid=pid))
         crash_point("worker.in_agent")
 
     with Heartbeat(ctx, claim, attempt_id):

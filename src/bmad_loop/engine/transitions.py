@@ -12,10 +12,10 @@ from __future__ import annotations
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from ..db.models import Run, Story
+from ..db.models import Attempt, Candidate, Run, Story
 from ..states import check_transition
 
-__all__ = ["transition_story", "transition_run"]
+__all__ = ["transition_story", "transition_run", "transition_attempt", "transition_candidate"]
 
 
 def _transition(session: Session, model, machine: str, row_id, expected, values: dict) -> bool:
@@ -35,3 +35,11 @@ def transition_story(session: Session, story_id: int, expected, **values) -> boo
 
 def transition_run(session: Session, run_id: str, expected, **values) -> bool:
     return _transition(session, Run, "run", run_id, expected, values)
+
+
+def transition_attempt(session: Session, attempt_id: int, expected, **values) -> bool:
+    return _transition(session, Attempt, "attempt", attempt_id, expected, values)
+
+
+def transition_candidate(session: Session, candidate_id: int, expected, **values) -> bool:
+    return _transition(session, Candidate, "candidate", candidate_id, expected, values)

@@ -40,7 +40,7 @@ from .outcome import Escalate, Outcome
 from .retry import FaultPersisted, pause_for_fault, retrying
 from .runs import run_policy, stories_wait
 from .sessions import Heartbeat, run_session
-from .transitions import transition_run, transition_story
+from .transitions import transition_attempt, transition_run, transition_story
 from .verify import NOTHING_TO_RUN, run_verify
 
 __all__ = ["work", "StoryWorker"]
@@ -365,12 +365,15 @@ class StoryWorker:
         with ctx.db.transaction() as s:
             row = self.claim.own(s)  # taken back (recovered as orphaned)? then nothing is written
             if outcome.session is not None:
-                att = s.get(Attempt, outcome.session.attempt_id)
-                for name, value in outcome.session.attempt_values().items():
-                    setattr(att, name, value)
+                values = outcome.session.attempt_values()
+                if not transition_attempt(s, outcome.session.attempt_id, AttemptState.RUNNING,
+                                          **values):  # not running: as the row's checks say
+                    att = s.get(Attempt, outcome.session.attempt_id)
+                    for name, value in values.items():
+                        setattr(att, name, value)
                 record(s, ctx.run_id, "attempt.finished", self.key, phase=outcome.session.phase,
                        attempt=outcome.session.number, state=outcome.session.state,
-                       exit_code=outcome.session.exit_code, duration_s=att.duration_s)
+                       exit_code=outcome.session.exit_code, duration_s=values["duration_s"])
             for name, inc in outcome.counters.items():
                 setattr(row, name, getattr(row, name) + inc)
             if outcome.feedback:
@@ -406,7 +409,8 @@ class StoryWorker:
                 if row.phase == Phase.VERIFY and not self.policy.verify.commands:
                     self._pass_empty_verify(s, row)
                 # The next phase is entered here, in the same transaction (stop checked too).
-                if s.get(Run, ctx.run_id).state in (RunState.STOPPING, RunState.STOPPED):
+                if s.scalar(select(Run.state).where(Run.id == ctx.run_id)) in (
+                        RunState.STOPPING, RunState.STOPPED):
                     stop = True
                 else:
                     self._row = row
