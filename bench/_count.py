@@ -6,7 +6,11 @@ Wraps, in this process only (the engine code is unchanged):
   ``worktree list``, …) and by the engine function that asked for it (the innermost frame of
   ``bmad_loop`` outside the git wrappers), so a look-up repeated in a hot spot shows where;
 - `Database.transaction` and `Database.read`: every transaction, by the engine function that
-  opened it (a read-only one marked `(read)`).
+  opened it (a read-only one marked `(read)`);
+- every SQL statement SQLAlchemy sends (its ``before_cursor_execute`` event), by its first
+  words and table (``SELECT stories``, ``INSERT INTO events``; an executemany counts once). A
+  transaction's own BEGIN goes to the driver directly and is not counted, nor is the schema's
+  set-up (DDL, PRAGMA, ``alembic_version``) when the run makes the database.
 
 Call `install()` before the run, `report(stories)` after: Markdown tables, per story.
 """
@@ -22,6 +26,8 @@ from collections import Counter
 _lock = threading.Lock()
 GIT: Counter = Counter()       # (subcommand, caller) -> calls
 TX: Counter = Counter()        # caller -> transactions
+SQL: Counter = Counter()       # "SELECT stories"-style label -> statements
+_SET_UP = {"CREATE", "ALTER", "DROP", "PRAGMA"}
 _installed = False
 DEPTH = 1  # engine frames shown per git call (bench --count-depth)
 
@@ -108,24 +114,52 @@ def install() -> None:
     database.Database.transaction = transaction
     database.Database.read = read
 
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    @event.listens_for(Engine, "before_cursor_execute")
+    def statement(_conn, _cursor, text, _params, _context, _many):
+        key = statement_label(text)
+        if key.split()[0] in _SET_UP or key.endswith("alembic_version"):
+            return  # the state database made or migrated on first use: not the loop's work
+        with _lock:
+            SQL[key] += 1
+
+
+def statement_label(text: str) -> str:
+    """``SELECT stories``, ``UPDATE attempts``, ``INSERT INTO events``: verb and table."""
+    words = text.split()
+    if not words:
+        return "?"
+    verb, upper = words[0].upper(), [w.upper() for w in words]
+    table = lambda i: words[i].strip('"').split(".")[-1].strip('"') if i < len(words) else "?"  # noqa: E731
+    if verb == "UPDATE":
+        return f"UPDATE {table(1)}"
+    if verb == "INSERT" and "INTO" in upper:
+        return f"INSERT INTO {table(upper.index('INTO') + 1)}"
+    if "FROM" in upper:
+        return f"{verb} {table(upper.index('FROM') + 1)}"
+    return verb
+
 
 def reset() -> None:
     with _lock:
         GIT.clear()
         TX.clear()
+        SQL.clear()
 
 
-def totals() -> tuple[int, int]:
-    """(git processes, transactions) counted so far."""
+def totals() -> tuple[int, int, int]:
+    """(git processes, transactions, SQL statements) counted so far."""
     with _lock:
-        return sum(GIT.values()), sum(TX.values())
+        return sum(GIT.values()), sum(TX.values()), sum(SQL.values())
 
 
 def report(stories: int, top: int | None = None) -> str:
     from _common import table
 
     with _lock:
-        git, tx = Counter(GIT), Counter(TX)
+        git, tx, sql = Counter(GIT), Counter(TX), Counter(SQL)
     per = lambda n: f"{n / stories:.1f}"  # noqa: E731
     by_sub: Counter = Counter()
     for (sub, _caller_), n in git.items():
@@ -139,4 +173,6 @@ def report(stories: int, top: int | None = None) -> str:
                      [[f"{k[0]} ← {k[1]}", per(n)] for k, n in git.most_common(top)]))
     out.append("\nTransactions by the function that opened them:\n")
     out.append(table(["caller", "per story"], [[k, per(n)] for k, n in tx.most_common(top)]))
+    out.append(f"\nSQL statements: {per(sum(sql.values()))} per story\n")
+    out.append(table(["statement", "per story"], [[k, per(n)] for k, n in sql.most_common(top)]))
     return "\n".join(out)

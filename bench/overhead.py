@@ -383,7 +383,8 @@ def main(argv=None) -> int:
     if args.count:
         print("\n## Count: git processes and transactions per story (whole run / K)\n")
         print(f"git processes per story: {counted[0] / args.stories:.1f}; "
-              f"transactions per story: {counted[1] / args.stories:.1f}\n")
+              f"transactions per story: {counted[1] / args.stories:.1f}; "
+              f"SQL statements per story: {counted[2] / args.stories:.1f}\n")
         print(_count.report(args.stories))
     if args.probe:
         print("\n## Probe: the loop's steps (per story = total / K)\n")

@@ -118,7 +118,7 @@ class Integrator(Outcomes):
                                .order_by(Candidate.attempt.desc())))
         return _Known(cands[0] if cands else None, len(cands),
                       sum(c.state == CandidateState.STALE for c in cands),
-                      s.get(Run, self.run_id).head_sha)
+                      s.scalar(select(Run.head_sha).where(Run.id == self.run_id)))
 
     # ------------------------------------------------------------------ one attempt
     def _one_composition(self, story: Story, known: "_Known | None" = None) -> str:
