@@ -202,3 +202,31 @@ def test_repo_lock_held_by_a_killed_process_is_released_by_the_kernel(git, tmp_p
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_git_on_path_is_the_one_run_and_a_changed_path_is_followed(git, tmp_path, monkeypatch):
+    """The git executable is looked up once per search path, not once per process: a git put
+    first on PATH is run, and taking it off PATH again is followed at the next step."""
+    import os
+    import shutil
+
+    real = shutil.which("git")
+    shim_dir = tmp_path / "shim"
+    shim_dir.mkdir()
+    calls = tmp_path / "calls.log"
+    shim = shim_dir / "git"
+    shim.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {real} "$@"\n')
+    shim.chmod(0o755)
+    original = os.environ["PATH"]
+
+    monkeypatch.setenv("PATH", f"{shim_dir}{os.pathsep}{original}")
+    assert git.out("rev-parse", "--abbrev-ref", "HEAD") == "main"
+    assert calls.read_text().count("rev-parse --abbrev-ref HEAD") == 1
+
+    monkeypatch.setenv("PATH", original)
+    assert git.out("rev-parse", "--abbrev-ref", "HEAD") == "main"
+    assert calls.read_text().count("rev-parse --abbrev-ref HEAD") == 1  # the shim was not run
+
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # no git at all: a clear error
+    with pytest.raises(GitError, match="cannot run git"):
+        git.run("status")

@@ -181,3 +181,32 @@ def test_each_story_walks_its_journal_lifecycle_in_order_entering_each_phase_onc
         assert walked == expected, story.key
     seqs = [e["seq"] for e in journal]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_done_checkpoint_pauses_the_run_right_after_its_story_and_resume_goes_on(make_repo, parallel):
+    """`done_checkpoint: true` pauses the run once that story is integrated: no later story is
+    dispatched after it (at max_parallel 1 the lane goes on from the rows it already has, so
+    the run's own state must still be read after each landing), and `resume` carries on."""
+    stories = [THREE[0], StoryDef("1-2-beta", files=["src/beta.py"],
+                                  extra_front_matter={"done_checkpoint": True}), THREE[2]]
+    repo = make_repo(stories, script=write_each(stories),
+                     policy=f'[scm]\nmax_parallel = {parallel}\n[gates]\nmode = "none"\n')
+    result = repo.cli("run")
+    assert result.exit_code == 3, result.output  # paused: a human looks
+    run_id = _run_id(repo)
+    status = repo.status(run_id)
+    assert status["run"]["state"] == "paused"
+    states = {s["key"]: s["state"] for s in status["stories"]}
+    assert states["1-1-alpha"] == states["1-2-beta"] == "integrated"
+    journal = repo.journal()
+    paused = [e for e in journal if e["kind"] == "run.pausing"]
+    assert paused and paused[0]["data"].get("pause") == "checkpoint", paused
+    if parallel == 1:  # the sequential loop: gamma never started before the checkpoint
+        assert states["1-3-gamma"] == "pending"
+        assert not any(e["kind"] == "story.queued" and e["story"] == "1-3-gamma" for e in journal)
+
+    result = repo.cli("resume", run_id)
+    assert result.exit_code == 0, result.output
+    assert all(s["state"] == "integrated" for s in repo.status(run_id)["stories"])
+    assert repo.git("show", "main:src/gamma.py") == "NAME = '1-3-gamma'"

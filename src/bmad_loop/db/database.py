@@ -117,12 +117,16 @@ def _enter_wal(cursor, wait_s: float) -> None:
         pause = min(pause * 2, 0.05)
 
 
-def _refuse_writes(session, _flush_context=None, _instances=None) -> None:
-    if session.new or session.dirty or session.deleted or session.info.get(_PENDING_ROWS):
-        raise RuntimeError("a write in a read-only transaction (Database.read): use transaction()")
+_READ_WRITE_REFUSED = "a write in a read-only transaction (Database.read): use transaction()"
+
+
+def _refuse_writes(session, _flush_context, _instances) -> None:
+    if session.new or session.dirty or session.deleted:
+        raise RuntimeError(_READ_WRITE_REFUSED)
 
 
 _PENDING_ROWS = "bmad_loop.rows_at_commit"
+_READ_ONLY_SESSION = "bmad_loop.read_only"  # in the `info` of `Database.read` sessions
 
 
 def insert_at_commit(session: Session, table, row: dict) -> None:
@@ -137,6 +141,8 @@ def _insert_queued_rows(session: Session) -> None:
     queued = session.info.pop(_PENDING_ROWS, None)
     if not queued:
         return
+    if session.info.get(_READ_ONLY_SESSION):
+        raise RuntimeError(_READ_WRITE_REFUSED)
     by_table: dict = {}
     for table, row in queued:
         by_table.setdefault(table, []).append(row)
@@ -183,9 +189,8 @@ class Database:
                 raise ConfigError(f"[database] url {_shown(url)}: {exc}") from None
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._reads = sessionmaker(self.engine.execution_options(**{_READ_ONLY: True}),
-                                   expire_on_commit=False)
+                                   expire_on_commit=False, info={_READ_ONLY_SESSION: True})
         event.listen(self._reads, "before_flush", _refuse_writes)
-        event.listen(self._reads, "before_commit", _refuse_writes)
         self._writer = (_writer_lock(os.path.abspath(self.path))
                         if self.is_sqlite and self.path and self.path != ":memory:" else None)
 

@@ -1,0 +1,80 @@
+"""The journal's rows are written when their transaction commits (`insert_at_commit`): all of a
+transaction's events in one statement, in the order they were recorded, or none at all."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import event, select
+
+from bmad_loop.db.database import Database
+from bmad_loop.db.models import Event, Lease, utcnow
+from bmad_loop.engine.journal import event_rows_after, events_after, record
+
+
+@pytest.fixture
+def db(tmp_path):
+    database = Database(f"sqlite:///{tmp_path / 'state.db'}", lock_wait_s=2.0)
+    database.migrate()
+    yield database
+    database.dispose()
+
+
+def _kinds(db) -> list[str]:
+    with db.read() as s:
+        return [e.kind for e in events_after(s, "r1")]
+
+
+def test_a_transactions_events_are_one_insert_in_the_order_recorded(db):
+    statements = []
+    listener = lambda *args: statements.append(args[2])  # noqa: E731  (conn, cursor, text, …)
+    event.listen(db.engine, "before_cursor_execute", listener)
+    try:
+        with db.transaction() as s:
+            record(s, "r1", "a.first", "s1", n=1)
+            s.add(Lease(name="x", owner="o", host="h", token=1, acquired_at=utcnow(),
+                        renewed_at=utcnow(), expires_at=utcnow()))
+            s.flush()  # other rows flush as before; the events wait for the commit
+            record(s, "r1", "a.second", None, n=2)
+            record(s, "r1", "a.third", "s3", path=__file__)
+    finally:
+        event.remove(db.engine, "before_cursor_execute", listener)
+    assert sum("INSERT INTO events" in text for text in statements) == 1
+    with db.read() as s:
+        rows = event_rows_after(s, "r1")
+    assert [(r.kind, r.story, r.data) for r in rows] == [
+        ("a.first", "s1", {"n": 1}), ("a.second", None, {"n": 2}),
+        ("a.third", "s3", {"path": __file__})]
+    assert [r.seq for r in rows] == sorted(r.seq for r in rows)
+    assert rows[0].ts <= rows[1].ts <= rows[2].ts  # the time each was recorded
+
+
+def test_a_transaction_that_fails_writes_none_of_its_events(db):
+    with pytest.raises(RuntimeError, match="boom"):
+        with db.transaction() as s:
+            record(s, "r1", "never.written")
+            raise RuntimeError("boom")
+    with db.transaction() as s:
+        record(s, "r1", "written")
+    assert _kinds(db) == ["written"]
+
+
+def test_an_event_recorded_in_a_read_is_refused_and_nothing_is_written(db):
+    with pytest.raises(RuntimeError, match="read-only"):
+        with db.read() as s:
+            record(s, "r1", "sneaked.in")
+    assert _kinds(db) == []
+
+
+def test_a_session_committed_twice_writes_each_batch_once(db):
+    session = db.session()
+    try:
+        record(session, "r1", "one")
+        session.commit()
+        record(session, "r1", "two")
+        session.commit()
+        session.commit()  # nothing pending: nothing written
+    finally:
+        session.close()
+    assert _kinds(db) == ["one", "two"]
+    with db.read() as s:
+        assert s.scalars(select(Event.kind)).all() == ["one", "two"]
