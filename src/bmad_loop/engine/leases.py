@@ -97,8 +97,9 @@ def take_in(session, name: str, owner: str, ttl_s: float, now: dt.datetime | Non
     now = now or utcnow()
     expires = now + dt.timedelta(seconds=ttl_s)
     host = owner.split(":")[0]
-    upsert = _UPSERTS.get(session.get_bind().dialect.name)
-    if upsert is not None:  # one statement, atomic on both databases
+    dialect = session.get_bind().dialect
+    upsert = _UPSERTS.get(dialect.name) if dialect.insert_returning else None
+    if upsert is not None:  # one statement, atomic on both databases (SQLite 3.35 and later)
         stmt = upsert(Lease).values(name=name, owner=owner, host=host, token=1, acquired_at=now,
                                     renewed_at=now, expires_at=expires)
         new = stmt.excluded
