@@ -78,3 +78,30 @@ def test_a_session_committed_twice_writes_each_batch_once(db):
     assert _kinds(db) == ["one", "two"]
     with db.read() as s:
         assert s.scalars(select(Event.kind)).all() == ["one", "two"]
+
+
+def test_events_wait_for_the_outermost_commit_not_a_savepoints_release(db):
+    """A savepoint released inside the transaction writes no event: a savepoint rolled back
+    later could otherwise take events recorded before it along."""
+    from sqlalchemy.exc import IntegrityError
+
+    with db.transaction() as s:
+        record(s, "r1", "before.savepoint")
+        with s.begin_nested():
+            s.add(Lease(name="dup", owner="o", host="h", token=1, acquired_at=utcnow(),
+                        renewed_at=utcnow(), expires_at=utcnow()))
+        record(s, "r1", "between.savepoints")
+        with pytest.raises(IntegrityError):
+            with s.begin_nested():  # fails at its release: the journal must not go with it
+                s.add(Lease(name="dup", owner="o", host="h", token=2, acquired_at=utcnow(),
+                            renewed_at=utcnow(), expires_at=utcnow()))
+        record(s, "r1", "after.savepoint")
+    assert _kinds(db) == ["before.savepoint", "between.savepoints", "after.savepoint"]
+
+    with pytest.raises(RuntimeError, match="outer"):
+        with db.transaction() as s:
+            record(s, "r1", "lost.with.its.transaction")
+            with s.begin_nested():
+                pass
+            raise RuntimeError("outer")
+    assert _kinds(db) == ["before.savepoint", "between.savepoints", "after.savepoint"]

@@ -130,14 +130,18 @@ _READ_ONLY_SESSION = "bmad_loop.read_only"  # in the `info` of `Database.read` s
 
 
 def insert_at_commit(session: Session, table, row: dict) -> None:
-    """Queue `row` for `table`: inserted when `session` commits, with the other rows queued for
-    the same table in one statement. For append-only rows nobody reads back in the same
-    transaction (the journal): as ORM objects each cost a flush and a RETURNING of its key."""
+    """Queue `row` for `table`: inserted when `session`'s outermost transaction commits, with
+    the other rows queued for the same table in one statement (a savepoint's release does not
+    write them, so one that rolls back afterwards cannot take them along). For append-only rows
+    nobody reads back in the same transaction (the journal): as ORM objects each cost a flush
+    and a RETURNING of its key."""
     session.info.setdefault(_PENDING_ROWS, []).append((table, row))
 
 
 @event.listens_for(Session, "before_commit")
 def _insert_queued_rows(session: Session) -> None:
+    if session.in_nested_transaction():
+        return  # a savepoint's release: the rows wait for the transaction's own commit
     queued = session.info.pop(_PENDING_ROWS, None)
     if not queued:
         return
