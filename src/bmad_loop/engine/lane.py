@@ -53,14 +53,15 @@ def tick(project, tasks, run_id: str, holder=None) -> None:
     """One lane tick for `run_id`. `holder` is this lane's lease holder (None: unfenced, as
     in a single-process test); a standby or a fenced holder changes nothing."""
     db = project.db
+    if holder is not None and not holder.held:
+        return  # a standby lane never acts; the active one has this run
     with db.read() as s:
         run = s.get(Run, run_id)
         if run is None or run.state not in RUN_LIVE:
             return
         policy = run_policy(run)
-    if holder is not None and not holder.held:
-        return  # a standby lane never acts; the active one has this run
-    if holder is not None and not holder.still_holds():
+        fenced = holder is not None and not holder.still_holds(s)
+    if fenced:
         # It thinks it holds the lease, but another lane took over: fenced, change nothing.
         with db.transaction() as s:
             record(s, run_id, "lane.fenced", reason="lost the lane lease (it expired or another lane took it over); "

@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from ..db.models import Lease, utcnow
 from ..hostid import host_name
 
-__all__ = ["story_lease_name", "acquire", "take", "take_in", "renew", "release", "release_in", "holds", "owner_id", "LeaseHolder", "pid_alive"]
+__all__ = ["story_lease_name", "acquire", "take", "take_in", "renew", "release", "release_in", "holds", "holds_in", "owner_id", "LeaseHolder", "pid_alive"]
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +138,15 @@ def renew(db, name: str, owner: str, token: int, ttl_s: float, now: dt.datetime 
 
 def holds(db, name: str, owner: str, token: int, now: dt.datetime | None = None) -> bool:
     """The fencing check: is this (owner, token) still the unexpired holder?"""
-    now = now or utcnow()
     with db.read() as s:
-        row = s.get(Lease, name)
-        return bool(row and row.owner == owner and row.token == token and row.expires_at > now)
+        return holds_in(s, name, owner, token, now)
+
+
+def holds_in(session, name: str, owner: str, token: int, now: dt.datetime | None = None) -> bool:
+    """`holds` inside the caller's read (the lane's tick asks it with the run's row)."""
+    now = now or utcnow()
+    row = session.get(Lease, name)
+    return bool(row and row.owner == owner and row.token == token and row.expires_at > now)
 
 
 def release(db, name: str, owner: str) -> None:
@@ -169,8 +174,13 @@ class LeaseHolder:
     def held(self) -> bool:
         return self.token is not None
 
-    def still_holds(self) -> bool:
-        return self.token is not None and holds(self.db, self.name, self.owner, self.token, self.clock())
+    def still_holds(self, session=None) -> bool:
+        """Is the lease still ours? In `session` (a read the caller has open) if given."""
+        if self.token is None:
+            return False
+        if session is not None:
+            return holds_in(session, self.name, self.owner, self.token, self.clock())
+        return holds(self.db, self.name, self.owner, self.token, self.clock())
 
     def step(self) -> None:
         """One iteration: acquire when free, renew when held, report a loss."""
