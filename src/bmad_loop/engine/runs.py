@@ -95,12 +95,17 @@ def lane_rows(session: Session, run_id: str, kept: dict | None = None) -> list:
 
 
 def _rows(result) -> list:
-    out = []
+    # Every open story's row on every pass: a text's decoded value is looked up without the
+    # lock (a dict read is atomic), which is only taken to add one.
+    out, make, known_values = [], LaneRow._make, _DECODED
     for raw in result:
         values = list(raw)
         for i in _JSON_AT:
-            values[i] = _decoded(values[i])
-        out.append(LaneRow._make(values))
+            value = values[i]
+            if value.__class__ is str:
+                known = known_values.get(value, known_values)
+                values[i] = _decoded(value) if known is known_values else known
+        out.append(make(values))
     return out
 
 
