@@ -19,7 +19,7 @@ __all__ = [
     "RUN_LIVE", "RUN_ONE_PER_TARGET", "RUN_RESUMABLE", "RUN_SETTLED", "RUN_TERMINAL",
     "RUN_ABANDONABLE",
     "STORY_IN_FLIGHT", "STORY_PARKED", "STORY_NEEDS_HUMAN", "STORY_DONE", "STORY_TERMINAL",
-    "STORY_AWAITING_LANE", "STORY_STACKABLE", "AGENT_PHASES", "CANDIDATE_ENDED",
+    "STORY_AWAITING_LANE", "STORY_STACKABLE", "AGENT_PHASES", "CANDIDATE_ENDED", "CANDIDATE_OPEN",
     "RUN_TRANSITIONS", "STORY_TRANSITIONS", "CANDIDATE_TRANSITIONS", "ATTEMPT_TRANSITIONS",
     "RUN_INITIAL", "STORY_INITIAL", "CANDIDATE_INITIAL", "ATTEMPT_INITIAL",
     "IllegalTransition", "check_transition",
@@ -119,6 +119,8 @@ STORY_TERMINAL = STORY_DONE | {StoryState.ESCALATED, StoryState.BLOCKED}
 
 CANDIDATE_ENDED = frozenset({CandidateState.ADVANCED, CandidateState.STALE, CandidateState.CONFLICT,
                              CandidateState.VERIFY_FAILED, CandidateState.ABANDONED})
+# Still on its way to the target: a lane that died left it there, and the next one picks it up.
+CANDIDATE_OPEN = frozenset(CandidateState) - CANDIDATE_ENDED
 
 # -- transition tables ---------------------------------------------------------------------
 # old state -> the states it may move to. A row is created in one of the *_INITIAL states.

@@ -18,7 +18,7 @@ from sqlalchemy import func, select, update
 from ..compose import Composition, commit_message, compose, integration_message, overlapping_dirty
 from ..db.models import Candidate, Run, Story, utcnow
 from ..worktrees import ensure_detached_worktree
-from ..states import CandidateState, StoryState
+from ..states import CANDIDATE_OPEN, CandidateState, StoryState
 from .childenv import child_env
 from .context import make_workspace
 from .faults import crash_point, delay_point
@@ -60,11 +60,6 @@ class _Known:
     baseline: str | None  # the SHA the lane last advanced the target to (run.head_sha)
 
 
-# A candidate in one of these states was cut short by a lane that died: it is picked up.
-_RESUMABLE = frozenset({CandidateState.COMPOSING, CandidateState.VERIFYING,
-                        CandidateState.VERIFIED, CandidateState.ADVANCING})
-
-
 class Integrator(Outcomes):
     def __init__(self, project, run: Run, policy, fence=None):
         self.project = project
@@ -98,7 +93,7 @@ class Integrator(Outcomes):
         # A ready story that nothing will wait on (no verify commands, no sign-off, nothing to
         # resume) enters `integrating` in the transaction that records its composition.
         quick = (story.state == StoryState.READY and not self._keeps_candidate(story)
-                 and (known.latest is None or known.latest.state not in _RESUMABLE))
+                 and (known.latest is None or known.latest.state not in CANDIDATE_OPEN))
         if story.state == StoryState.READY and not quick:
             with self.db.transaction() as s:
                 if not self._enter_integrating(s, story):
@@ -452,7 +447,7 @@ class Integrator(Outcomes):
 
     def _resume_candidate(self, story: Story, cand: Candidate | None) -> str | None:
         """A lane that died mid-integration: pick up its last candidate (`cand`) where it stopped."""
-        if cand is None or cand.state not in _RESUMABLE:
+        if cand is None or cand.state not in CANDIDATE_OPEN:
             return None
         target_now = self.target.sha()
         if cand.candidate_sha and target_now == cand.candidate_sha:

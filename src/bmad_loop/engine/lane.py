@@ -244,7 +244,7 @@ class _Lane:
         """At `max_parallel = 1` nothing but the lane moves a story while it integrates (the
         next one starts after it): after a landing the next pass needs only the run's row (a
         stop or a checkpoint may have changed it), not every open story's again."""
-        if self._landed is None or run.max_parallel > 1 or self.stack is not None:
+        if self._landed is None or run.max_parallel > 1:  # (a stack needs N > 1 too)
             return None
         with self.db.read() as s:
             run = s.get(Run, self.run_id)

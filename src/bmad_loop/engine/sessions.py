@@ -14,12 +14,12 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy import update
+
 from ..adapter import AgentCall, agent_env, render_argv, review_approved, run_agent, session_output
 from ..bmadinstall import detect_bmad
 from ..agentfaults import AgentFault, classify
 from ..agentoutput import SessionReport, Usage, parse_output
-from sqlalchemy import update
-
 from ..db.models import Attempt, Run, Story, utcnow
 from ..gitconfig_guard import ConfigWatch
 from ..prompts import PHASE_INSTRUCTIONS, build_prompt, write_prompt

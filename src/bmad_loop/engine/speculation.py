@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 
 from ..db.models import Candidate, Run, Story, utcnow
-from ..states import CandidateState, RunState, StoryState
+from ..states import CANDIDATE_OPEN, CandidateState, RunState, StoryState
 from .journal import record
 from .ports import lane_block, port_env
 from .runs import next_in_plan
@@ -43,9 +43,8 @@ __all__ = ["Stack", "speculating", "verifying_here"]
 
 log = logging.getLogger(__name__)
 
-_LIVE = (CandidateState.COMPOSING, CandidateState.VERIFYING, CandidateState.VERIFIED,
-         CandidateState.ADVANCING)
-_FAILED = (CandidateState.VERIFY_FAILED, CandidateState.CONFLICT)
+_LIVE = CANDIDATE_OPEN
+_FAILED = frozenset({CandidateState.VERIFY_FAILED, CandidateState.CONFLICT})
 
 
 @dataclass
@@ -126,7 +125,7 @@ class Stack:
         broken = None
         for i, entry in enumerate(entries):
             cand = entry.cand
-            if cand is None or cand.state not in _LIVE + _FAILED or cand.state == CandidateState.COMPOSING:
+            if cand is None or cand.state not in _LIVE | _FAILED or cand.state == CandidateState.COMPOSING:
                 broken = i
                 break
             if i == 0:
