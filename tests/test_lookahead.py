@@ -150,6 +150,32 @@ def test_a_landing_that_does_not_come_sends_the_waiting_story_back_with_nothing_
     assert beta["base_sha"] == alpha["integrated_sha"] != candidate
 
 
+def test_a_landing_recomposed_on_a_moved_target_is_not_the_base_the_waiting_story_was_made_on(
+        make_repo, tmp_path):
+    """With `on_foreign_move = "accept"` the lane composes alpha again on the moved target and
+    lands that: beta, made on the first candidate, must not go on from it."""
+    repo = make_repo(ALPHA_BETA, script=write_each(ALPHA_BETA),
+                     policy=POLICY.replace("[scm]\n", '[scm]\non_foreign_move = "accept"\n'))
+    proc, delays = _spawn_held(repo, tmp_path)
+    try:
+        first, ref = _at_the_gate(repo)
+        repo.git("commit", "-q", "--allow-empty", "-m", "a commit from beside the run")
+        (delays / f"{HOLD}.go").write_text("go")
+        assert wait_for_exit(proc) == 0, repo.spawned_logs()
+    finally:
+        stop_processes(proc)
+
+    alpha, beta = _row(repo, ALPHA.key), _row(repo, BETA.key)
+    assert alpha["integrated_sha"] != first
+    assert beta["base_sha"] == alpha["integrated_sha"]
+    assert repo.git("log", "-1", "--format=%s", f"{beta['base_sha']}^") == "a commit from beside the run"
+    restacked = [e for e in repo.journal() if e["kind"] == "story.restacked"]
+    assert [e["story"] for e in restacked] == [BETA.key]
+    assert f"not as the candidate {first[:12]}" in restacked[0]["data"]["reason"]
+    beta_dev = [c for c in repo.calls() if c["key"] == BETA.key and c["phase"] == "dev"]
+    assert [c["env"]["BMAD_LOOP_BASE_SHA"] for c in beta_dev] == [alpha["integrated_sha"]]
+
+
 def test_a_restack_removes_the_worktree_and_branch_a_dead_worker_made_before_its_row_named_them(
         make_repo):
     """A worker that died between making a stacked story's worktree and writing its row left

@@ -148,7 +148,8 @@ def _await_landing(ctx, claim, story) -> tuple[str, dict] | None:
     """None once every story under it is integrated with the head it was stacked on and the
     run still runs; else (event kind, its data) for giving the story back."""
     keys = [layer["key"] for layer in story.stacked_on]
-    columns = select(Story.key, Story.seq, Story.state, Story.head_sha, Story.reason)
+    columns = select(Story.key, Story.seq, Story.state, Story.head_sha, Story.reason,
+                     Story.integrated_sha)
     poll, seen = _FIRST_POLL_S, _rung
     while True:
         with ctx.db.read() as s:
@@ -162,6 +163,11 @@ def _await_landing(ctx, claim, story) -> tuple[str, dict] | None:
             return "story.unqueued", {"run_state": run_state, "reason": "the run stopped "
                                       "running before the story under it landed"}
         if all(rows[k].state == StoryState.INTEGRATED for k in keys):
+            landed = rows[keys[-1]].integrated_sha
+            if landed != story.base_sha:  # recomposed on a target someone else moved
+                return "story.restacked", {"stacked_on": keys, "kept": None, "reason": (
+                    f"{keys[-1]} landed as {(landed or '?')[:12]}, not as the candidate "
+                    f"{story.base_sha[:12]} this story was queued on")}
             return None
         seen = _wait_for_ring(seen, poll)
         poll = min(poll * 2, _MAX_POLL_S)
