@@ -1,12 +1,8 @@
 """`max_parallel = 1` behaves exactly like the sequential loop, recorded as a golden file.
 
 The golden file holds the target's first-parent sequence of tree SHAs (trees depend only on
-content, so they are reproducible) and the journal's events in order (kind and story), as the
-loop wrote them before the next story was queued ahead of a landing (lookahead.py). Compared:
-the trees; each story's own events, in order; and, across stories, the order of the steps the
-sequential contract fixes (`MILESTONES`: every story is prepared on its predecessor's landing,
-and no session overlaps another). Only when the next story is queued, claimed and starts its
-prepare may differ. Regenerate it on purpose with UPDATE_GOLDEN=1 and review the diff.
+content, so they are reproducible) and the journal's event kinds in order. Regenerate it on
+purpose with UPDATE_GOLDEN=1 and review the diff.
 """
 
 import json
@@ -34,29 +30,14 @@ SCRIPT = {
     "2-1-delta": {"dev": [{"write": {"src/delta.py": "D = 4\n"}}]},
 }
 POLICY = '[scm]\nmax_parallel = {n}\nmerge_strategy = "merge"\n[gates]\nmode = "none"\n'
-MILESTONES = {"story.prepared", "attempt.started", "attempt.finished", "story.ready",
-              "target.advanced", "story.integrated", "run.completed"}
 
 
 def _record(make_repo, n: int, name: str) -> dict:
     repo = make_repo(SPRINT, script=SCRIPT, policy=POLICY.format(n=n), name=name)
     result = repo.cli("run")
     assert result.exit_code == 0, result.output
-    journal = repo.journal()
     return {"trees": [c["tree"] for c in repo.first_parent_trees()],
-            "kinds": [e["kind"] for e in journal], "stories": [e["story"] for e in journal]}
-
-
-def _per_story(recorded: dict) -> dict:
-    mine: dict = {}
-    for kind, story in zip(recorded["kinds"], recorded["stories"]):
-        mine.setdefault(story, []).append(kind)
-    return mine
-
-
-def _milestones(recorded: dict) -> list:
-    return [(kind, story) for kind, story in zip(recorded["kinds"], recorded["stories"])
-            if kind in MILESTONES]
+            "kinds": [e["kind"] for e in repo.journal()]}
 
 
 def test_max_parallel_one_reproduces_the_recorded_sequential_loop(make_repo):
@@ -67,8 +48,7 @@ def test_max_parallel_one_reproduces_the_recorded_sequential_loop(make_repo):
             pytest.fail("golden file was missing and has been written; review and commit it")
     golden = json.loads(GOLDEN.read_text())
     assert observed["trees"] == golden["trees"]
-    assert _per_story(observed) == _per_story(golden)
-    assert _milestones(observed) == _milestones(golden)
+    assert observed["kinds"] == golden["kinds"]
 
 
 def test_parallel_runs_end_with_the_same_target_trees_in_the_same_order(make_repo):

@@ -30,12 +30,10 @@ DELAY_POINTS = (
     "worker.in_prepare",       # the worktree is made, the row does not name it yet
     "worker.in_commit",        # the story's commit is made, its footprint not yet checked
     "lane.in_compose",         # a quick candidate is composed, its row (and integrating) not written
-    "lane.before_advance",     # a candidate verified, the next story queued ahead (N = 1), no CAS yet
 )
 
 CRASH_POINTS = (
     "worker.after_worktree",   # worktree and branch exist, nothing else done
-    "worker.awaiting_landing", # N = 1: queued ahead, its worktree made, the story before it landing
     "worker.in_agent",         # the agent session is running
     "worker.after_agent",      # the session ended, its outcome not yet written
     "worker.after_commit",     # the branch is committed, the story not yet ready

@@ -73,8 +73,7 @@ class Integrator(Outcomes):
         self.board_rel = board_rel(run, project.root)
         self.fence = fence  # () -> bool: does this lane still hold its lease?
         self.landed: list[tuple[Story, int]] = []  # integrated, not yet cleaned up
-        # (story, candidate SHA) -> None: called between a candidate's verdict and its landing
-        self.between = None
+        self.between = None  # () -> None: called between a candidate's verdict and its landing
 
     def clean_landed(self) -> None:
         """Clean up after the stories integrated since the last call (see `_finish`). A crash
@@ -133,8 +132,7 @@ class Integrator(Outcomes):
             return verdict
         crash_point("lane.after_verify")
         if self.between is not None:
-            self.between(story, sha)  # the lane starts what can start now (see lane.py)
-        delay_point("lane.before_advance")
+            self.between()  # the lane starts what a worker freed meanwhile (see lane.py)
         return self.land(story, cand_id, attempt, sha, target_sha)
 
     def land(self, story: Story, cand_id: int, attempt: int, sha: str, target_sha: str) -> str:
@@ -203,8 +201,7 @@ class Integrator(Outcomes):
             return self._escalate(story, cand_id, self.candidate_reason(cand_id))
         crash_point("lane.after_verify")
         if self.between is not None:
-            self.between(story, comp.sha)
-        delay_point("lane.before_advance")
+            self.between()
         return self._advance(story, cand_id, attempt, comp.sha, target_sha, advancing=True)
 
     def new_candidate(self, story: Story, on_sha: str, *, stack: int, on_id: int | None) -> tuple[int, int]:

@@ -3,9 +3,7 @@
 Each tick re-reads the rows and does whatever is due, in this order, until nothing is:
 
 0. at `max_parallel > 1`, fill free worker slots first (see 3), so a slot freed while the lane
-   integrates a batch of finished stories does not stay empty for the whole batch; at
-   `max_parallel = 1`, queue the next story between a candidate's verdict and the advance,
-   to wait for that landing with its worktree ready (lookahead.py);
+   integrates a batch of finished stories does not stay empty for the whole batch;
 1. integrate finished stories strictly in plan order (a finished story waits for every earlier
    one to be integrated or terminal; under `on_escalation = "pause"` an escalated story stops
    the scan, so later finished stories wait as `ready`);
@@ -20,9 +18,12 @@ Ticks are idempotent: a duplicate or late tick finds nothing to do.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from sqlalchemy import select
 
+from ..board import parse_board
+from ..compose import blob_at
 from ..db.models import Run, Story, utcnow
 from ..gitconfig_guard import CONFIG_CHANGED_PREFIX
 from ..treedirs import tree_directories
@@ -31,16 +32,14 @@ from ..states import (RUN_LIVE, STORY_AWAITING_LANE, STORY_IN_FLIGHT, STORY_PARK
 from .admission import ConflictIndex, admit, views_of
 from .integrate import Integrator, LaneFenced, TargetMoved
 from .journal import record
-from . import lookahead
 from .lanememo import run_memo
 from .notify import notify
 from .recovery import recover_orphans
-from .restack import own_paths, restack_stale
+from .restack import restack_stale
 from .speculation import Stack, speculating, verifying_here
 from .retry import FaultPersisted, pause_for_fault, retrying
 from .runs import lane_rows, next_in_plan, run_policy, stories_of
 from .stacking import stacked_bases
-from .stale_premise import done_on_target
 from .transitions import transition_run, transition_story
 from .worktree_pool import drain_pool, drain_run_pool
 
@@ -100,13 +99,10 @@ class _Lane:
         self.pause_on_escalation = policy.parallel.on_escalation == "pause"
         self.memo = run_memo(project, run.id)
         self._landed: int | None = None  # the story the last integration step landed
-        self._ahead: list[int] = []  # stories queued ahead of that landing (lookahead.py)
         self.stack = (Stack(self, policy.verify.depth(run.max_parallel))
                       if speculating(policy, run.max_parallel) else None)
         if run.max_parallel > 1:
             self.integrator.between = self._dispatch_between
-        elif self.integrator.workspace.prepares_ahead and self.stack is None:
-            self.integrator.between = lambda story, sha: lookahead.dispatch_ahead(self, story, sha)
 
     def loop(self) -> None:
         try:
@@ -135,8 +131,7 @@ class _Lane:
             loaded = None  # later passes read what the earlier ones changed
             if run.state not in RUN_LIVE:
                 return
-            if restack_stale(self.db, self.integrator.git, self.run_id, stories,
-                             own_paths(self.integrator.layout, self.policy.scm)):
+            if restack_stale(self.db, self.integrator.git, self.run_id, stories):
                 continue
             if self._stop_now(run):
                 continue
@@ -221,7 +216,7 @@ class _Lane:
             return False
         return self._dispatch(run, stories)
 
-    def _dispatch_between(self, story=None, sha=None) -> None:
+    def _dispatch_between(self) -> None:
         """Mid-integration: a slot a worker freed meanwhile (its wake-up waits in the lane's
         queue) is filled now, by `_dispatch_first`'s rules; no rows read if nothing waits."""
         last = getattr(self, "_decision", None)
@@ -239,11 +234,7 @@ class _Lane:
         story = next_in_plan(stories, self.pause_on_escalation)
         if story is None or story.state not in (StoryState.READY, StoryState.INTEGRATING):
             return False  # the earliest open story is not finished: later ones wait
-        try:
-            outcome = self._landing(story, lambda: self.integrator.integrate(story.id))
-        finally:
-            lookahead.join_ahead(self)  # what it queued is in the rows before they are read
-        lookahead.ring()  # a story queued ahead of this landing looks at the rows again
+        outcome = self._landing(story, lambda: self.integrator.integrate(story.id))
         if outcome is not None:
             self._after_integration(story, outcome)
         self._landed = story.id if outcome == StoryState.INTEGRATED else None
@@ -253,14 +244,12 @@ class _Lane:
         """At `max_parallel = 1` nothing but the lane moves a story while it integrates (the
         next one starts after it): after a landing the next pass needs only the run's row (a
         stop or a checkpoint may have changed it), not every open story's again."""
-        ahead, self._ahead = self._ahead, []
         if self._landed is None or run.max_parallel > 1:  # (a stack needs N > 1 too)
             return None
         with self.db.read() as s:
             run = s.get(Run, self.run_id)
         return run, [row._replace(state=StoryState.INTEGRATED, port_block=None)
-                     if row.id == self._landed else row._replace(state=StoryState.QUEUED)
-                     if row.id in ahead else row for row in stories]
+                     if row.id == self._landed else row for row in stories]
 
     def _landing(self, story, action):
         """Run an integration step; a target someone else moved pauses the run (None)."""
@@ -295,6 +284,29 @@ class _Lane:
                             story=first.key)
         return True
 
+    def _done_on_target(self, rows: list[Story]) -> list[Story]:
+        """Stale-premise check: stories someone shipped since the plan was made. The board is
+        read and parsed again only when the target moved since the last read."""
+        if not rows or not self.integrator.board_rel:
+            return []
+        sha = self.integrator.target.sha()  # remote mode: refresh the mirror
+        if sha is None:
+            return []
+        known = self.memo.board_done
+        if known is None or known[0] != sha:
+            known = self.memo.board_done = (sha, self._board_done_at(sha))
+        return [row for row in rows if row.key in known[1]]
+
+    def _board_done_at(self, sha: str) -> frozenset[str]:
+        blob = blob_at(self.integrator.git, sha, self.integrator.board_rel)
+        if blob is None:
+            return frozenset()
+        try:
+            board = parse_board(blob.decode("utf-8"), Path(self.integrator.board_rel))
+        except Exception:  # a board someone broke on the target: the lane's own edit will tell
+            return frozenset()
+        return frozenset(e.key for e in board.entries if e.status == "done")  # extra keys too
+
     def _block_behind_parked(self, stories: list[Story]) -> bool:
         """on_escalation = continue: what depends on or conflicts with a parked story is blocked."""
         parked = [s for s in stories if s.state in (StoryState.ESCALATED, StoryState.FAILED, StoryState.BLOCKED)]
@@ -327,7 +339,6 @@ class _Lane:
         with self.db.transaction() as s:
             if transition_run(s, self.run_id, RunState.RUNNING, state=RunState.PAUSING, reason=reason):
                 record(s, self.run_id, "run.pausing", story, reason=reason, pause=pause)
-        lookahead.ring()
 
     # ------------------------------------------------------------ 3. admission
     def _directories(self) -> frozenset[str] | None:
@@ -340,26 +351,18 @@ class _Lane:
         self.memo.index.update(views_of(stories), self._directories)
         return self.memo.index
 
-    def _dispatch(self, run: Run, stories: list[Story], ahead=None) -> bool:
-        """Admit and queue. `ahead` (landing story, candidate SHA): queue a fresh story that
-        admission starts as if it had landed, to wait for that landing (lookahead.py); the
-        rest (waits, skips, gates) is left to the pass after it."""
+    def _dispatch(self, run: Run, stories: list[Story]) -> bool:
         # Stacked starts only in parallel (N = 1 is the sequential loop), in one clone, and on
         # a fresh branch (a created or resumed story keeps the branch it has).
         stacking = run.max_parallel > 1 and not self.integrator.target.publishes_stories
+        self._queued = 0
         with self.memo.lock:
             decision = admit(views_of(stories, stacking), max_parallel=run.max_parallel,
                              capacity=self.policy.resources.capacity,
                              gates_mode=self.policy.gates.mode, gates_passed=run.gates_passed or (),
                              index=self.memo.index, directories=self._directories)
         by_key = {s.key: s for s in stories}
-        if ahead is not None and not all(lookahead.startable_ahead(by_key[k])
-                                         for k in decision.dispatch):
-            return False
-        shipped = done_on_target(self.memo, self.integrator, [by_key[k] for k in decision.dispatch])
-        if shipped and ahead is not None:
-            return False
-        self._queued = 0
+        shipped = self._done_on_target([by_key[k] for k in decision.dispatch])
         if shipped:
             with self.db.transaction() as s:
                 for row in shipped:
@@ -370,13 +373,10 @@ class _Lane:
             return True  # admit again without them
         bases = stacked_bases(self.integrator.git, self.integrator.target.sha(fetch=False),
                               decision, by_key) if decision.stacked else {}
-        if ahead is not None:
-            fields = lookahead.ahead_fields(*ahead)
-            bases = {key: (fields["base_sha"], fields["stacked_on"]) for key in decision.dispatch}
         queued = []
         used_blocks = {s.port_block for s in stories if s.state in STORY_IN_FLIGHT and s.port_block is not None}
         with self.db.transaction() as s:
-            for key, why in decision.waiting.items() if ahead is None else ():
+            for key, why in decision.waiting.items():
                 row = by_key[key]
                 if row.wait_reason != why:
                     s.get(Story, row.id).wait_reason = why
@@ -391,18 +391,14 @@ class _Lane:
                 fields = {"base_sha": stacked[0], "stacked_on": stacked[1]} if stacked[1] else {}
                 if transition_story(s, row.id, StoryState.PENDING, state=StoryState.QUEUED, queued_at=utcnow(),
                                     wait_reason=None, port_block=block, **fields):
-                    under = "stacked_on" if ahead is None else "waits_for"  # (lookahead.py)
                     record(s, self.run_id, "story.queued", key, seq=row.seq,
-                           **({"base_sha": stacked[0], under: [x["key"] for x in stacked[1]]}
+                           **({"base_sha": stacked[0], "stacked_on": [x["key"] for x in stacked[1]]}
                               if stacked[1] else {}))
                     queued.append(row.id)
-            if decision.gate is not None and ahead is None:
+            if decision.gate is not None:
                 self._gate = decision.gate
         for story_id in queued:
             self.tasks.enqueue_story(self.run_id, story_id)
-        if ahead is not None:
-            self._ahead = queued
-            return bool(queued)
         self._decision, self._queued = decision, len(queued)
         # Settle on fresh rows: what was just queued is in flight now.
         return bool(queued)

@@ -51,8 +51,7 @@ _LANE_COLUMNS = (Story.id, Story.key, Story.seq, Story.epic, Story.state, Story.
                  Story.wait_reason, Story.port_block, Story.reason, Story.done_checkpoint,
                  # stacked starts (stacking.py, restack.py)
                  Story.branch, Story.human_fix, Story.base_sha, Story.head_sha, Story.stacked_on,
-                 Story.worktree,
-                 Story.phase)  # a fresh story may be queued ahead of a landing (lookahead.py)
+                 Story.worktree)
 # The JSON columns are read as stored and decoded here, each distinct text once (`_decoded`):
 # decoding every open story's footprint on every pass made a pass cost grow with the sprint.
 _JSON_COLUMNS = frozenset({"footprint", "depends_on", "stacked_on"})

@@ -34,7 +34,6 @@ from .drift import footprint_drift
 from .faults import crash_point, delay_point
 from .interruptions import close_running_attempts, interrupt_open_attempts, release_after_stop
 from .journal import record
-from .lookahead import GaveBack, prepare_when_landed, waits_for_landing
 from .pushed_branch import adopt_pushed_branch
 from .notify import notify
 from .outcome import Escalate, Outcome
@@ -43,7 +42,6 @@ from .runs import run_policy, stories_wait
 from .sessions import Heartbeat, run_session
 from .transitions import transition_attempt, transition_run, transition_story
 from .verify import NOTHING_TO_RUN, run_verify
-from .worker_exit import announce_park, quietly, release_if_ready, sweep
 
 __all__ = ["work", "StoryWorker"]
 
@@ -95,7 +93,6 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         return StoryWorker(ctx, claim).walk(claimed)
 
     finished = lease_gone = False
-    announced = None
     try:
         escalated = retrying(walk_once, db=db, run_id=run_id, story=ctx.key, what=f"story {ctx.key}")
         lease_gone = claim.lease_dropped  # by the walk's last transaction, which committed
@@ -104,9 +101,8 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
             notify(db, policy, run_id, "story.escalated", story=ctx.key, reason=escalated)
         elif park_after_wake or not stories_wait(db, run_id):
             finished = True  # nothing could take the worktree before the lane is woken
-            announced = announce_park(ctx)
         else:
-            release_if_ready(ctx, claim)
+            _release_if_ready(ctx, claim)
     except FaultPersisted as exc:
         # Not the story's fault: it goes back in line, its phase and work kept, and the run pauses.
         release_after_stop(db, run_id, story_id, generation, fault=exc.fault.describe())
@@ -118,8 +114,6 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
             notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.reason)
     except Fenced:
         log.warning("story %s was taken back while this worker stalled; it stops here", story_id)
-    except GaveBack:
-        pass  # queued ahead of a landing that did not come: pending again (lookahead.py)
     except StopRequested:
         release_after_stop(db, run_id, story_id, generation)
     except Exception as exc:  # a bug or an environment failure: keep the work, tell a human
@@ -133,12 +127,39 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
                        traceback=traceback.format_exc()[-4000:])
     finally:
         if not lease_gone:
-            quietly(leases.release, db, leases.story_lease_name(story_id), owner)
-        quietly(tasks.enqueue_lane, run_id)  # lost: the consumers' watchdog wakes the lane
-    if finished:  # parks beside the lane's integration (which may park it first)
-        release_if_ready(ctx, claim, announced)
+            _quietly(leases.release, db, leases.story_lease_name(story_id), owner)
+        _quietly(tasks.enqueue_lane, run_id)  # lost: the consumers' watchdog wakes the lane
+    if finished:
+        _release_if_ready(ctx, claim)  # parks beside the lane's integration (which may park it first)
     if not ctx.target.lane_removes_story_worktrees:
-        sweep(project, run_id)
+        _sweep(project, run_id)
+
+
+def _release_if_ready(ctx, claim) -> None:
+    """A ready story's work is all on its branch: its worktree goes to the pool, so a story
+    dispatched into the freed slot takes it instead of checking out a new one. (Should its
+    integration escalate, the lane gives it one back; should the lane get there first, it
+    parks it and this park finds nothing to do.)"""
+    story = claim.load()
+    if story.state == StoryState.READY:
+        _quietly(ctx.workspace.release_worktree, story)
+
+
+def _quietly(step, *args) -> None:
+    """A closing step whose failure (a full disk under the queue) must not hide the outcome."""
+    try:
+        step(*args)
+    except Exception:
+        log.warning("%s failed; recovery covers it", getattr(step, "__name__", step), exc_info=True)
+
+
+def _sweep(project, run_id: str) -> None:
+    """A story host removes its own landed worktrees (the lane, in another clone, cannot)."""
+    from .cleanup import sweep_landed  # cleanup imports this module's neighbours; keep it lazy
+    try:
+        sweep_landed(project, run_id)
+    except Exception:  # debris only: `cleanup` on this host removes what is left
+        log.warning("could not remove landed worktrees of run %s", run_id, exc_info=True)
 
 
 class StoryWorker:
@@ -197,10 +218,7 @@ class StoryWorker:
         branch = ctx.layout.story_branch(self.key, self.policy.scm.branch_per)
         if ctx.target.publishes_stories:
             adopt_pushed_branch(ctx, story, branch)
-        landed = waits_for_landing(story, self.policy)  # its base is the landing it waited for
-        prepared = (prepare_when_landed(self, story, branch) if landed
-                    else ctx.workspace.prepare(story, branch, base_sha))
-        prepared = carry_forward(ctx, story, prepared, base_sha)
+        prepared = carry_forward(ctx, story, ctx.workspace.prepare(story, branch, base_sha), base_sha)
         delay_point("worker.in_prepare")
         crash_point("worker.after_worktree")
         with ctx.db.transaction() as s:
@@ -210,8 +228,6 @@ class StoryWorker:
                 row.feedback = {**(row.feedback or {}), **prepared.feedback}
             if not (story.human_fix and row.base_sha):
                 row.base_sha = prepared.base_sha
-            if landed:
-                row.stacked_on = None  # on the target now, as the sequential loop would be
             record(s, ctx.run_id, "story.prepared", self.key, worktree=str(prepared.worktree),
                    branch=branch, base_sha=row.base_sha)
             # The next phase is entered here, as `_enter_phase` would (a stop asked for ends

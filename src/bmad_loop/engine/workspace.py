@@ -74,10 +74,6 @@ class Workspace(ABC):
         """The lane, when the story's integration escalated: a worktree released at ready is
         made again on its branch, for the human who will look at it. In place: nothing."""
 
-    # May a story be prepared ahead of the landing its base waits for (lookahead.py)? Only
-    # with a worktree and a branch of its own, both removed should that landing not come.
-    prepares_ahead = False
-
     @abstractmethod
     def discard_landed(self, story, *, delete_branch: bool) -> None:
         """The lane, after the story landed and the next one is on its way: remove what the

@@ -19,12 +19,10 @@ an integrated story's worktree instead of removing it, and the worker of the nex
   of the first parked worktree to the story's path, ``clean -ffdx`` (ignored build output of
   the last story must not reach the next agent), then ``checkout -f --no-track -b <branch>
   <base>``, which makes the branch and leaves exactly the base's tree. Any failure removes
-  that worktree and says no, and the caller makes the worktree with ``worktree add`` as
-  before: the pool never fails a story. Cleaning before the checkout means an
-  interrupted take leaves either a parked worktree, a detached one at the story's path (no
-  branch yet: `prepare` removes it, `clear_interrupted_take`), or a finished one. A take that
-  finds the pool empty while a worker of this process is about to park (`expect_park`, taken
-  before that worker wakes the lane) waits for that park instead of checking out anew.
+  that worktree and says no, and the caller makes the worktree with ``worktree add`` as before:
+  the pool never fails a story. Cleaning before the checkout means an interrupted take leaves
+  either a parked worktree, a detached one at the story's path (no branch yet: `prepare`
+  removes it, `clear_interrupted_take`), or a finished one.
 - **Drain** (the lane, when the run completes, pauses or stops; `drain_pool`): every parked
   worktree is removed, so a settled run leaves no worktree behind. ``bmad-loop cleanup``
   removes the parked worktrees of runs that are not live (a crash between park and take).
@@ -44,8 +42,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
-import time
 from pathlib import Path
 
 from ..errors import GitError
@@ -53,7 +49,7 @@ from ..gitcmd import repo_lock
 from ..worktrees import admin_dir, move_worktree, remove_worktree
 
 __all__ = ["POOL_DIR", "POOL_ENV", "pool_dir", "pool_size", "parked", "park", "take",
-           "drain_pool", "drain_run_pool", "clear_interrupted_take", "expect_park"]
+           "drain_pool", "drain_run_pool", "clear_interrupted_take"]
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +62,6 @@ POOL_ENV = "BMAD_LOOP_WORKTREE_POOL"
 _ADMIN_FILES = frozenset({"HEAD", "ORIG_HEAD", "FETCH_HEAD", "AUTO_MERGE", "COMMIT_EDITMSG",
                           "index", "commondir", "gitdir", "logs"})
 _SHA = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
-# The longest a take waits for a park announced in this process (a park is a few git steps).
-_PARK_WAIT_S = 30.0
-
-# Parks announced in this process and not finished, by pool folder (`expect_park`).
-_expected: dict[Path, int] = {}
-_expected_changed = threading.Condition()
 
 
 def pool_dir(layout) -> Path:
@@ -132,45 +122,13 @@ def park(git, worktree: Path, branch: str, layout, *, size: int, seeds=()) -> Pa
         return None
 
 
-class expect_park:
-    """A worker that will park its worktree announces it before it wakes the lane, and says
-    `done()` once the park is over (parked or not): at `max_parallel = 1` the next story may be
-    taking a worktree by then (lookahead.py), and waits for this one instead of a checkout."""
-
-    def __init__(self, layout):
-        self._key = pool_dir(layout)
-        with _expected_changed:
-            _expected[self._key] = _expected.get(self._key, 0) + 1
-        self._open = True
-
-    def done(self) -> None:
-        with _expected_changed:
-            if not self._open:
-                return
-            self._open = False
-            _expected[self._key] -= 1
-            if not _expected[self._key]:
-                del _expected[self._key]
-            _expected_changed.notify_all()
-
-
-def _await_expected_parks(layout) -> None:
-    key = pool_dir(layout)
-    deadline = time.monotonic() + _PARK_WAIT_S
-    with _expected_changed:
-        while _expected.get(key) and (left := deadline - time.monotonic()) > 0:
-            _expected_changed.wait(left)
-
-
 def take(git, layout, worktree: Path, branch: str, start_sha: str) -> bool:
     """Make `worktree` (nothing there yet) a checkout of `start_sha` on the new `branch` from a
     parked worktree. False when the pool is empty or anything failed; then nothing is at
     `worktree` and `branch` was not made, and the caller adds a worktree as usual."""
     path = _abs(worktree)
     if not parked(layout):
-        _await_expected_parks(layout)
-        if not parked(layout):
-            return False  # the common first story: no lock, no git
+        return False  # the common first story: no lock, no git
     with repo_lock(git):
         source = _first_usable(git, layout)
         if source is None:

@@ -60,10 +60,6 @@ class WorktreeWorkspace(Workspace):
         self._seed(worktree)
         return Prepared(worktree, base_sha)
 
-    @property
-    def prepares_ahead(self) -> bool:
-        return self._pooled
-
     def commit(self, story, message: str, revert: list[str]) -> tuple[str, list[str]]:
         return commit_worktree(self.git, Path(story.worktree), message, story.base_sha, revert,
                                exclude=self.seeds)
