@@ -35,7 +35,7 @@ from .journal import record
 from .lanememo import run_memo
 from .notify import notify
 from .recovery import recover_orphans
-from .restack import restack_stale
+from .restack import own_paths, restack_stale
 from .speculation import Stack, speculating, verifying_here
 from .retry import FaultPersisted, pause_for_fault, retrying
 from .runs import lane_rows, next_in_plan, run_policy, stories_of
@@ -131,7 +131,8 @@ class _Lane:
             loaded = None  # later passes read what the earlier ones changed
             if run.state not in RUN_LIVE:
                 return
-            if restack_stale(self.db, self.integrator.git, self.run_id, stories):
+            if restack_stale(self.db, self.integrator.git, self.run_id, stories,
+                             own_paths(self.integrator.layout, self.policy.scm)):
                 continue
             if self._stop_now(run):
                 continue

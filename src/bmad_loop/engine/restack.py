@@ -14,8 +14,9 @@ A fresh start rather than a replay of its commits: they were written against wor
 land, so only an agent can tell what they should become. The kept ref is named in the story's
 feedback, so the next prompt can point at it.
 
-A story still `queued` just goes back to `pending` (nothing started); a `working` one is left to
-finish its story and is restacked once it is `ready` (or escalated).
+A story still `queued` just goes back to `pending` (nothing started; a worktree and branch a
+worker made before it died are removed too); a `working` one is left to finish its story and is
+restacked once it is `ready` (or escalated).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .journal import record
 from .stacking import stale_layer
 from .transitions import transition_story
 
-__all__ = ["restack_stale", "restacked_ref_prefix"]
+__all__ = ["restack_stale", "restacked_ref_prefix", "own_paths"]
 
 # The states a stale stacked story is restacked from (a working one finishes first).
 _RESTACKABLE = (StoryState.PENDING, StoryState.QUEUED, StoryState.READY, StoryState.ESCALATED)
@@ -39,8 +40,18 @@ def restacked_ref_prefix(run_id: str, key: str) -> str:
     return f"refs/bmad-loop/{run_id}/restacked/{key}/"
 
 
-def restack_stale(db, git, run_id: str, stories: list[Story]) -> bool:
-    """Restack every stacked story whose base no longer stands; True when one was."""
+def own_paths(layout, scm):
+    """`made_at` for `restack_stale`: a story's own worktree and branch, by its key (None when
+    the run shares one branch, which is never a story's to remove)."""
+    if scm.branch_per != "story":
+        return None
+    return lambda key: (layout.story_worktree(key, "story"), layout.story_branch(key, "story"))
+
+
+def restack_stale(db, git, run_id: str, stories: list[Story], made_at=None) -> bool:
+    """Restack every stacked story whose base no longer stands; True when one was.
+    `made_at(key)`: (worktree, branch) a story's prepare makes, for one the row does not name
+    yet (a worker died between making them and writing the row)."""
     rows = {s.key: s for s in stories}
     changed = False
     for story in stories:
@@ -48,20 +59,24 @@ def restack_stale(db, git, run_id: str, stories: list[Story]) -> bool:
             continue
         why = stale_layer(story, rows)
         if why is not None:
-            changed |= _restack(db, git, run_id, story, why)
+            changed |= _restack(db, git, run_id, story, why, made_at)
     return changed
 
 
-def _restack(db, git, run_id: str, story: Story, why: str) -> bool:
+def _restack(db, git, run_id: str, story: Story, why: str, made_at=None) -> bool:
     kept = None
-    if story.state != StoryState.QUEUED:
-        head = story.head_sha or (git.rev(f"refs/heads/{story.branch}") if story.branch else None)
+    worktree, branch = story.worktree, story.branch
+    made = made_at(story.key) if not branch and made_at is not None else None
+    if made is not None and git.rev(f"refs/heads/{made[1]}"):
+        worktree, branch = str(made[0]), made[1]  # else never prepared: nothing to remove
+    if branch or worktree:
+        head = story.head_sha or (git.rev(f"refs/heads/{branch}") if branch else None)
         if head and head != story.base_sha:
             kept = _keep(git, run_id, story.key, head)
-        if story.worktree:
-            remove_worktree(git, Path(story.worktree))
-        if story.branch:
-            delete_branch(git, story.branch)
+        if worktree:
+            remove_worktree(git, Path(worktree))
+        if branch:
+            delete_branch(git, branch)
     under = [layer["key"] for layer in story.stacked_on]
     feedback = {}
     if kept:
