@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.sql.elements import ClauseElement
 
 from ..db.models import Attempt, Candidate, Run, Story
 from ..states import check_transition
@@ -23,10 +25,26 @@ def _transition(session: Session, model, machine: str, row_id, expected, values:
     if "state" in values:
         for old in expected:
             check_transition(machine, old, values["state"])
-    result = session.execute(
-        update(model).where(model.id == row_id, model.state.in_(expected)).values(**values)
-    )
-    return result.rowcount == 1
+    # A Core UPDATE on the session's connection: the ORM's bulk UPDATE costs twice as much
+    # CPU here, and these run a dozen times per story. What it did besides is done by hand:
+    # pending changes are flushed first (autoflush), and a row this session holds takes the
+    # new values (its "evaluate" synchronisation).
+    if session.new or session.dirty:
+        session.flush()
+    table = model.__table__
+    result = session.connection().execute(
+        update(table).where(table.c.id == row_id, table.c.state.in_(expected)).values(**values))
+    if result.rowcount != 1:
+        return False
+    held = session.identity_map.get(session.identity_key(model, row_id))
+    if held is not None:
+        computed = [key for key, value in values.items() if isinstance(value, ClauseElement)]
+        for key, value in values.items():
+            if key not in computed:
+                set_committed_value(held, key, value)
+        if computed:  # e.g. `claim = claim + 1`: read again when asked for
+            session.expire(held, computed)
+    return True
 
 
 def transition_story(session: Session, story_id: int, expected, **values) -> bool:
