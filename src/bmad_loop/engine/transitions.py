@@ -26,7 +26,7 @@ def _transition(session: Session, model, machine: str, row_id, expected, values:
         for old in expected:
             check_transition(machine, old, values["state"])
     # A Core UPDATE on the session's connection: the ORM's bulk UPDATE costs twice as much
-    # CPU here, and these run a dozen times per story. What it did besides is done by hand:
+    # CPU here, and these run about six times per story. What it did besides is done by hand:
     # pending changes are flushed first (autoflush), and a row this session holds takes the
     # new values (its "evaluate" synchronisation).
     if session.new or session.dirty:
