@@ -17,6 +17,7 @@ consecutive stories A, B, and their medians printed:
 | landed → B prepared | A's `story.integrated` → B's `story.prepared` |
 | B's session set-up | B's `story.prepared` → B's `attempt.started` |
 | cycle | A's `attempt.finished` → B's `attempt.started` |
+| child CPU / K | user + system CPU of the whole child run (its git and agent processes included, and the repository's build, the same for every run) / K |
 
 `--against SRC` runs another engine's source folder (e.g. a `git worktree` of an earlier
 commit: its `src`) alternately with this one, run by run, in one invocation, and prints both
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import resource
 import sqlite3
 import statistics
 import subprocess
@@ -43,7 +45,7 @@ from _common import load, machine, table  # noqa: E402
 HERE = Path(__file__).resolve().parent
 OWN_SRC = HERE.parent / "src"
 STEPS = ("commit", "to the candidate", "advance", "landed → B prepared", "B's session set-up",
-         "cycle")
+         "cycle", "child CPU / K")
 
 
 def _stamp(value) -> float:
@@ -63,7 +65,7 @@ def steps_of(state_db: Path) -> dict[str, float]:
         first.setdefault((story, kind), _stamp(at))
         if kind == "story.queued" and story not in order:
             order.append(story)
-    spans: dict[str, list[float]] = {name: [] for name in STEPS}
+    spans: dict[str, list[float]] = {name: [] for name in STEPS if name != "child CPU / K"}
     for a, b in zip(order, order[1:]):
         at = lambda story, kind: first[(story, kind)]  # noqa: E731
         spans["commit"].append(at(a, "story.ready") - at(a, "attempt.finished"))
@@ -78,12 +80,17 @@ def steps_of(state_db: Path) -> dict[str, float]:
 def one_run(src: Path, work: Path, args) -> dict[str, float]:
     """makespan.py's independent sprint at N = 1 with the engine in `src`, in a child process."""
     env = dict(os.environ, PYTHONPATH=str(src))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run([sys.executable, str(HERE / "makespan.py"), "--stories", str(args.stories),
                     "--agent-seconds", str(args.agent_seconds), "--files", str(args.files),
                     "--parallel", "1", "--sprints", "independent", "--no-adjacent",
                     "--dir", str(work)],
                    env=env, check=True, stdout=subprocess.DEVNULL)
-    return steps_of(work / "independent-n1-r1" / "repo" / ".bmad-loop" / "state.db")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    steps = steps_of(work / "independent-n1-r1" / "repo" / ".bmad-loop" / "state.db")
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    steps["child CPU / K"] = cpu_s * 1000.0 / args.stories
+    return steps
 
 
 def main() -> None:
@@ -105,8 +112,8 @@ def main() -> None:
             for name, src in (engines if r % 2 == 0 else engines[::-1]):
                 steps = one_run(src, Path(tmp) / f"{name}-{r}", args)
                 results[name].append(steps)
-                print(f"  {name:5s} run {r + 1}: cycle {steps['cycle']:6.1f} ms, load {load()}",
-                      flush=True)
+                print(f"  {name:5s} run {r + 1}: cycle {steps['cycle']:6.1f} ms, child CPU / K "
+                      f"{steps['child CPU / K']:6.1f} ms, load {load()}", flush=True)
     print(f"load average at end: {load()}\n")
     header = ["step (median ms)"] + [f"{name} run {i + 1}" for name, _ in engines
                                      for i in range(args.repeat)]
