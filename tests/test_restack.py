@@ -29,7 +29,8 @@ POLICY = MERGE_NONE.format(n=2, strategy="merge")
 
 def _restack_after_a_crash(repo, *, row_names_them: bool, own_commit: bool):
     """beta stacked on alpha, its worktree and branch made on that base by a worker that died;
-    alpha escalated. Returns (worktree, branch, beta's own head or None) after the restack."""
+    alpha escalated. Returns (run id, worktree, branch, beta's own head or None) after the
+    restack."""
     result = repo.cli("enqueue")
     assert result.exit_code == 0, result.output
     run_id = query(repo, "SELECT id FROM runs")[0][0]

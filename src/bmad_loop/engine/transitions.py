@@ -27,10 +27,10 @@ def _transition(session: Session, model, machine: str, row_id, expected, values:
             check_transition(machine, old, values["state"])
     # A Core UPDATE on the session's connection: the ORM's bulk UPDATE costs twice as much
     # CPU here, and these run about six times per story. What it did besides is done by hand:
-    # pending changes are flushed first (autoflush), and a row this session holds takes the
-    # new values (its "evaluate" synchronisation).
-    if session.new or session.dirty:
-        session.flush()
+    # pending changes (new, changed or deleted rows) are flushed first, as its autoflush did
+    # (a clean session's flush returns at once), and a row this session holds takes the new
+    # values (its "evaluate" synchronisation).
+    session.flush()
     table = model.__table__
     result = session.connection().execute(
         update(table).where(table.c.id == row_id, table.c.state.in_(expected)).values(**values))
