@@ -49,6 +49,7 @@ from pathlib import Path
 from bmad_loop.board import branch_name_ok
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
+from bmad_loop.worktree_files import rename_linked_worktree
 
 __all__ = [
     "WorktreeInfo",
@@ -245,11 +246,13 @@ def admin_dir(git: Git, path: Path) -> Path | None:
 
 def move_worktree(git: Git, source: Path, dest: Path) -> None:
     """``worktree move`` `source` to `dest` (a path that must not exist yet): the folder is
-    renamed and git's registration follows it, so nothing is checked out again."""
+    renamed and git's registration follows it, so nothing is checked out again. The plain
+    layout is moved in this process (`worktree_files`), any other by git."""
     source, dest = _abs(source), _abs(dest)
     with repo_lock(git):
         dest.parent.mkdir(parents=True, exist_ok=True)
-        git.run("worktree", "move", source, dest)
+        if not rename_linked_worktree(source, dest, git.common_dir()):
+            git.run("worktree", "move", source, dest)
 
 
 def remove_worktree(git: Git, path: Path) -> None:

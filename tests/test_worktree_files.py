@@ -1,0 +1,112 @@
+"""Moving a worktree and detaching its HEAD without git (bmad_loop/worktree_files.py).
+
+Each edit is checked against git itself on a real repository: what `git worktree list`, `git
+status`, `git worktree prune` and `git branch -D` make of the result, and the very file a real
+`git worktree move` writes. Every refusal leaves the worktree where and as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from bmad_loop.worktree_files import detach_head, rename_linked_worktree
+from support import git_repo
+
+
+def _git(cwd, *args, check=True) -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def _repo_with_worktrees(tmp_path: Path, *names: str):
+    repo = git_repo(tmp_path / "repo", {"a.txt": "a\n", "src/b.py": "b\n"})
+    root = tmp_path / "repo"
+    for name in names:
+        _git(root, "worktree", "add", "-q", "-b", name, str(tmp_path / "wt" / name))
+    return root, Path(repo.common_dir())
+
+
+def _listed(root: Path) -> list[str]:
+    return [line.split(" ", 1)[1] for line in _git(root, "worktree", "list", "--porcelain").splitlines()
+            if line.startswith("worktree ")]
+
+
+def test_a_moved_worktree_is_what_git_worktree_move_makes(tmp_path):
+    root, common = _repo_with_worktrees(tmp_path, "ours", "theirs")
+    real = tmp_path / "real"
+    real.mkdir()
+    # Through a symlinked folder: git records the real path, and so must we.
+    (tmp_path / "via").symlink_to(real)
+    ours_to, theirs_to = tmp_path / "via" / "ours-moved", tmp_path / "via" / "theirs-moved"
+    assert rename_linked_worktree(tmp_path / "wt" / "ours", ours_to, common)
+    _git(root, "worktree", "move", str(tmp_path / "wt" / "theirs"), str(theirs_to))
+
+    ours_admin, theirs_admin = common / "worktrees" / "ours", common / "worktrees" / "theirs"
+    assert (ours_admin / "gitdir").read_text() == str(real / "ours-moved" / ".git") + "\n"
+    assert (theirs_admin / "gitdir").read_text() == str(real / "theirs-moved" / ".git") + "\n"
+    assert not (tmp_path / "wt" / "ours").exists()
+    assert str(real / "ours-moved") in _listed(root)
+    # The moved worktree works where it is, on its branch, clean, and prune keeps it.
+    assert _git(ours_to, "symbolic-ref", "--short", "HEAD") == "ours"
+    assert _git(ours_to, "status", "--porcelain") == ""
+    _git(root, "worktree", "prune")
+    assert (ours_admin / "gitdir").exists()
+    (ours_to / "a.txt").write_text("changed\n")
+    assert _git(ours_to, "status", "--porcelain") == "M a.txt"
+    assert sorted(os.listdir(ours_admin)) == sorted(os.listdir(theirs_admin))  # no leftovers
+
+
+def test_what_is_not_the_plain_layout_is_left_to_git_untouched(tmp_path):
+    root, common = _repo_with_worktrees(tmp_path, "locked", "relative", "plain")
+    wt = tmp_path / "wt"
+    _git(root, "worktree", "lock", str(wt / "locked"))
+    # A relative link (what git 2.48's worktree.useRelativePaths writes): a move would have to
+    # rewrite it, so it is git's to do.
+    (wt / "relative" / ".git").write_text(
+        "gitdir: " + os.path.relpath(common / "worktrees" / "relative", wt / "relative") + "\n")
+    (tmp_path / "taken").mkdir()
+    before = {name: (common / "worktrees" / name / "gitdir").read_text()
+              for name in ("locked", "relative", "plain")}
+
+    assert not rename_linked_worktree(wt / "locked", tmp_path / "x1", common)
+    assert not rename_linked_worktree(wt / "relative", tmp_path / "x2", common)
+    assert not rename_linked_worktree(wt / "plain", tmp_path / "taken", common)  # exists
+    assert not rename_linked_worktree(root, tmp_path / "x3", common)  # the main checkout
+    other_root, other_common = _repo_with_worktrees(tmp_path / "other", "foreign")
+    assert not rename_linked_worktree(tmp_path / "other" / "wt" / "foreign", tmp_path / "x4", common)
+
+    for name in ("locked", "relative", "plain"):
+        assert (wt / name).is_dir()
+        assert (common / "worktrees" / name / "gitdir").read_text() == before[name]
+    assert not any((tmp_path / f"x{i}").exists() for i in range(1, 5))
+    assert (root / ".git").is_dir() and (tmp_path / "other" / "wt" / "foreign").is_dir()
+
+
+def test_a_detached_head_is_what_update_ref_no_deref_makes(tmp_path):
+    root, common = _repo_with_worktrees(tmp_path, "story")
+    wt, admin = tmp_path / "wt" / "story", common / "worktrees" / "story"
+    sha = _git(wt, "rev-parse", "HEAD")
+
+    assert detach_head(admin, sha)
+    assert _git(wt, "symbolic-ref", "-q", "HEAD", check=False) == ""  # detached
+    assert _git(wt, "rev-parse", "HEAD") == sha
+    assert _git(wt, "status", "--porcelain") == ""
+    assert not (admin / "HEAD.lock").exists()
+    # The branch is no longer checked out anywhere: git lets it go.
+    _git(root, "branch", "-D", "story")
+
+
+def test_a_held_head_lock_is_left_alone_and_head_unchanged(tmp_path):
+    root, common = _repo_with_worktrees(tmp_path, "story")
+    wt, admin = tmp_path / "wt" / "story", common / "worktrees" / "story"
+    sha = _git(wt, "rev-parse", "HEAD")
+    (admin / "HEAD.lock").write_text("someone else's\n")  # a real git holding HEAD
+
+    assert not detach_head(admin, sha)
+    assert (admin / "HEAD").read_text() == "ref: refs/heads/story\n"
+    assert (admin / "HEAD.lock").read_text() == "someone else's\n"
+    assert not detach_head(admin, "not-a-sha")
