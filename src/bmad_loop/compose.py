@@ -30,6 +30,7 @@ from pathlib import Path
 
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
+from bmad_loop.maintenance import NO_AUTO_MAINTENANCE
 from bmad_loop.objectmemo import Memo
 from bmad_loop.treediff import changed_paths, changed_status, dirty_paths, remember_diff  # noqa: F401 (re-exported)
 from bmad_loop.treeedit import blob_at, blobs_at, remember_commit, replace_blob, replace_blobs  # noqa: F401 (re-exported)
@@ -169,7 +170,8 @@ def commit_worktree(
     if staged:
         date = _now()  # what git would take; known here, the lane need not read it back
         git.run(
-            "-c", "commit.gpgsign=false", "commit", "--no-verify", "--quiet", "-m", message,
+            "-c", "commit.gpgsign=false", *NO_AUTO_MAINTENANCE, "commit", "--no-verify",
+            "--quiet", "-m", message,
             cwd=worktree, env=git.identity_env(date),
         )
     head = git.rev("HEAD", cwd=worktree)

@@ -9,6 +9,7 @@ that edits one of them escalates the story instead of mixing its work with a hum
 from __future__ import annotations
 
 from ..compose import dirty_paths
+from ..maintenance import NO_AUTO_MAINTENANCE
 from .outcome import Escalate
 from .workspace import Prepared, Workspace, matches_any
 
@@ -91,8 +92,8 @@ class InPlaceWorkspace(Workspace):
 
     def _commit(self, paths: list[str], message: str) -> None:
         self.git.run("add", "-A", "--", *paths)
-        self.git.run("-c", "commit.gpgsign=false", "commit", "-q", "--no-verify", "-m", message,
-                     env=self.git.identity_env())
+        self.git.run("-c", "commit.gpgsign=false", *NO_AUTO_MAINTENANCE, "commit", "-q",
+                     "--no-verify", "-m", message, env=self.git.identity_env())
 
     def _dirty(self) -> list[str]:
         return sorted(p for p in dirty_paths(self.git, self.root) if not p.startswith(STATE_PREFIX))

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from ..errors import GitError
 from ..gitcmd import repo_lock
+from ..maintenance import run_deferred_maintenance
 from ..refread import read_commit_ref
 from ..worktree_files import detach_head
 from ..worktrees import admin_dir, move_worktree, remove_worktree
@@ -178,8 +179,9 @@ def clear_interrupted_take(git, worktree: Path) -> None:
 
 
 def drain_pool(git, layout) -> list[str]:
-    """Remove every parked worktree of the run (it settled). Returns their paths. Never raises:
-    what it could not remove, ``bmad-loop cleanup`` does."""
+    """Remove every parked worktree of the run (it settled), then run the git maintenance its
+    commits skipped (`maintenance`). Returns the removed paths. Never raises: what it could not
+    remove, ``bmad-loop cleanup`` does."""
     removed = []
     for slot in parked(layout):
         if _quietly_remove(git, slot):
@@ -188,6 +190,7 @@ def drain_pool(git, layout) -> list[str]:
         pool_dir(layout).rmdir()
     except OSError:
         pass  # absent (no pool), or something is left for cleanup
+    run_deferred_maintenance(git)
     return removed
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import GitError
 from ..gitcmd import repo_lock
+from ..maintenance import NO_AUTO_MAINTENANCE
 from .base import Target
 
 __all__ = ["RemoteTarget", "TARGET_MIRROR_NAMESPACE", "FETCHED_NAMESPACE"]
@@ -45,7 +46,7 @@ class RemoteTarget(Target):
         if not fetch:
             return self.git.rev(self.ref)
         with repo_lock(self.git):
-            proc = self.git.run("fetch", "--quiet", "--no-tags", self.url,
+            proc = self.git.run(*NO_AUTO_MAINTENANCE, "fetch", "--quiet", "--no-tags", self.url,
                                 f"+refs/heads/{self.branch}:{self.ref}", check=False)
         if proc.returncode != 0:
             raise GitError(f"cannot fetch {self.branch} from {self.url}: {proc.stderr.strip()}",
@@ -83,7 +84,7 @@ class RemoteTarget(Target):
     def story_head(self, branch: str) -> str | None:
         ref = f"{FETCHED_NAMESPACE}{branch}"
         with repo_lock(self.git):
-            proc = self.git.run("fetch", "--quiet", "--no-tags", self.url,
+            proc = self.git.run(*NO_AUTO_MAINTENANCE, "fetch", "--quiet", "--no-tags", self.url,
                                 f"+refs/heads/{branch}:{ref}", check=False)
         if proc.returncode != 0:
             if "couldn't find remote ref" in (proc.stderr or "").lower():
