@@ -91,35 +91,39 @@ def _absolute(path: str, cwd: Path) -> str:
 
 def git_dirs(cwd: Path) -> tuple[Path, Path] | None:
     """(git dir, common dir) of the repository `cwd` is in, found without running git (a
-    ``.git`` folder, a ``.git`` file of a linked worktree, or a bare repository); None if none."""
-    cwd = Path(os.path.abspath(cwd))
-    for folder in (cwd, *cwd.parents):
-        dotgit = folder / ".git"
+    ``.git`` folder, a ``.git`` file of a linked worktree, or a bare repository); None if none.
+    Asked before most git steps, so it walks with `os.path` strings, not `Path` objects."""
+    folder = os.path.abspath(cwd)
+    while True:
+        dotgit = os.path.join(folder, ".git")
         gitdir = None
-        if dotgit.is_dir():
+        if os.path.isdir(dotgit):
             gitdir = dotgit
-        elif dotgit.is_file():
+        elif os.path.isfile(dotgit):
             try:
-                text = dotgit.read_text(errors="replace").strip()
+                with open(dotgit, encoding="utf-8", errors="replace") as handle:
+                    text = handle.read().strip()
             except OSError:
                 return None
             if not text.startswith("gitdir:"):
                 return None
-            gitdir = Path(text[len("gitdir:"):].strip())
-            if not gitdir.is_absolute():
-                gitdir = folder / gitdir
-        elif (folder / "HEAD").is_file() and (folder / "objects").is_dir():
+            gitdir = os.path.join(folder, text[len("gitdir:"):].strip())  # absolute stays so
+        elif os.path.isfile(os.path.join(folder, "HEAD")) and os.path.isdir(os.path.join(folder, "objects")):
             gitdir = folder  # a bare repository
         if gitdir is not None:
-            gitdir = Path(os.path.abspath(gitdir))
+            gitdir = os.path.abspath(gitdir)
             common = gitdir
             try:
-                raw = (gitdir / "commondir").read_text().strip()
-                common = Path(os.path.abspath(gitdir / raw))
-            except OSError:
+                with open(os.path.join(gitdir, "commondir"), encoding="utf-8") as handle:
+                    raw = handle.read().strip()
+                common = os.path.abspath(os.path.join(gitdir, raw))
+            except (OSError, UnicodeDecodeError):
                 pass
-            return gitdir, common
-    return None
+            return Path(gitdir), Path(common)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
 
 
 # -- write-ahead records ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 
-from sqlalchemy import case, delete, update
+from sqlalchemy import bindparam, case, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
@@ -82,6 +82,27 @@ def acquire(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = N
 
 # INSERT … ON CONFLICT DO UPDATE … RETURNING, where the database has it.
 _UPSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
+_LEASES = Lease.__table__
+_TAKE: dict[str, object] = {}  # dialect name -> the upsert, built once with bound parameters
+
+
+def _take_statement(dialect_name: str):
+    """The story lease's upsert, built once per dialect: the statement's construction and its
+    compiled form's look-up cost more than running it. On the table, not the mapped class, so it
+    runs on the connection without the ORM's execution path."""
+    stmt = _TAKE.get(dialect_name)
+    if stmt is None:
+        insert = _UPSERTS[dialect_name](_LEASES).values(
+            name=bindparam("name"), owner=bindparam("owner"), host=bindparam("host"), token=1,
+            acquired_at=bindparam("now"), renewed_at=bindparam("now"),
+            expires_at=bindparam("expires"))
+        new, c = insert.excluded, _LEASES.c
+        stmt = insert.on_conflict_do_update(index_elements=[c.name], set_={
+            "owner": new.owner, "host": new.host, "acquired_at": new.acquired_at,
+            "renewed_at": new.renewed_at, "expires_at": new.expires_at,
+            "token": case((c.owner == new.owner, c.token), else_=c.token + 1)}).returning(c.token)
+        _TAKE[dialect_name] = stmt
+    return stmt
 
 
 def take(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int:
@@ -98,16 +119,10 @@ def take_in(session, name: str, owner: str, ttl_s: float, now: dt.datetime | Non
     expires = now + dt.timedelta(seconds=ttl_s)
     host = owner.split(":")[0]
     dialect = session.get_bind().dialect
-    upsert = _UPSERTS.get(dialect.name) if dialect.insert_returning else None
-    if upsert is not None:  # one statement, atomic on both databases (SQLite 3.35 and later)
-        stmt = upsert(Lease).values(name=name, owner=owner, host=host, token=1, acquired_at=now,
-                                    renewed_at=now, expires_at=expires)
-        new = stmt.excluded
-        stmt = stmt.on_conflict_do_update(index_elements=[Lease.name], set_={
-            "owner": new.owner, "host": new.host, "acquired_at": new.acquired_at,
-            "renewed_at": new.renewed_at, "expires_at": new.expires_at,
-            "token": case((Lease.owner == new.owner, Lease.token), else_=Lease.token + 1)})
-        return session.scalar(stmt.returning(Lease.token))
+    if dialect.insert_returning and dialect.name in _UPSERTS:
+        # One statement, atomic on both databases (SQLite 3.35 and later).
+        return session.connection().execute(_take_statement(dialect.name), {
+            "name": name, "owner": owner, "host": host, "now": now, "expires": expires}).scalar()
     for _ in range(3):  # lost a race with a concurrent creator (PostgreSQL): read again
         row = session.get(Lease, name, populate_existing=True)
         if row is None:
@@ -145,7 +160,9 @@ def holds(db, name: str, owner: str, token: int, now: dt.datetime | None = None)
 def holds_in(session, name: str, owner: str, token: int, now: dt.datetime | None = None) -> bool:
     """`holds` inside the caller's read (the lane's tick asks it with the run's row)."""
     now = now or utcnow()
-    row = session.get(Lease, name)
+    c = _LEASES.c
+    row = session.connection().execute(
+        select(c.owner, c.token, c.expires_at).where(c.name == name)).first()
     return bool(row and row.owner == owner and row.token == token and row.expires_at > now)
 
 
@@ -156,7 +173,8 @@ def release(db, name: str, owner: str) -> None:
 
 def release_in(session, name: str, owner: str) -> None:
     """`release` inside the caller's transaction."""
-    session.execute(delete(Lease).where(Lease.name == name, Lease.owner == owner))
+    c = _LEASES.c
+    session.connection().execute(delete(_LEASES).where(c.name == name, c.owner == owner))
 
 
 class LeaseHolder:
