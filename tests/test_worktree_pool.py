@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from bmad_loop.engine.layout import Layout
-from bmad_loop.engine.worktree_pool import POOL_ENV, drain_pool, park, parked, pool_dir, take
+from bmad_loop.engine import worktree_pool
+from bmad_loop.engine.worktree_pool import (POOL_ENV, announce_park, drain_pool, park, parked,
+                                             pool_dir, take)
 from bmad_loop.worktrees import delete_branch, ensure_worktree, list_worktrees
 from support import (ALPHA_BETA_GAMMA, DEADLINE_S, barrier_script, git_repo, go, wait_for_exit,
                      wait_for_files, write)
@@ -221,6 +223,50 @@ def test_workers_taking_at_once_never_get_the_same_worktree(tmp_path):
     assert sorted(admins + [_admin_of(p) for p in left]) == ["1-0-old", "1-1-old", "1-8-late"]
     assert drain_pool(git, layout) == [str(p) for p in left]
     assert len(list_worktrees(git)) == 1 + len(winners)
+
+
+def _taker(git, layout, base, key: str):
+    """A thread that takes a parked worktree for `key` once started; (thread, entering, got)."""
+    entering, got = threading.Event(), {}
+
+    def run():
+        entering.set()
+        got["taken"] = take(git, layout, layout.story_worktree(key), layout.story_branch(key), base)
+
+    return threading.Thread(target=run), entering, got
+
+
+def test_a_take_waits_for_a_park_announced_before_it(tmp_path, monkeypatch):
+    """A worker wakes the lane before it parks (announcing the park): a story dispatched into
+    the freed slot meanwhile gets that worktree instead of checking out a new one."""
+    monkeypatch.setattr(worktree_pool, "PARK_WAIT_S", DEADLINE_S)  # only the park ends the wait
+    git, layout, base = _parked_worktrees(tmp_path, 0)
+    done_path, done_branch = layout.story_worktree("1-1-done"), layout.story_branch("1-1-done")
+    ensure_worktree(git, done_path, done_branch, base, branch_head=None)
+    parking = announce_park()
+    thread, entering, got = _taker(git, layout, base, "2-1-next")
+    thread.start()
+    entering.wait(DEADLINE_S)  # the take is under way with the pool still empty
+    assert park(git, done_path, done_branch, layout, size=2) is not None
+    parking()
+    thread.join(DEADLINE_S)
+    assert got == {"taken": True}
+    assert _admin_of(layout.story_worktree("2-1-next")) == "1-1-done"  # the parked one
+
+
+def test_an_announced_park_that_parks_nothing_lets_the_take_go(tmp_path, monkeypatch):
+    monkeypatch.setattr(worktree_pool, "PARK_WAIT_S", DEADLINE_S)
+    git, layout, base = _parked_worktrees(tmp_path, 0)
+    parking = announce_park()
+    thread, entering, got = _taker(git, layout, base, "2-1-next")
+    thread.start()
+    entering.wait(DEADLINE_S)
+    parking()  # e.g. the worktree was not clean: removed, not parked
+    parking()  # ending it twice counts once
+    thread.join(DEADLINE_S)
+    assert not thread.is_alive() and got == {"taken": False}  # told at once, not timed out
+    assert not layout.story_worktree("2-1-next").exists()
+    assert worktree_pool._announced == 0
 
 
 def test_a_full_pool_parks_nothing_more(tmp_path):

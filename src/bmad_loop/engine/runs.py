@@ -14,7 +14,7 @@ from ..db.models import Run, Story
 from ..policy import Policy, policy_from_dict
 from ..states import STORY_DONE, StoryState
 
-__all__ = ["run_policy", "stories_of", "lane_rows", "stories_wait", "next_in_plan", "path_inside", "board_rel"]
+__all__ = ["run_policy", "stories_of", "lane_rows", "next_in_plan", "path_inside", "board_rel"]
 
 
 # (run id, snapshot text) -> its Policy, parsed once per process: the lane reads it every tick
@@ -156,10 +156,3 @@ def board_rel(run: Run, root: Path) -> str | None:
     if run.board_rel or not str(run.board_path).endswith((".yaml", ".yml")):
         return run.board_rel
     return path_inside(run.board_path, root)
-
-
-def stories_wait(db, run_id: str) -> bool:
-    """Does a story of the run wait for a worker slot (one the lane could dispatch now)?"""
-    with db.read() as s:
-        return s.scalar(select(Story.id).where(Story.run_id == run_id,
-                                               Story.state == StoryState.PENDING).limit(1)) is not None

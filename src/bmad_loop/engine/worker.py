@@ -38,10 +38,11 @@ from .pushed_branch import adopt_pushed_branch
 from .notify import notify
 from .outcome import Escalate, Outcome
 from .retry import FaultPersisted, pause_for_fault, retrying
-from .runs import run_policy, stories_wait
+from .runs import run_policy
 from .sessions import Heartbeat, run_session
 from .transitions import transition_attempt, transition_run, transition_story
 from .verify import NOTHING_TO_RUN, run_verify
+from .worktree_pool import announce_park
 
 __all__ = ["work", "StoryWorker"]
 
@@ -78,9 +79,6 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
             close_running_attempts(s, run_id, story)
         policy = run_policy(run)
         ctx = story_context(project, run, story, policy)
-        # At max_parallel 1 nothing takes a parked worktree before the lane integrates: the lane
-        # is woken first and the park runs meanwhile (in parallel too, once no story waits).
-        park_after_wake = run.max_parallel <= 1
         token = leases.take_in(s, leases.story_lease_name(story_id), owner, policy.leases.ttl_s)
     claim = Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
     tries = []
@@ -92,17 +90,15 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         tries.append(1)
         return StoryWorker(ctx, claim).walk(claimed)
 
-    finished = lease_gone = False
+    finished, lease_gone, parked = False, False, None  # parked: ends the park's announcement
     try:
         escalated = retrying(walk_once, db=db, run_id=run_id, story=ctx.key, what=f"story {ctx.key}")
         lease_gone = claim.lease_dropped  # by the walk's last transaction, which committed
         crash_point("worker.after_ready")
         if escalated:
             notify(db, policy, run_id, "story.escalated", story=ctx.key, reason=escalated)
-        elif park_after_wake or not stories_wait(db, run_id):
-            finished = True  # nothing could take the worktree before the lane is woken
-        else:
-            _release_if_ready(ctx, claim)
+        else:  # the lane is woken first, then the worktree parked (announced: a take waits)
+            finished, parked = True, announce_park()
     except FaultPersisted as exc:
         # Not the story's fault: it goes back in line, its phase and work kept, and the run pauses.
         release_after_stop(db, run_id, story_id, generation, fault=exc.fault.describe())
@@ -129,8 +125,12 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         if not lease_gone:
             _quietly(leases.release, db, leases.story_lease_name(story_id), owner)
         _quietly(tasks.enqueue_lane, run_id)  # lost: the consumers' watchdog wakes the lane
-    if finished:
-        _release_if_ready(ctx, claim)  # parks beside the lane's integration (which may park it first)
+    try:
+        if finished:
+            _release_if_ready(ctx, claim)  # beside the lane's work (which may park it first)
+    finally:
+        if parked:
+            parked()
     if not ctx.target.lane_removes_story_worktrees:
         _sweep(project, run_id)
 

@@ -44,6 +44,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import GitError
@@ -53,7 +56,7 @@ from ..refread import read_commit_ref
 from ..worktree_files import detach_head
 from ..worktrees import admin_dir, move_worktree, remove_worktree
 
-__all__ = ["POOL_DIR", "POOL_ENV", "pool_dir", "pool_size", "parked", "park", "take",
+__all__ = ["POOL_DIR", "POOL_ENV", "pool_dir", "pool_size", "parked", "park", "take", "announce_park",
            "drain_pool", "drain_run_pool", "clear_interrupted_take"]
 
 log = logging.getLogger(__name__)
@@ -131,12 +134,54 @@ def park(git, worktree: Path, branch: str, layout, *, size: int, seeds=()) -> Pa
         return None
 
 
+# Parks announced in this process and not finished yet. A story worker announces its park
+# before it wakes the lane and parks right after, so the lane learns of the freed slot without
+# waiting for the park; a story dispatched into that slot meanwhile waits for the park
+# (`_await_park`) instead of checking out a whole new worktree beside it.
+_parks = threading.Condition()
+_announced = 0
+PARK_WAIT_S = 2.0  # a park takes milliseconds; past this the take adds a worktree instead
+
+
+def announce_park() -> Callable[[], None]:
+    """Say a park is coming; call what this returns once it is done (parked or not)."""
+    global _announced
+    with _parks:
+        _announced += 1
+    done = threading.Event()
+
+    def finished() -> None:
+        global _announced
+        if done.is_set():
+            return
+        done.set()
+        with _parks:
+            _announced -= 1
+            _parks.notify_all()
+
+    return finished
+
+
+def _await_park(layout, wait_s: float) -> bool:
+    """With the pool empty: wait while a park announced in this process is under way; True
+    once a parked worktree is there."""
+    deadline = time.monotonic() + wait_s
+    with _parks:
+        while not parked(layout):
+            remaining = deadline - time.monotonic()
+            if not _announced or remaining <= 0:
+                return False
+            _parks.wait(remaining)
+    return True
+
+
 def take(git, layout, worktree: Path, branch: str, start_sha: str) -> bool:
     """Make `worktree` (nothing there yet) a checkout of `start_sha` on the new `branch` from a
-    parked worktree. False when the pool is empty or anything failed; then nothing is at
-    `worktree` and `branch` was not made, and the caller adds a worktree as usual."""
+    parked worktree. False when the pool is empty (after waiting for a park announced in this
+    process) or anything failed; then nothing is at `worktree` and `branch` was not made, and
+    the caller adds a worktree as usual."""
     path = _abs(worktree)
-    if not parked(layout):
+    if not parked(layout) and not _await_park(layout, PARK_WAIT_S):
         return False  # the common first story: no lock, no git
     with repo_lock(git):
         source = _first_usable(git, layout)
