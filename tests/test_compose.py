@@ -504,29 +504,3 @@ def test_the_worker_s_commit_date_known_here_is_the_one_git_stored(git, story):
     assert _commit_date(git, head) == git.commit_date(head)
     assert git.out("log", "-1", "--format=%ad|%cd", "--date=raw", head).split("|") == \
         [git.commit_date(head)[1:]] * 2
-
-
-def test_commit_worktree_commits_without_first_asking_what_is_staged(git, story, tmp_path,
-                                                                       monkeypatch):
-    """An agent nearly always changed something: the commit is tried at once (no `diff-index`
-    first), and only a refused commit asks whether anything was staged at all."""
-    base = git.rev("main")
-    trace = tmp_path / "git.trace"
-    monkeypatch.setenv("GIT_TRACE", str(trace))
-    (story / "src/a.py").write_text("changed\n")
-    head, _ = commit_worktree(git, story, "msg", base)
-    assert head != base and changed_paths(git, base, head) == ["src/a.py"]
-    assert "built-in: git diff-index" not in trace.read_text()
-
-    trace.write_text("")
-    (story / ".env").write_text("SECRET=1\n")  # untracked and excluded: nothing to stage
-    assert commit_worktree(git, story, "msg", head, exclude=[".env"]) == (head, [])
-    assert trace.read_text().count("built-in: git diff-index") == 1  # the refused commit's question
-
-
-def test_a_commit_git_refuses_with_changes_staged_raises(git, story):
-    base = git.rev("main")
-    (story / "src/a.py").write_text("changed\n")
-    with pytest.raises(GitError, match="empty commit message"):
-        commit_worktree(git, story, "", base)  # git aborts a commit with an empty message
-    assert git.rev("HEAD", cwd=story) == base

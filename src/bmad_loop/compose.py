@@ -159,13 +159,21 @@ def commit_worktree(
             # No commit of the agent's: the index now differs from HEAD exactly where it
             # differs from the base, i.e. in what the diff named and nothing put back.
             staged = bool(set(changes) - set(reverted))
+    if staged is None:
+        proc = git.run("diff-index", "--cached", "--quiet", "HEAD", "--", cwd=worktree,
+                       check=False)
+        if proc.returncode not in (0, 1):
+            raise GitError(f"cannot tell what is staged in {worktree}",
+                           returncode=proc.returncode, stderr=proc.stderr)
+        staged = proc.returncode == 1
     date = None
-    if staged is not False:
+    if staged:
         date = _now()  # what git would take; known here, the lane need not read it back
-        if staged:
-            _commit_staged(git, worktree, message, date)
-        elif not _commit_if_staged(git, worktree, message, date):
-            date = None  # nothing was staged: no commit
+        git.run(
+            "-c", "commit.gpgsign=false", *NO_AUTO_MAINTENANCE, "commit", "--no-verify",
+            "--quiet", "-m", message,
+            cwd=worktree, env=git.identity_env(date),
+        )
     head = git.rev("HEAD", cwd=worktree)
     if head is None:
         raise GitError(f"{worktree} has no HEAD commit")
@@ -178,28 +186,6 @@ def commit_worktree(
         remember_diff(git, base_sha, head,
                        {p: letter for p, letter in changes.items() if p not in put_back})
     return head, reverted
-
-
-def _commit_staged(git: Git, worktree: Path, message: str, date: str, *, check: bool = True):
-    return git.run("-c", "commit.gpgsign=false", *NO_AUTO_MAINTENANCE, "commit", "--no-verify",
-                   "--quiet", "-m", message, cwd=worktree, env=git.identity_env(date), check=check)
-
-
-def _commit_if_staged(git: Git, worktree: Path, message: str, date: str) -> bool:
-    """Commit what is staged; False, committing nothing, when nothing is. An agent nearly always
-    changed something, so the commit is simply tried (one git process); only when git refuses
-    does ``diff-index`` tell "nothing staged" from a real failure, which raises."""
-    proc = _commit_staged(git, worktree, message, date, check=False)
-    if proc.returncode == 0:
-        return True
-    staged = git.run("diff-index", "--cached", "--quiet", "HEAD", "--", cwd=worktree, check=False)
-    if staged.returncode == 0:
-        return False
-    if staged.returncode == 1:
-        raise GitError(f"git commit failed in {worktree}: {proc.stderr.strip() or proc.stdout.strip()}",
-                       returncode=proc.returncode, stderr=proc.stderr)
-    raise GitError(f"cannot tell what is staged in {worktree}", returncode=staged.returncode,
-                   stderr=staged.stderr)
 
 
 # (repository, commit) -> "@<unix> <tz>" of commits `commit_worktree` made in this process:
