@@ -140,7 +140,10 @@ def park(git, worktree: Path, branch: str, layout, *, size: int, seeds=()) -> Pa
 # (`_await_park`) instead of checking out a whole new worktree beside it.
 _parks = threading.Condition()
 _announced = 0
-PARK_WAIT_S = 2.0  # a park takes milliseconds; past this the take adds a worktree instead
+# A park ends (parked or not) in a `finally` of the worker that announced it, so the wait ends
+# with it; the bound only covers a park stuck in git (`status` of a huge checkout takes
+# seconds, still less than the checkout the take would otherwise make).
+PARK_WAIT_S = 30.0
 
 
 def announce_park() -> Callable[[], None]:
