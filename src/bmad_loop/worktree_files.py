@@ -26,11 +26,10 @@ leaves: a registration naming the old path; the pool then finds no usable worktr
 from __future__ import annotations
 
 import os
-import re
+
+from bmad_loop.gitcmd import is_full_sha
 
 __all__ = ["rename_linked_worktree", "detach_head"]
-
-_SHA = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 
 
 def _read(path: str) -> str | None:
@@ -86,7 +85,7 @@ def detach_head(admin, sha: str) -> bool:
     """Point the worktree's HEAD (admin entry `admin`) at `sha` itself instead of a branch, as
     ``update-ref --no-deref HEAD <sha>`` does; False when HEAD's lock is taken (someone is
     writing it: leave it to them) or `sha` is not a full object name."""
-    if not _SHA.fullmatch(sha):
+    if not is_full_sha(sha):
         return False
     head = os.path.join(admin, "HEAD")
     lock = head + ".lock"

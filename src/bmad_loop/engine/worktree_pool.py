@@ -151,14 +151,15 @@ def announce_park() -> Callable[[], None]:
     global _announced
     with _parks:
         _announced += 1
-    done = threading.Event()
+    ended = False
 
     def finished() -> None:
         global _announced
-        if done.is_set():
-            return
-        done.set()
-        with _parks:
+        nonlocal ended
+        with _parks:  # ended once, however often (and from whichever thread) it is called
+            if ended:
+                return
+            ended = True
             _announced -= 1
             _parks.notify_all()
 
