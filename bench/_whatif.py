@@ -11,6 +11,8 @@ shipped. Each prints a banner.
   loop must keep its bases and history), and not once a story is parked.
 - ``poll=SECONDS``: the huey consumers' maximum poll back-off (`POLL_MAX_S` in queue.py, shipped
   0.5 s), e.g. ``poll=0.05``.
+- ``switch=SECONDS``: the interpreter's thread switch interval (``sys.setswitchinterval``, 0.005 s
+  by default), to see whether the lane and the workers wait on each other for the GIL.
 """
 
 from __future__ import annotations
@@ -44,4 +46,11 @@ def apply(spec: str) -> str:
         queue.POLL_MAX_S = value
         queue.POLL_INITIAL_S = min(queue.POLL_INITIAL_S, value)
         return f"WHAT-IF poll={value:g}: huey consumers poll at most every {value:g} s (monkeypatched)"
-    raise SystemExit(f"--what-if: unknown experiment {spec!r} (dispatch-first, poll=SECONDS)")
+    if spec.startswith("switch="):
+        import sys
+
+        value = float(spec.split("=", 1)[1])
+        sys.setswitchinterval(value)
+        return f"WHAT-IF switch={value:g}: the interpreter's thread switch interval is {value:g} s"
+    raise SystemExit(f"--what-if: unknown experiment {spec!r} "
+                     "(dispatch-first, poll=SECONDS, switch=SECONDS)")

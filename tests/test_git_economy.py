@@ -167,3 +167,23 @@ def test_commit_worktree_reverts_a_lane_owned_file_the_story_added_or_deleted(tm
     assert not (wt / "ledger" / "new.yaml").exists()
     assert git.out("diff-tree", "-r", "--name-only", "--no-commit-id", base, head) == "src/a.py"
     assert git.out("status", "--porcelain") == ""
+
+
+def test_the_lane_knows_the_date_of_every_story_a_long_ready_queue_holds(tmp_path, counted):
+    # With fast agents the lane falls behind: many stories wait as ready, each committed by a
+    # worker of this process. Composing each needs its commit date; none is read back by git.
+    from bmad_loop.compose import _commit_date
+
+    git = git_repo(tmp_path / "repo", {"a.txt": "a\n"})
+    wt = tmp_path / "wt"
+    base = git.rev("HEAD")
+    ensure_worktree(git, wt, "story", base)
+    heads = []
+    for i in range(40):
+        (wt / f"f{i}.txt").write_text(f"{i}\n")
+        head, _ = commit_worktree(git, wt, f"story {i}", heads[-1] if heads else base, [])
+        heads.append(head)
+    log = counted()
+    dates = [_commit_date(git, head) for head in heads]
+    assert subcommands(log)["cat-file"] == 0, subcommands(log)
+    assert dates[0] == git.commit_date(heads[0]) and dates[-1] == git.commit_date(heads[-1])

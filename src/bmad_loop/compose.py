@@ -189,8 +189,11 @@ def commit_worktree(
 
 
 # (repository, commit) -> "@<unix> <tz>" of commits `commit_worktree` made in this process:
-# composing the story reads its date, and a worker and the lane often share a process.
-_DATES = Memo(16)
+# composing the story reads its date, and a worker and the lane often share a process. Sized
+# for the stories that wait as ready for the lane: with fast agents and a long sprint that queue
+# grows well past the workers, and a date forgotten before its story is composed costs a git
+# process (`cat-file commit`) on the lane, the run's one serial path.
+_DATES = Memo(1024)
 
 
 def _now() -> str:
