@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bmad_loop.board import branch_name_ok
+from bmad_loop.branchfiles import delete_loose_branch
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
 from bmad_loop.worktree_files import rename_linked_worktree
@@ -281,6 +282,11 @@ def delete_branch(git: Git, name: str) -> None:
     """
     name = name.removeprefix("refs/heads/")
     with repo_lock(git):
+        # The plain case is file edits (branchfiles.py); a pinned reference-transaction hook
+        # must see the change, so git makes it then.
+        if "reference-transaction" not in git.run_hooks and delete_loose_branch(
+                git.common_dir(), name):
+            return
         proc = git.run("branch", "-D", "--", name, check=False)
         if proc.returncode == 0:
             return
