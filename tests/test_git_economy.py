@@ -92,6 +92,8 @@ def test_a_plain_run_costs_a_bounded_number_of_git_processes_per_story(make_repo
     # `worktree add -b` and the takes make the story branches; the landed ones are deleted by
     # editing git's files (bmad_loop/branchfiles.py).
     assert calls["branch"] == 0, calls
+    # Each candidate commit rides in the pack that writes its board edit (commitobject.py).
+    assert calls["commit-tree"] == 0 and calls["unpack-objects"] == len(STORIES), calls
 
 
 def test_removing_a_worktree_that_is_not_there_starts_no_git(tmp_path, counted):

@@ -28,8 +28,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bmad_loop.commitobject import CommitSpec, commit_encoding_is_utf8
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
+from bmad_loop.gitconfig_guard import config_entries
 from bmad_loop.maintenance import NO_AUTO_MAINTENANCE
 from bmad_loop.objectmemo import Memo
 from bmad_loop.treediff import changed_paths, changed_status, dirty_paths, remember_diff  # noqa: F401 (re-exported)
@@ -303,10 +305,13 @@ def compose(
         tree, conflicts = _merge_trees(git, target, branch)
         if conflicts:
             return Composition(None, tree, conflicts, strategy, False)
-        if tree_edit is not None:
-            tree = tree_edit(tree)
         parents = [target, branch] if strategy == "merge" else [target]
-        sha = _commit_tree(git, tree, parents, _lane_text(message), env)
+        spec = CommitSpec(parents, _lane_text(message), env)
+        sha = None
+        if tree_edit is not None:
+            tree, sha = _edit(git, tree_edit, tree, spec)
+        if sha is None:
+            sha = _commit_tree(git, tree, parents, spec.message, env)
         return Composition(sha, tree, (), strategy, False)
 
     rebased = not git.is_ancestor(target, branch)
@@ -317,11 +322,30 @@ def compose(
     else:
         tip, tree = branch, _tree_of(git, branch)
     if tree_edit is not None:
-        edited = tree_edit(tree)
+        spec = CommitSpec([tip], _lane_text(lane_message or message), env)
+        edited, sha = _edit(git, tree_edit, tree, spec)
         if edited != tree:
-            tip = _commit_tree(git, edited, [tip], _lane_text(lane_message or message), env)
+            tip = sha or _commit_tree(git, edited, [tip], spec.message, env)
             tree = edited
     return Composition(tip, tree, (), strategy, rebased)
+
+
+def _edit(git: Git, tree_edit, tree: str, spec: CommitSpec) -> tuple[str, str | None]:
+    """`tree_edit` applied: (tree, its commit when the edit wrote it with its folders). An edit
+    with a `committing` method (the lane's, engine/writeback.py) writes the commit in the same
+    git process when its bytes are certain to be git's (commitobject.py); a plain callable
+    gives a tree and `commit-tree` makes the commit."""
+    committing = getattr(tree_edit, "committing", None)
+    if committing is None or not _utf8_commits(git):
+        return tree_edit(tree), None
+    return committing(tree, spec)
+
+
+def _utf8_commits(git: Git) -> bool:
+    """Does git write commits here without an ``encoding`` header (`i18n.commitEncoding`)? The
+    configuration is read through `gitconfig_inputs`: git is asked again only after a change."""
+    entries = config_entries(git, git.repo_dir)
+    return entries is not None and commit_encoding_is_utf8(entries)
 
 
 def _commit(git: Git, rev: str) -> str:

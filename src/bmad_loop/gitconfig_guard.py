@@ -34,6 +34,7 @@ from pathlib import Path
 from bmad_loop import gitconfig_inputs
 
 __all__ = ["project_hooks_dir", "pin_hooks", "fingerprint", "changes", "changed_files",
+           "config_entries",
            "ConfigWatch", "PINNED_DIRNAME", "CONFIG_CHANGED_PREFIX"]
 
 PINNED_DIRNAME = "bmad-loop-hooks"
@@ -62,6 +63,13 @@ def _config_entries(git, cwd: Path) -> tuple[list[tuple[str, str, str, str]], st
     a file it reads for them changed (`gitconfig_inputs`)."""
     found, error = gitconfig_inputs.entries(git, Path(cwd), _read_entries)
     return list(found), error
+
+
+def config_entries(git, cwd: Path) -> list[tuple[str, str, str, str]] | None:
+    """`_config_entries` for other readers: the entries, or None when git could not read
+    them (a broken configuration file: git's own commands will say why)."""
+    found, error = _config_entries(git, Path(cwd))
+    return None if error is not None else found
 
 
 def _read_entries(git, cwd: Path) -> tuple[tuple[tuple[str, str, str, str], ...], str | None]:

@@ -27,11 +27,13 @@ from typing import Callable
 from ..board import parse_board, set_status
 from ..boardedit import set_statuses
 from ..boardstatus import DONE
-from ..compose import blobs_at, replace_blobs
+from ..commitobject import CommitSpec
+from ..compose import blobs_at
+from ..treeedit import replace_blobs_and_commit
 from ..errors import ConfigError
 from ..storystatus import set_story_status
 
-__all__ = ["FINISHED_WITHOUT_WORK", "lane_tree_edit", "mark_done_on_board", "mark_story_file_done"]
+__all__ = ["FINISHED_WITHOUT_WORK", "LaneTreeEdit", "lane_tree_edit", "mark_done_on_board", "mark_story_file_done"]
 
 IN_PROGRESS = "in-progress"
 # Epic statuses the first integrated story moves on (`contexted` is BMAD's legacy name for an
@@ -105,23 +107,32 @@ def _edited(current: bytes | None, change: Callable[[str], str]) -> bytes | None
 
 
 def lane_tree_edit(git, *, key: str, epic: str | None, board_rel: str | None,
-                   story_path: str | None) -> Callable[[str], str] | None:
+                   story_path: str | None) -> "LaneTreeEdit | None":
     """The candidate's tree edit for integrating story `key` (tree sha -> tree sha), or None
     when the run has neither a board nor a story file to write."""
     if not board_rel and not story_path:
         return None
-
     changes = {}
     if board_rel:
         changes[board_rel] = lambda text: mark_done_on_board(text, key, epic, board_rel)
     if story_path and story_path != board_rel:
         changes[story_path] = mark_story_file_done
+    return LaneTreeEdit(git, changes)
 
-    def edit(tree: str) -> str:
-        # One read and one tree write for both files (compose.blobs_at / replace_blobs).
-        current = blobs_at(git, tree, list(changes))
-        updated = {path: _edited(current[path], change) for path, change in changes.items()}
-        return replace_blobs(git, tree, {p: new for p, new in updated.items()
-                                         if new is not None and new != current[p]})
 
-    return edit
+class LaneTreeEdit:
+    """Called with a tree, the tree with the board (and story file) marked done; `committing`
+    also writes the candidate's commit of it in the same git process (compose.py)."""
+
+    def __init__(self, git, changes: dict[str, Callable[[str], str]]):
+        self.git, self.changes = git, changes
+
+    def __call__(self, tree: str) -> str:
+        return self.committing(tree, None)[0]
+
+    def committing(self, tree: str, commit: CommitSpec | None) -> tuple[str, str | None]:
+        # One read and one write for both files and the commit (blobs_at, then one pack).
+        current = blobs_at(self.git, tree, list(self.changes))
+        updated = {path: _edited(current[path], change) for path, change in self.changes.items()}
+        return replace_blobs_and_commit(self.git, tree, {
+            p: new for p, new in updated.items() if new is not None and new != current[p]}, commit)
