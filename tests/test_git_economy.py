@@ -19,6 +19,7 @@ import pytest
 
 from bmad_loop.compose import blobs_at, commit_worktree, replace_blobs
 from bmad_loop.gitcmd import Git
+from bmad_loop.gitconfig_guard import config_entries
 from bmad_loop.worktrees import ensure_worktree, list_worktrees, remove_worktree
 from support import StoryDef, git_repo, write, write_each
 
@@ -85,10 +86,12 @@ def test_a_plain_run_costs_a_bounded_number_of_git_processes_per_story(make_repo
     assert calls["ls-tree"] <= 2, calls
     # One checkout for the run: each later story takes the worktree the one before it parked
     # (engine/worktree_pool.py), and the pool is emptied when the run completes.
-    assert calls["worktree add"] == 1 and calls["worktree remove"] == 1, calls
+    assert calls["read-tree"] == 1 and calls["worktree remove"] == 1, calls
+    assert calls["worktree add"] == 0, calls  # registered by editing git's files
     # Its parks and takes move it, and its parks detach HEAD, by editing git's files in this
     # process (bmad_loop/worktree_files.py).
-    assert calls["worktree move"] == 0 and calls["update-ref"] == len(STORIES), calls  # the CASes
+    # The CASes, and the branch of the run's one new worktree.
+    assert calls["worktree move"] == 0 and calls["update-ref"] == len(STORIES) + 1, calls
     # `worktree add -b` and the takes make the story branches; the landed ones are deleted by
     # editing git's files (bmad_loop/branchfiles.py).
     assert calls["branch"] == 0, calls
@@ -104,20 +107,22 @@ def test_removing_a_worktree_that_is_not_there_starts_no_git(tmp_path, counted):
     assert subcommands(log) == Counter()
 
 
-def test_a_new_story_worktree_is_one_add_one_checkout_and_its_removal_one_remove(tmp_path,
+def test_a_new_story_worktree_is_one_ref_one_checkout_and_its_removal_one_remove(tmp_path,
                                                                                  counted):
     git = git_repo(tmp_path / "repo", {"a.txt": "a\n"})
     base = git.rev("HEAD")
     path = tmp_path / "wts" / "s1"
     git.common_dir()  # asked once per repository
+    config_entries(git, git.repo_dir)  # asked again only when a file git reads for it changes
     log = counted()
     assert ensure_worktree(git, path, "bmad-loop/r/s1", base, branch_head=None) == base
     made = subcommands(log)
     remove_worktree(git, path)
-    # `worktree add --no-checkout` under the repository lock, the checkout (`read-tree`) outside
-    # it: git's own add runs that checkout as a child process (`reset --hard`) anyway.
-    assert made == Counter({"worktree add": 1, "read-tree": 1}), log.read_text()
-    assert subcommands(log) == Counter({"worktree add": 1, "read-tree": 1, "worktree remove": 1})
+    # The branch (`update-ref`) and the registration (git's files, worktree_files.py) under the
+    # repository lock, the checkout (`read-tree`) outside it: `worktree add --no-checkout -b`
+    # itself starts `git branch` and `git symbolic-ref`.
+    assert made == Counter({"update-ref": 1, "read-tree": 1}), log.read_text()
+    assert subcommands(log) == Counter({"update-ref": 1, "read-tree": 1, "worktree remove": 1})
     assert [i.path for i in list_worktrees(git)] == [tmp_path / "repo"]
     assert git.rev("refs/heads/bmad-loop/r/s1") == base  # the branch stays; delete_branch drops it
 

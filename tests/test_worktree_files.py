@@ -8,6 +8,7 @@ status`, `git worktree prune` and `git branch -D` make of the result, and the ve
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -110,3 +111,76 @@ def test_a_held_head_lock_is_left_alone_and_head_unchanged(tmp_path):
     assert (admin / "HEAD").read_text() == "ref: refs/heads/story\n"
     assert (admin / "HEAD.lock").read_text() == "someone else's\n"
     assert not detach_head(admin, "not-a-sha")
+
+
+# -- registering a new worktree (what `worktree add --no-checkout --lock -b` writes) -----------
+
+def _admin_files(admin: Path) -> dict[str, str]:
+    """Every file of an admin entry, a log's times left out (each run writes its own)."""
+    found = {}
+    for folder, _dirs, files in os.walk(admin):
+        for name in files:
+            path = Path(folder, name)
+            text = path.read_text()
+            if "logs" in path.relative_to(admin).parts:
+                text = re.sub(r"> [0-9]+ [+-][0-9]{4}", "> TIME", text)
+            found[str(path.relative_to(admin))] = text
+    return found
+
+
+def test_a_registration_is_what_git_worktree_add_writes(tmp_path):
+    from bmad_loop.gitconfig_guard import config_entries
+    from bmad_loop.worktree_files import register_linked_worktree, registrable
+    from bmad_loop.worktrees import ensure_worktree
+
+    root, common = _repo_with_worktrees(tmp_path)
+    git_made, ours = tmp_path / "wt" / "by-git", tmp_path / "wt" / "by-us"
+    # A stale admin entry already holds the name: both take the next one, `<name>1`.
+    for taken in ("by-git", "by-us"):
+        (common / "worktrees" / taken).mkdir(parents=True)
+        (common / "worktrees" / taken / "locked").write_text("someone else's\n")
+    _git(root, "worktree", "add", "-q", "--no-checkout", "--lock", "--reason", "initializing",
+         "-b", "theirs", str(git_made))
+    _git(root, "branch", "ours")
+    from bmad_loop.gitcmd import Git
+    git = Git(root)
+    assert registrable(common, ours, config_entries(git, root))
+    register_linked_worktree(common, ours, "ours", "initializing")
+
+    theirs_admin, ours_admin = common / "worktrees" / "by-git1", common / "worktrees" / "by-us1"
+    assert (ours_admin / "logs" / "HEAD").exists()  # HEAD's creation, logged as git logs it
+    expected = {name: text.replace("by-git", "by-us").replace("theirs", "ours")
+                for name, text in _admin_files(theirs_admin).items()}
+    assert _admin_files(ours_admin) == expected
+    assert (ours / ".git").read_text() == (git_made / ".git").read_text().replace("by-git", "by-us")
+    assert sorted(os.listdir(ours)) == sorted(os.listdir(git_made)) == [".git"]
+    listed = _git(root, "worktree", "list", "--porcelain")
+    assert f"worktree {ours}\nHEAD " in listed and "branch refs/heads/ours\nlocked initializing" in listed
+    # And the engine's entry point makes one the same way, checked out and unlocked.
+    made = ensure_worktree(git, tmp_path / "wt" / "engine", "eng", git.rev("HEAD"), branch_head=None)
+    assert made == git.rev("HEAD")
+    assert _git(tmp_path / "wt" / "engine", "status", "--porcelain") == ""
+    assert _git(tmp_path / "wt" / "engine", "symbolic-ref", "HEAD") == "refs/heads/eng"
+    assert not (common / "worktrees" / "engine" / "locked").exists()
+    assert _git(root, "reflog", "show", "--format=%gs", "refs/heads/eng") == (
+        f"branch: Created from {made}")
+
+
+def test_what_worktree_add_would_do_more_for_is_left_to_it(tmp_path):
+    from bmad_loop.gitconfig_guard import config_entries
+    from bmad_loop.gitcmd import Git
+    from bmad_loop.worktree_files import registrable
+
+    root, common = _repo_with_worktrees(tmp_path)
+    git = Git(root)
+    assert registrable(common, tmp_path / "wt" / "plain", config_entries(git, root))
+    assert not registrable(common, tmp_path / "wt" / "with space", config_entries(git, root))
+    assert not registrable(common, tmp_path / "wt" / ".hidden", config_entries(git, root))
+    assert not registrable(common, root, config_entries(git, root))  # exists
+    assert not registrable(common, tmp_path / "wt" / "plain", None)  # configuration unknown
+    for key, value in (("core.sparseCheckout", "true"), ("extensions.worktreeConfig", "true"),
+                       ("worktree.useRelativePaths", "true")):
+        _git(root, "config", key, value)
+        assert not registrable(common, tmp_path / "wt" / "plain", config_entries(git, root)), key
+        _git(root, "config", "--unset", key)
+    assert registrable(common, tmp_path / "wt" / "plain", config_entries(git, root))

@@ -78,7 +78,8 @@ def test_a_three_story_run_reuses_one_worktree_cleans_it_and_leaves_none_behind(
     seen = {r["key"]: r for r in map(json.loads, log.read_text().splitlines())}
     # One checkout for the run: the 2nd and 3rd stories work in the worktree the 1st made.
     assert [seen[s.key]["admin"] for s in THREE] == ["1-1-alpha"] * 3
-    assert _traced(trace, "worktree add") == 1
+    # (A new worktree is registered by editing git's files, then checked out: `read-tree`.)
+    assert _traced(trace, "read-tree -u --reset") == 1 and _traced(trace, "worktree add") == 0
     # Three parks and two takes moved it, and the parks detached its HEAD, all by editing
     # git's files in this process (worktree_files): no git started for them.
     assert _traced(trace, "worktree move") == 0
@@ -110,7 +111,7 @@ def test_the_target_gets_the_same_trees_with_and_without_the_pool(make_repo, tmp
     assert fresh.cli("run").exit_code == 0
     monkeypatch.delenv("GIT_TRACE")
 
-    assert _traced(trace, "worktree add") == 3 and _traced(trace, "worktree move") == 0
+    assert _traced(trace, "read-tree -u --reset") == 3 and _traced(trace, "worktree move") == 0
     assert [json.loads(r)["admin"] for r in fresh_log.read_text().splitlines()] == [
         s.key for s in THREE]
     assert [c["tree"] for c in pooled.first_parent_trees()] == [
@@ -143,7 +144,7 @@ def test_a_dirty_locked_or_configured_worktree_is_removed_never_parked(make_repo
         wait_for_files(bar / f"in-{story.key}")
         run_id = repo.status()["run"]["id"]
         worktree = state / "worktrees" / run_id / story.key
-        # Each story's worktree was made by `worktree add`: the one before was not parked.
+        # Each story's worktree was made anew: the one before was not parked.
         assert (worktree / ".git").read_text().strip().endswith(f"/worktrees/{story.key}")
         assert not list(parked(Layout(state, run_id)))
         go(bar, story.key)
@@ -160,7 +161,7 @@ def test_a_dirty_locked_or_configured_worktree_is_removed_never_parked(make_repo
     assert wait_for_exit(proc, DEADLINE_S) == 0, repo.spawned_logs()
     assert set(repo.board_status(s.key) for s in THREE) == {"done"}
     assert repo.worktrees() == [str(repo.root)]
-    assert _traced(trace, "worktree add") == 3 and _traced(trace, "worktree move") == 0
+    assert _traced(trace, "read-tree -u --reset") == 3 and _traced(trace, "worktree move") == 0
 
 
 # ------------------------------------------------------------------------------ the pool itself

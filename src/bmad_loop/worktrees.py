@@ -21,8 +21,9 @@ A folder that does not exist and that no registration names (read from the admin
 ``gitdir`` files) needs no git at all.
 
 A new story's worktree (the quick path of `ensure_worktree`) holds the lock only to register:
-``worktree add --no-checkout --lock --reason initializing -b`` makes the branch and the admin
-entry, no files. The checkout (``read-tree -u --reset HEAD``: the worktree's own index and
+the branch and the admin entry, no files, as ``worktree add --no-checkout --lock --reason
+initializing -b`` makes them (for the plain layout by an ``update-ref`` and file edits,
+`worktree_files.register_new_worktree`: one git process instead of that command's three). The checkout (``read-tree -u --reset HEAD``: the worktree's own index and
 files, no ref) runs without the lock, so the first stories of a run check out side by side
 instead of one after another; then the ``locked`` file is removed, under the lock again, since
 ``worktree list`` dies when a ``locked`` file it saw vanishes before it reads it. Until then the
@@ -50,7 +51,7 @@ from bmad_loop.board import branch_name_ok
 from bmad_loop.branchfiles import delete_loose_branch
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
-from bmad_loop.worktree_files import rename_linked_worktree
+from bmad_loop.worktree_files import register_new_worktree, rename_linked_worktree
 
 __all__ = [
     "WorktreeInfo",
@@ -168,7 +169,8 @@ def ensure_worktree(git: Git, path: Path, branch: str, start_sha: str, *,
         # careful way finds out why.
         apart = _checkout_apart(git)
         try:
-            _add(git, path, branch, new_branch_at=start_sha, checkout=not apart)
+            if not (apart and register_new_worktree(git, path, branch, start_sha, _INITIALIZING)):
+                _add(git, path, branch, new_branch_at=start_sha, checkout=not apart)
         except GitError:
             return _ensure_carefully(git, path, branch, start_sha)
     if apart:
