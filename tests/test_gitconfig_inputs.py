@@ -136,3 +136,29 @@ def test_sibling_worktrees_share_an_answer_until_a_condition_could_tell_them_apa
     found, asked = answer(repo, three, reads)  # a condition could tell them apart: not shared
     assert asked and values(found, "core.pager") == ["three"]
     assert values(answer(repo, one, reads)[0], "core.pager") == []
+
+
+def test_threads_asking_for_one_folder_at_once_ask_git_once(repo):
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    reads = Reads()
+
+    def slow(git, cwd):  # the first read holds until the second thread is waiting for it
+        entered.set()
+        assert release.wait(10)
+        return reads(git, cwd)
+
+    answers = []
+    first = threading.Thread(target=lambda: answers.append(
+        gitconfig_inputs.entries(repo, repo.repo_dir, slow)))
+    first.start()
+    assert entered.wait(10)
+    second = threading.Thread(target=lambda: answers.append(
+        gitconfig_inputs.entries(repo, repo.repo_dir, reads)))
+    second.start()
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert reads.count == 1
+    assert answers[0] == answers[1] == _read_entries(repo, repo.repo_dir)

@@ -31,6 +31,7 @@ from bmad_loop.gitlocks import git_dirs
 __all__ = ["entries"]
 
 _KEPT = 32
+_FLIGHT_WAIT_S = 10.0
 _ENV = ("HOME", "XDG_CONFIG_HOME", "GIT_CONFIG_NOSYSTEM")
 _UNREADABLE = object()
 _SYSTEM_MISSING = re.compile(r"unable to read config file '([^']+)'")
@@ -40,12 +41,30 @@ _answers: OrderedDict[str, tuple[tuple, object, tuple[Path, ...]]] = OrderedDict
 # common dir -> the answer a linked worktree of it gave, shared with its siblings (`_sharing`)
 _shared: OrderedDict[str, tuple[tuple, object, tuple[Path, ...]]] = OrderedDict()
 _system: list[Path | None] = []  # [path] once known; [None]: git would not say
+_flights: dict[str, threading.RLock] = {}  # folder -> held while git is asked (re-entrant: a
+# `read` may come back here, e.g. for the hooks folder its own git run needs)
 
 
 def entries(git, cwd: Path, read):
     """`read(git, cwd)` (the real ``git config --list`` reader: (entries, error)), or the answer
-    it gave last time for `cwd` when nothing it depends on has changed since."""
+    it gave last time for `cwd` when nothing it depends on has changed since. Threads asking
+    for one folder at once ask git once: the others wait for that answer and check it."""
     key = os.fspath(Path(cwd).absolute())
+    with _lock:
+        flight = _flights.setdefault(key, threading.RLock())
+    # Bounded: a wait that outlasts it asks git itself, so no order of nested reads can hang.
+    waited = flight.acquire(timeout=_FLIGHT_WAIT_S)
+    try:
+        return _entries(git, cwd, read, key)
+    finally:
+        if waited:
+            flight.release()
+        with _lock:
+            if len(_flights) > 4 * _KEPT:
+                _flights.clear()  # a holder keeps its own lock; at worst git is asked twice
+
+
+def _entries(git, cwd: Path, read, key: str):
     with _lock:
         known = _answers.get(key)
     base = _base_files(git, Path(cwd))

@@ -43,7 +43,6 @@ import re
 
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import is_full_sha
-from bmad_loop.gitconfig_guard import config_entries
 
 __all__ = ["rename_linked_worktree", "detach_head", "register_new_worktree", "registrable",
            "register_linked_worktree"]
@@ -133,15 +132,17 @@ def detach_head(admin, sha: str) -> bool:
 _ADD_DOES_MORE = ("core.sparsecheckout", "core.sparsecheckoutcone", "worktree.userelativepaths")
 
 
-def register_new_worktree(git, path, branch: str, start_sha: str, reason: str) -> bool:
+def register_new_worktree(git, path, branch: str, start_sha: str, reason: str,
+                          settings) -> bool:
     """What ``worktree add --no-checkout --lock --reason <reason> -b <branch> <path>
     <start_sha>`` does, with one git process instead of three (``worktree add`` starts ``git
     branch`` and ``git symbolic-ref`` itself): the branch by ``update-ref`` with the reflog
     message ``git branch`` writes, then `register_linked_worktree`. False, nothing done, where
-    git must do it (`registrable`); a GitError when the branch could not be made (it exists)
-    or the registration failed part way. The caller holds `gitcmd.repo_lock`."""
+    git must do it (`registrable`; `settings`: the repository's configuration entries, read by
+    the caller before it took `gitcmd.repo_lock`, None when unknown); a GitError when the
+    branch could not be made (it exists) or the registration failed part way."""
     common = git.common_dir()
-    if not registrable(common, path, config_entries(git, git.repo_dir)):
+    if not registrable(common, path, settings):
         return False
     git.run("update-ref", "-m", f"branch: Created from {start_sha}", f"refs/heads/{branch}",
             start_sha, "0" * len(start_sha))

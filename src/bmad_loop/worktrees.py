@@ -51,6 +51,7 @@ from bmad_loop.board import branch_name_ok
 from bmad_loop.branchfiles import delete_loose_branch
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
+from bmad_loop.gitconfig_guard import config_entries
 from bmad_loop.worktree_files import register_new_worktree, rename_linked_worktree
 
 __all__ = [
@@ -160,6 +161,9 @@ def ensure_worktree(git: Git, path: Path, branch: str, start_sha: str, *,
     if not branch_name_ok(branch):
         raise GitError(f"git refuses {branch!r} as a branch name")
     path = _abs(path)
+    # Read before the lock: a process's first read runs git, which the other workers'
+    # registrations would otherwise wait for.
+    settings = config_entries(git, git.repo_dir) if branch_head is None else None
     with repo_lock(git):
         if not (branch_head is None and is_full_sha(start_sha) and not os.path.lexists(path)
                 and not _registered(git, path)):
@@ -169,7 +173,8 @@ def ensure_worktree(git: Git, path: Path, branch: str, start_sha: str, *,
         # careful way finds out why.
         apart = _checkout_apart(git)
         try:
-            if not (apart and register_new_worktree(git, path, branch, start_sha, _INITIALIZING)):
+            if not (apart and register_new_worktree(git, path, branch, start_sha, _INITIALIZING,
+                                                    settings)):
                 _add(git, path, branch, new_branch_at=start_sha, checkout=not apart)
         except GitError:
             return _ensure_carefully(git, path, branch, start_sha)
