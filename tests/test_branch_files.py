@@ -35,7 +35,9 @@ def _repo(root: Path):
 
 
 def _state(root: Path) -> dict[str, str]:
-    """Every file and folder under .git/refs and .git/logs, with the refs' contents."""
+    """Every file and folder under .git/refs and .git/logs, with the refs' contents (the base
+    commit's name written as BASE: two repositories made a second apart differ there)."""
+    base = _git(root, "rev-parse", "main")
     found = {}
     for top in ("refs", "logs"):
         for folder, dirs, files in os.walk(root / ".git" / top):
@@ -44,6 +46,7 @@ def _state(root: Path) -> dict[str, str]:
             for name in files:
                 text = Path(folder, name).read_text()
                 # A reflog line carries the time it was written: compare what it records.
+                text = text.replace(base, "BASE")
                 found[f"{rel}/{name}"] = text if top == "refs" else str(len(text.splitlines()))
     return found
 
@@ -114,3 +117,21 @@ def test_delete_branch_leaves_git_the_cases_it_does_not_edit(tmp_path):
     assert _git(root, "branch", "--list", "solo", "bmad-loop/run-1/1-1-a") == ""
     assert "solo" not in (git.common_dir() / "config").read_text()
     assert "refs/heads/solo" not in (git.common_dir() / "packed-refs").read_text()
+
+
+def test_a_pack_refs_run_meanwhile_leaves_the_copy_to_git(tmp_path, monkeypatch):
+    # A real `git pack-refs` runs once our lock on the ref is held (git does not take it
+    # first): it copies the ref into packed-refs. The loose ref goes, and git deletes the copy.
+    import bmad_loop.branchfiles as branchfiles
+
+    root = tmp_path / "repo"
+    git = _repo(root)
+    name = "bmad-loop/run-1/1-1-a"
+    monkeypatch.setattr(branchfiles, "_after_lock",
+                        lambda path: _git(root, "pack-refs", "--all", check=False))
+    assert not delete_loose_branch(git.common_dir(), name)
+    assert f"refs/heads/{name}" in (git.common_dir() / "packed-refs").read_text()
+    monkeypatch.setattr(branchfiles, "_after_lock", None)
+    delete_branch(git, name)  # what the engine does then: git deletes the packed copy
+    assert _git(root, "branch", "--list", name) == ""
+    assert f"refs/heads/{name}" not in (git.common_dir() / "packed-refs").read_text()

@@ -184,3 +184,19 @@ def test_what_worktree_add_would_do_more_for_is_left_to_it(tmp_path):
         assert not registrable(common, tmp_path / "wt" / "plain", config_entries(git, root)), key
         _git(root, "config", "--unset", key)
     assert registrable(common, tmp_path / "wt" / "plain", config_entries(git, root))
+
+
+def test_a_registration_refused_part_way_takes_back_what_it_made(tmp_path):
+    import pytest
+
+    from bmad_loop.worktree_files import register_linked_worktree
+
+    root, common = _repo_with_worktrees(tmp_path)
+    _git(root, "branch", "ours")
+    (tmp_path / "a-file").write_text("in the way\n")  # the worktree's folder cannot go under it
+    before = sorted(os.listdir(common / "worktrees")) if (common / "worktrees").exists() else []
+    with pytest.raises(OSError):
+        register_linked_worktree(common, tmp_path / "a-file" / "wt", "ours", "initializing")
+    assert sorted(os.listdir(common / "worktrees")) == before  # no locked entry left behind
+    assert _git(root, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert (tmp_path / "a-file").read_text() == "in the way\n"

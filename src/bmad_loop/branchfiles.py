@@ -36,10 +36,14 @@ _SHA = re.compile(rb"(?:[0-9a-f]{40}|[0-9a-f]{64})\n?")
 # checked out there even though HEAD is detached.
 _BUSY = ("rebase-merge", "rebase-apply", "BISECT_START")
 
+# Test seam: called with the ref file's path once its lock is held.
+_after_lock = None
+
 
 def delete_loose_branch(common_dir, name: str) -> bool:
     """Delete branch `name` of the repository whose git common dir is `common_dir`; True when
-    it was done here, False when git must do it (nothing was changed then)."""
+    it was done here, False when git must do it: nothing was changed then, or the loose ref
+    is gone but a copy a concurrent ``git pack-refs`` made is left for git to delete."""
     if not branch_name_ok(name):
         return False
     common = os.fspath(common_dir)
@@ -58,11 +62,17 @@ def delete_loose_branch(common_dir, name: str) -> bool:
     except OSError:
         return False  # another git holds it (or it cannot be made): git waits or says why
     try:
+        if _after_lock is not None:
+            _after_lock(path)
         if _read(path) != held:
             return False  # moved before the lock was taken
         os.unlink(path)
     finally:
         os.unlink(lock)
+    if _packed(common, ref):
+        # A `git pack-refs` that ran meanwhile (it does not take our lock first) copied the ref
+        # into packed-refs: git deletes that copy, and the log and folders with it.
+        return False
     log = os.path.join(common, "logs", *ref.split("/"))
     try:
         os.unlink(log)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import is_full_sha
@@ -174,8 +175,8 @@ def register_linked_worktree(common_dir, path, branch: str, reason: str) -> None
     """Register a new linked worktree at `path` on `branch` (which must exist), locked with
     `reason`, without checking anything out: what ``git worktree add --no-checkout --lock
     --reason <reason> <path> <branch>`` writes. Only where `registrable` says so; the caller
-    holds `gitcmd.repo_lock`. An OSError part way leaves a
-    half-made worktree, locked, as a killed ``git worktree add`` does.
+    holds `gitcmd.repo_lock`. An OSError part way takes back what was made and is raised; only
+    a kill part way leaves a half-made worktree, locked, as a killed ``git worktree add`` does.
 
     The order is git's: the admin entry (``worktrees/<name>``, or ``<name>1``, ``<name>2``…
     when taken) with its ``locked`` file first, so no ``worktree prune`` removes it half-made,
@@ -192,12 +193,22 @@ def register_linked_worktree(common_dir, path, branch: str, reason: str) -> None
         except FileExistsError:
             counter += 1
             admin = os.path.join(worktrees, f"{name}{counter}")
-    _write(os.path.join(admin, "locked"), reason + "\n")
-    os.makedirs(path)
-    _write(os.path.join(admin, "gitdir"), os.path.join(os.path.realpath(path), ".git") + "\n")
-    _write(os.path.join(path, ".git"), f"gitdir: {admin}\n")
-    _write(os.path.join(admin, "commondir"), "../..\n")
-    _write(os.path.join(admin, "HEAD"), f"ref: refs/heads/{branch}\n")
+    made = False
+    try:
+        _write(os.path.join(admin, "locked"), reason + "\n")
+        os.makedirs(path)
+        made = True
+        _write(os.path.join(admin, "gitdir"), os.path.join(os.path.realpath(path), ".git") + "\n")
+        _write(os.path.join(path, ".git"), f"gitdir: {admin}\n")
+        _write(os.path.join(admin, "commondir"), "../..\n")
+        _write(os.path.join(admin, "HEAD"), f"ref: refs/heads/{branch}\n")
+    except OSError:
+        # A write refused (a full disk, a permission): take back what was made, so no locked
+        # entry without a worktree is left that no `worktree prune` would ever remove.
+        shutil.rmtree(admin, ignore_errors=True)
+        if made:  # (a folder someone else put there meanwhile is theirs)
+            shutil.rmtree(path, ignore_errors=True)
+        raise
     # git logs HEAD's creation in the worktree as it logged the branch's (same identity and
     # time, no message); where the branch has no log (core.logAllRefUpdates off) neither has HEAD.
     created = _creation_entry(os.path.join(os.path.realpath(common_dir), "logs", "refs", "heads",
