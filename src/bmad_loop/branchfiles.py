@@ -28,6 +28,7 @@ import os
 import re
 
 from bmad_loop.board import branch_name_ok
+from bmad_loop.refread import UNKNOWN, read_git_file
 
 __all__ = ["delete_loose_branch"]
 
@@ -51,8 +52,8 @@ def delete_loose_branch(common_dir, name: str) -> bool:
         return False
     ref = f"refs/heads/{name}"
     path = os.path.join(common, *ref.split("/"))
-    held = _read(path)
-    if held is None or not _SHA.fullmatch(held):
+    held = read_git_file(path)
+    if held is None or held is UNKNOWN or not _SHA.fullmatch(held):
         return False  # absent, a folder, a symbolic ref or unreadable: git's to judge
     if _packed(common, ref) or _in_use(common, ref) or _configured(common, name):
         return False
@@ -64,7 +65,7 @@ def delete_loose_branch(common_dir, name: str) -> bool:
     try:
         if _after_lock is not None:
             _after_lock(path)
-        if _read(path) != held:
+        if read_git_file(path) != held:
             return False  # moved before the lock was taken
         os.unlink(path)
     finally:
@@ -81,19 +82,6 @@ def delete_loose_branch(common_dir, name: str) -> bool:
     _remove_empty_parents(path, os.path.join(common, "refs", "heads"))
     _remove_empty_parents(log, os.path.join(common, "logs", "refs", "heads"))
     return True
-
-
-def _read(path: str) -> bytes | None:
-    """The file's bytes; None when there is none, it is a symlink or a folder, or unreadable."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as handle:
-            return handle.read()
-    except OSError:
-        return None
 
 
 def _packed(common: str, ref: str) -> bool:
@@ -121,8 +109,8 @@ def _in_use(common: str, ref: str) -> bool:
         return True
     wanted = f"ref: {ref}".encode("utf-8", "surrogateescape")
     for admin in admins:
-        head = _read(os.path.join(admin, "HEAD"))
-        if head is None or head.strip() == wanted:
+        head = read_git_file(os.path.join(admin, "HEAD"))
+        if head is None or head is UNKNOWN or head.strip() == wanted:
             return True
         if any(os.path.lexists(os.path.join(admin, busy)) for busy in _BUSY):
             return True

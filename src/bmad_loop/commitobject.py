@@ -14,11 +14,11 @@ same inputs still gives the same SHA whichever way the commit was made:
     <message, as given>
 
 `commit_body` answers None wherever git could write something else, and the caller then runs
-``commit-tree``: a parent named twice (git drops the repeat), a name or e-mail git would trim (leading or trailing spaces, dots, commas,
-colons, semicolons, quotes, backslashes, angle brackets; ``<``, ``>`` or a newline inside), a
-date not in the ``@<unix> <+hhmm>`` form bmad-loop passes (git would parse and reformat it), a
-text git would re-encode (not UTF-8, or holding the non-characters git's UTF-8 check rejects),
-and a repository whose ``i18n.commitEncoding`` is not UTF-8 (git adds an ``encoding`` header:
+``commit-tree``: a parent named twice (git drops the repeat), a name or e-mail git would trim
+(leading or trailing spaces, dots, commas, colons, semicolons, quotes, backslashes, angle
+brackets; ``<``, ``>`` or a newline inside), a date not in the ``@<unix> <+hhmm>`` form
+bmad-loop passes (git would parse and reformat it), a text git would re-encode (not UTF-8, or
+holding the non-characters git's UTF-8 check rejects), and a repository whose ``i18n.commitEncoding`` is not UTF-8 (git adds an ``encoding`` header:
 the caller checks that, `commit_encoding_is_utf8`).
 """
 

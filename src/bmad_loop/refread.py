@@ -32,7 +32,7 @@ from pathlib import Path
 from bmad_loop.board import branch_name_ok
 from bmad_loop.gitlocks import git_dirs
 
-__all__ = ["read_commit_ref", "main_checkout_branch", "UNKNOWN"]
+__all__ = ["read_commit_ref", "main_checkout_branch", "read_git_file", "UNKNOWN"]
 
 UNKNOWN = object()  # ask git
 _SHA = re.compile(rb"([0-9a-f]{40}|[0-9a-f]{64})\n?")
@@ -68,7 +68,7 @@ def read_commit_ref(cwd: Path | str, name: str):
 
 
 def _head(gitdir: Path, common: Path):
-    raw = _read(gitdir / "HEAD")
+    raw = read_git_file(gitdir / "HEAD")
     if raw is None or raw is UNKNOWN:
         return UNKNOWN
     if raw.startswith(b"ref: "):
@@ -82,12 +82,12 @@ def _head(gitdir: Path, common: Path):
 
 def _lookup(common: Path, ref: str):
     """The SHA of `ref` (loose, else packed), None when absent, `UNKNOWN` when odd."""
-    raw = _read(common / ref)
+    raw = read_git_file(common / ref)
     if raw is UNKNOWN:
         return UNKNOWN
     if raw is not None:
         return _sha(raw)
-    packed = _read(common / "packed-refs")
+    packed = read_git_file(common / "packed-refs")
     if packed is UNKNOWN:
         return UNKNOWN
     return None if packed is None else _packed(packed, ref)
@@ -111,7 +111,7 @@ def _sha(raw: bytes):
     return match.group(1).decode("ascii") if match else UNKNOWN
 
 
-def _read(path: Path):
+def read_git_file(path):
     """The file's bytes; None when there is no such file; `UNKNOWN` for a symlink or an error."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
@@ -130,7 +130,7 @@ def main_checkout_branch(folder: Path | str) -> str | None:
     gitdir = Path(folder) / ".git"
     if not gitdir.is_dir() or (gitdir / "reftable").is_dir():
         return None
-    raw = _read(gitdir / "HEAD")
+    raw = read_git_file(gitdir / "HEAD")
     if raw is None or raw is UNKNOWN or not raw.startswith(b"ref: "):
         return None
     target = raw[5:].strip().decode("utf-8", "surrogateescape")

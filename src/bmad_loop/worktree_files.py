@@ -91,7 +91,7 @@ def rename_linked_worktree(source, dest, common_dir) -> bool:
     admin = _admin_of(source, common_dir)
     if admin is None or os.path.lexists(dest) or os.path.islink(source):
         return False
-    if os.path.lexists(os.path.join(admin, "locked")) or os.path.lexists(os.path.join(admin, "modules")):
+    if any(os.path.lexists(os.path.join(admin, name)) for name in ("locked", "modules")):
         return False
     registered = (_read(os.path.join(admin, "gitdir")) or "").strip()
     if not os.path.isabs(registered) or os.path.realpath(registered) != os.path.realpath(
@@ -111,7 +111,8 @@ def detach_head(admin, sha: str) -> bool:
     head = os.path.join(admin, "HEAD")
     lock = head + ".lock"
     try:
-        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+                     0o666)
     except FileExistsError:
         return False
     try:

@@ -23,9 +23,10 @@ A folder that does not exist and that no registration names (read from the admin
 A new story's worktree (the quick path of `ensure_worktree`) holds the lock only to register:
 the branch and the admin entry, no files, as ``worktree add --no-checkout --lock --reason
 initializing -b`` makes them (for the plain layout by an ``update-ref`` and file edits,
-`worktree_files.register_new_worktree`: one git process instead of that command's three). The checkout (``read-tree -u --reset HEAD``: the worktree's own index and
-files, no ref) runs without the lock, so the first stories of a run check out side by side
-instead of one after another; then the ``locked`` file is removed, under the lock again, since
+`worktree_files.register_new_worktree`: one git process instead of that command's three).
+The checkout (``read-tree -u --reset HEAD``: the worktree's own index and files, no ref) runs
+without the lock, so the first stories of a run check out side by side instead of one after
+another; then the ``locked`` file is removed, under the lock again, since
 ``worktree list`` dies when a ``locked`` file it saw vanishes before it reads it. Until then the
 entry is half-made by the rule above: a crash in between is discarded and made again by the next
 ``ensure_worktree``, never used empty, and ``worktree prune`` (ours or any git's) leaves a

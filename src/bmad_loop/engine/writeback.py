@@ -33,7 +33,8 @@ from ..treeedit import replace_blobs_and_commit
 from ..errors import ConfigError
 from ..storystatus import set_story_status
 
-__all__ = ["FINISHED_WITHOUT_WORK", "LaneTreeEdit", "lane_tree_edit", "mark_done_on_board", "mark_story_file_done"]
+__all__ = ["FINISHED_WITHOUT_WORK", "LaneTreeEdit", "lane_tree_edit", "mark_done_on_board",
+           "mark_story_file_done"]
 
 IN_PROGRESS = "in-progress"
 # Epic statuses the first integrated story moves on (`contexted` is BMAD's legacy name for an
@@ -133,6 +134,7 @@ class LaneTreeEdit:
     def committing(self, tree: str, commit: CommitSpec | None) -> tuple[str, str | None]:
         # One read and one write for both files and the commit (blobs_at, then one pack).
         current = blobs_at(self.git, tree, list(self.changes))
-        updated = {path: _edited(current[path], change) for path, change in self.changes.items()}
-        return replace_blobs_and_commit(self.git, tree, {
-            p: new for p, new in updated.items() if new is not None and new != current[p]}, commit)
+        updated = {path: _edited(current[path], change)
+                   for path, change in self.changes.items()}
+        edits = {p: new for p, new in updated.items() if new is not None and new != current[p]}
+        return replace_blobs_and_commit(self.git, tree, edits, commit)
