@@ -78,11 +78,13 @@ class StallWatch:
         self._sample = sample or (lambda: tree_cpu(root, marker, since))
         now = clock()
         self._last_active = now
-        self._next_sample = now
+        # The first sample is due one `sample_s` in, not at once: the session is active as it
+        # starts, and a walk of every process of the machine (~7 ms of CPU with 85 processes
+        # here) would compete with the agent's own start. That sample has no baseline, so its
+        # processes are all new, i.e. active: a session that never does anything is found
+        # stalled `sample_s` later than `stall_s` (at most a fifth of it), never earlier.
+        self._next_sample = now + self.sample_s
         self._size = self._log_size()
-        # No baseline now: the session is active as it starts, and a walk of every process of
-        # the machine here would delay the agent's start. The first sample's processes are all
-        # new, i.e. active, as they are.
         self._cpu: dict = {}
 
     @property
