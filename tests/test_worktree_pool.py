@@ -66,18 +66,23 @@ def _traced(trace: Path, what: str) -> int:
     return sum(1 for line in trace.read_text().splitlines() if f"trace: built-in: git {what} " in line)
 
 
-def test_a_three_story_run_reuses_one_worktree_cleans_it_and_leaves_none_behind(
-        make_repo, tmp_path, monkeypatch):
-    repo, log = _probe_repo(make_repo, tmp_path, "reuse")
-    trace = tmp_path / "reuse.trace"
+def run_traced(repo, log: Path, trace: Path, monkeypatch) -> dict:
+    """`run` under git's trace (to `trace`); what each story's probe saw, by story key."""
     monkeypatch.setenv("GIT_TRACE", str(trace))
     result = repo.cli("run")
     monkeypatch.delenv("GIT_TRACE")
     assert result.exit_code == 0, result.output
+    return {r["key"]: r for r in map(json.loads, log.read_text().splitlines())}
 
-    seen = {r["key"]: r for r in map(json.loads, log.read_text().splitlines())}
-    # One checkout for the run: the 2nd and 3rd stories work in the worktree the 1st made.
-    assert [seen[s.key]["admin"] for s in THREE] == ["1-1-alpha"] * 3
+
+def test_a_three_story_run_reuses_one_worktree_cleans_it_and_leaves_none_behind(
+        make_repo, tmp_path, monkeypatch):
+    repo, log = _probe_repo(make_repo, tmp_path, "reuse")
+    trace = tmp_path / "reuse.trace"
+    seen = run_traced(repo, log, trace, monkeypatch)
+    # One checkout for the run, made as the run started (pool_warmup.py): all three stories
+    # work in it.
+    assert [seen[s.key]["admin"] for s in THREE] == ["warming-1"] * 3
     # (A new worktree is registered by editing git's files, then checked out: `read-tree`.)
     assert _traced(trace, "read-tree -u --reset") == 1 and _traced(trace, "worktree add") == 0
     # Three parks and two takes moved it, and the parks detached its HEAD, all by editing
@@ -144,8 +149,10 @@ def test_a_dirty_locked_or_configured_worktree_is_removed_never_parked(make_repo
         wait_for_files(bar / f"in-{story.key}")
         run_id = repo.status()["run"]["id"]
         worktree = state / "worktrees" / run_id / story.key
-        # Each story's worktree was made anew: the one before was not parked.
-        assert (worktree / ".git").read_text().strip().endswith(f"/worktrees/{story.key}")
+        # Each story's worktree was made anew: the one before was not parked. (The first
+        # story's was checked out as the run started.)
+        made_as = "warming-1" if k == 0 else story.key
+        assert (worktree / ".git").read_text().strip().endswith(f"/worktrees/{made_as}")
         assert not list(parked(Layout(state, run_id)))
         go(bar, story.key)
         wait_for_files(reached)

@@ -45,8 +45,8 @@ import shutil
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import is_full_sha
 
-__all__ = ["rename_linked_worktree", "detach_head", "register_new_worktree", "registrable",
-           "register_linked_worktree"]
+__all__ = ["rename_linked_worktree", "detach_head", "attach_new_branch", "register_new_worktree", "registrable",
+           "register_detached_worktree", "register_linked_worktree"]
 
 # A worktree's admin entry is named after its folder; git turns a name that is not a plain
 # refname component into one (`sanitize_refname_component`): such names are left to git.
@@ -106,8 +106,25 @@ def detach_head(admin, sha: str) -> bool:
     """Point the worktree's HEAD (admin entry `admin`) at `sha` itself instead of a branch, as
     ``update-ref --no-deref HEAD <sha>`` does; False when HEAD's lock is taken (someone is
     writing it: leave it to them) or `sha` is not a full object name."""
-    if not is_full_sha(sha):
+    return is_full_sha(sha) and _write_head(admin, sha + "\n")
+
+
+def attach_new_branch(admin, branch: str, common_dir) -> bool:
+    """Point the worktree's HEAD (admin entry `admin`) at `branch`, just made at the commit HEAD
+    names, with HEAD's log restarted from the branch's creation line: what a new worktree's
+    registration writes (`register_linked_worktree`). False when HEAD's lock is taken."""
+    if not _write_head(admin, f"ref: refs/heads/{branch}\n"):
         return False
+    try:
+        os.unlink(os.path.join(admin, "logs", "HEAD"))
+    except FileNotFoundError:
+        pass
+    _log_head_creation(admin, branch, common_dir)
+    return True
+
+
+def _write_head(admin, text: str) -> bool:
+    """Replace ``<admin>/HEAD`` through ``HEAD.lock``; False when the lock is taken."""
     head = os.path.join(admin, "HEAD")
     lock = head + ".lock"
     try:
@@ -116,8 +133,8 @@ def detach_head(admin, sha: str) -> bool:
     except FileExistsError:
         return False
     try:
-        with os.fdopen(fd, "w", encoding="ascii") as handle:
-            handle.write(sha + "\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
         os.replace(lock, head)
     except BaseException:
         try:
@@ -155,6 +172,21 @@ def register_new_worktree(git, path, branch: str, start_sha: str, reason: str,
     return True
 
 
+def register_detached_worktree(git, path, sha: str, reason: str, settings) -> bool:
+    """What ``worktree add --detach --no-checkout --lock --reason <reason> <path> <sha>`` does,
+    without git: `register_linked_worktree` with HEAD at `sha` itself (and no HEAD log: git's
+    has one line without a message, which nothing reads). False, nothing done, where git must
+    do it (`registrable`); a GitError when the registration failed part way."""
+    common = git.common_dir()
+    if not (is_full_sha(sha) and registrable(common, path, settings)):
+        return False
+    try:
+        register_linked_worktree(common, path, None, reason, head=sha)
+    except OSError as exc:
+        raise GitError(f"cannot register the worktree {path}: {exc}") from exc
+    return True
+
+
 def registrable(common_dir, path, config_entries) -> bool:
     """Can `register_linked_worktree` make a worktree at `path`? No when `path` exists or its
     name is not a plain one, the repository is a reftable one, or its configuration
@@ -172,10 +204,11 @@ def registrable(common_dir, path, config_entries) -> bool:
     return True
 
 
-def register_linked_worktree(common_dir, path, branch: str, reason: str) -> None:
-    """Register a new linked worktree at `path` on `branch` (which must exist), locked with
-    `reason`, without checking anything out: what ``git worktree add --no-checkout --lock
-    --reason <reason> <path> <branch>`` writes. Only where `registrable` says so; the caller
+def register_linked_worktree(common_dir, path, branch: str | None, reason: str, *,
+                             head: str | None = None) -> None:
+    """Register a new linked worktree at `path` on `branch` (which must exist), or with `branch`
+    None detached at `head`, locked with `reason`, without checking anything out: what ``git
+    worktree add --no-checkout --lock --reason <reason> <path> <branch>`` writes. Only where `registrable` says so; the caller
     holds `gitcmd.repo_lock`. An OSError part way takes back what was made and is raised; only
     a kill part way leaves a half-made worktree, locked, as a killed ``git worktree add`` does.
 
@@ -202,7 +235,7 @@ def register_linked_worktree(common_dir, path, branch: str, reason: str) -> None
         _write(os.path.join(admin, "gitdir"), os.path.join(os.path.realpath(path), ".git") + "\n")
         _write(os.path.join(path, ".git"), f"gitdir: {admin}\n")
         _write(os.path.join(admin, "commondir"), "../..\n")
-        _write(os.path.join(admin, "HEAD"), f"ref: refs/heads/{branch}\n")
+        _write(os.path.join(admin, "HEAD"), f"ref: refs/heads/{branch}\n" if branch else f"{head}\n")
     except OSError:
         # A write refused (a full disk, a permission): take back what was made, so no locked
         # entry without a worktree is left that no `worktree prune` would ever remove.
@@ -210,8 +243,13 @@ def register_linked_worktree(common_dir, path, branch: str, reason: str) -> None
         if made:  # (a folder someone else put there meanwhile is theirs)
             shutil.rmtree(path, ignore_errors=True)
         raise
-    # git logs HEAD's creation in the worktree as it logged the branch's (same identity and
-    # time, no message); where the branch has no log (core.logAllRefUpdates off) neither has HEAD.
+    if branch:
+        _log_head_creation(admin, branch, common_dir)
+
+
+def _log_head_creation(admin: str, branch: str, common_dir) -> None:
+    """git logs HEAD's creation in a worktree as it logged the branch's (same identity and time,
+    no message); where the branch has no log (core.logAllRefUpdates off) neither has HEAD."""
     created = _creation_entry(os.path.join(os.path.realpath(common_dir), "logs", "refs", "heads",
                                            *branch.split("/")))
     if created is not None:

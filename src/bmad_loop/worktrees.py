@@ -53,20 +53,12 @@ from bmad_loop.branchfiles import delete_loose_branch
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
 from bmad_loop.gitconfig_guard import config_entries
-from bmad_loop.worktree_files import register_new_worktree, rename_linked_worktree
+from bmad_loop.worktree_files import (register_detached_worktree, register_new_worktree,
+                                      rename_linked_worktree)
 
 __all__ = [
-    "WorktreeInfo",
-    "list_worktrees",
-    "checkout_of",
-    "ensure_worktree",
-    "ensure_detached_worktree",
-    "admin_dir",
-    "move_worktree",
-    "remove_worktree",
-    "delete_branch",
-    "delete_ref",
-    "prune",
+    "WorktreeInfo", "list_worktrees", "checkout_of", "ensure_worktree", "ensure_detached_worktree",
+    "admin_dir", "move_worktree", "remove_worktree", "delete_branch", "delete_ref", "prune",
     "is_full_sha",
 ]
 
@@ -212,23 +204,28 @@ def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
 
     Idempotent: an existing detached worktree at `path` is reused; if it is at another commit it is
     reset to `sha` (``checkout --detach -f`` and ``clean -ffdx``). A half-made one is made again.
-    A new one is registered under the lock and checked out without it, as a new story's is.
+    A new one is registered under the lock (in this process where `worktree_files` can) and
+    checked out without it, as a new story's is.
     """
     path = _abs(path)
+    settings = config_entries(git, git.repo_dir) if is_full_sha(sha) else None  # before the lock
     with repo_lock(git):
-        listing = list_worktrees(git)
-        info = _find_in(listing, path)
-        if info is not None and not info.half_made:
-            if not info.detached:
-                raise GitError(f"{path} is a worktree on branch {info.branch}, not detached")
-            if info.head != (sha if is_full_sha(sha) else git.rev(sha)):
-                git.run("checkout", "--quiet", "--detach", "-f", sha, cwd=path)
-                git.run("clean", "-ffdxq", cwd=path)
-            return
-        if info is not None or os.path.lexists(path):
-            _discard(git, path, info, listing)
         apart = _checkout_apart(git)
-        _add(git, path, sha, detach=True, checkout=not apart)
+        if not (apart and settings is not None and not os.path.lexists(path)
+                and not _registered(git, path)
+                and register_detached_worktree(git, path, sha, _INITIALIZING, settings)):
+            listing = list_worktrees(git)
+            info = _find_in(listing, path)
+            if info is not None and not info.half_made:
+                if not info.detached:
+                    raise GitError(f"{path} is a worktree on branch {info.branch}, not detached")
+                if info.head != (sha if is_full_sha(sha) else git.rev(sha)):
+                    git.run("checkout", "--quiet", "--detach", "-f", sha, cwd=path)
+                    git.run("clean", "-ffdxq", cwd=path)
+                return
+            if info is not None or os.path.lexists(path):
+                _discard(git, path, info, listing)
+            _add(git, path, sha, detach=True, checkout=not apart)
     if apart:
         _populate(git, path)
 
