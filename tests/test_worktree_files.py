@@ -205,7 +205,7 @@ def test_a_registration_refused_part_way_takes_back_what_it_made(tmp_path):
 def test_a_detached_registration_is_what_git_worktree_add_detach_writes(tmp_path):
     """`worktree add --detach --no-checkout --lock` by git and by us: the same admin entry (git
     also logs HEAD's first value, without a message: left out), then the engine's detached
-    worktree (candidates, the run's first checkouts) made that way, checked out and unlocked."""
+    worktree (the lane's candidates) made that way, checked out and unlocked."""
     from bmad_loop.gitcmd import Git
     from bmad_loop.worktree_files import register_detached_worktree
     from bmad_loop.worktrees import ensure_detached_worktree
@@ -236,26 +236,3 @@ def test_a_detached_registration_is_what_git_worktree_add_detach_writes(tmp_path
     assert _git(engine, "symbolic-ref", "-q", "HEAD", check=False) == ""  # detached
     assert not (common / "worktrees" / "engine" / "locked").exists()
     _git(root, "worktree", "remove", str(engine))  # git takes it back as one of its own
-
-
-def test_a_new_branch_attached_to_a_detached_worktree_is_what_checkout_b_leaves(tmp_path):
-    from bmad_loop.worktree_files import attach_new_branch
-
-    root, common = _repo_with_worktrees(tmp_path)
-    sha = _git(root, "rev-parse", "HEAD")
-    wt = tmp_path / "wt" / "story"
-    _git(root, "worktree", "add", "-q", "--detach", str(wt), sha)
-    admin = common / "worktrees" / "story"
-    _git(root, "update-ref", "-m", f"branch: Created from {sha}", "refs/heads/bmad/story", sha,
-         "0" * 40)
-
-    assert attach_new_branch(admin, "bmad/story", common)
-    assert _git(wt, "symbolic-ref", "HEAD") == "refs/heads/bmad/story"
-    assert _git(wt, "status", "--porcelain") == ""
-    # HEAD's history restarts at the branch's creation (the detached past is not the story's).
-    assert _git(wt, "reflog", "show", "--format=%H", "HEAD") == sha
-    assert not (admin / "HEAD.lock").exists()
-    # A held HEAD lock: nothing changes.
-    (admin / "HEAD.lock").write_text("someone else's\n")
-    assert not attach_new_branch(admin, "other", common)
-    assert (admin / "HEAD").read_text() == "ref: refs/heads/bmad/story\n"

@@ -23,7 +23,7 @@ from bmad_loop.engine.worktree_pool import (POOL_ENV, announce_park, drain_pool,
                                              pool_dir, take)
 from bmad_loop.worktrees import delete_branch, ensure_worktree, list_worktrees
 from support import (ALPHA_BETA_GAMMA, DEADLINE_S, barrier_script, git_repo, go, wait_for_exit,
-                     wait_for_files, write)
+                     wait_for_files, wait_until, write)
 
 THREE = ALPHA_BETA_GAMMA
 RUN = '[scm]\nmerge_strategy = "merge"\n[gates]\nmode = "none"\n[review]\nenabled = false\n'
@@ -66,23 +66,18 @@ def _traced(trace: Path, what: str) -> int:
     return sum(1 for line in trace.read_text().splitlines() if f"trace: built-in: git {what} " in line)
 
 
-def run_traced(repo, log: Path, trace: Path, monkeypatch) -> dict:
-    """`run` under git's trace (to `trace`); what each story's probe saw, by story key."""
-    monkeypatch.setenv("GIT_TRACE", str(trace))
-    result = repo.cli("run")
-    monkeypatch.delenv("GIT_TRACE")
-    assert result.exit_code == 0, result.output
-    return {r["key"]: r for r in map(json.loads, log.read_text().splitlines())}
-
-
 def test_a_three_story_run_reuses_one_worktree_cleans_it_and_leaves_none_behind(
         make_repo, tmp_path, monkeypatch):
     repo, log = _probe_repo(make_repo, tmp_path, "reuse")
     trace = tmp_path / "reuse.trace"
-    seen = run_traced(repo, log, trace, monkeypatch)
-    # One checkout for the run, made as the run started (pool_warmup.py): all three stories
-    # work in it.
-    assert [seen[s.key]["admin"] for s in THREE] == ["warming-1"] * 3
+    monkeypatch.setenv("GIT_TRACE", str(trace))
+    result = repo.cli("run")
+    monkeypatch.delenv("GIT_TRACE")
+    assert result.exit_code == 0, result.output
+
+    seen = {r["key"]: r for r in map(json.loads, log.read_text().splitlines())}
+    # One checkout for the run: the 2nd and 3rd stories work in the worktree the 1st made.
+    assert [seen[s.key]["admin"] for s in THREE] == ["1-1-alpha"] * 3
     # (A new worktree is registered by editing git's files, then checked out: `read-tree`.)
     assert _traced(trace, "read-tree -u --reset") == 1 and _traced(trace, "worktree add") == 0
     # Three parks and two takes moved it, and the parks detached its HEAD, all by editing
@@ -149,10 +144,8 @@ def test_a_dirty_locked_or_configured_worktree_is_removed_never_parked(make_repo
         wait_for_files(bar / f"in-{story.key}")
         run_id = repo.status()["run"]["id"]
         worktree = state / "worktrees" / run_id / story.key
-        # Each story's worktree was made anew: the one before was not parked. (The first
-        # story's was checked out as the run started.)
-        made_as = "warming-1" if k == 0 else story.key
-        assert (worktree / ".git").read_text().strip().endswith(f"/worktrees/{made_as}")
+        # Each story's worktree was made anew: the one before was not parked.
+        assert (worktree / ".git").read_text().strip().endswith(f"/worktrees/{story.key}")
         assert not list(parked(Layout(state, run_id)))
         go(bar, story.key)
         wait_for_files(reached)
@@ -275,6 +268,57 @@ def test_an_announced_park_that_parks_nothing_lets_the_take_go(tmp_path, monkeyp
     assert not thread.is_alive() and got == {"taken": False}  # told at once, not timed out
     assert not layout.story_worktree("2-1-next").exists()
     assert worktree_pool._announced == 0
+
+
+def test_a_take_that_finds_only_an_unfit_worktree_still_waits_for_an_announced_park(
+        tmp_path, monkeypatch):
+    """The pool holds a worktree that is no longer fit (locked) and a park is on its way
+    (announced): the take removes the unfit one and then waits for the park, instead of saying
+    no and leaving its story to check out a whole tree beside it. (The same loop serves a take
+    that loses the race for a park that woke several.)"""
+    monkeypatch.setattr(worktree_pool, "PARK_WAIT_S", DEADLINE_S)
+    git, layout, base = _parked_worktrees(tmp_path, 1)
+    (unfit,) = parked(layout)
+    git.run("worktree", "lock", unfit)
+    done_path, done_branch = layout.story_worktree("1-7-done"), layout.story_branch("1-7-done")
+    ensure_worktree(git, done_path, done_branch, base, branch_head=None)
+    parking = announce_park()
+    thread, entering, got = _taker(git, layout, base, "2-1-next")
+    thread.start()
+    entering.wait(DEADLINE_S)
+    wait_until(lambda: not unfit.exists(), what="the unfit worktree removed by the take")
+    assert park(git, done_path, done_branch, layout, size=2) is not None
+    parking()
+    thread.join(DEADLINE_S)
+    assert got == {"taken": True}
+    assert _admin_of(layout.story_worktree("2-1-next")) == "1-7-done"
+
+
+def test_the_drain_waits_for_a_park_under_way_and_removes_it_too(tmp_path, monkeypatch):
+    """A run that settles while a worker's announced park is still being made: the drain waits
+    for it (held at a seam once it is waiting), so nothing is left parked past the run."""
+    monkeypatch.setattr(worktree_pool, "PARK_WAIT_S", DEADLINE_S)
+    git, layout, base = _parked_worktrees(tmp_path, 1)
+    late_path, late_branch = layout.story_worktree("1-7-late"), layout.story_branch("1-7-late")
+    ensure_worktree(git, late_path, late_branch, base, branch_head=None)
+    parking = announce_park()
+    draining, removed = threading.Event(), []
+    waiting = worktree_pool._await_announced
+
+    def seam(wait_s):
+        draining.set()
+        waiting(wait_s)
+
+    monkeypatch.setattr(worktree_pool, "_await_announced", seam)
+    drain = threading.Thread(target=lambda: removed.extend(drain_pool(git, layout)))
+    drain.start()
+    assert draining.wait(DEADLINE_S)
+    assert park(git, late_path, late_branch, layout, size=2) is not None  # after the drain began
+    parking()
+    drain.join(DEADLINE_S)
+    assert not drain.is_alive()
+    assert sorted(Path(p).name for p in removed) == ["1", "2"]
+    assert not pool_dir(layout).exists() and len(list_worktrees(git)) == 1
 
 
 def test_a_full_pool_parks_nothing_more(tmp_path):

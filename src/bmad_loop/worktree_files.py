@@ -19,6 +19,9 @@ stories of a run start together. What those commands change is small and fixed:
   ``commondir`` (``../..``), ``HEAD`` (``ref: refs/heads/<b>``) and ``logs/HEAD`` (the branch
   log's line without its message), and the folder with its ``.git`` file naming the entry.
   Here the branch is one ``update-ref`` with that message, and the rest file writes.
+- ``git worktree add --detach --no-checkout --lock --reason R <path> <sha>`` (the lane's
+  candidate worktrees) writes the same entry with ``HEAD`` holding ``<sha>``, through a ``git
+  update-ref`` it starts itself; here it is file writes only.
 
 All three are done here only for the plain layout every git writes by default: absolute paths in
 the ``.git`` file and in ``gitdir`` (git 2.48's ``worktree.useRelativePaths`` writes relative
@@ -45,7 +48,7 @@ import shutil
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import is_full_sha
 
-__all__ = ["rename_linked_worktree", "detach_head", "attach_new_branch", "register_new_worktree", "registrable",
+__all__ = ["rename_linked_worktree", "detach_head", "register_new_worktree", "registrable",
            "register_detached_worktree", "register_linked_worktree"]
 
 # A worktree's admin entry is named after its folder; git turns a name that is not a plain
@@ -106,25 +109,8 @@ def detach_head(admin, sha: str) -> bool:
     """Point the worktree's HEAD (admin entry `admin`) at `sha` itself instead of a branch, as
     ``update-ref --no-deref HEAD <sha>`` does; False when HEAD's lock is taken (someone is
     writing it: leave it to them) or `sha` is not a full object name."""
-    return is_full_sha(sha) and _write_head(admin, sha + "\n")
-
-
-def attach_new_branch(admin, branch: str, common_dir) -> bool:
-    """Point the worktree's HEAD (admin entry `admin`) at `branch`, just made at the commit HEAD
-    names, with HEAD's log restarted from the branch's creation line: what a new worktree's
-    registration writes (`register_linked_worktree`). False when HEAD's lock is taken."""
-    if not _write_head(admin, f"ref: refs/heads/{branch}\n"):
+    if not is_full_sha(sha):
         return False
-    try:
-        os.unlink(os.path.join(admin, "logs", "HEAD"))
-    except FileNotFoundError:
-        pass
-    _log_head_creation(admin, branch, common_dir)
-    return True
-
-
-def _write_head(admin, text: str) -> bool:
-    """Replace ``<admin>/HEAD`` through ``HEAD.lock``; False when the lock is taken."""
     head = os.path.join(admin, "HEAD")
     lock = head + ".lock"
     try:
@@ -133,8 +119,8 @@ def _write_head(admin, text: str) -> bool:
     except FileExistsError:
         return False
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(sha + "\n")
         os.replace(lock, head)
     except BaseException:
         try:
@@ -174,9 +160,10 @@ def register_new_worktree(git, path, branch: str, start_sha: str, reason: str,
 
 def register_detached_worktree(git, path, sha: str, reason: str, settings) -> bool:
     """What ``worktree add --detach --no-checkout --lock --reason <reason> <path> <sha>`` does,
-    without git: `register_linked_worktree` with HEAD at `sha` itself (and no HEAD log: git's
-    has one line without a message, which nothing reads). False, nothing done, where git must
-    do it (`registrable`); a GitError when the registration failed part way."""
+    without git (which starts ``git update-ref`` itself for the HEAD): `register_linked_worktree`
+    with HEAD at `sha` itself, and no HEAD log (git's has one line without a message, which
+    nothing reads). False, nothing done, where git must do it (`registrable`); a GitError when
+    the registration failed part way."""
     common = git.common_dir()
     if not (is_full_sha(sha) and registrable(common, path, settings)):
         return False
@@ -243,13 +230,10 @@ def register_linked_worktree(common_dir, path, branch: str | None, reason: str, 
         if made:  # (a folder someone else put there meanwhile is theirs)
             shutil.rmtree(path, ignore_errors=True)
         raise
-    if branch:
-        _log_head_creation(admin, branch, common_dir)
-
-
-def _log_head_creation(admin: str, branch: str, common_dir) -> None:
-    """git logs HEAD's creation in a worktree as it logged the branch's (same identity and time,
-    no message); where the branch has no log (core.logAllRefUpdates off) neither has HEAD."""
+    if not branch:
+        return
+    # git logs HEAD's creation in the worktree as it logged the branch's (same identity and
+    # time, no message); where the branch has no log (core.logAllRefUpdates off) neither has HEAD.
     created = _creation_entry(os.path.join(os.path.realpath(common_dir), "logs", "refs", "heads",
                                            *branch.split("/")))
     if created is not None:

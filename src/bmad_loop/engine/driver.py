@@ -19,7 +19,6 @@ from ..states import RUN_SETTLED, RunState, StoryState
 from .consumers import ConsumerSet
 from .control import stop
 from .journal import event_rows_after
-from .pool_warmup import start_warming
 from .runs import stories_of
 
 __all__ = ["drive", "exit_code_for"]
@@ -53,7 +52,6 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
     if install_signals and threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGINT, on_sigint)
     _cleanup_at_start(project)
-    warming = start_warming(project, run_id)  # the first stories' worktrees, made meanwhile
     consumers.start()
     last_seq = since_seq
     handled = 0
@@ -78,8 +76,6 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
             woke.clear()  # before the next read, so what a tick did before this is in that read
     finally:
         consumers.stop(graceful=True)
-        for thread in warming:  # long done when the run ran at all; never left half made
-            thread.join()
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
     if handled >= 2:

@@ -45,11 +45,6 @@ class Workspace(ABC):
         source = self._seeds
         return list(source() if callable(source) else source)
 
-    @property
-    def pools_worktrees(self) -> bool:
-        """Are landed stories' worktrees parked for new stories to take (worktree_pool.py)?"""
-        return False
-
     @abstractmethod
     def usable(self, worktree: str | None) -> bool:
         """Can a resumed story go on in `worktree`, or must it be prepared again?"""

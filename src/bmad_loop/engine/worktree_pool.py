@@ -26,12 +26,10 @@ an integrated story's worktree instead of removing it, and the worker of the nex
   either a parked worktree, a detached one at the story's path (no branch yet: `prepare`
   removes it, `clear_interrupted_take`), or a finished one.
 - **Drain** (the lane, when the run completes, pauses or stops; `drain_pool`): once the parks
-  announced in this process are done, every worktree in the pool is removed, so a settled run
-  leaves no worktree behind. ``bmad-loop cleanup`` removes the parked worktrees of runs that
-  are not live (a crash between park and take).
-- **Warm** (pool_warmup.py): as a run starts, its first worktrees are checked out into the pool
-  (announced as parks) for its first stories. One not taken yet is *fresh* (`mark_fresh`):
-  its take needs no ``clean``, and on the base it holds no checkout either, only the branch.
+  announced in this process are done (one that landed after the drain would outlive the run),
+  every parked worktree is removed, so a settled run leaves no worktree behind. ``bmad-loop
+  cleanup`` removes the parked worktrees of runs that are not live (a crash between park and
+  take).
 
 Choosing and moving a parked worktree happen under the repository lock (`gitcmd.repo_lock`),
 as ``worktree add`` and ``remove`` do, so two workers never take the same one and a take never
@@ -57,11 +55,11 @@ from ..errors import GitError
 from ..gitcmd import repo_lock
 from ..maintenance import run_deferred_maintenance
 from ..refread import read_commit_ref
-from ..worktree_files import attach_new_branch, detach_head
+from ..worktree_files import detach_head
 from ..worktrees import admin_dir, move_worktree, remove_worktree
 
 __all__ = ["POOL_DIR", "POOL_ENV", "pool_dir", "pool_size", "parked", "park", "take", "announce_park",
-           "free_slot", "mark_fresh", "drain_pool", "drain_run_pool", "clear_interrupted_take"]
+           "free_slot", "drain_pool", "drain_run_pool", "clear_interrupted_take"]
 
 log = logging.getLogger(__name__)
 
@@ -211,16 +209,13 @@ def take(git, layout, worktree: Path, branch: str, start_sha: str) -> bool:
                     _quietly_remove(git, path)
                     return False
                 break
-        # Another take got there first: wait again while parks are still on their way (the
-        # worktrees checked out as the run starts come one after another).
+        # Another take got there first (one park woke several), or what was parked is unfit:
+        # wait again while parks announced in this process are still on their way.
     try:
-        admin = admin_dir(git, path)
-        if admin is not None and _take_fresh(admin) and _head(admin) == start_sha:
-            _branch_fresh(git, path, admin, branch, start_sha)
-            return True
         # Clean first: what the last story left (ignored build output included) goes before
         # the branch exists, so a take cut short here is a detached worktree prepare removes.
         git.run("clean", "-q", "-ffdx", cwd=path)
+        admin = admin_dir(git, path)
         if admin is not None:
             (admin / "logs" / "HEAD").unlink(missing_ok=True)  # the last story's HEAD history
         with repo_lock(git):
@@ -231,41 +226,6 @@ def take(git, layout, worktree: Path, branch: str, start_sha: str) -> bool:
         _quietly_remove(git, path)
         return False
     return True
-
-
-# Admin entries of worktrees checked out for this run's start (pool_warmup.py) in this process
-# and not taken yet: nothing has run in them, so a take needs neither `clean` nor a checkout.
-_fresh: dict[str, str] = {}  # admin entry -> the pool folder it was parked in
-_fresh_lock = threading.Lock()
-
-
-def mark_fresh(admin: Path, layout) -> None:
-    """Say the worktree of admin entry `admin`, parked in `layout`'s pool, was just checked out
-    in this process and nothing ran in it."""
-    with _fresh_lock:
-        _fresh[os.fspath(admin)] = os.fspath(pool_dir(layout))
-
-
-def _take_fresh(admin: Path) -> bool:
-    with _fresh_lock:
-        return _fresh.pop(os.fspath(admin), None) is not None
-
-
-def _forget_fresh(layout) -> None:
-    folder = os.fspath(pool_dir(layout))
-    with _fresh_lock:
-        for admin in [a for a, f in _fresh.items() if f == folder]:
-            del _fresh[admin]
-
-
-def _branch_fresh(git, path: Path, admin: Path, branch: str, start_sha: str) -> None:
-    """The new branch at `start_sha` (what HEAD names already), HEAD on it: ``checkout -b``'s
-    outcome with its index and files untouched (they are `start_sha`'s, checked out moments ago)."""
-    git.run("update-ref", "-m", f"branch: Created from {start_sha}", f"refs/heads/{branch}",
-            start_sha, "0" * len(start_sha))
-    with repo_lock(git):
-        if not attach_new_branch(admin, branch, git.common_dir()):
-            git.run("checkout", "-q", branch, cwd=path)  # HEAD's lock is taken: git waits
 
 
 def clear_interrupted_take(git, worktree: Path) -> None:
@@ -284,10 +244,9 @@ def drain_pool(git, layout) -> list[str]:
     """Remove every parked worktree of the run (it settled), then run the git maintenance its
     commits skipped (`maintenance`). Returns the removed paths. Never raises: what it could not
     remove, ``bmad-loop cleanup`` does."""
-    _await_announced(PARK_WAIT_S)  # a park or a warm-up under way would land after the drain
-    _forget_fresh(layout)
+    _await_announced(PARK_WAIT_S)  # a park under way would land after the drain
     removed = []
-    for slot in _pool_entries(layout):
+    for slot in parked(layout):
         if _quietly_remove(git, slot):
             removed.append(str(slot))
     try:
@@ -310,17 +269,6 @@ def _await_announced(wait_s: float) -> None:
             if remaining <= 0:
                 return
             _parks.wait(remaining)
-
-
-def _pool_entries(layout) -> list[Path]:
-    """The parked worktrees, then anything else in the pool folder (a checkout made as the run
-    started that never reached its slot)."""
-    slots = parked(layout)
-    try:
-        others = sorted(n for n in os.listdir(pool_dir(layout)) if not n.isdigit())
-    except OSError:
-        others = []
-    return slots + [pool_dir(layout) / n for n in others]
 
 
 def _abs(path: Path) -> Path:

@@ -50,7 +50,7 @@ class WorktreeWorkspace(Workspace):
             start = existing
             # Resumed on its own branch: the story's changes are measured from the fork point.
             base_sha = self.git.out("merge-base", existing, base_sha)
-        elif self.pools_worktrees:
+        elif self._pooled:
             # A new story: a parked worktree of an integrated one, if the pool has any.
             clear_interrupted_take(self.git, worktree)
             if not os.path.lexists(worktree) and take(self.git, self.layout, worktree, branch, start):
@@ -71,14 +71,14 @@ class WorktreeWorkspace(Workspace):
 
     def release_worktree(self, story) -> None:
         # (The shared run branch's worktree serves the next story; a story host removes its own.)
-        if self.pools_worktrees and story.worktree and Path(story.worktree).exists():
+        if self._pooled and story.worktree and Path(story.worktree).exists():
             if not (story.branch and park(self.git, Path(story.worktree), story.branch, self.layout,
                                           size=pool_size(self.scm.max_parallel),
                                           seeds=lambda: self.seeds)):
                 remove_worktree(self.git, Path(story.worktree))
 
     def restore_worktree(self, story) -> None:
-        if self.pools_worktrees and story.worktree and story.branch and story.head_sha \
+        if self._pooled and story.worktree and story.branch and story.head_sha \
                 and not Path(story.worktree).exists():
             try:
                 ensure_worktree(self.git, Path(story.worktree), story.branch, story.head_sha,
@@ -95,10 +95,9 @@ class WorktreeWorkspace(Workspace):
             self.target.delete_story_branch(story.branch)
 
     @property
-    def pools_worktrees(self) -> bool:
+    def _pooled(self) -> bool:
         """Worktrees are parked and taken: one branch per story, removed by this host's lane."""
         return not self.shared_branch and self.target.lane_removes_story_worktrees
-
 
     def _seed(self, worktree: Path) -> None:
         """Copy untracked seed files (policy list + the agent profile's config) into a worktree."""
