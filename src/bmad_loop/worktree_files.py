@@ -195,9 +195,10 @@ def register_linked_worktree(common_dir, path, branch: str | None, reason: str, 
                              head: str | None = None) -> None:
     """Register a new linked worktree at `path` on `branch` (which must exist), or with `branch`
     None detached at `head`, locked with `reason`, without checking anything out: what ``git
-    worktree add --no-checkout --lock --reason <reason> <path> <branch>`` writes. Only where `registrable` says so; the caller
-    holds `gitcmd.repo_lock`. An OSError part way takes back what was made and is raised; only
-    a kill part way leaves a half-made worktree, locked, as a killed ``git worktree add`` does.
+    worktree add --no-checkout --lock --reason <reason> <path> <branch>`` writes. Only where
+    `registrable` says so; the caller holds `gitcmd.repo_lock`. An OSError part way takes back
+    what was made and is raised; only a kill part way leaves a half-made worktree, locked, as a
+    killed ``git worktree add`` does.
 
     The order is git's: the admin entry (``worktrees/<name>``, or ``<name>1``, ``<name>2``…
     when taken) with its ``locked`` file first, so no ``worktree prune`` removes it half-made,
@@ -222,7 +223,8 @@ def register_linked_worktree(common_dir, path, branch: str | None, reason: str, 
         _write(os.path.join(admin, "gitdir"), os.path.join(os.path.realpath(path), ".git") + "\n")
         _write(os.path.join(path, ".git"), f"gitdir: {admin}\n")
         _write(os.path.join(admin, "commondir"), "../..\n")
-        _write(os.path.join(admin, "HEAD"), f"ref: refs/heads/{branch}\n" if branch else f"{head}\n")
+        _write(os.path.join(admin, "HEAD"),
+               f"ref: refs/heads/{branch}\n" if branch else f"{head}\n")
     except OSError:
         # A write refused (a full disk, a permission): take back what was made, so no locked
         # entry without a worktree is left that no `worktree prune` would ever remove.

@@ -59,7 +59,7 @@ from ..worktree_files import detach_head
 from ..worktrees import admin_dir, move_worktree, remove_worktree
 
 __all__ = ["POOL_DIR", "POOL_ENV", "pool_dir", "pool_size", "parked", "park", "take", "announce_park",
-           "free_slot", "drain_pool", "drain_run_pool", "clear_interrupted_take"]
+           "drain_pool", "drain_run_pool", "clear_interrupted_take"]
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def park(git, worktree: Path, branch: str, layout, *, size: int, seeds=()) -> Pa
         if len(parked(layout)) >= size or not _clean(git, path, seeds):
             return None
         with repo_lock(git):
-            slot = free_slot(layout, size)
+            slot = _free_slot(layout, size)
             if slot is None:
                 return None
             # Detach without touching the index or files: HEAD takes the commit it names
@@ -165,13 +165,6 @@ def announce_park() -> Callable[[], None]:
             _parks.notify_all()
 
     return finished
-
-
-def free_slot(layout, size: int) -> Path | None:
-    """The first free numbered slot of the run's pool of `size` (the caller holds the lock)."""
-    folder = pool_dir(layout)
-    return next((folder / str(n) for n in range(1, size + 1)
-                 if not os.path.lexists(folder / str(n))), None)
 
 
 def _await_park(layout, wait_s: float) -> bool:
@@ -269,6 +262,13 @@ def _await_announced(wait_s: float) -> None:
             if remaining <= 0:
                 return
             _parks.wait(remaining)
+
+
+def _free_slot(layout, size: int) -> Path | None:
+    """The first free numbered slot of the run's pool of `size` (the caller holds the lock)."""
+    folder = pool_dir(layout)
+    return next((folder / str(n) for n in range(1, size + 1)
+                 if not os.path.lexists(folder / str(n))), None)
 
 
 def _abs(path: Path) -> Path:
