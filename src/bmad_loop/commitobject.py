@@ -18,8 +18,9 @@ same inputs still gives the same SHA whichever way the commit was made:
 (leading or trailing spaces, dots, commas, colons, semicolons, quotes, backslashes, angle
 brackets; ``<``, ``>`` or a newline inside), a date not in the ``@<unix> <+hhmm>`` form
 bmad-loop passes (git would parse and reformat it), a text git would re-encode (not UTF-8, or
-holding the non-characters git's UTF-8 check rejects), and a repository whose ``i18n.commitEncoding`` is not UTF-8 (git adds an ``encoding`` header:
-the caller checks that, `commit_encoding_is_utf8`).
+holding the non-characters git's UTF-8 check rejects), and a repository whose
+``i18n.commitEncoding`` is not UTF-8 (git adds an ``encoding`` header: the caller checks that,
+`commit_encoding_is_utf8`).
 """
 
 from __future__ import annotations

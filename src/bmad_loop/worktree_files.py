@@ -151,10 +151,7 @@ def register_new_worktree(git, path, branch: str, start_sha: str, reason: str,
         return False
     git.run("update-ref", "-m", f"branch: Created from {start_sha}", f"refs/heads/{branch}",
             start_sha, "0" * len(start_sha))
-    try:
-        register_linked_worktree(common, path, branch, reason)
-    except OSError as exc:
-        raise GitError(f"cannot register the worktree {path}: {exc}") from exc
+    _register(common, path, branch, reason)
     return True
 
 
@@ -167,11 +164,17 @@ def register_detached_worktree(git, path, sha: str, reason: str, settings) -> bo
     common = git.common_dir()
     if not (is_full_sha(sha) and registrable(common, path, settings)):
         return False
+    _register(common, path, None, reason, head=sha)
+    return True
+
+
+def _register(common, path, branch: str | None, reason: str, *, head: str | None = None) -> None:
+    """`register_linked_worktree`, a refusal part way said as a GitError (what `worktree add`
+    failing would raise), so callers fall back to git's careful way."""
     try:
-        register_linked_worktree(common, path, None, reason, head=sha)
+        register_linked_worktree(common, path, branch, reason, head=head)
     except OSError as exc:
         raise GitError(f"cannot register the worktree {path}: {exc}") from exc
-    return True
 
 
 def registrable(common_dir, path, config_entries) -> bool:

@@ -170,14 +170,7 @@ def announce_park() -> Callable[[], None]:
 def _await_park(layout, wait_s: float) -> bool:
     """With the pool empty: wait while a park announced in this process is under way; True
     once a parked worktree is there."""
-    deadline = time.monotonic() + wait_s
-    with _parks:
-        while not parked(layout):
-            remaining = deadline - time.monotonic()
-            if not _announced or remaining <= 0:
-                return False
-            _parks.wait(remaining)
-    return True
+    return _await(lambda: parked(layout), wait_s)
 
 
 def take(git, layout, worktree: Path, branch: str, start_sha: str) -> bool:
@@ -255,13 +248,20 @@ def drain_pool(git, layout) -> list[str]:
 
 def _await_announced(wait_s: float) -> None:
     """Wait (at most `wait_s`) until no park announced in this process is under way."""
+    _await(lambda: not _announced, wait_s)
+
+
+def _await(done: Callable[[], object], wait_s: float) -> bool:
+    """Wait (at most `wait_s`), woken as each announced park ends, until `done()` or no park
+    announced in this process is under way; whether `done()` came true."""
     deadline = time.monotonic() + wait_s
     with _parks:
-        while _announced:
+        while not done():
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
+            if not _announced or remaining <= 0:
+                return False
             _parks.wait(remaining)
+    return True
 
 
 def _free_slot(layout, size: int) -> Path | None:
