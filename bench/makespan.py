@@ -348,7 +348,8 @@ def main(argv=None) -> int:
     probes = []
 
     rows, detail_rows, model_rows, cores_rows = [], [], [], []
-    cores = os.cpu_count() or 1
+    # The CPUs this process may run on (a container's share, where the OS says so).
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     for kind in kinds:
         stories = sprint(kind, k)
         keys = [s.key for s in stories]
