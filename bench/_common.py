@@ -147,6 +147,12 @@ class RunResult:
         return done if done is not None else self.t_returned
 
     @property
+    def startup(self) -> float:
+        """enqueue → first story.queued: planning, which reads each story file once."""
+        first = self.ts("story.queued")
+        return (first if first is not None else self.t_enqueue) - self.t_enqueue
+
+    @property
     def makespan(self) -> float:
         """Wall time from the enqueue call to the run's settling event (run.completed)."""
         return self.t_completed - self.t_enqueue

@@ -372,7 +372,7 @@ def main(argv=None) -> int:
         o = (seq - k * t) / k
         w = t + o
         if kind == "independent":
-            start_s = by_n[1].ts("story.queued") - by_n[1].t_enqueue
+            start_s = by_n[1].startup
             o_run = (seq - start_s - k * t) / k  # the per-story part, start-up taken out
             for n in ns:
                 model = rounds_model(k, n, t, start_s, o_run, cores)

@@ -65,12 +65,6 @@ def one_run(folder: Path, k: int, n: int, files: int, writes: str):
     return result
 
 
-def startup(result) -> float:
-    """enqueue → first story.queued: planning, which reads each story file once."""
-    first = result.ts("story.queued")
-    return (first if first is not None else result.t_enqueue) - result.t_enqueue
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stories", default="10,100,300", help="values of K, comma-separated")
@@ -104,7 +98,7 @@ def main(argv=None) -> int:
             result = one_run(base / f"k{k}-n{n}-{i}", k, n, args.files, args.writes)
             if result is None:
                 return 1
-            up = startup(result)
+            up = result.startup
             cost = (result.makespan - up) / k
             measured.setdefault(k, []).append((up, result.makespan, cost))
             print(f"  K={k} N={n}: makespan {result.makespan:.2f} s, start-up {up:.2f} s, "

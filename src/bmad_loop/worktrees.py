@@ -211,8 +211,7 @@ def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
     settings = config_entries(git, git.repo_dir) if is_full_sha(sha) else None  # before the lock
     with repo_lock(git):
         apart = _checkout_apart(git)
-        if not (apart and settings is not None and not os.path.lexists(path)
-                and not _registered(git, path)
+        if not (apart and not os.path.lexists(path) and not _registered(git, path)
                 and register_detached_worktree(git, path, sha, _INITIALIZING, settings)):
             listing = list_worktrees(git)
             info = _find_in(listing, path)
