@@ -634,3 +634,19 @@ def status_changes(before: str, after: str) -> dict[str, tuple[str, str]]:
         assert key == new_key and old_rest.replace(old_token, new_token, 1) == new_rest, (old, new)
         changes[key.strip()] = (old_token, new_token)
     return changes
+
+
+def state_database(folder: Path, runs=("r1",), *, max_parallel: int = 1):
+    """A migrated state database (a real SQLite file in `folder`) holding one running run per
+    id in `runs`, for tests of the engine's row writes without a repository."""
+    from bmad_loop.db.database import Database
+    from bmad_loop.db.models import Run
+
+    database = Database(f"sqlite:///{folder / 'state.db'}", lock_wait_s=2.0)
+    database.migrate()
+    with database.transaction() as s:
+        for run_id in runs:
+            s.add(Run(id=run_id, project="p", target_branch="main", target_sha="0" * 40,
+                      state="running", max_parallel=max_parallel, merge_strategy="merge",
+                      isolation="worktree", board_path="b", policy={}))
+    return database

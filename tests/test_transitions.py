@@ -12,21 +12,17 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from bmad_loop.db.database import Database
-from bmad_loop.db.models import Run, Story
+from bmad_loop.db.models import Story
 from bmad_loop.engine.transitions import transition_story
 from bmad_loop.states import IllegalTransition, StoryState
+
+from support import state_database
 
 
 @pytest.fixture
 def db(tmp_path):
-    database = Database(f"sqlite:///{tmp_path / 'state.db'}", lock_wait_s=2.0)
-    database.migrate()
+    database = state_database(tmp_path)
     with database.transaction() as s:
-        s.add(Run(id="r1", project="p", target_branch="main", target_sha="0" * 40,
-                  state="running", max_parallel=1, merge_strategy="merge",
-                  isolation="worktree", board_path="b", policy={}))
-        s.flush()
         s.add(Story(run_id="r1", key="1-1-a", seq=1, epic="1", title="a", story_path="a.md",
                     state=StoryState.PENDING))
     return database

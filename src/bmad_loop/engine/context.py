@@ -1,8 +1,8 @@
 """The explicit contexts a story's steps receive, instead of the worker object itself.
 
 `StoryContext` is what stays fixed while one worker holds one story: who, where, with what
-policy. `Claim` is the worker's hold on the row: every write goes through `own()`, which
-refuses once recovery gave the story to someone else (the claim generation moved), and
+policy. `Claim` is the worker's hold on the row: every write goes through `own()` or `write()`,
+which refuse once recovery gave the story to someone else (the claim generation moved), and
 `beat()` renews the row's heartbeat and the story's lease.
 """
 
@@ -13,10 +13,13 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy import select, update
+from sqlalchemy.orm.attributes import set_committed_value
+
 from ..bmadinstall import bmad_seeds
-from ..db.models import Attempt, Story, utcnow
+from ..db.models import Attempt, Run, Story, utcnow
 from ..errors import StopRequested
-from ..states import StoryState
+from ..states import StoryState, check_transition
 from ..profiles import load_profile
 from . import leases
 from .inplace import InPlaceWorkspace
@@ -78,9 +81,37 @@ class Claim:
             raise Fenced()
         return row
 
+    def write(self, session, known: Story | None, /, **values) -> str:
+        """Write `values` (column name -> value) to the story row if this worker still holds
+        its claim, otherwise Fenced; returns the run's state, read by the same statement (a
+        stop asked for ends the walk). One Core UPDATE instead of loading the row (forty
+        columns) and flushing it: these run at every phase's end. `known`, the row as this walk
+        last left it (nobody else writes it while the claim holds, but for its heartbeat),
+        takes the new values."""
+        if "state" in values:
+            check_transition("story", StoryState.WORKING, values["state"])
+        session.flush()  # rows added in this transaction first, as the ORM's own flush would
+        table = Story.__table__
+        run_state = select(Run.state).where(Run.id == self.run_id).scalar_subquery()
+        written = session.connection().execute(
+            update(table).where(table.c.id == self.story_id, table.c.state == StoryState.WORKING,
+                                table.c.claim == self.generation)
+            .values(**values).returning(run_state)).first()
+        if written is None:
+            raise Fenced()
+        if known is not None:
+            for name, value in values.items():
+                set_committed_value(known, name, value)
+        return written[0]
+
     def load(self) -> Story:
         with self.db.read() as s:
             return s.get(Story, self.story_id)
+
+    def state(self) -> str | None:
+        """The story's state now (one column, no row loaded)."""
+        with self.db.read() as s:
+            return s.scalar(select(Story.state).where(Story.id == self.story_id))
 
     def drop_lease_in(self, session) -> None:
         """Release the story's lease inside the transaction that ends its `working` state (the

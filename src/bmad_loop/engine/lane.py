@@ -20,8 +20,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from sqlalchemy import select
-
 from ..board import parse_board
 from ..compose import blob_at
 from ..db.models import Run, Story, utcnow
@@ -38,6 +36,7 @@ from .recovery import recover_orphans
 from .restack import own_paths, restack_stale
 from .speculation import Stack, speculating, verifying_here
 from .retry import FaultPersisted, pause_for_fault, retrying
+from .rowcheck import integrated_rows, rows_contradicting_git
 from .runs import lane_rows, next_in_plan, run_policy, stories_of
 from .stacking import stacked_bases
 from .transitions import transition_run, transition_story
@@ -99,6 +98,7 @@ class _Lane:
         self.pause_on_escalation = policy.parallel.on_escalation == "pause"
         self.memo = run_memo(project, run.id)
         self._landed: int | None = None  # the story the last integration step landed
+        self._pending_seen = True  # did this pass's rows hold a pending story?
         self.stack = (Stack(self, policy.verify.depth(run.max_parallel))
                       if speculating(policy, run.max_parallel) else None)
         if run.max_parallel > 1:
@@ -116,9 +116,10 @@ class _Lane:
 
     def _passes(self) -> None:
         with self.db.read() as s:  # the check's rows and the first pass's, one read
-            integrated = self._integrated_rows(s)
+            integrated = integrated_rows(s, self.run_id)
             loaded = s.get(Run, self.run_id), lane_rows(s, self.run_id, self.memo.settled_rows)
-        contradicted = self._rows_contradict_git(loaded[0], *integrated)
+        contradicted = rows_contradicting_git(self.integrator.git, self.integrator.target,
+                                              loaded[0].head_sha, *integrated)
         if contradicted:
             self._contradicted(contradicted)
             return
@@ -129,6 +130,7 @@ class _Lane:
         for _ in range(10_000):  # bounded: each pass either progresses or returns
             run, stories = loaded or self._load()
             loaded = None  # later passes read what the earlier ones changed
+            self._pending_seen = any(s.state == StoryState.PENDING for s in stories)
             if run.state not in RUN_LIVE:
                 return
             if restack_stale(self.db, self.integrator.git, self.run_id, stories,
@@ -154,31 +156,6 @@ class _Lane:
             self._settle(run, stories)
             self.integrator.clean_landed()  # the last stories' refs and branches
             return
-
-    def _integrated_rows(self, s) -> tuple:
-        """The latest integrated story, and those integrated without a commit."""
-        integrated = (Story.run_id == self.run_id, Story.state == StoryState.INTEGRATED)
-        columns = select(Story.key, Story.integrated_sha)  # all the check reads of them
-        latest = s.execute(columns.where(*integrated).order_by(Story.seq.desc()).limit(1)).first()
-        bad = list(s.execute(columns.where(*integrated, Story.integrated_sha.is_(None))
-                             .order_by(Story.seq)))
-        return latest, bad
-
-    def _rows_contradict_git(self, run: Run, latest, bad: list) -> list:
-        """Rows are checked against git, not trusted: a story the rows call integrated must have
-        its commit on the target (an agent may have edited the state database). Only what
-        changed is looked at: integrations are in plan order, each on top of the last, so the
-        latest one stands for all; it costs a git call only when it is not where the lane
-        itself last advanced the target. Returns the stories that contradict it."""
-        if latest is None:
-            return []
-        if not bad and latest.integrated_sha != run.head_sha:
-            target_now = self.integrator.target.sha(fetch=False)
-            git = self.integrator.git
-            if target_now and (git.rev(f"{latest.integrated_sha}^{{commit}}") is None
-                               or not git.is_ancestor(latest.integrated_sha, target_now)):
-                bad = [latest]
-        return bad
 
     def _contradicted(self, bad: list[Story]) -> None:
         listing = ", ".join(f"{st.key} ({(st.integrated_sha or 'no commit')[:12]})" for st in bad)
@@ -221,6 +198,8 @@ class _Lane:
         """Mid-integration: a slot a worker freed meanwhile (its wake-up waits in the lane's
         queue) is filled now, by `_dispatch_first`'s rules; no rows read if nothing waits."""
         last = getattr(self, "_decision", None)
+        if not self._pending_seen:
+            return  # none in this pass's rows; one made pending since waits for the next pass
         if (last is None or last.waiting) and self.tasks.lane_pending() > 0:
             self._dispatch_first(*self._load())
 

@@ -14,13 +14,13 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import update
+from sqlalchemy import insert, update
 
 from ..adapter import AgentCall, agent_env, render_argv, review_approved, run_agent, session_output
 from ..bmadinstall import detect_bmad
 from ..agentfaults import AgentFault, classify
 from ..agentoutput import SessionReport, Usage, parse_output
-from ..db.models import Attempt, Run, Story, utcnow
+from ..db.models import Attempt, Run, utcnow
 from ..gitconfig_guard import ConfigWatch
 from ..prompts import PHASE_INSTRUCTIONS, build_prompt, write_prompt
 from ..profiles import resolve_command
@@ -145,16 +145,14 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     watch = ConfigWatch(ctx.git, worktree, ctx.scratch.parent / f"{ctx.key}.git-config.json")
     watch.begin()
     with ctx.db.transaction() as s:
-        claim.own(s)  # fenced workers start no session
-        att = Attempt(run_id=ctx.run_id, story_id=ctx.story_id, phase=phase, number=number,
-                      state=AttemptState.RUNNING, worktree=str(worktree), branch=story.branch,
-                      base_sha=story.base_sha, session=session, log=str(log_path),
-                      host=ctx.host, heartbeat_at=utcnow())
-        s.add(att)
-        s.flush()
-        attempt_id = att.id
-        row = s.get(Story, ctx.story_id)
-        row.session, row.log = session, str(log_path)
+        claim.write(s, story, session=session, log=str(log_path))  # fenced: no session starts
+        attempt_id = s.execute(
+            insert(Attempt.__table__).values(  # a Core INSERT: no ORM object to build and flush
+                run_id=ctx.run_id, story_id=ctx.story_id, phase=phase, number=number,
+                state=AttemptState.RUNNING, worktree=str(worktree),
+                branch=story.branch, base_sha=story.base_sha, session=session, log=str(log_path),
+                host=ctx.host, heartbeat_at=utcnow())
+            .returning(Attempt.id)).scalar_one()
         record(s, ctx.run_id, "attempt.started", ctx.key, phase=phase, attempt=number,
                argv=argv, log=str(log_path), tier=tier_name or None)
 

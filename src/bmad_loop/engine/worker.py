@@ -18,7 +18,6 @@ import logging
 import traceback
 from pathlib import Path
 
-from sqlalchemy import select
 
 from ..compose import changed_paths, commit_message
 from ..db.models import Attempt, Run, Story, utcnow
@@ -81,14 +80,14 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         ctx = story_context(project, run, story, policy)
         token = leases.take_in(s, leases.story_lease_name(story_id), owner, policy.leases.ttl_s)
     claim = Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
-    tries = []
+    tries = []  # the walkers, one per try
 
     def walk_once():
         if tries:  # a try cut short by a fault left its session open (the claim closed older ones)
             interrupt_open_attempts(claim)
         claimed = story if not tries else None  # as the claim left it; a retry reads it again
-        tries.append(1)
-        return StoryWorker(ctx, claim).walk(claimed)
+        tries.append(StoryWorker(ctx, claim))
+        return tries[-1].walk(claimed)
 
     finished, lease_gone, parked = False, False, None  # parked: ends the park's announcement
     try:
@@ -127,7 +126,8 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         _quietly(tasks.enqueue_lane, run_id)  # lost: the consumers' watchdog wakes the lane
     try:
         if finished:
-            _release_if_ready(ctx, claim)  # beside the lane's work (which may park it first)
+            _release_if_ready(ctx, claim, tries[-1].last_row)  # beside the lane's work
+                                                                 # (which may park it first)
     finally:
         if parked:
             parked()
@@ -135,14 +135,13 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         _sweep(project, run_id)
 
 
-def _release_if_ready(ctx, claim) -> None:
+def _release_if_ready(ctx, claim, known) -> None:
     """A ready story's work is all on its branch: its worktree goes to the pool, so a story
     dispatched into the freed slot takes it instead of checking out a new one. (Should its
     integration escalate, the lane gives it one back; should the lane get there first, it
     parks it and this park finds nothing to do.)"""
-    story = claim.load()
-    if story.state == StoryState.READY:
-        _quietly(ctx.workspace.release_worktree, story)
+    if claim.state() == StoryState.READY:  # one column: worktree and branch are known
+        _quietly(ctx.workspace.release_worktree, known if known is not None else claim.load())
 
 
 def _quietly(step, *args) -> None:
@@ -222,23 +221,22 @@ class StoryWorker:
         delay_point("worker.in_prepare")
         crash_point("worker.after_worktree")
         with ctx.db.transaction() as s:
-            row = self.claim.own(s)
-            row.worktree, row.branch = str(prepared.worktree), branch
+            values = {"worktree": str(prepared.worktree), "branch": branch,
+                      "heartbeat_at": utcnow()}
             if prepared.feedback:
-                row.feedback = {**(row.feedback or {}), **prepared.feedback}
-            if not (story.human_fix and row.base_sha):
-                row.base_sha = prepared.base_sha
-            record(s, ctx.run_id, "story.prepared", self.key, worktree=str(prepared.worktree),
-                   branch=branch, base_sha=row.base_sha)
+                values["feedback"] = {**(story.feedback or {}), **prepared.feedback}
+            if not (story.human_fix and story.base_sha):
+                values["base_sha"] = prepared.base_sha
             # The next phase is entered here, as `_enter_phase` would (a stop asked for ends
             # the walk once this is written).
-            stop = s.scalar(select(Run.state).where(Run.id == ctx.run_id)) in (
-                RunState.STOPPING, RunState.STOPPED)
-            row.phase = Phase.CREATE if row.to_create else Phase.VERIFY if row.human_fix else Phase.DEV
-            record(s, ctx.run_id, "story.phase", self.key, phase=row.phase)
-            row.heartbeat_at = utcnow()
-        self._row = row
-        if stop:
+            values["phase"] = (Phase.CREATE if story.to_create else Phase.VERIFY if story.human_fix
+                               else Phase.DEV)
+            run_state = self.claim.write(s, story, **values)
+            record(s, ctx.run_id, "story.prepared", self.key, worktree=str(prepared.worktree),
+                   branch=branch, base_sha=story.base_sha)
+            record(s, ctx.run_id, "story.phase", self.key, phase=story.phase)
+        self._row = story
+        if run_state in (RunState.STOPPING, RunState.STOPPED):
             raise StopRequested()
 
     def phase_dev(self) -> Outcome:
@@ -360,73 +358,67 @@ class StoryWorker:
         config_changed = outcome.evidence.get("git_config_changed")
         # No git at all for a story whose session changed git's configuration: leave it as is.
         head = self._escalation_head() if outcome.escalate and not config_changed else None
+        known = self._story()  # only this worker writes the row while its claim holds
         self._row = None  # changed below; the next phase's entry reads it again
-        stop = False
+        now = utcnow()
+        values = {name: getattr(known, name) + inc for name, inc in outcome.counters.items()}
+        if outcome.feedback:
+            values["feedback"] = {**(known.feedback or {}), **outcome.feedback}
+        values.update(outcome.values)
+        passed = None  # verify with no command to run passes as it is entered
+        if outcome.escalate:
+            values.update(state=StoryState.ESCALATED, reason=outcome.escalate, ended_at=now,
+                          heartbeat_at=None, head_sha=head or values.get("head_sha", known.head_sha))
+        elif outcome.ready:
+            values.update(state=StoryState.READY, phase=Phase.COMMIT, ready_at=now,
+                          heartbeat_at=None, feedback={}, human_fix=False, after_phase=None)
+        elif outcome.pending:  # created: dev is admitted like any story, by its footprint
+            values.update(state=StoryState.PENDING, phase=Phase.PREPARE, heartbeat_at=None)
+        else:
+            values.update(phase=outcome.next_phase, heartbeat_at=now)
+            if outcome.next_phase == Phase.VERIFY and not self.policy.verify.commands:
+                passed = self._verified(known, NOTHING_TO_RUN.event())
+                values["feedback"] = {**values.get("feedback", known.feedback or {}),
+                                      **passed.feedback}
+                values["phase"] = passed.next_phase
         with ctx.db.transaction() as s:
-            row = self.claim.own(s)  # taken back (recovered as orphaned)? then nothing is written
+            # Taken back (recovered as orphaned)? Then Fenced, and nothing is written.
+            run_state = self.claim.write(s, known, **values)
             if outcome.session is not None:
-                values = outcome.session.attempt_values()
+                ended = outcome.session.attempt_values()
                 if not transition_attempt(s, outcome.session.attempt_id, AttemptState.RUNNING,
-                                          **values):  # not running: as the row's checks say
+                                          **ended):  # not running: as the row's checks say
                     att = s.get(Attempt, outcome.session.attempt_id)
-                    for name, value in values.items():
+                    for name, value in ended.items():
                         setattr(att, name, value)
                 record(s, ctx.run_id, "attempt.finished", self.key, phase=outcome.session.phase,
                        attempt=outcome.session.number, state=outcome.session.state,
-                       exit_code=outcome.session.exit_code, duration_s=values["duration_s"])
-            for name, inc in outcome.counters.items():
-                setattr(row, name, getattr(row, name) + inc)
-            if outcome.feedback:
-                row.feedback = {**(row.feedback or {}), **outcome.feedback}
-            for name, value in outcome.values.items():
-                setattr(row, name, value)
+                       exit_code=outcome.session.exit_code, duration_s=ended["duration_s"])
             for kind, data in outcome.events:
                 record(s, ctx.run_id, kind, self.key, **data)
-            now = utcnow()
             if outcome.escalate:
-                row.state, row.reason, row.ended_at, row.heartbeat_at = (
-                    StoryState.ESCALATED, outcome.escalate, now, None)
-                row.head_sha = head or row.head_sha
                 self.claim.drop_lease_in(s)
                 record(s, ctx.run_id, "story.escalated", self.key, reason=outcome.escalate,
-                       phase=row.phase, head_sha=row.head_sha, **outcome.evidence)
+                       phase=known.phase, head_sha=known.head_sha, **outcome.evidence)
                 if config_changed and transition_run(s, ctx.run_id, RunState.RUNNING,
                                                      state=RunState.PAUSING, reason=outcome.escalate):
                     record(s, ctx.run_id, "run.pausing", self.key, reason=outcome.escalate,
                            pause="git-config")
                 return outcome.escalate
-            if outcome.ready:
-                row.state, row.phase, row.ready_at, row.heartbeat_at = (
-                    StoryState.READY, Phase.COMMIT, now, None)
-                row.feedback, row.human_fix, row.after_phase = {}, False, None
+            if outcome.ready or outcome.pending:
                 self.claim.drop_lease_in(s)
-            elif outcome.pending:  # created: dev is admitted like any story, by its footprint
-                row.state, row.phase, row.heartbeat_at = StoryState.PENDING, Phase.PREPARE, None
-                self.claim.drop_lease_in(s)
-            else:
-                row.phase, row.heartbeat_at = outcome.next_phase, now
-                record(s, ctx.run_id, "story.phase", self.key, phase=outcome.next_phase)
-                if row.phase == Phase.VERIFY and not self.policy.verify.commands:
-                    self._pass_empty_verify(s, row)
-                # The next phase is entered here, in the same transaction (stop checked too).
-                if s.scalar(select(Run.state).where(Run.id == ctx.run_id)) in (
-                        RunState.STOPPING, RunState.STOPPED):
-                    stop = True
-                else:
-                    self._row = row
-        if stop:
+                self._row = known  # the walk ends: kept for the worktree's release
+                return None
+            # The next phase is entered here, in the same transaction (stop checked too).
+            record(s, ctx.run_id, "story.phase", self.key, phase=outcome.next_phase)
+            if passed is not None:
+                for kind, data in passed.events:
+                    record(s, ctx.run_id, kind, self.key, **data)
+                record(s, ctx.run_id, "story.phase", self.key, phase=passed.next_phase)
+        if run_state in (RunState.STOPPING, RunState.STOPPED):
             raise StopRequested()
+        self._row = known
         return None
-
-    def _pass_empty_verify(self, s, row: Story) -> None:
-        """No verify commands: verify passes in the transaction that entered it, recorded as
-        `phase_verify` would record it, and the phase after it is entered."""
-        passed = self._verified(row, NOTHING_TO_RUN.event())
-        row.feedback = {**(row.feedback or {}), **passed.feedback}
-        for kind, data in passed.events:
-            record(s, self.ctx.run_id, kind, self.key, **data)
-        row.phase = passed.next_phase
-        record(s, self.ctx.run_id, "story.phase", self.key, phase=row.phase)
 
     def _escalation_head(self) -> str | None:
         return self.ctx.workspace.leave(
@@ -489,6 +481,11 @@ class StoryWorker:
             row.heartbeat_at = utcnow()
         self._row = row
         return row
+
+    @property
+    def last_row(self) -> Story | None:
+        """The row as this walk's last transaction left it (None: not known here)."""
+        return self._row
 
     def _story(self) -> Story:
         """The story row: as this walk last wrote or read it, else read now."""
