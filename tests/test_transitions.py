@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from bmad_loop.db.models import Story
+from bmad_loop.db.database import insert_now
+from bmad_loop.db.models import Attempt, Story
 from bmad_loop.engine.transitions import transition_story
 from bmad_loop.states import IllegalTransition, StoryState
 
@@ -79,3 +80,21 @@ def test_a_transition_the_table_does_not_allow_is_refused_before_anything_is_wri
             transition_story(s, story_id, StoryState.PENDING, state=StoryState.INTEGRATED)
     with db.read() as s:
         assert s.get(Story, story_id).state == StoryState.PENDING
+
+
+def test_insert_now_writes_an_orm_objects_row_with_its_defaults_and_checks(db):
+    """`insert_now`: a new row the writer does not read back, as one Core INSERT."""
+    story_id = _story_id(db)
+    with pytest.raises(IllegalTransition):  # the model's validator still runs
+        Attempt(run_id="r1", story_id=story_id, phase="dev", number=1, state="succeeded")
+    with db.transaction() as s:
+        s.get(Story, story_id).state = StoryState.QUEUED  # pending: flushed first
+        attempt = Attempt(run_id="r1", story_id=story_id, phase="dev", number=1,
+                          state="running", host="h1")
+        attempt_id = insert_now(s, attempt)
+        assert attempt not in s
+    with db.read() as s:
+        row = s.get(Attempt, attempt_id)
+        assert (row.story_id, row.number, row.state, row.host) == (story_id, 1, "running", "h1")
+        assert row.started_at is not None  # the column's default, as a flush would give it
+        assert s.get(Story, story_id).state == StoryState.QUEUED

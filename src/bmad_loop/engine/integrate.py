@@ -16,6 +16,7 @@ from pathlib import Path
 from sqlalchemy import func, select, update
 
 from ..compose import Composition, commit_message, compose, integration_message, overlapping_dirty
+from ..db.database import insert_now
 from ..db.models import Candidate, Run, Story, utcnow
 from ..worktrees import ensure_detached_worktree
 from ..states import CANDIDATE_OPEN, CandidateState, StoryState
@@ -192,9 +193,7 @@ class Integrator(Outcomes):
                 self._record_composed(s, story, cand, comp, target_sha, branch_sha)
                 record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,
                        duration_s=0.0, commands=0)
-            s.add(cand)
-            s.flush()
-            cand_id = cand.id
+            cand_id = insert_now(s, cand)  # nobody reads the object back
         if comp.conflicts:
             ref = self.layout.candidate_ref(story.key, attempt)
             self._record_conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)

@@ -108,14 +108,16 @@ class Outcomes:
 
     def _clean_after_integration(self, story: Story, attempt: int) -> None:
         """Candidates and, per policy, the story's worktree and branch go once it landed."""
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             # A ref the row does not name may still exist: one cut short between writing the
             # ref and its row (left `composing`, or `abandoned` by the lane that took over).
-            attempts = [(c.attempt, c.ref is not None
-                         or c.state in (CandidateState.COMPOSING, CandidateState.ABANDONED))
-                        for c in s.scalars(select(Candidate).where(Candidate.story_id == story.id))]
-            row = s.get(Story, story.id)
+            attempts = [(n, ref is not None
+                         or state in (CandidateState.COMPOSING, CandidateState.ABANDONED))
+                        for n, ref, state in s.execute(
+                            select(Candidate.attempt, Candidate.ref, Candidate.state)
+                            .where(Candidate.story_id == story.id))]
         for n, has_ref in attempts:
             self._drop_candidate(story.key, n, ref=has_ref)
         crash_point("lane.during_cleanup")
-        self.workspace.discard_landed(row, delete_branch=self.policy.scm.delete_branch)
+        # Its worktree and branch never change once it is ready: the row as integrated says them.
+        self.workspace.discard_landed(story, delete_branch=self.policy.scm.delete_branch)

@@ -14,12 +14,13 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import insert, update
+from sqlalchemy import select, update
 
 from ..adapter import AgentCall, agent_env, render_argv, review_approved, run_agent, session_output
 from ..bmadinstall import detect_bmad
 from ..agentfaults import AgentFault, classify
 from ..agentoutput import SessionReport, Usage, parse_output
+from ..db.database import insert_now
 from ..db.models import Attempt, Run, utcnow
 from ..gitconfig_guard import ConfigWatch
 from ..prompts import PHASE_INSTRUCTIONS, build_prompt, write_prompt
@@ -146,13 +147,11 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     watch.begin()
     with ctx.db.transaction() as s:
         claim.write(s, story, session=session, log=str(log_path))  # fenced: no session starts
-        attempt_id = s.execute(
-            insert(Attempt.__table__).values(  # a Core INSERT: no ORM object to build and flush
-                run_id=ctx.run_id, story_id=ctx.story_id, phase=phase, number=number,
-                state=AttemptState.RUNNING, worktree=str(worktree),
-                branch=story.branch, base_sha=story.base_sha, session=session, log=str(log_path),
-                host=ctx.host, heartbeat_at=utcnow())
-            .returning(Attempt.id)).scalar_one()
+        attempt_id = insert_now(s, Attempt(
+            run_id=ctx.run_id, story_id=ctx.story_id, phase=phase, number=number,
+            state=AttemptState.RUNNING, worktree=str(worktree), branch=story.branch,
+            base_sha=story.base_sha, session=session, log=str(log_path), host=ctx.host,
+            heartbeat_at=utcnow()))
         record(s, ctx.run_id, "attempt.started", ctx.key, phase=phase, attempt=number,
                argv=argv, log=str(log_path), tier=tier_name or None)
 
@@ -245,10 +244,11 @@ class Heartbeat:
         while not self._done.wait(poll):
             elapsed += poll
             try:
-                with self.ctx.db.transaction() as s:
-                    run = s.get(Run, self.ctx.run_id)
-                    if run.state in (RunState.STOPPING, RunState.STOPPED) and run.stop_mode == StopMode.NOW:
-                        self.claim.stop_event.set()
+                with self.ctx.db.read() as s:  # two columns; no write lock for a look
+                    state, mode = s.execute(select(Run.state, Run.stop_mode)
+                                            .where(Run.id == self.ctx.run_id)).one()
+                if state in (RunState.STOPPING, RunState.STOPPED) and mode == StopMode.NOW:
+                    self.claim.stop_event.set()
                 if elapsed >= self.interval:
                     elapsed = 0.0
                     self.claim.beat(self.attempt_id)
