@@ -54,12 +54,13 @@ def tick(project, tasks, run_id: str, holder=None) -> None:
     db = project.db
     if holder is not None and not holder.held:
         return  # a standby lane never acts; the active one has this run
-    with db.read() as s:
+    with db.read() as s:  # the run, and the first pass's rows with it: one read
         run = s.get(Run, run_id)
         if run is None or run.state not in RUN_LIVE:
             return
         policy = run_policy(run)
         fenced = holder is not None and not holder.still_holds(s)
+        first = [] if fenced else [_first_rows(s, project, run)]
     if fenced:
         # It thinks it holds the lease, but another lane took over: fenced, change nothing.
         with db.transaction() as s:
@@ -67,8 +68,10 @@ def tick(project, tasks, run_id: str, holder=None) -> None:
                    "this tick changes nothing", owner=holder.owner)
         return
     try:
-        retrying(lambda: _Lane(project, tasks, run, policy, holder).loop(), db=db, run_id=run_id,
-                 story=None, what="lane tick")
+        def one_try():  # a retry reads everything again
+            _Lane(project, tasks, run, policy, holder).loop(first.pop() if first else None)
+
+        retrying(one_try, db=db, run_id=run_id, story=None, what="lane tick")
     except FaultPersisted as exc:
         if pause_for_fault(db, run_id, exc.fault, exc.attempts):
             notify(db, policy, run_id, "run.paused", reason=exc.fault.describe())
@@ -84,6 +87,13 @@ def tick(project, tasks, run_id: str, holder=None) -> None:
                 record(s, run_id, "run.failed", reason=f"lane error: {exc}")
         drain_run_pool(project, run_id, policy)  # parked worktrees go when the run settles
         notify(db, policy, run_id, "run.failed", reason=str(exc))
+
+
+def _first_rows(s, project, run: Run) -> tuple:
+    """What a tick's first pass reads, in one snapshot: the rows for the check against git
+    (rowcheck.py), the run, and the lane's rows of its stories."""
+    return (integrated_rows(s, run.id),
+            (run, lane_rows(s, run.id, run_memo(project, run.id).settled_rows)))
 
 
 class _Lane:
@@ -104,9 +114,10 @@ class _Lane:
         if run.max_parallel > 1:
             self.integrator.between = self._dispatch_between
 
-    def loop(self) -> None:
+    def loop(self, first=None) -> None:
+        """`first`: the first pass's rows as `_first_rows` read them (None: read them here)."""
         try:
-            self._passes()
+            self._passes(first)
         finally:
             if self.integrator.landed:  # a pass that ended early (an error, a run ended)
                 try:
@@ -114,10 +125,11 @@ class _Lane:
                 except Exception:  # leftovers no row owns: `cleanup` removes them
                     log.exception("clean-up after integration failed for run %s", self.run_id)
 
-    def _passes(self) -> None:
-        with self.db.read() as s:  # the check's rows and the first pass's, one read
-            integrated = integrated_rows(s, self.run_id)
-            loaded = s.get(Run, self.run_id), lane_rows(s, self.run_id, self.memo.settled_rows)
+    def _passes(self, first) -> None:
+        if first is None:
+            with self.db.read() as s:
+                first = _first_rows(s, self.project, s.get(Run, self.run_id))
+        integrated, loaded = first
         contradicted = rows_contradicting_git(self.integrator.git, self.integrator.target,
                                               loaded[0].head_sha, *integrated)
         if contradicted:
