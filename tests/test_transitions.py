@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from bmad_loop.db.database import insert_now
-from bmad_loop.db.models import Attempt, Story
+from bmad_loop.db.models import Attempt, Run, Story
 from bmad_loop.engine.transitions import transition_story
 from bmad_loop.states import IllegalTransition, StoryState
 
@@ -97,4 +97,23 @@ def test_insert_now_writes_an_orm_objects_row_with_its_defaults_and_checks(db):
         row = s.get(Attempt, attempt_id)
         assert (row.story_id, row.number, row.state, row.host) == (story_id, 1, "running", "h1")
         assert row.started_at is not None  # the column's default, as a flush would give it
+        assert s.get(Story, story_id).state == StoryState.QUEUED
+
+
+def test_a_further_condition_is_part_of_the_guard(db):
+    """`when`: e.g. the lane enters `integrating` only while its run may still land stories."""
+    story_id = _story_id(db)
+    may_run = select(Run.state).where(Run.id == "r1").scalar_subquery().in_(("running",))
+    with db.transaction() as s:
+        s.get(Run, "r1").state = "stopping"
+    with db.transaction() as s:
+        assert not transition_story(s, story_id, StoryState.PENDING, when=may_run,
+                                    state=StoryState.QUEUED)
+    with db.read() as s:
+        assert s.get(Story, story_id).state == StoryState.PENDING
+    with db.transaction() as s:
+        s.get(Run, "r1").state = "running"  # resumed
+        assert transition_story(s, story_id, StoryState.PENDING, when=may_run,
+                                state=StoryState.QUEUED)
+    with db.read() as s:
         assert s.get(Story, story_id).state == StoryState.QUEUED

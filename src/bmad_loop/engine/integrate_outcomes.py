@@ -68,11 +68,10 @@ class Outcomes:
         """ready -> integrating, while the run may still integrate (a stop settles a run whose
         stories are only ready at once: then nothing lands). `to_escalate`: on the way to
         `escalated`, which needs no such check."""
-        if not to_escalate:
-            state = s.scalar(select(Run.state).where(Run.id == self.run_id))  # not the whole row
-            if state not in (RunState.RUNNING, RunState.PAUSING):
-                return False
-        if not transition_story(s, story.id, StoryState.READY, state=StoryState.INTEGRATING):
+        may_land = None if to_escalate else select(Run.state).where(
+            Run.id == self.run_id).scalar_subquery().in_((RunState.RUNNING, RunState.PAUSING))
+        if not transition_story(s, story.id, StoryState.READY, when=may_land,
+                                state=StoryState.INTEGRATING):
             return False
         record(s, self.run_id, "story.integrating", story.key)
         return True

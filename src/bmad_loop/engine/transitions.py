@@ -20,7 +20,8 @@ from ..states import check_transition
 __all__ = ["transition_story", "transition_run", "transition_attempt", "transition_candidate"]
 
 
-def _transition(session: Session, model, machine: str, row_id, expected, values: dict) -> bool:
+def _transition(session: Session, model, machine: str, row_id, expected, values: dict,
+                when=None) -> bool:
     expected = (expected,) if isinstance(expected, str) else tuple(expected)
     if "state" in values:
         for old in expected:
@@ -32,8 +33,10 @@ def _transition(session: Session, model, machine: str, row_id, expected, values:
     # values (its "evaluate" synchronisation).
     session.flush()
     table = model.__table__
-    result = session.connection().execute(
-        update(table).where(table.c.id == row_id, table.c.state.in_(expected)).values(**values))
+    guard = [table.c.id == row_id, table.c.state.in_(expected)]
+    if when is not None:  # a further condition, e.g. on the run's row: checked in the UPDATE
+        guard.append(when)
+    result = session.connection().execute(update(table).where(*guard).values(**values))
     if result.rowcount != 1:
         return False
     held = session.identity_map.get(session.identity_key(model, row_id))
@@ -47,8 +50,9 @@ def _transition(session: Session, model, machine: str, row_id, expected, values:
     return True
 
 
-def transition_story(session: Session, story_id: int, expected, **values) -> bool:
-    return _transition(session, Story, "story", story_id, expected, values)
+def transition_story(session: Session, story_id: int, expected, *, when=None, **values) -> bool:
+    """`when`: a further SQL condition the row must meet (it loses otherwise)."""
+    return _transition(session, Story, "story", story_id, expected, values, when)
 
 
 def transition_run(session: Session, run_id: str, expected, **values) -> bool:

@@ -63,16 +63,17 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
                 record(s, run_id, "story.unqueued", s.get(Story, story_id).key, run_state=run.state)
             return
         now = utcnow()
+        # Read, then claimed by one guarded UPDATE that the row takes as written: two racing
+        # claims read the same generation, and only the one that finds the story queued wins.
+        story = s.get(Story, story_id)
+        first_start = story.phase is None  # it enters prepare here, as `_enter_phase` would
         if not transition_story(s, story_id, StoryState.QUEUED, state=StoryState.WORKING,
                                 host=project.host, heartbeat_at=now, started_at=now,
-                                claim=Story.claim + 1):
+                                claim=story.claim + 1, phase=story.phase or Phase.PREPARE):
             return  # someone else has it, or it is no longer queued: a duplicate message
-        story = s.get(Story, story_id, populate_existing=True)  # as the UPDATE left it
         generation = story.claim
-        record(s, run_id, "story.started", story.key, phase=story.phase or Phase.PREPARE,
-               host=project.host)
-        if story.phase is None:  # a first start enters prepare here, as `_enter_phase` would
-            story.phase = Phase.PREPARE
+        record(s, run_id, "story.started", story.key, phase=story.phase, host=project.host)
+        if first_start:
             record(s, run_id, "story.phase", story.key, phase=Phase.PREPARE)
         if story.session is not None:  # a session ever began: only a lost worker's is still open
             close_running_attempts(s, run_id, story)
