@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from sqlalchemy import update
+
 from ..board import parse_board
 from ..compose import blob_at
 from ..db.models import Run, Story, utcnow
@@ -368,11 +370,16 @@ class _Lane:
         queued = []
         used_blocks = {s.port_block for s in stories if s.state in STORY_IN_FLIGHT and s.port_block is not None}
         with self.db.transaction() as s:
+            changed = {}  # reason -> ids: one UPDATE per distinct reason, no row loaded
             for key, why in decision.waiting.items():
                 row = by_key[key]
                 if row.wait_reason != why:
-                    s.get(Story, row.id).wait_reason = why
+                    changed.setdefault(why, []).append(row.id)
                     record(s, self.run_id, "story.waiting", key, reason=why)
+            table = Story.__table__
+            for why, ids in changed.items():
+                s.connection().execute(update(table).where(table.c.id.in_(ids))
+                                       .values(wait_reason=why))
             for key in decision.dispatch:
                 row = by_key[key]
                 stacked = bases.get(key, (None, None))
