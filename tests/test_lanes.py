@@ -162,8 +162,18 @@ def test_a_second_lane_stays_standby_while_the_first_lives_and_takes_over_after_
 @pytest.fixture
 def ready_story(make_repo):
     """A run whose one story is `ready`: admitted by a lane tick, worked by `work()`, in process."""
+    yield from _ready_story(make_repo, POLICY)
+
+
+@pytest.fixture
+def ready_story_short_lock_wait(make_repo):
+    """`ready_story` with git's lock waits cut to 1 s ([scm] lock_wait_s)."""
+    yield from _ready_story(make_repo, POLICY.replace("[scm]\n", "[scm]\nlock_wait_s = 1\n"))
+
+
+def _ready_story(make_repo, policy: str):
     story = STORIES[0]
-    repo = make_repo([story], policy=POLICY,
+    repo = make_repo([story], policy=policy,
                      script={story.key: {"dev": [{"write": {story.files[0]: "NAME = 'alpha'\n"}}]}})
     result = repo.cli("enqueue")
     assert result.exit_code == 0, result.output
@@ -244,18 +254,16 @@ def test_a_standby_lane_tick_does_nothing_at_all(ready_story):
         assert s.query(Candidate).filter(Candidate.story_id == story_id).count() == 0
 
 
-def test_a_lane_that_stalls_between_its_fence_check_and_its_cas_does_not_record_a_second_integration(
-        ready_story):
+def _stall_between_fence_and_cas(ready):
     """The stale lane passes its fence check, then stalls past its TTL before the CAS (a GC
-    pause, a stopped process). Meanwhile the new holder integrates the same candidate. When the
-    stale lane wakes, its CAS finds the target already at the candidate ("already advanced" is
-    success) — it must not record the story as integrated a second time."""
-    repo, project, tasks, run_id, story_id = ready_story
-    main_before = repo.git("rev-parse", "main")
+    pause, a stopped process); meanwhile the standby takes the lease over and ticks. Returns
+    the story's state as that tick left it, and the journal once the stale lane went on."""
+    repo, project, tasks, run_id, story_id = ready
     now = [dt.datetime.now(dt.timezone.utc)]
     stale, fresh = clocked_holder(project, "lane-a", now), clocked_holder(project, "lane-b", now)
     stale.step()
     other = Tasks(project)
+    during = []
 
     def fence_then_stall() -> bool:
         held = stale.still_holds()  # checked: still ours
@@ -264,15 +272,49 @@ def test_a_lane_that_stalls_between_its_fence_check_and_its_cas_does_not_record_
         fresh.step()
         assert fresh.token == 2
         tick(project, other, run_id, holder=fresh)
+        with project.db.read() as s:
+            during.append(s.get(Story, story_id).state)
         return held
 
     with project.db.transaction() as s:
         run = s.get(Run, run_id)
         policy = run_policy(run)
     Integrator(project, run, policy, fence=fence_then_stall).integrate(story_id)
+    return during[0], repo.journal(run_id)
 
-    journal = repo.journal(run_id)
+
+def test_a_lane_that_stalls_between_its_fence_check_and_its_cas_does_not_record_a_second_integration(
+        ready_story):
+    """No checkout of the target to keep in step (the main checkout is elsewhere): the new
+    holder integrates the same candidate during the stall. When the stale lane wakes, its CAS
+    finds the target already at the candidate ("already advanced" is success) — it must not
+    record the story as integrated a second time."""
+    repo, project, tasks, run_id, story_id = ready_story
+    main_before = repo.git("rev-parse", "main")
+    repo.git("checkout", "--quiet", "--detach")
+    during, journal = _stall_between_fence_and_cas(ready_story)
+    assert during == "integrated"  # by the new holder, while the stale lane stalled
     advanced = [e for e in journal if e["kind"] == "target.advanced"]
     assert [e["data"]["old"] for e in advanced] == [main_before]  # the target moved once
     assert [e["kind"] for e in journal].count("story.integrated") == 1
     assert repo.git("rev-list", "--count", f"{main_before}..main") == "2"  # one merge commit
+    assert repo.status(run_id)["run"]["state"] != "paused"
+
+
+def test_a_lane_stalled_while_it_holds_the_target_checkout_keeps_the_new_holder_from_landing(
+        ready_story_short_lock_wait):
+    """With the target checked out, the stale lane holds the checkout's index from before its
+    CAS until the checkout follows: the new holder cannot move the target meanwhile. It waits
+    for the lock, retries, and pauses the run with a lock fault naming it; the stale lane's CAS
+    then lands the story, once."""
+    repo, project, tasks, run_id, story_id = ready_story_short_lock_wait
+    main_before = repo.git("rev-parse", "main")
+    during, journal = _stall_between_fence_and_cas(ready_story_short_lock_wait)
+    assert during == "integrating"  # the new holder landed nothing
+    kinds = [e["kind"] for e in journal]
+    assert "git.lock_waited" in kinds and "fault.retry" in kinds
+    paused = [e for e in journal if e["kind"] == "run.paused"]
+    assert len(paused) == 1 and "lock fault" in paused[0]["data"]["reason"]
+    assert kinds.index("run.paused") < kinds.index("target.advanced")
+    assert kinds.count("target.advanced") == 1 and kinds.count("story.integrated") == 1
+    assert repo.git("rev-list", "--count", f"{main_before}..main") == "2"
