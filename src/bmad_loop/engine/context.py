@@ -13,13 +13,13 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm.attributes import set_committed_value
 
 from ..bmadinstall import bmad_seeds
 from ..db.models import Attempt, Run, Story, utcnow
 from ..errors import StopRequested
-from ..states import StoryState, check_transition
+from ..states import StoryState
 from ..profiles import load_profile
 from . import leases
 from .inplace import InPlaceWorkspace
@@ -27,6 +27,7 @@ from .journal import journal_git_locks
 from .layout import Layout
 from .ports import worker_block
 from .runs import board_rel
+from .transitions import transition_story_reading
 from .workspace import Workspace
 from .worktree_workspace import WorktreeWorkspace
 
@@ -88,15 +89,9 @@ class Claim:
         columns) and flushing it: these run at every phase's end. `known`, the row as this walk
         last left it (nobody else writes it while the claim holds, but for its heartbeat),
         takes the new values."""
-        if "state" in values:
-            check_transition("story", StoryState.WORKING, values["state"])
-        session.flush()  # rows added in this transaction first, as the ORM's own flush would
-        table = Story.__table__
         run_state = select(Run.state).where(Run.id == self.run_id).scalar_subquery()
-        written = session.connection().execute(
-            update(table).where(table.c.id == self.story_id, table.c.state == StoryState.WORKING,
-                                table.c.claim == self.generation)
-            .values(**values).returning(run_state)).first()
+        written = transition_story_reading(session, self.story_id, StoryState.WORKING, run_state,
+                                           when=Story.claim == self.generation, **values)
         if written is None:
             raise Fenced()
         if known is not None:

@@ -211,9 +211,9 @@ class _Lane:
     def _dispatch_between(self) -> None:
         """Mid-integration: a slot a worker freed meanwhile (its wake-up waits in the lane's
         queue) is filled now, by `_dispatch_first`'s rules; no rows read if nothing waits."""
-        last = getattr(self, "_decision", None)
         if not self._pending_seen:
             return  # none in this pass's rows; one made pending since waits for the next pass
+        last = getattr(self, "_decision", None)
         if (last is None or last.waiting) and self.tasks.lane_pending() > 0:
             self._dispatch_first(*self._load())
 

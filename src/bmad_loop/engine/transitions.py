@@ -17,11 +17,14 @@ from sqlalchemy.sql.elements import ClauseElement
 from ..db.models import Attempt, Candidate, Run, Story
 from ..states import check_transition
 
-__all__ = ["transition_story", "transition_run", "transition_attempt", "transition_candidate"]
+__all__ = ["transition_story", "transition_story_reading", "transition_run", "transition_attempt",
+           "transition_candidate"]
 
 
 def _transition(session: Session, model, machine: str, row_id, expected, values: dict,
-                when=None) -> bool:
+                when=None, returning=None):
+    """None when this caller lost; else the row `returning` read in the UPDATE (an empty
+    tuple without one)."""
     expected = (expected,) if isinstance(expected, str) else tuple(expected)
     if "state" in values:
         for old in expected:
@@ -36,9 +39,13 @@ def _transition(session: Session, model, machine: str, row_id, expected, values:
     guard = [table.c.id == row_id, table.c.state.in_(expected)]
     if when is not None:  # a further condition, e.g. on the run's row: checked in the UPDATE
         guard.append(when)
-    result = session.connection().execute(update(table).where(*guard).values(**values))
-    if result.rowcount != 1:
-        return False
+    statement = update(table).where(*guard).values(**values)
+    if returning is None:
+        won = () if session.connection().execute(statement).rowcount == 1 else None
+    else:
+        won = session.connection().execute(statement.returning(returning)).first()
+    if won is None:
+        return None
     held = session.identity_map.get(session.identity_key(model, row_id))
     if held is not None:
         computed = [key for key, value in values.items() if isinstance(value, ClauseElement)]
@@ -47,21 +54,29 @@ def _transition(session: Session, model, machine: str, row_id, expected, values:
                 set_committed_value(held, key, value)
         if computed:  # e.g. `claim = claim + 1`: read again when asked for
             session.expire(held, computed)
-    return True
+    return won
 
 
-def transition_story(session: Session, story_id: int, expected, *, when=None, **values) -> bool:
+def transition_story(session: Session, story_id: int, expected, /, *, when=None,
+                     **values) -> bool:
     """`when`: a further SQL condition the row must meet (it loses otherwise)."""
-    return _transition(session, Story, "story", story_id, expected, values, when)
+    return _transition(session, Story, "story", story_id, expected, values, when) is not None
+
+
+def transition_story_reading(session: Session, story_id: int, expected, returning, /, *,
+                             when=None, **values):
+    """`transition_story` that also reads `returning` (an SQL expression) in its UPDATE: the
+    row it read, or None when this caller lost."""
+    return _transition(session, Story, "story", story_id, expected, values, when, returning)
 
 
 def transition_run(session: Session, run_id: str, expected, **values) -> bool:
-    return _transition(session, Run, "run", run_id, expected, values)
+    return _transition(session, Run, "run", run_id, expected, values) is not None
 
 
 def transition_attempt(session: Session, attempt_id: int, expected, **values) -> bool:
-    return _transition(session, Attempt, "attempt", attempt_id, expected, values)
+    return _transition(session, Attempt, "attempt", attempt_id, expected, values) is not None
 
 
 def transition_candidate(session: Session, candidate_id: int, expected, **values) -> bool:
-    return _transition(session, Candidate, "candidate", candidate_id, expected, values)
+    return _transition(session, Candidate, "candidate", candidate_id, expected, values) is not None

@@ -18,7 +18,6 @@ import logging
 import traceback
 from pathlib import Path
 
-
 from ..compose import changed_paths, commit_message
 from ..db.models import Attempt, Run, Story, utcnow
 from ..errors import GitError, StopRequested
@@ -127,8 +126,8 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         _quietly(tasks.enqueue_lane, run_id)  # lost: the consumers' watchdog wakes the lane
     try:
         if finished:
-            _release_if_ready(ctx, claim, tries[-1].last_row)  # beside the lane's work
-                                                                 # (which may park it first)
+            # Beside the lane's work (which may park it first).
+            _release_if_ready(ctx, claim, tries[-1].last_row)
     finally:
         if parked:
             parked()
