@@ -138,8 +138,20 @@ def insert_now(session: Session, row) -> int:
     session.flush()
     table = type(row).__table__
     values = {key: value for key, value in vars(row).items() if key in table.c}
-    key = next(iter(table.primary_key.columns))
-    return session.connection().execute(insert(table).values(**values).returning(key)).scalar_one()
+    return session.connection().execute(_inserting(table), values).scalar_one()
+
+
+_INSERTS: dict[str, object] = {}  # table name -> its INSERT … RETURNING id, built once
+
+
+def _inserting(table):
+    """`INSERT INTO table … RETURNING <key>` whose columns are those of the values it runs
+    with (SQLAlchemy compiles each set of columns once)."""
+    statement = _INSERTS.get(table.name)
+    if statement is None:
+        statement = _INSERTS[table.name] = insert(table).returning(
+            next(iter(table.primary_key.columns)))
+    return statement
 
 
 def insert_at_commit(session: Session, table, row: dict) -> None:
@@ -164,7 +176,17 @@ def _insert_queued_rows(session: Session) -> None:
     for table, row in queued:
         by_table.setdefault(table, []).append(row)
     for table, rows in by_table.items():
-        session.execute(insert(table), rows)
+        session.connection().execute(_plain_insert(table), rows)
+
+
+_PLAIN_INSERTS: dict[str, object] = {}  # table name -> its INSERT, built once
+
+
+def _plain_insert(table):
+    statement = _PLAIN_INSERTS.get(table.name)
+    if statement is None:
+        statement = _PLAIN_INSERTS[table.name] = insert(table)
+    return statement
 
 
 _writers: dict[str, threading.RLock] = {}

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm.attributes import set_committed_value
 
 from ..bmadinstall import bmad_seeds
@@ -34,6 +34,13 @@ from .worktree_workspace import WorktreeWorkspace
 __all__ = ["StoryContext", "Claim", "Fenced", "make_workspace", "story_context"]
 
 log = logging.getLogger(__name__)
+
+# Claim.write's clauses, built once (transitions.py keeps the UPDATE made with them): the claim
+# still this worker's, and the run's state read by the same statement.
+_CLAIM_HELD = Story.claim == bindparam("claim_generation")
+_RUN_STATE = select(Run.state).where(Run.id == bindparam("claim_run_id")).scalar_subquery()
+# Claim.state's read.
+_STORY_STATE = select(Story.state).where(Story.id == bindparam("story_id"))
 
 
 class Fenced(StopRequested):
@@ -89,9 +96,9 @@ class Claim:
         columns) and flushing it: these run at every phase's end. `known`, the row as this walk
         last left it (nobody else writes it while the claim holds, but for its heartbeat),
         takes the new values."""
-        run_state = select(Run.state).where(Run.id == self.run_id).scalar_subquery()
-        written = transition_story_reading(session, self.story_id, StoryState.WORKING, run_state,
-                                           when=Story.claim == self.generation, **values)
+        written = transition_story_reading(
+            session, self.story_id, StoryState.WORKING, _RUN_STATE, when=_CLAIM_HELD,
+            params={"claim_generation": self.generation, "claim_run_id": self.run_id}, **values)
         if written is None:
             raise Fenced()
         if known is not None:
@@ -106,7 +113,7 @@ class Claim:
     def state(self) -> str | None:
         """The story's state now (one column, no row loaded)."""
         with self.db.read() as s:
-            return s.scalar(select(Story.state).where(Story.id == self.story_id))
+            return s.connection().execute(_STORY_STATE, {"story_id": self.story_id}).scalar()
 
     def drop_lease_in(self, session) -> None:
         """Release the story's lease inside the transaction that ends its `working` state (the

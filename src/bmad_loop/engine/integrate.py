@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 
 from ..compose import Composition, commit_message, compose, integration_message, overlapping_dirty
 from ..db.database import insert_now
@@ -49,6 +49,13 @@ class TargetMoved(Exception):
         self.old, self.new, self.commits = old, new, commits
 
 log = logging.getLogger(__name__)
+
+# Statements every integration runs, built once (building one costs more than running it).
+_CANDIDATES_OF = (select(Candidate).where(Candidate.story_id == bindparam("story_id"))
+                  .order_by(Candidate.attempt.desc()))
+_RUN_HEAD = select(Run.__table__.c.head_sha).where(Run.__table__.c.id == bindparam("run_id"))
+_SET_RUN_HEAD = (update(Run.__table__).where(Run.__table__.c.id == bindparam("run_id"))
+                 .values(head_sha=bindparam("head")))
 
 
 @dataclass(frozen=True)
@@ -110,11 +117,10 @@ class Integrator(Outcomes):
                 return outcome
 
     def _known(self, s, story_id: int) -> "_Known":
-        cands = list(s.scalars(select(Candidate).where(Candidate.story_id == story_id)
-                               .order_by(Candidate.attempt.desc())))
+        cands = list(s.scalars(_CANDIDATES_OF, {"story_id": story_id}))
         return _Known(cands[0] if cands else None, len(cands),
                       sum(c.state == CandidateState.STALE for c in cands),
-                      s.scalar(select(Run.head_sha).where(Run.id == self.run_id)))
+                      s.connection().execute(_RUN_HEAD, {"run_id": self.run_id}).scalar())
 
     # ------------------------------------------------------------------ one attempt
     def _one_composition(self, story: Story, known: "_Known | None" = None) -> str:
@@ -433,7 +439,7 @@ class Integrator(Outcomes):
                                         state=CandidateState.ADVANCED, ended_at=utcnow()):
                 cand = s.get(Candidate, cand_id)  # not advancing: as the row's checks say
                 cand.state, cand.ended_at = CandidateState.ADVANCED, utcnow()
-            s.execute(update(Run).where(Run.id == self.run_id).values(head_sha=sha))
+            s.connection().execute(_SET_RUN_HEAD, {"run_id": self.run_id, "head": sha})
             record(s, self.run_id, "target.advanced", story.key, attempt=attempt,
                    old=target_sha, new=sha, strategy=self.policy.scm.merge_strategy)
             record(s, self.run_id, "story.integrated", story.key, sha=sha)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 from ..db.models import Candidate, Run, Story, utcnow
 from ..states import CandidateState, Phase, RunState, StoryState
@@ -18,6 +18,13 @@ from ..worktrees import delete_ref, ensure_detached_worktree, remove_worktree
 from .faults import crash_point
 from .journal import record
 from .transitions import transition_story
+
+# ready -> integrating only while the run may still land it: checked in the UPDATE itself
+# (built once; transitions.py keeps the statement made with it).
+_RUN_MAY_LAND = select(Run.state).where(Run.id == bindparam("landing_run_id")).scalar_subquery().in_(
+    (RunState.RUNNING, RunState.PAUSING))
+_CANDIDATE_REFS = select(Candidate.attempt, Candidate.ref, Candidate.state).where(
+    Candidate.story_id == bindparam("story_id"))
 
 __all__ = ["Outcomes"]
 
@@ -68,9 +75,9 @@ class Outcomes:
         """ready -> integrating, while the run may still integrate (a stop settles a run whose
         stories are only ready at once: then nothing lands). `to_escalate`: on the way to
         `escalated`, which needs no such check."""
-        may_land = None if to_escalate else select(Run.state).where(
-            Run.id == self.run_id).scalar_subquery().in_((RunState.RUNNING, RunState.PAUSING))
+        may_land = None if to_escalate else _RUN_MAY_LAND
         if not transition_story(s, story.id, StoryState.READY, when=may_land,
+                                params=None if may_land is None else {"landing_run_id": self.run_id},
                                 state=StoryState.INTEGRATING):
             return False
         record(s, self.run_id, "story.integrating", story.key)
@@ -112,9 +119,8 @@ class Outcomes:
             # ref and its row (left `composing`, or `abandoned` by the lane that took over).
             attempts = [(n, ref is not None
                          or state in (CandidateState.COMPOSING, CandidateState.ABANDONED))
-                        for n, ref, state in s.execute(
-                            select(Candidate.attempt, Candidate.ref, Candidate.state)
-                            .where(Candidate.story_id == story.id))]
+                        for n, ref, state in s.connection().execute(
+                            _CANDIDATE_REFS, {"story_id": story.id})]
         for n, has_ref in attempts:
             self._drop_candidate(story.key, n, ref=has_ref)
         crash_point("lane.during_cleanup")

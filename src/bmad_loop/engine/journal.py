@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from ..db.database import insert_at_commit
@@ -27,13 +27,18 @@ def events_after(session: Session, run_id: str, after_seq: int = 0, kinds=(), st
     return list(session.scalars(query.order_by(Event.seq)))
 
 
+_EVENTS = Event.__table__
+# event_rows_after's statement, built once: a follower polls it.
+_EVENTS_AFTER = (select(_EVENTS).where(_EVENTS.c.run_id == bindparam("run_id"),
+                                       _EVENTS.c.seq > bindparam("after_seq"))
+                 .order_by(_EVENTS.c.seq))
+
+
 def event_rows_after(session: Session, run_id: str, after_seq: int = 0) -> list:
     """`events_after` as plain rows (seq, ts, kind, story, data as attributes): for a poll
     that only shows them, without the cost of ORM objects."""
-    table = Event.__table__
-    return list(session.execute(select(table).where(table.c.run_id == run_id,
-                                                    table.c.seq > after_seq)
-                                .order_by(table.c.seq)))
+    return list(session.connection().execute(_EVENTS_AFTER, {"run_id": run_id,
+                                                              "after_seq": after_seq}))
 
 
 def event_json(event: Event) -> dict:

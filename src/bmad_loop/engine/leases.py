@@ -84,6 +84,11 @@ def acquire(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = N
 _UPSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
 _LEASES = Lease.__table__
 _TAKE: dict[str, object] = {}  # dialect name -> the upsert, built once with bound parameters
+# The fencing check's read and the release, built once: they run with every story.
+_HOLDER = select(_LEASES.c.owner, _LEASES.c.token, _LEASES.c.expires_at).where(
+    _LEASES.c.name == bindparam("name"))
+_RELEASE = delete(_LEASES).where(_LEASES.c.name == bindparam("name"),
+                                 _LEASES.c.owner == bindparam("owner"))
 
 
 def _take_statement(dialect_name: str):
@@ -160,9 +165,7 @@ def holds(db, name: str, owner: str, token: int, now: dt.datetime | None = None)
 def holds_in(session, name: str, owner: str, token: int, now: dt.datetime | None = None) -> bool:
     """`holds` inside the caller's read (the lane's tick asks it with the run's row)."""
     now = now or utcnow()
-    c = _LEASES.c
-    row = session.connection().execute(
-        select(c.owner, c.token, c.expires_at).where(c.name == name)).first()
+    row = session.connection().execute(_HOLDER, {"name": name}).first()
     return bool(row and row.owner == owner and row.token == token and row.expires_at > now)
 
 
@@ -173,8 +176,7 @@ def release(db, name: str, owner: str) -> None:
 
 def release_in(session, name: str, owner: str) -> None:
     """`release` inside the caller's transaction."""
-    c = _LEASES.c
-    session.connection().execute(delete(_LEASES).where(c.name == name, c.owner == owner))
+    session.connection().execute(_RELEASE, {"name": name, "owner": owner})
 
 
 class LeaseHolder:

@@ -9,7 +9,7 @@ target. A row marked integrated without a commit contradicts git whatever the ta
 
 from __future__ import annotations
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import bindparam, func, or_, select
 
 from ..db.models import Story
 from ..states import StoryState
@@ -17,15 +17,21 @@ from ..states import StoryState
 __all__ = ["integrated_rows", "rows_contradicting_git"]
 
 
+def _integrated_statement():
+    integrated = (Story.run_id == bindparam("run_id"), Story.state == StoryState.INTEGRATED)
+    latest_seq = select(func.max(Story.seq)).where(*integrated).scalar_subquery()
+    return (select(Story.key, Story.integrated_sha, Story.seq)
+            .where(*integrated, or_(Story.integrated_sha.is_(None), Story.seq == latest_seq))
+            .order_by(Story.seq))
+
+
+_INTEGRATED = _integrated_statement()  # built once: the lane reads it every tick
+
+
 def integrated_rows(session, run_id: str) -> tuple:
     """(the latest integrated story, those integrated without a commit), as (key,
     integrated_sha) rows, in one statement."""
-    integrated = (Story.run_id == run_id, Story.state == StoryState.INTEGRATED)
-    latest_seq = select(func.max(Story.seq)).where(*integrated).scalar_subquery()
-    rows = list(session.execute(
-        select(Story.key, Story.integrated_sha, Story.seq)
-        .where(*integrated, or_(Story.integrated_sha.is_(None), Story.seq == latest_seq))
-        .order_by(Story.seq)))
+    rows = list(session.connection().execute(_INTEGRATED, {"run_id": run_id}))
     if not rows:
         return None, []
     return rows[-1], [row for row in rows if row.integrated_sha is None]

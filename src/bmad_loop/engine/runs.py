@@ -7,7 +7,7 @@ import threading
 from collections import OrderedDict, namedtuple
 from pathlib import Path
 
-from sqlalchemy import Text, or_, select, type_coerce
+from sqlalchemy import Text, bindparam, or_, select, type_coerce
 from sqlalchemy.orm import Session
 
 from ..db.models import Run, Story
@@ -68,6 +68,15 @@ _decoded_lock = threading.Lock()
 _SETTLED_FOR_GOOD = (StoryState.INTEGRATED, StoryState.SKIPPED)
 
 
+# lane_rows's statements, built once: the lane runs them on every pass.
+_OF_RUN = Story.run_id == bindparam("run_id")
+_ALL_ROWS = select(*_SELECTED).where(_OF_RUN).order_by(Story.seq)
+_SETTLED_IDS = select(Story.id).where(_OF_RUN, Story.state.in_(_SETTLED_FOR_GOOD))
+_OPEN_ROWS = select(*_SELECTED).where(_OF_RUN, Story.state.not_in(_SETTLED_FOR_GOOD))
+_OPEN_AND_NEW_ROWS = select(*_SELECTED).where(_OF_RUN, or_(
+    Story.state.not_in(_SETTLED_FOR_GOOD), Story.id.in_(bindparam("new", expanding=True))))
+
+
 def lane_rows(session: Session, run_id: str, kept: dict | None = None) -> list:
     """The run's stories in plan order as read-only rows of the columns the lane reads (same
     attribute names as `Story`). The lane reads them on every pass: building full ORM objects
@@ -77,16 +86,13 @@ def lane_rows(session: Session, run_id: str, kept: dict | None = None) -> list:
     `kept` (id -> row, the caller's across passes) holds the rows of integrated and skipped
     stories, which never change: only their ids are read again, so a pass late in a long run
     does not parse hundreds of finished footprints."""
+    conn, run = session.connection(), {"run_id": run_id}
     if kept is None:
-        return _rows(session.execute(select(*_SELECTED).where(Story.run_id == run_id)
-                                     .order_by(Story.seq)))
-    settled = set(session.scalars(select(Story.id).where(Story.run_id == run_id,
-                                                         Story.state.in_(_SETTLED_FOR_GOOD))))
+        return _rows(conn.execute(_ALL_ROWS, run))
+    settled = set(conn.execute(_SETTLED_IDS, run).scalars())
     new = [i for i in settled if i not in kept]
-    wanted = Story.state.not_in(_SETTLED_FOR_GOOD)
-    if new:
-        wanted = or_(wanted, Story.id.in_(new))
-    fresh = _rows(session.execute(select(*_SELECTED).where(Story.run_id == run_id, wanted)))
+    fresh = _rows(conn.execute(_OPEN_AND_NEW_ROWS, {**run, "new": new}) if new
+                  else conn.execute(_OPEN_ROWS, run))
     for row in fresh:
         if row.state in _SETTLED_FOR_GOOD:
             kept[row.id] = row

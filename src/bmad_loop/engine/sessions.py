@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 
 from ..adapter import AgentCall, agent_env, render_argv, review_approved, run_agent, session_output
 from ..bmadinstall import detect_bmad
@@ -36,6 +36,12 @@ from .sessionchanges import changed_paths_between, snapshot
 __all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "verdict_mode"]
 
 log = logging.getLogger(__name__)
+
+# The agent's pid, written as it starts (built once: every session runs it).
+_SET_PID = (update(Attempt.__table__).where(Attempt.__table__.c.id == bindparam("attempt_id"))
+            .values(pid=bindparam("pid")))
+# A running session's look for `stop --now`, twice a second.
+_STOP_ASKED = select(Run.state, Run.stop_mode).where(Run.id == bindparam("run_id"))
 
 SESSION_DIR = ".bmad-loop-session"
 
@@ -157,7 +163,7 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
 
     def started(pid: int) -> None:
         with ctx.db.transaction() as s:
-            s.execute(update(Attempt).where(Attempt.id == attempt_id).values(pid=pid))
+            s.connection().execute(_SET_PID, {"attempt_id": attempt_id, "pid": pid})
         crash_point("worker.in_agent")
 
     with Heartbeat(ctx, claim, attempt_id):
@@ -245,8 +251,8 @@ class Heartbeat:
             elapsed += poll
             try:
                 with self.ctx.db.read() as s:  # two columns; no write lock for a look
-                    state, mode = s.execute(select(Run.state, Run.stop_mode)
-                                            .where(Run.id == self.ctx.run_id)).one()
+                    state, mode = s.connection().execute(
+                        _STOP_ASKED, {"run_id": self.ctx.run_id}).one()
                 if state in (RunState.STOPPING, RunState.STOPPED) and mode == StopMode.NOW:
                     self.claim.stop_event.set()
                 if elapsed >= self.interval:

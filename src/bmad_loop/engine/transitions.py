@@ -9,7 +9,7 @@ models' validators; bulk UPDATEs bypass those, hence the check here.)
 
 from __future__ import annotations
 
-from sqlalchemy import update
+from sqlalchemy import bindparam, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql.elements import ClauseElement
@@ -22,9 +22,10 @@ __all__ = ["transition_story", "transition_story_reading", "transition_run", "tr
 
 
 def _transition(session: Session, model, machine: str, row_id, expected, values: dict,
-                when=None, returning=None):
+                when=None, returning=None, params=None):
     """None when this caller lost; else the row `returning` read in the UPDATE (an empty
-    tuple without one)."""
+    tuple without one). `when` and `returning` are clauses; `params` fills their bind
+    parameters (so a clause built once serves every call: see `_statement`)."""
     expected = (expected,) if isinstance(expected, str) else tuple(expected)
     if "state" in values:
         for old in expected:
@@ -35,15 +36,16 @@ def _transition(session: Session, model, machine: str, row_id, expected, values:
     # (a clean session's flush returns at once), and a row this session holds takes the new
     # values (its "evaluate" synchronisation).
     session.flush()
-    table = model.__table__
-    guard = [table.c.id == row_id, table.c.state.in_(expected)]
-    if when is not None:  # a further condition, e.g. on the run's row: checked in the UPDATE
-        guard.append(when)
-    statement = update(table).where(*guard).values(**values)
+    statement = _statement(model.__table__, expected, values, when, returning)
+    bound = {f"{_VALUE}{name}": value for name, value in values.items()
+             if not isinstance(value, ClauseElement)}
+    bound[_ROW] = row_id
+    if params:
+        bound.update(params)
     if returning is None:
-        won = () if session.connection().execute(statement).rowcount == 1 else None
+        won = () if session.connection().execute(statement, bound).rowcount == 1 else None
     else:
-        won = session.connection().execute(statement.returning(returning)).first()
+        won = session.connection().execute(statement, bound).first()
     if won is None:
         return None
     held = session.identity_map.get(session.identity_key(model, row_id))
@@ -57,17 +59,53 @@ def _transition(session: Session, model, machine: str, row_id, expected, values:
     return won
 
 
-def transition_story(session: Session, story_id: int, expected, /, *, when=None,
+# The UPDATE of each shape (table, expected states, columns set, further condition, what it
+# reads), built once with bind parameters: building the statement cost three times as much
+# CPU as running it. A computed value or a clause is part of the shape by identity, and its
+# entry holds it, so an identity is never reused while cached: a clause built for one call
+# only costs what it did before. Bounded: the shapes in the code are a few dozen.
+_VALUE, _ROW = "new_", "row_id_"
+_STATEMENTS: dict[tuple, tuple] = {}
+_KEPT_STATEMENTS = 256
+
+
+def _statement(table, expected: tuple, values: dict, when, returning):
+    shape = (table.name, expected, id(when), id(returning),
+             tuple((name, id(value)) if isinstance(value, ClauseElement) else name
+                   for name in values for value in (values[name],)))
+    cached = _STATEMENTS.get(shape)
+    if cached is not None:
+        return cached[0]
+    guard = [table.c.id == bindparam(_ROW), table.c.state.in_(expected)]
+    if when is not None:  # a further condition, e.g. on the run's row: checked in the UPDATE
+        guard.append(when)
+    statement = update(table).where(*guard).values(
+        {name: value if isinstance(value, ClauseElement) else bindparam(f"{_VALUE}{name}")
+         for name, value in values.items()})
+    if returning is not None:
+        statement = statement.returning(returning)
+    if len(_STATEMENTS) >= _KEPT_STATEMENTS:
+        _STATEMENTS.clear()
+    # The entry holds what `shape` names by identity, so none of them is freed while it lasts.
+    _STATEMENTS[shape] = (statement, when, returning,
+                          [value for value in values.values() if isinstance(value, ClauseElement)])
+    return statement
+
+
+def transition_story(session: Session, story_id: int, expected, /, *, when=None, params=None,
                      **values) -> bool:
-    """`when`: a further SQL condition the row must meet (it loses otherwise)."""
-    return _transition(session, Story, "story", story_id, expected, values, when) is not None
+    """`when`: a further SQL condition the row must meet (it loses otherwise); `params` fills
+    its bind parameters."""
+    return _transition(session, Story, "story", story_id, expected, values, when,
+                       params=params) is not None
 
 
 def transition_story_reading(session: Session, story_id: int, expected, returning, /, *,
-                             when=None, **values):
+                             when=None, params=None, **values):
     """`transition_story` that also reads `returning` (an SQL expression) in its UPDATE: the
     row it read, or None when this caller lost."""
-    return _transition(session, Story, "story", story_id, expected, values, when, returning)
+    return _transition(session, Story, "story", story_id, expected, values, when, returning,
+                       params)
 
 
 def transition_run(session: Session, run_id: str, expected, **values) -> bool:
