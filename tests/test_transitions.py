@@ -4,7 +4,8 @@
 connection instead of through the ORM's bulk UPDATE. What the ORM did besides is done by hand,
 and these tests hold it to that on a real SQLite file: a change still pending in the session is
 written before the UPDATE (autoflush), a row the session holds shows what the UPDATE wrote,
-and only a winning UPDATE changes it.
+and only a winning UPDATE changes it. The UPDATE of each shape is built once and kept: a call
+of a shape seen before runs with its own row, values and parameters, never another call's.
 """
 
 from __future__ import annotations
@@ -117,3 +118,81 @@ def test_a_further_condition_is_part_of_the_guard(db):
                                 state=StoryState.QUEUED)
     with db.read() as s:
         assert s.get(Story, story_id).state == StoryState.QUEUED
+
+
+# --- the UPDATE kept per shape: a shape seen before runs with its own values, never another's --
+
+def _add_story(db, key: str, state=StoryState.PENDING) -> int:
+    with db.transaction() as s:
+        row = Story(run_id="r1", key=key, seq=int(key.split("-")[1]), epic="1", title=key,
+                    story_path=f"{key}.md", state=state)
+        s.add(row)
+        s.flush()
+        return row.id
+
+
+def test_a_kept_statement_runs_with_each_calls_own_row_and_values(db):
+    first, second = _story_id(db), _add_story(db, "1-2-b")
+    with db.transaction() as s:  # the same shape twice: the second must not reuse the first's values
+        assert transition_story(s, first, StoryState.PENDING, state=StoryState.QUEUED, host="h1",
+                                feedback={"why": ["first"]})
+        assert transition_story(s, second, StoryState.PENDING, state=StoryState.QUEUED, host="h2",
+                                feedback={"why": ["second"]})
+    with db.read() as s:
+        rows = {r.id: r for r in s.scalars(select(Story))}
+    assert (rows[first].host, rows[first].feedback) == ("h1", {"why": ["first"]})
+    assert (rows[second].host, rows[second].feedback) == ("h2", {"why": ["second"]})
+
+
+def test_shapes_that_differ_only_in_the_expected_states_are_not_confused(db):
+    story_id = _story_id(db)
+    with db.transaction() as s:
+        assert transition_story(s, story_id, StoryState.PENDING, state=StoryState.QUEUED)
+    with db.transaction() as s:  # same columns, other expected state: its own guard
+        assert not transition_story(s, story_id, StoryState.PENDING, state=StoryState.QUEUED)
+        assert transition_story(s, story_id, (StoryState.QUEUED,), state=StoryState.PENDING)
+    with db.read() as s:
+        assert s.get(Story, story_id).state == StoryState.PENDING
+
+
+def test_a_computed_value_and_a_plain_one_for_the_same_column_are_two_shapes(db):
+    story_id = _story_id(db)
+    with db.transaction() as s:
+        assert transition_story(s, story_id, StoryState.PENDING, state=StoryState.QUEUED,
+                                claim=Story.claim + 5)
+        assert transition_story(s, story_id, StoryState.QUEUED, state=StoryState.PENDING)
+        # The same states and column as the first call, with a plain value this time.
+        assert transition_story(s, story_id, StoryState.PENDING, state=StoryState.QUEUED,
+                                claim=2)
+    with db.read() as s:
+        assert s.get(Story, story_id).claim == 2
+
+
+def test_a_condition_built_once_takes_each_calls_parameters(db):
+    """The way the hot callers use `when`: one clause with bind parameters, filled per call."""
+    from sqlalchemy import bindparam
+
+    story_id = _story_id(db)
+    claim_is = Story.claim == bindparam("claim_is")
+    with db.transaction() as s:
+        assert not transition_story(s, story_id, StoryState.PENDING, when=claim_is,
+                                    params={"claim_is": 3}, state=StoryState.QUEUED)
+        assert transition_story(s, story_id, StoryState.PENDING, when=claim_is,
+                                params={"claim_is": 0}, state=StoryState.QUEUED)
+    with db.read() as s:
+        assert s.get(Story, story_id).state == StoryState.QUEUED
+
+
+def test_clauses_built_for_one_call_each_stay_correct_and_the_kept_statements_stay_bounded(db):
+    from bmad_loop.engine import transitions
+
+    story_id = _story_id(db)
+    states = [StoryState.PENDING, StoryState.QUEUED]
+    for i in range(transitions._KEPT_STATEMENTS + 20):
+        old, new = states[i % 2], states[(i + 1) % 2]
+        with db.transaction() as s:  # a fresh clause every time, as a one-off caller builds it
+            runs_now = select(Run.state).where(Run.id == "r1").scalar_subquery().in_(("running",))
+            assert transition_story(s, story_id, old, when=runs_now, state=new)
+        assert len(transitions._STATEMENTS) <= transitions._KEPT_STATEMENTS
+    with db.read() as s:
+        assert s.get(Story, story_id).state == states[(transitions._KEPT_STATEMENTS + 20) % 2]
