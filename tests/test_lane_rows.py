@@ -1,8 +1,13 @@
-"""The lane's rows: integrated and skipped stories are read once, then kept (runs.lane_rows)."""
+"""The lane's rows: kept across passes, read again only when the database moved their `rev`
+(runs.lane_rows; the trigger of migration 0010 moves it on every UPDATE, whoever runs it)."""
 
 from __future__ import annotations
 
-from sqlalchemy import update
+import contextlib
+import subprocess
+import sys
+
+from sqlalchemy import event, update
 
 from bmad_loop.db.models import Story
 from bmad_loop.engine.project import Project
@@ -11,7 +16,21 @@ from bmad_loop.policy import load_policy
 from support import ALPHA_BETA_GAMMA, MERGE_NONE, query, write_each
 
 
-def test_settled_rows_are_kept_and_the_rest_read_fresh_in_plan_order(make_repo):
+@contextlib.contextmanager
+def _statements(engine):
+    seen: list[str] = []
+
+    def note(conn, cursor, statement, parameters, context, executemany):
+        seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+
+
+def test_kept_rows_are_read_again_only_when_an_update_moved_their_rev(make_repo):
     repo = make_repo(ALPHA_BETA_GAMMA, script=write_each(ALPHA_BETA_GAMMA),
                      policy=MERGE_NONE.format(n=1, strategy="merge"))
     assert repo.cli("run").exit_code == 0
@@ -19,25 +38,66 @@ def test_settled_rows_are_kept_and_the_rest_read_fresh_in_plan_order(make_repo):
     project = Project(root=repo.root, policy=load_policy(repo.root))
     try:
         kept: dict = {}
-        with project.db.transaction() as s:
+        with project.db.read() as s:
             plain = lane_rows(s, run_id)
             first = lane_rows(s, run_id, kept)
         assert first == plain and [r.key for r in first] == [st.key for st in ALPHA_BETA_GAMMA]
-        assert sorted(kept) == sorted(r.id for r in plain)  # all three integrated: kept
-        # A kept row is not read again (its stored copy answers), a story that is not
-        # settled for good is.
+        assert sorted(kept) == sorted(r.id for r in plain)
+        # Nothing changed: one narrow read of the versions, every row the one kept.
+        with project.db.read() as s, _statements(project.db.engine) as seen:
+            again = lane_rows(s, run_id, kept)
+        assert all(a is b for a, b in zip(again, first, strict=True))
+        assert len(seen) == 1 and "rev" in seen[0] and "footprint" not in seen[0]
+        # Three writers: the code's Core UPDATE, an ORM flush, and another process writing with
+        # the sqlite3 module (not bmad-loop's code, not SQLAlchemy): each moves its row's rev.
         with project.db.transaction() as s:
             s.execute(update(Story).where(Story.run_id == run_id, Story.seq == 1)
-                      .values(wait_reason="edited behind the lane"))
-            s.execute(update(Story).where(Story.run_id == run_id, Story.seq == 3)
-                      .values(state="escalated", reason="for the test"))
-        with project.db.transaction() as s:
-            again = lane_rows(s, run_id, kept)
-        assert [r.seq for r in again] == [1, 2, 3]
-        assert again[0].wait_reason is None            # kept: integrated rows never change
-        assert again[2].state == "escalated"           # no longer settled: read fresh
+                      .values(wait_reason="a Core UPDATE"))
+            s.get(Story, first[1].id).reason = "an ORM flush"
+        subprocess.run([sys.executable, "-c", (
+            "import sqlite3, sys; conn = sqlite3.connect(sys.argv[1]); "
+            "conn.execute(\"UPDATE stories SET state = 'escalated', reason = 'another process' "
+            "WHERE seq = 3\"); conn.commit()"), project.db.path], check=True)
+        with project.db.read() as s:
+            third = lane_rows(s, run_id, kept)
+        assert [r.seq for r in third] == [1, 2, 3]
+        assert third[0].wait_reason == "a Core UPDATE" and third[0].rev > first[0].rev
+        assert third[1].reason == "an ORM flush" and third[1].rev > first[1].rev
+        assert (third[2].state, third[2].reason) == ("escalated", "another process")
+        with project.db.read() as s:  # and kept again from here on
+            fourth = lane_rows(s, run_id, kept)
+        assert all(a is b for a, b in zip(fourth, third, strict=True))
     finally:
         project.close()
+
+
+def test_a_first_pass_reads_all_rows_at_once_and_later_ones_only_the_moved_ids(tmp_path):
+    """Many stale rows (a first pass over a long sprint) are one read of the run, not a list of
+    ids; a few moved rows are read by id; a story gone from the run leaves the kept rows."""
+    from support import state_database
+
+    db = state_database(tmp_path, runs=("r1", "r2"))
+    try:
+        with db.transaction() as s:
+            s.add_all(Story(run_id="r1", key=f"1-{i}-s", seq=i, epic="1", title="t",
+                            story_path=f"{i}.md", state="pending") for i in range(1, 81))
+        kept: dict = {}
+        with db.read() as s, _statements(db.engine) as seen:
+            first = lane_rows(s, "r1", kept)
+        assert [r.seq for r in first] == list(range(1, 81)) and len(seen) == 2
+        assert " IN " not in seen[1].upper()  # the whole run, not 80 ids
+        with db.transaction() as s:
+            s.execute(update(Story).where(Story.seq.in_((5, 60))).values(wait_reason="moved"))
+            s.execute(update(Story).where(Story.seq == 80).values(run_id="r2"))
+        with db.read() as s, _statements(db.engine) as seen:
+            again = lane_rows(s, "r1", kept)
+        assert [r.seq for r in again] == list(range(1, 80))
+        assert [r.seq for r in again if r.wait_reason == "moved"] == [5, 60]
+        assert len(seen) == 2 and " IN " in seen[1].upper()  # only the two moved rows
+        assert all(a is b for a, b in zip(again, first) if a.seq not in (5, 60))
+        assert len(kept) == 79  # the row that left the run is not kept
+    finally:
+        db.dispose()
 
 
 def test_run_policy_parses_each_snapshot_once_and_keeps_nothing_of_a_bad_one():

@@ -223,3 +223,79 @@ def test_opening_an_up_to_date_database_loads_no_alembic_and_an_old_one_is_upgra
         assert open_in_a_process() == "False"  # at head: no alembic at all
     finally:
         engine.dispose()
+
+
+# --- 0010: stories.rev, moved by the database on every UPDATE of a story ----------------------
+
+def _revs(engine) -> dict:
+    with engine.connect() as conn:
+        return dict(conn.execute(sa.text("SELECT key, rev FROM stories")).all())
+
+
+def _check_rev_moves_with_every_update(engine) -> None:
+    """A story made before 0010 starts at 0; each UPDATE, whatever it sets, moves its own row's
+    rev by one and no other row's; an UPDATE that matches no row moves nothing."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO stories (run_id, key, seq, epic, title, state, footprint, depends_on, "
+            "merge_class, done_checkpoint, dev_attempts, review_cycles, feedback, approved, "
+            "signed_off, claim, human_fix) VALUES ('r1', '12-2-y', 2, '12', 't', 'pending', "
+            "'{}', '[]', 'self', false, 0, 0, '{}', false, false, 0, false)"))
+    assert _revs(engine) == {"12-1-x": 0, "12-2-y": 0}
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE stories SET wait_reason = 'w' WHERE key = '12-1-x'"))
+    with engine.begin() as conn:  # two statements in one transaction: two moves
+        conn.execute(sa.text("UPDATE stories SET state = 'queued' WHERE key = '12-1-x'"))
+        conn.execute(sa.text("UPDATE stories SET claim = claim + 1 WHERE key = '12-1-x'"))
+        conn.execute(sa.text("UPDATE stories SET state = 'queued' WHERE key = 'none such'"))
+    assert _revs(engine) == {"12-1-x": 3, "12-2-y": 0}
+
+
+def test_0010_moves_a_storys_rev_on_every_update_on_sqlite(tmp_path):
+    engine = sa.create_engine(_url(tmp_path / "state.db"))
+    try:
+        _rows_at_0005(engine)
+        from bmad_loop.db import migrate
+
+        migrate.upgrade(engine)
+        _check_rev_moves_with_every_update(engine)
+        # A writer that is not bmad-loop (another process, the sqlite3 module, no SQLAlchemy).
+        with sqlite3.connect(tmp_path / "state.db") as conn:
+            conn.execute("UPDATE stories SET reason = 'by hand' WHERE key = '12-2-y'")
+        assert _revs(engine) == {"12-1-x": 3, "12-2-y": 1}
+    finally:
+        engine.dispose()
+
+
+def test_0010_moves_a_storys_rev_on_every_update_on_postgresql():
+    from backends import fresh_postgres_database
+
+    with fresh_postgres_database() as url:
+        engine = sa.create_engine(url)
+        try:
+            _rows_at_0005(engine)
+            from bmad_loop.db import migrate
+
+            migrate.upgrade(engine)
+            _check_rev_moves_with_every_update(engine)
+        finally:
+            engine.dispose()
+
+
+def test_0010_downgrade_drops_the_trigger_and_the_column(tmp_path):
+    from alembic import command
+
+    from bmad_loop.db import migrate
+
+    path = tmp_path / "state.db"
+    engine = sa.create_engine(_url(path))
+    try:
+        _rows_at_0005(engine)
+        migrate.upgrade(engine)
+        command.downgrade(migrate.alembic_config(engine), "0009")
+        assert not [row for row in _schema(path) if row[0] == "trigger"]
+        with engine.begin() as conn:  # no trigger left to name the dropped column
+            conn.execute(sa.text("UPDATE stories SET reason = 'after the downgrade'"))
+            assert "rev" not in {c["name"] for c in sa.inspect(conn).get_columns("stories")}
+    finally:
+        engine.dispose()

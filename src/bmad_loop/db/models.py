@@ -140,6 +140,10 @@ class Story(Base):
     # Grows with every claim; a worker writes only while the row still carries its claim, so a
     # stalled worker that lost its story to recovery is fenced out.
     claim: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The row's version: the database adds one on every UPDATE of the row, whoever runs it (a
+    # trigger, migration 0010), so the lane keeps rows across passes and reads again only those
+    # whose `rev` moved (engine/runs.py). Never written by the code.
+    rev: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     worktree: Mapped[str | None] = mapped_column(Text)
     branch: Mapped[str | None] = mapped_column(String(255))
     base_sha: Mapped[str | None] = mapped_column(String(64))

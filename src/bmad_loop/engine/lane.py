@@ -95,7 +95,7 @@ def _first_rows(s, project, run: Run) -> tuple:
     """What a tick's first pass reads, in one snapshot: the rows for the check against git
     (rowcheck.py), the run, and the lane's rows of its stories."""
     return (integrated_rows(s, run.id),
-            (run, lane_rows(s, run.id, run_memo(project, run.id).settled_rows)))
+            (run, lane_rows(s, run.id, run_memo(project, run.id).rows)))
 
 
 class _Lane:
@@ -183,7 +183,7 @@ class _Lane:
 
     def _load(self):
         with self.db.read() as s:
-            return s.get(Run, self.run_id), lane_rows(s, self.run_id, self.memo.settled_rows)
+            return s.get(Run, self.run_id), lane_rows(s, self.run_id, self.memo.rows)
 
     def _stop_now(self, run: Run) -> bool:
         """`stop --now` ends the stack's verifications too (their stories wait as ready)."""

@@ -22,7 +22,7 @@ class RunMemo:
         self.lock = threading.Lock()  # one lane per run, but a test may also tick by hand
         self.index = ConflictIndex()
         self.board_done: tuple[str, frozenset[str]] | None = None  # (target sha, done keys)
-        self.settled_rows: dict = {}  # integrated and skipped stories' rows (runs.lane_rows)
+        self.rows: dict = {}  # the run's stories' rows as last read, by id (runs.lane_rows)
 
 
 def run_memo(project, run_id: str) -> RunMemo:

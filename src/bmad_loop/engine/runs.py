@@ -7,7 +7,7 @@ import threading
 from collections import OrderedDict, namedtuple
 from pathlib import Path
 
-from sqlalchemy import Text, bindparam, or_, select, type_coerce
+from sqlalchemy import Text, bindparam, select, type_coerce
 from sqlalchemy.orm import Session
 
 from ..db.models import Run, Story
@@ -45,10 +45,11 @@ def stories_of(session: Session, run_id: str) -> list[Story]:
     return list(session.scalars(select(Story).where(Story.run_id == run_id).order_by(Story.seq)))
 
 
-# What the lane reads of every story on every pass (see `lane_rows`).
-_LANE_COLUMNS = (Story.id, Story.key, Story.seq, Story.epic, Story.state, Story.footprint,
-                 Story.footprint_reason, Story.depends_on, Story.approved, Story.to_create,
-                 Story.wait_reason, Story.port_block, Story.reason, Story.done_checkpoint,
+# What the lane reads of every story (see `lane_rows`); `rev` says when a kept row is stale.
+_LANE_COLUMNS = (Story.id, Story.rev, Story.key, Story.seq, Story.epic, Story.state,
+                 Story.footprint, Story.footprint_reason, Story.depends_on, Story.approved,
+                 Story.to_create, Story.wait_reason, Story.port_block, Story.reason,
+                 Story.done_checkpoint,
                  # stacked starts (stacking.py, restack.py)
                  Story.branch, Story.human_fix, Story.base_sha, Story.head_sha, Story.stacked_on,
                  Story.worktree)
@@ -63,18 +64,14 @@ _DECODED: dict[str, object] = {}
 _DECODED_KEEP = 20_000
 _decoded_lock = threading.Lock()
 
-
-# A story in one of these states never changes again: its row, once read, is kept.
-_SETTLED_FOR_GOOD = (StoryState.INTEGRATED, StoryState.SKIPPED)
-
-
 # lane_rows's statements, built once: the lane runs them on every pass.
 _OF_RUN = Story.run_id == bindparam("run_id")
 _ALL_ROWS = select(*_SELECTED).where(_OF_RUN).order_by(Story.seq)
-_SETTLED_IDS = select(Story.id).where(_OF_RUN, Story.state.in_(_SETTLED_FOR_GOOD))
-_OPEN_ROWS = select(*_SELECTED).where(_OF_RUN, Story.state.not_in(_SETTLED_FOR_GOOD))
-_OPEN_AND_NEW_ROWS = select(*_SELECTED).where(_OF_RUN, or_(
-    Story.state.not_in(_SETTLED_FOR_GOOD), Story.id.in_(bindparam("new", expanding=True))))
+_VERSIONS = select(Story.id, Story.rev).where(_OF_RUN).order_by(Story.seq)
+_ROWS_BY_ID = select(*_SELECTED).where(Story.id.in_(bindparam("ids", expanding=True)))
+# Past this many stale rows one read of them all is cheaper than naming each (and a first
+# pass names no long list of ids).
+_READ_ALL_FROM = 64
 
 
 def lane_rows(session: Session, run_id: str, kept: dict | None = None) -> list:
@@ -83,21 +80,29 @@ def lane_rows(session: Session, run_id: str, kept: dict | None = None) -> list:
     (forty columns, timestamps, JSON) costs several times more per story. Treat the rows and
     their JSON values as read-only: equal texts share one decoded value.
 
-    `kept` (id -> row, the caller's across passes) holds the rows of integrated and skipped
-    stories, which never change: only their ids are read again, so a pass late in a long run
-    does not parse hundreds of finished footprints."""
+    `kept` (id -> row, the caller's across passes): the rows read before. Only each story's
+    `rev` is read, and a row again only when its `rev` moved (any UPDATE moves it: a trigger,
+    migration 0010), so a pass costs one narrow read plus what changed since the last one,
+    however many stories wait."""
     conn, run = session.connection(), {"run_id": run_id}
     if kept is None:
         return _rows(conn.execute(_ALL_ROWS, run))
-    settled = set(conn.execute(_SETTLED_IDS, run).scalars())
-    new = [i for i in settled if i not in kept]
-    fresh = _rows(conn.execute(_OPEN_AND_NEW_ROWS, {**run, "new": new}) if new
-                  else conn.execute(_OPEN_ROWS, run))
-    for row in fresh:
-        if row.state in _SETTLED_FOR_GOOD:
-            kept[row.id] = row
-    rows = fresh + [row for i, row in kept.items() if i in settled and i not in new]
-    return sorted(rows, key=lambda row: row.seq)
+    versions = conn.execute(_VERSIONS, run).all()
+    current = {}  # this pass's rows: the caller's dict may be updated by another pass meanwhile
+    for story_id, rev in versions:
+        row = kept.get(story_id)
+        if row is not None and row.rev == rev:
+            current[story_id] = row
+    stale = [story_id for story_id, _ in versions if story_id not in current]
+    if stale:
+        fresh = (conn.execute(_ALL_ROWS, run) if len(stale) >= _READ_ALL_FROM
+                 else conn.execute(_ROWS_BY_ID, {"ids": stale}))
+        for row in _rows(fresh):
+            current[row.id] = kept[row.id] = row
+    if len(kept) > len(versions):  # never in a run's life; a kept row must not outlive its story
+        for story_id in [i for i in kept if i not in current]:
+            del kept[story_id]
+    return [current[story_id] for story_id, _ in versions if story_id in current]
 
 
 def _rows(result) -> list:
