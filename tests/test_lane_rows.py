@@ -100,6 +100,37 @@ def test_a_first_pass_reads_all_rows_at_once_and_later_ones_only_the_moved_ids(t
         db.dispose()
 
 
+def test_a_kept_row_keeps_its_admission_view_and_a_row_read_again_gets_a_new_one(tmp_path):
+    from support import state_database
+
+    from bmad_loop.engine.admission import views_of
+    from bmad_loop.engine.lanememo import RunMemo
+
+    db = state_database(tmp_path)
+    try:
+        with db.transaction() as s:
+            s.add_all(Story(run_id="r1", key=f"1-{i}-s", seq=i, epic="1", title="t",
+                            story_path=f"{i}.md", state="pending",
+                            footprint={"files": [f"src/{i}.py"]}) for i in (1, 2))
+        memo = RunMemo()
+        with db.read() as s:
+            rows = lane_rows(s, "r1", memo.rows)
+        first = memo.views_of(rows)
+        assert first == views_of(rows)  # the same answer as building them
+        assert all(a is b for a, b in zip(memo.views_of(rows), first))  # kept: not rebuilt
+        stacking = memo.views_of(rows, stacking=True)
+        assert [v.can_stack for v in stacking] == [True, True] and stacking[0] is not first[0]
+        with db.transaction() as s:
+            s.execute(update(Story).where(Story.seq == 2).values(footprint={"files": ["b.py"]}))
+        with db.read() as s:
+            rows = lane_rows(s, "r1", memo.rows)
+        again = memo.views_of(rows)
+        assert again[0] is first[0]
+        assert again[1] is not first[1] and again[1].footprint.files == ("b.py",)
+    finally:
+        db.dispose()
+
+
 def test_run_policy_parses_each_snapshot_once_and_keeps_nothing_of_a_bad_one():
     """The lane and every worker ask for the run's policy; one snapshot is one (frozen) object,
     a changed snapshot (a resume with other settings) a new one, and a bad one raises each time."""

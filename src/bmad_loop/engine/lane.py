@@ -29,7 +29,7 @@ from ..gitconfig_guard import CONFIG_CHANGED_PREFIX
 from ..treedirs import tree_directories
 from ..states import (RUN_LIVE, STORY_AWAITING_LANE, STORY_IN_FLIGHT, STORY_PARKED, RunState,
                       StopMode, StoryState)
-from .admission import ConflictIndex, admit, views_of
+from .admission import ConflictIndex, admit
 from .integrate import Integrator, LaneFenced, TargetMoved
 from .journal import record
 from .lanememo import run_memo
@@ -342,7 +342,7 @@ class _Lane:
 
     def _conflict_index(self, stories: list[Story]) -> ConflictIndex:
         """The run's conflict relation, brought up to date with these rows and the target."""
-        self.memo.index.update(views_of(stories), self._directories)
+        self.memo.index.update(self.memo.views_of(stories), self._directories)
         return self.memo.index
 
     def _dispatch(self, run: Run, stories: list[Story]) -> bool:
@@ -351,7 +351,7 @@ class _Lane:
         stacking = run.max_parallel > 1 and not self.integrator.target.publishes_stories
         self._queued = 0
         with self.memo.lock:
-            decision = admit(views_of(stories, stacking), max_parallel=run.max_parallel,
+            decision = admit(self.memo.views_of(stories, stacking), max_parallel=run.max_parallel,
                              capacity=self.policy.resources.capacity,
                              gates_mode=self.policy.gates.mode, gates_passed=run.gates_passed or (),
                              index=self.memo.index, directories=self._directories)
