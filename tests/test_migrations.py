@@ -156,34 +156,39 @@ def _check_after_0006(engine) -> None:
     assert tuple(view) == ("12-1-x", "12")
 
 
-def test_0006_keeps_a_runs_numeric_epics_as_text_on_sqlite(tmp_path):
-    engine = sa.create_engine(_url(tmp_path / "state.db"))
+def _upgraded_from_0005(url: str, check) -> None:
+    """The database at `url` with a run and a story written at 0005, upgraded to head, then
+    `check(engine)`."""
+    engine = sa.create_engine(url)
     try:
         _rows_at_0005(engine)
         from bmad_loop.db import migrate
 
         migrate.upgrade(engine)
-        _check_after_0006(engine)
-        with engine.begin() as conn:  # a letter epic is stored and read back as text
-            conn.execute(sa.text("UPDATE stories SET epic = 'r'"))
-            assert conn.execute(sa.text("SELECT epic FROM v_story_runs")).scalar() == "r"
+        check(engine)
     finally:
         engine.dispose()
 
 
-def test_0006_keeps_a_runs_numeric_epics_as_text_on_postgresql():
+def test_0006_keeps_a_runs_numeric_epics_as_text_on_sqlite(tmp_path):
+    def check(engine):
+        _check_after_0006(engine)
+        with engine.begin() as conn:  # a letter epic is stored and read back as text
+            conn.execute(sa.text("UPDATE stories SET epic = 'r'"))
+            assert conn.execute(sa.text("SELECT epic FROM v_story_runs")).scalar() == "r"
+
+    _upgraded_from_0005(_url(tmp_path / "state.db"), check)
+
+
+def _upgraded_on_postgresql_from_0005(check) -> None:
     from backends import fresh_postgres_database
 
     with fresh_postgres_database() as url:
-        engine = sa.create_engine(url)
-        try:
-            _rows_at_0005(engine)
-            from bmad_loop.db import migrate
+        _upgraded_from_0005(url, check)
 
-            migrate.upgrade(engine)
-            _check_after_0006(engine)
-        finally:
-            engine.dispose()
+
+def test_0006_keeps_a_runs_numeric_epics_as_text_on_postgresql():
+    _upgraded_on_postgresql_from_0005(_check_after_0006)
 
 
 def test_the_head_revision_constant_is_alembics_head():
@@ -252,34 +257,18 @@ def _check_rev_moves_with_every_update(engine) -> None:
 
 
 def test_0010_moves_a_storys_rev_on_every_update_on_sqlite(tmp_path):
-    engine = sa.create_engine(_url(tmp_path / "state.db"))
-    try:
-        _rows_at_0005(engine)
-        from bmad_loop.db import migrate
-
-        migrate.upgrade(engine)
+    def check(engine):
         _check_rev_moves_with_every_update(engine)
-        # A writer that is not bmad-loop (another process, the sqlite3 module, no SQLAlchemy).
+        # A writer that is not bmad-loop (the sqlite3 module, no SQLAlchemy).
         with sqlite3.connect(tmp_path / "state.db") as conn:
             conn.execute("UPDATE stories SET reason = 'by hand' WHERE key = '12-2-y'")
         assert _revs(engine) == {"12-1-x": 3, "12-2-y": 1}
-    finally:
-        engine.dispose()
+
+    _upgraded_from_0005(_url(tmp_path / "state.db"), check)
 
 
 def test_0010_moves_a_storys_rev_on_every_update_on_postgresql():
-    from backends import fresh_postgres_database
-
-    with fresh_postgres_database() as url:
-        engine = sa.create_engine(url)
-        try:
-            _rows_at_0005(engine)
-            from bmad_loop.db import migrate
-
-            migrate.upgrade(engine)
-            _check_rev_moves_with_every_update(engine)
-        finally:
-            engine.dispose()
+    _upgraded_on_postgresql_from_0005(_check_rev_moves_with_every_update)
 
 
 def test_0010_downgrade_drops_the_trigger_and_the_column(tmp_path):
