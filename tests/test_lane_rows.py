@@ -151,3 +151,27 @@ def test_run_policy_parses_each_snapshot_once_and_keeps_nothing_of_a_bad_one():
     for _ in range(2):
         with pytest.raises(ConfigError, match="max_parallel"):
             run_policy(Run(id="r-policy", policy={"scm": {"max_parallel": "many"}}))
+
+
+def test_a_running_lane_sees_an_approval_another_process_wrote_into_a_row_it_keeps(make_repo, bar):
+    """The lane keeps the waiting story's row across passes; `approve`, run as another process,
+    changes it. The next passes must read it again (its `rev` moved), or the story would wait
+    for an approval it has."""
+    from support import StoryDef, barrier_script, go, inside, states, wait_until
+
+    a = StoryDef("1-1-a", files=["src/a.py"])
+    b = StoryDef("1-2-b", files=["src/b.py"])
+    policy = MERGE_NONE.format(n=1, strategy="merge").replace(
+        'mode = "none"', 'mode = "per-story-spec-approval"')
+    repo = make_repo([a, b], script=barrier_script([a, b], bar), policy=policy)
+    run_id = repo.cli("enqueue").output.strip()
+    assert repo.cli("approve", run_id, a.key).exit_code == 0
+    proc = repo.spawn("resume", run_id)
+    wait_until(lambda: a.key in inside(bar), what="a inside")
+    assert repo.story(b.key)["waiting_for"].startswith("awaiting spec approval")
+    assert repo.cli("approve", run_id, b.key).exit_code == 0  # this process, not the run's
+    go(bar, a.key)
+    wait_until(lambda: b.key in inside(bar), what="b starts once approved and a is done")
+    go(bar, b.key)
+    assert proc.wait(timeout=60) == 0
+    assert states(repo) == {a.key: "integrated", b.key: "integrated"}
