@@ -138,19 +138,21 @@ def insert_now(session: Session, row) -> int:
     session.flush()
     table = type(row).__table__
     values = {key: value for key, value in vars(row).items() if key in table.c}
-    return session.connection().execute(_inserting(table), values).scalar_one()
+    return session.connection().execute(_insert_of(table, returning_key=True), values).scalar_one()
 
 
-_INSERTS: dict[str, object] = {}  # table name -> its INSERT … RETURNING id, built once
+_INSERTS: dict[tuple[str, bool], object] = {}  # (table name, returns its key) -> the INSERT
 
 
-def _inserting(table):
-    """`INSERT INTO table … RETURNING <key>` whose columns are those of the values it runs
-    with (SQLAlchemy compiles each set of columns once)."""
-    statement = _INSERTS.get(table.name)
+def _insert_of(table, *, returning_key: bool = False):
+    """`INSERT INTO table …` (`RETURNING <key>`), built once per table: its columns are those
+    of the values it runs with (SQLAlchemy compiles each set of columns once)."""
+    statement = _INSERTS.get((table.name, returning_key))
     if statement is None:
-        statement = _INSERTS[table.name] = insert(table).returning(
-            next(iter(table.primary_key.columns)))
+        statement = insert(table)
+        if returning_key:
+            statement = statement.returning(next(iter(table.primary_key.columns)))
+        _INSERTS[table.name, returning_key] = statement
     return statement
 
 
@@ -176,17 +178,7 @@ def _insert_queued_rows(session: Session) -> None:
     for table, row in queued:
         by_table.setdefault(table, []).append(row)
     for table, rows in by_table.items():
-        session.connection().execute(_plain_insert(table), rows)
-
-
-_PLAIN_INSERTS: dict[str, object] = {}  # table name -> its INSERT, built once
-
-
-def _plain_insert(table):
-    statement = _PLAIN_INSERTS.get(table.name)
-    if statement is None:
-        statement = _PLAIN_INSERTS[table.name] = insert(table)
-    return statement
+        session.connection().execute(_insert_of(table), rows)
 
 
 _writers: dict[str, threading.RLock] = {}

@@ -70,7 +70,8 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
                     for event in event_rows_after(s, run_id, last_seq):
                         last_seq = event.seq
                         progress(event)
-                settled = s.connection().execute(_RUN_STATE, {"run_id": run_id}).scalar() in RUN_SETTLED
+                state = s.connection().execute(_RUN_STATE, {"run_id": run_id}).scalar()
+                settled = state in RUN_SETTLED
                 if settled:  # one snapshot: every event up to the settling one was shown
                     run, stories = s.get(Run, run_id), stories_of(s, run_id)
             if settled:
