@@ -12,6 +12,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -288,3 +289,48 @@ def test_0010_downgrade_drops_the_trigger_and_the_column(tmp_path):
             assert "rev" not in {c["name"] for c in sa.inspect(conn).get_columns("stories")}
     finally:
         engine.dispose()
+
+
+# --- a schema newer than this bmad-loop: refused in one line, nothing changed ------------------
+
+def _from_a_newer_bmad_loop(path: Path) -> None:
+    """The database as a later bmad-loop would leave it: migrated past this one's head."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0099'")
+
+
+def test_a_schema_newer_than_this_bmad_loop_is_refused_in_one_line_and_left_as_it_is(tmp_path):
+    from bmad_loop.db.migrate import HEAD_REVISION
+    from bmad_loop.errors import ConfigError
+
+    path = tmp_path / "state.db"
+    db = Database(_url(path), lock_dir=tmp_path)
+    db.migrate()
+    db.dispose()
+    _from_a_newer_bmad_loop(path)
+    before = _schema(path)
+    again = Database(_url(path), lock_dir=tmp_path)
+    try:
+        with pytest.raises(ConfigError) as refused:
+            again.migrate()
+    finally:
+        again.dispose()
+    message = str(refused.value)
+    assert "\n" not in message and str(path) in message
+    assert "0099" in message and HEAD_REVISION in message and "upgrade bmad-loop" in message
+    assert _schema(path) == before
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0099",)]
+
+
+def test_a_command_on_a_newer_schema_exits_2_with_that_line(make_repo):
+    from support import ALPHA_BETA_GAMMA, MERGE_NONE, write_each
+
+    repo = make_repo(ALPHA_BETA_GAMMA, script=write_each(ALPHA_BETA_GAMMA),
+                     policy=MERGE_NONE.format(n=1, strategy="merge"))
+    assert repo.cli("enqueue").exit_code == 0
+    _from_a_newer_bmad_loop(repo.root / ".bmad-loop" / "state.db")
+    for args in (("status",), ("run",)):
+        result = repo.cli(*args)
+        assert result.exit_code == 2, result.output
+        assert "schema revision 0099" in result.output and "Traceback" not in result.output

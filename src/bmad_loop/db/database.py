@@ -270,7 +270,7 @@ class Database:
         if migrate.at_head(self.engine):
             return  # the common case: no lock, no alembic
         with self._migration_lock(), self._database_lock(), self.one_line_errors():
-            migrate.upgrade(self.engine)
+            migrate.upgrade(self.engine, f"the state database {self.path or _shown(self.url)}")
 
     @contextlib.contextmanager
     def one_line_errors(self):

@@ -62,9 +62,26 @@ def head_revision() -> str:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
-def upgrade(engine: Engine) -> None:
+def upgrade(engine: Engine, where: str = "the state database") -> None:
+    """Bring the schema to head. A schema at a revision this bmad-loop does not know (a newer
+    bmad-loop migrated it: another host of a scale-out, or a rollback of this one) is refused in
+    one line, before anything is changed, instead of alembic's traceback."""
     if at_head(engine):  # asked again under the migration lock: another process may have done it
         return
     from alembic import command
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
 
-    command.upgrade(alembic_config(engine), "head")
+    config = alembic_config(engine)
+    current = current_revision(engine)
+    if current is not None:
+        try:
+            ScriptDirectory.from_config(config).get_revision(current)
+        except CommandError:
+            from ..errors import ConfigError
+
+            raise ConfigError(
+                f"{where} is at schema revision {current}, newer than this bmad-loop knows (its "
+                f"newest is {HEAD_REVISION}): a newer bmad-loop migrated it; upgrade bmad-loop "
+                "here (every host of a scale-out runs the same version)") from None
+    command.upgrade(config, "head")
