@@ -206,6 +206,9 @@ class _Lane:
             return False
         if not any(s.state == StoryState.PENDING for s in stories):
             return False
+        if sum(1 for s in stories if s.state in STORY_IN_FLIGHT) >= run.max_parallel:
+            return False  # no slot: admission would start nothing (the pass's own dispatch
+            # still writes the waiting stories' reasons)
         return self._dispatch(run, stories)
 
     def _dispatch_between(self) -> None:
