@@ -8,6 +8,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
+from ..errors import ConfigError
+
 # alembic is imported only when a schema must change (or a test asks): importing it and reading
 # the revision scripts cost ~180 ms, paid by every command on a database that is up to date.
 
@@ -78,8 +80,6 @@ def upgrade(engine: Engine, where: str = "the state database") -> None:
         try:
             ScriptDirectory.from_config(config).get_revision(current)
         except CommandError:
-            from ..errors import ConfigError
-
             raise ConfigError(
                 f"{where} is at schema revision {current}, newer than this bmad-loop knows (its "
                 f"newest is {HEAD_REVISION}): a newer bmad-loop migrated it; upgrade bmad-loop "

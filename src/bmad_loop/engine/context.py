@@ -17,7 +17,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm.attributes import set_committed_value
 
 from ..bmadinstall import bmad_seeds
-from ..db.models import Attempt, Run, Story, utcnow
+from ..db.models import Attempt, Story, utcnow
 from ..errors import StopRequested
 from ..states import StoryState
 from ..profiles import load_profile
@@ -26,7 +26,7 @@ from .inplace import InPlaceWorkspace
 from .journal import journal_git_locks
 from .layout import Layout
 from .ports import worker_block
-from .runs import board_rel
+from .runs import RUN_STATE, board_rel
 from .transitions import transition_story_reading
 from .workspace import Workspace
 from .worktree_workspace import WorktreeWorkspace
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 # Claim.write's clauses, built once (transitions.py keeps the UPDATE made with them): the claim
 # still this worker's, and the run's state read by the same statement.
 _CLAIM_HELD = Story.claim == bindparam("claim_generation")
-_RUN_STATE = select(Run.state).where(Run.id == bindparam("claim_run_id")).scalar_subquery()
+_RUN_STATE = RUN_STATE.scalar_subquery()
 # Claim.state's read.
 _STORY_STATE = select(Story.state).where(Story.id == bindparam("story_id"))
 
@@ -98,7 +98,7 @@ class Claim:
         takes the new values."""
         written = transition_story_reading(
             session, self.story_id, StoryState.WORKING, _RUN_STATE, when=_CLAIM_HELD,
-            params={"claim_generation": self.generation, "claim_run_id": self.run_id}, **values)
+            params={"claim_generation": self.generation, "of_run": self.run_id}, **values)
         if written is None:
             raise Fenced()
         if known is not None:

@@ -11,20 +11,15 @@ import signal
 import threading
 from typing import Callable
 
-from sqlalchemy import bindparam, select
-
 from ..db.models import Run
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NEEDS_HUMAN, EXIT_OK, EXIT_STOPPED
 from ..states import RUN_SETTLED, RunState, StoryState
 from .consumers import ConsumerSet
 from .control import stop
 from .journal import event_rows_after
-from .runs import stories_of
+from .runs import RUN_STATE, stories_of
 
 __all__ = ["drive", "exit_code_for"]
-
-# The poll's read of the run's state, built once: it runs after every lane tick.
-_RUN_STATE = select(Run.state).where(Run.id == bindparam("run_id"))
 
 
 def exit_code_for(run: Run, stories) -> int:
@@ -70,7 +65,7 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
                     for event in event_rows_after(s, run_id, last_seq):
                         last_seq = event.seq
                         progress(event)
-                state = s.connection().execute(_RUN_STATE, {"run_id": run_id}).scalar()
+                state = s.connection().execute(RUN_STATE, {"of_run": run_id}).scalar()
                 settled = state in RUN_SETTLED
                 if settled:  # one snapshot: every event up to the settling one was shown
                     run, stories = s.get(Run, run_id), stories_of(s, run_id)

@@ -12,17 +12,17 @@ from pathlib import Path
 
 from sqlalchemy import bindparam, select
 
-from ..db.models import Candidate, Run, Story, utcnow
+from ..db.models import Candidate, Story, utcnow
 from ..states import CandidateState, Phase, RunState, StoryState
 from ..worktrees import delete_ref, ensure_detached_worktree, remove_worktree
 from .faults import crash_point
 from .journal import record
+from .runs import RUN_STATE
 from .transitions import transition_story
 
 # ready -> integrating only while the run may still land it: checked in the UPDATE itself
 # (built once; transitions.py keeps the statement made with it).
-_RUN_MAY_LAND = select(Run.state).where(Run.id == bindparam("landing_run_id")).scalar_subquery().in_(
-    (RunState.RUNNING, RunState.PAUSING))
+_RUN_MAY_LAND = RUN_STATE.scalar_subquery().in_((RunState.RUNNING, RunState.PAUSING))
 _CANDIDATE_REFS = select(Candidate.attempt, Candidate.ref, Candidate.state).where(
     Candidate.story_id == bindparam("story_id"))
 
@@ -77,7 +77,7 @@ class Outcomes:
         `escalated`, which needs no such check."""
         may_land = None if to_escalate else _RUN_MAY_LAND
         if not transition_story(s, story.id, StoryState.READY, when=may_land,
-                                params=None if may_land is None else {"landing_run_id": self.run_id},
+                                params=None if may_land is None else {"of_run": self.run_id},
                                 state=StoryState.INTEGRATING):
             return False
         record(s, self.run_id, "story.integrating", story.key)

@@ -14,7 +14,8 @@ from ..db.models import Run, Story
 from ..policy import Policy, policy_from_dict
 from ..states import STORY_DONE, StoryState
 
-__all__ = ["run_policy", "stories_of", "lane_rows", "next_in_plan", "path_inside", "board_rel"]
+__all__ = ["RUN_STATE", "run_policy", "stories_of", "lane_rows", "next_in_plan", "path_inside",
+           "board_rel"]
 
 
 # (run id, snapshot text) -> its Policy, parsed once per process: the lane reads it every tick
@@ -39,6 +40,12 @@ def run_policy(run: Run) -> Policy:
         while len(_policies) > _KEPT_POLICIES:
             _policies.popitem(last=False)
     return policy
+
+
+# The run's state, by the parameter `of_run`, built once: the driver polls it after each lane
+# tick, and as a subquery it guards a story's transitions (context.py, integrate_outcomes.py).
+# Not `run_id`: an UPDATE of stories refuses a parameter named like one of its columns.
+RUN_STATE = select(Run.state).where(Run.id == bindparam("of_run"))
 
 
 def stories_of(session: Session, run_id: str) -> list[Story]:

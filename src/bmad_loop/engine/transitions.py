@@ -72,7 +72,7 @@ _KEPT_STATEMENTS = 256
 def _statement(table, expected: tuple, values: dict, when, returning):
     shape = (table.name, expected, id(when), id(returning),
              tuple((name, id(value)) if isinstance(value, ClauseElement) else name
-                   for name in values for value in (values[name],)))
+                   for name, value in values.items()))
     cached = _STATEMENTS.get(shape)
     if cached is not None:
         return cached[0]
