@@ -165,18 +165,29 @@ class _ThreadFriendlyConsumer(Consumer):
 
     worker_class = _DoorbellWorker
 
+    def __init__(self, huey, *, role: str, **kwargs):
+        self.role = role  # read by _create_process, which huey's __init__ already calls
+        super().__init__(huey, **kwargs)
+
     def _set_signal_handlers(self):
         pass
 
+    def _create_process(self, process, name):
+        # huey names every consumer's threads Worker-1, Worker-2 …; the lane's and the story
+        # pool's would share names in a thread dump (py-spy dump) of one process.
+        return super()._create_process(process, f"bmad-{self.role}-{name}")
+
 
 class BackgroundConsumer:
-    """A real huey consumer with worker threads, started and stopped from code."""
+    """A real huey consumer with worker threads, started and stopped from code. Its threads are
+    named ``bmad-<role>-Worker-<n>`` (and ``bmad-<role>-Scheduler``)."""
 
-    def __init__(self, huey, workers: int):
+    def __init__(self, huey, workers: int, role: str = "queue"):
         logging.getLogger("huey").setLevel(logging.WARNING)
         self.huey = huey
         self.consumer = _ThreadFriendlyConsumer(
             huey,
+            role=role,
             workers=workers,
             periodic=False,
             initial_delay=POLL_INITIAL_S,

@@ -91,7 +91,7 @@ class ConsumerSet:
         _freeze_startup_heap()
         ttl = project.policy.leases.ttl_s
         if self.queue in ("stories", "all"):
-            consumer = BackgroundConsumer(self.tasks.stories, self.workers)
+            consumer = BackgroundConsumer(self.tasks.stories, self.workers, role="stories")
             self._consumers.append(consumer)
             consumer.start()
         if self.runs_lane:
@@ -115,7 +115,7 @@ class ConsumerSet:
         self._journal_live_runs("lane.acquired", token=token, owner=self.holder.owner)
         with self._lane_lock:
             if self._lane is None:
-                self._lane = BackgroundConsumer(self.tasks.integration, 1)
+                self._lane = BackgroundConsumer(self.tasks.integration, 1, role="lane")
                 self._lane.start()
         recover_live_runs(self.project, self.tasks,
                           stale_after=dt.timedelta(seconds=self.project.policy.leases.ttl_s))

@@ -234,7 +234,8 @@ class Heartbeat:
         self.attempt_id = attempt_id
         self.interval = max(ctx.policy.leases.ttl_s / 3.0, 0.2)
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="bmad-heartbeat")
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=f"bmad-heartbeat-{ctx.key}")
 
     def __enter__(self):
         self._thread.start()
