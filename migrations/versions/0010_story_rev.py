@@ -55,9 +55,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute("DROP TRIGGER IF EXISTS stories_rev" + (
-        "" if op.get_bind().dialect.name == "sqlite" else " ON stories"))
-    if op.get_bind().dialect.name != "sqlite":
+    if op.get_bind().dialect.name == "sqlite":
+        op.execute("DROP TRIGGER IF EXISTS stories_rev")
+    else:
+        op.execute("DROP TRIGGER IF EXISTS stories_rev ON stories")
         op.execute("DROP FUNCTION IF EXISTS bmad_loop_story_rev()")
     # Native DROP COLUMN (SQLite 3.35+): a batch copy of the table would break the views on it.
     op.execute("ALTER TABLE stories DROP COLUMN rev")

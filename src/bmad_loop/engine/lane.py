@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from sqlalchemy import update
+from sqlalchemy import bindparam, update
 
 from ..board import parse_board
 from ..compose import blob_at
@@ -47,6 +47,11 @@ from .worktree_pool import drain_pool, drain_run_pool
 __all__ = ["tick"]
 
 log = logging.getLogger(__name__)
+
+# The waiting stories' reasons, one UPDATE per distinct reason (built once, as the lane's reads).
+_STORIES = Story.__table__
+_SET_WAIT_REASON = (update(_STORIES).where(_STORIES.c.id.in_(bindparam("ids", expanding=True)))
+                    .values(wait_reason=bindparam("why")))
 
 FOREIGN_MOVE_PREFIX = "target moved by someone else"
 
@@ -379,10 +384,8 @@ class _Lane:
                 if row.wait_reason != why:
                     changed.setdefault(why, []).append(row.id)
                     record(s, self.run_id, "story.waiting", key, reason=why)
-            table = Story.__table__
             for why, ids in changed.items():
-                s.connection().execute(update(table).where(table.c.id.in_(ids))
-                                       .values(wait_reason=why))
+                s.connection().execute(_SET_WAIT_REASON, {"ids": ids, "why": why})
             for key in decision.dispatch:
                 row = by_key[key]
                 stacked = bases.get(key, (None, None))
