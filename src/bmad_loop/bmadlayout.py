@@ -4,9 +4,11 @@ The board is found in this order (the first step that finds something decides):
 
 1. the policy's `[stories] sprint_status` (relative to the project root, `{project-root}`
    allowed); it may lie outside the repository (then the lane cannot edit it);
-2. a BMAD module config, read from the working copy (it is often untracked):
-   `_bmad/bmm/config.yaml` (v6), `.bmad/bmm/config.yaml` and `bmad/bmm/config.yaml` (older
-   v6 installs). Each folder key, most specific first — `implementation_artifacts`,
+2. a BMAD config, read from the working copy (it is often untracked): BMAD v6.11's layered
+   `_bmad/config.toml` (then `config.user.toml`, `custom/config.toml`,
+   `custom/config.user.toml`, each winning over the one before; its `[core]` and
+   `[modules.bmm]` keys), then the module configs `_bmad/bmm/config.yaml` (v6),
+   `.bmad/bmm/config.yaml` and `bmad/bmm/config.yaml` (older v6 installs). Each folder key, most specific first — `implementation_artifacts`,
    `sprint_artifacts`, `dev_story_location`, `story_location`, `output_folder` — names a
    folder that may hold `sprint-status.yaml`; `{project-root}` and `{<other key>}` (e.g.
    `{output_folder}`) are substituted;
@@ -24,6 +26,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +34,8 @@ import yaml
 
 from .errors import ConfigError
 
-__all__ = ["BoardSource", "KNOWN_BOARDS", "BMM_CONFIGS", "V4_CONFIG", "find_board",
-           "read_config", "repo_relative", "config_story_folder"]
+__all__ = ["BoardSource", "KNOWN_BOARDS", "BMM_CONFIGS", "TOML_LAYERS", "V4_CONFIG", "find_board",
+           "read_config", "repo_relative", "config_story_folder", "implementation_artifacts"]
 
 BOARD_NAME = "sprint-status.yaml"
 KNOWN_BOARDS = (
@@ -43,6 +46,9 @@ KNOWN_BOARDS = (
     "docs/sprint-status.yaml",
 )
 BMM_CONFIGS = ("_bmad/bmm/config.yaml", ".bmad/bmm/config.yaml", "bmad/bmm/config.yaml")
+# BMAD v6.11's layered config, base first: each later file wins over the ones before it.
+TOML_LAYERS = ("_bmad/config.toml", "_bmad/config.user.toml", "_bmad/custom/config.toml",
+               "_bmad/custom/config.user.toml")
 V4_CONFIG = ".bmad-core/core-config.yaml"
 V4_STORY_DIR = "docs/stories"
 # Config keys naming a folder that may hold the board, most specific first.
@@ -90,6 +96,52 @@ def read_config(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def read_layered_config(config_root: Path) -> dict | None:
+    """BMAD v6.11's layered TOML config as one flat mapping of its `[core]` keys overlaid with
+    its `[modules.bmm]` keys (the layers merged, later files winning); None without one."""
+    core: dict = {}
+    bmm: dict = {}
+    found = False
+    for name in TOML_LAYERS:
+        path = config_root / name
+        if not path.is_file():
+            continue
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read the BMAD config: {exc}") from None
+        found = True
+        core.update(_table(data.get("core")))
+        bmm.update(_table(_table(data.get("modules")).get("bmm")))
+    return {**core, **bmm} if found else None
+
+
+def _table(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _configs(config_root: Path):
+    """(name, config mapping) of each BMAD config present, in the order they are asked."""
+    layered = read_layered_config(config_root)
+    if layered is not None:
+        yield TOML_LAYERS[0], layered
+    for name in BMM_CONFIGS:
+        path = config_root / name
+        if path.is_file():
+            yield name, read_config(path)
+
+
+def implementation_artifacts(root: Path, config_root: Path | None = None) -> str | None:
+    """The repository-relative folder a BMAD config names `implementation_artifacts` (where
+    BMAD keeps its deferred-work ledger), or None."""
+    for _name, config in _configs(Path(config_root or root)):
+        for _key, rel in _config_folders(root, config, ("implementation_artifacts",)):
+            return rel
+    return None
+
+
 def _expand(value: str, root: Path, config: dict) -> str:
     """`{project-root}` and `{<key>}` of another string key of the same config, substituted."""
     for _ in range(5):  # keys may name each other: a few rounds, never a loop
@@ -125,11 +177,9 @@ def _config_folders(root: Path, config: dict, keys) -> list[tuple[str, str]]:
 
 def config_story_folder(root: Path, config_root: Path) -> tuple[str, str] | None:
     """(config file, story folder) from the first BMAD config naming a story folder."""
-    for name in BMM_CONFIGS:
-        path = config_root / name
-        if path.is_file():
-            for _key, rel in _config_folders(root, read_config(path), STORY_FOLDER_KEYS):
-                return name, rel
+    for name, config in _configs(config_root):
+        for _key, rel in _config_folders(root, config, STORY_FOLDER_KEYS):
+            return name, rel
     return None
 
 
@@ -158,11 +208,7 @@ def find_board(root: Path, tree, sprint_status: str = "", config_root: Path | No
         return BoardSource(path=path, rel=rel, reason="policy [stories] sprint_status")
     looked: list[str] = []
     found: list[BoardSource] = []
-    for name in BMM_CONFIGS:
-        config_path = config_root / name
-        if not config_path.is_file():
-            continue
-        config = read_config(config_path)
+    for name, config in _configs(config_root):
         for key, folder in _config_folders(root, config, BOARD_FOLDER_KEYS):
             rel = posixpath.join(folder, BOARD_NAME)
             looked.append(rel)

@@ -33,6 +33,8 @@ from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
 from bmad_loop.gitconfig_guard import config_entries
 from bmad_loop.maintenance import NO_AUTO_MAINTENANCE
+from bmad_loop.mergeattrs import AttributeRoot, committed_attributes
+from bmad_loop.mergesettle import MergeRules, Regeneration, Settled, settle
 from bmad_loop.objectmemo import Memo
 from bmad_loop.treediff import changed_paths, changed_status, dirty_paths, remember_diff  # noqa: F401 (re-exported)
 from bmad_loop.treeedit import blob_at, blobs_at, remember_commit, replace_blob, replace_blobs  # noqa: F401 (re-exported)
@@ -241,16 +243,24 @@ class Composition:
     conflicts: tuple[str, ...]
     strategy: str
     rebased: bool  # ff only: the story's commits were replayed onto a moved target
+    settled: tuple[Settled, ...] = ()  # paths a merge rule settled (mergesettle.py)
+    regenerate: tuple[Regeneration, ...] = ()  # generators the lane runs in the candidate
+    failure: str | None = None  # why a candidate with no conflict failed (a generator did)
+    failure_output: str = ""  # the failing generator's output tail
+    regenerated: tuple = ()  # the generators' runs (engine/regenerate.py), for the journal
 
     @property
     def ok(self) -> bool:
         return self.sha is not None
 
 
-def _merge_trees(git: Git, ours: str, theirs: str) -> tuple[str, tuple[str, ...]]:
-    """``merge-tree --write-tree``: (tree, conflicted paths); no paths means a clean merge."""
+def _merge_trees(git: Git, ours: str, theirs: str,
+                 at: AttributeRoot | None = None) -> tuple[str, tuple[str, ...]]:
+    """``merge-tree --write-tree``: (tree, conflicted paths); no paths means a clean merge.
+    `at`: where it runs, so that only the target's committed attributes apply."""
     proc = git.run(
-        "merge-tree", "--write-tree", "-z", "--name-only", ours, theirs, check=False
+        "merge-tree", "--write-tree", "-z", "--name-only", ours, theirs, check=False,
+        **({"cwd": at.cwd, "env": at.env} if at is not None else {}),
     )
     fields = proc.stdout.split("\0")
     if proc.returncode == 0:
@@ -286,6 +296,8 @@ def compose(
     message: str,
     tree_edit: Callable[[str], str] | None = None,
     lane_message: str = "",
+    rules: MergeRules = MergeRules(),
+    base: str | None = None,
 ) -> Composition:
     """Build the candidate for integrating `branch_sha` onto `target_sha`; touches no ref.
 
@@ -293,7 +305,9 @@ def compose(
     target with that tree; `ff`: the branch itself when target is its ancestor, else the story's
     commits replayed onto target. `tree_edit` (tree sha -> tree sha, e.g. the board update) is
     folded into the merge or squash commit; for `ff` it becomes one lane commit with
-    `lane_message` on top (none when the edit changes nothing).
+    `lane_message` on top (none when the edit changes nothing). `rules` settle the paths they
+    cover (mergesettle.py); `base` is the story's own base (default: the merge base). Merges
+    read attributes from the target's committed tree only (mergeattrs.py).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown merge strategy {strategy!r} (expected one of {STRATEGIES})")
@@ -302,9 +316,15 @@ def compose(
     branch = branch_sha if is_full_sha(branch_sha) else _commit(git, branch_sha)
     env = git.identity_env(_commit_date(git, branch))  # the branch commit must exist
     if strategy in ("merge", "squash"):
-        tree, conflicts = _merge_trees(git, target, branch)
+        with committed_attributes(git, target) as at:
+            tree, conflicts = _merge_trees(git, target, branch, at)
+        settled = settle(git, rules, base=base or _merge_base(git, target, branch), target=target,
+                         story=branch, tree=tree, conflicts=conflicts) if rules else None
+        if settled is not None:
+            tree, conflicts = settled.tree, settled.conflicts
+        done = (settled.settled, settled.regenerate) if settled is not None else ((), ())
         if conflicts:
-            return Composition(None, tree, conflicts, strategy, False)
+            return Composition(None, tree, conflicts, strategy, False, *done)
         parents = [target, branch] if strategy == "merge" else [target]
         spec = CommitSpec(parents, _lane_text(message), env)
         sha = None
@@ -312,13 +332,16 @@ def compose(
             tree, sha = _edit(git, tree_edit, tree, spec)
         if sha is None:
             sha = _commit_tree(git, tree, parents, spec.message, env)
-        return Composition(sha, tree, (), strategy, False)
+        return Composition(sha, tree, (), strategy, False, *done)
 
     rebased = not git.is_ancestor(target, branch)
+    done: tuple = ((), ())
     if rebased:
-        tip, tree, conflicts = _replay(git, target, branch)
+        replayed = replay_commits(git, target, _merge_base(git, target, branch), branch, rules)
+        tip, tree, conflicts = replayed.tip, replayed.tree, replayed.conflicts
+        done = (replayed.settled, replayed.regenerate)
         if conflicts:
-            return Composition(None, tree, conflicts, strategy, True)
+            return Composition(None, tree, conflicts, strategy, True, *done)
     else:
         tip, tree = branch, _tree_of(git, branch)
     if tree_edit is not None:
@@ -327,7 +350,7 @@ def compose(
         if edited != tree:
             tip = sha or _commit_tree(git, edited, [tip], spec.message, env)
             tree = edited
-    return Composition(tip, tree, (), strategy, rebased)
+    return Composition(tip, tree, (), strategy, rebased, *done)
 
 
 def _edit(git: Git, tree_edit, tree: str, spec: CommitSpec) -> tuple[str, str | None]:
@@ -355,24 +378,38 @@ def _commit(git: Git, rev: str) -> str:
     return sha
 
 
-def _replay(git: Git, target: str, branch: str) -> tuple[str, str, tuple[str, ...]]:
-    """Replay the story's own commits onto `target`: (tip, tree, conflicts)."""
+def _merge_base(git: Git, target: str, branch: str) -> str:
     proc = git.run("merge-base", target, branch, check=False)
     if proc.returncode != 0:
         raise GitError(f"{branch} and {target} have no common history", returncode=proc.returncode,
                        stderr=proc.stderr)
-    return replay_commits(git, target, proc.stdout.strip(), branch)
+    return proc.stdout.strip()
 
 
-def replay_commits(git: Git, onto: str, base: str, head: str) -> tuple[str, str, tuple[str, ...]]:
+@dataclass(frozen=True)
+class Replayed:
+    """Commits replayed: the tip, its tree, the conflicts (tip then unusable), and what merge
+    rules settled on the way."""
+
+    tip: str | None  # None where a caller marks a conflicted replay unusable
+    tree: str
+    conflicts: tuple[str, ...]
+    settled: tuple[Settled, ...] = ()
+    regenerate: tuple[Regeneration, ...] = ()
+
+
+def replay_commits(git: Git, onto: str, base: str, head: str,
+                   rules: MergeRules = MergeRules()) -> Replayed:
     """The commits of `base..head` (no merges, oldest first) replayed onto `onto`, each keeping
-    its author, dates and message (the same inputs give the same SHAs): (tip, tree, conflicts).
-    A commit whose change is already there is dropped, as `git rebase` does; an empty commit
-    stays empty. On a conflict, `tree` holds the conflicted tree."""
+    its author, dates and message (the same inputs give the same SHAs). A commit whose change is
+    already there is dropped, as `git rebase` does; an empty commit stays empty. On a conflict,
+    `tree` holds the conflicted tree. `rules` settle what they cover at each pick."""
     commits = git.out(
         "rev-list", "--reverse", "--topo-order", "--no-merges", f"{base}..{head}"
     ).split()
     tip, tip_tree = onto, _tree_of(git, onto)
+    settled: dict[str, Settled] = {}
+    regenerate: dict[str, Regeneration] = {}
     for c in commits:
         info = git.commit_header(c)
         parent_tree = _tree_of(git, info["parents"][0]) if info["parents"] else _empty_tree(git)
@@ -382,9 +419,13 @@ def replay_commits(git: Git, onto: str, base: str, head: str) -> tuple[str, str,
         elif parent_tree == tip_tree:
             new_tree = c_tree
         else:
-            new_tree, conflicts = _pick(git, parent_tree, c_tree, tip_tree, info["committer"][2])
-            if conflicts:
-                return tip, new_tree, conflicts
+            picked = _pick(git, parent_tree, c_tree, tip_tree, info["committer"][2], rules)
+            new_tree = picked.tree
+            settled.update((s.path, s) for s in picked.settled)
+            regenerate.update((r.glob, r) for r in picked.regenerate)
+            if picked.conflicts:
+                return Replayed(tip, new_tree, picked.conflicts, tuple(settled.values()),
+                                tuple(regenerate.values()))
             if new_tree == tip_tree:  # already upstream: dropped, as git rebase does
                 continue
         author_name, author_email, author_date = info["author"]
@@ -397,16 +438,21 @@ def replay_commits(git: Git, onto: str, base: str, head: str) -> tuple[str, str,
         )
         tip = _commit_tree(git, new_tree, [tip], info["message"], env)
         tip_tree = new_tree
-    return tip, tip_tree, ()
+    return Replayed(tip, tip_tree, (), tuple(settled.values()), tuple(regenerate.values()))
 
 
-def _pick(git: Git, base_tree: str, theirs_tree: str, ours_tree: str, date: str):
-    """Three-way merge of trees with `base_tree` as the merge base (no --merge-base on 2.39)."""
+def _pick(git: Git, base_tree: str, theirs_tree: str, ours_tree: str, date: str,
+          rules: MergeRules):
+    """Three-way merge of trees with `base_tree` as the merge base (no --merge-base on 2.39),
+    with the attributes of `ours_tree` (the tip the commit lands on), then `rules`."""
     env = git.identity_env(date)
     root = _commit_tree(git, base_tree, [], "bmad-loop: pick base\n", env)
     theirs = _commit_tree(git, theirs_tree, [root], "bmad-loop: pick theirs\n", env)
     ours = _commit_tree(git, ours_tree, [root], "bmad-loop: pick ours\n", env)
-    return _merge_trees(git, ours, theirs)
+    with committed_attributes(git, ours_tree) as at:
+        tree, conflicts = _merge_trees(git, ours, theirs, at)
+    return settle(git, rules, base=base_tree, target=ours_tree, story=theirs_tree, tree=tree,
+                  conflicts=conflicts)
 
 
 def _empty_tree(git: Git) -> str:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-__all__ = ["pattern_problem", "globs_may_overlap", "path_matches"]
+__all__ = ["pattern_problem", "globs_may_overlap", "literal_prefix_length", "path_matches"]
 
 
 # --- pattern validation ---
@@ -185,6 +185,13 @@ def pattern_problem(pattern: object) -> str | None:
         except _BadPattern as exc:
             return f"{exc} in {pattern!r}"
     return None
+
+
+def literal_prefix_length(pattern: str) -> int:
+    """How many characters `pattern` has before its first wildcard: of several patterns that
+    match one path, the one with the longest literal prefix is the most specific."""
+    match = re.search(r"[*?\[]", pattern)
+    return len(pattern) if match is None else match.start()
 
 
 # --- overlap and matching ---

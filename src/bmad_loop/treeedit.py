@@ -32,7 +32,7 @@ from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha
 from bmad_loop.objectmemo import Memo
 
-__all__ = ["blob_at", "blobs_at", "cat_file_batch", "replace_blob", "replace_blobs",
+__all__ = ["blob_at", "blobs_at", "cat_file_batch", "read_objects", "replace_blob", "replace_blobs",
            "replace_blobs_and_commit", "remember_commit"]
 
 _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
@@ -59,11 +59,16 @@ def blob_at(git: Git, commit: str, path: str) -> bytes | None:
 def cat_file_batch(git: Git, objects: Sequence[str]) -> list[tuple[str, bytes] | None]:
     """Each object's (type, content), through one ``git cat-file --batch``; None where git
     says it is missing or ambiguous. The protocol is line-based: no name may hold a newline."""
+    return [None if o is None else (o[1], o[2]) for o in read_objects(git, objects)]
+
+
+def read_objects(git: Git, objects: Sequence[str]) -> list[tuple[str, str, bytes] | None]:
+    """`cat_file_batch` with each object's name: (sha, type, content), or None."""
     if not objects:
         return []
     request = "".join(f"{o}\n" for o in objects).encode("utf-8", "surrogateescape")
     out = git.run("cat-file", "--batch", input=request).stdout
-    found: list[tuple[str, bytes] | None] = []
+    found: list[tuple[str, str, bytes] | None] = []
     pos = 0
     for _ in objects:
         end = out.index(b"\n", pos)
@@ -74,7 +79,7 @@ def cat_file_batch(git: Git, objects: Sequence[str]) -> list[tuple[str, bytes] |
             continue
         header = line.split(b" ")  # "<sha> <type> <size>"
         size = int(header[2])
-        found.append((header[1].decode("ascii"), out[pos:pos + size]))
+        found.append((header[0].decode("ascii"), header[1].decode("ascii"), out[pos:pos + size]))
         pos += size + 1  # the content, then one newline
     return found
 

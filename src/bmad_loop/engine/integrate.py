@@ -15,6 +15,8 @@ from pathlib import Path
 
 from sqlalchemy import bindparam, func, select, update
 
+from dataclasses import replace
+
 from ..compose import Composition, commit_message, compose, integration_message, overlapping_dirty
 from ..db.database import insert_now
 from ..db.models import Candidate, Run, Story, utcnow
@@ -27,6 +29,9 @@ from .integrate_outcomes import Outcomes
 from .journal import journal_git_locks, record
 from .ports import lane_block, port_env
 from .layout import Layout
+from .mergerules import run_merge_rules
+from .regenerate import Candidate as Regenerating
+from .regenerate import regenerate
 from .runs import board_rel
 from .stacking import replay
 from .transitions import transition_candidate, transition_story
@@ -79,6 +84,7 @@ class Integrator(Outcomes):
         self.layout = Layout(project.state_dir, run.id)
         self.workspace = make_workspace(policy, self.git, self.layout, self.target, root=project.root)
         self.board_rel = board_rel(run, project.root)
+        self.merge_rules = run_merge_rules(policy, project.root, self.board_rel)
         self.fence = fence  # () -> bool: does this lane still hold its lease?
         self.landed: list[tuple[Story, int]] = []  # integrated, not yet cleaned up
         self.between = None  # () -> None: called between a candidate's verdict and its landing
@@ -180,7 +186,7 @@ class Integrator(Outcomes):
         through `verifying` and `verified` (by no command) to `advancing` in that transaction.
         A crash before it leaves no row to resume: the story is simply composed again."""
         strategy = self.policy.scm.merge_strategy
-        comp = self._compose(story, strategy, target_sha, branch_sha)
+        comp = self._compose(story, strategy, target_sha, branch_sha, attempt)
         crash_point("lane.after_compose")
         delay_point("lane.in_compose")
         with self.db.transaction() as s:
@@ -228,7 +234,7 @@ class Integrator(Outcomes):
         conflict the row becomes `conflict` (tree and evidence kept) and None is returned;
         escalating the story is the caller's call."""
         strategy = self.policy.scm.merge_strategy
-        comp = self._compose(story, strategy, on_sha, branch_sha)
+        comp = self._compose(story, strategy, on_sha, branch_sha, attempt)
         ref = self.layout.candidate_ref(story.key, attempt)
         if comp.conflicts:
             self._record_conflict(story, cand_id, attempt, comp, on_sha, branch_sha, ref)
@@ -249,21 +255,65 @@ class Integrator(Outcomes):
                strategy=cand.strategy, target_sha=on_sha, branch_sha=branch_sha,
                candidate_sha=comp.sha, rebased=comp.rebased, stack=cand.stack,
                **({"on": cand.on_candidate_id} if cand.on_candidate_id else {}))
+        if comp.settled:
+            self._record_settled(s, story, cand, comp)
+
+    def _record_settled(self, s, story: Story, cand: Candidate, comp: Composition) -> None:
+        """Each path a merge rule settled: journaled, and kept in the candidate's evidence."""
+        runs = [r.to_dict() for r in comp.regenerated]
+        for settled in comp.settled:
+            extra = {}
+            if settled.rule == "regenerate":
+                mine = [r for r in runs if r["glob"] == settled.glob]
+                extra = {"commands": mine}
+            record(s, self.run_id, "candidate.settled", story.key, attempt=cand.attempt,
+                   **settled.to_dict(), **extra)
+        cand.evidence = str(self._write_evidence(story.key, cand.attempt, {
+            "kind": "settled", "story": story.key, "attempt": cand.attempt,
+            "candidate_sha": comp.sha, "settled": [x.to_dict() for x in comp.settled],
+            "regenerated": runs}))
 
     def candidate_reason(self, cand_id: int) -> str:
         with self.db.transaction() as s:
             return s.get(Candidate, cand_id).reason or "candidate failed"
 
-    def _compose(self, story: Story, strategy: str, target_sha: str, branch_sha: str) -> Composition:
+    def _compose(self, story: Story, strategy: str, target_sha: str, branch_sha: str,
+                 attempt: int) -> Composition:
         """The candidate. A story that started on a stacked base brings only its own commits
-        (`base_sha..head`): they are replayed onto the target first, then composed as usual."""
+        (`base_sha..head`): they are replayed onto the target first, then composed as usual.
+        Merge rules settle what they cover (mergesettle.py); generators run last."""
+        rules, settled = self.merge_rules, None
         if story.stacked_on:
-            replayed = replay(self.git, target_sha, story.base_sha, branch_sha)
+            replayed = replay(self.git, target_sha, story.base_sha, branch_sha, rules)
             if replayed.tip is None:
-                return Composition(None, replayed.tree, replayed.conflicts, strategy, True)
-            branch_sha = replayed.tip
-        return compose(self.git, strategy, target_sha, branch_sha, self._message(story, strategy),
-                       tree_edit=self._board_edit(story), lane_message=f"bmad-loop: mark {story.key} done")
+                return Composition(None, replayed.tree, replayed.conflicts, strategy, True,
+                                   replayed.settled, replayed.regenerate)
+            branch_sha, settled = replayed.tip, replayed
+            rules = type(rules)()  # the replay settled the story's own change
+        comp = compose(self.git, strategy, target_sha, branch_sha, self._message(story, strategy),
+                       tree_edit=self._board_edit(story), lane_message=f"bmad-loop: mark {story.key} done",
+                       rules=rules, base=None if story.stacked_on else story.base_sha)
+        if settled is not None:
+            comp = replace(comp, settled=settled.settled, regenerate=settled.regenerate)
+        if comp.ok and comp.regenerate:
+            comp = self._regenerate(story, attempt, comp, target_sha, branch_sha)
+        return comp
+
+    def _regenerate(self, story: Story, attempt: int, comp: Composition, target_sha: str,
+                    branch_sha: str) -> Composition:
+        """Run the candidate's generators (engine/regenerate.py): the regenerated candidate, or
+        a failed composition naming why (the story escalates with its evidence)."""
+        base = story.base_sha or self.git.out("merge-base", target_sha, branch_sha)
+        done = regenerate(self.git, Regenerating(comp, base, target_sha, branch_sha, story.key),
+                          worktree=self.layout.candidate_worktree(story.key, attempt),
+                          log_path=self.layout.verify_log(story.key, f"regenerate-{attempt}"),
+                          env=self._verify_env(), run_id=self.run_id)
+        if done.sha is None:
+            paths = tuple(p for job in comp.regenerate for p in job.paths)
+            return replace(comp, sha=None, conflicts=paths, failure=done.reason,
+                           failure_output=done.output, regenerated=done.runs)
+        return replace(comp, sha=done.sha, tree=done.tree, settled=comp.settled + done.settled,
+                       regenerated=done.runs)
 
     def _fetch_story(self, story: Story) -> str | None:
         """Bring the story's commits here (remote mode: from the remote); why not, when the

@@ -57,9 +57,12 @@ class Outcomes:
         else:
             worktree = None
         evidence = self._write_evidence(story.key, attempt, {
-            "kind": "conflict", "story": story.key, "attempt": attempt,
-            "strategy": comp.strategy, "conflicts": list(comp.conflicts),
+            "kind": "regenerate-failed" if comp.failure else "conflict", "story": story.key,
+            "attempt": attempt, "strategy": comp.strategy, "conflicts": list(comp.conflicts),
             "target_sha": target_sha, "branch_sha": branch_sha, "candidate_ref": ref if preserved else None,
+            "settled": [x.to_dict() for x in comp.settled],
+            "regenerated": [r.to_dict() for r in comp.regenerated],
+            **({"reason": comp.failure, "output": comp.failure_output} if comp.failure else {}),
         })
         with self.db.transaction() as s:
             cand = s.get(Candidate, cand_id)
@@ -67,9 +70,15 @@ class Outcomes:
             cand.ref = ref if preserved else None
             cand.candidate_sha = preserved
             cand.worktree = str(worktree) if worktree else None
-            cand.reason = f"merge conflict with the target in {', '.join(comp.conflicts)}"
-            record(s, self.run_id, "candidate.conflict", story.key, attempt=attempt,
-                   paths=list(comp.conflicts), evidence=str(evidence))
+            cand.reason = comp.failure or f"merge conflict with the target in {', '.join(comp.conflicts)}"
+            if comp.failure:
+                record(s, self.run_id, "candidate.regenerate_failed", story.key, attempt=attempt,
+                       paths=list(comp.conflicts), reason=comp.failure,
+                       commands=[r.to_dict() for r in comp.regenerated],
+                       output=comp.failure_output[-2000:], evidence=str(evidence))
+            else:
+                record(s, self.run_id, "candidate.conflict", story.key, attempt=attempt,
+                       paths=list(comp.conflicts), evidence=str(evidence))
 
     def _enter_integrating(self, s, story, *, to_escalate: bool = False) -> bool:
         """ready -> integrating, while the run may still integrate (a stop settles a run whose
@@ -104,6 +113,14 @@ class Outcomes:
     def _write_evidence(self, key: str, attempt: int, payload: dict) -> Path:
         path = self.layout.evidence(key, attempt)
         path.parent.mkdir(parents=True, exist_ok=True)
+        if "settled" not in payload and path.exists():  # a later verdict keeps what was settled
+            try:
+                earlier = json.loads(path.read_text())
+            except (OSError, ValueError):
+                earlier = {}
+            for kept in ("settled", "regenerated"):
+                if kept in earlier:
+                    payload = {**payload, kept: earlier[kept]}
         path.write_text(json.dumps(payload, indent=2, sort_keys=True))
         return path
 

@@ -18,10 +18,11 @@ same inputs always give the same SHAs (a lane that crashed recomputes the same b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
-from ..compose import replay_commits
+from ..compose import Replayed, replay_commits
+from ..mergesettle import MergeRules
 from ..states import STORY_STACKABLE, StoryState
 
 __all__ = ["Layer", "Replayed", "replay", "stack", "layers_under", "stacked_bases", "stale_layer", "LAYER_OK"]
@@ -39,26 +40,21 @@ class Layer:
     head: str
 
 
-@dataclass(frozen=True)
-class Replayed:
-    tip: str | None  # None: a conflict
-    tree: str
-    conflicts: tuple[str, ...]
-
-
-def replay(git, onto: str, base: str, head: str) -> Replayed:
+def replay(git, onto: str, base: str, head: str, rules: MergeRules = MergeRules()) -> Replayed:
     """The commits of `base..head` replayed onto `onto` (`compose.replay_commits`: the replay
-    the lane's `ff` composition uses too). On a conflict, `tip` is None and `tree` holds the
-    conflicted tree."""
-    tip, tree, conflicts = replay_commits(git, onto, base, head)
-    return Replayed(None if conflicts else tip, tree, conflicts)
+    the lane's `ff` composition uses too), merge `rules` settling what they cover. On a
+    conflict, `tip` is None and `tree` holds the conflicted tree."""
+    replayed = replay_commits(git, onto, base, head, rules)
+    return replace(replayed, tip=None) if replayed.conflicts else replayed
 
 
-def stack(git, onto: str, layers: Iterable[Layer]) -> Replayed:
-    """`onto` with each layer's own commits replayed on top, in the order given."""
+def stack(git, onto: str, layers: Iterable[Layer], rules: MergeRules = MergeRules()) -> Replayed:
+    """`onto` with each layer's own commits replayed on top, in the order given. Only `union`
+    rules apply: a stacked start runs no generator (a regenerated path stays a conflict)."""
+    rules = rules.unions_only()
     result = Replayed(onto, "", ())
     for layer in layers:
-        result = replay(git, result.tip, layer.base, layer.head)
+        result = replay(git, result.tip, layer.base, layer.head, rules)
         if result.tip is None:
             return Replayed(None, result.tree, tuple(f"{layer.key}: {p}" for p in result.conflicts))
     return result

@@ -26,6 +26,7 @@ __all__ = [
     "at_most",
     "commit_template",
     "globs",
+    "globs_of_keys",
     "empty_map",
     "non_empty",
     "one_of",
@@ -127,6 +128,24 @@ def globs(value: tuple[str, ...]) -> str | None:
         problem = pattern_problem(pattern)
         if problem:
             return f"invalid glob: {problem}"
+    return None
+
+
+def globs_of_keys(value) -> str | None:
+    """A table keyed by repository globs: each key is a valid glob, and no two keys with
+    literal prefixes of one length can match one path (which rule wins would be a tie)."""
+    from ..globs import globs_may_overlap, literal_prefix_length, pattern_problem
+
+    keys = list(value)
+    for pattern in keys:
+        problem = pattern_problem(pattern)
+        if problem:
+            return f"invalid glob {pattern!r}: {problem}"
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            if literal_prefix_length(a) == literal_prefix_length(b) and globs_may_overlap(a, b):
+                return (f"{a!r} and {b!r} can match the same path and neither is more specific "
+                        "(longest literal prefix wins): make one of them narrower")
     return None
 
 

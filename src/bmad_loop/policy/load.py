@@ -47,6 +47,10 @@ def _section_hint(key: str) -> str:
 
 # --- environment overrides -----------------------------------------------------------------
 
+# Keys whose value is a table of globs: an environment variable cannot address one glob, and a
+# whole table in one variable is easy to get wrong silently.
+_FILE_ONLY = {("integration", "merge"): "is a table of globs to merge rules"}
+
 
 def _key_type(section: str, key: str) -> Any | None:
     """The type a top-level key of `section` expects, or None for an unknown key."""
@@ -84,6 +88,9 @@ def _apply_env(data: Mapping, env: Mapping[str, str]) -> tuple[dict, dict[tuple[
             continue
         key = rest[len(section) + 1:].lower()
         tp = _key_type(section, key)
+        if (section, key) in _FILE_ONLY:
+            raise error(f"{var}: {where((section, key))} {_FILE_ONLY[section, key]}: set it in "
+                        ".bmad-loop/policy.toml (the environment overrides scalar keys only)")
         if tp is None:
             named = named_fields(hints(Policy)[section])
             raise error(f"{var}: {where((section, key))}: unknown key{did_you_mean(key, named)}")

@@ -15,8 +15,9 @@ from typing import Any, Mapping
 
 from ..states import AGENT_PHASES
 from .checks import (MAX_PARALLEL, argv_template, at_least, at_most, commit_template, empty_map,
-                     globs, non_empty, one_of, parse_ports, ports, profile, repo_paths, seconds,
+                     globs, globs_of_keys, non_empty, one_of, parse_ports, ports, profile, repo_paths, seconds,
                      setting, url)
+from .mergerule import MergeRule
 from .validate import Context, checked, did_you_mean, error, field_of, name
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "FootprintOverride",
     "FootprintsPolicy",
     "GatesPolicy",
+    "IntegrationPolicy",
     "LeasesPolicy",
     "LimitsPolicy",
     "NotifyPolicy",
@@ -237,6 +239,13 @@ class ParallelPolicy:
 
 
 @dataclass(frozen=True)
+class IntegrationPolicy:
+    # glob -> how the lane settles that path when composing (see policy/mergerule.py); the
+    # built-in BMAD ledger rule is added where the project is known (engine/mergerules.py).
+    merge: Mapping[str, MergeRule] = setting(factory=empty_map, checks=(globs_of_keys,))
+
+
+@dataclass(frozen=True)
 class CleanupPolicy:
     keep_runs: int = setting(10, checks=(at_least(0),))
 
@@ -257,6 +266,7 @@ class Policy:
     queue: QueuePolicy = field(default_factory=QueuePolicy)
     database: DatabasePolicy = field(default_factory=DatabasePolicy)
     parallel: ParallelPolicy = field(default_factory=ParallelPolicy)
+    integration: IntegrationPolicy = field(default_factory=IntegrationPolicy)
     cleanup: CleanupPolicy = field(default_factory=CleanupPolicy)
     # Where the policy came from; provenance, not content, so it takes no part in ==.
     source: str = field(default="<defaults>", compare=False)
@@ -319,6 +329,8 @@ def check_policy(ctx: Context, policy: Policy) -> None:
 
 
 def _dump(value: Any) -> Any:
+    if hasattr(value, "to_toml"):  # a value with a TOML shape of its own (a merge rule)
+        return value.to_toml()
     if dataclasses.is_dataclass(value):
         out: dict[str, Any] = {}
         for f in dataclasses.fields(value):

@@ -116,6 +116,9 @@ def is_table(value: Any) -> bool:
 
 def convert(ctx: Context, path: tuple[str, ...], value: Any, tp: Any) -> Any:
     """Check `value` against the annotated type `tp` and return its immutable form."""
+    reader = getattr(tp, "read_toml", None)
+    if reader is not None:  # a type with a TOML shape of its own (a merge rule)
+        return reader(ctx, path, value)
     if dataclasses.is_dataclass(tp):
         return read_table(ctx, path, value, tp)
     origin = typing.get_origin(tp)

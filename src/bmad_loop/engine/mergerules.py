@@ -1,0 +1,57 @@
+"""The merge rules in force for a run: the policy's `[integration] merge` and BMAD's ledger.
+
+BMAD's review and build workflows append their deferred findings to
+`{implementation_artifacts}/deferred-work.md`; without a rule, two parallel stories that each
+append there always conflict. That ledger is `union` by default, wherever the project keeps it:
+the folder BMAD's config names `implementation_artifacts` (`bmadlayout.implementation_artifacts`,
+the layered TOML first), else the board's folder. The policy's rules win for the same glob.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+
+from ..bmadlayout import implementation_artifacts
+from ..errors import ConfigError
+from ..globs import globs_may_overlap, path_matches
+from ..mergesettle import MergeRules
+from ..policy.mergerule import UNION, MergeRule
+
+__all__ = ["LEDGER_NAME", "bmad_ledger", "check_merge_rules", "run_merge_rules"]
+
+LEDGER_NAME = "deferred-work.md"
+
+
+def bmad_ledger(root: Path, board_rel: str | None) -> str | None:
+    """The repository-relative path of BMAD's deferred-work ledger, or None when neither a BMAD
+    config nor a board in the repository places it."""
+    try:
+        folder = implementation_artifacts(Path(root))
+    except ConfigError:
+        folder = None  # an unreadable config is reported where the board is found
+    if folder is None:
+        if board_rel is None:
+            return None
+        folder = posixpath.dirname(board_rel)
+    return posixpath.join(folder, LEDGER_NAME) if folder else LEDGER_NAME
+
+
+def run_merge_rules(policy, root: Path, board_rel: str | None) -> MergeRules:
+    """The policy's rules plus the built-in `union` for BMAD's ledger (anchored at its path)."""
+    ledger = bmad_ledger(root, board_rel)
+    builtin = [("/" + ledger, MergeRule(UNION))] if ledger is not None else []
+    return MergeRules.of(policy.integration.merge, builtin)
+
+
+def check_merge_rules(policy, board_rel: str | None) -> None:
+    """A rule may not cover the board or a `lane_owned` path: the lane writes those itself."""
+    for glob in policy.integration.merge:
+        where = f"{policy.source}: [integration] merge: {glob!r}"
+        if board_rel is not None and path_matches(glob, board_rel):
+            raise ConfigError(f"{where} covers the sprint board {board_rel}, which only the "
+                              "lane writes: narrow the glob")
+        for owned in policy.scm.lane_owned:
+            if globs_may_overlap(glob, owned):
+                raise ConfigError(f"{where} can match the lane-owned path {owned!r} "
+                                  "([scm] lane_owned): narrow one of them")
