@@ -46,7 +46,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-__all__ = ["pattern_problem", "globs_may_overlap", "literal_prefix_length", "path_matches"]
+__all__ = ["pattern_problem", "globs_may_overlap", "is_literal", "literal_prefix_length",
+           "path_matches"]
 
 
 # --- pattern validation ---
@@ -185,6 +186,11 @@ def pattern_problem(pattern: object) -> str | None:
         except _BadPattern as exc:
             return f"{exc} in {pattern!r}"
     return None
+
+
+def is_literal(pattern: str) -> bool:
+    """A pattern without wildcards: it names one path (and what lies under it)."""
+    return literal_prefix_length(pattern) == len(pattern)
 
 
 def literal_prefix_length(pattern: str) -> int:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from ..footprint import Footprint, footprints_conflict
+from ..globs import is_literal
 from ..states import STORY_AWAITING_LANE, STORY_DONE, STORY_IN_FLIGHT, STORY_STACKABLE, StoryState
 from .conflictindex import ConflictIndex
 
@@ -260,16 +261,25 @@ def _resources(story, used, capacity) -> str | None:
     return None
 
 
-def views_of(rows, stacking: bool = False) -> list[StoryView]:
+def views_of(rows, stacking: bool = False, settled=None) -> list[StoryView]:
     """The admission's view of story rows (`Story` objects or the lane's read-only rows).
-    `stacking`: a story may start on a stacked base when it has no branch yet and no human fix."""
-    return [StoryView(key=s.key, seq=s.seq, epic=s.epic, state=s.state, footprint=_footprint_of(s),
+    `stacking`: a story may start on a stacked base when it has no branch yet and no human fix.
+    `settled`: the run's merge rules (mergesettle.MergeRules): the paths they cover never make
+    two stories conflict."""
+    return [StoryView(key=s.key, seq=s.seq, epic=s.epic, state=s.state,
+                      footprint=_footprint_of(s, settled),
                       depends_on=tuple(s.depends_on or ()), approved=s.approved,
                       to_create=s.to_create,
                       can_stack=stacking and not s.branch and not s.human_fix) for s in rows]
 
 
-def _footprint_of(row) -> Footprint:
+def _footprint_of(row, settled=None) -> Footprint:
     fp = row.footprint or {}
-    return Footprint(files=tuple(fp.get("files", ())), shared=tuple(fp.get("shared", ())),
-                     resources=tuple(fp.get("resources", ())), reason=row.footprint_reason)
+    files, shared = tuple(fp.get("files", ())), tuple(fp.get("shared", ()))
+    if settled:
+        # A path the lane settles (a ledger, a lockfile) is shared, whoever declares it:
+        # `shared` against `shared` never conflicts. Only literal paths: a glob may cover more.
+        moved = tuple(f for f in files if is_literal(f) and settled.covers(f))
+        files, shared = tuple(f for f in files if f not in moved), shared + moved
+    return Footprint(files=files, shared=shared, resources=tuple(fp.get("resources", ())),
+                     reason=row.footprint_reason)

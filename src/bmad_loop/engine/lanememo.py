@@ -25,15 +25,15 @@ class RunMemo:
         self.rows: dict = {}  # the run's stories' rows as last read, by id (runs.lane_rows)
         self._views: dict = {}  # (story id, stacking) -> (row, its admission view)
 
-    def views_of(self, rows, stacking: bool = False) -> list[StoryView]:
+    def views_of(self, rows, stacking: bool = False, settled=None) -> list[StoryView]:
         """`admission.views_of`, made once per row: a row kept across passes (the same object
         while its `rev` stands) keeps its view, so a pass over a long sprint does not rebuild
         hundreds of them. A row read again, or made for the pass, is a new object: a new view."""
         views, kept = [], self._views
         for row in rows:
             hit = kept.get((row.id, stacking))
-            if hit is None or hit[0] is not row:
-                hit = kept[row.id, stacking] = (row, views_of((row,), stacking)[0])
+            if hit is None or hit[0] is not row or hit[2] != settled:  # rules compare by value
+                hit = kept[row.id, stacking] = (row, views_of((row,), stacking, settled)[0], settled)
             views.append(hit[1])
         if len(kept) > 2 * len(rows) + 64:  # stories that left the run: not kept forever
             current = {row.id for row in rows}

@@ -23,6 +23,7 @@ from .layout import Layout
 from .ports import check_port_range
 from .repocheck import check_agent, check_has_commits, not_a_checkout
 from .runs import path_inside
+from .mergerules import check_merge_rules
 from .sprintload import check_committed, load_sprint
 
 __all__ = ["Plan", "Selection", "build_plan", "enqueue", "new_run_id"]
@@ -98,6 +99,7 @@ def agent_command(policy, project=None, target_sha: str | None = None) -> list[s
 def build_plan(project, policy, selection: Selection, run_id_for_checks: str = "20000101-000000-0000") -> Plan:
     target_branch, target_sha = target_branch_of(project, policy)
     sprint = load_sprint(project, policy, target_sha, target_branch)
+    check_merge_rules(policy, sprint.source.rel)
     board, all_stories = sprint.board, sprint.stories
     chosen = select_stories(all_stories, board, epic=selection.epic, story=selection.stories,
                             max_stories=selection.max_stories)

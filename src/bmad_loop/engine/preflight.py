@@ -15,6 +15,7 @@ from ..profiles import custom_command_warnings
 from ..tasks import check_queue, queue_config
 from .agentcheck import bmad_checks, version_checks
 from .creation import creation_checks
+from .mergerules import merge_rule_checks
 from .planning import agent_command, target_branch_of
 from .project import Project
 from .sprintload import Sprint, check_committed, load_sprint
@@ -74,6 +75,8 @@ def preflight(root: Path) -> dict:
                     "(treated as exclusive)")
         for status, detail in creation_checks(policy, actionable):
             add("create", status, detail)
+        for status, detail in merge_rule_checks(project, policy, sprint.source.rel, sha):
+            add("merge", status, detail)
     except BmadLoopError as exc:
         add("stories", "error", str(exc))
     try:

@@ -77,14 +77,15 @@ def layers_under(blockers: Sequence[str], rows: Mapping[str, object]) -> list[La
     return [Layer(row.key, row.base_sha, row.head_sha) for row in ordered]
 
 
-def stacked_bases(git, target_sha: str, decision, rows: Mapping[str, object]) -> dict:
+def stacked_bases(git, target_sha: str, decision, rows: Mapping[str, object],
+                  rules: MergeRules = MergeRules()) -> dict:
     """key -> (stacked base SHA, stacked_on entries) for each story admission put on a stacked
     base (`decision.stacked`); a story whose base does not compose cleanly is taken out of
     `decision.dispatch` and waits as it would without stacking."""
     bases = {}
     for key in decision.stacked:
         layers = layers_under(decision.stacked[key], rows)
-        built = stack(git, target_sha, layers)
+        built = stack(git, target_sha, layers, rules)
         if built.tip is None:  # it waits for their integration instead, as without stacking
             decision.dispatch.remove(key)
             decision.waiting[key] = (f"stacking on {', '.join(x.key for x in layers)} conflicts "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from ..db.models import Candidate, Run, Story, utcnow
+from ..db.models import Candidate, Event, Run, Story, utcnow
 from ..stallwatch import last_output_at
 from ..states import StoryState
 from .journal import event_json, events_after
@@ -38,7 +38,8 @@ def run_json(run: Run, target_now: str | None = None) -> dict:
     }
 
 
-def story_json(story: Story, now=None, usage: dict | None = None) -> dict:
+def story_json(story: Story, now=None, usage: dict | None = None,
+               settled: list | None = None) -> dict:
     now = now or utcnow()
     start = story.started_at
     end = story.ended_at or (story.ready_at if story.state in (StoryState.READY,) else None)
@@ -83,7 +84,24 @@ def story_json(story: Story, now=None, usage: dict | None = None) -> dict:
         "port_block": story.port_block,
         # Summed from its attempts, as the agent CLI reported them (None: not reported).
         "usage": usage or empty_usage(),
+        # Paths a merge rule settled in its latest candidate ([integration] merge).
+        "settled": settled or [],
     }
+
+
+def settled_by_story(session, run_id: str) -> dict[str, list[dict]]:
+    """story key -> [{path, rule}] from the journal's `candidate.settled`, latest attempt only."""
+    rows = session.execute(select(Event.story, Event.data).where(
+        Event.run_id == run_id, Event.kind == "candidate.settled").order_by(Event.seq))
+    latest: dict[str, tuple[int, list[dict]]] = {}
+    for story, data in rows:
+        attempt = data.get("attempt", 0)
+        kept = latest.get(story)
+        if kept is None or attempt > kept[0]:
+            kept = latest[story] = (attempt, [])
+        if attempt == kept[0]:
+            kept[1].append({"path": data.get("path"), "rule": data.get("rule")})
+    return {story: entries for story, (_attempt, entries) in latest.items()}
 
 
 def candidate_json(candidate: Candidate, story_key: str, on: dict | None = None) -> dict:
@@ -114,9 +132,10 @@ def run_status(session, run: Run, target_now: str | None = None) -> dict:
     by_id = {c.id: c for c in candidates}
     now = utcnow()
     usage = usage_by_story(session, run.id)
+    settled = settled_by_story(session, run.id)
     return {
         "run": run_json(run, target_now),
-        "stories": [story_json(s, now, usage.get(s.id)) for s in stories],
+        "stories": [story_json(s, now, usage.get(s.id), settled.get(s.key)) for s in stories],
         "candidates": [candidate_json(c, keys.get(c.story_id, "?"), _on(c, by_id, keys))
                        for c in candidates],
     }

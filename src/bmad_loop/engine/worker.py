@@ -29,6 +29,7 @@ from .agentpause import PauseRun, check_budget, pause_run, settle_unavailable
 from .context import Claim, Fenced, StoryContext, story_context
 from .create_step import carry_forward, phase_create
 from .drift import footprint_drift
+from .mergerules import run_merge_rules
 from .faults import crash_point, delay_point
 from .interruptions import close_running_attempts, interrupt_open_attempts, release_after_stop
 from .journal import record
@@ -332,7 +333,8 @@ class StoryWorker:
         delay_point("worker.in_commit")
         crash_point("worker.after_commit")
         changed = changed_paths(self.git, story.base_sha, head)
-        drift = footprint_drift(self.git, story, changed, ctx.board_rel)
+        rules = run_merge_rules(self.policy, self.git.repo_dir, ctx.board_rel)
+        drift = footprint_drift(self.git, story, changed, ctx.board_rel, rules)
         events = []
         if reverted:
             events.append(("story.ledger_reverted", {"paths": reverted}))
