@@ -81,8 +81,8 @@ class Settled:
     result: str | None
 
     def to_dict(self) -> dict:
-        return {"path": self.path, "rule": self.rule, "glob": self.glob, "base": self.base,
-                "target": self.target, "story": self.story, "result": self.result}
+        return {"path": self.path, "rule": self.rule, "glob": self.glob, "base_blob": self.base,
+                "target_blob": self.target, "story_blob": self.story, "result_blob": self.result}
 
 
 @dataclass(frozen=True)
