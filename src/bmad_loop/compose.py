@@ -5,11 +5,8 @@ from plumbing alone (``merge-tree --write-tree``, ``commit-tree``). It is determ
 commits take their identity from `Git.identity` and both their dates from the story branch head's
 committer date, so composing the same inputs twice yields the same SHA.
 
-git 2.39 has no ``merge-tree --merge-base``, so replaying a commit (the ``ff`` strategy on a moved
-target) is a cherry-pick in pure plumbing: for commit C with parent P, make a synthetic root B'
-(tree of P), X' (tree of C, parent B') and T' (tree of the current tip, parent B'); then
-``merge-tree --write-tree T' X'`` merges with P's tree as the base. The synthetic commits are
-never referenced and are collected by ``git gc`` like any unreachable object.
+The merges and the replay of a story's commits (the ``ff`` strategy on a moved target) are in
+treemerge.py; the merge rules that settle ledgers and derived files in mergesettle.py.
 
 Globs (`path_matches`, used for lane-owned files) follow gitignore rules from the repository root:
 a pattern without a slash (other than a trailing one) matches at any depth; a leading ``/`` or a
@@ -33,11 +30,12 @@ from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
 from bmad_loop.gitconfig_guard import config_entries
 from bmad_loop.maintenance import NO_AUTO_MAINTENANCE
-from bmad_loop.mergeattrs import AttributeRoot, committed_attributes
+from bmad_loop.mergeattrs import committed_attributes
 from bmad_loop.mergesettle import MergeRules, Regeneration, Settled, settle
+from bmad_loop.treemerge import commit_tree, merge_base, merge_trees, replay_commits, tree_of
 from bmad_loop.objectmemo import Memo
 from bmad_loop.treediff import changed_paths, changed_status, dirty_paths, remember_diff  # noqa: F401 (re-exported)
-from bmad_loop.treeedit import blob_at, blobs_at, remember_commit, replace_blob, replace_blobs  # noqa: F401 (re-exported)
+from bmad_loop.treeedit import blob_at, blobs_at, replace_blob, replace_blobs  # noqa: F401 (re-exported)
 
 __all__ = [
     "Composition",
@@ -66,20 +64,7 @@ _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
 # -- reading ------------------------------------------------------------------------------------
 
 
-def _tree_of(git: Git, rev: str) -> str:
-    return git.out("rev-parse", "--verify", "--end-of-options", f"{rev}^{{tree}}")
-
-
 # -- trees and commits --------------------------------------------------------------------------
-
-
-def _commit_tree(git: Git, tree: str, parents: Iterable[str], message: str, env: dict) -> str:
-    argv = ["commit-tree", "--no-gpg-sign", tree]
-    for p in parents:
-        argv += ["-p", p]
-    sha = git.out(*argv, input=message, env=env)
-    remember_commit(git, sha, tree)
-    return sha
 
 
 def _lane_text(message: str) -> str:
@@ -254,40 +239,6 @@ class Composition:
         return self.sha is not None
 
 
-def _merge_trees(git: Git, ours: str, theirs: str,
-                 at: AttributeRoot | None = None) -> tuple[str, tuple[str, ...]]:
-    """``merge-tree --write-tree``: (tree, conflicted paths); no paths means a clean merge.
-    `at`: where it runs, so that only the target's committed attributes apply."""
-    proc = git.run(
-        "merge-tree", "--write-tree", "-z", "--name-only", ours, theirs, check=False,
-        **({"cwd": at.cwd, "env": at.env} if at is not None else {}),
-    )
-    fields = proc.stdout.split("\0")
-    if proc.returncode == 0:
-        return fields[0], ()
-    if proc.returncode != 1 or not fields[0]:
-        raise GitError(
-            f"git merge-tree {ours} {theirs} failed (exit {proc.returncode}): "
-            f"{proc.stderr.strip()}",
-            returncode=proc.returncode, stderr=proc.stderr,
-        )
-    conflicts: list[str] = []
-    i = 1
-    while i < len(fields) and fields[i]:  # conflicted file info, up to an empty field
-        conflicts.append(fields[i])
-        i += 1
-    i += 1
-    while i < len(fields) and fields[i].isdigit():  # messages: count, paths, type, text
-        count = int(fields[i])
-        paths = fields[i + 1 : i + 1 + count]
-        kind = fields[i + 1 + count] if i + 1 + count < len(fields) else ""
-        if kind.startswith("CONFLICT"):
-            conflicts.extend(paths)
-        i += count + 3
-    unique = tuple(dict.fromkeys(conflicts))
-    return fields[0], unique or ("(unnamed conflict)",)
-
-
 def compose(
     git: Git,
     strategy: str,
@@ -317,8 +268,8 @@ def compose(
     env = git.identity_env(_commit_date(git, branch))  # the branch commit must exist
     if strategy in ("merge", "squash"):
         with committed_attributes(git, target) as at:
-            tree, conflicts = _merge_trees(git, target, branch, at)
-        settled = settle(git, rules, base=base or _merge_base(git, target, branch), target=target,
+            tree, conflicts = merge_trees(git, target, branch, at)
+        settled = settle(git, rules, base=base or merge_base(git, target, branch), target=target,
                          story=branch, tree=tree, conflicts=conflicts) if rules else None
         if settled is not None:
             tree, conflicts = settled.tree, settled.conflicts
@@ -331,24 +282,24 @@ def compose(
         if tree_edit is not None:
             tree, sha = _edit(git, tree_edit, tree, spec)
         if sha is None:
-            sha = _commit_tree(git, tree, parents, spec.message, env)
+            sha = commit_tree(git, tree, parents, spec.message, env)
         return Composition(sha, tree, (), strategy, False, *done)
 
     rebased = not git.is_ancestor(target, branch)
     done: tuple = ((), ())
     if rebased:
-        replayed = replay_commits(git, target, _merge_base(git, target, branch), branch, rules)
+        replayed = replay_commits(git, target, merge_base(git, target, branch), branch, rules)
         tip, tree, conflicts = replayed.tip, replayed.tree, replayed.conflicts
         done = (replayed.settled, replayed.regenerate)
         if conflicts:
             return Composition(None, tree, conflicts, strategy, True, *done)
     else:
-        tip, tree = branch, _tree_of(git, branch)
+        tip, tree = branch, tree_of(git, branch)
     if tree_edit is not None:
         spec = CommitSpec([tip], _lane_text(lane_message or message), env)
         edited, sha = _edit(git, tree_edit, tree, spec)
         if edited != tree:
-            tip = sha or _commit_tree(git, edited, [tip], spec.message, env)
+            tip = sha or commit_tree(git, edited, [tip], spec.message, env)
             tree = edited
     return Composition(tip, tree, (), strategy, rebased, *done)
 
@@ -376,87 +327,6 @@ def _commit(git: Git, rev: str) -> str:
     if sha is None:
         raise GitError(f"no such commit {rev}")
     return sha
-
-
-def _merge_base(git: Git, target: str, branch: str) -> str:
-    proc = git.run("merge-base", target, branch, check=False)
-    if proc.returncode != 0:
-        raise GitError(f"{branch} and {target} have no common history", returncode=proc.returncode,
-                       stderr=proc.stderr)
-    return proc.stdout.strip()
-
-
-@dataclass(frozen=True)
-class Replayed:
-    """Commits replayed: the tip, its tree, the conflicts (tip then unusable), and what merge
-    rules settled on the way."""
-
-    tip: str | None  # None where a caller marks a conflicted replay unusable
-    tree: str
-    conflicts: tuple[str, ...]
-    settled: tuple[Settled, ...] = ()
-    regenerate: tuple[Regeneration, ...] = ()
-
-
-def replay_commits(git: Git, onto: str, base: str, head: str,
-                   rules: MergeRules = MergeRules()) -> Replayed:
-    """The commits of `base..head` (no merges, oldest first) replayed onto `onto`, each keeping
-    its author, dates and message (the same inputs give the same SHAs). A commit whose change is
-    already there is dropped, as `git rebase` does; an empty commit stays empty. On a conflict,
-    `tree` holds the conflicted tree. `rules` settle what they cover at each pick."""
-    commits = git.out(
-        "rev-list", "--reverse", "--topo-order", "--no-merges", f"{base}..{head}"
-    ).split()
-    tip, tip_tree = onto, _tree_of(git, onto)
-    settled: dict[str, Settled] = {}
-    regenerate: dict[str, Regeneration] = {}
-    for c in commits:
-        info = git.commit_header(c)
-        parent_tree = _tree_of(git, info["parents"][0]) if info["parents"] else _empty_tree(git)
-        c_tree = info["tree"]
-        if c_tree == parent_tree:  # an empty commit stays an empty commit
-            new_tree = tip_tree
-        elif parent_tree == tip_tree:
-            new_tree = c_tree
-        else:
-            picked = _pick(git, parent_tree, c_tree, tip_tree, info["committer"][2], rules)
-            new_tree = picked.tree
-            settled.update((s.path, s) for s in picked.settled)
-            regenerate.update((r.glob, r) for r in picked.regenerate)
-            if picked.conflicts:
-                return Replayed(tip, new_tree, picked.conflicts, tuple(settled.values()),
-                                tuple(regenerate.values()))
-            if new_tree == tip_tree:  # already upstream: dropped, as git rebase does
-                continue
-        author_name, author_email, author_date = info["author"]
-        env = git.identity_env()
-        env.update(
-            GIT_AUTHOR_NAME=author_name,
-            GIT_AUTHOR_EMAIL=author_email,
-            GIT_AUTHOR_DATE=author_date,
-            GIT_COMMITTER_DATE=info["committer"][2],
-        )
-        tip = _commit_tree(git, new_tree, [tip], info["message"], env)
-        tip_tree = new_tree
-    return Replayed(tip, tip_tree, (), tuple(settled.values()), tuple(regenerate.values()))
-
-
-def _pick(git: Git, base_tree: str, theirs_tree: str, ours_tree: str, date: str,
-          rules: MergeRules):
-    """Three-way merge of trees with `base_tree` as the merge base (no --merge-base on 2.39),
-    with the attributes of `ours_tree` (the tip the commit lands on), then `rules`."""
-    env = git.identity_env(date)
-    root = _commit_tree(git, base_tree, [], "bmad-loop: pick base\n", env)
-    theirs = _commit_tree(git, theirs_tree, [root], "bmad-loop: pick theirs\n", env)
-    ours = _commit_tree(git, ours_tree, [root], "bmad-loop: pick ours\n", env)
-    with committed_attributes(git, ours_tree) as at:
-        tree, conflicts = _merge_trees(git, ours, theirs, at)
-    return settle(git, rules, base=base_tree, target=ours_tree, story=theirs_tree, tree=tree,
-                  conflicts=conflicts)
-
-
-def _empty_tree(git: Git) -> str:
-    return git.out("mktree", input="")
 
 
 # -- advancing the target -----------------------------------------------------------------------

@@ -25,13 +25,13 @@ from ..states import CANDIDATE_OPEN, CandidateState, StoryState
 from .childenv import child_env
 from .context import make_workspace
 from .faults import crash_point, delay_point
-from .integrate_outcomes import Outcomes
+from .integrate_outcomes import Outcomes, TargetMoved
 from .journal import journal_git_locks, record
 from .ports import lane_block, port_env
 from .layout import Layout
 from .mergerules import run_merge_rules
 from .regenerate import Candidate as Regenerating
-from .regenerate import regenerate
+from .regenerate import regenerate, settled_events
 from .runs import board_rel
 from .stacking import replay
 from .transitions import transition_candidate, transition_story
@@ -44,14 +44,6 @@ __all__ = ["Integrator", "LaneFenced", "TargetMoved"]
 class LaneFenced(Exception):
     """This lane lost its lease to another one: it must not move the target."""
 
-
-class TargetMoved(Exception):
-    """Someone other than the lane moved the target, and `[scm] on_foreign_move = "pause"`."""
-
-    def __init__(self, old: str, new: str, commits: list[str]):
-        super().__init__(f"target moved by someone else: {old[:12]}..{new[:12]} "
-                         f"({len(commits)} commit(s): {', '.join(c[:12] for c in commits[:5])})")
-        self.old, self.new, self.commits = old, new, commits
 
 log = logging.getLogger(__name__)
 
@@ -260,18 +252,11 @@ class Integrator(Outcomes):
 
     def _record_settled(self, s, story: Story, cand: Candidate, comp: Composition) -> None:
         """Each path a merge rule settled: journaled, and kept in the candidate's evidence."""
-        runs = [r.to_dict() for r in comp.regenerated]
-        for settled in comp.settled:
-            extra = {}
-            if settled.rule == "regenerate":
-                mine = [r for r in runs if r["glob"] == settled.glob]
-                extra = {"commands": mine}
-            record(s, self.run_id, "candidate.settled", story.key, attempt=cand.attempt,
-                   **settled.to_dict(), **extra)
+        events, evidence = settled_events(comp)
+        for data in events:
+            record(s, self.run_id, "candidate.settled", story.key, attempt=cand.attempt, **data)
         cand.evidence = str(self._write_evidence(story.key, cand.attempt, {
-            "kind": "settled", "story": story.key, "attempt": cand.attempt,
-            "candidate_sha": comp.sha, "settled": [x.to_dict() for x in comp.settled],
-            "regenerated": runs}))
+            **evidence, "story": story.key, "attempt": cand.attempt}))
 
     def candidate_reason(self, cand_id: int) -> str:
         with self.db.transaction() as s:
@@ -301,19 +286,11 @@ class Integrator(Outcomes):
 
     def _regenerate(self, story: Story, attempt: int, comp: Composition, target_sha: str,
                     branch_sha: str) -> Composition:
-        """Run the candidate's generators (engine/regenerate.py): the regenerated candidate, or
-        a failed composition naming why (the story escalates with its evidence)."""
         base = story.base_sha or self.git.out("merge-base", target_sha, branch_sha)
-        done = regenerate(self.git, Regenerating(comp, base, target_sha, branch_sha, story.key),
+        return regenerate(self.git, Regenerating(comp, base, target_sha, branch_sha, story.key),
                           worktree=self.layout.candidate_worktree(story.key, attempt),
                           log_path=self.layout.verify_log(story.key, f"regenerate-{attempt}"),
                           env=self._verify_env(), run_id=self.run_id)
-        if done.sha is None:
-            paths = tuple(p for job in comp.regenerate for p in job.paths)
-            return replace(comp, sha=None, conflicts=paths, failure=done.reason,
-                           failure_output=done.output, regenerated=done.runs)
-        return replace(comp, sha=done.sha, tree=done.tree, settled=comp.settled + done.settled,
-                       regenerated=done.runs)
 
     def _fetch_story(self, story: Story) -> str | None:
         """Bring the story's commits here (remote mode: from the remote); why not, when the
@@ -440,32 +417,6 @@ class Integrator(Outcomes):
             self._check_foreign_move(story, now_at)  # pause, or accept and recompose
             return CandidateState.STALE
         return self._finish(story, cand_id, attempt, sha, target_sha)
-
-    def _check_foreign_move(self, story: Story, target_now: str | None,
-                            baseline: str | None = None) -> None:
-        """The lane's baseline is the run's start, then each SHA it advanced to: a target found
-        anywhere else was moved by someone else. Journaled; `pause` stops here for a human,
-        `accept` takes it as the new baseline (the candidate is composed on top)."""
-        if baseline is None:
-            with self.db.transaction() as s:
-                baseline = s.get(Run, self.run_id).head_sha
-        if not target_now or not baseline or target_now == baseline:
-            return
-        commits = self._commits_between(baseline, target_now)
-        action = self.policy.scm.on_foreign_move
-        with self.db.transaction() as s:
-            record(s, self.run_id, "target.moved", story.key, old=baseline, new=target_now,
-                   commits=commits[:50], action=action)
-            if action == "accept":
-                s.get(Run, self.run_id).head_sha = target_now
-        if action != "accept":
-            raise TargetMoved(baseline, target_now, commits)
-
-    def _commits_between(self, old: str, new: str) -> list[str]:
-        proc = self.git.run("rev-list", "--max-count=200", f"{old}..{new}", check=False)
-        if proc.returncode != 0:  # `old` is not an ancestor we know (history rewritten)
-            return [new]
-        return proc.stdout.split()
 
     def _checkout_held(self):
         def waited(path):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import bindparam, select
 
-from ..db.models import Candidate, Story, utcnow
+from ..db.models import Candidate, Run, Story, utcnow
 from ..states import CandidateState, Phase, RunState, StoryState
 from ..worktrees import delete_ref, ensure_detached_worktree, remove_worktree
 from .faults import crash_point
@@ -26,7 +26,16 @@ _RUN_MAY_LAND = RUN_STATE.scalar_subquery().in_((RunState.RUNNING, RunState.PAUS
 _CANDIDATE_REFS = select(Candidate.attempt, Candidate.ref, Candidate.state).where(
     Candidate.story_id == bindparam("story_id"))
 
-__all__ = ["Outcomes"]
+__all__ = ["Outcomes", "TargetMoved"]
+
+
+class TargetMoved(Exception):
+    """Someone other than the lane moved the target, and `[scm] on_foreign_move = "pause"`."""
+
+    def __init__(self, old: str, new: str, commits: list[str]):
+        super().__init__(f"target moved by someone else: {old[:12]}..{new[:12]} "
+                         f"({len(commits)} commit(s): {', '.join(c[:12] for c in commits[:5])})")
+        self.old, self.new, self.commits = old, new, commits
 
 
 class Outcomes:
@@ -143,3 +152,29 @@ class Outcomes:
         crash_point("lane.during_cleanup")
         # Its worktree and branch never change once it is ready: the row as integrated says them.
         self.workspace.discard_landed(story, delete_branch=self.policy.scm.delete_branch)
+
+    def _check_foreign_move(self, story: Story, target_now: str | None,
+                            baseline: str | None = None) -> None:
+        """The lane's baseline is the run's start, then each SHA it advanced to: a target found
+        anywhere else was moved by someone else. Journaled; `pause` stops here for a human,
+        `accept` takes it as the new baseline (the candidate is composed on top)."""
+        if baseline is None:
+            with self.db.transaction() as s:
+                baseline = s.get(Run, self.run_id).head_sha
+        if not target_now or not baseline or target_now == baseline:
+            return
+        commits = self._commits_between(baseline, target_now)
+        action = self.policy.scm.on_foreign_move
+        with self.db.transaction() as s:
+            record(s, self.run_id, "target.moved", story.key, old=baseline, new=target_now,
+                   commits=commits[:50], action=action)
+            if action == "accept":
+                s.get(Run, self.run_id).head_sha = target_now
+        if action != "accept":
+            raise TargetMoved(baseline, target_now, commits)
+
+    def _commits_between(self, old: str, new: str) -> list[str]:
+        proc = self.git.run("rev-list", "--max-count=200", f"{old}..{new}", check=False)
+        if proc.returncode != 0:  # `old` is not an ancestor we know (history rewritten)
+            return [new]
+        return proc.stdout.split()

@@ -20,6 +20,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataclasses import replace
+
 from ..compose import Composition
 from ..globs import path_matches
 from ..mergesettle import Regeneration, Settled
@@ -27,7 +29,7 @@ from ..treeedit import read_objects
 from ..worktrees import ensure_detached_worktree
 from .verify import run_verify
 
-__all__ = ["Regenerated", "RegenerateRun", "regenerate"]
+__all__ = ["Candidate", "RegenerateRun", "regenerate", "settled_events"]
 
 _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
 
@@ -49,7 +51,7 @@ class RegenerateRun:
 
 
 @dataclass(frozen=True)
-class Regenerated:
+class _Regenerated:
     sha: str | None  # the regenerated candidate; None: it failed (`reason` says why)
     tree: str | None
     reason: str | None
@@ -70,7 +72,33 @@ class Candidate:
 
 
 def regenerate(git, cand: Candidate, *, worktree: Path, log_path: Path, env: dict,
-               run_id: str) -> Regenerated:
+               run_id: str) -> Composition:
+    """The candidate with its generators run: regenerated, or failed (`sha` None, `failure`
+    naming why, the rules' paths as its conflicts)."""
+    comp = cand.comp
+    done = _run_all(git, cand, worktree, log_path, env, run_id)
+    if done.sha is None:
+        paths = tuple(p for job in comp.regenerate for p in job.paths)
+        return replace(comp, sha=None, conflicts=paths, failure=done.reason,
+                       failure_output=done.output, regenerated=done.runs)
+    return replace(comp, sha=done.sha, tree=done.tree, settled=comp.settled + done.settled,
+                   regenerated=done.runs)
+
+
+def settled_events(comp: Composition):
+    """(journal data, evidence) for a composition that settled paths: one `candidate.settled`
+    per path (a regenerated one with its commands), and the evidence file's payload."""
+    runs = [r.to_dict() for r in comp.regenerated]
+    events = [{**settled.to_dict(),
+               **({"commands": [r for r in runs if r["glob"] == settled.glob]}
+                  if settled.rule == "regenerate" else {})} for settled in comp.settled]
+    evidence = {"kind": "settled", "candidate_sha": comp.sha,
+                "settled": [x.to_dict() for x in comp.settled], "regenerated": runs}
+    return events, evidence
+
+
+def _run_all(git, cand: Candidate, worktree: Path, log_path: Path, env: dict,
+             run_id: str) -> _Regenerated:
     comp = cand.comp
     ensure_detached_worktree(git, worktree, comp.sha)
     runs: list[RegenerateRun] = []
@@ -79,15 +107,15 @@ def regenerate(git, cand: Candidate, *, worktree: Path, log_path: Path, env: dic
             run, failed = _run_one(job, folder, worktree, log_path, env, run_id)
             runs.append(run)
             if failed is not None:
-                return Regenerated(None, None, failed.reason, tuple(runs), (), failed.output)
+                return _Regenerated(None, None, failed.reason, tuple(runs), (), failed.output)
     globs = [job.glob for job in comp.regenerate]
     outside, written = _changes(git, worktree, globs)
     if outside:
-        return Regenerated(None, None, f"regenerating {', '.join(globs)} changed tracked files outside "
+        return _Regenerated(None, None, f"regenerating {', '.join(globs)} changed tracked files outside "
                            f"the rule: {', '.join(outside[:10])}", tuple(runs), ())
     sha, tree = _commit(git, cand, worktree, written) if written else (comp.sha, comp.tree)
     settled = _settled(git, cand, sha, [p for job in comp.regenerate for p in job.paths])
-    return Regenerated(sha, tree, None, tuple(runs), settled)
+    return _Regenerated(sha, tree, None, tuple(runs), settled)
 
 
 @dataclass(frozen=True)

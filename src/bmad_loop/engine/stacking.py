@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
-from ..compose import Replayed, replay_commits
+from ..treemerge import Replayed, replay_commits
 from ..mergesettle import MergeRules
 from ..states import STORY_STACKABLE, StoryState
 
