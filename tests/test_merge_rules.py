@@ -21,7 +21,8 @@ from bmad_loop.gitcmd import Git
 from bmad_loop.mergesettle import MergeRules, union_text
 from bmad_loop.policy.mergerule import MergeRule
 from support import (MERGE_NONE, STORY_DIR, StoryDef, barrier_script, git, go, inside,
-                     project_argv, states, stop_processes, wait_for_exit, wait_until, write_each)
+                     project_argv, query, states, stop_processes, wait_for_exit, wait_until,
+                     write_each)
 
 LEDGER = f"{STORY_DIR}/deferred-work.md"
 LEDGER_BASE = "# Deferred Work\n\nFindings deferred by reviews, newest last.\n"
@@ -279,32 +280,46 @@ def test_always_regenerates_even_when_git_merges_the_lockfile_cleanly(make_repo)
 
 
 # ------------------------------------------------------------------------------ a kill -9
-def test_a_kill_9_during_composition_leaves_the_same_ledger(make_repo, bar, tmp_path):
-    repo = make_repo(THREE, script=_appending(THREE), files=FILES,
-                     policy=MERGE_NONE.format(n=3, strategy="merge") + "[leases]\nttl_s = 3\n")
+def _killed_once_at(repo, point: str, bar, tmp_path) -> None:
+    """Run the sprint on real `worker` processes: b and c finish first (ready, waiting for a),
+    then a, whose integration SIGKILLs its process at `point`; a second worker finishes the run.
+    Nobody is inside an agent session at the kill, so nothing runs twice."""
+    import subprocess
+
     log = tmp_path / "worker.log"
-    env = dict(os.environ, **{CRASH_ENV: "lane.after_compose", ONCE_ENV: str(tmp_path / "marker")})
+    env = dict(os.environ, **{CRASH_ENV: point, ONCE_ENV: str(tmp_path / "marker")})
     result = repo.cli("enqueue")
     assert result.exit_code == 0, result.output
     run_id = result.output.strip().splitlines()[-1]
 
     def worker():
-        handle = open(log, "ab")
-        try:
-            import subprocess
+        with open(log, "ab") as handle:
             return subprocess.Popen(project_argv(repo, "worker", "--queue", "all", "-w", "3"),
                                     env=env, stdout=handle, stderr=subprocess.STDOUT)
-        finally:
-            handle.close()
 
     first = worker()
-    assert wait_for_exit(first, 60, log) == -signal.SIGKILL, log.read_text()[-3000:]
+    try:
+        wait_until(lambda: len(inside(bar)) == 3, what="all three inside")
+        for key in ("1-2-b", "1-3-c"):
+            go(bar, key)
+            wait_until(lambda: repo.story(key)["state"] == "ready", what=f"{key} ready")
+        go(bar, "1-1-a")
+        assert wait_for_exit(first, 60, log) == -signal.SIGKILL, log.read_text()[-3000:]
+    finally:
+        stop_processes(first)
+    assert (tmp_path / "marker").read_text() == point
     second = worker()
     try:
         wait_until(lambda: repo.status(run_id)["run"]["state"] == "completed", timeout=60,
                    interval=0.2, what="the run to complete")
     finally:
         stop_processes(second)
+
+
+def test_a_kill_9_during_composition_leaves_the_same_ledger(make_repo, bar, tmp_path):
+    repo = make_repo(THREE, script=_appending(THREE, bar), files=FILES,
+                     policy=MERGE_NONE.format(n=3, strategy="merge") + "[leases]\nttl_s = 3\n")
+    _killed_once_at(repo, "lane.after_compose", bar, tmp_path)
     assert _ledger(repo) == LEDGER_BASE + "".join(ENTRIES[s.key] for s in THREE)
 
 
@@ -423,3 +438,92 @@ def test_the_ledger_follows_bmads_layered_config(make_repo, bar):
     go(bar, "1-1-a")
     assert proc.wait(timeout=60) == 0, repo.spawned_logs()
     assert repo.git("show", f"main:{ledger}") + "\n" == LEDGER_BASE + ENTRIES["1-1-a"] + ENTRIES["1-2-b"]
+
+
+# ------------------------------------------------------------------------------ ignored ledgers
+def _ignored_ledger_repo(make_repo, script, policy, name="repo"):
+    """BMAD's ledger kept out of git: the checkout holds a copy nobody commits."""
+    repo = make_repo(THREE, script=script, files={"src/__init__.py": ""}, policy=policy, name=name)
+    with open(repo.root / ".gitignore", "a") as handle:
+        handle.write("deferred-work.md\n")
+    repo.commit_all("ignore the ledger")
+    (repo.root / LEDGER).write_text(LEDGER_BASE)
+    return repo
+
+
+def test_a_git_ignored_ledger_gets_each_storys_entries_in_plan_order_once(make_repo, bar):
+    repo = _ignored_ledger_repo(make_repo, _appending(THREE, bar),
+                                MERGE_NONE.format(n=3, strategy="merge"))
+    proc = repo.spawn("run")
+    wait_until(lambda: len(inside(bar)) == 3, what="all three inside")
+    for key in ("1-3-c", "1-1-a", "1-2-b"):
+        go(bar, key)
+    assert proc.wait(timeout=60) == 0, repo.spawned_logs()
+    assert (repo.root / LEDGER).read_text() == LEDGER_BASE + "".join(ENTRIES[s.key] for s in THREE)
+    assert repo.git("ls-files", LEDGER) == ""  # still not committed
+    assert repo.story("1-2-b")  # the rows kept the lines until they landed
+    kept = repo.git("status", "--porcelain", "--ignored", LEDGER)
+    assert kept.startswith("!!")
+
+
+def test_an_escalated_storys_ledger_lines_are_not_appended(make_repo, bar):
+    script = _appending(THREE, bar)
+    script["1-2-b"]["dev"][0]["write"] = {"src/b.py": "bad\n"}
+    policy = MERGE_NONE.format(n=3, strategy="merge") + '[verify]\ncommands = ["! grep -q bad src/b.py"]\n'
+    repo = _ignored_ledger_repo(make_repo, script, policy)
+    proc = repo.spawn("run")
+    wait_until(lambda: len(inside(bar)) == 3, what="all three inside")
+    for key in ("1-1-a", "1-2-b", "1-3-c"):
+        go(bar, key)
+    assert proc.wait(timeout=120) == 3, repo.spawned_logs()
+    assert repo.story("1-2-b")["state"] == "escalated"
+    assert (repo.root / LEDGER).read_text() == LEDGER_BASE + ENTRIES["1-1-a"]
+
+
+def test_a_kill_9_after_the_advance_neither_loses_nor_doubles_an_ignored_ledgers_lines(
+        make_repo, bar, tmp_path):
+    policy = MERGE_NONE.format(n=3, strategy="merge") + "[leases]\nttl_s = 3\n"
+    repo = _ignored_ledger_repo(make_repo, _appending(THREE, bar), policy)
+    _killed_once_at(repo, "lane.after_cas", bar, tmp_path)
+    assert (repo.root / LEDGER).read_text() == LEDGER_BASE + "".join(ENTRIES[s.key] for s in THREE)
+    captured = [json.loads(lines) for (lines,) in query(repo, "SELECT ledger_lines FROM stories ORDER BY seq")]
+    assert captured == [{LEDGER: ENTRIES[s.key]} for s in THREE]
+
+
+def test_the_append_is_written_once_whatever_point_a_kill_stopped_it_at(tmp_path):
+    from bmad_loop.engine.ledgerfiles import append_ledger_lines
+
+    root, state = tmp_path / "checkout", tmp_path / "state"
+    ledger = root / "notes" / "deferred-work.md"
+    ledger.parent.mkdir(parents=True)
+    ledger.write_text("base\n")
+    lines = {"notes/deferred-work.md": "- one\n- two\n"}
+    assert append_ledger_lines(root, state, "r1", "1-1-a", lines) is True
+    assert append_ledger_lines(root, state, "r1", "1-1-a", lines) is False  # done: skipped
+    assert ledger.read_text() == "base\n- one\n- two\n"
+    record_file = state / "ledgers" / "r1.json"
+    record = json.loads(record_file.read_text())
+    # Killed after the bytes were written, before the record said so: written once.
+    record["1-1-a"]["done"] = False
+    record_file.write_text(json.dumps(record))
+    assert append_ledger_lines(root, state, "r1", "1-1-a", lines) is True
+    assert ledger.read_text() == "base\n- one\n- two\n"
+    # Killed half-way through the write: completed, not doubled.
+    record["1-1-a"]["done"] = False
+    record_file.write_text(json.dumps(record))
+    ledger.write_text("base\n- on")
+    append_ledger_lines(root, state, "r1", "1-1-a", lines)
+    assert ledger.read_text() == "base\n- one\n- two\n"
+    # A later story's lines follow, however many times it is retried.
+    for _ in range(2):
+        append_ledger_lines(root, state, "r1", "1-2-b", {"notes/deferred-work.md": "- three\n"})
+    assert ledger.read_text() == "base\n- one\n- two\n- three\n"
+
+
+def test_validate_warns_about_a_ledger_neither_committed_nor_ignored(make_repo):
+    repo = make_repo(THREE, files={"src/__init__.py": ""})
+    (repo.root / LEDGER).write_text(LEDGER_BASE)  # untracked, not ignored
+    checks = json.loads(repo.cli("validate", "--json").output)["checks"]
+    warned = [c["detail"] for c in checks if c["name"] == "merge" and c["status"] == "warn"]
+    assert warned == [f"{LEDGER}: a union ledger that is neither committed nor ignored: commit it, "
+                      "or git-ignore it to keep it in the checkout only"]

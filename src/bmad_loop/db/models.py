@@ -150,6 +150,9 @@ class Story(Base):
     # A stacked start: the finished, unintegrated stories under `base_sha`, in plan order, each
     # {"key", "head"} (the head its layer was composed from). None: started on the target.
     stacked_on: Mapped[list | None] = mapped_column(JSON)
+    # {path: text} a story added to a git-ignored union ledger, captured at ready and appended
+    # to the checkout's copy once it lands (engine/ledgerfiles.py). Null: none.
+    ledger_lines: Mapped[dict | None] = mapped_column(JSON)
     head_sha: Mapped[str | None] = mapped_column(String(64))
     integrated_sha: Mapped[str | None] = mapped_column(String(64))
     dev_attempts: Mapped[int] = mapped_column(Integer, default=0)  # counted dev attempts

@@ -29,6 +29,7 @@ from .integrate_outcomes import Outcomes, TargetMoved
 from .journal import journal_git_locks, record
 from .ports import lane_block, port_env
 from .layout import Layout
+from .ledgerfiles import append_ledger_lines
 from .mergerules import run_merge_rules
 from .regenerate import Candidate as Regenerating
 from .regenerate import regenerate, settled_events
@@ -431,6 +432,10 @@ class Integrator(Outcomes):
                                          on_stale=stale)
 
     def _finish(self, story, cand_id, attempt, sha, target_sha) -> str:
+        # A git-ignored ledger's lines follow the advance, before the row says integrated: a
+        # kill -9 in between is finished by the next lane, and the append is written once.
+        append_ledger_lines(self.project.root, self.project.state_dir, self.run_id, story.key,
+                            story.ledger_lines)
         with self.db.transaction() as s:
             if not transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.INTEGRATED,
                                     integrated_sha=sha, ended_at=utcnow(), phase=None,

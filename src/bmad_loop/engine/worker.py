@@ -29,7 +29,7 @@ from .agentpause import PauseRun, check_budget, pause_run, settle_unavailable
 from .context import Claim, Fenced, StoryContext, story_context
 from .create_step import carry_forward, phase_create
 from .drift import footprint_drift
-from .mergerules import run_merge_rules
+from .ledgerfiles import StoryLedgers
 from .faults import crash_point, delay_point
 from .interruptions import close_running_attempts, interrupt_open_attempts, release_after_stop
 from .journal import record
@@ -171,6 +171,7 @@ class StoryWorker:
         self.policy = ctx.policy
         self.git = ctx.git
         self.key = ctx.key
+        self.ledgers = StoryLedgers(ctx)  # merge rules, and union ledgers git ignores
         self._row: Story | None = None  # the row as the last transaction of this walk left it
 
     # ----------------------------------------------------------------- the walk
@@ -219,6 +220,7 @@ class StoryWorker:
         if ctx.target.publishes_stories:
             adopt_pushed_branch(ctx, story, branch)
         prepared = carry_forward(ctx, story, ctx.workspace.prepare(story, branch, base_sha), base_sha)
+        self.ledgers.seed(prepared.worktree)  # git-ignored union ledgers, from the checkout
         delay_point("worker.in_prepare")
         crash_point("worker.after_worktree")
         with ctx.db.transaction() as s:
@@ -333,8 +335,8 @@ class StoryWorker:
         delay_point("worker.in_commit")
         crash_point("worker.after_commit")
         changed = changed_paths(self.git, story.base_sha, head)
-        rules = run_merge_rules(self.policy, self.git.repo_dir, ctx.board_rel)
-        drift = footprint_drift(self.git, story, changed, ctx.board_rel, rules)
+        drift = footprint_drift(self.git, story, changed, ctx.board_rel, self.ledgers.rules)
+        values = {"head_sha": head, **self.ledgers.captured(story.worktree)}  # before it is parked
         events = []
         if reverted:
             events.append(("story.ledger_reverted", {"paths": reverted}))
@@ -351,7 +353,7 @@ class StoryWorker:
             return Outcome(escalate=f"cannot push the story branch: {exc}", events=events,
                            values={"head_sha": head})
         events.append(("story.ready", {"head_sha": head, "changed": len(changed)}))
-        return Outcome(ready=True, events=events, values={"head_sha": head})
+        return Outcome(ready=True, events=events, values=values)
 
     # ----------------------------------------------------------------- persistence
     def _apply(self, outcome: Outcome) -> str | None:

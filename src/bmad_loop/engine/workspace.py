@@ -29,6 +29,9 @@ class Prepared:
 
 
 class Workspace(ABC):
+    # Does the agent work in the checkout itself (in place), not in a worktree of its own?
+    works_in_checkout = False
+
     def __init__(self, git, layout, target, scm, *, root: Path, seeds=()):
         self.git = git
         self.layout = layout
