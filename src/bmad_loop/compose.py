@@ -32,6 +32,7 @@ from bmad_loop.commitobject import CommitSpec, commit_encoding_is_utf8
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
 from bmad_loop.gitconfig_guard import config_entries
+from bmad_loop.indexflags import clear_flags
 from bmad_loop.maintenance import NO_AUTO_MAINTENANCE
 from bmad_loop.objectmemo import Memo
 from bmad_loop.treediff import changed_paths, changed_status, dirty_paths, remember_diff  # noqa: F401 (re-exported)
@@ -129,11 +130,15 @@ def commit_worktree(
 
     Every path matching `revert_globs` that the agent changed relative to `base_sha` (in its own
     commits or uncommitted) is restored to its `base_sha` content, or deleted if `base_sha` lacks
-    it. Then everything else is staged (``add -A``; repository-relative `exclude` paths, e.g.
+    it. Index flags that hide edits (skip-worktree, assume-unchanged) are taken off first. Then
+    everything else is staged (``add -A``; repository-relative `exclude` paths, e.g.
     seeded untracked files, are left out) and committed with `git.identity`, without hooks that
     could refuse it and unsigned — if anything is staged. Returns (HEAD sha, reverted paths).
     """
     worktree = Path(worktree)
+    # An edit the agent hid from git behind an index flag is still its edit: the flags go first,
+    # so `add -A` sees every tracked file as it is (indexflags.py).
+    clear_flags(git, worktree)
     exclude = _not_ignored(git, worktree, exclude)
     spec = (["--", "."] + [f":(exclude,literal){p}" for p in exclude]) if exclude else []
     git.run("add", "-A", *spec, cwd=worktree)

@@ -59,7 +59,7 @@ from bmad_loop.worktree_files import (register_detached_worktree, register_new_w
 __all__ = [
     "WorktreeInfo", "list_worktrees", "checkout_of", "ensure_worktree", "ensure_detached_worktree",
     "admin_dir", "move_worktree", "remove_worktree", "delete_branch", "delete_ref", "prune",
-    "is_full_sha",
+    "is_full_sha", "remove_tree",
 ]
 
 _ZERO_SHA = "0" * 40
@@ -474,6 +474,11 @@ def _guard(git: Git, path: Path, listing: list[WorktreeInfo] | None = None) -> N
     for p in protected:
         if p == target or target in p.parents:
             raise GitError(f"refusing to delete {path}: it holds the repository {p}")
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a file, a symlink (never what it points to) or a folder, read-only ones too."""
+    _rmtree(path)
 
 
 def _rmtree(path: Path) -> None:
