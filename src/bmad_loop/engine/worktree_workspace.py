@@ -100,6 +100,9 @@ class WorktreeWorkspace(Workspace):
         """Worktrees are parked and taken: one branch per story, removed by this host's lane."""
         return not self.shared_branch and self.target.lane_removes_story_worktrees
 
+    def reseed(self, worktree: Path) -> None:
+        self._seed(worktree)
+
     def _seed(self, worktree: Path) -> None:
         """Copy untracked seed files (policy list + the agent profile's config) into a worktree."""
         for name in self.seeds:
