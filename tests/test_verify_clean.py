@@ -10,6 +10,7 @@ exactly as an uninterrupted run fails (also run here), instead of passing on the
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -166,3 +167,69 @@ def test_a_story_verify_repeated_after_kill_9_starts_from_the_agents_output_exac
     worktree = Path(story["worktree"])
     assert (worktree / "src/a.py").read_text() == "bad\n"
     assert query(repo, "SELECT count(*) FROM stories WHERE state = 'integrated'") == [(0,)]
+
+
+# ------------------------------------------------------------------------------ the record itself
+def _state(path: Path) -> dict:
+    """Everything a verify could see of a worktree: HEAD, index flags, status with ignored
+    files, and every file's content (symlinks as their target)."""
+    from support import git
+
+    files = {}
+    for item in sorted(path.rglob("*")):
+        rel = item.relative_to(path).as_posix()
+        if ".git" in item.relative_to(path).parts or item.is_dir() and not item.is_symlink():
+            continue
+        files[rel] = f"-> {os.readlink(item)}" if item.is_symlink() else item.read_text()
+    return {"head": git(path, "rev-parse", "HEAD"),
+            "flags": [line for line in git(path, "ls-files", "-v").splitlines()
+                      if not line.startswith("H ")],
+            "status": sorted(git(path, "status", "--porcelain", "--ignored",
+                                 "--untracked-files=all").splitlines()),
+            "files": files}
+
+
+def test_a_restore_puts_back_exactly_what_was_recorded_whatever_the_verify_did(tmp_path):
+    """The agent's output (a changed, a deleted and a new file, a symlink, an edit behind an
+    index flag) is recorded; a hostile verify then commits, deletes, rewrites behind flags,
+    plants ignored and untracked files and a nested repository; the restore gives back exactly
+    the recorded worktree (the agent's flag taken off, as its commit would), and keeps what it
+    replaced."""
+    from bmad_loop.engine.verify_record import keep, restore
+    from support import git, git_repo, write
+
+    g = git_repo(tmp_path / "repo", {"a.txt": "a\n", "b.txt": "b\n", "gone.txt": "g\n",
+                                     ".gitignore": "build/\n"})
+    wt = tmp_path / "repo"
+    write(wt / "a.txt", "agent\n")
+    (wt / "gone.txt").unlink()
+    write(wt / "new.txt", "new\n")
+    os.symlink("a.txt", wt / "link")
+    write(wt / "b.txt", "hidden by the agent\n")
+    git(wt, "update-index", "--skip-worktree", "b.txt")
+    write(wt / "seed.env", "SECRET=1\n")
+    ref, scratch = "refs/bmad-loop/verify/r1/1-1-a", tmp_path / "scratch"
+    sha = keep(g, wt, ref, scratch, seeds=["seed.env"])
+    assert "seed.env" not in git(wt, "ls-tree", "-r", "--name-only", sha).split()  # never recorded
+    recorded = _state(wt)
+
+    # The hostile verify.
+    git(wt, "-c", "user.name=v", "-c", "user.email=v@x", "commit", "-qam", "verify commits")
+    write(wt / "a.txt", "rewritten by the verify\n")
+    git(wt, "update-index", "--assume-unchanged", "a.txt")
+    (wt / "new.txt").unlink()
+    write(wt / "build/verified.stamp", "")
+    write(wt / "stray.txt", "left\n")
+    write(wt / "nested/f", "x\n")
+    git(wt / "nested", "init", "-q")
+    git(wt / "nested", "add", "f")
+    git(wt / "nested", "-c", "user.name=v", "-c", "user.email=v@x", "commit", "-qm", "n")
+
+    replaced = restore(g, wt, ref, sha, scratch, seeds=["seed.env"])
+    after = _state(wt)
+    recorded["files"].pop("seed.env")
+    recorded["status"].remove("?? seed.env")
+    assert after["files"].pop("seed.env", None) is None  # seeds are copied again by the worker
+    assert after == {**recorded, "flags": []}
+    assert g.rev(f"{ref}.replaced") == replaced
+    assert git(wt, "show", f"{replaced}:stray.txt") == "left"

@@ -15,7 +15,8 @@ stamp file of the killed run would make it pass).
   feedback's ``verify_record``) until the verify's verdict is written, in the same transaction.
 - **Restore** (`restore`, a verify that starts while the row still names a record whose ref
   holds it): first the worktree as it is now is kept the same way at ``…/<story>.replaced`` (so
-  nothing is ever lost), then ``read-tree <record>`` (a plain one: it drops every index flag),
+  nothing is ever lost), HEAD's branch put back where the record's parent is (should the killed
+  verify have committed), then ``read-tree <record>`` (a plain one: it drops every index flag),
   ``checkout-index --all --force`` (the record's files), ``clean -ffdx`` (whatever the record does
   not hold, ignored files included; the ``[scm] reuse_keep`` folders and the session folder
   stay) and ``read-tree HEAD`` (the index back to the commit, the agent's changes unstaged again
@@ -30,6 +31,7 @@ person's checkout (``isolation = "none"``).
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -40,6 +42,8 @@ from ..indexflags import clear_flags
 
 __all__ = ["RECORD_KEY", "VERIFY_RECORD_NAMESPACE", "record_ref", "verify_record_refs", "keep",
            "restore", "drop"]
+
+log = logging.getLogger(__name__)
 
 RECORD_KEY = "verify_record"  # the story row's feedback entry naming the record
 VERIFY_RECORD_NAMESPACE = "refs/bmad-loop/verify/"
@@ -69,11 +73,22 @@ def keep(git, worktree: Path, ref: str, scratch: Path, seeds=()) -> str:
     return sha
 
 
-def restore(git, worktree: Path, ref: str, sha: str, scratch: Path, *, seeds=(), keep_folders=()) -> str:
+def restore(git, worktree: Path, ref: str, sha: str, scratch: Path, *, seeds=(),
+            keep_folders=()) -> str | None:
     """Put `worktree` back to the record `sha` (the row names it, `ref` holds it). What the
-    worktree held before is kept at ``<ref>.replaced``; its SHA is returned."""
-    replaced = _snapshot(git, worktree, scratch, seeds, "what a repeated verify replaced")
-    git.run("update-ref", f"{ref}.replaced", replaced)
+    worktree held before is kept at ``<ref>.replaced``; its SHA is returned (None: git could
+    not record it, e.g. the killed verify left a nested repository with no commit, which
+    ``add`` refuses; the restore goes on, since the record is what counts)."""
+    try:
+        replaced = _snapshot(git, worktree, scratch, seeds, "what a repeated verify replaced")
+        git.run("update-ref", f"{ref}.replaced", replaced)
+    except GitError as exc:
+        log.warning("could not keep what %s held before its restore (%s)", worktree, exc)
+        replaced = None
+    head = git.out("rev-parse", f"{sha}^", cwd=worktree)
+    if git.rev("HEAD", cwd=worktree) != head:  # the killed verify committed: not the agent's
+        git.run("update-ref", "-m", "bmad-loop: restore the agent's output", "HEAD", head,
+                cwd=worktree)
     git.run("read-tree", sha, cwd=worktree)
     git.run("checkout-index", "--all", "--force", cwd=worktree)
     _clean(git, worktree, keep_folders)
