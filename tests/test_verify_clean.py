@@ -52,6 +52,21 @@ def _policy(bar: Path, gate_text: str, extra: str = "") -> str:
             + f"[verify]\ncommands = [{command}]\n" + extra)
 
 
+def _kill_9_at_the_barrier_then_resume(repo, bar: Path, held) -> None:
+    """`run` until `held()` says the verifications are at their barrier; SIGKILL it; open the
+    barrier; `resume`, which must pause (exit 3) as the uninterrupted run does."""
+    proc = repo.spawn("run")
+    try:
+        wait_until(held, what="verify commands at their barrier")
+        repo.kill_spawned()
+        assert proc.returncode == -9
+        (bar / "go").write_text("")
+        resumed = repo.spawn("resume")
+        assert wait_for_exit(resumed, 120) == 3, repo.spawned_logs()
+    finally:
+        repo.kill_spawned()
+
+
 def _events(repo, kind: str) -> list[dict]:
     return [e for e in repo.journal() if e["kind"] == kind]
 
@@ -75,18 +90,9 @@ def test_a_stacked_candidate_verified_again_after_kill_9_sees_none_of_the_killed
     bar = tmp_path / "bar"
     bar.mkdir()
     repo = make_repo(sprint, script=script, files=FILES, policy=_policy(bar, CANDIDATE_GATE))
-    proc = repo.spawn("run")
-    try:
-        stacked = {f"{s.key}-1" for s in sprint}
-        wait_until(lambda: {p.name[len("verifying-"):] for p in bar.glob("verifying-*")} >= stacked,
-                   what="three candidates verifying at once")
-        repo.kill_spawned()
-        assert proc.returncode == -9
-        (bar / "go").write_text("")
-        resumed = repo.spawn("resume")
-        assert wait_for_exit(resumed, 120) == 3, repo.spawned_logs()
-    finally:
-        repo.kill_spawned()
+    stacked = {f"{s.key}-1" for s in sprint}
+    _kill_9_at_the_barrier_then_resume(
+        repo, bar, lambda: {p.name[len("verifying-"):] for p in bar.glob("verifying-*")} >= stacked)
     assert sorted(e["story"] for e in _events(repo, "candidate.reverifying")) == [
         A.key, B.key, C.key]
     b = repo.story(B.key)
@@ -141,16 +147,7 @@ def test_a_story_verify_repeated_after_kill_9_starts_from_the_agents_output_exac
     bar = tmp_path / "bar"
     bar.mkdir()
     repo = make_repo([A], script=AGENT_OUTPUT, files=FILES, policy=_policy(bar, STORY_GATE, ONE_TRY))
-    proc = repo.spawn("run")
-    try:
-        wait_until(lambda: (bar / "verifying").exists(), what="the story's verify at the barrier")
-        repo.kill_spawned()
-        assert proc.returncode == -9
-        (bar / "go").write_text("")
-        resumed = repo.spawn("resume")
-        assert wait_for_exit(resumed, 120) == 3, repo.spawned_logs()
-    finally:
-        repo.kill_spawned()
+    _kill_9_at_the_barrier_then_resume(repo, bar, lambda: (bar / "verifying").exists())
     story = repo.story(A.key)
     assert story["state"] == "escalated" and "verify failed after 1 dev attempts" in story["reason"]
     first, again = [json.loads(line) for line in (bar / "seen.jsonl").read_text().splitlines()]
