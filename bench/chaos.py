@@ -10,10 +10,17 @@ What it does:
 
 1. Builds two identical BMAD-shaped repositories (a reference and a chaos one): K stories in
    epics of 10, each with a disjoint footprint (its own file under ``work/``), strategy
-   ``merge``, ``max_parallel = N``, ``[leases] ttl_s = 3``, gates ``none``, review on, one cheap
-   verify command (so every candidate gets a verify worktree). The agent is a tiny script that
-   sleeps a duration drawn from ``--seed`` and the story key (0.5–2 s for dev, 0.05–0.2 s for
-   review), then writes its file with content that depends on the key only.
+   ``merge``, ``max_parallel = N`` (so the lane verifies a stack of up to N candidates at once,
+   and a landed story's worktree is reused by the next), ``[leases] ttl_s = 3``, gates
+   ``none``, review on. The agent is a tiny script that sleeps a duration drawn from ``--seed``
+   and the story key (0.5–2 s for dev, 0.05–0.2 s for review), then writes its files with
+   content that depends on the key only, as a hostile agent would: its tracked file's edit
+   hidden behind ``update-index --skip-worktree`` or ``--assume-unchanged``, its new file marked
+   intent-to-add (``add -N``), ignored build output left behind; it notes any flag or build
+   file of another story it finds in its worktree. The verify command keeps a stamp in ignored
+   build output and fails when it finds one already (0.3 s): it passes only in a tree that is
+   exactly a candidate's, or exactly the agent's output, so a repeated verification that sees
+   what a killed one left fails the run.
 2. Reference: enqueues the sprint and runs it with consumer subprocesses
    (``bmad-loop worker --queue stories -w N`` × S and ``bmad-loop worker --queue integration``),
    untouched, to completion.
@@ -23,7 +30,9 @@ What it does:
    touched: finding and ending them is the engine's job.
 4. Prints: kills survived per consumer kind, stories integrated, duplicates (stories with more
    than one ``story.integrated`` or ``target.advanced`` event: must be 0), whether the target's
-   first-parent sequence of trees equals the reference's (tree SHAs are content-only, so they are
+   first-parent sequence of trees equals the reference's, agent edits missing from the target
+   (each story's two files as its agent wrote them) and another story's leftovers seen by an
+   agent (both must be 0) (tree SHAs are content-only, so they are
    comparable across repositories; commit SHAs are not), what ``bmad-loop cleanup --json``
    removed and whether any worktree or ref of bmad-loop's namespaces remains after it, leftover
    agent processes, two agent sessions of one story alive at once, attempt rows still ``running``
@@ -70,10 +79,13 @@ from pathlib import Path
 BOARD_DIR = Path("_bmad-output") / "implementation-artifacts"
 IDENTITY = ["-c", "user.name=chaos", "-c", "user.email=chaos@localhost", "-c", "commit.gpgsign=false"]
 NAMESPACES = ("refs/heads/bmad-loop", "refs/bmad-loop")
+VERIFY_FILE = "verify.py"
 SETTLED = ("completed", "failed", "paused", "stopped")
 
-AGENT = r'''"""bench/chaos.py agent: sleep a seeded duration, then write the story's file."""
-import json, os, random, sys, time
+AGENT = r'''"""bench/chaos.py agent: sleep a seeded duration, then write the story's files as a
+hostile agent would: its tracked file's edit hidden behind an index flag, its new file marked
+intent-to-add, ignored build output left behind. It notes what it found of other stories."""
+import json, os, random, subprocess, sys, time
 from pathlib import Path
 
 seed, calls = sys.argv[1], sys.argv[2]
@@ -82,20 +94,54 @@ attempt = os.environ.get("BMAD_LOOP_ATTEMPT")
 rng = random.Random(f"{seed}:{key}:{phase}")
 low, high = (0.5, 2.0) if phase in ("dev", "fix") else (0.05, 0.2)
 duration = rng.uniform(low, high)
+name = key.split("-", 2)[-1]
+mine = {f"work/{name}.txt", f"work/{name}.extra"}
+
+
+def git(*args):
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout
+
+
+# What another story left in this worktree (a reused one must look new): flags, build output.
+# Dev is the story's first session here (review comes after its own verify's stamp).
+foreign = []
+if phase == "dev":
+    flags = [line[2:] for line in git("ls-files", "-v").splitlines() if not line.startswith("H ")]
+    foreign = [p for p in flags if p not in mine] + [
+        f"build/{p.name}" for p in sorted(Path("build").glob("*")) if p.name != f"{key}.o"]
 start = time.time()
 with open(calls, "a") as handle:
     handle.write(json.dumps({"key": key, "phase": phase, "attempt": attempt, "pid": os.getpid(),
-                             "event": "start", "t": start}) + "\n")
+                             "event": "start", "t": start, "foreign": foreign}) + "\n")
 time.sleep(duration)
 if phase in ("dev", "fix"):
-    name = key.split("-", 2)[-1]
-    path = Path("work") / f"{name}.txt"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(f"story {key}\n")
+    Path(f"work/{name}.txt").write_text(f"story {key}\n")
+    Path(f"work/{name}.extra").write_text(f"extra {key}\n")
+    git("update-index", rng.choice(["--skip-worktree", "--assume-unchanged"]), f"work/{name}.txt")
+    git("add", "-N", f"work/{name}.extra")
+    Path("build").mkdir(exist_ok=True)
+    Path(f"build/{key}.o").write_text("object code\n")
 with open(calls, "a") as handle:
     handle.write(json.dumps({"key": key, "phase": phase, "attempt": attempt, "pid": os.getpid(),
                              "event": "end", "t": time.time()}) + "\n")
 print(f"{phase} {key}: slept {duration:.2f}s")
+'''
+
+# The verify command: it keeps a stamp in ignored build output, as a build tool keeps a cache,
+# and fails when it finds one already. So it passes in a tree that is exactly what it should be
+# (a candidate's, or the agent's output), and fails where a killed verify's leftovers were kept.
+VERIFY = r'''"""bench/chaos.py verify: fail on a stamp another verify left, else leave one."""
+import os, sys, time
+from pathlib import Path
+
+stamp = Path("build") / "verify.stamp"
+if stamp.exists():
+    print(f"verify: {stamp} is here already (pid {stamp.read_text()}): not a clean tree")
+    sys.exit(1)
+stamp.parent.mkdir(exist_ok=True)
+stamp.write_text(str(os.getpid()))
+time.sleep(float(sys.argv[1]))
+sys.exit(0 if Path("README.md").exists() else 1)
 '''
 
 
@@ -116,9 +162,11 @@ def build_repo(root: Path, keys: list[str], *, parallel: int, agent: Path, seed:
     root.mkdir(parents=True)
     git(root, "init", "-q", "-b", "main")
     (root / "README.md").write_text("# chaos soak repository\n")
-    (root / ".gitignore").write_text(".bmad-loop/\n__pycache__/\n")
+    (root / ".gitignore").write_text(".bmad-loop/\n__pycache__/\nbuild/\n")
     (root / "work").mkdir()
     (root / "work" / "README.md").write_text("files the chaos agents write\n")
+    for key in keys:  # tracked before the run: each agent's edit of it is hidden from git
+        (root / "work" / f"{key.split('-', 2)[-1]}.txt").write_text("placeholder\n")
     artifacts = root / BOARD_DIR
     artifacts.mkdir(parents=True)
     board = ["# sprint board written by bench/chaos.py", "development_status:"]
@@ -130,7 +178,8 @@ def build_repo(root: Path, keys: list[str], *, parallel: int, agent: Path, seed:
         for key in members:
             board.append(f"  {key}: ready-for-dev")
             name = key.split("-", 2)[-1]
-            front = {"title": name, "footprint": {"files": [f"work/{name}.txt"]}}
+            front = {"title": name, "footprint": {"files": [f"work/{name}.txt",
+                                                            f"work/{name}.extra"]}}
             (artifacts / f"{key}.md").write_text(
                 "---\n" + json.dumps(front, indent=2) + "\n---\n"
                 f"# Story {key}\n\nStatus: ready-for-dev\n")
@@ -155,7 +204,7 @@ def build_repo(root: Path, keys: list[str], *, parallel: int, agent: Path, seed:
         "max_recoveries = 1000  # the soak kills consumers on purpose: a story may be hit often",
         "",
         "[verify]",
-        'commands = ["test -f README.md"]',
+        f"commands = [{json.dumps(f'{sys.executable} {agent.parent / VERIFY_FILE} 0.3')}]",
         "timeout_s = 120",
         "",
         "[adapter]",
@@ -473,6 +522,7 @@ def analyse(soak: Soak, keys: list[str], reference_trees, calls: Path) -> dict:
             elif (row["pid"], row["key"]) in spans:
                 spans[(row["pid"], row["key"])]["end"] = row["t"]
     cut_off = sum(1 for x in spans.values() if x["end"] is None)
+    foreign_seen = sorted({f"{row['key']}: {p}" for row in _calls(calls) for p in row.get("foreign", [])})
     # Two sessions of one story alive at once (an orphaned agent still writing the worktree
     # while its replacement runs): a session that ended after a later one of its story began.
     overlaps = [(a["key"], a["phase"], b["phase"]) for a in spans.values() for b in spans.values()
@@ -541,10 +591,32 @@ def analyse(soak: Soak, keys: list[str], reference_trees, calls: Path) -> dict:
                                            "git.lock_waited", "git.stale_lock_removed") if kinds[k]},
         "runs_failed": int(status["run"]["state"] in ("failed", "paused")),
         "stories_lost": len(keys) - states.get("integrated", 0),
+        "edits_lost": edits_lost(root, keys),
+        "leftovers_seen": foreign_seen,
         "git_status_runs": sum(soak.status_counts),
         "stale_locks_left": soak.stale_locks,
         "stale_locks_removed": kinds["git.stale_lock_removed"],
     }
+
+
+def _calls(calls: Path) -> list[dict]:
+    return [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+
+def edits_lost(root: Path, keys: list[str]) -> list[str]:
+    """The stories whose files on the target are not what their agent wrote (an edit hidden
+    behind an index flag, or a new file marked intent-to-add, that a commit dropped)."""
+    tree = {}
+    for line in git(root, "ls-tree", "-r", "main", "work").splitlines():
+        meta, path = line.split("\t", 1)
+        tree[path] = meta.split()[2]
+    lost = []
+    for key in keys:
+        name = key.split("-", 2)[-1]
+        for path, text in ((f"work/{name}.txt", f"story {key}\n"), (f"work/{name}.extra", f"extra {key}\n")):
+            if path not in tree or git(root, "cat-file", "blob", tree[path]) != text.strip():
+                lost.append(path)
+    return lost
 
 
 def verdict(result: dict) -> list[str]:
@@ -571,6 +643,10 @@ def verdict(result: dict) -> list[str]:
         bad.append(f"attempt rows still running after the run: {result['attempts_left_running']}")
     if result["dev_attempts_not_1"]:
         bad.append(f"stories whose counted dev attempts are not 1: {result['dev_attempts_not_1']}")
+    if result["edits_lost"]:
+        bad.append(f"agent edits missing from the target: {result['edits_lost']}")
+    if result["leftovers_seen"]:
+        bad.append(f"agents found another story's flags or files: {result['leftovers_seen']}")
     if result["leftover_agents"]:
         bad.append(f"agent processes left running: {result['leftover_agents']}")
     if result["run_state"] == "completed" and (result["worktrees_after_cleanup"]
@@ -599,6 +675,8 @@ def report(ref: dict | None, chaos: dict, args, bad: list[str], say) -> None:
         f"{chaos['stories_lost']} (must be 0)")
     say(f"  editor git status:     {chaos['git_status_runs']} runs beside the soak; stale index "
         f"locks left {chaos['stale_locks_left']}, removed by the lane {chaos['stale_locks_removed']}")
+    say(f"  hostile agents:        edits missing from the target {len(chaos['edits_lost'])}, "
+        f"another story's flags or files seen {len(chaos['leftovers_seen'])} (both must be 0)")
     say(f"  stories integrated:    {chaos['integrated']}/{chaos['stories']} "
         f"(run {chaos['run_state']}{'; TIMED OUT' if chaos['timed_out'] else ''})")
     say(f"  duplicates found:      {len(chaos['duplicates'])}"
@@ -673,6 +751,7 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     agent = work / "agent.py"
     agent.write_text(AGENT)
+    (work / VERIFY_FILE).write_text(VERIFY)
     keys = story_keys(args.stories)
     say(f"work folder {work}")
     ref_result = None

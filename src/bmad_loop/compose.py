@@ -29,6 +29,7 @@ from bmad_loop.commitobject import CommitSpec, commit_encoding_is_utf8
 from bmad_loop.errors import GitError
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
 from bmad_loop.gitconfig_guard import config_entries
+from bmad_loop.indexflags import clear_flags
 from bmad_loop.maintenance import NO_AUTO_MAINTENANCE
 from bmad_loop.mergeattrs import committed_attributes
 from bmad_loop.mergesettle import MergeRules, Regeneration, Settled, settle
@@ -116,12 +117,16 @@ def commit_worktree(
 
     Every path matching `revert_globs` that the agent changed relative to `base_sha` (in its own
     commits or uncommitted) is restored to its `base_sha` content, or deleted if `base_sha` lacks
-    it. Then everything else is staged (``add -A``; repository-relative `exclude` paths, e.g.
+    it. Index flags that hide edits (skip-worktree, assume-unchanged) are taken off first. Then
+    everything else is staged (``add -A``; repository-relative `exclude` paths, e.g.
     seeded untracked files, are left out) and committed with `git.identity`, without hooks that
     could refuse it and unsigned — if anything is staged. Returns (HEAD sha, reverted paths).
     """
     worktree = Path(worktree)
-    exclude = _not_ignored(git, worktree, exclude)
+    # An edit the agent hid from git behind an index flag is still its edit: the flags go first,
+    # so `add -A` sees every tracked file as it is (indexflags.py).
+    clear_flags(git, worktree)
+    exclude = not_ignored(git, worktree, exclude)
     spec = (["--", "."] + [f":(exclude,literal){p}" for p in exclude]) if exclude else []
     git.run("add", "-A", *spec, cwd=worktree)
     reverted: list[str] = []
@@ -202,7 +207,7 @@ def _index_changes(git: Git, worktree: Path, base_sha: str) -> dict[str, str]:
     return {fields[i + 1]: fields[i][:1] for i in range(0, len(fields) - 1, 2) if fields[i + 1]}
 
 
-def _not_ignored(git: Git, worktree: Path, paths: Sequence[str]) -> list[str]:
+def not_ignored(git: Git, worktree: Path, paths: Sequence[str]) -> list[str]:
     """`paths` less those git ignores: `add -A` leaves an ignored path out anyway, and an
     exclude pathspec naming one makes `git add` fail ("paths are ignored")."""
     if not paths:

@@ -59,7 +59,7 @@ from bmad_loop.worktree_files import (register_detached_worktree, register_new_w
 __all__ = [
     "WorktreeInfo", "list_worktrees", "checkout_of", "ensure_worktree", "ensure_detached_worktree",
     "admin_dir", "move_worktree", "remove_worktree", "delete_branch", "delete_ref", "prune",
-    "is_full_sha",
+    "is_full_sha", "remove_tree",
 ]
 
 _ZERO_SHA = "0" * 40
@@ -202,8 +202,11 @@ def _ensure_carefully(git: Git, path: Path, branch: str, start_sha: str) -> str:
 def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
     """Make `path` a worktree with a detached HEAD at `sha` (candidate worktrees).
 
-    Idempotent: an existing detached worktree at `path` is reused; if it is at another commit it is
-    reset to `sha` (``checkout --detach -f`` and ``clean -ffdx``). A half-made one is made again.
+    Idempotent: an existing detached worktree at `path` is reused, made exactly `sha`'s tree
+    first, at the same commit too (`_made_exact`): what ran there before (a verification a crash
+    cut short) may have left files, changed tracked ones or set index flags, and a verification
+    must see the candidate and nothing else. One that cannot be made so (a read-only folder
+    ``clean`` cannot empty) is removed and made again, as a half-made one is.
     A new one is registered under the lock (in this process where `worktree_files` can) and
     checked out without it, as a new story's is.
     """
@@ -218,15 +221,27 @@ def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
             if info is not None and not info.half_made:
                 if not info.detached:
                     raise GitError(f"{path} is a worktree on branch {info.branch}, not detached")
-                if info.head != (sha if is_full_sha(sha) else git.rev(sha)):
-                    git.run("checkout", "--quiet", "--detach", "-f", sha, cwd=path)
-                    git.run("clean", "-ffdxq", cwd=path)
-                return
+                if _made_exact(git, path, sha):
+                    return
             if info is not None or os.path.lexists(path):
                 _discard(git, path, info, listing)
             _add(git, path, sha, detach=True, checkout=not apart)
     if apart:
         _populate(git, path)
+
+
+def _made_exact(git: Git, path: Path, sha: str) -> bool:
+    """Make the worktree at `path` exactly `sha`'s tree (caller holds the lock): a plain
+    ``read-tree`` (it drops every index flag, which ``checkout -f`` and ``reset --hard`` keep),
+    ``checkout --detach -f`` (the files its index names), ``clean -ffdx`` (untracked and ignored
+    files). False when git could not; the caller makes it again."""
+    try:
+        git.run("read-tree", sha, cwd=path)
+        git.run("checkout", "--quiet", "--detach", "-f", sha, cwd=path)
+        git.run("clean", "-ffdxq", cwd=path)
+    except GitError:
+        return False
+    return True
 
 
 def admin_dir(git: Git, path: Path) -> Path | None:
@@ -474,6 +489,11 @@ def _guard(git: Git, path: Path, listing: list[WorktreeInfo] | None = None) -> N
     for p in protected:
         if p == target or target in p.parents:
             raise GitError(f"refusing to delete {path}: it holds the repository {p}")
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a file, a symlink (never what it points to) or a folder, read-only ones too."""
+    _rmtree(path)
 
 
 def _rmtree(path: Path) -> None:

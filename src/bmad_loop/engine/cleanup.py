@@ -2,7 +2,8 @@
 
 Only bmad-loop's own things are candidates: worktrees under `.bmad-loop/worktrees/` and
 `.bmad-loop/candidates/`, branches under `refs/heads/bmad-loop/`, candidate refs under
-`refs/bmad-loop/candidates/`. Something is *owned* while a row still needs it:
+`refs/bmad-loop/candidates/`, records of a story's output under `refs/bmad-loop/verify/`
+(owned with the story's worktree, verify_record.py). Something is *owned* while a row still needs it:
 
 - a story that is not finished in a run that can still move (running, pausing, paused,
   stopping, stopped) owns its worktree and branch;
@@ -37,6 +38,7 @@ from ..worktrees import delete_branch, delete_ref, list_worktrees, prune, remove
 from ..states import RUN_LIVE, RUN_RESUMABLE, RUN_TERMINAL, STORY_PARKED, Phase, RunState, StoryState
 from .journal import record
 from .layout import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE, Layout
+from .verify_record import VERIFY_RECORD_NAMESPACE, verify_record_refs
 from .runs import run_policy
 from .worktree_pool import POOL_DIR, pool_dir
 
@@ -116,6 +118,8 @@ def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str,
                     for n in range(1, policy.limits.max_recompose + 3):
                         paths.add(layout.candidate_worktree(story.key, n))
                         refs.add(layout.candidate_ref(story.key, n))
+            if needs_worktree:  # the record of the agent's output for a repeated verify
+                refs.update(verify_record_refs(run.id, story.key))
             if story.branch and keep:
                 branches.add(story.branch)
             if story.worktree and needs_worktree:
@@ -184,7 +188,7 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
                 _rmdir_quietly(pool)  # emptied above
 
     listing = git.out("for-each-ref", "--format=%(refname)", f"refs/heads/{BRANCH_NAMESPACE.rstrip('/')}",
-                      CANDIDATE_REF_NAMESPACE.rstrip("/"))
+                      CANDIDATE_REF_NAMESPACE.rstrip("/"), VERIFY_RECORD_NAMESPACE.rstrip("/"))
     for ref in [line for line in listing.splitlines() if line]:
         if ref.startswith("refs/heads/"):
             name = ref[len("refs/heads/"):]

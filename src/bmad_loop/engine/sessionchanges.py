@@ -7,7 +7,8 @@ content. The same snapshot after the session tells whether the session changed a
 changes to lane-owned files (the board, ledgers) and the prompt folder do not count, since the
 worker reverts or ignores them.
 
-The snapshot asks git, never the agent: `diff --name-only <base>` (the worktree against the
+The snapshot asks git, never the agent (in a story's worktree, index flags that hide edits
+are taken off first, `indexflags.py`): `diff --name-only <base>` (the worktree against the
 base, committed and uncommitted), `ls-files --others --exclude-standard` (new files), and
 `hash-object --stdin-paths` for their contents.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..indexflags import clear_flags
 from .workspace import matches_any
 
 __all__ = ["snapshot", "changed_paths_between"]
@@ -23,8 +25,12 @@ __all__ = ["snapshot", "changed_paths_between"]
 _GONE = "-"  # a path that differs from the base by not being there
 
 
-def snapshot(git, worktree: Path, base_sha: str) -> dict[str, str]:
-    """Path -> content id of each path of `worktree` that differs from `base_sha`."""
+def snapshot(git, worktree: Path, base_sha: str, *, unflag: bool = False) -> dict[str, str]:
+    """Path -> content id of each path of `worktree` that differs from `base_sha`. With
+    `unflag` (a story's own worktree, never a person's checkout) index flags are taken off
+    first: an edit hidden behind one is a change all the same."""
+    if unflag:
+        clear_flags(git, worktree)
     tracked = git.run("diff", "--name-only", "-z", "--no-renames", base_sha, "--", cwd=worktree).stdout
     new = git.run("ls-files", "--others", "--exclude-standard", "-z", cwd=worktree).stdout
     paths = sorted({p for p in (tracked + "\0" + new).split("\0") if p})

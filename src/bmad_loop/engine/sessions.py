@@ -146,7 +146,9 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
         argv = [sys.executable, "-m", "bmad_loop.tmux_session", session, str(log_path), "--", *argv]
     # What the story's work is before the session, to tell an empty dev or fix session. Only a
     # profile's CLI is judged so: for a custom command exit 0 is success (the contract).
-    before = snapshot(ctx.git, worktree, story.base_sha) if phase in (Phase.DEV, Phase.FIX) \
+    unflag = policy.scm.isolation == "worktree"  # never a person's flags in their own checkout
+    before = snapshot(ctx.git, worktree, story.base_sha, unflag=unflag) \
+        if phase in (Phase.DEV, Phase.FIX) \
         and story.base_sha and profile_in_use(policy, ctx.profile, phase) else None
     # Git configuration, hooks and drivers before the agent runs; compared before any other git.
     watch = ConfigWatch(ctx.git, worktree, ctx.scratch.parent / f"{ctx.key}.git-config.json")
@@ -199,7 +201,8 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     head = None if config_changes else ctx.git.rev("HEAD", cwd=worktree)
     if ok and before is not None and not config_changes:
         ignore = [*policy.scm.lane_owned, *([ctx.board_rel] if ctx.board_rel else []), f"/{SESSION_DIR}/"]
-        if not changed_paths_between(before, snapshot(ctx.git, worktree, story.base_sha), ignore):
+        after = snapshot(ctx.git, worktree, story.base_sha, unflag=unflag)
+        if not changed_paths_between(before, after, ignore):
             state, ok, reason = AttemptState.FAILED, False, "no changes"
             summary = f"no changes: the {phase} session exited 0 but changed no file of the story"
     return SessionResult(attempt_id, phase, number, state, ok, summary, text, result.exit_code,

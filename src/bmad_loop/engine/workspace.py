@@ -73,6 +73,10 @@ class Workspace(ABC):
         right after it landed: its worktree goes (or waits, parked, for the next story). In
         place: nothing to release."""
 
+    def reseed(self, worktree: Path) -> None:
+        """Copy the seed files into `worktree` again where they are missing (a restored
+        worktree, verify_record.py). In place: nothing is seeded."""
+
     def restore_worktree(self, story) -> None:
         """The lane, when the story's integration escalated: a worktree released at ready is
         made again on its branch, for the human who will look at it. In place: nothing."""

@@ -18,9 +18,14 @@ an integrated story's worktree instead of removing it, and the worker of the nex
   git's files in this process when the layout is the plain one (`worktree_files`), and run git
   otherwise: three git starts fewer per story.
 - **Take** (the worker, preparing a story that has no branch yet; `take`): ``worktree move``
-  of the first parked worktree to the story's path, ``clean -ffdx`` (ignored build output of
-  the last story must not reach the next agent), then ``checkout -f --no-track -b <branch>
-  <base>``, which makes the branch and leaves exactly the base's tree. Any failure removes
+  of the first parked worktree to the story's path; a plain ``read-tree <base>`` when its index
+  carries a flag an agent set (skip-worktree, assume-unchanged: ``reset --hard`` and ``checkout
+  -f`` keep them, and with them an edit hidden from git); ``clean -ffdx`` (ignored build output
+  of the last story must not reach the next agent), with ``-e /<glob>`` for each ``[scm]
+  reuse_keep`` folder; then ``checkout -f --no-track -b <branch> <base>``, which makes the
+  branch and leaves exactly the base's tree. A kept folder that the new tree does not ignore,
+  or that is a symlink, is removed then. A taken worktree is thus indistinguishable from a new
+  one, the kept folders aside. Any failure removes
   that worktree and says no, and the caller makes the worktree with ``worktree add`` as before:
   the pool never fails a story. Cleaning before the checkout means an interrupted take leaves
   either a parked worktree, a detached one at the story's path (no branch yet: `prepare`
@@ -38,7 +43,7 @@ name component, so no story key (a branch name's last component) can ever be tha
 
 The pool holds at most ``[scm] max_parallel`` worktrees (at most that many stories start at
 once, so more would only wait); ``BMAD_LOOP_WORKTREE_POOL=<n>`` in the environment of the
-consumers sets another size, and 0 turns reuse off.
+consumers sets another size, and 0 turns reuse off (as ``[scm] reuse_worktrees = false`` does).
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ from ..gitcmd import repo_lock
 from ..maintenance import run_deferred_maintenance
 from ..refread import read_commit_ref
 from ..worktree_files import detach_head
-from ..worktrees import admin_dir, move_worktree, remove_worktree
+from ..indexflags import flagged
+from ..worktrees import admin_dir, delete_branch, move_worktree, remove_tree, remove_worktree
 
 __all__ = ["POOL_DIR", "POOL_ENV", "pool_dir", "pool_size", "parked", "park", "take", "announce_park",
            "drain_pool", "drain_run_pool", "clear_interrupted_take"]
@@ -79,8 +85,12 @@ def pool_dir(layout) -> Path:
     return layout.state_dir / "worktrees" / layout.run_id / POOL_DIR
 
 
-def pool_size(max_parallel: int) -> int:
-    """How many worktrees a run may keep parked: `max_parallel`, or ``BMAD_LOOP_WORKTREE_POOL``."""
+def pool_size(scm) -> int:
+    """How many worktrees a run may keep parked: ``[scm] max_parallel``, or
+    ``BMAD_LOOP_WORKTREE_POOL``; none with ``[scm] reuse_worktrees = false``."""
+    if not scm.reuse_worktrees:
+        return 0
+    max_parallel = scm.max_parallel
     raw = os.environ.get(POOL_ENV, "").strip()
     if not raw:
         return max_parallel
@@ -173,9 +183,10 @@ def _await_park(layout, wait_s: float) -> bool:
     return _await(lambda: parked(layout), wait_s)
 
 
-def take(git, layout, worktree: Path, branch: str, start_sha: str) -> bool:
+def take(git, layout, worktree: Path, branch: str, start_sha: str, keep=()) -> bool:
     """Make `worktree` (nothing there yet) a checkout of `start_sha` on the new `branch` from a
-    parked worktree. False when the pool is empty (after waiting for a park announced in this
+    parked worktree, exactly what a new worktree would be but for the ignored `keep` folders
+    ([scm] reuse_keep). False when the pool is empty (after waiting for a park announced in this
     process) or anything failed; then nothing is at `worktree` and `branch` was not made, and
     the caller adds a worktree as usual."""
     path = _abs(worktree)
@@ -198,20 +209,72 @@ def take(git, layout, worktree: Path, branch: str, start_sha: str) -> bool:
         # Another take got there first (one park woke several), or what was parked is unfit:
         # wait again while parks announced in this process are still on their way.
     try:
-        # Clean first: what the last story left (ignored build output included) goes before
-        # the branch exists, so a take cut short here is a detached worktree prepare removes.
-        git.run("clean", "-q", "-ffdx", cwd=path)
+        # Reset first: what the last story left goes before the branch exists, so a take cut
+        # short here is a detached worktree prepare removes.
+        _reset_for_next(git, path, start_sha, keep)
         admin = admin_dir(git, path)
         if admin is not None:
             (admin / "logs" / "HEAD").unlink(missing_ok=True)  # the last story's HEAD history
         with repo_lock(git):
             git.run("checkout", "-q", "-f", "--no-track", "-b", branch, start_sha, cwd=path)
+        if keep:
+            _drop_unfit_kept(git, path)
     except (GitError, OSError) as exc:
         log.warning("could not switch parked worktree %s to %s (%s); adding one instead",
                     path, branch, exc)
         _quietly_remove(git, path)
+        _quietly_delete_branch(git, branch, start_sha)
         return False
     return True
+
+
+def _reset_for_next(git, path: Path, start_sha: str, keep) -> None:
+    """Everything of the last story goes: index flags (skip-worktree, assume-unchanged, and
+    intent-to-add with them: a plain ``read-tree`` of the next base drops every flag, and the
+    ``checkout -f`` that follows writes the files its index now names), then untracked and
+    ignored files (``clean -ffdx``), but for the `keep` folders ([scm] reuse_keep)."""
+    if flagged(git, path):
+        git.run("read-tree", start_sha, cwd=path)
+    git.run("clean", "-q", "-ffdx", *_keep_args(keep), cwd=path)
+
+
+def _keep_args(keep) -> list[str]:
+    """``clean -e`` patterns for the kept folders, each anchored at the worktree's root."""
+    args = []
+    for pattern in keep:
+        args += ["-e", pattern if pattern.startswith("/") else "/" + pattern]
+    return args
+
+
+def _drop_unfit_kept(git, path: Path) -> None:
+    """A kept folder stays only as a real folder that the new branch's own ignore rules ignore
+    (``check-ignore`` of the folder itself, so a ``.gitignore`` planted inside it does not
+    count): one they do not cover (the next agent would commit what is planted there), or a
+    symlink (pointing anywhere), goes."""
+    left = [e.rstrip("/") for e in git.run("ls-files", "-o", "--directory", "-z",
+                                            cwd=path).stdout.split("\0") if e]
+    if not left:
+        return
+    proc = git.run("check-ignore", "-z", "--stdin", cwd=path, input="\0".join(left) + "\0",
+                   check=False)
+    if proc.returncode not in (0, 1):
+        raise GitError(f"cannot tell which kept folders {path} ignores", stderr=proc.stderr)
+    ignored = set(filter(None, proc.stdout.split("\0")))
+    for entry in left:
+        where = path / entry
+        if entry not in ignored or where.is_symlink() or not where.is_dir():
+            remove_tree(where)
+
+
+def _quietly_delete_branch(git, branch: str, start_sha: str) -> None:
+    """A take that failed after making the branch: the branch goes too (it holds only the base),
+    so the caller makes the story's worktree as for any new story."""
+    if git.rev(f"refs/heads/{branch}") != start_sha:
+        return
+    try:
+        delete_branch(git, branch)
+    except (GitError, OSError) as exc:
+        log.warning("could not delete branch %s after a failed take (%s)", branch, exc)
 
 
 def clear_interrupted_take(git, worktree: Path) -> None:

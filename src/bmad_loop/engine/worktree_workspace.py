@@ -50,10 +50,11 @@ class WorktreeWorkspace(Workspace):
             start = existing
             # Resumed on its own branch: the story's changes are measured from the fork point.
             base_sha = self.git.out("merge-base", existing, base_sha)
-        elif self._pooled:
+        elif self._pooled and pool_size(self.scm):
             # A new story: a parked worktree of an integrated one, if the pool has any.
             clear_interrupted_take(self.git, worktree)
-            if not os.path.lexists(worktree) and take(self.git, self.layout, worktree, branch, start):
+            if not os.path.lexists(worktree) and take(self.git, self.layout, worktree, branch, start,
+                                                           self.scm.reuse_keep):
                 self._seed(worktree)
                 return Prepared(worktree, base_sha)
         ensure_worktree(self.git, worktree, branch, start, branch_head=head)
@@ -73,7 +74,7 @@ class WorktreeWorkspace(Workspace):
         # (The shared run branch's worktree serves the next story; a story host removes its own.)
         if self._pooled and story.worktree and Path(story.worktree).exists():
             if not (story.branch and park(self.git, Path(story.worktree), story.branch, self.layout,
-                                          size=pool_size(self.scm.max_parallel),
+                                          size=pool_size(self.scm),
                                           seeds=lambda: self.seeds)):
                 remove_worktree(self.git, Path(story.worktree))
 
@@ -98,6 +99,9 @@ class WorktreeWorkspace(Workspace):
     def _pooled(self) -> bool:
         """Worktrees are parked and taken: one branch per story, removed by this host's lane."""
         return not self.shared_branch and self.target.lane_removes_story_worktrees
+
+    def reseed(self, worktree: Path) -> None:
+        self._seed(worktree)
 
     def _seed(self, worktree: Path) -> None:
         """Copy untracked seed files (policy list + the agent profile's config) into a worktree."""
