@@ -197,7 +197,8 @@ def worker(project_dir, queue, workers, clone_dir, host):
     project = open_project(project_dir, clone_dir)
     if workers is None:
         workers = 1 if queue == "integration" else project.policy.scm.max_parallel
-    consumers = ConsumerSet(project, queue=queue, workers=workers)
+    consumers = ConsumerSet(project, queue=queue, workers=workers,
+                            announce=lambda line: click.echo(f"bmad-loop worker: {line}", err=True))
     done = threading.Event()
     signal.signal(signal.SIGINT, lambda *a: done.set())
     signal.signal(signal.SIGTERM, lambda *a: done.set())

@@ -14,12 +14,13 @@ from ..db.models import Run, Story, utcnow
 from ..errors import Ambiguous, NotFound, StateError
 from ..states import RUN_ABANDONABLE, RUN_ONE_PER_TARGET, RUN_LIVE, RUN_RESUMABLE, RUN_TERMINAL, STORY_DONE, CandidateState, Phase, RunState, StopMode, StoryState
 from ..policy import load_policy, policy_from_dict
+from . import leases
 from .journal import record
 from .recovery import ever_spawned, recover_orphans
 from .runs import run_policy, stories_of
 from .transitions import transition_run, transition_story
 
-__all__ = ["find_run", "resume", "stop", "approve", "reject", "reconcile", "recover_live_runs",
+__all__ = ["find_run", "driver_of", "refuse_if_driven", "resume", "stop", "approve", "reject", "reconcile", "recover_live_runs",
            "requeue_run"]
 
 
@@ -78,6 +79,7 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         run = find_run(s, project, ref)
         if run.state not in RUN_RESUMABLE:
             raise StateError(f"run {run.id} is {run.state}: nothing to resume")
+        refuse_if_driven(s, project, run)
         other = s.scalars(select(Run).where(Run.target_branch == run.target_branch,
                                             Run.project == run.project, Run.id != run.id,
                                             Run.state.in_(RUN_ONE_PER_TARGET))).first()
@@ -108,6 +110,27 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
     requeue_run(project, tasks, run_id, stale_after=None)
     with db.transaction() as s:
         return s.get(Run, run_id)
+
+
+def driver_of(session, project, run: Run):
+    """The live holder of the project's lane lease (`leases.Holder`) while `run` is live and
+    another process holds it; None otherwise. The same heartbeats `status` lists."""
+    if run.state not in RUN_LIVE:
+        return None
+    holder = leases.holder_of(session, project.lane_lease_name)
+    if holder is None or holder.owner == leases.owner_id("lane"):
+        return None  # nobody drives it, or this very process does
+    return holder
+
+
+def refuse_if_driven(session, project, run: Run) -> None:
+    """`resume` of a run another process drives would make two drivers of one run."""
+    holder = driver_of(session, project, run)
+    if holder is not None:
+        raise StateError(f"run {run.id} is {run.state} and driven by the lane of {holder} "
+                         f"(heartbeat {holder.renewed_at:%H:%M:%S} UTC): watch it with "
+                         f"`bmad-loop status --watch` or `bmad-loop attach`, or "
+                         f"`bmad-loop stop {run.id}` first")
 
 
 def _adopt_target(session, run: Run, target_now: str | None) -> None:

@@ -120,6 +120,20 @@ def build_plan(project, policy, selection: Selection, run_id_for_checks: str = "
     return Plan(target_branch, target_sha, board, chosen, all_stories, argv, warnings, skipped)
 
 
+def one_run_per_target(session, project, live: Run) -> str:
+    """Why a second run on the target is refused, and what to do: `stop` a run a process is
+    driving (`control.driver_of`, from the lane's heartbeat), `resume` one nobody drives."""
+    from .control import driver_of
+
+    holder = driver_of(session, project, live)
+    if holder is not None:
+        return (f"run {live.id} is already {live.state} on {live.target_branch}, driven by the "
+                f"lane of {holder}: `bmad-loop stop {live.id}` first (or watch it with "
+                f"`bmad-loop status --watch`)")
+    return (f"run {live.id} is {live.state} on {live.target_branch}: `bmad-loop resume "
+            f"{live.id}` continues it (or `bmad-loop abandon {live.id}` ends it)")
+
+
 def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, Plan]:
     """Create the run and its plan; returns (run id or None when there is nothing to do, plan)."""
     plan = build_plan(project, policy, selection)
@@ -132,8 +146,7 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
                                            Run.project == project.key,
                                            Run.state.in_(RUN_ONE_PER_TARGET))).first()
         if live is not None:
-            raise StateError(f"run {live.id} is already {live.state} on {plan.target_branch}: "
-                             f"resume or stop it first")
+            raise StateError(one_run_per_target(s, project, live))
         run = Run(id=run_id, project=project.key, target_branch=plan.target_branch,
                   target_sha=plan.target_sha, head_sha=plan.target_sha, state=RunState.RUNNING,
                   max_parallel=policy.scm.max_parallel, merge_strategy=policy.scm.merge_strategy,

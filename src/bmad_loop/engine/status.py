@@ -6,7 +6,8 @@ from sqlalchemy import select
 
 from ..db.models import Candidate, Run, Story, utcnow
 from ..stallwatch import last_output_at
-from ..states import StoryState
+from ..states import RUN_LIVE, StoryState
+from .heartbeats import live_run_view
 from .journal import event_json, events_after
 from .runs import stories_of
 from .usage import empty_usage, usage_by_story
@@ -114,11 +115,16 @@ def run_status(session, run: Run, target_now: str | None = None) -> dict:
     by_id = {c.id: c for c in candidates}
     now = utcnow()
     usage = usage_by_story(session, run.id)
+    shown = [story_json(s, now, usage.get(s.id)) for s in stories]
+    if run.state not in RUN_LIVE:
+        for story in shown:  # nothing is admitted until it runs again: no stale wait reason
+            story["waiting_for"] = None
     return {
         "run": run_json(run, target_now),
-        "stories": [story_json(s, now, usage.get(s.id)) for s in stories],
+        "stories": shown,
         "candidates": [candidate_json(c, keys.get(c.story_id, "?"), _on(c, by_id, keys))
                        for c in candidates],
+        **live_run_view(session, run, now),
     }
 
 
