@@ -93,6 +93,8 @@ def _enqueue(project_dir, parallel, gates, epic, stories, max_stories):
     policy = _policy_for_run(project, parallel, gates)
     tasks = Tasks(project)
     run_id, plan = do_enqueue(project, tasks, policy, _selection(epic, stories, max_stories))
+    for line in plan.foreign:  # another state database's stale run on the target
+        click.echo(f"warning: {line}", err=True)
     return project, policy, tasks, run_id, plan
 
 
@@ -441,18 +443,29 @@ def demo(directory, parallel, count, as_json):
 @click.option("--runs", "runs", is_flag=True,
               help="Also remove logs, evidence and worktrees of finished runs beyond [cleanup] keep_runs.")
 @click.option("--purge", is_flag=True, help="With --runs: delete those runs' rows and journal too.")
+@click.option("--forget-database", "forget_id", metavar="ID", default=None,
+              help="Only forget the run records of the state database ID (one that is gone; "
+                   "`unrecorded`: runs with no record and no rows here).")
+@click.option("--force", is_flag=True, help="With --forget-database: also delete its runs' refs and worktrees.")
 @clone_option
 @host_option
 @json_option
 @handle_errors
-def cleanup(project_dir, dry_run, runs, purge, clone_dir, host, as_json):
-    """Remove worktrees, branches and refs in bmad-loop's namespace that no live row owns."""
+def cleanup(project_dir, dry_run, runs, purge, forget_id, force, clone_dir, host, as_json):
+    """Remove worktrees, branches and refs in bmad-loop's namespace that no live row of this
+    state database owns; another database's runs are kept and listed."""
     from ..engine.cleanup import cleanup as do_cleanup
 
     if purge and not runs:
         raise ConfigError("--purge goes with --runs")
+    if force and forget_id is None:
+        raise ConfigError("--force goes with --forget-database ID")
+    if forget_id is not None and (runs or purge):
+        raise ConfigError("--forget-database does only that: leave out --runs and --purge")
     _set_host(host)
     project = open_project(project_dir, clone_dir)
+    if forget_id is not None:
+        return _forget(project, forget_id, force, dry_run, as_json)
     report = do_cleanup(project, dry_run=dry_run, runs=runs, purge=purge, has_rows=has_state(project),
                         progress=None if as_json else (lambda m: click.echo(("would " if dry_run else "") + m)))
     if as_json:
@@ -461,4 +474,23 @@ def cleanup(project_dir, dry_run, runs, purge, clone_dir, host, as_json):
         click.echo(f"{'would remove' if dry_run else 'removed'}: {len(report.worktrees_removed)} worktrees, "
                    f"{len(report.branches_deleted)} branches, {len(report.refs_deleted)} refs, "
                    f"{len(report.remote_branches_deleted)} remote branches; "
-                   f"kept {len(report.kept)}; rows marked {len(report.rows_marked)}")
+                   f"kept {len(report.kept)}; rows marked {len(report.rows_marked)}"
+                   + (f"; kept {len(report.foreign)} of other state databases' runs"
+                      if report.foreign else ""))
+
+
+def _forget(project, forget_id, force, dry_run, as_json):
+    from ..engine.forget import forget_database
+
+    report = forget_database(project, forget_id.strip(), force=force, dry_run=dry_run,
+                             has_rows=has_state(project),
+                             say=None if as_json else (lambda m: click.echo(("would " if dry_run else "") + m)))
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    for run_id in report.kept_own:
+        click.echo(f"kept run {run_id}: this database holds its rows (its record is wrong)")
+    click.echo(f"{'would forget' if dry_run else 'forgot'} database {forget_id}: "
+               f"{len(report.records_removed)} records, {len(report.refs_deleted)} refs, "
+               f"{len(report.worktrees_removed)} worktrees"
+               + ("" if force else " (refs kept: add --force to delete them)"))

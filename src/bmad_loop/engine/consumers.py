@@ -24,7 +24,9 @@ from . import leases
 from .heartbeats import consumer_lease_name, prune_lapsed
 from .control import recover_live_runs
 from .journal import record
+from .ownership import refresh_live_runs, save_run
 from .lane import tick
+from .runs import RUN_STATE
 from .worker import work
 
 __all__ = ["ConsumerSet", "QUEUES"]
@@ -65,6 +67,7 @@ class ConsumerSet:
         self.announce = announce
         self.tasks.bind(story=self._story_task, lane=self._lane_tick)
         self._after_tick: list = []
+        self._recorded: dict[str, str] = {}  # run id -> the state its record last said
         self._consumers: list[BackgroundConsumer] = []
         self._lane: BackgroundConsumer | None = None
         self._lane_lock = threading.Lock()
@@ -105,8 +108,25 @@ class ConsumerSet:
         try:
             tick(self.project, self.tasks, run_id, holder=self.holder)
         finally:
+            self._record_transition(run_id)
             for callback in self._after_tick:
                 callback(run_id)
+
+    def _record_transition(self, run_id: str) -> None:
+        """Rewrite the run's record in the repository when a tick moved its state."""
+        try:
+            with self.project.db.read() as s:
+                state = s.scalar(RUN_STATE, {"of_run": run_id})  # one narrow read per tick
+                if state is None or self._recorded.get(run_id) == state:
+                    return
+                run = s.get(Run, run_id)
+            save_run(self.project, run)
+            self._recorded[run_id] = run.state
+        except Exception:  # the record is a courtesy to other databases: never fail the lane
+            log.warning("run %s: could not refresh its record", run_id, exc_info=True)
+
+    def _refresh_records(self) -> None:
+        refresh_live_runs(self.project)
 
     @property
     def runs_lane(self) -> bool:
@@ -130,7 +150,8 @@ class ConsumerSet:
             self.holder = leases.LeaseHolder(project.db, project.lane_lease_name,
                                              leases.owner_id("lane"), ttl,
                                              on_acquired=self._lane_acquired,
-                                             on_lost=self._lane_lost)
+                                             on_lost=self._lane_lost,
+                                             on_renewed=self._refresh_records)
             self.holder.start()
             self._watchdog = threading.Thread(target=self._watch, daemon=True, name="bmad-watchdog")
             self._watchdog.start()

@@ -22,6 +22,9 @@ from .journal import record
 from .layout import Layout
 from .ports import check_port_range
 from .repocheck import check_agent, check_has_commits, not_a_checkout
+from ..db.identity import database_id
+from .ownership import record_run, target_check
+from .runrecords import remove_record, write_record
 from .runs import path_inside
 from .sprintload import check_committed, load_sprint
 
@@ -38,6 +41,7 @@ class Plan:
     agent_argv: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     skipped: list[StorySpec] = field(default_factory=list)  # no story file, [stories] create = "skip"
+    foreign: list[str] = field(default_factory=list)  # another database's stale runs on the target
 
 
 def new_run_id(now=None) -> str:
@@ -139,9 +143,29 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
     plan = build_plan(project, policy, selection)
     if not plan.stories:
         return None, plan
-    db = project.db
     run_id = new_run_id()
-    with db.transaction() as s:
+    with target_check(project, plan.target_branch) as foreign:
+        plan.foreign = foreign.warnings
+        plan.warnings.extend(foreign.warnings)
+        _create_run(project, policy, selection, plan, run_id)
+    tasks.enqueue_lane(run_id)
+    return run_id, plan
+
+
+def _create_run(project, policy, selection: Selection, plan: Plan, run_id: str) -> None:
+    """The run's rows, and its record in the repository (written before the rows commit, so
+    before any ref of the run can exist; taken back if they do not)."""
+    git = project.git(policy)
+    database_id(project.db)  # read before the write transaction (the record names it)
+    try:
+        _insert_run(project, policy, selection, plan, run_id, git)
+    except BaseException:
+        remove_record(git, run_id)
+        raise
+
+
+def _insert_run(project, policy, selection, plan, run_id, git) -> None:
+    with project.db.transaction() as s:
         live = s.scalars(select(Run).where(Run.target_branch == plan.target_branch,
                                            Run.project == project.key,
                                            Run.state.in_(RUN_ONE_PER_TARGET))).first()
@@ -176,5 +200,5 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
         for warning in plan.warnings:
             record(s, run_id, "run.warning", message=warning)
         journal_skipped(s, run_id, plan.skipped)
-    tasks.enqueue_lane(run_id)
-    return run_id, plan
+        s.flush()
+        write_record(git, record_run(project, run))
