@@ -65,6 +65,7 @@ def test_a_driven_run_is_not_resumed_a_second_run_says_stop_and_status_lists_the
         assert "slot(s) busy" not in text, text
         assert all(s["waiting_for"] is None for s in status(repo, run_id)["stories"])
     finally:
+        go(bar, ALPHA.key)  # a failed assertion must not leave the worker waiting on alpha
         worker.proc.send_signal(signal.SIGINT)
         worker.finish()
     assert status(repo, run_id)["consumers"] == []  # a graceful stop takes its row with it

@@ -139,3 +139,66 @@ def test_a_second_database_keeps_the_first_ones_work_and_refuses_its_live_run(ma
     assert namespace(repo) == []
     assert not any(Path(p).exists() for p in worktrees_a)
     assert (records_dir(repo) / f"{run_b}.json").exists()
+
+
+# ------------------------------------------------------------------------------ hostile records
+def plant(repo, run_id: str, *, database_id: str = "evil0000", state: str = "running",
+          beat_s: float = 0.0, ttl_s: float = 60.0, target: str = "main") -> None:
+    data = {"database_id": database_id, "database": "postgresql://mallory@db.example/evil",
+            "run": run_id, "target": target, "state": state, "host": "elsewhere", "ttl_s": ttl_s,
+            "heartbeat_at": (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=beat_s))
+            .strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+    records_dir(repo).mkdir(exist_ok=True)
+    (records_dir(repo) / f"{run_id}.json").write_text(json.dumps(data))
+
+
+def test_damaged_or_planted_records_never_delete_work_and_a_live_plant_only_refuses(make_repo):
+    repo = make_repo([ALPHA], script=SCRIPT)
+    run_id = repo.cli("enqueue").output.strip()
+    own_branch = f"bmad-loop/{run_id}/{ALPHA.key}"
+    repo.git("branch", own_branch)  # the live run's story branch (its rows are here)
+    # Damaged, linked and unbelievable files count as no record, and say so.
+    (records_dir(repo) / "broken.json").write_text("{not json")
+    (records_dir(repo) / "linked.json").symlink_to(records_dir(repo) / f"{run_id}.json")
+    plant(repo, "20990101-000000-huge", ttl_s=1e12)
+    report = json.loads(repo.cli("cleanup", "--json").output)
+    assert len(report["warnings"]) == 3 and all("not a run record" in w for w in report["warnings"])
+    assert f"refs/heads/{own_branch}" in namespace(repo)
+
+    # A record planted over our own run's, naming another database: `forget` of that database
+    # keeps the run (its rows are here) and every ref of it, even with --force.
+    plant(repo, run_id, beat_s=3600)
+    forgot = repo.cli("cleanup", "--forget-database", "evil0000", "--force")
+    assert forgot.exit_code == 0, forgot.output
+    assert f"kept run {run_id}: this database holds its rows" in forgot.output
+    assert f"refs/heads/{own_branch}" in namespace(repo)
+
+    # Our run ends; a planted live record for the target refuses a new run, naming it ...
+    assert repo.cli("stop", run_id).exit_code == 0
+    assert repo.cli("abandon", run_id).exit_code == 0
+    plant(repo, "20990101-000000-evil")
+    refused = repo.cli("enqueue")
+    assert refused.exit_code == 2 and "20990101-000000-evil" in refused.output
+    assert "postgresql://mallory@db.example/evil" in refused.output
+    # ... but one whose heartbeat is a day in the future (a skewed clock) is not believed,
+    # and one for another target does not matter.
+    plant(repo, "20990101-000000-evil", beat_s=-86400)
+    plant(repo, "20990101-000000-other", target="release")
+    started = repo.cli("enqueue")
+    assert started.exit_code == 0, started.output
+    assert "20990101-000000-evil" in started.output and "stale" in started.output
+
+
+def test_two_databases_racing_to_enqueue_on_one_target_start_exactly_one_run(make_repo, tmp_path):
+    repo = make_repo([ALPHA], script=SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "BMAD_LOOP_DATABASE_URL"}
+    procs = [subprocess.Popen(project_argv(repo, "enqueue"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**env, "BMAD_LOOP_DATABASE_URL": f"sqlite:///{tmp_path / name / 'state.db'}"})
+             for name in ("one", "two")]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    assert sorted(code for code, _, _ in results) == [0, 2], results
+    loser = next(err for code, _, err in results if code == 2)
+    winner = next(out.strip() for code, out, _ in results if code == 0)
+    assert winner in loser and "another state database is driving this target" in loser
+    assert [p.stem for p in records_dir(repo).glob("*.json")] == [winner]
