@@ -16,6 +16,7 @@ from ..errors import EXIT_OK, EXIT_USAGE, ConfigError
 from .app import (
     cli, handle_errors, has_state, json_option, open_project, project_option, run_ref_argument,
 )
+from .ownership_output import echo_new_warnings, forget_command
 
 __all__ = ["init", "validate", "enqueue", "worker", "run", "resume", "abandon", "stop", "approve", "reject",
            "reconcile", "demo", "cleanup"]
@@ -263,6 +264,7 @@ def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit
     seen = _journal_end(project, run_ref)
     run = do_resume(project, tasks, run_ref, reload_policy=reload_policy)
     click.echo(f"run {run.id} resumed")
+    echo_new_warnings(project, run.id, seen.get(run.id, 0))
     if enqueue_only:
         return
     # Only what is new: the journal up to the resume was printed by the run that wrote it.
@@ -465,7 +467,7 @@ def cleanup(project_dir, dry_run, runs, purge, forget_id, force, clone_dir, host
     _set_host(host)
     project = open_project(project_dir, clone_dir)
     if forget_id is not None:
-        return _forget(project, forget_id, force, dry_run, as_json)
+        return forget_command(project, forget_id, force, dry_run, as_json)
     report = do_cleanup(project, dry_run=dry_run, runs=runs, purge=purge, has_rows=has_state(project),
                         progress=None if as_json else (lambda m: click.echo(("would " if dry_run else "") + m)))
     if as_json:
@@ -477,20 +479,3 @@ def cleanup(project_dir, dry_run, runs, purge, forget_id, force, clone_dir, host
                    f"kept {len(report.kept)}; rows marked {len(report.rows_marked)}"
                    + (f"; kept {len(report.foreign)} of other state databases' runs"
                       if report.foreign else ""))
-
-
-def _forget(project, forget_id, force, dry_run, as_json):
-    from ..engine.forget import forget_database
-
-    report = forget_database(project, forget_id.strip(), force=force, dry_run=dry_run,
-                             has_rows=has_state(project),
-                             say=None if as_json else (lambda m: click.echo(("would " if dry_run else "") + m)))
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
-        return
-    for run_id in report.kept_own:
-        click.echo(f"kept run {run_id}: this database holds its rows (its record is wrong)")
-    click.echo(f"{'would forget' if dry_run else 'forgot'} database {forget_id}: "
-               f"{len(report.records_removed)} records, {len(report.refs_deleted)} refs, "
-               f"{len(report.worktrees_removed)} worktrees"
-               + ("" if force else " (refs kept: add --force to delete them)"))
