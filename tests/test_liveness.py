@@ -94,7 +94,8 @@ def test_status_warns_of_a_live_run_with_no_consumer_and_a_killed_worker_is_not_
     worker = spawn_cli(repo, "worker", "-w", "1")
     try:
         wait_until(lambda: inside(bar) == [ALPHA.key], what="alpha in dev")
-        assert status(repo, run_id)["warnings"] == []
+        shown = status(repo, run_id)
+        assert shown["warnings"] == [] and shown["stories"][0]["alive"] is True
         resumed = repo.cli("resume", run_id, "--enqueue-only")
         assert resumed.exit_code == 2 and f"pid {worker.proc.pid}" in resumed.output
     finally:
@@ -102,7 +103,8 @@ def test_status_warns_of_a_live_run_with_no_consumer_and_a_killed_worker_is_not_
         worker.finish()
     # Its leases have not expired, but its process is gone: not alive, for `status` and for
     # `resume` alike (one rule, leases.is_live).
-    assert status(repo, run_id)["consumers"] == []
+    shown = status(repo, run_id)
+    assert shown["consumers"] == [] and shown["stories"][0]["alive"] is False
     second = repo.cli("run")  # the run is still `running`, but nobody drives it
     assert second.exit_code == 2 and f"bmad-loop resume {run_id}` continues it" in second.output
     resumed = repo.cli("resume", run_id, "--enqueue-only")

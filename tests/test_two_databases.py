@@ -77,7 +77,12 @@ def first_database(request, tmp_path) -> str:
     """The first run's database; the second is always the SQLite default under .bmad-loop/
     (the plain `bmad-loop run` in a new shell of the issue)."""
     if request.param.startswith("postgresql"):
-        return request.getfixturevalue("postgres_url")
+        from sqlalchemy.engine import make_url
+
+        # With a password (the test server trusts loopback and ignores it): it must never
+        # reach the repository's records or a message.
+        return make_url(request.getfixturevalue("postgres_url")).set(
+            password="s3cret-pw").render_as_string(hide_password=False)
     return f"sqlite:///{tmp_path / 'first' / 'state.db'}"
 
 
@@ -102,6 +107,7 @@ def test_a_second_database_keeps_the_first_ones_work_and_refuses_its_live_run(ma
     refused = cli(repo, None, "run", "--story", BETA.key)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert run_a in refused.stderr and label_a in refused.stderr
+    assert "s3cret-pw" not in refused.stderr
     assert not state_db.exists()
     assert namespace(repo) == kept
     written = record(repo, run_a)

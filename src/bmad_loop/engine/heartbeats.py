@@ -20,7 +20,7 @@ from ..db.models import Event, Lease, utcnow
 from . import leases
 
 __all__ = ["CONSUMER_PREFIX", "ConsumerRow", "consumer_lease_name", "queues_of", "consumers",
-           "idle_warnings", "idle_after_s", "prune_lapsed", "live_run_view"]
+           "idle_warnings", "idle_after_s", "prune_lapsed", "live_run_view", "workers_alive"]
 
 CONSUMER_PREFIX = "consumer:"
 _instances = itertools.count(1)  # two consumer sets of one process keep two rows
@@ -96,6 +96,17 @@ def live_run_view(session, run, now: dt.datetime | None = None) -> dict:
             ttl = 60.0
         warnings = idle_warnings(session, run.id, rows, alive, ttl, now)
     return {"consumers": [r.to_json() for r in rows if r.live], "warnings": warnings}
+
+
+def workers_alive(session, story_ids: list[int], now: dt.datetime | None = None) -> dict[int, bool]:
+    """For working stories: is the worker holding each one's lease alive (`leases.is_live`)?"""
+    now = now or utcnow()
+    names = {leases.story_lease_name(i): i for i in story_ids}
+    alive = dict.fromkeys(story_ids, False)
+    if names:
+        for row in session.scalars(select(Lease).where(Lease.name.in_(list(names)))):
+            alive[names[row.name]] = leases.is_live(row.owner, row.expires_at, now)
+    return alive
 
 
 def idle_after_s(ttl_s: float) -> float:

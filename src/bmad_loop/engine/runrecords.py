@@ -36,6 +36,7 @@ __all__ = ["RECORDS_DIRNAME", "RunRecord", "records_dir", "read_records", "write
 RECORDS_DIRNAME = "bmad-loop-runs"
 LIVE_FACTOR = 3  # a record is live while its heartbeat is younger than 3 × its ttl_s
 MAX_TTL_S = 86_400.0  # a larger ttl_s is not believed (a planted record would never go stale)
+MAX_RECORD_BYTES = 4096  # a record is ~300 bytes; a planted giant is not read into memory
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -102,8 +103,10 @@ def read_records(git) -> tuple[dict[str, RunRecord], list[str]]:
         return records, unreadable
     for path in sorted(folder.glob("*.json")):
         try:
-            if path.is_symlink() or not path.is_file():
+            if path.is_symlink() or not path.is_file():  # a FIFO would block the read
                 raise ValueError("not a regular file")
+            if path.stat().st_size > MAX_RECORD_BYTES:
+                raise ValueError(f"larger than {MAX_RECORD_BYTES} bytes")
             record = RunRecord.from_json(json.loads(path.read_text(encoding="utf-8")))
             if path.stem != record.run:
                 raise ValueError(f"names run {record.run}")

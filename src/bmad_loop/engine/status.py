@@ -7,7 +7,7 @@ from sqlalchemy import select
 from ..db.models import Candidate, Run, Story, utcnow
 from ..stallwatch import last_output_at
 from ..states import RUN_LIVE, StoryState
-from .heartbeats import live_run_view
+from .heartbeats import live_run_view, workers_alive
 from .journal import event_json, events_after
 from .runs import stories_of
 from .usage import empty_usage, usage_by_story
@@ -119,6 +119,10 @@ def run_status(session, run: Run, target_now: str | None = None) -> dict:
     if run.state not in RUN_LIVE:
         for story in shown:  # nothing is admitted until it runs again: no stale wait reason
             story["waiting_for"] = None
+    working = [s.id for s in stories if s.state == StoryState.WORKING]
+    alive = workers_alive(session, working, now)
+    for row, story in zip(stories, shown):  # from the story's lease, as recovery decides
+        story["alive"] = alive.get(row.id)
     return {
         "run": run_json(run, target_now),
         "stories": shown,
