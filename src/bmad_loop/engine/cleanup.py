@@ -166,10 +166,7 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
         _retention(project, report, dry_run=dry_run, purge=purge, say=say)
     owned_paths, owned_branches, owned_refs, worktree_rows = (
         _owned(project) if has_rows else (set(), set(), set(), []))
-    who, unreadable = owners(project, has_rows)
-    report.warnings.extend(unreadable)
-    for line in unreadable:
-        say(f"warning: {line}")
+    who = _owners(project, has_rows, report, say)
 
     for info in list_worktrees(git):
         path = info.path.resolve()
@@ -206,42 +203,28 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
             if not dry_run and pool.resolve() not in owned_paths and pool.is_dir():
                 _rmdir_quietly(pool)  # emptied above
 
-    listing = git.out("for-each-ref", "--format=%(refname)", f"refs/heads/{BRANCH_NAMESPACE.rstrip('/')}",
-                      CANDIDATE_REF_NAMESPACE.rstrip("/"))
-    for ref in [line for line in listing.splitlines() if line]:
-        run_id = run_of_ref(ref)
-        if not who.is_own(run_id):
-            report.keep_foreign(ref, run_id, who, say)
-            continue
-        if ref.startswith("refs/heads/"):
-            name = ref[len("refs/heads/"):]
-            if name in owned_branches:
-                report.kept.append(name)
-                continue
-            say(f"delete branch {name}")
-            report.branches_deleted.append(name)
-            if not dry_run:
-                delete_branch(git, name)
-        else:
-            if ref in owned_refs:
-                report.kept.append(ref)
-                continue
-            say(f"delete ref {ref}")
-            report.refs_deleted.append(ref)
-            if not dry_run:
-                delete_ref(git, ref)
+    sweep = _Sweep(git, who, report, dry_run, say)
+    _sweep_refs(sweep, owned_branches, owned_refs)
+    _sweep_remote_branches(sweep, target, owned_branches)
 
-    for name in sorted(target.foreign_story_branches(BRANCH_NAMESPACE)):
-        if name in owned_branches:
-            continue
-        if not who.is_own(run_of_ref(f"refs/heads/{name}")):
-            report.keep_foreign(f"remote {name}", run_of_ref(f"refs/heads/{name}"), who, say)
-            continue
-        say(f"delete remote branch {name}")
-        report.remote_branches_deleted.append(name)
-        if not dry_run:
-            target.delete_story_branch(name)
+    _mark_vanished(project, worktree_rows, report, dry_run)
+    if not dry_run:
+        prune(git)
+        report.pruned_metadata = True
+    return report
 
+
+def _owners(project, has_rows: bool, report: CleanupReport, say):
+    """Who owns each run (ownership.py); run records that cannot be read are warned about."""
+    who, unreadable = owners(project, has_rows)
+    report.warnings.extend(unreadable)
+    for line in unreadable:
+        say(f"warning: {line}")
+    return who
+
+
+def _mark_vanished(project, worktree_rows, report: CleanupReport, dry_run: bool) -> None:
+    """Rows of this host whose worktree folder is gone: cleared, so the next worker recreates it."""
     for story_id, worktree, run_id in worktree_rows:
         if not Path(worktree).exists():
             report.rows_marked.append(worktree)
@@ -252,10 +235,62 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
                     if story.phase not in (None, Phase.PREPARE, Phase.COMMIT):
                         story.phase = Phase.PREPARE
                     record(s, run_id, "story.worktree_missing", story.key, worktree=worktree)
-    if not dry_run:
-        prune(git)
-        report.pruned_metadata = True
-    return report
+
+
+@dataclass
+class _Sweep:
+    """What the ref sweeps share: the repository, who owns which run, the report, the mode."""
+
+    git: object
+    who: object  # ownership.Owners
+    report: CleanupReport
+    dry_run: bool
+    say: object
+
+
+def _sweep_refs(sweep: _Sweep, owned_branches: set[str], owned_refs: set[str]) -> None:
+    """Branches and candidate refs in the namespaces: another database's are kept and listed,
+    this database's go unless a row owns them."""
+    git, report, say = sweep.git, sweep.report, sweep.say
+    listing = git.out("for-each-ref", "--format=%(refname)", f"refs/heads/{BRANCH_NAMESPACE.rstrip('/')}",
+                      CANDIDATE_REF_NAMESPACE.rstrip("/"))
+    for ref in [line for line in listing.splitlines() if line]:
+        run_id = run_of_ref(ref)
+        if not sweep.who.is_own(run_id):
+            report.keep_foreign(ref, run_id, sweep.who, say)
+            continue
+        if ref.startswith("refs/heads/"):
+            name = ref[len("refs/heads/"):]
+            if name in owned_branches:
+                report.kept.append(name)
+                continue
+            say(f"delete branch {name}")
+            report.branches_deleted.append(name)
+            if not sweep.dry_run:
+                delete_branch(git, name)
+        else:
+            if ref in owned_refs:
+                report.kept.append(ref)
+                continue
+            say(f"delete ref {ref}")
+            report.refs_deleted.append(ref)
+            if not sweep.dry_run:
+                delete_ref(git, ref)
+
+
+def _sweep_remote_branches(sweep: _Sweep, target, owned_branches: set[str]) -> None:
+    """Remote mode: story branches on the remote that no row of this database owns."""
+    for name in sorted(target.foreign_story_branches(BRANCH_NAMESPACE)):
+        if name in owned_branches:
+            continue
+        run_id = run_of_ref(f"refs/heads/{name}")
+        if not sweep.who.is_own(run_id):
+            sweep.report.keep_foreign(f"remote {name}", run_id, sweep.who, sweep.say)
+            continue
+        sweep.say(f"delete remote branch {name}")
+        sweep.report.remote_branches_deleted.append(name)
+        if not sweep.dry_run:
+            target.delete_story_branch(name)
 
 
 def sweep_landed(project, run_id: str) -> list[str]:

@@ -150,8 +150,8 @@ class ConsumerSet:
             self.holder = leases.LeaseHolder(project.db, project.lane_lease_name,
                                              leases.owner_id("lane"), ttl,
                                              on_acquired=self._lane_acquired,
-                                             on_lost=self._lane_lost,
-                                             on_renewed=self._refresh_records)
+                                             on_lost=self._lane_lost)
+            self.holder.on_renewed = self._refresh_records
             self.holder.start()
             self._watchdog = threading.Thread(target=self._watch, daemon=True, name="bmad-watchdog")
             self._watchdog.start()

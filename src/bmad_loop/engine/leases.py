@@ -219,10 +219,10 @@ class LeaseHolder:
     """Keeps one lease renewed from a thread; calls on_acquired / on_lost as it comes and goes."""
 
     def __init__(self, db, name: str, owner: str, ttl_s: float, *, on_acquired=None, on_lost=None,
-                 clock=utcnow, on_renewed=None):
+                 clock=utcnow):
         self.db, self.name, self.owner, self.ttl_s = db, name, owner, ttl_s
         self.on_acquired, self.on_lost, self.clock = on_acquired, on_lost, clock
-        self.on_renewed = on_renewed  # after each renewal: the lane refreshes its run records
+        self.on_renewed = None  # called after each renewal (the lane refreshes its run records)
         self.token: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
