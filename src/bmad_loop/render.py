@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .operator.style import current_candidate, preserved, short_sha, story_note
-from .states import STORY_IN_FLIGHT, StoryState
+from .states import RUN_LIVE, STORY_IN_FLIGHT, StoryState
 
 __all__ = ["render_status"]
 
@@ -12,6 +12,8 @@ def _consumer_lines(data: dict) -> list[str]:
     """The live consumers (from their heartbeats) and what is missing for a live run."""
     lines = [f"warning: {w}" for w in data.get("warnings", [])]
     live = data.get("consumers", [])
+    if not live and data["run"]["state"] not in RUN_LIVE:
+        return lines  # a settled run: nobody is expected to be working on it
     lines.append("consumers:" + ("" if live else " none alive"))
     for c in live:
         lane = f" lane={c['lane']}" if c.get("lane") else ""

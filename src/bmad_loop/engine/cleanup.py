@@ -162,11 +162,12 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
     target = project.target(git, project.policy.scm.target_branch)
     state = project.state_dir.resolve()
     ours = (state / "worktrees", state / "candidates")
+    # Before `--purge` deletes rows: a purged run's leftovers are still this database's to remove.
+    who = _owners(project, has_rows, report, say)
     if runs and has_rows:
         _retention(project, report, dry_run=dry_run, purge=purge, say=say)
     owned_paths, owned_branches, owned_refs, worktree_rows = (
         _owned(project) if has_rows else (set(), set(), set(), []))
-    who = _owners(project, has_rows, report, say)
 
     for info in list_worktrees(git):
         path = info.path.resolve()
