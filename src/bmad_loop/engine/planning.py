@@ -12,17 +12,17 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 
 from ..board import Board, branch_name_ok
+from ..db.identity import database_id
 from ..db.models import Run, Story, utcnow
 from ..errors import ConfigError, GitError, StateError
 from ..profiles import resolve_command
 from ..selection import Selection, StorySpec, check_dependencies, select_stories
-from ..states import RUN_ONE_PER_TARGET, Phase, RunState, StoryState
+from ..states import RUN_LIVE, RUN_ONE_PER_TARGET, Phase, RunState, StoryState
 from .creation import journal_skipped, plan_creation
 from .journal import record
 from .layout import Layout
 from .ports import check_port_range
 from .repocheck import check_agent, check_has_commits, not_a_checkout
-from ..db.identity import database_id
 from .ownership import record_run, target_check
 from .runrecords import remove_record, write_record
 from .runs import path_inside
@@ -134,8 +134,9 @@ def one_run_per_target(session, project, live: Run) -> str:
         return (f"run {live.id} is already {live.state} on {live.target_branch}, driven by the "
                 f"lane of {holder}: `bmad-loop stop {live.id}` first (or watch it with "
                 f"`bmad-loop status --watch`)")
+    end = "stop" if live.state in RUN_LIVE else "abandon"  # abandon refuses a live run
     return (f"run {live.id} is {live.state} on {live.target_branch}: `bmad-loop resume "
-            f"{live.id}` continues it (or `bmad-loop abandon {live.id}` ends it)")
+            f"{live.id}` continues it (or `bmad-loop {end} {live.id}` ends it)")
 
 
 def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, Plan]:
