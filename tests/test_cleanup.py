@@ -45,9 +45,27 @@ def cleanup_json(repo, *args: str) -> dict:
     return json.loads(result.output)
 
 
+def finished_run_rows(repo, run_id: str = "old-run") -> None:
+    """A finished run of this project in its state database: its debris is this database's
+    to remove (a run with no rows here belongs to another database and is kept)."""
+    from sqlalchemy import insert
+
+    from bmad_loop.db.models import Run, utcnow
+
+    project = Project.open(repo.root)
+    with project.db.transaction() as s:
+        s.execute(insert(Run.__table__).values(
+            id=run_id, project=project.key, target_branch="main", target_sha="0" * 40,
+            state="completed", merge_strategy="merge", isolation="worktree", selection={},
+            policy={}, board_path="", gates_passed=[], created_at=utcnow()))
+    project.close()
+
+
 def make_debris(repo) -> dict:
-    """What a crashed earlier run leaves behind, plus the user's own things beside it."""
+    """What a crashed earlier run of this database leaves behind, plus the user's own things
+    beside it."""
     root = repo.root
+    finished_run_rows(repo)
     repo.git("worktree", "add", "-q", ".bmad-loop/worktrees/old-run/x", "-b", "bmad-loop/old-run/x")
     repo.git("worktree", "add", "-q", "--detach", ".bmad-loop/candidates/old-run/x-1")
     repo.git("update-ref", "refs/bmad-loop/candidates/old-run/x/1", "HEAD")
@@ -120,7 +138,7 @@ def test_cleanup_json_has_every_report_field_and_an_empty_repository_has_nothing
     report = cleanup_json(repo)
     assert report == {"dry_run": False, "worktrees_removed": [], "branches_deleted": [],
                       "refs_deleted": [], "remote_branches_deleted": [], "rows_marked": [], "kept": [],
-                      "runs_pruned": [],
+                      "runs_pruned": [], "foreign": [], "warnings": [],
                       "pruned_metadata": True}
 
 
@@ -302,9 +320,11 @@ def test_cleanup_runs_keeps_the_newest_runs_removes_older_files_and_purge_remove
             assert count == 0, table
 
 
-def test_cleanup_on_a_project_without_state_creates_none_and_still_removes_orphans(tmp_path):
+def test_cleanup_on_a_project_without_state_creates_none_and_keeps_unrecorded_refs(tmp_path):
     """No state database yet: no row owns anything, and `cleanup` (dry run or not) does not
-    create one to find that out; a stray branch in bmad-loop's namespace still goes."""
+    create one to find that out. A branch in bmad-loop's namespace with no run record and no
+    rows is nobody's known work (made before run records, or by another database): it is kept
+    and listed; `--forget-database unrecorded --force` removes it, still creating nothing."""
     import subprocess
 
     from support import cli_argv, git, git_repo
@@ -315,10 +335,15 @@ def test_cleanup_on_a_project_without_state_creates_none_and_still_removes_orpha
     dry = subprocess.run(cli_argv("cleanup", "--project", str(root), "--dry-run"),
                          capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr
-    assert "1 branches" in dry.stdout
+    assert "0 branches" in dry.stdout and "kept 1 of other state databases' runs" in dry.stdout
+    assert "run 20260101-000000-dead is not this database's (no record" in dry.stdout
     assert not (root / ".bmad-loop").exists()
     real = subprocess.run(cli_argv("cleanup", "--project", str(root)), capture_output=True, text=True)
     assert real.returncode == 0, real.stderr
+    assert git(root, "branch", "--list", "bmad-loop/*") != ""
+    forget = subprocess.run(cli_argv("cleanup", "--project", str(root), "--forget-database",
+                                     "unrecorded", "--force"), capture_output=True, text=True)
+    assert forget.returncode == 0, forget.stderr
     assert git(root, "branch", "--list", "bmad-loop/*") == ""
     assert not (root / ".bmad-loop").exists()
 

@@ -127,7 +127,7 @@ def test_status_watch_on_a_settled_run_draws_one_board_and_exits(recorded_frames
     assert result.exit_code == 2 and "--watch" in result.output
     # status --json is unchanged by the move: the contract's keys are all there.
     data = json.loads(repo.cli("status", "--json").output)
-    assert set(data) == {"run", "stories", "candidates"}
+    assert set(data) == {"run", "stories", "candidates", "consumers", "warnings"}
 
 
 def test_status_watch_rerenders_in_a_terminal_until_the_run_settles(make_repo, tmp_path):

@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 from .operator.style import current_candidate, preserved, short_sha, story_note
-from .states import STORY_IN_FLIGHT, StoryState
+from .states import RUN_LIVE, STORY_IN_FLIGHT, StoryState
 
 __all__ = ["render_status"]
+
+
+def _consumer_lines(data: dict) -> list[str]:
+    """The live consumers (from their heartbeats) and what is missing for a live run."""
+    lines = [f"warning: {w}" for w in data.get("warnings", [])]
+    live = data.get("consumers", [])
+    if not live and data["run"]["state"] not in RUN_LIVE:
+        return lines  # a settled run: nobody is expected to be working on it
+    lines.append("consumers:" + ("" if live else " none alive"))
+    for c in live:
+        lane = f" lane={c['lane']}" if c.get("lane") else ""
+        lines.append(f"  {c['host']} pid {c['pid']} {c['role']} queues={','.join(c['queues'])}"
+                     f"{lane} heartbeat {c['heartbeat_at']}")
+    return lines
 
 
 def render_status(data: dict) -> str:
@@ -16,6 +30,7 @@ def render_status(data: dict) -> str:
     ]
     if run.get("reason"):
         lines.append(f"  reason: {run['reason']}")
+    lines.extend(_consumer_lines(data))
     workers = [s for s in data["stories"] if s["state"] in STORY_IN_FLIGHT]
     if workers:
         lines.append("workers:")

@@ -16,6 +16,7 @@ from ..errors import EXIT_OK, EXIT_USAGE, ConfigError
 from .app import (
     cli, handle_errors, has_state, json_option, open_project, project_option, run_ref_argument,
 )
+from .ownership_output import echo_new_warnings, forget_command
 
 __all__ = ["init", "validate", "enqueue", "worker", "run", "resume", "abandon", "stop", "approve", "reject",
            "reconcile", "demo", "cleanup"]
@@ -93,6 +94,8 @@ def _enqueue(project_dir, parallel, gates, epic, stories, max_stories):
     policy = _policy_for_run(project, parallel, gates)
     tasks = Tasks(project)
     run_id, plan = do_enqueue(project, tasks, policy, _selection(epic, stories, max_stories))
+    for line in plan.foreign:  # another state database's stale run on the target
+        click.echo(f"warning: {line}", err=True)
     return project, policy, tasks, run_id, plan
 
 
@@ -197,7 +200,8 @@ def worker(project_dir, queue, workers, clone_dir, host):
     project = open_project(project_dir, clone_dir)
     if workers is None:
         workers = 1 if queue == "integration" else project.policy.scm.max_parallel
-    consumers = ConsumerSet(project, queue=queue, workers=workers)
+    consumers = ConsumerSet(project, queue=queue, workers=workers,
+                            announce=lambda line: click.echo(f"bmad-loop worker: {line}", err=True))
     done = threading.Event()
     signal.signal(signal.SIGINT, lambda *a: done.set())
     signal.signal(signal.SIGTERM, lambda *a: done.set())
@@ -260,6 +264,7 @@ def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit
     seen = _journal_end(project, run_ref)
     run = do_resume(project, tasks, run_ref, reload_policy=reload_policy)
     click.echo(f"run {run.id} resumed")
+    echo_new_warnings(project, run.id, seen.get(run.id, 0))
     if enqueue_only:
         return
     # Only what is new: the journal up to the resume was printed by the run that wrote it.
@@ -440,18 +445,29 @@ def demo(directory, parallel, count, as_json):
 @click.option("--runs", "runs", is_flag=True,
               help="Also remove logs, evidence and worktrees of finished runs beyond [cleanup] keep_runs.")
 @click.option("--purge", is_flag=True, help="With --runs: delete those runs' rows and journal too.")
+@click.option("--forget-database", "forget_id", metavar="ID", default=None,
+              help="Only forget the run records of the state database ID (one that is gone; "
+                   "`unrecorded`: runs with no record and no rows here).")
+@click.option("--force", is_flag=True, help="With --forget-database: also delete its runs' refs and worktrees.")
 @clone_option
 @host_option
 @json_option
 @handle_errors
-def cleanup(project_dir, dry_run, runs, purge, clone_dir, host, as_json):
-    """Remove worktrees, branches and refs in bmad-loop's namespace that no live row owns."""
+def cleanup(project_dir, dry_run, runs, purge, forget_id, force, clone_dir, host, as_json):
+    """Remove worktrees, branches and refs in bmad-loop's namespace that no live row of this
+    state database owns; another database's runs are kept and listed."""
     from ..engine.cleanup import cleanup as do_cleanup
 
     if purge and not runs:
         raise ConfigError("--purge goes with --runs")
+    if force and forget_id is None:
+        raise ConfigError("--force goes with --forget-database ID")
+    if forget_id is not None and (runs or purge):
+        raise ConfigError("--forget-database does only that: leave out --runs and --purge")
     _set_host(host)
     project = open_project(project_dir, clone_dir)
+    if forget_id is not None:
+        return forget_command(project, forget_id, force, dry_run, as_json)
     report = do_cleanup(project, dry_run=dry_run, runs=runs, purge=purge, has_rows=has_state(project),
                         progress=None if as_json else (lambda m: click.echo(("would " if dry_run else "") + m)))
     if as_json:
@@ -460,4 +476,6 @@ def cleanup(project_dir, dry_run, runs, purge, clone_dir, host, as_json):
         click.echo(f"{'would remove' if dry_run else 'removed'}: {len(report.worktrees_removed)} worktrees, "
                    f"{len(report.branches_deleted)} branches, {len(report.refs_deleted)} refs, "
                    f"{len(report.remote_branches_deleted)} remote branches; "
-                   f"kept {len(report.kept)}; rows marked {len(report.rows_marked)}")
+                   f"kept {len(report.kept)}; rows marked {len(report.rows_marked)}"
+                   + (f"; kept {len(report.foreign)} of other state databases' runs"
+                      if report.foreign else ""))

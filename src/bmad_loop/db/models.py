@@ -36,6 +36,7 @@ __all__ = [
     "Candidate",
     "Event",
     "Lease",
+    "DatabaseIdentity",
     "utcnow",
 ]
 
@@ -287,3 +288,13 @@ class Lease(Base):
     renewed_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
     expires_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
 
+
+
+class DatabaseIdentity(Base):
+    """One row: this state database's random id, made at its first migration (0011). The
+    repository's run records name the database owning each run by it (engine/runrecords.py)."""
+
+    __tablename__ = "database_identity"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)

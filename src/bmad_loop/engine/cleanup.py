@@ -18,6 +18,10 @@ Everything else in the namespaces is removed; stale worktree metadata is pruned;
 of this host whose worktree folder vanished are marked (`worktree` cleared, journaled), so the
 next worker recreates it from the branch.
 
+Only this state database's runs are touched (ownership.py): a worktree or ref whose run has no
+rows here belongs to another database, or to nobody known (made before run records); it is
+kept and listed in `foreign` with the database its run record names.
+
 Each host cleans only its own debris: what is in its own repository (or clone) and rows that
 carry its host name. In remote mode, story branches on the remote that no row owns go too.
 `--runs` also removes logs, prompts, evidence, scratch folders, worktrees and the refs kept
@@ -37,12 +41,14 @@ from ..db.models import Attempt, Candidate, Event, Run, Story
 from ..worktrees import delete_branch, delete_ref, list_worktrees, prune, remove_worktree
 from ..states import RUN_LIVE, RUN_RESUMABLE, RUN_TERMINAL, STORY_PARKED, Phase, RunState, StoryState
 from .journal import record
+from .ownership import owners
+from .runrecords import remove_record
 from .layout import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE, Layout
 from .verify_record import VERIFY_RECORD_NAMESPACE, verify_record_refs
 from .runs import run_policy
 from .worktree_pool import POOL_DIR, pool_dir
 
-__all__ = ["CleanupReport", "cleanup", "sweep_landed"]
+__all__ = ["CleanupReport", "cleanup", "sweep_landed", "run_of_ref", "run_of_path", "worktree_leaves"]
 
 RUN_FOLDERS = ("logs", "prompts", "evidence", "scratch", "worktrees", "candidates")
 
@@ -58,6 +64,13 @@ class CleanupReport:
     kept: list[str] = field(default_factory=list)
     runs_pruned: list[str] = field(default_factory=list)
     pruned_metadata: bool = False
+    foreign: list[dict] = field(default_factory=list)  # {item, run, database}: another database's
+    warnings: list[str] = field(default_factory=list)  # run records that could not be read
+
+    def keep_foreign(self, item: str, run_id: str, owners, say) -> None:
+        label = owners.label(run_id)
+        self.foreign.append({"item": item, "run": run_id, "database": label})
+        say(f"keep {item}: run {run_id} is not this database's ({label})")
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -153,6 +166,8 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
     target = project.target(git, project.policy.scm.target_branch)
     state = project.state_dir.resolve()
     ours = (state / "worktrees", state / "candidates")
+    # Before `--purge` deletes rows: a purged run's leftovers are still this database's to remove.
+    who = _owners(project, has_rows, report, say)
     if runs and has_rows:
         _retention(project, report, dry_run=dry_run, purge=purge, say=say)
     owned_paths, owned_branches, owned_refs, worktree_rows = (
@@ -162,6 +177,10 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
         path = info.path.resolve()
         if not any(_under(path, base) for base in ours):
             continue  # never touch a worktree bmad-loop did not make
+        run_id = run_of_path(path, ours)
+        if not who.is_own(run_id):
+            report.keep_foreign(str(path), run_id, who, say)
+            continue
         if path in owned_paths or path.parent in owned_paths and path.parent.name == POOL_DIR:
             report.kept.append(str(path))
             continue
@@ -174,6 +193,8 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
         if not base.is_dir():
             continue
         for run_dir in base.iterdir():
+            if not who.is_own(run_dir.name):
+                continue  # another database's run (its registered worktrees are listed above)
             for leaf in _leaves(run_dir):
                 resolved = leaf.resolve()
                 if resolved.parent in owned_paths:
@@ -187,35 +208,28 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
             if not dry_run and pool.resolve() not in owned_paths and pool.is_dir():
                 _rmdir_quietly(pool)  # emptied above
 
-    listing = git.out("for-each-ref", "--format=%(refname)", f"refs/heads/{BRANCH_NAMESPACE.rstrip('/')}",
-                      CANDIDATE_REF_NAMESPACE.rstrip("/"), VERIFY_RECORD_NAMESPACE.rstrip("/"))
-    for ref in [line for line in listing.splitlines() if line]:
-        if ref.startswith("refs/heads/"):
-            name = ref[len("refs/heads/"):]
-            if name in owned_branches:
-                report.kept.append(name)
-                continue
-            say(f"delete branch {name}")
-            report.branches_deleted.append(name)
-            if not dry_run:
-                delete_branch(git, name)
-        else:
-            if ref in owned_refs:
-                report.kept.append(ref)
-                continue
-            say(f"delete ref {ref}")
-            report.refs_deleted.append(ref)
-            if not dry_run:
-                delete_ref(git, ref)
+    sweep = _Sweep(git, who, report, dry_run, say)
+    _sweep_refs(sweep, owned_branches, owned_refs)
+    _sweep_remote_branches(sweep, target, owned_branches)
 
-    for name in sorted(target.foreign_story_branches(BRANCH_NAMESPACE)):
-        if name in owned_branches:
-            continue
-        say(f"delete remote branch {name}")
-        report.remote_branches_deleted.append(name)
-        if not dry_run:
-            target.delete_story_branch(name)
+    _mark_vanished(project, worktree_rows, report, dry_run)
+    if not dry_run:
+        prune(git)
+        report.pruned_metadata = True
+    return report
 
+
+def _owners(project, has_rows: bool, report: CleanupReport, say):
+    """Who owns each run (ownership.py); run records that cannot be read are warned about."""
+    who, unreadable = owners(project, has_rows)
+    report.warnings.extend(unreadable)
+    for line in unreadable:
+        say(f"warning: {line}")
+    return who
+
+
+def _mark_vanished(project, worktree_rows, report: CleanupReport, dry_run: bool) -> None:
+    """Rows of this host whose worktree folder is gone: cleared, so the next worker recreates it."""
     for story_id, worktree, run_id in worktree_rows:
         if not Path(worktree).exists():
             report.rows_marked.append(worktree)
@@ -226,10 +240,62 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
                     if story.phase not in (None, Phase.PREPARE, Phase.COMMIT):
                         story.phase = Phase.PREPARE
                     record(s, run_id, "story.worktree_missing", story.key, worktree=worktree)
-    if not dry_run:
-        prune(git)
-        report.pruned_metadata = True
-    return report
+
+
+@dataclass
+class _Sweep:
+    """What the ref sweeps share: the repository, who owns which run, the report, the mode."""
+
+    git: object
+    who: object  # ownership.Owners
+    report: CleanupReport
+    dry_run: bool
+    say: object
+
+
+def _sweep_refs(sweep: _Sweep, owned_branches: set[str], owned_refs: set[str]) -> None:
+    """Branches and candidate refs in the namespaces: another database's are kept and listed,
+    this database's go unless a row owns them."""
+    git, report, say = sweep.git, sweep.report, sweep.say
+    listing = git.out("for-each-ref", "--format=%(refname)", f"refs/heads/{BRANCH_NAMESPACE.rstrip('/')}",
+                      CANDIDATE_REF_NAMESPACE.rstrip("/"), VERIFY_RECORD_NAMESPACE.rstrip("/"))
+    for ref in [line for line in listing.splitlines() if line]:
+        run_id = run_of_ref(ref)
+        if not sweep.who.is_own(run_id):
+            report.keep_foreign(ref, run_id, sweep.who, say)
+            continue
+        if ref.startswith("refs/heads/"):
+            name = ref[len("refs/heads/"):]
+            if name in owned_branches:
+                report.kept.append(name)
+                continue
+            say(f"delete branch {name}")
+            report.branches_deleted.append(name)
+            if not sweep.dry_run:
+                delete_branch(git, name)
+        else:
+            if ref in owned_refs:
+                report.kept.append(ref)
+                continue
+            say(f"delete ref {ref}")
+            report.refs_deleted.append(ref)
+            if not sweep.dry_run:
+                delete_ref(git, ref)
+
+
+def _sweep_remote_branches(sweep: _Sweep, target, owned_branches: set[str]) -> None:
+    """Remote mode: story branches on the remote that no row of this database owns."""
+    for name in sorted(target.foreign_story_branches(BRANCH_NAMESPACE)):
+        if name in owned_branches:
+            continue
+        run_id = run_of_ref(f"refs/heads/{name}")
+        if not sweep.who.is_own(run_id):
+            sweep.report.keep_foreign(f"remote {name}", run_id, sweep.who, sweep.say)
+            continue
+        sweep.say(f"delete remote branch {name}")
+        sweep.report.remote_branches_deleted.append(name)
+        if not sweep.dry_run:
+            target.delete_story_branch(name)
 
 
 def sweep_landed(project, run_id: str) -> list[str]:
@@ -281,10 +347,30 @@ def _retention(project, report, *, dry_run, purge, say) -> None:
                     remove_worktree(git, leaf)
             shutil.rmtree(target, ignore_errors=True)
         if purge:
+            remove_record(git, run.id)  # no rows here any more: its record would say otherwise
             with project.db.transaction() as s:
                 for model in (Event, Attempt, Candidate, Story):
                     s.execute(delete(model).where(model.run_id == run.id))
                 s.execute(delete(Run).where(Run.id == run.id))
+
+
+def run_of_ref(ref: str) -> str:
+    """The run a ref of bmad-loop's namespaces belongs to: refs/heads/bmad-loop/<run>/…,
+    refs/bmad-loop/candidates/<run>/…, refs/bmad-loop/verify/<run>/…, refs/bmad-loop/<run>/…"""
+    for prefix in (f"refs/heads/{BRANCH_NAMESPACE}", CANDIDATE_REF_NAMESPACE, VERIFY_RECORD_NAMESPACE,
+                   "refs/bmad-loop/"):
+        if ref.startswith(prefix):
+            return ref[len(prefix):].split("/", 1)[0]
+    return ""
+
+
+def run_of_path(path: Path, bases) -> str:
+    """The run a worktree under .bmad-loop/worktrees/<run>/ or …/candidates/<run>/ belongs to."""
+    for base in bases:
+        if _under(path, base):
+            parts = path.relative_to(base.resolve()).parts
+            return parts[0] if parts else ""
+    return ""
 
 
 def _leaves(run_dir: Path) -> list[Path]:
@@ -299,6 +385,9 @@ def _leaves(run_dir: Path) -> list[Path]:
         else:
             leaves.append(leaf)
     return leaves
+
+
+worktree_leaves = _leaves
 
 
 def _rmdir_quietly(folder: Path) -> None:

@@ -15,15 +15,18 @@ import threading
 
 from sqlalchemy import select
 
-from ..db.models import Run
+from ..db.models import Run, Story
 from ..errors import ConfigError
 from ..queue import BackgroundConsumer
 from ..tasks import Tasks
 from ..states import RUN_LIVE
 from . import leases
+from .heartbeats import consumer_lease_name, prune_lapsed
 from .control import recover_live_runs
 from .journal import record
+from .ownership import refresh_live_runs, save_run
 from .lane import tick
+from .runs import RUN_STATE
 from .worker import work
 
 __all__ = ["ConsumerSet", "QUEUES"]
@@ -48,7 +51,9 @@ def _freeze_startup_heap() -> None:
 
 
 class ConsumerSet:
-    def __init__(self, project, *, queue: str = "all", workers: int = 1, tasks: Tasks | None = None):
+    def __init__(self, project, *, queue: str = "all", workers: int = 1, tasks: Tasks | None = None,
+                 announce=None):
+        """`announce(line)`: told of each story this set takes and finishes (`worker`)."""
         if queue not in QUEUES:
             raise ConfigError(f"--queue: must be one of {', '.join(QUEUES)}, got '{queue}'")
         if workers < 1:
@@ -59,13 +64,15 @@ class ConsumerSet:
         self.queue = queue
         self.workers = workers
         self.tasks = tasks or Tasks(project)
-        self.tasks.bind(story=lambda run_id, story_id: work(project, self.tasks, run_id, story_id),
-                        lane=self._lane_tick)
+        self.announce = announce
+        self.tasks.bind(story=self._story_task, lane=self._lane_tick)
         self._after_tick: list = []
+        self._recorded: dict[str, str] = {}  # run id -> the state its record last said
         self._consumers: list[BackgroundConsumer] = []
         self._lane: BackgroundConsumer | None = None
         self._lane_lock = threading.Lock()
         self.holder: leases.LeaseHolder | None = None
+        self.beat: leases.LeaseHolder | None = None  # this set's consumer heartbeat (heartbeats.py)
         self._watchdog_stop = threading.Event()
         self._watchdog: threading.Thread | None = None
 
@@ -74,12 +81,52 @@ class ConsumerSet:
         to see a settled run at once instead of at its next poll)."""
         self._after_tick.append(callback)
 
+    def _story_task(self, run_id: str, story_id: int) -> None:
+        if self.announce is None:
+            work(self.project, self.tasks, run_id, story_id)
+            return
+        taken = []
+
+        def took(run, key):
+            taken.append(key)
+            self.announce(f"took {key} (run {run})")
+        try:
+            work(self.project, self.tasks, run_id, story_id, on_claim=took)
+        finally:
+            if taken:
+                self.announce(f"finished {taken[0]} (run {run_id}): {self._story_outcome(story_id)}")
+
+    def _story_outcome(self, story_id: int) -> str:
+        try:
+            with self.project.db.read() as s:
+                story = s.get(Story, story_id)
+                return story.state + (f" ({story.reason})" if story.reason else "")
+        except Exception:  # the line is for a person: a database hiccup must not fail the task
+            return "state unknown"
+
     def _lane_tick(self, run_id: str) -> None:
         try:
             tick(self.project, self.tasks, run_id, holder=self.holder)
         finally:
+            self._record_transition(run_id)
             for callback in self._after_tick:
                 callback(run_id)
+
+    def _record_transition(self, run_id: str) -> None:
+        """Rewrite the run's record in the repository when a tick moved its state."""
+        try:
+            with self.project.db.read() as s:
+                state = s.scalar(RUN_STATE, {"of_run": run_id})  # one narrow read per tick
+                if state is None or self._recorded.get(run_id) == state:
+                    return
+                run = s.get(Run, run_id)
+            save_run(self.project, run)
+            self._recorded[run_id] = run.state
+        except Exception:  # the record is a courtesy to other databases: never fail the lane
+            log.warning("run %s: could not refresh its record", run_id, exc_info=True)
+
+    def _refresh_records(self) -> None:
+        refresh_live_runs(self.project)
 
     @property
     def runs_lane(self) -> bool:
@@ -90,6 +137,10 @@ class ConsumerSet:
         project.db  # migrate once, before any consumer thread touches the database
         _freeze_startup_heap()
         ttl = project.policy.leases.ttl_s
+        owner = leases.owner_id(self.queue)
+        prune_lapsed(project.db, project.key)
+        self.beat = leases.LeaseHolder(project.db, consumer_lease_name(project.key, owner), owner, ttl)
+        self.beat.start()
         if self.queue in ("stories", "all"):
             consumer = BackgroundConsumer(self.tasks.stories, self.workers, role="stories")
             self._consumers.append(consumer)
@@ -100,6 +151,7 @@ class ConsumerSet:
                                              leases.owner_id("lane"), ttl,
                                              on_acquired=self._lane_acquired,
                                              on_lost=self._lane_lost)
+            self.holder.on_renewed = self._refresh_records
             self.holder.start()
             self._watchdog = threading.Thread(target=self._watch, daemon=True, name="bmad-watchdog")
             self._watchdog.start()
@@ -145,6 +197,8 @@ class ConsumerSet:
             lane.stop(graceful=graceful)
         if self.holder is not None:
             self.holder.stop(release_lease=True)
+        if self.beat is not None:
+            self.beat.stop(release_lease=True)
         if self._watchdog is not None:
             self._watchdog.join(timeout=5)
 

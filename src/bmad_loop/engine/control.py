@@ -14,12 +14,14 @@ from ..db.models import Run, Story, utcnow
 from ..errors import Ambiguous, NotFound, StateError
 from ..states import RUN_ABANDONABLE, RUN_ONE_PER_TARGET, RUN_LIVE, RUN_RESUMABLE, RUN_TERMINAL, STORY_DONE, CandidateState, Phase, RunState, StopMode, StoryState
 from ..policy import load_policy, policy_from_dict
+from . import leases
 from .journal import record
+from .ownership import save_run, target_check
 from .recovery import ever_spawned, recover_orphans
 from .runs import run_policy, stories_of
 from .transitions import transition_run, transition_story
 
-__all__ = ["find_run", "resume", "stop", "approve", "reject", "reconcile", "recover_live_runs",
+__all__ = ["find_run", "driver_of", "refuse_if_driven", "resume", "stop", "approve", "reject", "reconcile", "recover_live_runs",
            "requeue_run"]
 
 
@@ -74,10 +76,14 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
     (IDENTITY_KEYS), e.g. to fix the mistake that paused it."""
     db = project.db
     current = load_policy(project.home) if reload_policy else None
-    with db.transaction() as s:
+    with db.read() as s:
+        target_branch = find_run(s, project, ref).target_branch
+    # Another database's live run on the target refuses; the record is rewritten under the lock.
+    with target_check(project, target_branch) as foreign, db.transaction() as s:
         run = find_run(s, project, ref)
         if run.state not in RUN_RESUMABLE:
             raise StateError(f"run {run.id} is {run.state}: nothing to resume")
+        refuse_if_driven(s, project, run)
         other = s.scalars(select(Run).where(Run.target_branch == run.target_branch,
                                             Run.project == run.project, Run.id != run.id,
                                             Run.state.in_(RUN_ONE_PER_TARGET))).first()
@@ -104,10 +110,34 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         for story in stories_of(s, run.id):
             _reset_for_resume(s, target.story_head, run, story)
         record(s, run.id, "run.resumed", previous=previous, gates_passed=gates)
+        for warning in foreign.warnings:
+            record(s, run.id, "run.warning", message=warning)
+        save_run(project, run)
         run_id = run.id
     requeue_run(project, tasks, run_id, stale_after=None)
     with db.transaction() as s:
         return s.get(Run, run_id)
+
+
+def driver_of(session, project, run: Run):
+    """The live holder of the project's lane lease (`leases.Holder`) while `run` is live and
+    another process holds it; None otherwise. The same heartbeats `status` lists."""
+    if run.state not in RUN_LIVE:
+        return None
+    holder = leases.holder_of(session, project.lane_lease_name)
+    if holder is None or holder.owner == leases.owner_id("lane"):
+        return None  # nobody drives it, or this very process does
+    return holder
+
+
+def refuse_if_driven(session, project, run: Run) -> None:
+    """`resume` of a run another process drives would make two drivers of one run."""
+    holder = driver_of(session, project, run)
+    if holder is not None:
+        raise StateError(f"run {run.id} is {run.state} and driven by the lane of {holder} "
+                         f"(heartbeat {holder.renewed_at:%H:%M:%S} UTC): watch it with "
+                         f"`bmad-loop status --watch` or `bmad-loop attach`, or "
+                         f"`bmad-loop stop {run.id}` first")
 
 
 def _adopt_target(session, run: Run, target_now: str | None) -> None:
@@ -181,6 +211,7 @@ def stop(project, tasks, ref: str | None, now: bool = False) -> Run:
         if run.state in (RunState.PAUSED, RunState.STOPPED):
             run.state, run.reason = RunState.STOPPED, run.reason or "stopped by operator"
             record(s, run.id, "run.stopped", reason="stopped by operator", now=now)
+            save_run(project, run)
             return run
         mode = StopMode.NOW if now else StopMode.GRACEFUL
         transition_run(s, run.id, RUN_LIVE, state=RunState.STOPPING,
@@ -188,6 +219,8 @@ def stop(project, tasks, ref: str | None, now: bool = False) -> Run:
         record(s, run.id, "run.stopping", mode=mode)
         run_id = run.id
         settled = _settle_idle_stop(s, run_id)
+    with project.db.read() as s:
+        save_run(project, s.get(Run, run_id))
     if not settled:
         tasks.enqueue_lane(run_id)
     with project.db.transaction() as s:
@@ -223,6 +256,7 @@ def abandon(project, ref: str | None, reason: str | None = None) -> Run:
         run.state, run.ended_at = RunState.ABANDONED, utcnow()
         run.reason = f"abandoned: {reason}" if reason else "abandoned by operator"
         record(s, run.id, "run.abandoned", previous=previous, reason=reason)
+        save_run(project, run)
         return run
 
 

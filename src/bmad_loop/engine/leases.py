@@ -13,6 +13,7 @@ import datetime as dt
 import logging
 import os
 import threading
+from dataclasses import dataclass
 
 from sqlalchemy import bindparam, case, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -21,9 +22,15 @@ from sqlalchemy.exc import IntegrityError
 from ..db.models import Lease, utcnow
 from ..hostid import host_name
 
-__all__ = ["story_lease_name", "acquire", "take", "take_in", "renew", "release", "release_in", "holds", "holds_in", "owner_id", "LeaseHolder", "pid_alive"]
+__all__ = ["lane_lease_name", "story_lease_name", "acquire", "take", "take_in", "renew", "release", "release_in", "holds", "holds_in", "owner_id", "LeaseHolder", "pid_alive",
+           "is_live", "Holder", "holder_of"]
 
 log = logging.getLogger(__name__)
+
+
+def lane_lease_name(project_key: str) -> str:
+    """The project's one integration lane (per state database)."""
+    return f"lane:{project_key}"
 
 
 def story_lease_name(story_id: int) -> str:
@@ -53,6 +60,35 @@ def pid_alive(owner: str | None) -> bool | None:
     return True
 
 
+def is_live(owner: str | None, expires_at: dt.datetime | None, now: dt.datetime) -> bool:
+    """THE liveness rule, wherever bmad-loop decides or shows whether someone is alive (a
+    lease's takeover, an orphaned story, `resume` of a driven run, the consumers `status`
+    lists): renewed within its ttl, and not a process of this host known to be gone."""
+    return expires_at is not None and expires_at > now and pid_alive(owner) is not False
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a live lease, for a person: `host pid N`."""
+
+    owner: str
+    host: str
+    pid: str
+    renewed_at: dt.datetime
+
+    def __str__(self) -> str:
+        return f"{self.host} pid {self.pid}"
+
+
+def holder_of(session, name: str, now: dt.datetime | None = None) -> Holder | None:
+    """The live holder of lease `name`, or None when it is free or expired."""
+    row = session.get(Lease, name)
+    if row is None or not is_live(row.owner, row.expires_at, now or utcnow()):
+        return None
+    parts = row.owner.split(":")
+    return Holder(row.owner, parts[0], parts[1] if len(parts) > 1 else "?", row.renewed_at)
+
+
 def acquire(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int | None:
     """Take or renew the lease; returns the fencing token, or None while someone else holds it."""
     now = now or utcnow()
@@ -71,7 +107,7 @@ def acquire(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = N
         if row.owner == owner:
             row.renewed_at, row.expires_at = now, expires
             return row.token
-        if row.expires_at > now and pid_alive(row.owner) is not False:
+        if is_live(row.owner, row.expires_at, now):
             return None
         token = row.token + 1
         result = s.execute(update(Lease).where(Lease.name == name, Lease.token == row.token)
@@ -186,6 +222,7 @@ class LeaseHolder:
                  clock=utcnow):
         self.db, self.name, self.owner, self.ttl_s = db, name, owner, ttl_s
         self.on_acquired, self.on_lost, self.clock = on_acquired, on_lost, clock
+        self.on_renewed = None  # called after each renewal (the lane refreshes its run records)
         self.token: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -216,6 +253,8 @@ class LeaseHolder:
             self.token = None
             if self.on_lost:
                 self.on_lost()
+        elif self.on_renewed:
+            self.on_renewed()
 
     def start(self, interval_s: float | None = None) -> None:
         interval = interval_s or max(self.ttl_s / 3.0, 0.2)

@@ -12,16 +12,19 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 
 from ..board import Board, branch_name_ok
+from ..db.identity import database_id
 from ..db.models import Run, Story, utcnow
 from ..errors import ConfigError, GitError, StateError
 from ..profiles import resolve_command
 from ..selection import Selection, StorySpec, check_dependencies, select_stories
-from ..states import RUN_ONE_PER_TARGET, Phase, RunState, StoryState
+from ..states import RUN_LIVE, RUN_ONE_PER_TARGET, Phase, RunState, StoryState
 from .creation import journal_skipped, plan_creation
 from .journal import record
 from .layout import Layout
 from .ports import check_port_range
 from .repocheck import check_agent, check_has_commits, not_a_checkout
+from .ownership import record_run, target_check
+from .runrecords import remove_record, write_record
 from .runs import path_inside
 from .mergerules import check_merge_rules
 from .sprintload import check_committed, load_sprint
@@ -39,6 +42,7 @@ class Plan:
     agent_argv: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     skipped: list[StorySpec] = field(default_factory=list)  # no story file, [stories] create = "skip"
+    foreign: list[str] = field(default_factory=list)  # another database's stale runs on the target
 
 
 def new_run_id(now=None) -> str:
@@ -122,20 +126,54 @@ def build_plan(project, policy, selection: Selection, run_id_for_checks: str = "
     return Plan(target_branch, target_sha, board, chosen, all_stories, argv, warnings, skipped)
 
 
+def one_run_per_target(session, project, live: Run) -> str:
+    """Why a second run on the target is refused, and what to do: `stop` a run a process is
+    driving (`control.driver_of`, from the lane's heartbeat), `resume` one nobody drives."""
+    from .control import driver_of
+
+    holder = driver_of(session, project, live)
+    if holder is not None:
+        return (f"run {live.id} is already {live.state} on {live.target_branch}, driven by the "
+                f"lane of {holder}: `bmad-loop stop {live.id}` first (or watch it with "
+                f"`bmad-loop status --watch`)")
+    end = "stop" if live.state in RUN_LIVE else "abandon"  # abandon refuses a live run
+    return (f"run {live.id} is {live.state} on {live.target_branch}: `bmad-loop resume "
+            f"{live.id}` continues it (or `bmad-loop {end} {live.id}` ends it)")
+
+
 def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, Plan]:
     """Create the run and its plan; returns (run id or None when there is nothing to do, plan)."""
     plan = build_plan(project, policy, selection)
     if not plan.stories:
         return None, plan
-    db = project.db
     run_id = new_run_id()
-    with db.transaction() as s:
+    with target_check(project, plan.target_branch) as foreign:
+        plan.foreign = foreign.warnings
+        plan.warnings.extend(foreign.warnings)
+        _create_run(project, policy, selection, plan, run_id)
+    tasks.enqueue_lane(run_id)
+    return run_id, plan
+
+
+def _create_run(project, policy, selection: Selection, plan: Plan, run_id: str) -> None:
+    """The run's rows, and its record in the repository (written before the rows commit, so
+    before any ref of the run can exist; taken back if they do not)."""
+    git = project.git(policy)
+    database_id(project.db)  # read before the write transaction (the record names it)
+    try:
+        _insert_run(project, policy, selection, plan, run_id, git)
+    except BaseException:
+        remove_record(git, run_id)
+        raise
+
+
+def _insert_run(project, policy, selection, plan, run_id, git) -> None:
+    with project.db.transaction() as s:
         live = s.scalars(select(Run).where(Run.target_branch == plan.target_branch,
                                            Run.project == project.key,
                                            Run.state.in_(RUN_ONE_PER_TARGET))).first()
         if live is not None:
-            raise StateError(f"run {live.id} is already {live.state} on {plan.target_branch}: "
-                             f"resume or stop it first")
+            raise StateError(one_run_per_target(s, project, live))
         run = Run(id=run_id, project=project.key, target_branch=plan.target_branch,
                   target_sha=plan.target_sha, head_sha=plan.target_sha, state=RunState.RUNNING,
                   max_parallel=policy.scm.max_parallel, merge_strategy=policy.scm.merge_strategy,
@@ -165,5 +203,5 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
         for warning in plan.warnings:
             record(s, run_id, "run.warning", message=warning)
         journal_skipped(s, run_id, plan.skipped)
-    tasks.enqueue_lane(run_id)
-    return run_id, plan
+        s.flush()
+        write_record(git, record_run(project, run))

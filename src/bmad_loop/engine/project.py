@@ -118,7 +118,9 @@ class Project:
     @property
     def lane_lease_name(self) -> str:
         """One integration lane per project (and per state database)."""
-        return f"lane:{self.key}"
+        from .leases import lane_lease_name
+
+        return lane_lease_name(self.key)
 
     @property
     def host(self) -> str:

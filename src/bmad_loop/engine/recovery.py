@@ -58,7 +58,7 @@ def find_orphans(session, run_id: str, ttl_s: float, now: dt.datetime | None = N
     for story in session.scalars(select(Story).where(Story.run_id == run_id, Story.state == StoryState.WORKING)):
         lease = session.get(Lease, leases.story_lease_name(story.id))
         if lease is not None:
-            if lease.expires_at <= now or leases.pid_alive(lease.owner) is False:
+            if not leases.is_live(lease.owner, lease.expires_at, now):
                 orphans.append(story)
         else:
             beat = story.heartbeat_at or story.started_at

@@ -6,7 +6,8 @@ from sqlalchemy import select
 
 from ..db.models import Candidate, Event, Run, Story, utcnow
 from ..stallwatch import last_output_at
-from ..states import StoryState
+from ..states import RUN_LIVE, StoryState
+from .heartbeats import live_run_view, workers_alive
 from .journal import event_json, events_after
 from .runs import stories_of
 from .usage import empty_usage, usage_by_story
@@ -133,11 +134,20 @@ def run_status(session, run: Run, target_now: str | None = None) -> dict:
     now = utcnow()
     usage = usage_by_story(session, run.id)
     settled = settled_by_story(session, run.id)
+    shown = [story_json(s, now, usage.get(s.id), settled.get(s.key)) for s in stories]
+    if run.state not in RUN_LIVE:
+        for story in shown:  # nothing is admitted until it runs again: no stale wait reason
+            story["waiting_for"] = None
+    working = [s.id for s in stories if s.state == StoryState.WORKING]
+    alive = workers_alive(session, working, now)
+    for row, story in zip(stories, shown):  # from the story's lease, as recovery decides
+        story["alive"] = alive.get(row.id)
     return {
         "run": run_json(run, target_now),
-        "stories": [story_json(s, now, usage.get(s.id), settled.get(s.key)) for s in stories],
+        "stories": shown,
         "candidates": [candidate_json(c, keys.get(c.story_id, "?"), _on(c, by_id, keys))
                        for c in candidates],
+        **live_run_view(session, run, now),
     }
 
 

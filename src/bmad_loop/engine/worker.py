@@ -50,8 +50,9 @@ __all__ = ["work", "StoryWorker"]
 log = logging.getLogger(__name__)
 
 
-def work(project, tasks, run_id: str, story_id: int) -> None:
-    """Task body: claim the story, do its work, wake the lane."""
+def work(project, tasks, run_id: str, story_id: int, on_claim=None) -> None:
+    """Task body: claim the story, do its work, wake the lane. `on_claim(run_id, key)` is
+    called once the claim is committed (`bmad-loop worker` prints a line)."""
     db = project.db
     owner = leases.owner_id(f"story{story_id}")
     with db.transaction() as s:
@@ -83,6 +84,8 @@ def work(project, tasks, run_id: str, story_id: int) -> None:
         ctx = story_context(project, run, story, policy)
         token = leases.take_in(s, leases.story_lease_name(story_id), owner, policy.leases.ttl_s)
     claim = Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
+    if on_claim is not None:
+        on_claim(run_id, ctx.key)
     tries = []  # the walkers, one per try
 
     def walk_once():

@@ -169,10 +169,12 @@ def render_board(status: dict, previous: Frame | None, now: dt.datetime, *,
             continue
         beat = _parse(story.get("heartbeat_at"))
         age = (now - beat).total_seconds() if beat else None
-        is_stale = story["state"] == StoryState.WORKING and age is not None and age > stale_after_s
+        # Its lease says its worker is gone (`alive`, leases.is_live), or its beat is old.
+        is_stale = story["state"] == StoryState.WORKING and (
+            story.get("alive") is False or age is not None and age > stale_after_s)
         if is_stale:
             stale.append(story["key"])
-            beat_text = Text(f"STALE {format_duration(age)} ago", style="bold red")
+            beat_text = Text(f"STALE {format_duration(age or 0)} ago", style="bold red")
         elif age is not None:
             beat_text = Text(f"{format_duration(max(age, 0))} ago")
         else:
