@@ -1,0 +1,107 @@
+"""What `resume` and `retry` redo after an escalation (issue 33, item 3).
+
+A story escalated at integration for a cause outside it (local changes in the target checkout,
+a target that kept moving, a verification that could not run) goes back to `ready` on resume:
+the very commit its worker recorded is composed, verified and integrated again, with no agent
+session. A conflict or a failed candidate verification keeps the documented path (a fresh
+attempt, the failure as feedback). `retry --from dev|review|integrate` is a person's choice.
+Real git, the scripted agent as a real process, the CLI in process.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from support import MERGE_NONE, StoryDef, git, query, write_each
+
+A = StoryDef("1-1-a", files=["src/a.py"])
+B = StoryDef("1-2-b", files=["src/b.py"])
+VERIFIED = MERGE_NONE.format(n=1, strategy="merge") + '[verify]\ncommands = ["true"]\n'
+
+
+def _sessions(repo, key: str, phase: str) -> int:
+    return len([c for c in repo.calls() if c["key"] == key and c["phase"] == phase])
+
+
+def _kinds(repo, kind: str, key: str | None = None) -> list[dict]:
+    return [e for e in repo.journal() if e["kind"] == kind and (key is None or e["story"] == key)]
+
+
+def _escalate_on_a_dirty_checkout(make_repo, stories=(A,), policy: str = VERIFIED):
+    """A run whose first story escalates at its advance: an untracked src/a.py of a person's
+    in the target checkout overlaps its candidate (which passed verification)."""
+    repo = make_repo(list(stories), script=write_each(stories), policy=policy)
+    (repo.root / "src/a.py").write_text("a person's own draft\n")
+    assert repo.cli("run").exit_code == 3
+    story = repo.story(A.key)
+    assert story["state"] == "escalated" and "overlap the candidate: src/a.py" in story["reason"]
+    assert _kinds(repo, "story.escalated", A.key)[-1]["data"]["cause"] == "checkout"
+    return repo, story
+
+
+def test_resume_after_a_dirty_checkout_escalation_integrates_the_same_commit_without_an_agent(make_repo):
+    repo, story = _escalate_on_a_dirty_checkout(make_repo)
+    assert (_sessions(repo, A.key, "dev"), _sessions(repo, A.key, "review")) == (1, 1)
+    repo.git("stash", "-u", "-q")  # the person puts the draft away, as the reason says
+    result = repo.cli("resume")
+    assert result.exit_code == 0, result.output
+    # No session ran again (before the fix: dev and review ran a second time).
+    assert (_sessions(repo, A.key, "dev"), _sessions(repo, A.key, "review")) == (1, 1)
+    assert repo.story(A.key)["state"] == "integrated"
+    assert repo.git("show", "main:src/a.py") == f"NAME = '{A.key}'"
+    repo.git("merge-base", "--is-ancestor", story["head_sha"], "main")  # that very commit
+    retry = _kinds(repo, "story.retry", A.key)[-1]["data"]
+    assert (retry["from"], retry["by"], retry["cause"]) == ("integrate", "resume", "checkout")
+    # Composed and verified again: a second candidate, and it advanced.
+    states = [c["state"] for c in repo.status()["candidates"] if c["story"] == A.key]
+    assert states == ["abandoned", "advanced"]
+    assert repo.git("stash", "list")  # the person's draft is theirs, untouched
+
+
+def test_resume_twice_changes_nothing_more(make_repo):
+    repo, _ = _escalate_on_a_dirty_checkout(make_repo)
+    # The draft is still there: resume sends it back to ready, the same overlap escalates it
+    # again, and a second resume does the same: never an agent.
+    assert repo.cli("resume").exit_code == 3
+    assert repo.cli("resume").exit_code == 3
+    assert _sessions(repo, A.key, "dev") == 1
+    assert [e["data"]["cause"] for e in _kinds(repo, "story.escalated", A.key)] == ["checkout"] * 3
+    (repo.root / "src/a.py").unlink()
+    assert repo.cli("resume").exit_code == 0
+    assert _sessions(repo, A.key, "dev") == 1
+
+
+def test_a_branch_a_person_changed_is_verified_as_their_fix_not_integrated_as_recorded(make_repo):
+    repo, story = _escalate_on_a_dirty_checkout(make_repo)
+    wt = story["worktree"]
+    (repo.root / "src/a.py").unlink()
+    open(f"{wt}/src/a.py", "w").write("NAME = 'fixed by a person'\n")
+    git(repo.root, "-C", wt, "commit", "-q", "-am", "a person's fix")
+    assert repo.cli("resume").exit_code == 0
+    assert repo.git("show", "main:src/a.py") == "NAME = 'fixed by a person'"
+    assert _kinds(repo, "story.human_fix", A.key) and _sessions(repo, A.key, "dev") == 1
+
+
+def test_a_deleted_branch_gets_a_fresh_attempt_as_before(make_repo):
+    repo, story = _escalate_on_a_dirty_checkout(make_repo)
+    (repo.root / "src/a.py").unlink()
+    repo.git("worktree", "remove", "--force", story["worktree"])
+    repo.git("branch", "-D", story["branch"])
+    assert repo.cli("resume").exit_code == 0
+    assert _sessions(repo, A.key, "dev") == 2  # its recorded commit is not on a branch any more
+    assert _kinds(repo, "story.retry", A.key)[-1]["data"]["from"] == "dev"
+
+
+def test_a_failed_candidate_verification_still_gets_a_fresh_attempt_with_the_failure(make_repo, tmp_path):
+    # The verify command passes in the story worktree and fails in the candidate worktree.
+    verify = 'case "$PWD" in */candidates/*) echo combined-check-failed; exit 1;; esac'
+    policy = MERGE_NONE.format(n=1, strategy="merge") + f"[verify]\ncommands = [{json.dumps(verify)}]\n"
+    repo = make_repo([A], script=write_each([A]), policy=policy)
+    assert repo.cli("run").exit_code == 3
+    assert _kinds(repo, "story.escalated", A.key)[-1]["data"]["cause"] == "verify"
+    repo.write_policy(MERGE_NONE.format(n=1, strategy="merge"))
+    assert repo.cli("resume", "--reload-policy").exit_code == 0
+    dev = [c for c in repo.calls() if c["key"] == A.key and c["phase"] == "dev"]
+    assert len(dev) == 2 and "candidate verification failed" in dev[1]["prompt"]
