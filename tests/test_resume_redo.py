@@ -100,8 +100,83 @@ def test_a_failed_candidate_verification_still_gets_a_fresh_attempt_with_the_fai
     policy = MERGE_NONE.format(n=1, strategy="merge") + f"[verify]\ncommands = [{json.dumps(verify)}]\n"
     repo = make_repo([A], script=write_each([A]), policy=policy)
     assert repo.cli("run").exit_code == 3
-    assert _kinds(repo, "story.escalated", A.key)[-1]["data"]["cause"] == "verify"
+    assert _kinds(repo, "story.escalated", A.key)[-1]["data"]["cause"] == "verify-failed"
     repo.write_policy(MERGE_NONE.format(n=1, strategy="merge"))
     assert repo.cli("resume", "--reload-policy").exit_code == 0
     dev = [c for c in repo.calls() if c["key"] == A.key and c["phase"] == "dev"]
     assert len(dev) == 2 and "candidate verification failed" in dev[1]["prompt"]
+
+
+# ------------------------------------------------------------------ bmad-loop retry
+def _rows(repo) -> tuple:
+    """Everything a refused retry must leave as it was."""
+    return (query(repo, "SELECT key, state, phase, head_sha, dev_attempts FROM stories ORDER BY seq"),
+            query(repo, "SELECT id, state FROM candidates ORDER BY id"),
+            query(repo, "SELECT count(*) FROM events"), repo.bmad_branches())
+
+
+def test_retry_from_integrate_sends_the_recorded_commit_back_without_an_agent(make_repo):
+    repo, story = _escalate_on_a_dirty_checkout(make_repo)
+    (repo.root / "src/a.py").unlink()
+    result = repo.cli("retry", A.key, "--from", "integrate")
+    assert result.exit_code == 0, result.output
+    assert "retry from integrate (ready)" in result.output and "bmad-loop resume" in result.output
+    assert repo.story(A.key)["state"] == "ready"
+    assert repo.cli("resume").exit_code == 0
+    assert _sessions(repo, A.key, "dev") == 1 and repo.story(A.key)["state"] == "integrated"
+    assert _kinds(repo, "story.retry", A.key)[-1]["data"]["by"] == "retry"
+
+
+def test_retry_from_review_reviews_the_branch_as_it_is_and_from_dev_develops_it_again(make_repo):
+    repo, story = _escalate_on_a_dirty_checkout(make_repo, stories=(A, B))
+    (repo.root / "src/a.py").unlink()
+    run_id = repo.status()["run"]["id"]
+    assert repo.cli("retry", run_id, A.key, "--from", "review").exit_code == 0
+    assert repo.cli("resume").exit_code == 0
+    assert (_sessions(repo, A.key, "dev"), _sessions(repo, A.key, "review")) == (1, 2)
+    assert repo.git("show", "main:src/a.py") == f"NAME = '{A.key}'"
+    # Every story has landed now: nothing more to retry.
+    before = _rows(repo)
+    for key in (A.key, B.key):
+        refused = repo.cli("retry", key, "--from", "dev")
+        assert refused.exit_code == 2 and "nothing to retry" in refused.output
+    assert _rows(repo) == before
+
+
+def test_retry_from_dev_runs_dev_again_with_a_fresh_budget(make_repo):
+    repo, _ = _escalate_on_a_dirty_checkout(make_repo)
+    (repo.root / "src/a.py").unlink()
+    assert repo.cli("retry", A.key, "--from", "dev").exit_code == 0
+    assert repo.story(A.key)["state"] == "pending"
+    assert repo.cli("resume").exit_code == 0
+    assert _sessions(repo, A.key, "dev") == 2 and repo.story(A.key)["state"] == "integrated"
+
+
+@pytest.mark.parametrize("args,words", [
+    (("no-such-story", "--from", "dev"), "no story"),
+    ((A.key, "--from", "integrate"), "not at the"),
+    ((A.key, "--from", "sideways"), "Invalid value"),
+])
+def test_a_refused_retry_is_exit_2_and_changes_nothing(make_repo, args, words):
+    repo, story = _escalate_on_a_dirty_checkout(make_repo)
+    # A person commits on the story branch: integrating the recorded commit is refused.
+    git(repo.root, "-C", story["worktree"], "commit", "-q", "--allow-empty", "-m", "a person")
+    before = _rows(repo)
+    result = repo.cli("retry", *args)
+    assert result.exit_code == 2 and words in result.output, result.output
+    assert _rows(repo) == before
+
+
+def test_retry_of_a_story_that_is_working_is_refused(make_repo, bar):
+    from support import barrier_script, go, inside, wait_until
+
+    repo = make_repo([A], script=barrier_script([A], bar), policy=VERIFIED)
+    proc = repo.spawn("run")
+    wait_until(lambda: inside(bar) == [A.key], what="a in dev")
+    before = _rows(repo)
+    for start in ("dev", "review", "integrate"):
+        result = repo.cli("retry", A.key, "--from", start)
+        assert result.exit_code == 2 and "working (it is being worked on)" in result.output
+    assert _rows(repo) == before
+    go(bar, A.key)
+    assert proc.wait(timeout=60) == 0

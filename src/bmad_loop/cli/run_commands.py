@@ -390,7 +390,9 @@ def retry(project_dir, refs, start):
     run_ref, story = (None, refs[0]) if len(refs) == 1 else refs
     project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     run, row = do_retry(project, Tasks(project), run_ref, story, start)
-    then = "" if run.state in ("running", "pausing") else f"; `bmad-loop resume {run.id}` continues the run"
+    from ..states import RUN_LIVE
+
+    then = "" if run.state in RUN_LIVE else f"; `bmad-loop resume {run.id}` continues the run"
     click.echo(f"{row.key}: retry from {start} ({row.state}){then}")
 
 

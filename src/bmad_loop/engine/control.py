@@ -17,6 +17,7 @@ from ..policy import load_policy, policy_from_dict
 from .escalation import ENVIRONMENTAL, integration_cause
 from .journal import record
 from .redo import retry_story, to_dev, to_ready
+from .reverify import drop_verified, reverify_reason
 from .recovery import ever_spawned, recover_orphans
 from .runs import run_policy, stories_of
 from .transitions import transition_run, transition_story
@@ -86,12 +87,14 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         if other is not None:
             raise StateError(f"run {other.id} is {other.state} on {run.target_branch}: "
                              "stop it before resuming this one")
+        stale_checks = None
         if current is not None:
             snapshot, changed = reloaded_policy(run, current)
             run.policy = snapshot
             run.max_parallel = snapshot["scm"]["max_parallel"]
             run.merge_strategy = snapshot["scm"]["merge_strategy"]
             record(s, run.id, "run.policy_reloaded", changed=changed)
+            stale_checks = reverify_reason(changed)
         policy = run_policy(run)
         previous = run.state
         gates = list(run.gates_passed or [])
@@ -102,9 +105,13 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         git = project.git(policy)
         git.repin_hooks()  # a human is in charge: the project's named hooks as they are now
         target = project.target(git, run.target_branch)
-        _adopt_target(s, run, target.sha())
+        target_now = target.sha()
+        adopted = _adopt_target(s, run, target_now)
         for story in stories_of(s, run.id):
             _reset_for_resume(s, target.story_head, run, story)
+        if stale_checks or adopted:  # verdicts given under other checks, or on another target
+            drop_verified(s, run.id, stale_checks or "the target moved (adopted on resume)",
+                          target_now)
         record(s, run.id, "run.resumed", previous=previous, gates_passed=gates)
         run_id = run.id
     requeue_run(project, tasks, run_id, stale_after=None)
@@ -112,12 +119,15 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         return s.get(Run, run_id)
 
 
-def _adopt_target(session, run: Run, target_now: str | None) -> None:
+def _adopt_target(session, run: Run, target_now: str | None) -> bool:
     """Resuming accepts the target as it is now: a move someone else made while the run was
-    parked (the lane paused on it, or a human fixed something) becomes the lane's baseline."""
+    parked (the lane paused on it, or a human fixed something) becomes the lane's baseline.
+    True when it had moved."""
     if target_now and target_now != run.head_sha:
         record(session, run.id, "target.adopted", old=run.head_sha, new=target_now)
         run.head_sha = target_now
+        return True
+    return False
 
 
 def _reset_for_resume(session, branch_head_of, run: Run, story: Story) -> None:

@@ -2,7 +2,7 @@
 
 Every `story.escalated` the lane writes carries a `cause`. Some causes are the story's own
 work: a merge conflict with the target (`conflict`), a candidate whose verification failed
-(`verify`), a branch that is not where its worker left it (`branch`). The others stood outside
+(`verify-failed`), a branch that is not where its worker left it (`branch`). The others stood outside
 the story: local changes in the target checkout overlapping the candidate (`checkout`), a
 target that kept moving under it (`target-moving`), a verification that could not even run
 (`fault`). Once such a cause is gone nothing about the story needs redoing: `resume` sends it
@@ -21,8 +21,8 @@ __all__ = ["Cause", "ENVIRONMENTAL", "COULD_NOT_RUN", "failure_cause", "integrat
 
 
 class Cause:
-    CONFLICT = "conflict"
-    VERIFY = "verify"
+    CONFLICT = CandidateState.CONFLICT.value  # the story's own: its failed candidate's state
+    VERIFY = CandidateState.VERIFY_FAILED.value
     BRANCH = "branch"
     CHECKOUT = "checkout"
     TARGET_MOVING = "target-moving"

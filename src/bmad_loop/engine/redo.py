@@ -26,7 +26,7 @@ from .transitions import transition_story
 __all__ = ["FROM_STEPS", "RECOMPOSE_FLOOR", "RETRY_FROM", "to_ready", "to_review", "to_dev",
            "retry_story"]
 
-FROM_STEPS = ("dev", "review", "integrate")
+FROM_STEPS = (Phase.DEV, Phase.REVIEW, Phase.INTEGRATE)
 # Story feedback entries: stale compositions up to this candidate attempt were before the
 # retry (they do not count against `max_recompose` again); the step a retry starts from.
 RECOMPOSE_FLOOR = "recompose_after"
@@ -56,7 +56,7 @@ def to_ready(session, run_id: str, story: Story, *, by: str, **data) -> None:
     story.feedback = {RECOMPOSE_FLOOR: floor}
     story.human_fix, story.after_phase, story.signed_off = False, None, False
     story.reason, story.ended_at, story.ready_at = None, None, utcnow()
-    record(session, run_id, "story.retry", story.key, **{"from": "integrate", "by": by,
+    record(session, run_id, "story.retry", story.key, **{"from": Phase.INTEGRATE.value, "by": by,
                                                            "head_sha": story.head_sha, **data})
 
 
@@ -65,10 +65,10 @@ def to_review(session, run_id: str, story: Story, *, by: str, **data) -> None:
     _give_up_candidates(session, run_id, story, f"{by}: reviewed again")
     story.state, story.phase = StoryState.PENDING, Phase.VERIFY
     story.review_cycles = 0
-    story.feedback = {**_kept(story), RETRY_FROM: "review", "verify_output": ""}
+    story.feedback = {**_kept(story), RETRY_FROM: Phase.REVIEW.value, "verify_output": ""}
     story.human_fix, story.after_phase, story.signed_off = False, None, False
     story.reason, story.ended_at = None, None
-    record(session, run_id, "story.retry", story.key, **{"from": "review", "by": by, **data})
+    record(session, run_id, "story.retry", story.key, **{"from": Phase.REVIEW.value, "by": by, **data})
 
 
 def to_dev(session, run_id: str, story: Story, *, by: str, **data) -> None:
@@ -83,7 +83,7 @@ def to_dev(session, run_id: str, story: Story, *, by: str, **data) -> None:
     story.feedback = _kept(story)
     story.human_fix, story.after_phase, story.signed_off = False, None, False
     story.reason, story.ended_at = None, None
-    record(session, run_id, "story.retry", story.key, **{"from": "dev", "by": by, **data})
+    record(session, run_id, "story.retry", story.key, **{"from": Phase.DEV.value, "by": by, **data})
 
 
 def _kept(story: Story) -> dict:
@@ -105,13 +105,16 @@ def retry_story(session, target, run: Run, story: Story, start: str) -> bool:
         raise StateError(f"run {run.id}: story {story.key} changed meanwhile: try again")
     session.refresh(story)
     now = target.story_head(story.branch) if story.branch else None
-    if start != "dev" and story.to_create:
+    if start != Phase.DEV and story.to_create:
         raise StateError(f"run {run.id}: story {story.key} has no story file yet: "
                          "only --from dev (its create phase runs first)")
-    if start == "integrate":
+    if start == Phase.INTEGRATE:
+        if story.state in (StoryState.BLOCKED, StoryState.PENDING):
+            raise StateError(f"run {run.id}: story {story.key} is {story.state}: it has no "
+                             "finished work waiting to integrate; use --from dev or review")
         _check_recorded_head(run, story, now)
         to_ready(session, run.id, story, by="retry")
-    elif start == "review":
+    elif start == Phase.REVIEW:
         if now is None:
             raise StateError(f"run {run.id}: story {story.key} has no branch to review: use --from dev")
         to_review(session, run.id, story, by="retry")

@@ -227,7 +227,7 @@ class StoryWorker:
             if prepared.feedback:
                 values["feedback"] = {**(story.feedback or {}), **prepared.feedback}
             # A human's fix or a retry from review goes on from the branch as it is: no dev.
-            as_is = story.human_fix or (story.feedback or {}).get(RETRY_FROM) == "review"
+            as_is = story.human_fix or (story.feedback or {}).get(RETRY_FROM) == Phase.REVIEW
             if not (as_is and story.base_sha):
                 values["base_sha"] = prepared.base_sha
             # The next phase is entered here, as `_enter_phase` would (a stop asked for ends
