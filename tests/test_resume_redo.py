@@ -180,3 +180,17 @@ def test_retry_of_a_story_that_is_working_is_refused(make_repo, bar):
     assert _rows(repo) == before
     go(bar, A.key)
     assert proc.wait(timeout=60) == 0
+
+
+def test_validate_warns_about_local_changes_in_the_target_checkout(make_repo):
+    repo = make_repo([A], script=write_each([A]), policy=VERIFIED)
+    clean = json.loads(repo.cli("validate", "--json").output)
+    assert not [c for c in clean["checks"] if c["name"] == "checkout"]
+    (repo.root / "src/a.py").write_text("a person's own draft\n")
+    (repo.root / "README.md").write_text("edited\n")
+    result = repo.cli("validate", "--json")
+    assert result.exit_code == 0, result.output  # a warning, not an error
+    warned = [c for c in json.loads(result.output)["checks"] if c["name"] == "checkout"]
+    assert [c["status"] for c in warned] == ["warn"]
+    assert "2 uncommitted change(s) on main (README.md, src/a.py)" in warned[0]["detail"]
+    assert repo.git("status", "--porcelain") == "M README.md\n?? src/a.py"  # nothing changed
