@@ -194,3 +194,22 @@ def test_validate_warns_about_local_changes_in_the_target_checkout(make_repo):
     assert [c["status"] for c in warned] == ["warn"]
     assert "2 uncommitted change(s) on main (README.md, src/a.py)" in warned[0]["detail"]
     assert repo.git("status", "--porcelain") == "M README.md\n?? src/a.py"  # nothing changed
+
+
+def test_resume_after_the_target_kept_moving_integrates_the_same_commit_with_a_fresh_budget(make_repo):
+    # The candidate's verify command commits on the target each time: every CAS goes stale.
+    repo = make_repo([A], script=write_each([A]))
+    mover = (f'case "$PWD" in */candidates/*) cd {repo.root} && date +%s%N > human.txt && '
+             'git add human.txt && git -c user.name=h -c user.email=h@x commit -qm human ;; esac; true')
+    scm = MERGE_NONE.format(n=1, strategy="merge").replace("[scm]\n", '[scm]\non_foreign_move = "accept"\n')
+    repo.write_policy(scm + f'[limits]\nmax_recompose = 2\n[verify]\ncommands = [{json.dumps(mover)}]\n')
+    assert repo.cli("run").exit_code == 3
+    assert _kinds(repo, "story.escalated", A.key)[-1]["data"]["cause"] == "target-moving"
+    repo.write_policy(scm + '[limits]\nmax_recompose = 2\n[verify]\ncommands = ["true"]\n')
+    result = repo.cli("resume", "--reload-policy")
+    # Before the fix: dev ran again, then the three old stale candidates escalated it at once.
+    assert result.exit_code == 0, result.output
+    assert _sessions(repo, A.key, "dev") == 1
+    states = [c["state"] for c in repo.status()["candidates"]]
+    assert states == ["stale", "stale", "stale", "advanced"]
+    assert repo.git("show", "main:src/a.py") == f"NAME = '{A.key}'"
