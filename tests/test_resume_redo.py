@@ -37,7 +37,6 @@ def _escalate_on_a_dirty_checkout(make_repo, stories=(A,), policy: str = VERIFIE
     assert repo.cli("run").exit_code == 3
     story = repo.story(A.key)
     assert story["state"] == "escalated" and "overlap the candidate: src/a.py" in story["reason"]
-    assert _kinds(repo, "story.escalated", A.key)[-1]["data"]["cause"] == "checkout"
     return repo, story
 
 
@@ -52,6 +51,7 @@ def test_resume_after_a_dirty_checkout_escalation_integrates_the_same_commit_wit
     assert repo.story(A.key)["state"] == "integrated"
     assert repo.git("show", "main:src/a.py") == f"NAME = '{A.key}'"
     repo.git("merge-base", "--is-ancestor", story["head_sha"], "main")  # that very commit
+    assert _kinds(repo, "story.escalated", A.key)[0]["data"]["cause"] == "checkout"
     retry = _kinds(repo, "story.retry", A.key)[-1]["data"]
     assert (retry["from"], retry["by"], retry["cause"]) == ("integrate", "resume", "checkout")
     # Composed and verified again: a second candidate, and it advanced.
@@ -100,11 +100,11 @@ def test_a_failed_candidate_verification_still_gets_a_fresh_attempt_with_the_fai
     policy = MERGE_NONE.format(n=1, strategy="merge") + f"[verify]\ncommands = [{json.dumps(verify)}]\n"
     repo = make_repo([A], script=write_each([A]), policy=policy)
     assert repo.cli("run").exit_code == 3
-    assert _kinds(repo, "story.escalated", A.key)[-1]["data"]["cause"] == "verify-failed"
     repo.write_policy(MERGE_NONE.format(n=1, strategy="merge"))
     assert repo.cli("resume", "--reload-policy").exit_code == 0
     dev = [c for c in repo.calls() if c["key"] == A.key and c["phase"] == "dev"]
     assert len(dev) == 2 and "candidate verification failed" in dev[1]["prompt"]
+    assert _kinds(repo, "story.escalated", A.key)[0]["data"]["cause"] == "verify-failed"
 
 
 # ------------------------------------------------------------------ bmad-loop retry
@@ -204,7 +204,6 @@ def test_resume_after_the_target_kept_moving_integrates_the_same_commit_with_a_f
     scm = MERGE_NONE.format(n=1, strategy="merge").replace("[scm]\n", '[scm]\non_foreign_move = "accept"\n')
     repo.write_policy(scm + f'[limits]\nmax_recompose = 2\n[verify]\ncommands = [{json.dumps(mover)}]\n')
     assert repo.cli("run").exit_code == 3
-    assert _kinds(repo, "story.escalated", A.key)[-1]["data"]["cause"] == "target-moving"
     repo.write_policy(scm + '[limits]\nmax_recompose = 2\n[verify]\ncommands = ["true"]\n')
     result = repo.cli("resume", "--reload-policy")
     # Before the fix: dev ran again, then the three old stale candidates escalated it at once.
@@ -213,3 +212,4 @@ def test_resume_after_the_target_kept_moving_integrates_the_same_commit_with_a_f
     states = [c["state"] for c in repo.status()["candidates"]]
     assert states == ["stale", "stale", "stale", "advanced"]
     assert repo.git("show", "main:src/a.py") == f"NAME = '{A.key}'"
+    assert _kinds(repo, "story.escalated", A.key)[0]["data"]["cause"] == "target-moving"
