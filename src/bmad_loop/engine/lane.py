@@ -445,16 +445,8 @@ class _Lane:
             return self._end_pause(RunState.PAUSED, f"needs a human: {listing}")
         waiting = [s for s in stories if s.state == StoryState.PENDING]
         if waiting and (decision is None or not decision.dispatch):
-            if self._in_flight_now():
-                return  # rows read earlier in the pass: a story started since wakes the lane
             listing = "; ".join(f"{s.key}: {s.wait_reason}" for s in waiting[:5])
             return self._end_pause(RunState.PAUSED, f"no story can start: {listing}")
-
-    def _in_flight_now(self) -> bool:
-        """Is a story of the run queued or working, as the rows say now? ("No story can
-        start" is never said while one may still finish and free the others.)"""
-        with self.db.read() as s:
-            return any(st.state in STORY_IN_FLIGHT for st in stories_of(s, self.run_id))
 
     def _integration_held(self, run: Run) -> bool:
         """A checkpoint pauses right after its story, a foreign move or a changed git
