@@ -29,10 +29,13 @@ def _kinds(repo, kind: str, key: str | None = None) -> list[dict]:
     return [e for e in repo.journal() if e["kind"] == kind and (key is None or e["story"] == key)]
 
 
-def _escalate_on_a_dirty_checkout(make_repo, stories=(A,), policy: str = VERIFIED):
+def _escalate_on_a_dirty_checkout(make_repo, stories=(A,), policy: str = VERIFIED, backend=None):
     """A run whose first story escalates at its advance: an untracked src/a.py of a person's
     in the target checkout overlaps its candidate (which passed verification)."""
-    repo = make_repo(list(stories), script=write_each(stories), policy=policy)
+    extra = backend.policy_toml() if backend is not None else ""
+    repo = make_repo(list(stories), script=write_each(stories), policy=policy + extra)
+    if backend is not None:
+        backend.adopt_project(repo.root)
     (repo.root / "src/a.py").write_text("a person's own draft\n")
     assert repo.cli("run").exit_code == 3
     story = repo.story(A.key)
@@ -40,8 +43,9 @@ def _escalate_on_a_dirty_checkout(make_repo, stories=(A,), policy: str = VERIFIE
     return repo, story
 
 
-def test_resume_after_a_dirty_checkout_escalation_integrates_the_same_commit_without_an_agent(make_repo):
-    repo, story = _escalate_on_a_dirty_checkout(make_repo)
+def test_resume_after_a_dirty_checkout_escalation_integrates_the_same_commit_without_an_agent(
+        make_repo, backend):
+    repo, story = _escalate_on_a_dirty_checkout(make_repo, backend=backend)
     assert (_sessions(repo, A.key, "dev"), _sessions(repo, A.key, "review")) == (1, 1)
     repo.git("stash", "-u", "-q")  # the person puts the draft away, as the reason says
     result = repo.cli("resume")

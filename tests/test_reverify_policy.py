@@ -45,13 +45,16 @@ def _commands(bar: Path, *scripts: tuple[str, str]) -> str:
     return MERGE_NONE.format(n=3, strategy="merge") + f"[verify]\ncommands = {json.dumps(argv)}\n"
 
 
-def _three_verified_then_stopped(make_repo, bar: Path):
-    repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_commands(bar, ("gate.py", GATE)))
+def _three_verified_then_stopped(make_repo, bar: Path, backend=None):
+    extra = backend.policy_toml() if backend is not None else ""
+    repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_commands(bar, ("gate.py", GATE)) + extra)
+    if backend is not None:
+        backend.adopt_project(repo.root)
     proc = repo.spawn("run")
     wanted = {f"verifying-{s.key}-1" for s in SPRINT}
     wait_until(lambda: wanted <= {p.name for p in bar.glob("verifying-*")},
                what="three candidates verifying at once")
-    run_id = query(repo, "SELECT id FROM runs")[0][0]
+    run_id = repo.status()["run"]["id"]
     assert repo.cli("stop", run_id).exit_code == 0  # graceful: the verifications finish
     (bar / "pass").write_text("")
     assert proc.wait(timeout=60) == 4, repo.spawned_logs()
@@ -64,9 +67,10 @@ def _reverified(repo) -> list[str]:
     return [e["story"] for e in repo.journal() if e["kind"] == "candidate.reverify_policy"]
 
 
-def test_a_reload_with_stricter_verify_commands_verifies_the_kept_candidates_again(make_repo, bar):
-    repo, run_id = _three_verified_then_stopped(make_repo, bar)
-    repo.write_policy(_commands(bar, ("gate.py", GATE), ("strict.py", STRICT)))
+def test_a_reload_with_stricter_verify_commands_verifies_the_kept_candidates_again(make_repo, bar,
+                                                                                  backend):
+    repo, run_id = _three_verified_then_stopped(make_repo, bar, backend)
+    repo.write_policy(_commands(bar, ("gate.py", GATE), ("strict.py", STRICT)) + backend.policy_toml())
     result = repo.cli("resume", run_id, "--reload-policy")
     # Before the fix: exit 0, all three on main without the new command ever running.
     assert result.exit_code == 3, result.output
