@@ -217,3 +217,16 @@ def test_resume_after_the_target_kept_moving_integrates_the_same_commit_with_a_f
     assert states == ["stale", "stale", "stale", "advanced"]
     assert repo.git("show", "main:src/a.py") == f"NAME = '{A.key}'"
     assert _kinds(repo, "story.escalated", A.key)[0]["data"]["cause"] == "target-moving"
+
+
+def test_a_worktree_a_person_removed_is_no_reason_to_run_an_agent(make_repo):
+    repo, story = _escalate_on_a_dirty_checkout(make_repo, stories=(A, B))
+    (repo.root / "src/a.py").unlink()
+    repo.git("worktree", "remove", "--force", story["worktree"])  # the branch stays
+    assert repo.cli("retry", A.key, "--from", "review").exit_code == 0
+    assert repo.cli("resume").exit_code == 0
+    # Its worktree was made again from the branch; verified and reviewed, never developed again.
+    assert (_sessions(repo, A.key, "dev"), _sessions(repo, A.key, "review")) == (1, 2)
+    assert repo.git("show", "main:src/a.py") == f"NAME = '{A.key}'"
+    assert {s["key"]: s["state"] for s in repo.status()["stories"]} == {
+        A.key: "integrated", B.key: "integrated"}
