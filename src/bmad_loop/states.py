@@ -147,8 +147,9 @@ STORY_TRANSITIONS: dict[StoryState, frozenset[StoryState]] = {
     S.READY: frozenset({S.INTEGRATING, S.PENDING}),  # pending: restacked (restack.py)
     # ready: its speculative candidate was given up (one below it failed, or the run stopped)
     S.INTEGRATING: frozenset({S.HELD, S.INTEGRATED, S.ESCALATED, S.READY}),
-    S.HELD: frozenset({S.READY, S.ESCALATED}),
-    S.ESCALATED: frozenset({S.PENDING}),
+    S.HELD: frozenset({S.READY, S.ESCALATED, S.PENDING}),  # pending: `retry --from dev|review`
+    # ready: escalated by something outside the story (resume), or `retry --from integrate`
+    S.ESCALATED: frozenset({S.PENDING, S.READY}),
     S.BLOCKED: frozenset({S.PENDING}),
     S.INTEGRATED: frozenset(),
     S.SKIPPED: frozenset(),

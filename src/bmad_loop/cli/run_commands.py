@@ -19,7 +19,7 @@ from .app import (
 from .ownership_output import echo_new_warnings, forget_command
 
 __all__ = ["init", "validate", "enqueue", "worker", "run", "resume", "abandon", "stop", "approve", "reject",
-           "reconcile", "demo", "cleanup"]
+           "retry", "reconcile", "demo", "cleanup"]
 
 
 def selection_options(fn):
@@ -376,6 +376,29 @@ def approve(project_dir, run_ref, story):
     project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     row = do_approve(project, Tasks(project), run_ref, story)
     click.echo(f"approved {row.key}; `bmad-loop resume {run_ref}` continues a paused run")
+
+
+@cli.command()
+@project_option
+@click.argument("refs", metavar="[RUN] STORY", nargs=-1, required=True)
+@click.option("--from", "start", required=True, type=click.Choice(["dev", "review", "integrate"]),
+              help="dev: a fresh dev attempt; review: verify and review the branch as it is; "
+                   "integrate: compose, verify and integrate its finished commit again.")
+@handle_errors
+def retry(project_dir, refs, start):
+    """Send one story back to an earlier step (a person's explicit redo)."""
+    from ..engine.control import retry as do_retry
+    from ..tasks import Tasks
+
+    if len(refs) > 2:
+        raise click.UsageError("expected [RUN] STORY")
+    run_ref, story = (None, refs[0]) if len(refs) == 1 else refs
+    project = open_project(project_dir, need_runs=True, run_ref=run_ref)
+    run, row = do_retry(project, Tasks(project), run_ref, story, start)
+    from ..states import RUN_LIVE
+
+    then = "" if run.state in RUN_LIVE else f"; `bmad-loop resume {run.id}` continues the run"
+    click.echo(f"{row.key}: retry from {start} ({row.state}){then}")
 
 
 @cli.command()

@@ -15,14 +15,17 @@ from ..errors import Ambiguous, NotFound, StateError
 from ..states import RUN_ABANDONABLE, RUN_ONE_PER_TARGET, RUN_LIVE, RUN_RESUMABLE, RUN_TERMINAL, STORY_DONE, CandidateState, Phase, RunState, StopMode, StoryState
 from ..policy import load_policy, policy_from_dict
 from . import leases
+from .escalation import ENVIRONMENTAL, integration_cause
 from .journal import record
 from .ownership import save_run, target_check
+from .redo import retry_story, to_dev, to_ready
+from .reverify import drop_verified, reverify_reason
 from .recovery import ever_spawned, recover_orphans
 from .runs import run_policy, stories_of
 from .transitions import transition_run, transition_story
 
-__all__ = ["find_run", "driver_of", "refuse_if_driven", "resume", "stop", "approve", "reject", "reconcile", "recover_live_runs",
-           "requeue_run"]
+__all__ = ["find_run", "driver_of", "refuse_if_driven", "resume", "stop", "approve", "reject",
+           "retry", "reconcile", "recover_live_runs", "requeue_run"]
 
 
 
@@ -90,12 +93,14 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         if other is not None:
             raise StateError(f"run {other.id} is {other.state} on {run.target_branch}: "
                              "stop it before resuming this one")
+        stale_checks = None
         if current is not None:
             snapshot, changed = reloaded_policy(run, current)
             run.policy = snapshot
             run.max_parallel = snapshot["scm"]["max_parallel"]
             run.merge_strategy = snapshot["scm"]["merge_strategy"]
             record(s, run.id, "run.policy_reloaded", changed=changed)
+            stale_checks = reverify_reason(changed)
         policy = run_policy(run)
         previous = run.state
         gates = list(run.gates_passed or [])
@@ -106,9 +111,13 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         git = project.git(policy)
         git.repin_hooks()  # a human is in charge: the project's named hooks as they are now
         target = project.target(git, run.target_branch)
-        _adopt_target(s, run, target.sha())
+        target_now = target.sha()
+        adopted = _adopt_target(s, run, target_now)
         for story in stories_of(s, run.id):
             _reset_for_resume(s, target.story_head, run, story)
+        if stale_checks or adopted:  # verdicts given under other checks, or on another target
+            drop_verified(s, run.id, stale_checks or "the target moved (adopted on resume)",
+                          target_now)
         record(s, run.id, "run.resumed", previous=previous, gates_passed=gates)
         for warning in foreign.warnings:
             record(s, run.id, "run.warning", message=warning)
@@ -140,36 +149,35 @@ def refuse_if_driven(session, project, run: Run) -> None:
                          f"`bmad-loop stop {run.id}` first")
 
 
-def _adopt_target(session, run: Run, target_now: str | None) -> None:
+def _adopt_target(session, run: Run, target_now: str | None) -> bool:
     """Resuming accepts the target as it is now: a move someone else made while the run was
-    parked (the lane paused on it, or a human fixed something) becomes the lane's baseline."""
+    parked (the lane paused on it, or a human fixed something) becomes the lane's baseline.
+    True when it had moved."""
     if target_now and target_now != run.head_sha:
         record(session, run.id, "target.adopted", old=run.head_sha, new=target_now)
         run.head_sha = target_now
+        return True
+    return False
 
 
 def _reset_for_resume(session, branch_head_of, run: Run, story: Story) -> None:
     if story.state in (StoryState.ESCALATED, StoryState.BLOCKED):
         branch_head = branch_head_of(story.branch) if story.branch else None
         human_fix = bool(branch_head and story.head_sha and branch_head != story.head_sha)
+        cause = (integration_cause(session, run.id, story.key)
+                 if story.state == StoryState.ESCALATED else None)
         if human_fix:
             # A human changed the branch: verify and integrate it without the agent.
             story.state, story.phase = StoryState.PENDING, Phase.PREPARE
             story.feedback, story.human_fix, story.after_phase = {}, True, None
             story.head_sha = branch_head
             record(session, run.id, "story.human_fix", story.key, head_sha=branch_head)
+            story.reason, story.ended_at = None, None
+        elif cause in ENVIRONMENTAL and branch_head and branch_head == story.head_sha:
+            # Nothing of the story failed: the same commit is integrated again, no agent.
+            to_ready(session, run.id, story, by="resume", cause=cause, reason=story.reason)
         else:
-            story.state, story.phase = StoryState.PENDING, story.phase if story.worktree else None
-            if story.phase in (Phase.COMMIT, Phase.INTEGRATE, None) or not story.worktree:
-                story.phase = None
-            else:
-                story.phase = Phase.DEV
-            story.dev_attempts, story.review_cycles = 0, 0
-            story.feedback = {k: v for k, v in (story.feedback or {}).items()
-                              if k in ("verify_output", "review_notes", "pre_dirty")}
-            story.human_fix, story.after_phase = False, None
-            record(session, run.id, "story.retry", story.key, reason=story.reason)
-        story.reason, story.ended_at = None, None
+            to_dev(session, run.id, story, by="resume", reason=story.reason)
     # A `working` story is left alone: if its worker died, its lease says so and orphan
     # recovery re-queues it; if it is alive (another host), it finishes.
 
@@ -298,6 +306,20 @@ def reject(project, tasks, ref: str | None, story_key: str, reason: str) -> Stor
         run_id = run.id
     tasks.enqueue_lane(run_id)
     return story
+
+
+def retry(project, tasks, ref: str | None, story_key: str, start: str) -> tuple[Run, Story]:
+    """A person's explicit redo of one story from `start` (redo.FROM_STEPS); see redo.py."""
+    with project.db.transaction() as s:
+        run = find_run(s, project, ref)
+        story = _story_by_key(s, run, story_key)
+        target = project.target(project.git(run_policy(run)), run.target_branch)
+        wake = retry_story(s, target, run, story, start)
+        run_id = run.id
+    if wake:
+        tasks.enqueue_lane(run_id)
+    with project.db.read() as s:
+        return s.get(Run, run_id), s.get(Story, story.id)
 
 
 VERDICTS = {

@@ -19,6 +19,7 @@ dev starts from everything integrated meanwhile (admission waited for what it co
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..compose import blob_at, changed_paths, dirty_paths, replace_blob
@@ -26,6 +27,7 @@ from ..errors import GitError
 from ..footprint import footprint_from_mapping
 from ..states import AttemptState, Phase
 from ..storymeta import parse_story_text
+from .created_check import check_created
 from .outcome import Outcome
 from .workspace import Prepared
 
@@ -35,27 +37,23 @@ CREATED_KEY = "created"  # feedback entry: the create commit that dev has not st
 
 
 def phase_create(worker) -> Outcome:
-    """One create session of the claimed story, and what it means for the story."""
+    """One create session of the claimed story, and what it means for the story. A story
+    file a person committed on the story branch (after the create attempts ran out) is read
+    instead, with no session."""
     ctx, git = worker.ctx, worker.ctx.git
     story = worker.claim.load()
     worktree = Path(story.worktree)
     start = git.rev("HEAD", cwd=worktree)
+    written = worktree / story.story_path
+    if blob_at(git, start, story.story_path) is not None:
+        return _committed_by_a_person(worker, story, start, written)
     number = story.dev_attempts + 1
     result = worker._session(Phase.CREATE, number)
-    written = worktree / story.story_path
-    text, failure = None, None
+    meta, failure = None, None
     if not result.ok:
         failure = result.summary
-    elif not written.is_file():
-        failure = f"the agent exited 0 but wrote no story file at {story.story_path}"
     else:
-        try:
-            text = written.read_text(encoding="utf-8")
-            meta = parse_story_text(text)
-            if meta.errors:
-                failure = f"the story file it wrote is invalid: {'; '.join(meta.errors)}"
-        except (UnicodeDecodeError, OSError) as exc:
-            failure = f"cannot read the story file it wrote: {exc}"
+        meta, failure = _read_written(ctx, story, written)
     if failure:
         discarded = _reset(git, worktree, start, worker.ctx.workspace.seeds, keep=None)
         if result.state == AttemptState.SUCCEEDED:  # exited 0, but no usable file: a failure
@@ -72,7 +70,37 @@ def phase_create(worker) -> Outcome:
                                                   + result.output[-4000:]})
     head = _commit_file(git, start, story.story_path, written.read_bytes(),
                         f"{story.key}: create the story file\n")
-    discarded = _reset(git, worktree, head, worker.ctx.workspace.seeds, keep=story.story_path)
+    return _created(worker, story, head, meta, result)
+
+
+def _read_written(ctx, story, written: Path):
+    """(metadata, None) of a usable story file, else (None, why not)."""
+    if not written.is_file():
+        return None, f"the agent exited 0 but wrote no story file at {story.story_path}"
+    try:
+        meta = parse_story_text(written.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, OSError) as exc:
+        return None, f"cannot read the story file it wrote: {exc}"
+    depends_on, problem = check_created(ctx, story, meta, written)  # as a committed file
+    if problem:
+        return None, problem
+    return replace(meta, depends_on=depends_on), None
+
+
+def _committed_by_a_person(worker, story, head: str, written: Path) -> Outcome:
+    """The story branch already holds the story file: a person wrote or fixed it there. It is
+    checked like a created one; a bad one escalates at once (no agent second-guesses it)."""
+    meta, failure = _read_written(worker.ctx, story, written)
+    if failure:
+        return Outcome(escalate=f"the story file on the story branch is still invalid: {failure}",
+                       events=[("create.failed", {"attempt": None, "reason": failure})])
+    return _created(worker, story, head, meta, None)
+
+
+def _created(worker, story, head: str, meta, result) -> Outcome:
+    """The story file is committed at `head`: the row takes what it says, back to pending."""
+    ctx, git = worker.ctx, worker.ctx.git
+    discarded = _reset(git, Path(story.worktree), head, ctx.workspace.seeds, keep=story.story_path)
     values = _row_values(ctx, story, meta)
     events = [("story.created", {"story_file": story.story_path, "commit": head,
                                  "footprint": values["footprint"],
@@ -88,7 +116,7 @@ def phase_create(worker) -> Outcome:
     except GitError as exc:
         return Outcome(escalate=f"cannot push the story branch: {exc}", session=result,
                        events=events, values={"head_sha": head})
-    values.update(to_create=False, dev_attempts=0, head_sha=head)
+    values.update(to_create=False, dev_attempts=0, head_sha=head, human_fix=False)
     return Outcome(pending=True, session=result, values=values, events=events,
                    feedback={"verify_output": "", CREATED_KEY: head})
 

@@ -25,12 +25,14 @@ from ..states import CANDIDATE_OPEN, CandidateState, StoryState
 from .childenv import child_env
 from .context import make_workspace
 from .faults import crash_point, delay_point
+from .escalation import Cause
 from .integrate_outcomes import Outcomes, TargetMoved
 from .journal import journal_git_locks, record
 from .ports import lane_block, port_env
 from .layout import Layout
 from .ledgerfiles import append_ledger_lines
 from .mergerules import run_merge_rules
+from .redo import RECOMPOSE_FLOOR
 from .regenerate import Candidate as Regenerating
 from .regenerate import regenerate, settled_events
 from .runs import board_rel
@@ -96,7 +98,7 @@ class Integrator(Outcomes):
             story = s.get(Story, story_id)
             if story.state not in (StoryState.READY, StoryState.INTEGRATING):
                 return story.state
-            known = self._known(s, story.id)
+            known = self._known(s, story)
         # A ready story that nothing will wait on (no verify commands, no sign-off, nothing to
         # resume) enters `integrating` in the transaction that records its composition.
         quick = (story.state == StoryState.READY and not self._keeps_candidate(story)
@@ -115,10 +117,11 @@ class Integrator(Outcomes):
             if outcome != CandidateState.STALE:
                 return outcome
 
-    def _known(self, s, story_id: int) -> "_Known":
-        cands = list(s.scalars(_CANDIDATES_OF, {"story_id": story_id}))
+    def _known(self, s, story: Story) -> "_Known":
+        cands = list(s.scalars(_CANDIDATES_OF, {"story_id": story.id}))
+        floor = (story.feedback or {}).get(RECOMPOSE_FLOOR, 0)  # stale before a retry: spent
         return _Known(cands[0] if cands else None, len(cands),
-                      sum(c.state == CandidateState.STALE for c in cands),
+                      sum(c.state == CandidateState.STALE and c.attempt > floor for c in cands),
                       s.connection().execute(_RUN_HEAD, {"run_id": self.run_id}).scalar())
 
     # ------------------------------------------------------------------ one attempt
@@ -132,7 +135,7 @@ class Integrator(Outcomes):
             return self._compose_and_land(story, attempt, target_sha, branch_sha)
         sha = self.compose_candidate(story, cand_id, attempt, target_sha, branch_sha)
         if sha is None:
-            return self._escalate(story, cand_id, self.candidate_reason(cand_id))
+            return self._escalate(story, cand_id, self.candidate_reason(cand_id), Cause.CONFLICT)
         verdict = self._verify(story, cand_id, attempt, sha, target_sha, branch_sha)
         if verdict != CandidateState.VERIFIED:
             return verdict
@@ -154,16 +157,17 @@ class Integrator(Outcomes):
         `known`: the rows as `integrate` read them; `row` False: no row yet (id None)."""
         if known is None:
             with self.db.transaction() as s:
-                known = self._known(s, story.id)
+                known = self._known(s, story)
         stale = known.stale
         if stale > self.policy.limits.max_recompose:
             return self._escalate(story, None, f"target kept moving: {stale} stale compositions "
-                                  f"(max_recompose = {self.policy.limits.max_recompose})")
+                                  f"(max_recompose = {self.policy.limits.max_recompose})",
+                                  Cause.TARGET_MOVING)
         target_sha = self.target.sha()
         self._check_foreign_move(story, target_sha, known.baseline)
         missing = self._fetch_story(story)
         if missing:
-            return self._escalate(story, None, missing)
+            return self._escalate(story, None, missing, Cause.BRANCH)
         if not row:
             return None, known.attempts + 1, target_sha, story.head_sha
         cand_id, attempt = self.new_candidate(story, target_sha, stack=1, on_id=None)
@@ -202,7 +206,7 @@ class Integrator(Outcomes):
         if comp.conflicts:
             ref = self.layout.candidate_ref(story.key, attempt)
             self._record_conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)
-            return self._escalate(story, cand_id, self.candidate_reason(cand_id))
+            return self._escalate(story, cand_id, self.candidate_reason(cand_id), Cause.CONFLICT)
         crash_point("lane.after_verify")
         if self.between is not None:
             self.between()
@@ -332,7 +336,8 @@ class Integrator(Outcomes):
         result = self.run_candidate_verify(story.key, attempt, worktree, self._verify_env())
         if self.record_verdict(story, cand_id, attempt, result, worktree, target_sha, branch_sha, sha):
             return CandidateState.VERIFIED
-        return self._escalate(story, cand_id, f"candidate verification failed: {result.failed_command}")
+        return self._escalate(story, cand_id, f"candidate verification failed: {result.failed_command}",
+                              Cause.VERIFY)
 
     def candidate_checkout(self, key: str, attempt: int, sha: str) -> Path | None:
         """The detached worktree verification runs in (none without verify commands)."""

@@ -15,6 +15,7 @@ from sqlalchemy import bindparam, select
 from ..db.models import Candidate, Run, Story, utcnow
 from ..states import CandidateState, Phase, RunState, StoryState
 from ..worktrees import delete_ref, ensure_detached_worktree, remove_worktree
+from .escalation import Cause
 from .faults import crash_point
 from .journal import record
 from .runs import RUN_STATE
@@ -51,7 +52,8 @@ class Outcomes:
             cand.state, cand.evidence, cand.ended_at = CandidateState.ABANDONED, str(evidence), utcnow()
             cand.reason = f"local changes in {checkout} overlap: {', '.join(overlap)}"
         return self._escalate(story, cand_id, f"the target checkout {checkout} has local "
-                              f"changes that overlap the candidate: {', '.join(overlap)}")
+                              f"changes that overlap the candidate: {', '.join(overlap)}",
+                              Cause.CHECKOUT)
 
     def _record_conflict(self, story, cand_id, attempt, comp, target_sha, branch_sha, ref) -> None:
         # Keep the conflicted tree (with markers) as a commit and a worktree for a human.
@@ -101,7 +103,9 @@ class Outcomes:
         record(s, self.run_id, "story.integrating", story.key)
         return True
 
-    def _escalate(self, story, cand_id, reason: str) -> str:
+    def _escalate(self, story, cand_id, reason: str, cause: str) -> str:
+        """`cause` (escalation.Cause) tells `resume` whether the story's own work failed or
+        something outside it did: the latter goes back to `ready` without an agent."""
         with self.db.transaction() as s:
             row = s.get(Story, story.id)
             if row.state == StoryState.READY:  # found before composing, on the quick path
@@ -113,7 +117,7 @@ class Outcomes:
                                          reason=reason, ended_at=utcnow(), feedback=feedback)
             if escalated:
                 record(s, self.run_id, "story.escalated", story.key, reason=reason,
-                       candidate=cand_id, phase=Phase.INTEGRATE)
+                       candidate=cand_id, phase=Phase.INTEGRATE, cause=cause)
             row = s.get(Story, story.id)
         if escalated:
             self.workspace.restore_worktree(row)  # released at ready: a human gets it back

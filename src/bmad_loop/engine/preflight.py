@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..board import ACTIONABLE
+from ..compose import dirty_paths
 from ..db.database import check_driver
 from ..db.sqlitefile import check_folder_writable, check_sqlite_file
 from ..errors import BmadLoopError
@@ -46,6 +47,8 @@ def preflight(root: Path) -> dict:
         add("git", "ok", f"target branch {branch} at {sha[:10]}")
     except BmadLoopError as exc:
         add("git", "error", str(exc))
+    if sha:
+        _check_checkout(add, project, policy, branch)
     try:
         _check_state(project, policy)
         add("state", "ok", _state_detail(project, policy))
@@ -92,6 +95,23 @@ def preflight(root: Path) -> dict:
     except BmadLoopError as exc:  # not a repository: the git check says so already
         add("bmad", "warn", f"cannot tell what is seeded: {exc}")
     return _report(checks, **found)
+
+
+def _check_checkout(add, project, policy, branch: str) -> None:
+    """A warning for local changes in the checkout of the target: a story whose candidate
+    touches one of them escalates before the target moves (bmad-loop's own folder aside)."""
+    git = project.git(policy)
+    try:
+        checkout = project.target(git, branch).checkout()
+        dirty = sorted(p for p in dirty_paths(git, checkout) if not p.startswith(".bmad-loop/")) \
+            if checkout is not None else []
+    except BmadLoopError:
+        return  # the git check speaks for the repository
+    if dirty:
+        shown = ", ".join(dirty[:5]) + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
+        add("checkout", "warn", f"{checkout}: {len(dirty)} uncommitted change(s) on {branch} "
+            f"({shown}): a story whose candidate touches one escalates before {branch} moves; "
+            "commit or stash them first")
 
 
 def _check_state(project, policy) -> None:

@@ -32,6 +32,7 @@ from sqlalchemy import select
 
 from ..db.models import Candidate, Run, Story, utcnow
 from ..states import CANDIDATE_OPEN, CandidateState, RunState, StoryState
+from .escalation import COULD_NOT_RUN, Cause, failure_cause
 from .journal import record
 from .ports import lane_block, port_env
 from .runs import next_in_plan
@@ -195,7 +196,8 @@ class Stack:
             return False
         cand = entry.cand
         if cand.state in _FAILED:
-            outcome = self.integrator._escalate(entry.story, cand.id, cand.reason or "candidate failed")
+            outcome = self.integrator._escalate(entry.story, cand.id, cand.reason or "candidate failed",
+                                                failure_cause(cand.state, cand.reason))
             self.lane._after_integration(entry.story, outcome)
             return True
         if cand.state not in (CandidateState.VERIFIED, CandidateState.ADVANCING):
@@ -264,7 +266,7 @@ class Stack:
                                               target_sha, branch_sha, sha)
             except Exception as exc:  # counts as a failed verification, never a silent retry loop
                 log.exception("verification of candidate %s (%s) failed to run", cand_id, story.key)
-                failed = VerifyResult(ok=False, failed_command=f"(verification could not run: {exc})",
+                failed = VerifyResult(ok=False, failed_command=f"{COULD_NOT_RUN}: {exc})",
                                       exit_code=None, timed_out=False, output=str(exc),
                                       duration_s=0.0, log=None)
                 integrator.record_verdict(story, cand_id, attempt, failed, worktree,
@@ -314,7 +316,7 @@ class Stack:
         else:
             missing = integrator._fetch_story(story)
             if missing:
-                outcome = integrator._escalate(story, None, missing)
+                outcome = integrator._escalate(story, None, missing, Cause.BRANCH)
                 self.lane._after_integration(story, outcome)
                 return True
             on_sha, branch_sha = top.cand.candidate_sha, story.head_sha

@@ -34,6 +34,7 @@ from .faults import crash_point, delay_point
 from .interruptions import close_running_attempts, interrupt_open_attempts, release_after_stop
 from .journal import record
 from .pushed_branch import adopt_pushed_branch
+from .redo import RETRY_FROM
 from .notify import notify
 from .outcome import Escalate, Outcome
 from .retry import FaultPersisted, pause_for_fault, retrying
@@ -235,11 +236,13 @@ class StoryWorker:
                       "heartbeat_at": utcnow()}
             if prepared.feedback:
                 values["feedback"] = {**(story.feedback or {}), **prepared.feedback}
-            if not (story.human_fix and story.base_sha):
+            # A human's fix or a retry from review goes on from the branch as it is: no dev.
+            as_is = story.human_fix or (story.feedback or {}).get(RETRY_FROM) == Phase.REVIEW
+            if not (as_is and story.base_sha):
                 values["base_sha"] = prepared.base_sha
             # The next phase is entered here, as `_enter_phase` would (a stop asked for ends
             # the walk once this is written).
-            values["phase"] = (Phase.CREATE if story.to_create else Phase.VERIFY if story.human_fix
+            values["phase"] = (Phase.CREATE if story.to_create else Phase.VERIFY if as_is
                                else Phase.DEV)
             run_state = self.claim.write(s, story, **values)
             record(s, ctx.run_id, "story.prepared", self.key, worktree=str(prepared.worktree),

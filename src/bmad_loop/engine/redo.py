@@ -1,0 +1,133 @@
+"""Sending a story back to an earlier step: by `resume` (escalated, blocked) or by a person
+(`bmad-loop retry STORY --from dev|review|integrate`).
+
+- `integrate`: the commit its worker recorded (`head_sha`) goes back to `ready`; the lane
+  composes, verifies and integrates it again. No agent session.
+- `review`: back to `pending`; its worker verifies the branch as it is, then runs a review
+  session (and fix cycles, as usual). No dev session.
+- `dev`: back to `pending` with a fresh attempt budget; dev runs on the branch as it is.
+
+Each is journaled as `story.retry` with `from` (the step), which also gives the story a fresh
+recovery budget (recovery.RESET_KINDS). Open candidates of the story (a held one waiting for
+sign-off, a verified one not yet advanced) are given up first: what lands is verified again.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+
+from ..db.models import Candidate, Run, Story, utcnow
+from ..errors import StateError
+from ..states import (CANDIDATE_OPEN, RUN_LIVE, RUN_RESUMABLE, CandidateState, Phase,
+                      StoryState)
+from .journal import record
+from .transitions import transition_story
+
+__all__ = ["FROM_STEPS", "RECOMPOSE_FLOOR", "RETRY_FROM", "to_ready", "to_review", "to_dev",
+           "retry_story"]
+
+FROM_STEPS = (Phase.DEV, Phase.REVIEW, Phase.INTEGRATE)
+# Story feedback entries: stale compositions up to this candidate attempt were before the
+# retry (they do not count against `max_recompose` again); the step a retry starts from.
+RECOMPOSE_FLOOR = "recompose_after"
+RETRY_FROM = "retry_from"
+# What a retry may start from: a story no worker or lane holds, not landed.
+RETRYABLE = frozenset({StoryState.ESCALATED, StoryState.BLOCKED, StoryState.HELD,
+                       StoryState.READY, StoryState.PENDING})
+_FEEDBACK_KEPT = ("verify_output", "review_notes", "pre_dirty")
+
+
+def _give_up_candidates(session, run_id: str, story: Story, why: str) -> int:
+    """Abandon the story's open candidates; the highest candidate attempt so far (0: none)."""
+    for cand in session.scalars(select(Candidate).where(Candidate.story_id == story.id,
+                                                        Candidate.state.in_(CANDIDATE_OPEN))):
+        was = cand.state
+        cand.state, cand.ended_at, cand.reason = CandidateState.ABANDONED, utcnow(), why
+        record(session, run_id, "candidate.abandoned", story.key, attempt=cand.attempt,
+               was=was, reason=why)
+    return session.scalar(select(func.max(Candidate.attempt))
+                          .where(Candidate.story_id == story.id)) or 0
+
+
+def to_ready(session, run_id: str, story: Story, *, by: str, **data) -> None:
+    """Its recorded commit is composed, verified and integrated again, with no agent."""
+    floor = _give_up_candidates(session, run_id, story, f"{by}: composed again")
+    story.state, story.phase = StoryState.READY, Phase.COMMIT
+    story.feedback = {RECOMPOSE_FLOOR: floor}
+    story.human_fix, story.after_phase, story.signed_off = False, None, False
+    story.reason, story.ended_at, story.ready_at = None, None, utcnow()
+    record(session, run_id, "story.retry", story.key, **{"from": Phase.INTEGRATE.value, "by": by,
+                                                           "head_sha": story.head_sha, **data})
+
+
+def to_review(session, run_id: str, story: Story, *, by: str, **data) -> None:
+    """Its branch is verified as it is, then reviewed (fix cycles as usual): no dev session."""
+    _give_up_candidates(session, run_id, story, f"{by}: reviewed again")
+    story.state, story.phase = StoryState.PENDING, Phase.VERIFY
+    story.review_cycles = 0
+    story.feedback = {**_kept(story), RETRY_FROM: Phase.REVIEW.value, "verify_output": ""}
+    story.human_fix, story.after_phase, story.signed_off = False, None, False
+    story.reason, story.ended_at = None, None
+    record(session, run_id, "story.retry", story.key, **{"from": Phase.REVIEW.value, "by": by, **data})
+
+
+def to_dev(session, run_id: str, story: Story, *, by: str, **data) -> None:
+    """A fresh attempt budget; dev runs again on the branch as it is."""
+    _give_up_candidates(session, run_id, story, f"{by}: developed again")
+    if story.phase in (Phase.COMMIT, Phase.INTEGRATE, None) or not story.worktree:
+        story.phase = None  # prepare finds its branch and goes on to dev
+    else:
+        story.phase = Phase.DEV
+    story.state = StoryState.PENDING
+    story.dev_attempts, story.review_cycles = 0, 0
+    story.feedback = _kept(story)
+    story.human_fix, story.after_phase, story.signed_off = False, None, False
+    story.reason, story.ended_at = None, None
+    record(session, run_id, "story.retry", story.key, **{"from": Phase.DEV.value, "by": by, **data})
+
+
+def _kept(story: Story) -> dict:
+    return {k: v for k, v in (story.feedback or {}).items() if k in _FEEDBACK_KEPT}
+
+
+def retry_story(session, target, run: Run, story: Story, start: str) -> bool:
+    """`bmad-loop retry`: send `story` (a row of `session`, in `run`) back to `start`;
+    `target` tells where its branch is now. StateError (exit 2) for a story that is being
+    worked on, has ended, or cannot start there. True when the run is live (wake its lane)."""
+    if run.state not in RUN_RESUMABLE | RUN_LIVE:
+        raise StateError(f"run {run.id} is {run.state}: nothing to retry")
+    if story.state not in RETRYABLE:
+        ended = story.state in (StoryState.INTEGRATED, StoryState.SKIPPED, StoryState.FAILED)
+        raise StateError(f"run {run.id}: story {story.key} is {story.state} "
+                         f"({'it has ended' if ended else 'it is being worked on'}): nothing to retry")
+    # The row held from here (its state as read, or this retry loses to whoever moved it).
+    if not transition_story(session, story.id, story.state, state=story.state):
+        raise StateError(f"run {run.id}: story {story.key} changed meanwhile: try again")
+    session.refresh(story)
+    now = target.story_head(story.branch) if story.branch else None
+    if start != Phase.DEV and story.to_create:
+        raise StateError(f"run {run.id}: story {story.key} has no story file yet: "
+                         "only --from dev (its create phase runs first)")
+    if start == Phase.INTEGRATE:
+        if story.state in (StoryState.BLOCKED, StoryState.PENDING):
+            raise StateError(f"run {run.id}: story {story.key} is {story.state}: it has no "
+                             "finished work waiting to integrate; use --from dev or review")
+        _check_recorded_head(run, story, now)
+        to_ready(session, run.id, story, by="retry")
+    elif start == Phase.REVIEW:
+        if now is None:
+            raise StateError(f"run {run.id}: story {story.key} has no branch to review: use --from dev")
+        to_review(session, run.id, story, by="retry")
+    else:
+        to_dev(session, run.id, story, by="retry")
+    return run.state in RUN_LIVE
+
+
+def _check_recorded_head(run: Run, story: Story, now: str | None) -> None:
+    if not story.head_sha or now is None:
+        raise StateError(f"run {run.id}: story {story.key} has no finished commit on its branch "
+                         f"{story.branch or '(none)'}: use --from dev")
+    if now != story.head_sha:
+        raise StateError(f"run {run.id}: story {story.key}'s branch {story.branch} is at "
+                         f"{now[:12]}, not at the {story.head_sha[:12]} its worker finished: "
+                         "`resume` verifies a person's change, or use --from review")
