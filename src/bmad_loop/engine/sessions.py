@@ -8,6 +8,7 @@ finished one.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import threading
@@ -32,6 +33,7 @@ from .childenv import child_env, sandbox_vars
 from .guard import read_guard_log
 from .journal import record
 from .sessionchanges import changed_paths_between, snapshot
+from .usagefile import USAGE_FILE_VAR, budget_set, read_usage_file, usage_file
 
 __all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "verdict_mode"]
 
@@ -129,6 +131,9 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     extra_env.update(policy.adapter.env)
     extra_env.update(phase_over.env)
     extra_env.update(sandbox_vars(ctx))
+    usage_path = usage_file(ctx.scratch, phase, number)
+    usage_path.unlink(missing_ok=True)  # a killed earlier run of this session may have left one
+    extra_env[USAGE_FILE_VAR] = str(usage_path)
     guard_log = ctx.scratch / "guard.log"
     guard_offset = guard_log.stat().st_size if guard_log.exists() else 0
     extra_env.update(ctx.workspace.guard_env(worktree, ctx.guard_hooks, guard_log))
@@ -186,6 +191,12 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     output = session_output(log_path, result)
     cli = profile_in_use(policy, ctx.profile, phase)
     report = parse_output(cli.output if cli else "text", output)
+    if cli is None:  # a custom command reports through its usage file, if at all
+        report = dataclasses.replace(report, usage=_reported_usage(ctx, phase, number, usage_path))
+    if budget_set(policy) and not report.usage.reported and not result.interrupted:
+        with ctx.db.transaction() as s:
+            record(s, ctx.run_id, "usage.missing", ctx.key, phase=phase, attempt=number,
+                   reason="the session reported no tokens or cost while a [limits] budget is set")
     fault = None
     if cli is not None and result.exit_code is not None:
         fault = classify(report, result.exit_code, patterns=cli.faults, exit_codes=cli.fault_exit_codes)
@@ -205,6 +216,16 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     return SessionResult(attempt_id, phase, number, state, ok, summary, text, result.exit_code,
                          result.duration_s, head, read_guard_log(guard_log, guard_offset),
                          config_changes, reason, report.usage, fault)
+
+
+def _reported_usage(ctx, phase: str, number: int, path: Path) -> Usage:
+    """What a custom command wrote to its usage file; a bad file is journaled, not recorded."""
+    usage, problem = read_usage_file(path)
+    if problem is not None:
+        with ctx.db.transaction() as s:
+            record(s, ctx.run_id, "usage.invalid", ctx.key, phase=phase, attempt=number,
+                   file=str(path), reason=f"{USAGE_FILE_VAR} {problem}")
+    return usage
 
 
 def _judge(state, summary, reason, fault: AgentFault | None, report: SessionReport, result, timeout):

@@ -137,6 +137,8 @@ class AdapterPolicy:
     extra_args: tuple[str, ...] = setting((), checks=(argv_template,))  # added to the command
     # An environment fault with a reset time (a usage limit): pause the run, or wait and go on.
     on_limit: str = setting("pause", checks=(one_of("pause", "wait"),))
+    # A custom command writes its tokens and cost to $BMAD_LOOP_USAGE_FILE (engine/usagefile.py).
+    reports_usage: bool = False
     create: PhaseOverride = setting(factory=PhaseOverride)
     dev: PhaseOverride = setting(factory=PhaseOverride)
     review: PhaseOverride = setting(factory=PhaseOverride)
