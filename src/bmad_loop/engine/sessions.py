@@ -175,8 +175,13 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
         result = run_agent(argv, cwd=worktree, env=env, log_path=log_path, timeout_s=timeout,
                            stop_event=claim.stop_event, on_start=started,
                            thaw_after_s=policy.leases.ttl_s,  # an agent that SIGSTOPs us
-                           stall_s=policy.adapter.stall_s or None)
+                           stall_s=policy.adapter.stall_s or None,
+                           max_log_bytes=policy.limits.max_log_bytes)
     crash_point("worker.after_agent")
+    if result.log_cut is not None:
+        with ctx.db.transaction() as s:
+            record(s, ctx.run_id, "log.truncated", ctx.key, phase=phase, attempt=number,
+                   log=str(log_path), **result.log_cut.event_data())
     config_changes = watch.end()
     state = (AttemptState.INTERRUPTED if result.interrupted else AttemptState.TIMED_OUT if result.timed_out
              else AttemptState.SUCCEEDED if result.exit_code == 0 else AttemptState.FAILED)
