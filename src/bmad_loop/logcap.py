@@ -70,9 +70,7 @@ class CappedLog:
         self.cap = max(cap, MIN_CAP) if cap else None
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.size = os.fstat(self._fd).st_size
-        cut = read_cut(self.path) if self.cap else None  # an earlier command's (a verify log)
-        self._cut = cut if cut is not None and cut.tail <= self.size and \
-            cut.marker_at == self.cap // 2 else None
+        self._cut = self._earlier_cut()  # an earlier command's (a verify log)
         self.dropped = 0  # bytes this writer dropped at the gap
         self.rolled = 0  # of those, by rolling the tail
         self.lost = 0  # bytes this writer could not write at all (error)
@@ -80,6 +78,20 @@ class CappedLog:
 
     def tell(self) -> int:
         return self.size
+
+    def _earlier_cut(self) -> CutState | None:
+        """The cut an earlier writer of this file made, if the side file and the file agree
+        (the marker in its place at this cap's half); else none."""
+        cut = read_cut(self.path) if self.cap else None
+        if cut is None:
+            return None
+        marker = cut_marker(self.cap)
+        if (cut.marker_at, cut.tail) != (self.cap // 2, self.cap // 2 + len(marker)) \
+                or cut.tail > self.size or cut.moving:
+            return None
+        if os.pread(self._fd, len(marker), cut.marker_at) != marker:
+            return None
+        return cut
 
     def moved(self, offset: int) -> int:
         """Where a byte that was at `offset` when this writer began is now: unchanged in the
@@ -113,6 +125,7 @@ class CappedLog:
     # ------------------------------------------------------------------ inside
     def _write_some(self, view: memoryview) -> int:
         """Write a first part of `view`; returns how many bytes were taken."""
+        self.size = max(self.size, os.fstat(self._fd).st_size)  # a note appended by another
         if self.cap is None or (self._cut is None and self.size + len(view) <= self.cap):
             return self._append(view)
         if self._cut is None:

@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
         print("usage: python -m bmad_loop.tmux_session SESSION LOG -- ARGV…", file=sys.stderr)
         return 2
-    name, log, command = argv[0], Path(argv[1]), argv[3:]
+    name, command = argv[0], argv[3:]  # argv[1], the log, is written by bmad-loop from our output
     exit_file = Path(tempfile.mkdtemp(prefix="bmad-tmux-")) / "exit"
     ready = exit_file.with_name("ready")
     # The command waits until the pane is mirrored into the log, so no output is lost.
