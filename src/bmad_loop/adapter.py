@@ -266,25 +266,7 @@ def run_agent(
         # would otherwise freeze it before the helper exists, for good. Only the first step of
         # this process starts it; later ones just tell it they are open.
         thawer = thaw.guard(thaw_after_s, log_path)
-        out, into = os.pipe()
-        try:
-            proc = subprocess.Popen(
-                [str(a) for a in argv], cwd=str(cwd), env=child_env, stdin=subprocess.DEVNULL,
-                stdout=into, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-            )
-        except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
-            thawer.close()
-            os.close(out), os.close(into)
-            log.write(f"=== bmad-loop {label} could not start: {exc} ===\n".encode())
-            if exc.filename is not None and str(exc.filename) == str(cwd):
-                raise
-            raise ConfigError(f"[adapter] command: cannot run agent binary '{argv[0]}': {exc.strerror}") from exc
-        except BaseException:
-            thawer.close()  # an open step left behind would keep the helper watching
-            os.close(out), os.close(into)
-            raise
-        os.close(into)  # the agent's tree holds the only write ends: EOF when it has ended
-        pump = LogPump(out, log)
+        proc, pump = _start(argv, cwd, child_env, log, label, thawer)
 
         timed_out = interrupted = stalled = False
         # The agent's start, as the process table tells it: nothing older is the session's, and
@@ -343,6 +325,30 @@ def run_agent(
         log_cut=LogCut(log.dropped, log.lost, log.error, max_log_bytes) if log.dropped or log.error
         else None,
     )
+
+
+def _start(argv, cwd, env, log: CappedLog, label: str, thawer) -> tuple[subprocess.Popen, LogPump]:
+    """Spawn the session, its output through a pipe into `log`; a binary that cannot be run
+    is a ConfigError naming it (a missing `cwd` is raised as it is)."""
+    out, into = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [str(a) for a in argv], cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
+            stdout=into, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+        )
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+        thawer.close()
+        os.close(out), os.close(into)
+        log.write(f"=== bmad-loop {label} could not start: {exc} ===\n".encode())
+        if exc.filename is not None and str(exc.filename) == str(cwd):
+            raise
+        raise ConfigError(f"[adapter] command: cannot run agent binary '{argv[0]}': {exc.strerror}") from exc
+    except BaseException:
+        thawer.close()  # an open step left behind would keep the helper watching
+        os.close(out), os.close(into)
+        raise
+    os.close(into)  # the session's tree holds the only write ends: EOF once it has ended
+    return proc, LogPump(out, log)
 
 
 def session_output(log_path: Path, result: AgentResult, *, max_chars: int | None = None,

@@ -178,10 +178,7 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
                            stall_s=policy.adapter.stall_s or None,
                            max_log_bytes=policy.limits.max_log_bytes)
     crash_point("worker.after_agent")
-    if result.log_cut is not None:
-        with ctx.db.transaction() as s:
-            record(s, ctx.run_id, "log.truncated", ctx.key, phase=phase, attempt=number,
-                   log=str(log_path), **result.log_cut.event_data())
+    _journal_log_cut(ctx, phase, number, log_path, result)
     config_changes = watch.end()
     state = (AttemptState.INTERRUPTED if result.interrupted else AttemptState.TIMED_OUT if result.timed_out
              else AttemptState.SUCCEEDED if result.exit_code == 0 else AttemptState.FAILED)
@@ -196,12 +193,7 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     output = session_output(log_path, result)
     cli = profile_in_use(policy, ctx.profile, phase)
     report = parse_output(cli.output if cli else "text", output)
-    if cli is None:  # a custom command reports through its usage file, if at all
-        report = dataclasses.replace(report, usage=_reported_usage(ctx, phase, number, usage_path))
-    if budget_set(policy) and not report.usage.reported and not result.interrupted:
-        with ctx.db.transaction() as s:
-            record(s, ctx.run_id, "usage.missing", ctx.key, phase=phase, attempt=number,
-                   reason="the session reported no tokens or cost while a [limits] budget is set")
+    report = _with_usage(ctx, phase, number, report, usage_path if cli is None else None, result)
     fault = None
     if cli is not None and result.exit_code is not None:
         fault = classify(report, result.exit_code, patterns=cli.faults, exit_codes=cli.fault_exit_codes)
@@ -223,14 +215,30 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
                          config_changes, reason, report.usage, fault)
 
 
-def _reported_usage(ctx, phase: str, number: int, path: Path) -> Usage:
-    """What a custom command wrote to its usage file; a bad file is journaled, not recorded."""
-    usage, problem = read_usage_file(path)
-    if problem is not None:
+def _with_usage(ctx, phase: str, number: int, report: SessionReport, usage_path: Path | None,
+                result) -> SessionReport:
+    """The report with a custom command's usage file read into it (`usage_path`; a bad file is
+    journaled, not recorded); a session that reported nothing under a budget is journaled."""
+    if usage_path is not None:
+        usage, problem = read_usage_file(usage_path)
+        report = dataclasses.replace(report, usage=usage)
+        if problem is not None:
+            with ctx.db.transaction() as s:
+                record(s, ctx.run_id, "usage.invalid", ctx.key, phase=phase, attempt=number,
+                       file=str(usage_path), reason=f"{USAGE_FILE_VAR} {problem}")
+    if budget_set(ctx.policy) and not report.usage.reported and not result.interrupted:
         with ctx.db.transaction() as s:
-            record(s, ctx.run_id, "usage.invalid", ctx.key, phase=phase, attempt=number,
-                   file=str(path), reason=f"{USAGE_FILE_VAR} {problem}")
-    return usage
+            record(s, ctx.run_id, "usage.missing", ctx.key, phase=phase, attempt=number,
+                   reason="the session reported no tokens or cost while a [limits] budget is set")
+    return report
+
+
+def _journal_log_cut(ctx, phase: str, number: int, log_path: Path, result) -> None:
+    """The session's log passed `[limits] max_log_bytes` (or could not be written): say so."""
+    if result.log_cut is not None:
+        with ctx.db.transaction() as s:
+            record(s, ctx.run_id, "log.truncated", ctx.key, phase=phase, attempt=number,
+                   log=str(log_path), **result.log_cut.event_data())
 
 
 def _judge(state, summary, reason, fault: AgentFault | None, report: SessionReport, result, timeout):
