@@ -19,7 +19,7 @@ import pytest
 from bmad_loop.adapter import run_agent
 from bmad_loop.logcap import CappedLog, cut_marker, read_cut
 from bmad_loop.operator.follow import _Tail
-from support import StoryDef
+from support import StoryDef, barrier_script, build_repo, fill_disk, go, inside, wait_until
 
 CAP = 256 * 1024
 LINE = 64
@@ -168,3 +168,33 @@ def test_a_run_cuts_session_and_verify_logs_journals_it_and_attach_shows_the_mar
 
 
 _VERIFY_PRINT = ("import sys; [sys.stdout.write('v' * 63 + chr(10)) for _ in range(40000)]")
+
+
+def test_a_disk_that_fills_while_an_agent_prints_is_journaled_and_resume_completes(make_repo, tmp_path,
+                                                                                   small_disk, bar):
+    """The repository on a 24 MB tmpfs, filled while the agent waits at its barrier; then it
+    prints 20 MiB. The log keeps what fit, `log.truncated` names the error, the run pauses on
+    its next write of its own (or completes), and once space is freed `resume` integrates."""
+    disk = small_disk(tmp_path / "disk", "24m")
+    story = StoryDef("1-1-alpha", files=["src/alpha.py"])
+    script = barrier_script([story], bar, extra={story.key: {"print_bytes": 20 << 20}})
+    db = tmp_path / "state" / "state.db"
+    db.parent.mkdir()
+    repo = build_repo(disk, [story], script=script, policy=(
+        '[gates]\nmode = "none"\n[review]\nenabled = false\n'
+        f'[database]\nurl = "sqlite:///{db}"\n[queue]\nurl = "{db.parent / "queue.db"}"\n'))
+    try:
+        proc = repo.spawn("run")
+        wait_until(lambda: story.key in inside(bar), what="the agent inside dev")
+        filler = fill_disk(disk)
+        go(bar, story.key)
+        assert proc.wait(timeout=300) in (0, 3), repo.spawned_logs()
+        cuts = [e["data"] for e in repo.journal() if e["kind"] == "log.truncated"]
+        assert cuts and cuts[0]["phase"] == "dev" and cuts[0]["error"] == "No space left on device"
+        assert cuts[0]["lost_bytes"] > 0
+        filler.unlink()
+        if repo.status()["run"]["state"] == "paused":
+            assert repo.cli("resume").exit_code == 0
+        assert repo.story(story.key)["state"] == "integrated"
+    finally:
+        repo.kill_spawned()
