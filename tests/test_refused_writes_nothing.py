@@ -69,6 +69,17 @@ def nothing(repo):
     pass
 
 
+def paused_run_then_bad_policy(repo):
+    """A run paused (its only story escalated), then a policy edited into a bad value."""
+    repo.write_script({"*": {"dev": [{"exit": 1}]}})
+    repo.write_policy("[limits]\nmax_dev_attempts = 1\n")
+    assert repo.cli("run").exit_code == 3
+    run_id = repo.status()["run"]["id"]
+    policy = repo.root / ".bmad-loop" / "policy.toml"
+    policy.write_text(policy.read_text() + "\n[scm]\nmax_parallel = 0\n")
+    return run_id
+
+
 CASES = [
     (no_board, ("run",)), (no_board, ("enqueue",)), (no_board, ("run", "--enqueue-only")),
     (no_board, ("validate",)),
@@ -79,6 +90,10 @@ CASES = [
     (live_run, ("run",)), (live_run, ("enqueue",)),
     (nothing, ("resume", "nosuchrun")), (completed_run, ("resume", "LATEST")),
     (nothing, ("cleanup", "--purge")), (nothing, ("cleanup", "--clone", "/nonexistent/clone")),
+    (paused_run_then_bad_policy, ("resume", "LATEST", "--reload-policy")),
+    (paused_run_then_bad_policy, ("resume", "LATEST", "--reload-policy", "--enqueue-only")),
+    (paused_run_then_bad_policy, ("cleanup",)), (paused_run_then_bad_policy, ("validate",)),
+    (paused_run_then_bad_policy, ("init",)),
 ]
 
 
@@ -86,9 +101,10 @@ CASES = [
                          ids=[f"{p.__name__}-{'-'.join(a)}" for p, a in CASES])
 def test_a_refused_command_leaves_the_repository_and_its_git_folder_untouched(make_repo, prepare, args):
     repo = make_repo(ONE)
-    prepare(repo)
+    run_id = prepare(repo)
     if "LATEST" in args:
-        args = tuple(repo.status()["run"]["id"] if a == "LATEST" else a for a in args)
+        run_id = run_id or repo.status()["run"]["id"]
+        args = tuple(run_id if a == "LATEST" else a for a in args)
     before = tree_snapshot(repo.root)
     result = repo.cli(*args)
     assert result.exit_code == 2, result.output
