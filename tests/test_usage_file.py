@@ -77,6 +77,7 @@ def test_each_session_gets_its_own_usage_file_in_its_scratch_folder(make_repo):
     ('{"output_tokens": -5}', "output_tokens must be a whole number"),
     ('{"input_tokens": true}', "input_tokens must be a whole number"),
     ('{"cost_usd": "free"}', "cost_usd must be a number"),
+    ('{"cost_usd": NaN}', "cost_usd must be a number"), ('{"input_tokens": 1e400}', "input_tokens must"),
     ("x" * 70000, "is larger than"),
 ])
 def test_a_bad_usage_file_is_journaled_and_records_nothing_and_the_run_goes_on(make_repo, bad, why):
