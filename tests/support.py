@@ -650,3 +650,19 @@ def state_database(folder: Path, runs=("r1",), *, max_parallel: int = 1):
                       state="running", max_parallel=max_parallel, merge_strategy="merge",
                       isolation="worktree", board_path="b", policy={}))
     return database
+
+
+def fill_disk(disk: Path) -> Path:
+    """Write until the disk says no more (big chunks, then small ones for the last pages)."""
+    filler = disk / "filler.bin"
+    fd = os.open(filler, os.O_CREAT | os.O_WRONLY)
+    try:
+        for size in (1 << 20, 4096, 512):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                continue
+    finally:
+        os.close(fd)
+    return filler

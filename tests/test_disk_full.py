@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from support import MERGE_NONE, StoryDef, barrier_script, build_repo, go, inside, wait_until
+from support import fill_disk as fill
 
 STORIES = [StoryDef("1-1-a", files=["src/a.py"]), StoryDef("1-2-b", files=["src/b.py"])]
 POLICY = MERGE_NONE.format(n=1, strategy="merge") + "[review]\nenabled = false\n"
@@ -33,20 +34,6 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
-def fill(disk) -> os.PathLike:
-    """Write until the disk says no more (big chunks, then small ones for the last pages)."""
-    filler = disk / "filler.bin"
-    fd = os.open(filler, os.O_CREAT | os.O_WRONLY)
-    try:
-        for size in (1 << 20, 4096, 512):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                continue
-    finally:
-        os.close(fd)
-    return filler
 
 
 def test_a_full_disk_pauses_the_run_naming_the_path_and_resume_completes_the_same_history(

@@ -240,8 +240,11 @@ def test_a_session_printing_hundreds_of_mb_keeps_bmad_loops_memory_bounded(make_
     assert code == 0, log.read_text()[-3000:]
     logs = repo.root / ".bmad-loop" / "logs"
     sizes = {p.name: p.stat().st_size for p in logs.rglob("*.log")}
-    assert sizes["dev-1.log"] > size and sizes["review-1.log"] > size, sizes
-    assert max(v for k, v in sizes.items() if k.startswith("verify-")) > size, sizes
+    cap = 64 * MB  # [limits] max_log_bytes: every log cut, none past it
+    assert len(sizes) == 4 and all(v <= cap for v in sizes.values()), sizes
+    cut = [e["data"].get("dropped_bytes") or e["data"]["log_truncated"]["dropped_bytes"]
+           for e in repo.journal() if e["kind"] == "log.truncated" or "log_truncated" in e["data"]]
+    assert len(cut) == 4 and all(dropped > size - cap for dropped in cut), cut
     assert rss < 150 * MB, f"peak RSS {rss / MB:.1f} MB"
     for path in logs.rglob("*.log"):  # do not keep 600 MB of x's in the pytest temp folder
         path.unlink()

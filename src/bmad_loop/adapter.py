@@ -14,8 +14,9 @@ was recycled is never hit. Process-tree work lives in `proctree` (psutil, no /pr
 
 Every process started here also carries `BMAD_LOOP_OWNER` = `host:pid:start` of the bmad-loop
 process that started it, so orphan recovery can tell a leftover of a dead bmad-loop from the
-live work of another one (`recovery.py`). Output never passes through bmad-loop's memory: the
-child writes straight into the log file, and `session_output` reads back a bounded tail.
+live work of another one (`recovery.py`). The child's output comes through a pipe into the
+log (`logcap`: capped at `[limits] max_log_bytes`, one read at a time in memory), and
+`session_output` reads back a bounded tail.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from . import proctree, thaw
 from .errors import ConfigError
 from .hostid import host_name
+from .logcap import CappedLog, LogPump
 from .stallwatch import StallWatch
 from .states import AGENT_PHASES
 
@@ -107,6 +109,20 @@ class AgentCall:
 
 
 @dataclass(frozen=True)
+class LogCut:
+    """What a session's log could not keep: `dropped` at the gap (the cap), `lost` to an error."""
+
+    dropped: int
+    lost: int
+    error: str | None
+    max_log_bytes: int | None
+
+    def event_data(self) -> dict:
+        return {"dropped_bytes": self.dropped, "lost_bytes": self.lost, "error": self.error,
+                "max_log_bytes": self.max_log_bytes}
+
+
+@dataclass(frozen=True)
 class AgentResult:
     """How a session ended.
 
@@ -123,6 +139,7 @@ class AgentResult:
     log_start: int = 0
     log_end: int = 0
     stalled: bool = False  # killed by bmad-loop: no output and no CPU for `stall_s` (stallwatch)
+    log_cut: LogCut | None = None  # the log passed its cap, or could not be written
 
     @property
     def ok(self) -> bool:
@@ -215,6 +232,7 @@ def run_agent(
     label: str | None = None,
     thaw_after_s: float | None = None,
     stall_s: float | None = None,
+    max_log_bytes: int | None = None,
 ) -> AgentResult:
     """Run one agent session to its end and return how it ended.
 
@@ -227,6 +245,8 @@ def run_agent(
     session stopped it (SIGSTOP) for that long, so a stopped bmad-loop never outlasts its lease
     by much.
     With `stall_s`, a session silent and idle that long is killed (`stalled`, see stallwatch).
+    With `max_log_bytes`, the log never grows past it (`logcap`: its first half, a marker, a
+    rolling last half); the output comes through a pipe, never more than one read in memory.
     """
     if not argv:
         raise ConfigError("[adapter] command: the agent command is empty")
@@ -238,7 +258,7 @@ def run_agent(
     child_env[OWNER_VAR] = owner_marker()
     label = label or _label_from_env(child_env)
 
-    with open(log_path, "ab", buffering=0) as log:
+    with CappedLog(log_path, max_log_bytes) as log:
         log.write(f"=== bmad-loop {label} started {_utc_now()}: {_show_argv(argv)} ===\n".encode())
         log_start = log.tell()
         started = time.monotonic()
@@ -246,20 +266,7 @@ def run_agent(
         # would otherwise freeze it before the helper exists, for good. Only the first step of
         # this process starts it; later ones just tell it they are open.
         thawer = thaw.guard(thaw_after_s, log_path)
-        try:
-            proc = subprocess.Popen(
-                [str(a) for a in argv], cwd=str(cwd), env=child_env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-            )
-        except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
-            thawer.close()
-            log.write(f"=== bmad-loop {label} could not start: {exc} ===\n".encode())
-            if exc.filename is not None and str(exc.filename) == str(cwd):
-                raise
-            raise ConfigError(f"[adapter] command: cannot run agent binary '{argv[0]}': {exc.strerror}") from exc
-        except BaseException:
-            thawer.close()  # an open step left behind would keep the helper watching
-            raise
+        proc, pump = _start(argv, cwd, child_env, log, label, thawer)
 
         timed_out = interrupted = stalled = False
         # The agent's start, as the process table tells it: nothing older is the session's, and
@@ -289,14 +296,17 @@ def run_agent(
             _end_session(proc, token, kill_grace_s, since)
             waiter.close()
             thawer.close()
+            pump.finish()
             log.write(f"=== bmad-loop {label} killed: bmad-loop itself was interrupted ===\n".encode())
             raise
         waiter.close()
         thawer.close()
 
         _end_session(proc, token, kill_grace_s, since)
+        pump.finish()
         duration = time.monotonic() - started
-        log_end = log_path.stat().st_size
+        log_end = log.tell()
+        log_start = log.moved(log_start)  # where the session's start is now (the tail rolls)
         if timed_out:
             how = f"timed out after {timeout_s:g}s: process tree killed"
         elif interrupted:
@@ -312,7 +322,33 @@ def run_agent(
         exit_code=None if (timed_out or interrupted or stalled) else proc.returncode,
         timed_out=timed_out, interrupted=interrupted, duration_s=duration, pid=proc.pid,
         log_start=log_start, log_end=log_end, stalled=stalled,
+        log_cut=LogCut(log.dropped, log.lost, log.error, max_log_bytes) if log.dropped or log.error
+        else None,
     )
+
+
+def _start(argv, cwd, env, log: CappedLog, label: str, thawer) -> tuple[subprocess.Popen, LogPump]:
+    """Spawn the session, its output through a pipe into `log`; a binary that cannot be run
+    is a ConfigError naming it (a missing `cwd` is raised as it is)."""
+    out, into = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [str(a) for a in argv], cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
+            stdout=into, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+        )
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+        thawer.close()
+        os.close(out), os.close(into)
+        log.write(f"=== bmad-loop {label} could not start: {exc} ===\n".encode())
+        if exc.filename is not None and str(exc.filename) == str(cwd):
+            raise
+        raise ConfigError(f"[adapter] command: cannot run agent binary '{argv[0]}': {exc.strerror}") from exc
+    except BaseException:
+        thawer.close()  # an open step left behind would keep the helper watching
+        os.close(out), os.close(into)
+        raise
+    os.close(into)  # the session's tree holds the only write ends: EOF once it has ended
+    return proc, LogPump(out, log)
 
 
 def session_output(log_path: Path, result: AgentResult, *, max_chars: int | None = None,

@@ -82,6 +82,9 @@ _MUTATING = frozenset({
     "revert", "rm", "sparse-checkout", "stash", "submodule", "switch", "symbolic-ref", "tag",
     "update-index", "update-ref", "worktree", "write-tree",
 })
+# Subcommands of a writing command that only read (see `_mutates`).
+_READ_SUBCOMMANDS = {"worktree": frozenset({"list"}), "stash": frozenset({"list", "show"}),
+                     "notes": frozenset({"list", "show"}), "reflog": frozenset({"show", "exists"})}
 # Steps that leave half-made state when a lock stops them: not re-run here (their callers
 # clean up and the engine retries the whole step).
 _NO_RETRY = {("worktree", "add"), ("clone",)}
@@ -439,10 +442,19 @@ def _subcommand(words: list[str]) -> list[str]:
 
 
 def _mutates(sub: list[str]) -> bool:
+    """Could this step take one of git's lock files? Read forms of the writing commands
+    (`symbolic-ref HEAD`, `worktree list`, `stash list`...) cannot, and are not written down:
+    a command that only reads must leave nothing behind in the git directory."""
     if not sub or sub[0] not in _MUTATING:
         return False
     if sub[0] == "config":
         return not any(w in ("-l", "--list") or w.startswith("--get") for w in sub[1:])
+    operands = [w for w in sub[1:] if not w.startswith("-")]
+    options = [w for w in sub[1:] if w.startswith("-")]
+    if sub[0] == "symbolic-ref":  # one operand reads it; two, or -d, write
+        return len(operands) > 1 or any(w in ("-d", "--delete") for w in options)
+    if sub[0] in _READ_SUBCOMMANDS:
+        return not operands or operands[0] not in _READ_SUBCOMMANDS[sub[0]]
     return True
 
 

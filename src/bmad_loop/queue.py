@@ -111,7 +111,8 @@ def make_huey(config: QueueConfig, queue: str):
         config.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
         huey = _SqliteQueue(name=name, filename=str(config.sqlite_path), results=False, utc=True,
                           timeout=30)
-        wake = WakeChannel(wake_dir_for(config.sqlite_path), queue)
+        folder = wake_dir_for(config.sqlite_path)  # None: no private folder fits, poll
+        wake = WakeChannel(folder, queue) if folder is not None else None
     huey.doorbell = Doorbell()
     huey.wake = wake
     return huey

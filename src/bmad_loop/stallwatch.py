@@ -109,8 +109,10 @@ class StallWatch:
         self._size, self._cpu = size, cpu
         return grew or busy
 
-    def _log_size(self) -> int:
+    def _log_size(self) -> tuple[int, int]:
+        """Size and modification time: a log at its cap (`logcap`) rolls without growing."""
         try:
-            return self.log_path.stat().st_size
+            info = self.log_path.stat()
         except OSError:
-            return -1
+            return (-1, -1)
+        return (info.st_size, info.st_mtime_ns)

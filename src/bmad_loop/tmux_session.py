@@ -5,8 +5,9 @@ Used when `[adapter] tmux = true`: the worker runs
     python -m bmad_loop.tmux_session SESSION LOG -- ARGV…
 
 as the agent process. This wrapper starts `ARGV` in a new detached tmux session (same cwd and
-environment), mirrors the pane into the session log, waits for the agent to exit and exits
-with its code. A SIGTERM (timeout, `stop --now`) kills the tmux session and with it the agent,
+environment), mirrors the pane into its own output through a FIFO (so the session log, which
+bmad-loop writes from that output, keeps its `[limits] max_log_bytes` cap), waits for the
+agent to exit and exits with its code. A SIGTERM (timeout, `stop --now`) kills the tmux session and with it the agent,
 so the process-tree kill still reaches an agent that lives under the tmux server.
 """
 
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -47,7 +49,7 @@ def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
         print("usage: python -m bmad_loop.tmux_session SESSION LOG -- ARGV…", file=sys.stderr)
         return 2
-    name, log, command = argv[0], Path(argv[1]), argv[3:]
+    name, command = argv[0], argv[3:]  # argv[1], the log, is written by bmad-loop from our output
     exit_file = Path(tempfile.mkdtemp(prefix="bmad-tmux-")) / "exit"
     ready = exit_file.with_name("ready")
     # The command waits until the pane is mirrored into the log, so no output is lost.
@@ -60,7 +62,11 @@ def main(argv: list[str]) -> int:
             env_args += ["-e", f"{key}={value}"]
     subprocess.run([*TMUX, "new-session", "-d", "-s", name, "-x", "200", "-y", "50",
                     "-c", os.getcwd(), *env_args, "sh", "-c", script], check=True, env=clean)
-    subprocess.run([*TMUX, "pipe-pane", "-t", name, "-o", f"cat >> {shlex.quote(str(log))}"],
+    mirror = exit_file.with_name("pane")
+    os.mkfifo(mirror, 0o600)
+    copier = threading.Thread(target=_copy_to_stdout, args=(mirror,), daemon=True)
+    copier.start()
+    subprocess.run([*TMUX, "pipe-pane", "-t", name, "-o", f"cat >> {shlex.quote(str(mirror))}"],
                    check=False, env=clean)
     ready.write_text("")
 
@@ -80,7 +86,18 @@ def main(argv: list[str]) -> int:
     code = int(exit_file.read_text().strip() or 1)
     subprocess.run([*TMUX, "kill-session", "-t", name], check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    copier.join(timeout=5)  # the pane's last output, once its mirror ends with the session
     return code
+
+
+def _copy_to_stdout(fifo: Path) -> None:
+    """The pane's mirror, as it comes, onto this process's output (the session log's pipe)."""
+    try:
+        with open(fifo, "rb", buffering=0) as source:
+            while chunk := source.read(65536):
+                os.write(1, chunk)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

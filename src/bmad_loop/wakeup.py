@@ -12,6 +12,12 @@ the next sender, and no reader can be left holding a stale FIFO open. Why no ino
 neither exists on both Linux and macOS. Where AF_UNIX datagrams do not exist (Windows) the
 channel is simply off and consumers keep their bounded poll; a wake-up is an optimisation, the
 queue is the truth.
+
+A wake folder is used only when this user owns it, it is a real folder (not a symlink) and no
+one else may write in it: the fallback folder in the temporary directory has a predictable name,
+so another user could make it first and receive, drop or forge the wake-ups. Such a folder is
+never touched; the sockets go to a private folder in `XDG_RUNTIME_DIR` or `~/.cache` instead,
+or, with neither usable, the consumers keep their poll. The warning is logged once per process.
 """
 
 from __future__ import annotations
@@ -21,12 +27,13 @@ import logging
 import os
 import secrets
 import socket
+import stat
 import tempfile
 import threading
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["WakeChannel", "Listener", "wake_dir_for"]
+__all__ = ["WakeChannel", "Listener", "wake_dir_for", "untrusted"]
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +44,80 @@ _STOP = b"stop"
 _RING = b"r"
 
 
-def wake_dir_for(queue_db: Path) -> Path:
+def wake_dir_for(queue_db: Path) -> Path | None:
     """Where the sockets of the queue in `queue_db` live: `wake/` beside it when the socket
     paths fit in sun_path, else a folder in the temporary directory named after the queue's
-    absolute path (so every process of the project picks the same one)."""
+    absolute path (so every process of the project picks the same one). A folder there that
+    is not this user's alone is passed over for one in `XDG_RUNTIME_DIR` or `~/.cache`; None
+    when none fits (no wake-ups: the consumers poll)."""
     beside = Path(queue_db).resolve().parent / "wake"
-    if len(os.fsencode(str(beside))) + 1 + _NAME_ROOM <= _SUN_PATH_MAX:
+    if _fits(beside):
         return beside
     digest = hashlib.sha1(os.fsencode(str(Path(queue_db).resolve()))).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"bmad-loop-wake-{digest}"
+    shared = Path(tempfile.gettempdir()) / f"bmad-loop-wake-{digest}"
+    refusal = untrusted(shared)
+    if refusal is None:
+        return shared
+    for parent in _private_parents():
+        folder = parent / f"bmad-loop-wake-{digest}"
+        if _fits(folder) and untrusted(folder) is None:
+            _warn_once(shared, f"{shared} {refusal}: wake sockets go to {folder} instead")
+            return folder
+    _warn_once(shared, f"{shared} {refusal}: no private folder fits, consumers poll instead")
+    return None
+
+
+def untrusted(folder: Path) -> str | None:
+    """Why `folder` may not hold wake sockets (another user's, writable by others, a symlink,
+    not a folder), or None when it is fine or does not exist yet (it is made private)."""
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symlink"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a folder"
+    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+        return f"belongs to another user (uid {info.st_uid})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def _fits(folder: Path) -> bool:
+    return len(os.fsencode(str(folder))) + 1 + _NAME_ROOM <= _SUN_PATH_MAX
+
+
+def _private_parents() -> list[Path]:
+    """Folders only this user writes in, for wake folders: the runtime folder, then ~/.cache
+    (made private if absent)."""
+    found = []
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime) and untrusted(Path(runtime)) is None:
+        found.append(Path(runtime))
+    cache = Path.home() / ".cache"
+    try:
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return found
+    if untrusted(cache) is None:
+        found.append(cache)
+    return found
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(folder: Path, message: str) -> None:
+    with _warned_lock:
+        if str(folder) in _warned:
+            return
+        _warned.add(str(folder))
+    log.warning("wake-ups: %s", message)
 
 
 def supported() -> bool:
@@ -67,8 +139,8 @@ class WakeChannel:
     def ring(self) -> int:
         """Wake every other process listening on this queue; returns how many were sent a ring.
         A socket file nobody has bound any more (its process was killed) is removed."""
-        if not supported():
-            return 0
+        if not supported() or untrusted(self.folder) is not None:
+            return 0  # not this user's alone: nothing is sent into it
         try:
             entries = [e for e in os.scandir(self.folder)
                        if e.name.startswith(self.queue + "-") and e.name.endswith(".sock")
@@ -106,6 +178,10 @@ class WakeChannel:
         for last in (False, True):  # twice: the last listener of another process may remove
             try:                    # the folder between our mkdir and our bind
                 self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                refusal = untrusted(self.folder)  # made by someone else since it was chosen
+                if refusal is not None:
+                    _warn_once(self.folder, f"{self.folder} {refusal}: consumers poll instead")
+                    return None
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                 try:
                     sock.bind(str(path))

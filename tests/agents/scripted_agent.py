@@ -10,7 +10,9 @@ Step keys (all optional): write {path: text}, append {path: text}, delete [paths
 commit the writes itself), git [[args...], ...] (run git commands in the worktree, e.g. to try
 to move the target), touch [files] (absolute; e.g. a barrier "I am inside dev"), wait_for
 (absolute file path: block until it exists), hang (sleep forever), spawn_grandchild (a child
-process that sleeps; its pid written to that path), say (printed to stdout), exit (code).
+process that sleeps; its pid written to that path), say (printed to stdout), usage (written
+as written to $BMAD_LOOP_USAGE_FILE: an object is dumped as JSON, a string written as is),
+print_bytes (that many bytes of numbered lines to stdout), exit (code).
 Every call is appended to "<SCRIPT>.calls" as one JSON line (phase, key, attempt, env, cwd),
 so tests can count sessions and check what each one saw.
 """
@@ -21,6 +23,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+
+def print_numbered(total: int) -> None:
+    """`total` bytes of lines `line <n>\\n`-padded to 64 bytes each, written in big chunks."""
+    out = sys.stdout.buffer
+    written, n = 0, 0
+    while written < total:
+        chunk = bytearray()
+        while len(chunk) < 1 << 20 and written + len(chunk) < total:
+            chunk += f"line {n:058d}\n".encode()
+            n += 1
+        chunk = chunk[: total - written]
+        out.write(chunk)
+        written += len(chunk)
+    out.flush()
 
 
 def main():
@@ -66,6 +83,12 @@ def main():
     if step.get("spawn_grandchild"):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         Path(step["spawn_grandchild"]).write_text(str(child.pid))
+    if "usage" in step:
+        usage = step["usage"]
+        Path(os.environ["BMAD_LOOP_USAGE_FILE"]).write_text(
+            usage if isinstance(usage, str) else json.dumps(usage))
+    if step.get("print_bytes"):
+        print_numbered(step["print_bytes"])
     if step.get("say"):
         print(step["say"])
     if step.get("hang"):

@@ -173,10 +173,12 @@ def validate(project_dir, as_json):
 @handle_errors
 def enqueue(project_dir, parallel, gates, epic, stories, max_stories):
     """Create a run and its plan; print the run id. Consumers (`worker`) do the work."""
-    _, _, _, run_id, _ = _enqueue(project_dir, parallel, gates, epic, stories, max_stories)
+    _, _, _, run_id, plan = _enqueue(project_dir, parallel, gates, epic, stories, max_stories)
     if run_id is None:
         click.echo("nothing to do: no actionable story matches the selection", err=True)
         return
+    for warning in plan.warnings:  # journaled as run.warning too
+        click.echo(f"warning: {warning}", err=True)
     click.echo(run_id)
 
 
@@ -235,6 +237,8 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
     if run_id is None:
         click.echo("nothing to do: no actionable story matches the selection")
         return
+    for warning in plan.warnings:  # journaled as run.warning too
+        click.echo(f"warning: {warning}", err=True)
     click.echo(f"run {run_id}: {len(plan.stories)} stories on {plan.target_branch} "
                f"(max_parallel={policy.scm.max_parallel}, strategy={policy.scm.merge_strategy})")
     click.echo(pause_summary(plan.stories, policy.gates.mode, policy.parallel.on_escalation))

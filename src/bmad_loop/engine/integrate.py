@@ -353,7 +353,7 @@ class Integrator(Outcomes):
                           log_path=self.layout.verify_log(key, f"candidate-{attempt}"),
                           timeout_s=self.policy.verify.timeout_s, env=env,
                           run_id=self.run_id, thaw_after_s=self.policy.leases.ttl_s,
-                          stop_event=stop_event)
+                          stop_event=stop_event, max_log_bytes=self.policy.limits.max_log_bytes)
 
     def record_verdict(self, story, cand_id, attempt, result, worktree, target_sha, branch_sha,
                        sha) -> bool:
@@ -366,6 +366,9 @@ class Integrator(Outcomes):
                 return False
             cand.worktree = str(worktree) if worktree else None
             cand.verify_s = round(result.duration_s, 3)
+            if result.log_cut is not None:
+                record(s, self.run_id, "log.truncated", story.key, phase="candidate verify",
+                       attempt=attempt, log=result.log, **result.log_cut.event_data())
             if result.ok:
                 cand.state = CandidateState.VERIFIED
                 record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,

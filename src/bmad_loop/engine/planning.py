@@ -28,6 +28,7 @@ from .runrecords import remove_record, write_record
 from .runs import path_inside
 from .mergerules import check_merge_rules
 from .sprintload import check_committed, load_sprint
+from .usagefile import budget_warnings
 
 __all__ = ["Plan", "Selection", "build_plan", "enqueue", "new_run_id"]
 
@@ -123,6 +124,7 @@ def build_plan(project, policy, selection: Selection, run_id_for_checks: str = "
     warnings = list(sprint.warnings)  # a guessed story folder
     if policy.scm.isolation == "worktree" and policy.scm.max_parallel > 1 and policy.scm.rollback_on_failure:
         warnings.append("[scm] rollback_on_failure is ignored in parallel worktree mode")
+    warnings.extend(budget_warnings(policy))  # a budget the agent never reports to
     return Plan(target_branch, target_sha, board, chosen, all_stories, argv, warnings, skipped)
 
 

@@ -20,6 +20,7 @@ from .mergerules import merge_rule_checks
 from .planning import agent_command, target_branch_of
 from .project import Project
 from .sprintload import Sprint, check_committed, load_sprint
+from .usagefile import budget_warnings
 
 __all__ = ["preflight"]
 
@@ -36,6 +37,8 @@ def preflight(root: Path) -> dict:
         checks.extend(verify_advice(policy))  # warnings only (operator/advice.py)
         checks.extend({"name": "agent", "status": "warn", "detail": w}
                       for w in custom_command_warnings(policy.adapter))  # exit verdicts on a known CLI
+        checks.extend({"name": "limits", "status": "warn", "detail": w}
+                      for w in budget_warnings(policy))  # a budget nothing reports to
     except BmadLoopError as exc:
         add("policy", "error", str(exc))
         return _report(checks)

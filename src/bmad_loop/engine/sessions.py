@@ -8,6 +8,7 @@ finished one.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import threading
@@ -32,6 +33,7 @@ from .childenv import child_env, sandbox_vars
 from .guard import read_guard_log
 from .journal import record
 from .sessionchanges import changed_paths_between, snapshot
+from .usagefile import USAGE_FILE_VAR, budget_set, read_usage_file, usage_file
 
 __all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "verdict_mode"]
 
@@ -129,6 +131,9 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     extra_env.update(policy.adapter.env)
     extra_env.update(phase_over.env)
     extra_env.update(sandbox_vars(ctx))
+    usage_path = usage_file(ctx.scratch, phase, number)
+    usage_path.unlink(missing_ok=True)  # a killed earlier run of this session may have left one
+    extra_env[USAGE_FILE_VAR] = str(usage_path)
     guard_log = ctx.scratch / "guard.log"
     guard_offset = guard_log.stat().st_size if guard_log.exists() else 0
     extra_env.update(ctx.workspace.guard_env(worktree, ctx.guard_hooks, guard_log))
@@ -172,8 +177,10 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
         result = run_agent(argv, cwd=worktree, env=env, log_path=log_path, timeout_s=timeout,
                            stop_event=claim.stop_event, on_start=started,
                            thaw_after_s=policy.leases.ttl_s,  # an agent that SIGSTOPs us
-                           stall_s=policy.adapter.stall_s or None)
+                           stall_s=policy.adapter.stall_s or None,
+                           max_log_bytes=policy.limits.max_log_bytes)
     crash_point("worker.after_agent")
+    _journal_log_cut(ctx, phase, number, log_path, result)
     config_changes = watch.end()
     state = (AttemptState.INTERRUPTED if result.interrupted else AttemptState.TIMED_OUT if result.timed_out
              else AttemptState.SUCCEEDED if result.exit_code == 0 else AttemptState.FAILED)
@@ -188,6 +195,7 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     output = session_output(log_path, result)
     cli = profile_in_use(policy, ctx.profile, phase)
     report = parse_output(cli.output if cli else "text", output)
+    report = _with_usage(ctx, phase, number, report, usage_path if cli is None else None, result)
     fault = None
     if cli is not None and result.exit_code is not None:
         fault = classify(report, result.exit_code, patterns=cli.faults, exit_codes=cli.fault_exit_codes)
@@ -208,6 +216,32 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     return SessionResult(attempt_id, phase, number, state, ok, summary, text, result.exit_code,
                          result.duration_s, head, read_guard_log(guard_log, guard_offset),
                          config_changes, reason, report.usage, fault)
+
+
+def _with_usage(ctx, phase: str, number: int, report: SessionReport, usage_path: Path | None,
+                result) -> SessionReport:
+    """The report with a custom command's usage file read into it (`usage_path`; a bad file is
+    journaled, not recorded); a session that reported nothing under a budget is journaled."""
+    if usage_path is not None:
+        usage, problem = read_usage_file(usage_path)
+        report = dataclasses.replace(report, usage=usage)
+        if problem is not None:
+            with ctx.db.transaction() as s:
+                record(s, ctx.run_id, "usage.invalid", ctx.key, phase=phase, attempt=number,
+                       file=str(usage_path), reason=f"{USAGE_FILE_VAR} {problem}")
+    if budget_set(ctx.policy) and not report.usage.reported and not result.interrupted:
+        with ctx.db.transaction() as s:
+            record(s, ctx.run_id, "usage.missing", ctx.key, phase=phase, attempt=number,
+                   reason="the session reported no tokens or cost while a [limits] budget is set")
+    return report
+
+
+def _journal_log_cut(ctx, phase: str, number: int, log_path: Path, result) -> None:
+    """The session's log passed `[limits] max_log_bytes` (or could not be written): say so."""
+    if result.log_cut is not None:
+        with ctx.db.transaction() as s:
+            record(s, ctx.run_id, "log.truncated", ctx.key, phase=phase, attempt=number,
+                   log=str(log_path), **result.log_cut.event_data())
 
 
 def _judge(state, summary, reason, fault: AgentFault | None, report: SessionReport, result, timeout):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..adapter import read_tail, run_agent
+from ..adapter import LogCut, read_tail, run_agent
 
 __all__ = ["VerifyResult", "run_verify", "verify_tags", "OUTPUT_TAIL_CHARS", "NOTHING_TO_RUN"]
 
@@ -36,13 +36,17 @@ class VerifyResult:
     duration_s: float
     log: str | None
     interrupted: bool = False
+    log_cut: LogCut | None = None  # the log passed [limits] max_log_bytes (or a write failed)
 
     def event(self) -> tuple[str, dict]:
-        """The journal event of this verification: `verify.passed` or `verify.failed`."""
-        return ("verify.passed" if self.ok else "verify.failed",
-                {"command": self.failed_command, "exit_code": self.exit_code,
-                 "timed_out": self.timed_out, "duration_s": round(self.duration_s, 3),
-                 "log": self.log})
+        """The journal event of this verification: `verify.passed` or `verify.failed` (with
+        `log_truncated` when its log was cut)."""
+        data = {"command": self.failed_command, "exit_code": self.exit_code,
+                "timed_out": self.timed_out, "duration_s": round(self.duration_s, 3),
+                "log": self.log}
+        if self.log_cut is not None:
+            data["log_truncated"] = self.log_cut.event_data()
+        return ("verify.passed" if self.ok else "verify.failed", data)
 
 
 # What verifying with no commands gives: passed, at once, with no log.
@@ -72,25 +76,36 @@ def run_verify(
     run_id: str | None = None,
     story_key: str | None = None,
     thaw_after_s: float | None = None,
+    max_log_bytes: int | None = None,
 ) -> VerifyResult:
     started = time.monotonic()
     if not commands:
         return NOTHING_TO_RUN
     base_env = dict(os.environ if env is None else env)
     base_env.update(verify_tags(run_id, story_key))
+    cuts = []
     for command in commands:
-        offset = log_path.stat().st_size if log_path.exists() else 0
         result = run_agent(["/bin/sh", "-c", command], cwd=cwd, env=base_env, log_path=log_path,
                            timeout_s=timeout_s, stop_event=stop_event,
                            label=f"verify{' story ' + story_key if story_key else ''}",
-                           thaw_after_s=thaw_after_s)
+                           thaw_after_s=thaw_after_s, max_log_bytes=max_log_bytes)
+        cuts += [result.log_cut] if result.log_cut else []
         if result.exit_code != 0 or result.timed_out or result.interrupted:
             return VerifyResult(
                 ok=False, failed_command=command, exit_code=result.exit_code,
                 timed_out=result.timed_out,
-                output=read_tail(log_path, offset, max_bytes=4 * OUTPUT_TAIL_CHARS,
-                                 max_chars=OUTPUT_TAIL_CHARS),
+                output=read_tail(log_path, result.log_start, result.log_end,
+                                 max_bytes=4 * OUTPUT_TAIL_CHARS, max_chars=OUTPUT_TAIL_CHARS),
                 duration_s=time.monotonic() - started, log=str(log_path),
-                interrupted=result.interrupted,
+                interrupted=result.interrupted, log_cut=_summed(cuts),
             )
-    return VerifyResult(True, None, 0, False, "", time.monotonic() - started, str(log_path))
+    return VerifyResult(True, None, 0, False, "", time.monotonic() - started, str(log_path),
+                        log_cut=_summed(cuts))
+
+
+def _summed(cuts: list[LogCut]) -> LogCut | None:
+    """One log's cuts over its commands, as one."""
+    if not cuts:
+        return None
+    return LogCut(sum(c.dropped for c in cuts), sum(c.lost for c in cuts),
+                  next((c.error for c in cuts if c.error), None), cuts[-1].max_log_bytes)

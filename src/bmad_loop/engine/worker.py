@@ -280,7 +280,8 @@ class StoryWorker:
                                 log_path=ctx.layout.verify_log(self.key, label),
                                 timeout_s=self.policy.verify.timeout_s, env=env,
                                 stop_event=self.claim.stop_event, run_id=ctx.run_id, story_key=self.key,
-                                thaw_after_s=self.policy.leases.ttl_s)
+                                thaw_after_s=self.policy.leases.ttl_s,
+                                max_log_bytes=self.policy.limits.max_log_bytes)
         if result.interrupted:
             raise StopRequested()
         outcome = self._verify_outcome(story, result)

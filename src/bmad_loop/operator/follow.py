@@ -16,8 +16,11 @@ from ..db.models import Run, Story
 from ..engine.journal import event_json, events_after
 from ..engine.runs import stories_of
 from ..errors import ConfigError, NotFound
+from ..logcap import CutState, read_cut
 from ..states import RUN_SETTLED, STORY_IN_FLIGHT, StoryState
 from .style import short_value
+
+_CHUNK = 1 << 20  # what one read of a log holds in memory
 
 __all__ = ["follow_journal", "format_event", "pick_story", "follow_log", "AttachChoice",
            "live_tmux_session"]
@@ -149,21 +152,58 @@ def live_tmux_session(reader, run_id: str, story_key: str) -> str | None:
 
 
 class _Tail:
-    """Reads a growing file from where it stopped, decoding UTF-8 across read boundaries."""
+    """Reads a growing file from where it stopped, decoding UTF-8 across read boundaries.
+
+    A log at its cap (`logcap`) rolls: its tail moves down as its oldest part is dropped. The
+    log's side file says by how much, so the reader moves with it; a read during which the
+    tail moved is thrown away and made again at the next poll."""
 
     def __init__(self, path: Path):
         self.path = path
         self.offset = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.rolled = 0  # how far the tail had moved when last read
+        self.marker_shown = False
 
     def drain(self, write: Callable[[str], None]) -> None:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except FileNotFoundError:
-            return
-        self.offset += len(data)
-        text = self.decoder.decode(data)
-        if text:
-            write(text)
+        while True:
+            cut = read_cut(self.path)
+            if cut is not None and cut.moving:
+                return  # a copy is under way: next poll
+            if cut is not None:
+                self._follow(cut, write)
+            try:
+                with open(self.path, "rb") as handle:
+                    handle.seek(self.offset)
+                    data = handle.read(_CHUNK)
+            except FileNotFoundError:
+                return
+            if read_cut(self.path) != cut:
+                return  # cut or rolled while reading: read again at the next poll
+            self.offset += len(data)
+            if cut is not None and self.offset > cut.marker_at:
+                self.marker_shown, self.rolled = True, cut.rolled
+            text = self.decoder.decode(data)
+            if text:
+                write(text)
+            if len(data) < _CHUNK:
+                return
+
+    def _follow(self, cut: CutState, write: Callable[[str], None]) -> None:
+        """Move with a cut made, or a tail rolled, since the last read."""
+        if self.offset <= cut.marker_at:
+            return  # the marker is ahead: it is read in its place
+        if not self.marker_shown:  # cut after this reader passed the half: show the gap
+            try:
+                with open(self.path, "rb") as handle:
+                    handle.seek(cut.marker_at)
+                    write(handle.read(cut.tail - cut.marker_at).decode("utf-8", "replace"))
+            except OSError:
+                pass
+            self.marker_shown = True
+        position = max(self.offset, cut.tail) - (cut.rolled - self.rolled)
+        if position < cut.tail:
+            write(f"\n=== attach: {cut.tail - position} bytes rolled out of the log before they "
+                  "were shown ===\n")
+            position = cut.tail
+        self.offset, self.rolled = position, cut.rolled

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..states import AGENT_PHASES
+from ..logcap import MIN_CAP
 from .checks import (MAX_PARALLEL, argv_template, at_least, at_most, commit_template, empty_map,
                      globs, globs_of_keys, non_empty, one_of, parse_ports, ports, profile, repo_paths, seconds,
                      setting, url)
@@ -93,6 +94,8 @@ class LimitsPolicy:
     # Budgets from the agent CLIs' own usage reports: crossing one pauses the run (none: no limit).
     max_cost_per_run: float | None = setting(None, checks=(at_least(0),))  # US dollars
     max_tokens_per_story: int | None = setting(None, checks=(at_least(1),))  # input + output
+    # One session or verify log: its first half, a marker, its rolling last half (logcap.py).
+    max_log_bytes: int = setting(64 * 1024 * 1024, checks=(at_least(MIN_CAP),))
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,8 @@ class AdapterPolicy:
     extra_args: tuple[str, ...] = setting((), checks=(argv_template,))  # added to the command
     # An environment fault with a reset time (a usage limit): pause the run, or wait and go on.
     on_limit: str = setting("pause", checks=(one_of("pause", "wait"),))
+    # A custom command writes its tokens and cost to $BMAD_LOOP_USAGE_FILE (engine/usagefile.py).
+    reports_usage: bool = False
     create: PhaseOverride = setting(factory=PhaseOverride)
     dev: PhaseOverride = setting(factory=PhaseOverride)
     review: PhaseOverride = setting(factory=PhaseOverride)
