@@ -5,14 +5,14 @@ each story's added lines captured when it reaches `ready` ({path: text}), so the
 worktree and travel to the lane's host; the lane appends them to the checkout's copy once the
 story lands. Null: nothing captured.
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0012
+Revises: 0011
 """
 from alembic import op
 import sqlalchemy as sa
 
-revision = "0011"
-down_revision = "0010"
+revision = "0012"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
