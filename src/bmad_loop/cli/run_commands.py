@@ -226,6 +226,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
     """
     from ..engine.gatepoints import pause_summary
 
+    presses = _count_presses()  # before anything is written: a Ctrl+C during start-up stops it
     project, policy, tasks, run_id, plan = _enqueue(project_dir, parallel, gates, epic, stories,
                                                     max_stories)
     if run_id is None:
@@ -238,7 +239,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
         click.echo(run_id)
         return
     _drive_and_report(project, tasks, run_id, policy.scm.max_parallel, _progress_printer(ci),
-                      report_path, junit_path)
+                      report_path, junit_path, presses=presses)
 
 
 @cli.command()
@@ -255,6 +256,7 @@ def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit
     from ..engine.control import resume as do_resume
     from ..tasks import Tasks
 
+    presses = _count_presses()
     project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     tasks = Tasks(project)
     seen = _journal_end(project, run_ref)
@@ -264,7 +266,7 @@ def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit
         return
     # Only what is new: the journal up to the resume was printed by the run that wrote it.
     _drive_and_report(project, tasks, run.id, run.max_parallel, _progress_printer(),
-                      report_path, junit_path, since_seq=seen.get(run.id, 0))
+                      report_path, junit_path, since_seq=seen.get(run.id, 0), presses=presses)
 
 
 def _journal_end(project, run_ref) -> dict[str, int]:
@@ -284,13 +286,29 @@ def _journal_end(project, run_ref) -> dict[str, int]:
         return {run.id: last or 0}
 
 
-def _drive_and_report(project, tasks, run_id, workers, progress, report_path, junit_path,
-                      since_seq: int = 0):
-    """Drive the run here until it settles, print its outcome, write the reports, exit with
-    the run's exit code."""
-    from ..engine.driver import drive
+def _count_presses():
+    """Ctrl+C counted from now on, for the driver (`Interrupts`)."""
+    from ..engine.driver import Interrupts
 
-    code = drive(project, tasks, run_id, workers=workers, progress=progress, since_seq=since_seq)
+    presses = Interrupts()
+    presses.install()
+    return presses
+
+
+def _drive_and_report(project, tasks, run_id, workers, progress, report_path, junit_path,
+                      since_seq: int = 0, presses=None):
+    """Drive the run here until it settles, print its outcome, write the reports, exit with
+    the run's exit code. Each Ctrl+C acted on is explained (`stop_notice`)."""
+    from ..engine.driver import drive
+    from ..operator.stop_notice import interrupt_notice
+
+    def notice(count: int) -> None:
+        click.echo(interrupt_notice(project, run_id, count), color=False)
+        sys.stdout.flush()
+
+    presses.notice = notice
+    code = drive(project, tasks, run_id, workers=workers, progress=progress, since_seq=since_seq,
+                 interrupts=presses)
     _print_outcome(project, run_id)
     _write_reports(project, run_id, code, report_path, junit_path)
     sys.exit(code)
@@ -299,11 +317,15 @@ def _drive_and_report(project, tasks, run_id, workers, progress, report_path, ju
 def _print_outcome(project, run_id):
     from ..db.models import Run
     from ..engine.runs import stories_of
+    from ..operator.stop_notice import resume_command
+    from ..states import RunState
 
     with project.db.transaction() as s:
         run = s.get(Run, run_id)
         stories = stories_of(s, run_id)
-        click.echo(f"run {run.id} {run.state}" + (f": {run.reason}" if run.reason else ""))
+        resumable = run.state in (RunState.STOPPED, RunState.FAILED)
+        click.echo(f"run {run.id} {run.state}" + (f": {run.reason}" if run.reason else "")
+                   + (f"; `{resume_command(project, run.id)}` continues it" if resumable else ""))
         for story in stories:
             extra = f" ({story.reason})" if story.reason else ""
             click.echo(f"  {story.seq:>3} {story.key:<40} {story.state}{extra}")
