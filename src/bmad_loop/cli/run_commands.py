@@ -231,6 +231,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
                                                     max_stories)
     if run_id is None:
         click.echo("nothing to do: no actionable story matches the selection")
+        _write_reports(project, None, EXIT_OK, report_path, junit_path)
         return
     click.echo(f"run {run_id}: {len(plan.stories)} stories on {plan.target_branch} "
                f"(max_parallel={policy.scm.max_parallel}, strategy={policy.scm.merge_strategy})")
@@ -336,10 +337,13 @@ def _write_reports(project, run_id, code, report_path, junit_path):
         return
     from ..db.models import Run
     from ..engine.status import run_status
-    from ..operator.reports import write_json_report, write_junit
+    from ..operator.reports import nothing_to_do, write_json_report, write_junit
 
-    with project.db.transaction() as s:
-        status = run_status(s, s.get(Run, run_id))
+    if run_id is None:  # still both files: a CI step publishing them must find them
+        status = nothing_to_do("no actionable story matches the selection")
+    else:
+        with project.db.transaction() as s:
+            status = run_status(s, s.get(Run, run_id))
     if report_path:
         click.echo(f"report: {write_json_report(status, report_path, exit_code=code)}")
     if junit_path:
