@@ -122,16 +122,19 @@ def journal(project_dir, run_ref, kinds, story, follow, as_json):
 @click.option("--no-follow", is_flag=True, help="Print the session log as it is and exit.")
 @click.option("--all", "all_logs", is_flag=True,
               help="Print every session and verify log of the story, in order, and exit.")
+@click.option("--no-wait", is_flag=True,
+              help="A story not started yet is an error (exit 2) instead of waited for.")
 @handle_errors
-def attach(project_dir, run_ref, story, no_follow, all_logs):
+def attach(project_dir, run_ref, story, no_follow, all_logs, no_wait):
     """Follow a story's agent session log (dev, then review, then fix …) as it grows.
 
     Without STORY: the story in flight; with several in flight it lists them and exits 2.
     RUN defaults to the newest run; a lone argument that matches no run is taken as STORY.
     With --all: the story's whole history, each log under a header (phase, attempt, start).
+    A story not started yet is waited for ("waiting for STORY (pending)"), like `tail -F`.
     """
     from ..engine.control import find_run
-    from ..operator.follow import follow_log, live_tmux_session, pick_story
+    from ..operator.follow import follow_log, live_tmux_session, not_started, pick_story, wait_for_start
 
     project, reader = _open_reader(project_dir)
     try:
@@ -146,6 +149,15 @@ def attach(project_dir, run_ref, story, no_follow, all_logs):
         key = pick_story(reader, run_id, story)
         if all_logs:
             return _print_all_logs(project, reader, run_id, key)
+        waiting = None if no_follow else not_started(reader, run_id, key)
+        if waiting is not None and no_wait:
+            raise ConfigError(f"run {run_id}: {waiting} (--no-wait)")
+        if waiting is not None:
+            started = []
+            _interruptible(lambda stop: started.append(wait_for_start(
+                reader, run_id, key, lambda line: click.echo(line, err=True), stop=stop)))
+            if started != [True]:
+                return
         session = None if no_follow else live_tmux_session(reader, run_id, key)
         if session is not None:
             return _attach_tmux(session)
