@@ -13,7 +13,10 @@ import threading
 import click
 
 from ..errors import EXIT_USAGE, ConfigError
-from .app import cli, handle_errors, has_state, json_option, open_project, project_option, run_ref_argument
+from .app import (
+    cli, handle_errors, has_state, json_option, open_project, open_project_to_read, project_option,
+    run_ref_argument,
+)
 
 __all__ = ["status", "journal", "attach", "history", "sql", "tui"]
 
@@ -22,7 +25,7 @@ def _open_reader(project_dir, run_ref=None):
     """The project and a read-only `Reader` on its rows (which must exist already)."""
     from ..operator.reader import Reader
 
-    project = open_project(project_dir, need_runs=True, run_ref=run_ref)
+    project = open_project_to_read(project_dir, need_runs=True, run_ref=run_ref)
     return project, Reader(project)
 
 
@@ -50,7 +53,7 @@ def status(project_dir, run_ref, as_json, watch, interval):
     from ..engine.control import find_run
     from ..engine.status import run_status
 
-    project = open_project(project_dir, need_runs=True, run_ref=run_ref)
+    project = open_project_to_read(project_dir, need_runs=True, run_ref=run_ref)
     if watch:
         if as_json:
             raise ConfigError("--watch draws the live board; use --json without --watch")
@@ -207,7 +210,7 @@ def history(project_dir, limit, as_json):
     from ..operator.history import format_history, run_history
     from ..operator.reader import Reader
 
-    project = open_project(project_dir)
+    project = open_project_to_read(project_dir, need_runs=False)
     entries = []
     if has_state(project):
         reader = Reader(project)
@@ -229,7 +232,7 @@ def sql(project_dir, statement, as_json):
     docs/schema.md). Writes (INSERT, UPDATE, DELETE, DDL, ATTACH, PRAGMA writes) are refused."""
     from ..operator.sqlquery import format_table, run_query
 
-    project = open_project(project_dir, need_runs=True)
+    project = open_project_to_read(project_dir, need_runs=True)
     project.db  # migrated (views included), like every command
     result = run_query(project.database_url, statement)
     if as_json:

@@ -14,7 +14,8 @@ import click
 
 from ..errors import EXIT_OK, EXIT_USAGE, ConfigError
 from .app import (
-    cli, handle_errors, has_state, json_option, open_project, project_option, run_ref_argument,
+    cli, handle_errors, has_state, json_option, open_project, open_project_to_read, project_option,
+    run_ref_argument,
 )
 
 __all__ = ["init", "validate", "enqueue", "worker", "run", "resume", "abandon", "stop", "approve", "reject",
@@ -427,7 +428,7 @@ def reconcile(project_dir, run_ref, as_json):
     """
     from ..engine.control import reconcile as do_reconcile
 
-    report, code = do_reconcile(open_project(project_dir, need_runs=True, run_ref=run_ref), run_ref)
+    report, code = do_reconcile(open_project_to_read(project_dir, run_ref=run_ref), run_ref)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
