@@ -134,6 +134,7 @@ def init(project_dir, force):
         text = default_policy_text()
         policy = policy_from_dict(tomllib.loads(text), source=str(path), env=os.environ)
     project = Project(root=root, policy=policy)
+    _check_checkout(project)
     # The database first: a policy, a database file or a folder it refuses leaves nothing written.
     project.db  # create and migrate
     state = ensure_state_dir(root)
@@ -144,6 +145,18 @@ def init(project_dir, force):
         click.echo(f"wrote {path}")
     click.echo(f"state database ready at {project.database_url}")
     click.echo(f"runtime files under {state} are git-ignored by {state / '.gitignore'}")
+
+
+def _check_checkout(project) -> None:
+    """`init` in a folder that is no git checkout would succeed and leave a project no
+    command can run: refuse it before anything is written."""
+    from ..engine.repocheck import not_a_checkout
+
+    git = project.git()
+    if git.toplevel() is None:
+        error = not_a_checkout(project.root, git)
+        raise ConfigError(f"{error}; run `git init` (or clone the repository) first, then "
+                          "`bmad-loop init` in it")
 
 
 @cli.command()
@@ -216,7 +229,9 @@ def worker(project_dir, queue, workers, clone_dir, host):
 @project_option
 @selection_options
 @click.option("--enqueue-only", is_flag=True, help="Only queue the work for separate workers.")
-@click.option("--ci", is_flag=True, help="CI batch mode: plain progress lines, no colour, no prompts.")
+@click.option("--ci", is_flag=True,
+              help="Say this is a CI batch job. `run` behaves the same without it: progress is "
+                   "plain lines (no colour) and nothing prompts either way.")
 @report_options
 @handle_errors
 def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, ci, report_path,
@@ -488,3 +503,5 @@ def cleanup(project_dir, dry_run, runs, purge, clone_dir, host, as_json):
                    f"{len(report.branches_deleted)} branches, {len(report.refs_deleted)} refs, "
                    f"{len(report.remote_branches_deleted)} remote branches; "
                    f"kept {len(report.kept)}; rows marked {len(report.rows_marked)}")
+        for _run_id, entry in sorted(report.kept_because.items()):
+            click.echo(f"  kept {entry['count']}: {entry['why']}")

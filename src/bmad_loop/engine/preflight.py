@@ -10,7 +10,7 @@ from ..db.sqlitefile import check_folder_writable, check_sqlite_file
 from ..errors import BmadLoopError
 from ..operator.advice import verify_advice
 from ..selection import check_dependencies
-from ..policy import load_policy
+from ..policy import env_override, load_policy
 from ..profiles import custom_command_warnings
 from ..tasks import check_queue, queue_config
 from .agentcheck import bmad_checks, version_checks
@@ -105,10 +105,7 @@ def _check_state(project, policy) -> None:
 
 def _database_key(policy) -> str:
     """Where `[database] url` came from: its environment variable wins over the file."""
-    import os
-
-    var = "BMAD_LOOP_DATABASE_URL"
-    return var if os.environ.get(var) is not None else f"{policy.source}: [database] url"
+    return env_override("database", "url") or f"{policy.source}: [database] url"
 
 
 def _state_detail(project, policy) -> str:

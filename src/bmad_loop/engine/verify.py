@@ -36,11 +36,15 @@ class VerifyResult:
     duration_s: float
     log: str | None
     interrupted: bool = False
+    commands: tuple[str, ...] = ()  # what ran, in order
 
     def event(self) -> tuple[str, dict]:
-        """The journal event of this verification: `verify.passed` or `verify.failed`."""
+        """The journal event of this verification: `verify.passed` (`command`: the commands
+        that ran, joined by ` && `; None when there were none) or `verify.failed` (`command`:
+        the one that failed)."""
+        ran = " && ".join(self.commands) or None
         return ("verify.passed" if self.ok else "verify.failed",
-                {"command": self.failed_command, "exit_code": self.exit_code,
+                {"command": ran if self.ok else self.failed_command, "exit_code": self.exit_code,
                  "timed_out": self.timed_out, "duration_s": round(self.duration_s, 3),
                  "log": self.log})
 
@@ -93,4 +97,5 @@ def run_verify(
                 duration_s=time.monotonic() - started, log=str(log_path),
                 interrupted=result.interrupted,
             )
-    return VerifyResult(True, None, 0, False, "", time.monotonic() - started, str(log_path))
+    return VerifyResult(True, None, 0, False, "", time.monotonic() - started, str(log_path),
+                        commands=tuple(commands))
