@@ -117,3 +117,28 @@ def test_a_stop_from_another_terminal_prints_no_ctrl_c_notice_but_the_stopped_li
     assert code == 4, output
     assert "Ctrl+C" not in output  # a `stop` from elsewhere is not a Ctrl+C here
     assert f"`bmad-loop resume {run_id} --project {repo.root}` continues it" in output
+
+
+def test_a_ctrl_c_during_start_up_stops_the_run_as_soon_as_it_is_driven(make_repo, tmp_path):
+    """The press comes after the run was enqueued and before anything drives it (held there by
+    the delay point `run.enqueued`): it is counted, not lost nor raised, and the run stops at
+    once with the notice and the resume command; the agent never ran."""
+    delays = tmp_path / "delays"
+    delays.mkdir()
+    repo = make_repo([ALPHA], script={ALPHA.key: {"dev": [DONE]}})
+    run = spawn_cli(repo, "run", env=dict(os.environ, BMAD_LOOP_DELAY_AT="run.enqueued",
+                                          BMAD_LOOP_DELAY_DIR=str(delays)))
+    try:
+        wait_for_files(delays / "run.enqueued.reached")
+        run_id = repo.status()["run"]["id"]
+        run.proc.send_signal(signal.SIGINT)
+        (delays / "run.enqueued.go").write_text("go")
+        code, output = run.finish()
+    finally:
+        (delays / "run.enqueued.go").write_text("go")
+        run.kill()
+    assert code == 4, output
+    assert f"Ctrl+C: stopping run {run_id}: nothing is running, it stops now." in output
+    assert f"run {run_id} stopped" in output and f"`bmad-loop resume {run_id} --project" in output
+    assert "Traceback" not in output and "Aborted" not in output
+    assert repo.calls() == []  # no session started

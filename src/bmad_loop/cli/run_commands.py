@@ -240,9 +240,10 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
 
     Exit codes: 0 completed, 1 failed, 2 bad input, 3 needs a human, 4 stopped, 130 second Ctrl+C.
     """
+    presses = _count_presses()  # first: a Ctrl+C during start-up stops the run once it is driven
+    from ..engine.faults import delay_point
     from ..engine.gatepoints import pause_summary
 
-    presses = _count_presses()  # before anything is written: a Ctrl+C during start-up stops it
     project, policy, tasks, run_id, plan = _enqueue(project_dir, parallel, gates, epic, stories,
                                                     max_stories)
     if run_id is None:
@@ -255,6 +256,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
     if enqueue_only:
         click.echo(run_id)
         return
+    delay_point("run.enqueued")
     _drive_and_report(project, tasks, run_id, policy.scm.max_parallel, _progress_printer(ci),
                       report_path, junit_path, presses=presses)
 
@@ -270,10 +272,10 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
 @handle_errors
 def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit_path):
     """Continue a paused, stopped, failed or crashed run (same plan, scope and target)."""
+    presses = _count_presses()
     from ..engine.control import resume as do_resume
     from ..tasks import Tasks
 
-    presses = _count_presses()
     project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     tasks = Tasks(project)
     seen = _journal_end(project, run_ref)
@@ -305,7 +307,7 @@ def _journal_end(project, run_ref) -> dict[str, int]:
 
 def _count_presses():
     """Ctrl+C counted from now on, for the driver (`Interrupts`)."""
-    from ..engine.driver import Interrupts
+    from ..engine.presses import Interrupts
 
     presses = Interrupts()
     presses.install()

@@ -10,8 +10,6 @@ start-up then stops the run as soon as it is driven) and which tells it of each 
 from __future__ import annotations
 
 import signal
-import threading
-from dataclasses import dataclass, field
 from typing import Callable
 
 from ..db.models import Run
@@ -20,32 +18,10 @@ from ..states import RUN_SETTLED, RunState, StoryState
 from .consumers import ConsumerSet
 from .control import stop
 from .journal import event_rows_after
+from .presses import Interrupts
 from .runs import RUN_STATE, stories_of
 
-__all__ = ["drive", "exit_code_for", "Interrupts"]
-
-
-@dataclass
-class Interrupts:
-    """Ctrl+C presses, counted by a SIGINT handler (`install`). `notice(presses)` is called
-    after the driver acted on a press (its stop is recorded), so it can say what happens next."""
-
-    notice: Callable[[int], None] | None = None
-    count: int = 0
-    woke: threading.Event = field(default_factory=threading.Event)
-    driving: bool = False  # before: a first press waits for the run to start, a second aborts
-
-    def press(self, signum=None, frame=None) -> None:
-        self.count += 1
-        self.woke.set()
-        if not self.driving and self.count >= 2:
-            raise KeyboardInterrupt
-
-    def install(self):
-        """Count SIGINT here (main thread only); returns the handler it replaced, or None."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        return signal.signal(signal.SIGINT, self.press)
+__all__ = ["drive", "exit_code_for"]
 
 
 def exit_code_for(run: Run, stories) -> int:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from ..db.models import Attempt, Story, utcnow
-from ..states import STORY_AWAITING_LANE, STORY_IN_FLIGHT, AttemptState
+from ..db.models import Attempt, Run, Story, utcnow
+from ..states import RUN_SETTLED, STORY_AWAITING_LANE, AttemptState, StoryState
 
 __all__ = ["interrupt_notice", "resume_command"]
 
@@ -48,8 +48,11 @@ def _running(project, run_id: str) -> list[str]:
     """One line per story a worker or the lane holds: its phase, session and how long."""
     now = utcnow()
     with project.db.read() as s:
+        if s.get(Run, run_id).state in RUN_SETTLED:
+            return []  # stopped at once: nothing was working
+        # A story queued but not claimed goes back in line: nothing to wait for.
         stories = list(s.scalars(select(Story).where(
-            Story.run_id == run_id, Story.state.in_(STORY_IN_FLIGHT | STORY_AWAITING_LANE))
+            Story.run_id == run_id, Story.state.in_(STORY_AWAITING_LANE | {StoryState.WORKING}))
             .order_by(Story.seq)))
         sessions = {a.story_id: a for a in s.scalars(select(Attempt).where(
             Attempt.run_id == run_id, Attempt.state == AttemptState.RUNNING))}
