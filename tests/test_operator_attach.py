@@ -77,3 +77,37 @@ def test_attach_no_follow_prints_a_finished_storys_last_log(make_repo):
         assert "review-1.log <==" in result.output and "REVIEWED" in result.output
     result = repo.cli("attach", "nope", "--no-follow")
     assert result.exit_code == 2 and "no story 'nope'" in result.output
+
+
+def test_attach_to_a_story_not_yet_started_waits_for_it_like_tail_f_and_no_wait_exits_2(
+        make_repo, tmp_path):
+    """max_parallel = 1: beta waits while alpha is held in dev. `attach 1-2-beta` (a lone
+    argument: the story of the newest run) says it waits, then follows beta's log once it
+    starts; `--no-wait` refuses at once with the same words; an unknown story is exit 2."""
+    inside, release = tmp_path / "inside", tmp_path / "release"
+    script = {"1-1-alpha": {"dev": [{"write": {"src/alpha.py": "A = 1\n"}, "touch": [str(inside)],
+                                     "wait_for": str(release)}]},
+              "1-2-beta": {"dev": [{"write": {"src/beta.py": "B = 1\n"}, "say": "BETA AT WORK"}]}}
+    repo = make_repo(STORIES, script=script, policy='[gates]\nmode = "none"\n')
+    run = spawn_cli(repo, "run")
+    try:
+        wait_for_files(inside)
+        run_id = repo.status()["run"]["id"]
+        result = repo.cli("attach", "1-2-beta", "--no-wait")
+        assert result.exit_code == 2, result.output
+        assert result.output.strip().splitlines() == [
+            f"bmad-loop: run {run_id}: waiting for 1-2-beta (pending): all 1 worker slot(s) busy "
+            "(--no-wait)"]
+        unknown = repo.cli("attach", "9-9-nope")
+        assert unknown.exit_code == 2 and "no story '9-9-nope'" in unknown.output
+        attach = spawn_cli(repo, "attach", "1-2-beta")
+        seen = attach.read_until("waiting for 1-2-beta (pending)")
+        assert attach.proc.poll() is None and "BETA AT WORK" not in seen  # it waits
+        release.write_text("go")
+        code, out = attach.finish()
+        assert code == 0, out
+        assert out.index("waiting for 1-2-beta") < out.index("1-2-beta/dev-1.log <==") < out.index("BETA AT WORK")
+        assert run.finish()[0] == 0
+    finally:
+        release.write_text("go")
+        run.kill()

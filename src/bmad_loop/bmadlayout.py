@@ -196,16 +196,18 @@ def _one(found: list[BoardSource], root: Path) -> BoardSource | None:
     return distinct[0] if distinct else None
 
 
-def find_board(root: Path, tree, sprint_status: str = "", config_root: Path | None = None) -> BoardSource:
+def find_board(root: Path, tree, sprint_status: str = "", config_root: Path | None = None,
+               named: str = "policy [stories] sprint_status") -> BoardSource:
     """Where the board is (see the module docstring). `tree` is the committed target
-    (`committed.CommittedTree`); configs are read under `config_root` (default `root`)."""
+    (`committed.CommittedTree`); configs are read under `config_root` (default `root`);
+    `named` says where `sprint_status` came from (the policy key or its variable)."""
     root = Path(root)
     config_root = Path(config_root or root)
     if sprint_status.strip():
         value = sprint_status.strip().replace("{project-root}", str(root))
         rel = repo_relative(value, root)
         path = root / rel if rel is not None else Path(value)
-        return BoardSource(path=path, rel=rel, reason="policy [stories] sprint_status")
+        return BoardSource(path=path, rel=rel, reason=named)
     looked: list[str] = []
     found: list[BoardSource] = []
     for name, config in _configs(config_root):

@@ -18,7 +18,7 @@ from .. import __version__
 from ..errors import EXIT_FAILED, BmadLoopError, ConfigError, NotFound
 
 __all__ = ["cli", "main", "project_option", "json_option", "run_ref_argument", "handle_errors",
-           "open_project", "has_state"]
+           "open_project", "open_project_to_read", "has_state"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -113,9 +113,40 @@ def open_project(project_dir: Path, clone: Path | None = None, *, need_runs: boo
     if not project_dir.is_dir():
         raise ConfigError(f"--project: {project_dir} is not a folder")
     project = Project.open(project_dir) if clone is None else _open_clone(project_dir, clone)
+    return _with_runs(project, need_runs, run_ref)
+
+
+def _with_runs(project, need_runs: bool, run_ref: str | None):
     if need_runs and not has_state(project):
         raise NotFound(f"no run matches '{run_ref}'" if run_ref else f"{project.root}: no runs yet")
     return project
+
+
+def open_project_to_read(project_dir: Path, *, need_runs: bool = True, run_ref: str | None = None):
+    """`open_project` for commands that only read rows (status, journal, attach, history, sql,
+    reconcile). A policy.toml that does not load (a typo made mid-run, for `resume
+    --reload-policy`) does not block them: the database is BMAD_LOOP_DATABASE_URL, else the
+    default SQLite file, and one warning names the policy's error."""
+    import os
+
+    from ..engine.project import Project
+    from ..policy import load_policy, policy_from_dict
+
+    if not project_dir.is_dir():
+        raise ConfigError(f"--project: {project_dir} is not a folder")
+    try:
+        load_policy(project_dir)
+    except ConfigError as exc:
+        url = os.environ.get(_DATABASE_URL_ENV, "").strip()
+        policy = policy_from_dict({"database": {"url": url}} if url else {}, source="<defaults>")
+        where = _DATABASE_URL_ENV if url else "the default .bmad-loop/state.db"
+        click.echo(f"bmad-loop: warning: {' '.join(str(exc).splitlines())}; reading the state "
+                   f"database from {where}", err=True)
+        return _with_runs(Project.open(project_dir, policy=policy), need_runs, run_ref)
+    return open_project(project_dir, need_runs=need_runs, run_ref=run_ref)
+
+
+_DATABASE_URL_ENV = "BMAD_LOOP_DATABASE_URL"
 
 
 def _open_clone(project_dir: Path, clone: Path):

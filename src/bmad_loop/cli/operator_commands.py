@@ -13,7 +13,10 @@ import threading
 import click
 
 from ..errors import EXIT_USAGE, ConfigError
-from .app import cli, handle_errors, has_state, json_option, open_project, project_option, run_ref_argument
+from .app import (
+    cli, handle_errors, has_state, json_option, open_project, open_project_to_read, project_option,
+    run_ref_argument,
+)
 
 __all__ = ["status", "journal", "attach", "history", "sql", "tui"]
 
@@ -22,7 +25,7 @@ def _open_reader(project_dir, run_ref=None):
     """The project and a read-only `Reader` on its rows (which must exist already)."""
     from ..operator.reader import Reader
 
-    project = open_project(project_dir, need_runs=True, run_ref=run_ref)
+    project = open_project_to_read(project_dir, need_runs=True, run_ref=run_ref)
     return project, Reader(project)
 
 
@@ -50,7 +53,7 @@ def status(project_dir, run_ref, as_json, watch, interval):
     from ..engine.control import find_run
     from ..engine.status import run_status
 
-    project = open_project(project_dir, need_runs=True, run_ref=run_ref)
+    project = open_project_to_read(project_dir, need_runs=True, run_ref=run_ref)
     if watch:
         if as_json:
             raise ConfigError("--watch draws the live board; use --json without --watch")
@@ -122,16 +125,19 @@ def journal(project_dir, run_ref, kinds, story, follow, as_json):
 @click.option("--no-follow", is_flag=True, help="Print the session log as it is and exit.")
 @click.option("--all", "all_logs", is_flag=True,
               help="Print every session and verify log of the story, in order, and exit.")
+@click.option("--no-wait", is_flag=True,
+              help="A story not started yet is an error (exit 2) instead of waited for.")
 @handle_errors
-def attach(project_dir, run_ref, story, no_follow, all_logs):
+def attach(project_dir, run_ref, story, no_follow, all_logs, no_wait):
     """Follow a story's agent session log (dev, then review, then fix …) as it grows.
 
     Without STORY: the story in flight; with several in flight it lists them and exits 2.
     RUN defaults to the newest run; a lone argument that matches no run is taken as STORY.
     With --all: the story's whole history, each log under a header (phase, attempt, start).
+    A story not started yet is waited for ("waiting for STORY (pending)"), like `tail -F`.
     """
     from ..engine.control import find_run
-    from ..operator.follow import follow_log, live_tmux_session, pick_story
+    from ..operator.follow import follow_log, live_tmux_session, not_started, pick_story, wait_for_start
 
     project, reader = _open_reader(project_dir)
     try:
@@ -146,6 +152,15 @@ def attach(project_dir, run_ref, story, no_follow, all_logs):
         key = pick_story(reader, run_id, story)
         if all_logs:
             return _print_all_logs(project, reader, run_id, key)
+        waiting = None if no_follow else not_started(reader, run_id, key)
+        if waiting is not None and no_wait:
+            raise ConfigError(f"run {run_id}: {waiting} (--no-wait)")
+        if waiting is not None:
+            started = []
+            _interruptible(lambda stop: started.append(wait_for_start(
+                reader, run_id, key, lambda line: click.echo(line, err=True), stop=stop)))
+            if started != [True]:
+                return
         session = None if no_follow else live_tmux_session(reader, run_id, key)
         if session is not None:
             return _attach_tmux(session)
@@ -195,7 +210,7 @@ def history(project_dir, limit, as_json):
     from ..operator.history import format_history, run_history
     from ..operator.reader import Reader
 
-    project = open_project(project_dir)
+    project = open_project_to_read(project_dir, need_runs=False)
     entries = []
     if has_state(project):
         reader = Reader(project)
@@ -217,7 +232,7 @@ def sql(project_dir, statement, as_json):
     docs/schema.md). Writes (INSERT, UPDATE, DELETE, DDL, ATTACH, PRAGMA writes) are refused."""
     from ..operator.sqlquery import format_table, run_query
 
-    project = open_project(project_dir, need_runs=True)
+    project = open_project_to_read(project_dir, need_runs=True)
     project.db  # migrated (views included), like every command
     result = run_query(project.database_url, statement)
     if as_json:

@@ -14,7 +14,8 @@ import click
 
 from ..errors import EXIT_OK, EXIT_USAGE, ConfigError
 from .app import (
-    cli, handle_errors, has_state, json_option, open_project, project_option, run_ref_argument,
+    cli, handle_errors, has_state, json_option, open_project, open_project_to_read, project_option,
+    run_ref_argument,
 )
 from .ownership_output import echo_new_warnings, forget_command
 
@@ -136,6 +137,7 @@ def init(project_dir, force):
         text = default_policy_text()
         policy = policy_from_dict(tomllib.loads(text), source=str(path), env=os.environ)
     project = Project(root=root, policy=policy)
+    _check_checkout(project)
     # The database first: a policy, a database file or a folder it refuses leaves nothing written.
     project.db  # create and migrate
     state = ensure_state_dir(root)
@@ -146,6 +148,18 @@ def init(project_dir, force):
         click.echo(f"wrote {path}")
     click.echo(f"state database ready at {project.database_url}")
     click.echo(f"runtime files under {state} are git-ignored by {state / '.gitignore'}")
+
+
+def _check_checkout(project) -> None:
+    """`init` in a folder that is no git checkout would succeed and leave a project no
+    command can run: refuse it before anything is written."""
+    from ..engine.repocheck import not_a_checkout
+
+    git = project.git()
+    if git.toplevel() is None:
+        error = not_a_checkout(project.root, git)
+        raise ConfigError(f"{error}; run `git init` (or clone the repository) first, then "
+                          "`bmad-loop init` in it")
 
 
 @cli.command()
@@ -221,7 +235,9 @@ def worker(project_dir, queue, workers, clone_dir, host):
 @project_option
 @selection_options
 @click.option("--enqueue-only", is_flag=True, help="Only queue the work for separate workers.")
-@click.option("--ci", is_flag=True, help="CI batch mode: plain progress lines, no colour, no prompts.")
+@click.option("--ci", is_flag=True,
+              help="Say this is a CI batch job. `run` behaves the same without it: progress is "
+                   "plain lines (no colour) and nothing prompts either way.")
 @report_options
 @handle_errors
 def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, ci, report_path,
@@ -230,12 +246,15 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
 
     Exit codes: 0 completed, 1 failed, 2 bad input, 3 needs a human, 4 stopped, 130 second Ctrl+C.
     """
+    presses = _count_presses()  # first: a Ctrl+C during start-up stops the run once it is driven
+    from ..engine.faults import delay_point
     from ..engine.gatepoints import pause_summary
 
     project, policy, tasks, run_id, plan = _enqueue(project_dir, parallel, gates, epic, stories,
                                                     max_stories)
     if run_id is None:
         click.echo("nothing to do: no actionable story matches the selection")
+        _write_reports(project, None, EXIT_OK, report_path, junit_path)
         return
     for warning in plan.warnings:  # journaled as run.warning too
         click.echo(f"warning: {warning}", err=True)
@@ -245,8 +264,9 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
     if enqueue_only:
         click.echo(run_id)
         return
+    delay_point("run.enqueued")
     _drive_and_report(project, tasks, run_id, policy.scm.max_parallel, _progress_printer(ci),
-                      report_path, junit_path)
+                      report_path, junit_path, presses=presses)
 
 
 @cli.command()
@@ -260,6 +280,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
 @handle_errors
 def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit_path):
     """Continue a paused, stopped, failed or crashed run (same plan, scope and target)."""
+    presses = _count_presses()
     from ..engine.control import resume as do_resume
     from ..tasks import Tasks
 
@@ -273,7 +294,7 @@ def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit
         return
     # Only what is new: the journal up to the resume was printed by the run that wrote it.
     _drive_and_report(project, tasks, run.id, run.max_parallel, _progress_printer(),
-                      report_path, junit_path, since_seq=seen.get(run.id, 0))
+                      report_path, junit_path, since_seq=seen.get(run.id, 0), presses=presses)
 
 
 def _journal_end(project, run_ref) -> dict[str, int]:
@@ -293,13 +314,29 @@ def _journal_end(project, run_ref) -> dict[str, int]:
         return {run.id: last or 0}
 
 
-def _drive_and_report(project, tasks, run_id, workers, progress, report_path, junit_path,
-                      since_seq: int = 0):
-    """Drive the run here until it settles, print its outcome, write the reports, exit with
-    the run's exit code."""
-    from ..engine.driver import drive
+def _count_presses():
+    """Ctrl+C counted from now on, for the driver (`Interrupts`)."""
+    from ..engine.presses import Interrupts
 
-    code = drive(project, tasks, run_id, workers=workers, progress=progress, since_seq=since_seq)
+    presses = Interrupts()
+    presses.install()
+    return presses
+
+
+def _drive_and_report(project, tasks, run_id, workers, progress, report_path, junit_path,
+                      since_seq: int = 0, presses=None):
+    """Drive the run here until it settles, print its outcome, write the reports, exit with
+    the run's exit code. Each Ctrl+C acted on is explained (`stop_notice`)."""
+    from ..engine.driver import drive
+    from ..operator.stop_notice import interrupt_notice
+
+    def notice(count: int) -> None:
+        click.echo(interrupt_notice(project, run_id, count), color=False)
+        sys.stdout.flush()
+
+    presses.notice = notice
+    code = drive(project, tasks, run_id, workers=workers, progress=progress, since_seq=since_seq,
+                 interrupts=presses)
     _print_outcome(project, run_id)
     _write_reports(project, run_id, code, report_path, junit_path)
     sys.exit(code)
@@ -308,11 +345,15 @@ def _drive_and_report(project, tasks, run_id, workers, progress, report_path, ju
 def _print_outcome(project, run_id):
     from ..db.models import Run
     from ..engine.runs import stories_of
+    from ..operator.stop_notice import resume_command
+    from ..states import RunState
 
     with project.db.transaction() as s:
         run = s.get(Run, run_id)
         stories = stories_of(s, run_id)
-        click.echo(f"run {run.id} {run.state}" + (f": {run.reason}" if run.reason else ""))
+        resumable = run.state in (RunState.STOPPED, RunState.FAILED)
+        click.echo(f"run {run.id} {run.state}" + (f": {run.reason}" if run.reason else "")
+                   + (f"; `{resume_command(project, run.id)}` continues it" if resumable else ""))
         for story in stories:
             extra = f" ({story.reason})" if story.reason else ""
             click.echo(f"  {story.seq:>3} {story.key:<40} {story.state}{extra}")
@@ -323,10 +364,13 @@ def _write_reports(project, run_id, code, report_path, junit_path):
         return
     from ..db.models import Run
     from ..engine.status import run_status
-    from ..operator.reports import write_json_report, write_junit
+    from ..operator.reports import nothing_to_do, write_json_report, write_junit
 
-    with project.db.transaction() as s:
-        status = run_status(s, s.get(Run, run_id))
+    if run_id is None:  # still both files: a CI step publishing them must find them
+        status = nothing_to_do("no actionable story matches the selection")
+    else:
+        with project.db.transaction() as s:
+            status = run_status(s, s.get(Run, run_id))
     if report_path:
         click.echo(f"report: {write_json_report(status, report_path, exit_code=code)}")
     if junit_path:
@@ -433,7 +477,7 @@ def reconcile(project_dir, run_ref, as_json):
     """
     from ..engine.control import reconcile as do_reconcile
 
-    report, code = do_reconcile(open_project(project_dir, need_runs=True, run_ref=run_ref), run_ref)
+    report, code = do_reconcile(open_project_to_read(project_dir, run_ref=run_ref), run_ref)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
@@ -506,3 +550,5 @@ def cleanup(project_dir, dry_run, runs, purge, forget_id, force, clone_dir, host
                    f"kept {len(report.kept)}; rows marked {len(report.rows_marked)}"
                    + (f"; kept {len(report.foreign)} of other state databases' runs"
                       if report.foreign else ""))
+        for _run_id, entry in sorted(report.kept_because.items()):
+            click.echo(f"  kept {entry['count']}: {entry['why']}")

@@ -24,7 +24,7 @@ import fcntl
 from pathlib import Path
 from typing import Iterator
 
-from sqlalchemy import create_engine, event, insert
+from sqlalchemy import create_engine, event, insert, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import (ArgumentError, DatabaseError, DBAPIError, InterfaceError,
                             NoSuchModuleError, OperationalError)
@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from . import migrate
 from .sqlitefile import check_folder_writable, check_sqlite_file, sqlite_error_message
 
-__all__ = ["Database", "check_driver", "default_database_url"]
+__all__ = ["Database", "check_driver", "check_reachable", "default_database_url"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 _READ_ONLY = "bmad_loop_read_only"  # execution option of `Database.read`'s connections
@@ -67,6 +67,26 @@ def check_driver(url: str, source: str = "[database] url") -> None:
             hint = f"install the Python driver {dialect.driver!r}"
         raise ConfigError(f"{source}: the driver for {_shown(url)} is not installed "
                           f"({exc}): {hint}") from None
+
+
+def check_reachable(url: str, source: str = "[database] url", timeout_s: int = 5) -> None:
+    """Refuse a database server that does not answer (down, wrong host or port, no such
+    database, refused login): one connection and `SELECT 1`, which creates nothing. SQLite
+    files are checked by `sqlitefile` instead."""
+    if not url or url.startswith("sqlite"):
+        return
+    from sqlalchemy.pool import NullPool
+
+    args = {"connect_timeout": timeout_s} if make_url(url).get_backend_name() == "postgresql" else {}
+    engine = create_engine(url, poolclass=NullPool, connect_args=args)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except DBAPIError as exc:
+        reason = (str(exc.orig or exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{source}: cannot reach the database {_shown(url)}: {reason}") from None
+    finally:
+        engine.dispose()
 
 
 def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
@@ -300,8 +320,6 @@ class Database:
         if self.engine.dialect.name != "postgresql":
             yield
             return
-        from sqlalchemy import text
-
         with self.engine.connect() as conn:
             conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": PG_MIGRATION_LOCK_KEY})
             conn.commit()

@@ -62,6 +62,7 @@ class CleanupReport:
     refs_deleted: list[str] = field(default_factory=list)
     rows_marked: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
+    kept_because: dict[str, dict] = field(default_factory=dict)  # run id -> {count, why}
     runs_pruned: list[str] = field(default_factory=list)
     pruned_metadata: bool = False
     foreign: list[dict] = field(default_factory=list)  # {item, run, database}: another database's
@@ -216,6 +217,8 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
     if not dry_run:
         prune(git)
         report.pruned_metadata = True
+    if report.kept:
+        report.kept_because = _why_kept(project, report.kept)
     return report
 
 
@@ -239,7 +242,11 @@ def _mark_vanished(project, worktree_rows, report: CleanupReport, dry_run: bool)
                     story.worktree = None
                     if story.phase not in (None, Phase.PREPARE, Phase.COMMIT):
                         story.phase = Phase.PREPARE
-                    record(s, run_id, "story.worktree_missing", story.key, worktree=worktree)
+                    # Harmless: the story's work is committed on its branch; say so.
+                    record(s, run_id, "story.worktree_missing", story.key, worktree=worktree,
+                           reason=f"worktree folder gone: made again from branch "
+                                  f"{story.branch or '(none yet)'} (its commits are kept) when "
+                                  "the story runs; nothing to do")
 
 
 @dataclass
@@ -296,6 +303,27 @@ def _sweep_remote_branches(sweep: _Sweep, target, owned_branches: set[str]) -> N
         sweep.report.remote_branches_deleted.append(name)
         if not sweep.dry_run:
             target.delete_story_branch(name)
+
+
+def _why_kept(project, kept: list[str]) -> dict[str, dict]:
+    """Per run owning something kept (every kept path, branch or ref names its run): how many
+    items and why they stay."""
+    with project.db.read() as s:
+        runs = {r.id: r for r in s.scalars(select(Run).where(Run.project == project.key))}
+    why: dict[str, dict] = {}
+    for item in kept:
+        for run_id in set(item.replace("\\", "/").split("/")) & runs.keys():
+            entry = why.setdefault(run_id, {"count": 0, "why": _keeps(runs[run_id])})
+            entry["count"] += 1
+    return why
+
+
+def _keeps(run) -> str:
+    if run.state in RUN_RESUMABLE:
+        return f"run {run.id} is {run.state}: `resume` needs them"
+    scm = run_policy(run).scm
+    return (f"run {run.id} is {run.state}: kept by its [scm] keep_failed = "
+            f"{str(scm.keep_failed).lower()}, delete_branch = {str(scm.delete_branch).lower()}")
 
 
 def sweep_landed(project, run_id: str) -> list[str]:

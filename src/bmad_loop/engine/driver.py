@@ -2,21 +2,23 @@
 
 `bmad-loop run` and `bmad-loop resume` use this. A first Ctrl+C asks for a graceful stop
 (exit 4 once the run is stopped); a second one stops now: agent sessions are killed, attempts
-are marked interrupted, and the command exits 130. Both leave the run resumable.
+are marked interrupted, and the command exits 130. Both leave the run resumable. Presses are
+counted by `Interrupts`, which the command may install before it enqueues (a Ctrl+C during
+start-up then stops the run as soon as it is driven) and which tells it of each press acted on.
 """
 
 from __future__ import annotations
 
 import signal
-import threading
 from typing import Callable
 
 from ..db.models import Run
-from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NEEDS_HUMAN, EXIT_OK, EXIT_STOPPED
+from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NEEDS_HUMAN, EXIT_OK, EXIT_STOPPED, StateError
 from ..states import RUN_SETTLED, RunState, StoryState
 from .consumers import ConsumerSet
 from .control import stop
 from .journal import event_rows_after
+from .presses import Interrupts
 from .runs import RUN_STATE, stories_of
 
 __all__ = ["drive", "exit_code_for"]
@@ -32,32 +34,26 @@ def exit_code_for(run: Run, stories) -> int:
 
 
 def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[object], None] | None,
-          poll_s: float = 0.5, install_signals: bool = True, since_seq: int = 0) -> int:
+          poll_s: float = 0.5, interrupts: Interrupts | None = None, since_seq: int = 0) -> int:
     """Consumers on in this process until the run settles; `progress` gets each journal event
     after `since_seq` (a resume shows only what happens from the resume on). The journal is
     read after every lane tick (the run settles only in one) and at least every `poll_s`, for
-    the workers' own progress lines."""
+    the workers' own progress lines. Without `interrupts` the driver counts Ctrl+C itself."""
     consumers = ConsumerSet(project, queue="all", workers=workers, tasks=tasks)
-    interrupts = {"count": 0}
-    woke = threading.Event()
+    own = interrupts is None
+    interrupts = Interrupts() if own else interrupts
+    woke = interrupts.woke
+    interrupts.driving = True
     consumers.after_each_tick(lambda _run_id: woke.set())
-    previous = None
-
-    def on_sigint(signum, frame):
-        interrupts["count"] += 1
-        woke.set()
-
-    if install_signals and threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = interrupts.install() if own else None
     _cleanup_at_start(project)
     consumers.start()
     last_seq = since_seq
-    handled = 0
+    handled = told = 0
     try:
         while True:
-            if interrupts["count"] > handled:
-                handled = interrupts["count"]
-                stop(project, tasks, run_id, now=handled >= 2)
+            if interrupts.count > handled:
+                handled, told = _act_on_presses(project, tasks, run_id, interrupts, handled, told)
             # A poll: it holds up no writer. It runs after every lane tick, beside the story
             # that tick started, so it reads plain rows and nothing it will not show.
             with project.db.read() as s:
@@ -65,6 +61,9 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
                     for event in event_rows_after(s, run_id, last_seq):
                         last_seq = event.seq
                         progress(event)
+                if told < handled and interrupts.notice is not None:  # after its `run.stopping`
+                    interrupts.notice(handled)
+                told = handled
                 state = s.connection().execute(RUN_STATE, {"of_run": run_id}).scalar()
                 settled = state in RUN_SETTLED
                 if settled:  # one snapshot: every event up to the settling one was shown
@@ -80,6 +79,20 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
     if handled >= 2:
         return EXIT_INTERRUPTED
     return exit_code_for(run, stories)
+
+
+def _act_on_presses(project, tasks, run_id: str, interrupts: Interrupts, handled: int,
+                    told: int) -> tuple[int, int]:
+    """The first press stops gracefully, the second now; later ones only remind. Returns the
+    presses handled and those already told (a stop refused because the run settled meanwhile
+    is not told: the loop sees the run settled)."""
+    presses = interrupts.count
+    if handled == 0 or (handled < 2 <= presses):
+        try:
+            stop(project, tasks, run_id, now=presses >= 2)
+        except StateError:
+            return presses, presses
+    return presses, told
 
 
 def _cleanup_at_start(project) -> None:

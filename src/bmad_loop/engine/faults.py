@@ -30,6 +30,7 @@ DELAY_POINTS = (
     "worker.in_prepare",       # the worktree is made, the row does not name it yet
     "worker.in_commit",        # the story's commit is made, its footprint not yet checked
     "lane.in_compose",         # a quick candidate is composed, its row (and integrating) not written
+    "run.enqueued",            # `run` enqueued its run and counts Ctrl+C, the driver not started
 )
 
 CRASH_POINTS = (

@@ -116,6 +116,9 @@ class _Lane:
         self.memo = run_memo(project, run.id)
         self._landed: int | None = None  # the story the last integration step landed
         self._pending_seen = True  # did this pass's rows hold a pending story?
+        # story id -> (row rev, reason) this lane wrote: a pass that admits twice on the same
+        # rows (dispatch first, then dispatch) must not journal the same wait twice.
+        self._reasons_written: dict[int, tuple[int, str]] = {}
         self.stack = (Stack(self, policy.verify.depth(run.max_parallel))
                       if speculating(policy, run.max_parallel) else None)
         if run.max_parallel > 1:
@@ -382,7 +385,7 @@ class _Lane:
             changed = {}  # reason -> ids: one UPDATE per distinct reason, no row loaded
             for key, why in decision.waiting.items():
                 row = by_key[key]
-                if row.wait_reason != why:
+                if row.wait_reason != why and self._reasons_written.get(row.id) != (row.rev, why):
                     changed.setdefault(why, []).append(row.id)
                     record(s, self.run_id, "story.waiting", key, reason=why)
             for why, ids in changed.items():
@@ -403,6 +406,8 @@ class _Lane:
                     queued.append(row.id)
             if decision.gate is not None:
                 self._gate = decision.gate
+        self._reasons_written.update((by_key[k].id, (by_key[k].rev, why))  # committed now
+                                     for k, why in decision.waiting.items())
         for story_id in queued:
             self.tasks.enqueue_story(self.run_id, story_id)
         self._decision, self._queued = decision, len(queued)

@@ -6,12 +6,12 @@ from pathlib import Path
 
 from ..board import ACTIONABLE
 from ..compose import dirty_paths
-from ..db.database import check_driver
+from ..db.database import check_driver, check_reachable
 from ..db.sqlitefile import check_folder_writable, check_sqlite_file
 from ..errors import BmadLoopError
 from ..operator.advice import verify_advice
 from ..selection import check_dependencies
-from ..policy import load_policy
+from ..policy import env_override, load_policy
 from ..profiles import custom_command_warnings
 from ..tasks import check_queue, queue_config
 from .agentcheck import bmad_checks, version_checks
@@ -120,11 +120,18 @@ def _check_checkout(add, project, policy, branch: str) -> None:
 def _check_state(project, policy) -> None:
     """What opening the state would refuse, without opening (or creating) anything: a missing
     driver, a damaged state.db or queue.db, a state folder that cannot be written."""
-    check_driver(policy.database.url, f"{policy.source}: [database] url")
+    key = _database_key(policy)
+    check_driver(policy.database.url, key)
     check_queue(queue_config(project), policy.source)
+    check_reachable(policy.database.url, key)
     if not policy.database.url:
         check_folder_writable(project.state_dir, "state folder")
         check_sqlite_file(project.home_state_dir / "state.db", "state database")
+
+
+def _database_key(policy) -> str:
+    """Where `[database] url` came from: its environment variable wins over the file."""
+    return env_override("database", "url") or f"{policy.source}: [database] url"
 
 
 def _state_detail(project, policy) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..bmadlayout import BoardSource, find_board
+from ..policy import env_override
 from ..bmadv4 import v4_board
 from ..board import Board, load_board, parse_board
 from ..committed import CommittedTree, FolderTree
@@ -67,7 +68,9 @@ def load_sprint(project, policy, target_sha: str | None = None, branch: str = ""
         tree = CommittedTree(project.git(policy), target_sha, branch)
     else:
         tree = FolderTree(project.root)
-    source = find_board(project.root, tree, policy.stories.sprint_status, config_root=project.home)
+    named = env_override("stories", "sprint_status") or "policy [stories] sprint_status"
+    source = find_board(project.root, tree, policy.stories.sprint_status, config_root=project.home,
+                        named=named)
     board = _read_board(project, tree, source, branch).with_extra_keys(policy.stories.extra_keys)
     folder = story_folder(project.root, tree, board, source, policy.stories.story_dir,
                           config_root=project.home)

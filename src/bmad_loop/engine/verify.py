@@ -37,11 +37,14 @@ class VerifyResult:
     log: str | None
     interrupted: bool = False
     log_cut: LogCut | None = None  # the log passed [limits] max_log_bytes (or a write failed)
+    commands: tuple[str, ...] = ()  # what ran, in order
 
     def event(self) -> tuple[str, dict]:
-        """The journal event of this verification: `verify.passed` or `verify.failed` (with
-        `log_truncated` when its log was cut)."""
-        data = {"command": self.failed_command, "exit_code": self.exit_code,
+        """The journal event of this verification: `verify.passed` (`command`: the commands
+        that ran, joined by ` && `; None when there were none) or `verify.failed` (`command`:
+        the one that failed), with `log_truncated` when its log was cut."""
+        ran = " && ".join(self.commands) or None
+        data = {"command": ran if self.ok else self.failed_command, "exit_code": self.exit_code,
                 "timed_out": self.timed_out, "duration_s": round(self.duration_s, 3),
                 "log": self.log}
         if self.log_cut is not None:
@@ -100,7 +103,7 @@ def run_verify(
                 interrupted=result.interrupted, log_cut=_summed(cuts),
             )
     return VerifyResult(True, None, 0, False, "", time.monotonic() - started, str(log_path),
-                        log_cut=_summed(cuts))
+                        log_cut=_summed(cuts), commands=tuple(commands))
 
 
 def _summed(cuts: list[LogCut]) -> LogCut | None:

@@ -23,7 +23,10 @@ from .style import short_value
 _CHUNK = 1 << 20  # what one read of a log holds in memory
 
 __all__ = ["follow_journal", "format_event", "pick_story", "follow_log", "AttachChoice",
-           "live_tmux_session"]
+           "live_tmux_session", "not_started", "wait_for_start"]
+
+# A story in these states has no session yet: `attach` waits for it, like `tail -F`.
+NOT_STARTED = frozenset({StoryState.PENDING, StoryState.QUEUED})
 
 
 def _short(value):
@@ -100,6 +103,39 @@ def pick_story(reader, run_id: str, ref: str | None) -> str:
     raise AttachChoice(f"run {run_id}: {len(pool)} stories {what}, name one: {listing}")
 
 
+def not_started(reader, run_id: str, story_key: str) -> str | None:
+    """"waiting for KEY (pending)" (with what holds it back) while the story has no session
+    yet, else None."""
+    with reader.session() as s:
+        row = s.query(Story).filter(Story.run_id == run_id, Story.key == story_key).one()
+        if row.state not in NOT_STARTED or row.log:
+            return None
+        return f"waiting for {story_key} ({row.state})" + (f": {row.wait_reason}" if row.wait_reason else "")
+
+
+def wait_for_start(reader, run_id: str, story_key: str, say: Callable[[str], None], *,
+                   poll_s: float = 0.5, stop: threading.Event | None = None) -> bool:
+    """Until the story starts, say what it waits for (again when that changes). False when it
+    will not start without a person (the run settled first) or `stop` was set."""
+    stop = stop or threading.Event()
+    shown = None
+    while True:
+        line = not_started(reader, run_id, story_key)
+        if line is None:
+            return True
+        if line != shown:
+            say(line)
+            shown = line
+        with reader.session() as s:
+            run = s.get(Run, run_id)
+            if run.state in RUN_SETTLED:
+                say(f"{story_key} has not started: run {run_id} is {run.state}"
+                    + (f" ({run.reason})" if run.reason else ""))
+                return False
+        if stop.wait(poll_s):
+            return False
+
+
 def follow_log(reader, run_id: str, story_key: str, write: Callable[[str], None], *,
                follow: bool = True, poll_s: float = 0.2,
                stop: threading.Event | None = None) -> None:
@@ -128,6 +164,8 @@ def follow_log(reader, run_id: str, story_key: str, write: Callable[[str], None]
                 write(f"{story_key}: no session log yet\n")
             return
         if state not in STORY_IN_FLIGHT or (run_settled and state != StoryState.WORKING):
+            if tail is None:  # blocked or skipped before any session: say so, not nothing
+                write(f"{story_key}: no session log ({state})\n")
             return
         if stop.wait(poll_s):
             return

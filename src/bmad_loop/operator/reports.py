@@ -5,6 +5,8 @@ One JUnit test case per story: `integrated` passes, `skipped` is skipped, `escal
 story's newest log); the suite's time is wall time, not a sum; a story the run never finished
 (pending, queued, working, ready, integrating: the run paused or stopped first) is skipped
 with a message saying where it stood. `bmad-loop run --ci --report FILE --junit FILE` writes them.
+A run with nothing to do writes both too (`NOTHING_TO_DO`: no run, zero test cases), so a CI step
+that publishes them always finds them.
 """
 
 from __future__ import annotations
@@ -19,12 +21,17 @@ from .story_logs import failing_log, log_tail
 from ..states import STORY_PARKED, StoryState
 
 __all__ = ["summary", "write_json_report", "write_junit", "junit_tree", "wall_time", "FAILING",
-           "PASSING"]
+           "PASSING", "nothing_to_do"]
 
 PASSING = frozenset({StoryState.INTEGRATED})
 SKIPPED = frozenset({StoryState.SKIPPED})
 FAILING = STORY_PARKED  # escalated, blocked, held, failed
 REPORT_FORMAT = 1
+
+
+def nothing_to_do(reason: str) -> dict:
+    """The status a report is written from when the selection matched no story: no run."""
+    return {"run": None, "stories": [], "candidates": [], "reason": reason}
 
 
 def summary(status: dict) -> dict:
@@ -62,17 +69,20 @@ def write_json_report(status: dict, path, *, exit_code: int | None = None) -> Pa
         "stories": status["stories"],
         "candidates": status.get("candidates", []),
     }
+    if status["run"] is None:
+        report["reason"] = status.get("reason")
     return write_atomic(Path(path), json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def junit_tree(status: dict) -> ET.ElementTree:
-    run = status["run"]
+    run = status["run"] or {}
     counts = summary(status)
     elapsed = wall_time(status)
     suites = ET.Element("testsuites", name="bmad-loop", tests=str(counts["stories"]),
                         failures=str(counts["failed"]), errors="0",
                         skipped=str(counts["skipped"]), time=f"{elapsed:.3f}")
-    suite = ET.SubElement(suites, "testsuite", name=f"bmad-loop run {run['id']}",
+    name = f"bmad-loop run {run['id']}" if run else f"bmad-loop: {status.get('reason')}"
+    suite = ET.SubElement(suites, "testsuite", name=name,
                           tests=str(counts["stories"]), failures=str(counts["failed"]),
                           errors="0", skipped=str(counts["skipped"]), time=f"{elapsed:.3f}",
                           timestamp=run.get("created_at") or "", hostname=run.get("host") or "")

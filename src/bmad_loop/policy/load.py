@@ -20,7 +20,8 @@ from .schema import SECTIONS, Policy, check_policy
 from .validate import (Context, describe, did_you_mean, error, hints, is_table, named_fields,
                        read_table, rest_field, where)
 
-__all__ = ["ENV_PREFIX", "default_policy_text", "load_policy", "policy_from_dict", "policy_path"]
+__all__ = ["ENV_PREFIX", "default_policy_text", "env_override", "load_policy", "policy_from_dict",
+           "policy_path"]
 
 ENV_PREFIX = "BMAD_LOOP_"
 
@@ -134,6 +135,13 @@ def load_policy(project_dir: str | os.PathLike, env: Mapping[str, str] | None = 
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{path}: invalid TOML: {exc}") from exc
     return policy_from_dict(data, source=str(path), env=env)
+
+
+def env_override(section: str, key: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The variable that sets `[section] key` (it wins over the file), or None: for a message
+    about the value to name where it came from."""
+    var = f"{ENV_PREFIX}{section.upper()}_{key.upper()}"
+    return var if var in (os.environ if env is None else env) else None
 
 
 def default_policy_text() -> str:

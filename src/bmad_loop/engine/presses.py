@@ -1,0 +1,37 @@
+"""Ctrl+C presses, counted for `run` and `resume` (`driver.drive` acts on them).
+
+Kept apart from the driver and free of heavy imports: the command installs the counter first
+thing, so a Ctrl+C during start-up (imports, planning, enqueue) is counted rather than raised.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+__all__ = ["Interrupts"]
+
+
+@dataclass
+class Interrupts:
+    """Ctrl+C presses, counted by a SIGINT handler (`install`). `notice(presses)` is called
+    after the driver acted on a press (its stop is recorded), so it can say what happens next."""
+
+    notice: Callable[[int], None] | None = None
+    count: int = 0
+    woke: threading.Event = field(default_factory=threading.Event)
+    driving: bool = False  # before: a first press waits for the run to start, a second aborts
+
+    def press(self, signum=None, frame=None) -> None:
+        self.count += 1
+        self.woke.set()
+        if not self.driving and self.count >= 2:
+            raise KeyboardInterrupt
+
+    def install(self):
+        """Count SIGINT here (main thread only); returns the handler it replaced, or None."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        return signal.signal(signal.SIGINT, self.press)
