@@ -27,7 +27,8 @@ PHASES = {"prepare", "create", "dev", "verify", "review", "fix", "commit"}
 MEASURE = """(() => {
   const bars = [...document.querySelectorAll('svg.rows rect.bar, svg.lane rect.bar')].map(r => {
     const box = r.getBoundingClientRect();
-    return {block: r.closest('svg').dataset.block, kind: r.dataset.kind, story: r.dataset.story,
+    const kind = [...r.classList].find(c => c.startsWith('k-')).slice(2);
+    return {block: r.closest('svg').dataset.block, kind, story: r.closest('[data-story]').dataset.story,
             start: +r.dataset.start, end: +r.dataset.end, open: r.dataset.open === '1',
             row: r.dataset.row === undefined ? null : +r.dataset.row,
             width: box.width, top: box.top};
@@ -151,3 +152,109 @@ def test_finished_paused_and_crashed_runs_render_on_each_back_end(make_repo, bar
         assert all(b["end"] == pytest.approx(report["span_s"], abs=1e-3) for b in open_bars)
     else:
         assert report["run"]["state"] in SETTLED
+
+
+# ------------------------------------------------------------------------------ synthetic sprints
+def _synthetic_run(folder, stories: int, epics: int, n: int = 4):
+    """A finished run of `stories` stories over `epics` epics at N = `n`, written as the engine
+    would have left its rows and journal: each story waits for a slot, goes through prepare,
+    dev (every fifth twice, after a failed verify), verify, review and commit, with tokens and
+    a cost, then the lane composes, verifies and advances it. Returns (database, run row)."""
+    import datetime as dt
+
+    from sqlalchemy import insert, update
+
+    from bmad_loop.db.models import Attempt, Event, Run, Story
+    from support import state_database
+
+    database = state_database(folder, max_parallel=n)
+    origin = dt.datetime(2026, 12, 1, 22, 0, tzinfo=dt.timezone.utc)
+    at = lambda s: origin + dt.timedelta(seconds=s)  # noqa: E731
+    free = [0.0] * n  # when each slot is free again
+    lane_free = 0.0
+    story_rows, attempt_rows, events = [], [], []
+
+    def event(t, kind, key=None, **data):
+        events.append({"run_id": "r1", "ts": at(t), "kind": kind, "story": key, "data": data})
+
+    for i in range(stories):
+        key = f"{i % epics + 1}-{i // epics + 1}-story-{i}"
+        slot = min(range(n), key=lambda k: free[k])
+        start = free[slot] + 1
+        event(0.5, "story.waiting", key, reason=f"all {n} worker slot(s) busy")
+        event(start, "story.queued", key, seq=i + 1)
+        event(start, "story.started", key, host="h1", phase="prepare")
+        t = start
+        phases = [("prepare", 5), ("dev", 600), ("verify", 60)] + \
+            ([("dev", 300), ("verify", 60)] if i % 5 == 0 else []) + [("review", 200), ("commit", 5)]
+        for number, (phase, length) in enumerate(phases, 1):
+            event(t, "story.phase", key, phase=phase)
+            if phase in ("dev", "review"):
+                attempt_rows.append({"run_id": "r1", "story_id": i + 1, "phase": phase,
+                                     "number": number, "state": "succeeded", "counted": True,
+                                     "started_at": at(t), "ended_at": at(t + length),
+                                     "duration_s": length, "input_tokens": 12000 + i,
+                                     "output_tokens": 3000, "cost_usd": 0.42})
+            if phase == "verify":
+                event(t + length, "verify.passed", key, duration_s=length, exit_code=0)
+            t += length
+        event(t, "story.ready", key)
+        compose = max(t, lane_free)
+        event(compose, "story.integrating", key, stack=1)
+        event(compose + 10, "candidate.composed", key, attempt=1, stack=1)
+        event(compose + 70, "candidate.verified", key, attempt=1, duration_s=60)
+        event(compose + 72, "target.advanced", key, attempt=1, new=f"{i:040x}", strategy="merge")
+        event(compose + 72, "story.integrated", key, sha=f"{i:040x}")
+        lane_free, free[slot] = compose + 72, t
+        story_rows.append({"id": i + 1, "run_id": "r1", "key": key, "seq": i + 1,
+                           "epic": str(i % epics + 1), "state": "integrated",
+                           "footprint": {"files": [f"src/s{i}.py"], "shared": [], "resources": []},
+                           "depends_on": [], "started_at": at(start), "ended_at": at(compose + 72)})
+    events.sort(key=lambda e: e["ts"])
+    with database.transaction() as s:
+        s.execute(update(Run).where(Run.id == "r1").values(
+            state="completed", created_at=origin, started_at=origin, ended_at=at(lane_free)))
+        s.execute(insert(Story), story_rows)
+        s.execute(insert(Attempt), attempt_rows)
+        s.execute(insert(Event), events)
+    with database.transaction() as s:
+        return database, s.get(Run, "r1")
+
+
+def _synthetic_page(tmp_path, stories: int, epics: int):
+    from bmad_loop.db.models import Run
+    from bmad_loop.operator.report_files import write_run_report
+
+    database, _ = _synthetic_run(tmp_path, stories, epics)
+    page = tmp_path / "report.html"
+    with database.transaction() as s:
+        write_run_report(s, s.get(Run, "r1"), tmp_path / "state", page)
+    return page
+
+
+def test_a_hundred_story_night_renders_under_two_megabytes(tmp_path, chromium):  # noqa: F811
+    page = _synthetic_page(tmp_path, 100, 5)
+    assert page.stat().st_size < 2 * 1024 * 1024
+    seen = _look(chromium, page)
+    assert len(seen["labels"]) == 100 and seen["epics"] == 0  # one row per story
+    assert len([b for b in seen["bars"] if b["kind"] == "dev"]) == 120  # every fifth twice
+    text = page.read_text()
+    cost = text.split('id="cost"', 1)[1].split("<h2", 1)[0]
+    assert cost.count("<tr>") == 1 + 200 + 1  # header, a row per story and phase, the total
+    assert "<td>1-1-story-0</td><td>dev</td><td class=num>24,000</td>" in cost  # dev twice
+    assert "$0.84" in cost and "$92.40" in cost  # ... at $0.42 each; 220 sessions in all
+
+
+def test_from_three_hundred_stories_the_timeline_groups_rows_by_epic_under_five_megabytes(
+        tmp_path, chromium):  # noqa: F811
+    page = _synthetic_page(tmp_path, 320, 16)
+    assert page.stat().st_size < 5 * 1024 * 1024
+    seen = _look(chromium, page)
+    assert seen["epics"] == 16 and len(seen["labels"]) == 320
+    assert len([b for b in seen["bars"] if b["kind"] == "verify" and b["block"] != "lane"]) == 320 + 64
+
+
+def test_a_thousand_story_night_stays_under_five_megabytes(tmp_path):
+    page = _synthetic_page(tmp_path, 1000, 40)
+    assert page.stat().st_size < 5 * 1024 * 1024
+    assert page.read_text().count('<details class="epic"') == 40

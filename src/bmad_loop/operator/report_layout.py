@@ -38,6 +38,14 @@ class Scale:
     def width(self, start: float, end: float) -> float:
         return max(MIN_BAR_W, (end - start) * self.px_per_s)
 
+    @property
+    def decimals(self) -> int:
+        """Enough decimals of a second for a hundredth of a pixel, no more (the page's size)."""
+        return min(6, max(0, math.ceil(math.log10(max(self.px_per_s, 1e-9) * 100))))
+
+    def seconds(self, t: float) -> str:
+        return f"{t:.{self.decimals}f}"
+
 
 @dataclass(frozen=True)
 class Box:
@@ -92,10 +100,11 @@ def ticks(span_s: float) -> list[float]:
 def _segment_box(scale: Scale, y: float, key: str, segment: dict) -> Box:
     start, end = segment["start"], segment["end"]
     note = segment.get("note")
-    title = f"{key} {segment['kind']}: {end - start:.2f}s" + (f" ({note})" if note else "")
-    return Box(scale.x(start), y, scale.width(start, end), ROW_H, segment["kind"], title,
-               {"story": key, "start": f"{start:.6f}", "end": f"{end:.6f}",
-                "open": "1" if segment.get("open") else "0"})
+    title = f"{segment['kind']} {end - start:.{scale.decimals}f}s" + (f" ({note})" if note else "")
+    data = {"story": key, "start": scale.seconds(start), "end": scale.seconds(end)}
+    if segment.get("open"):
+        data["open"] = "1"
+    return Box(scale.x(start), y, scale.width(start, end), ROW_H, segment["kind"], title, data)
 
 
 def _story_rows(scale: Scale, stories: list[dict], name: str) -> Block:
@@ -149,7 +158,7 @@ def _lane_block(scale: Scale, lane: list[dict]) -> Block:
                                    f"{who} {kind}: {end - start:.2f}s, {cand['outcome']}",
                                    {"story": cand["story"], "attempt": str(cand["attempt"]),
                                     "stack": str(cand["stack"]), "row": str(cand["row"]),
-                                    "start": f"{start:.6f}", "end": f"{end:.6f}"}))
+                                    "start": scale.seconds(start), "end": scale.seconds(end)}))
         if cand["advance"] is not None:
             block.boxes.append(Box(scale.x(cand["advance"]), y, 0, LANE_ROW_H, "advanced",
                                    f"{who} advanced the target", {"story": cand["story"]}))

@@ -12,7 +12,10 @@ The makespan is the first story's start to the last story's end (the JUnit suite
 
 from __future__ import annotations
 
-from ..footprint import Footprint, footprints_conflict
+from types import SimpleNamespace
+
+from ..engine.conflictindex import ConflictIndex
+from ..footprint import Footprint
 from .report_timeline import PHASES
 
 __all__ = ["story_times", "phase_times", "lower_bound"]
@@ -63,14 +66,20 @@ def _footprint(story: dict) -> Footprint:
 
 
 def _before(stories: list[dict]) -> dict[str, set[str]]:
-    """Story key -> the earlier stories it cannot overlap with (dependencies, conflicts)."""
+    """Story key -> the earlier stories it cannot overlap with (dependencies, conflicts), the
+    conflicts from admission's own index; an exclusive footprint conflicts with every story."""
     known = {s["key"] for s in stories}
-    prints = [(s["key"], _footprint(s)) for s in stories]
-    out = {}
-    for index, story in enumerate(stories):
-        mine = prints[index][1]
+    rows = [SimpleNamespace(key=s["key"], seq=s["seq"], footprint=_footprint(s)) for s in stories]
+    index = ConflictIndex()
+    index.update(rows)
+    out, walls = {}, []
+    for position, (story, row) in enumerate(zip(stories, rows)):
         earlier = {dep for dep in story.get("depends_on") or () if dep in known}
-        earlier |= {key for key, fp in prints[:index] if footprints_conflict(fp, mine)}
+        if row.footprint.exclusive:
+            earlier |= {r.key for r in rows[:position]}
+            walls.append(row.key)
+        else:
+            earlier |= set(index.earlier_conflicts(row.key)) | set(walls)
         earlier.discard(story["key"])
         out[story["key"]] = earlier
     return out

@@ -9,6 +9,7 @@ shows on hover, so the page is its own legend and a test can check the drawing a
 from __future__ import annotations
 
 from html import escape
+from itertools import groupby
 
 from .report_layout import CHART_W, LABEL_W, SLOTS_H, Block, Box, Layout, ticks
 
@@ -45,20 +46,20 @@ def _data(data: dict) -> str:
     return "".join(f' data-{name}="{escape(str(value))}"' for name, value in data.items())
 
 
-def _box(box: Box, dy: float = 0.0) -> str:
+def _box(box: Box, dy: float = 0.0, skip: str = "") -> str:
+    """A bar (a rect) or a mark; `skip` leaves out a data-* attribute its group carries."""
     title = f"<title>{escape(box.title)}</title>"
+    data = {k: v for k, v in box.data.items() if k != skip} if skip else box.data
     if box.w > 0:
         return (f'<rect class="bar k-{escape(box.kind)}" x="{_n(box.x)}" y="{_n(box.y + dy)}" '
-                f'width="{_n(box.w)}" height="{_n(box.h)}" data-kind="{escape(box.kind)}"'
-                f'{_data(box.data)}>{title}</rect>')
+                f'width="{_n(box.w)}" height="{_n(box.h)}"{_data(data)}>{title}</rect>')
     glyph = _MARK_PATHS.get(box.kind)
     cy = box.y + dy + box.h / 2
     if glyph is None:
         return (f'<line class="mark m-{escape(box.kind)}" x1="{_n(box.x)}" x2="{_n(box.x)}" '
-                f'y1="{_n(box.y + dy)}" y2="{_n(box.y + dy + box.h)}" data-kind="{escape(box.kind)}"'
-                f'{_data(box.data)}>{title}</line>')
+                f'y1="{_n(box.y + dy)}" y2="{_n(box.y + dy + box.h)}"{_data(data)}>{title}</line>')
     return (f'<path class="mark m-{escape(box.kind)}" transform="translate({_n(box.x)},{_n(cy)})" '
-            f'd="{glyph}" data-kind="{escape(box.kind)}"{_data(box.data)}>{title}</path>')
+            f'd="{glyph}"{_data(data)}>{title}</path>')
 
 
 def _grid(layout: Layout, height: float) -> str:
@@ -88,7 +89,12 @@ def _block(layout: Layout, block: Block, row_class: str) -> str:
     labels = "".join(f'<text class="label" x="4" y="{_n(y)}" data-label="{escape(text)}">'
                      f'<title>{escape(title)}</title>{escape(text)}</text>'
                      for y, text, title in block.labels)
-    boxes = "".join(_box(box) for box in block.boxes)
+    if row_class == "rows":  # one <g data-story> per story: its bars need not repeat the key
+        boxes = "".join(f'<g class="story" data-story="{escape(key)}">'
+                        + "".join(_box(box, skip="story") for box in group) + "</g>"
+                        for key, group in groupby(block.boxes, key=lambda b: b.data.get("story")))
+    else:
+        boxes = "".join(_box(box) for box in block.boxes)
     return _svg(row_class, block.height, _grid(layout, block.height) + labels + boxes,
                 f' data-block="{escape(block.name)}"')
 
