@@ -17,7 +17,7 @@ import signal
 import pytest
 
 from browser import chromium  # noqa: F401  (the fixture)
-from support import (ALPHA_BETA, BAD_BETA_SCRIPT, REJECT_BAD_POLICY, SETTLED, StoryDef,
+from support import (ALPHA_BETA, ALPHA_BETA_GAMMA, BAD_BETA_SCRIPT, REJECT_BAD_POLICY, SETTLED, StoryDef,
                      barrier_script, everything_run, go, inside, run_everything,
                      wait_until, write_each)
 
@@ -258,3 +258,46 @@ def test_a_thousand_story_night_stays_under_five_megabytes(tmp_path):
     page = _synthetic_page(tmp_path, 1000, 40)
     assert page.stat().st_size < 5 * 1024 * 1024
     assert page.read_text().count('<details class="epic"') == 40
+
+
+# ------------------------------------------------------------------------------ the commands
+def test_history_html_writes_an_index_linking_one_report_per_run(make_repo, tmp_path, chromium):  # noqa: F811
+    script = {**BAD_BETA_SCRIPT, "1-3-gamma": {"dev": [{"write": {"src/gamma.py": "G = 1\n"}}]}}
+    repo = make_repo(ALPHA_BETA_GAMMA, script=script, policy=REJECT_BAD_POLICY)
+    assert repo.cli("run", "--ci", "--story", "1-3-gamma").exit_code == 0  # the first run
+    assert repo.cli("run", "--ci").exit_code == 3  # the second: beta escalates, it pauses
+    repo.write_script(write_each(ALPHA_BETA))
+    assert repo.cli("resume").exit_code == 0  # ... and completes once resumed
+    out = tmp_path / "site"
+    result = repo.cli("history", "--html", str(out), "--json")
+    assert result.exit_code == 0
+    runs = [e["id"] for e in json.loads(result.stdout)]
+    chromium.open(out / "index.html")
+    links = chromium.evaluate("[...document.querySelectorAll('tr[data-run] a')]"
+                              ".map(a => [a.textContent, a.getAttribute('href')])")
+    assert [text for text, _ in links] == runs and len(runs) == 2
+    newest, first = (_look(chromium, out / href) for _, href in links)
+    assert first["labels"] == ["1-3-gamma"] and not first["failures"]
+    assert newest["labels"] == ["1-1-alpha", "1-2-beta"]
+    assert {f["story"] for f in newest["failures"]} == {"1-2-beta"}
+    chromium.open(out / links[0][1])  # the pause before the resume is shaded
+    assert chromium.evaluate("document.querySelectorAll('svg.rows rect.paused').length") == 1
+
+
+def test_report_text_json_and_bad_references(make_repo, tmp_path):
+    repo = make_repo(ALPHA_BETA, script=write_each(ALPHA_BETA),
+                     policy='[scm]\nmax_parallel = 2\n[gates]\nmode = "none"\n')
+    missing = repo.cli("report", "--html", str(tmp_path / "r.html"))
+    assert missing.exit_code == 2 and "no runs yet" in missing.output
+    assert not (repo.root / ".bmad-loop" / "state.db").exists()  # a refused read made nothing
+    assert not (tmp_path / "r.html").exists()
+    assert repo.cli("run", "--ci").exit_code == 0
+    text = repo.cli("report").output
+    assert "makespan" in text and "lower bound" in text and "1-2-beta" in text
+    unknown = repo.cli("report", "nosuchrun", "--html", str(tmp_path / "r.html"))
+    assert unknown.exit_code == 2 and "no run matches 'nosuchrun'" in unknown.output
+    assert not (tmp_path / "r.html").exists()
+    report = _report_json(repo)
+    assert report["bound"]["lower_bound_s"] <= report["makespan_s"]
+    assert [c["story"] for c in report["commits"]] == ["1-1-alpha", "1-2-beta"]
+    assert report["commits"][-1]["sha"] == repo.git("rev-parse", "main")
