@@ -109,10 +109,14 @@ class Browser:
             raise RuntimeError(f"{expression[:80]}: {result['exceptionDetails']}")
         return result["result"].get("value")
 
-    def screenshot(self, path: Path) -> Path:
-        """The whole page (not only the window) as a PNG."""
+    def screenshot(self, path: Path, until: str | None = None) -> Path:
+        """The whole page (not only the window) as a PNG; with `until` (a CSS selector), the
+        page down to that element."""
         size = self.evaluate("[document.documentElement.scrollWidth,"
                              " document.documentElement.scrollHeight]")
+        if until is not None:
+            size[1] = self.evaluate(f"document.querySelector({json.dumps(until)})"
+                                    ".getBoundingClientRect().top + window.scrollY")
         data = self._call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
                           clip={"x": 0, "y": 0, "width": size[0], "height": size[1], "scale": 1})
         path.write_bytes(base64.b64decode(data["data"]))

@@ -665,7 +665,7 @@ EVERYTHING = [StoryDef("1-1-a", files=["src/a.py"]), StoryDef("1-2-b", files=["s
 STACKED = {"1-1-a-1", "1-2-b-1", "1-3-c-1"}  # the candidates that verify at once
 _EVERYTHING_GATE = '''\
 import os, sys, time
-bar = sys.argv[1]
+bar = BAR
 if "/candidates/" not in os.getcwd():
     for name in sorted(os.listdir("src")):
         if "bad" in open(os.path.join("src", name)).read():
@@ -681,13 +681,14 @@ while not os.path.exists(os.path.join(bar, "release")) and time.monotonic() < de
 
 def everything_run(make_repo, bar: Path, policy: str = ""):
     """The repository of the run above (not run yet); `policy` adds sections (a back-end)."""
-    gate = write(bar / "gate.py", _EVERYTHING_GATE)
-    command = json.dumps(f"{sys.executable} {gate} {bar}")
+    gate = _EVERYTHING_GATE.replace("BAR", repr(str(bar)))  # in the repository: a short command
+    command = json.dumps("python3 tools/check.py")
     script = write_each(EVERYTHING[:3])
     script["2-1-d"] = {"dev": [{"write": {"src/d.py": "bad\n"}}, {"write": {"src/d.py": "D = 1\n"}}]}
     script["2-2-e"] = {"dev": [{"write": {"src/e.py": "bad\n"}}]}
     text = MERGE_NONE.format(n=3, strategy="merge") + f"[verify]\ncommands = [{command}]\n" + policy
-    return make_repo(EVERYTHING, script=script, policy=text)
+    return make_repo(EVERYTHING, script=script, policy=text,
+                     files={"src/__init__.py": "", "tools/check.py": gate})
 
 
 def run_everything(repo, bar: Path, *args: str) -> int:
