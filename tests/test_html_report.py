@@ -156,77 +156,98 @@ def test_finished_paused_and_crashed_runs_render_on_each_back_end(make_repo, bar
 
 
 # ------------------------------------------------------------------------------ synthetic sprints
+class _Night:
+    """The rows and the journal of a synthetic finished run, story by story (`add`)."""
+
+    def __init__(self, n: int):
+        import datetime as dt
+
+        self.origin = dt.datetime(2026, 12, 1, 22, 0, tzinfo=dt.timezone.utc)
+        self.free = [0.0] * n  # when each worker slot is free again
+        self.lane_free = 0.0
+        self.n = n
+        self.stories, self.attempts, self.events = [], [], []
+
+    def at(self, seconds: float):
+        import datetime as dt
+
+        return self.origin + dt.timedelta(seconds=seconds)
+
+    def event(self, t, kind, key=None, **data):
+        self.events.append({"run_id": "r1", "ts": self.at(t), "kind": kind, "story": key,
+                            "data": data})
+
+    def sessions(self, i: int, key: str, start: float) -> float:
+        """prepare, dev (every fifth story twice, after a failed verify), verify, review and
+        commit, each dev and review session with tokens and a cost; returns the end."""
+        phases = [("prepare", 5), ("dev", 600), ("verify", 60)] + \
+            ([("dev", 300), ("verify", 60)] if i % 5 == 0 else []) + [("review", 200), ("commit", 5)]
+        t = start
+        for number, (phase, length) in enumerate(phases, 1):
+            self.event(t, "story.phase", key, phase=phase)
+            if phase in ("dev", "review"):
+                self.attempts.append({"run_id": "r1", "story_id": i + 1, "phase": phase,
+                                      "number": number, "state": "succeeded", "counted": True,
+                                      "started_at": self.at(t), "ended_at": self.at(t + length),
+                                      "duration_s": length, "input_tokens": 12000 + i,
+                                      "output_tokens": 3000, "cost_usd": 0.42})
+            if phase == "verify":
+                self.event(t + length, "verify.passed", key, duration_s=length, exit_code=0)
+            t += length
+        return t
+
+    def add(self, i: int, epics: int) -> None:
+        key = f"{i % epics + 1}-{i // epics + 1}-story-{i}"
+        slot = min(range(self.n), key=lambda k: self.free[k])
+        start = self.free[slot] + 1
+        self.event(0.5, "story.waiting", key, reason=f"all {self.n} worker slot(s) busy")
+        self.event(start, "story.queued", key, seq=i + 1)
+        self.event(start, "story.started", key, host="h1", phase="prepare")
+        ready = self.sessions(i, key, start)
+        self.event(ready, "story.ready", key)
+        compose = max(ready, self.lane_free)
+        self.event(compose, "story.integrating", key, stack=1)
+        self.event(compose + 10, "candidate.composed", key, attempt=1, stack=1)
+        self.event(compose + 70, "candidate.verified", key, attempt=1, duration_s=60)
+        self.event(compose + 72, "target.advanced", key, attempt=1, new=f"{i:040x}", strategy="merge")
+        self.event(compose + 72, "story.integrated", key, sha=f"{i:040x}")
+        self.lane_free, self.free[slot] = compose + 72, ready
+        self.stories.append({"id": i + 1, "run_id": "r1", "key": key, "seq": i + 1,
+                             "epic": str(i % epics + 1), "state": "integrated",
+                             "footprint": {"files": [f"src/s{i}.py"], "shared": [], "resources": []},
+                             "depends_on": [], "started_at": self.at(start),
+                             "ended_at": self.at(compose + 72)})
+
+
 def _synthetic_run(folder, stories: int, epics: int, n: int = 4):
     """A finished run of `stories` stories over `epics` epics at N = `n`, written as the engine
-    would have left its rows and journal: each story waits for a slot, goes through prepare,
-    dev (every fifth twice, after a failed verify), verify, review and commit, with tokens and
-    a cost, then the lane composes, verifies and advances it. Returns (database, run row)."""
-    import datetime as dt
-
+    would have left its rows and journal (`_Night`): each story waits for a slot, works, then
+    the lane composes, verifies and advances it. Returns the database."""
     from sqlalchemy import insert, update
 
     from bmad_loop.db.models import Attempt, Event, Run, Story
     from support import state_database
 
     database = state_database(folder, max_parallel=n)
-    origin = dt.datetime(2026, 12, 1, 22, 0, tzinfo=dt.timezone.utc)
-    at = lambda s: origin + dt.timedelta(seconds=s)  # noqa: E731
-    free = [0.0] * n  # when each slot is free again
-    lane_free = 0.0
-    story_rows, attempt_rows, events = [], [], []
-
-    def event(t, kind, key=None, **data):
-        events.append({"run_id": "r1", "ts": at(t), "kind": kind, "story": key, "data": data})
-
+    night = _Night(n)
     for i in range(stories):
-        key = f"{i % epics + 1}-{i // epics + 1}-story-{i}"
-        slot = min(range(n), key=lambda k: free[k])
-        start = free[slot] + 1
-        event(0.5, "story.waiting", key, reason=f"all {n} worker slot(s) busy")
-        event(start, "story.queued", key, seq=i + 1)
-        event(start, "story.started", key, host="h1", phase="prepare")
-        t = start
-        phases = [("prepare", 5), ("dev", 600), ("verify", 60)] + \
-            ([("dev", 300), ("verify", 60)] if i % 5 == 0 else []) + [("review", 200), ("commit", 5)]
-        for number, (phase, length) in enumerate(phases, 1):
-            event(t, "story.phase", key, phase=phase)
-            if phase in ("dev", "review"):
-                attempt_rows.append({"run_id": "r1", "story_id": i + 1, "phase": phase,
-                                     "number": number, "state": "succeeded", "counted": True,
-                                     "started_at": at(t), "ended_at": at(t + length),
-                                     "duration_s": length, "input_tokens": 12000 + i,
-                                     "output_tokens": 3000, "cost_usd": 0.42})
-            if phase == "verify":
-                event(t + length, "verify.passed", key, duration_s=length, exit_code=0)
-            t += length
-        event(t, "story.ready", key)
-        compose = max(t, lane_free)
-        event(compose, "story.integrating", key, stack=1)
-        event(compose + 10, "candidate.composed", key, attempt=1, stack=1)
-        event(compose + 70, "candidate.verified", key, attempt=1, duration_s=60)
-        event(compose + 72, "target.advanced", key, attempt=1, new=f"{i:040x}", strategy="merge")
-        event(compose + 72, "story.integrated", key, sha=f"{i:040x}")
-        lane_free, free[slot] = compose + 72, t
-        story_rows.append({"id": i + 1, "run_id": "r1", "key": key, "seq": i + 1,
-                           "epic": str(i % epics + 1), "state": "integrated",
-                           "footprint": {"files": [f"src/s{i}.py"], "shared": [], "resources": []},
-                           "depends_on": [], "started_at": at(start), "ended_at": at(compose + 72)})
-    events.sort(key=lambda e: e["ts"])
+        night.add(i, epics)
     with database.transaction() as s:
         s.execute(update(Run).where(Run.id == "r1").values(
-            state="completed", created_at=origin, started_at=origin, ended_at=at(lane_free)))
-        s.execute(insert(Story), story_rows)
-        s.execute(insert(Attempt), attempt_rows)
-        s.execute(insert(Event), events)
-    with database.transaction() as s:
-        return database, s.get(Run, "r1")
+            state="completed", created_at=night.origin, started_at=night.origin,
+            ended_at=night.at(night.lane_free)))
+        for table, rows in ((Story, night.stories), (Attempt, night.attempts),
+                            (Event, sorted(night.events, key=lambda e: e["ts"]))):
+            if rows:  # an empty list would insert one row of defaults
+                s.execute(insert(table), rows)
+    return database
 
 
 def _synthetic_page(tmp_path, stories: int, epics: int):
     from bmad_loop.db.models import Run
     from bmad_loop.operator.report_files import write_run_report
 
-    database, _ = _synthetic_run(tmp_path, stories, epics)
+    database = _synthetic_run(tmp_path, stories, epics)
     page = tmp_path / "report.html"
     with database.transaction() as s:
         write_run_report(s, s.get(Run, "r1"), tmp_path / "state", page)
@@ -298,7 +319,47 @@ def test_report_text_json_and_bad_references(make_repo, tmp_path):
     unknown = repo.cli("report", "nosuchrun", "--html", str(tmp_path / "r.html"))
     assert unknown.exit_code == 2 and "no run matches 'nosuchrun'" in unknown.output
     assert not (tmp_path / "r.html").exists()
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine")
+    refused = repo.cli("history", "--html", str(taken))
+    assert refused.exit_code == 2 and "notes.txt" in refused.output and taken.read_text() == "mine"
     report = _report_json(repo)
     assert report["bound"]["lower_bound_s"] <= report["makespan_s"]
     assert [c["story"] for c in report["commits"]] == ["1-1-alpha", "1-2-beta"]
     assert report["commits"][-1]["sha"] == repo.git("rev-parse", "main")
+
+
+def test_what_a_run_says_is_shown_as_text_never_as_markup(tmp_path, chromium):  # noqa: F811
+    """A reason or a story key holding markup (agents and verify commands print anything) is
+    escaped: the page runs no script and shows the words."""
+    from sqlalchemy import insert, update
+
+    from bmad_loop.db.models import Event, Run, Story
+    from bmad_loop.operator.report_files import write_run_report
+
+    database = _synthetic_run(tmp_path, 3, 1)
+    hostile = '<script>document.title="owned"</script><img src=x onerror=alert(1)>'
+    with database.transaction() as s:
+        run = s.get(Run, "r1")
+        s.execute(update(Story).where(Story.seq == 3).values(state="escalated", reason=hostile))
+        s.execute(insert(Event), [{"run_id": "r1", "ts": run.ended_at, "kind": "story.escalated",
+                                   "story": "1-3-story-2", "data": {"reason": hostile}}])
+    page = tmp_path / "report.html"
+    with database.transaction() as s:
+        write_run_report(s, s.get(Run, "r1"), tmp_path / "state", page)
+    seen = _look(chromium, page)
+    assert seen["scripts"] == 0 and seen["external"] == 0
+    assert chromium.evaluate("document.title") == "bmad-loop run r1"
+    assert hostile in chromium.evaluate("document.body.textContent")
+
+
+def test_a_run_without_any_story_event_still_renders(tmp_path, chromium):  # noqa: F811
+    from bmad_loop.db.models import Run
+    from bmad_loop.operator.report_files import write_run_report
+
+    database = _synthetic_run(tmp_path, 0, 1)
+    page = tmp_path / "report.html"
+    with database.transaction() as s:
+        write_run_report(s, s.get(Run, "r1"), tmp_path / "state", page)
+    seen = _look(chromium, page)
+    assert seen["labels"] == [] and seen["lane"] == 1 and seen["slots"] == 1

@@ -199,6 +199,8 @@ def history(project_dir, limit, html_dir, as_json):
     from ..operator.reader import Reader
 
     project = open_project(project_dir)
+    if html_dir is not None and html_dir.is_file() and html_dir.suffix.lower() not in (".html", ".htm"):
+        raise ConfigError(f"--html {html_dir}: a file that is not .html; give a folder or a FILE.html")
     entries = []
     if has_state(project):
         reader = Reader(project)

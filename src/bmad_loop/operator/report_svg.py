@@ -38,6 +38,11 @@ def format_seconds(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
+def _fit(label: str, room: int = 34) -> str:
+    """A story key short enough for the label column (the whole key is in its tooltip)."""
+    return label if len(label) <= room else label[:room - 1] + "…"
+
+
 def _n(value: float) -> str:
     return f"{value:.2f}".rstrip("0").rstrip(".")
 
@@ -87,7 +92,7 @@ def _axis(layout: Layout) -> str:
 
 def _block(layout: Layout, block: Block, row_class: str) -> str:
     labels = "".join(f'<text class="label" x="4" y="{_n(y)}" data-label="{escape(text)}">'
-                     f'<title>{escape(title)}</title>{escape(text)}</text>'
+                     f'<title>{escape(title)}</title>{escape(_fit(text))}</text>'
                      for y, text, title in block.labels)
     if row_class == "rows":  # one <g data-story> per story: its bars need not repeat the key
         boxes = "".join(f'<g class="story" data-story="{escape(key)}">'
