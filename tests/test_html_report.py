@@ -96,6 +96,7 @@ def test_a_real_runs_report_shows_every_story_its_phases_the_stack_and_the_failu
     assert len({b["row"] for b in stacked}) == 3 and len({b["top"] for b in stacked}) == 3
     latest_start = max(b["start"] for b in stacked)
     assert all(b["end"] > latest_start for b in stacked)  # the three verified at once
+    assert max(busy for _, busy in report["slots"]["steps"]) == 3  # all N slots were in use
     escalation = next(f for f in seen["failures"] if f["story"] == "2-2-e"
                       and "escalated" in f["text"])
     assert "DIAGNOSIS: src/e.py says bad" in escalation["text"]  # the failing log's tail
@@ -363,3 +364,36 @@ def test_a_run_without_any_story_event_still_renders(tmp_path, chromium):  # noq
         write_run_report(s, s.get(Run, "r1"), tmp_path / "state", page)
     seen = _look(chromium, page)
     assert seen["labels"] == [] and seen["lane"] == 1 and seen["slots"] == 1
+
+
+def test_a_log_written_on_another_host_is_named_with_its_host(make_repo, tmp_path, monkeypatch,
+                                                              chromium):  # noqa: F811
+    repo = make_repo(ALPHA_BETA, script=BAD_BETA_SCRIPT, policy=REJECT_BAD_POLICY)
+    monkeypatch.setenv("BMAD_LOOP_HOST", "nightbox")  # the run's worker ...
+    assert repo.cli("run", "--ci").exit_code == 3
+    monkeypatch.setenv("BMAD_LOOP_HOST", "morningbox")  # ... is not where the report is made
+    page = tmp_path / "report.html"
+    assert repo.cli("report", "--html", str(page)).exit_code == 0
+    failures = _look(chromium, page)["failures"]
+    assert failures and all(f["story"] == "1-2-beta" for f in failures)
+    assert all("log on host nightbox" in f["text"] and not f["links"] for f in failures)
+    assert chromium.evaluate("document.querySelectorAll('div.failure pre').length") == 0
+
+
+def test_a_run_silent_for_long_though_not_settled_is_called_crashed(tmp_path, chromium):  # noqa: F811
+    """The synthetic night was long ago; with no end written, its report says that nothing
+    has been heard since and how to continue."""
+    from sqlalchemy import update
+
+    from bmad_loop.db.models import Run
+    from bmad_loop.operator.report_files import write_run_report
+
+    database = _synthetic_run(tmp_path, 3, 1)
+    with database.transaction() as s:
+        s.execute(update(Run).where(Run.id == "r1").values(state="running", ended_at=None))
+    page = tmp_path / "report.html"
+    with database.transaction() as s:
+        write_run_report(s, s.get(Run, "r1"), tmp_path / "state", page)
+    _look(chromium, page)
+    said = chromium.evaluate("document.querySelector('p.silent').textContent")
+    assert "crashed or its workers stopped" in said and "bmad-loop resume r1" in said

@@ -15,10 +15,13 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from ..db.models import Attempt, Run, Story
+from ..db.models import Attempt, Run, Story, utcnow
+from ..errors import BmadLoopError
 from ..engine.layout import Layout
+from ..engine.runs import run_policy
 from ..engine.status import journal_lines, run_status
 from ..engine.usage import USAGE_COLUMNS, usage_by_story_phase
+from ..states import RUN_SETTLED
 from .history import outcome_of
 from .report_failures import failures
 from .report_night import lower_bound, phase_times, story_times
@@ -98,7 +101,8 @@ def gather_report(session, run: Run, state_dir: Path) -> dict:
     return {
         "format": REPORT_FORMAT,
         "run": {**status["run"], "outcome": outcome, "exit_code": code,
-                "created_at": _iso(origin), "report_end": _iso(end)},
+                "created_at": _iso(origin), "report_end": _iso(end),
+                "silent_s": _silence(run, end)},
         "span_s": round(timeline.end, 3),
         "makespan_s": _makespan(stories),
         "summary": summary(status),
@@ -122,6 +126,19 @@ _STORY_KEYS = ("key", "seq", "epic", "title", "state", "phase", "reason", "host"
 
 def _story_fields(story: dict) -> dict:
     return {name: story.get(name) for name in _STORY_KEYS}
+
+
+def _silence(run: Run, end: dt.datetime) -> float | None:
+    """Seconds nothing has been heard of a run that has not settled, once that is more than
+    max(30 s, 2 × [leases] ttl_s) (a crash, or workers stopped: `status` warns alike); else None."""
+    if run.state in RUN_SETTLED:
+        return None
+    try:
+        ttl = run_policy(run).leases.ttl_s
+    except BmadLoopError:  # a snapshot that no longer validates: the default
+        ttl = 60.0
+    quiet = (utcnow() - end).total_seconds()
+    return round(quiet, 1) if quiet > max(30.0, 2 * ttl) else None
 
 
 def _makespan(stories: list[dict]) -> float:

@@ -76,6 +76,11 @@ def _header(report: dict) -> str:
              ("report ends", run["report_end"]), ("makespan", format_seconds(report["makespan_s"]))]
     line = " · ".join(f"{escape(k)} <b>{escape(str(v))}</b>" for k, v in facts if v is not None)
     reason = f'<p class="why">{escape(run["reason"])}</p>' if run.get("reason") else ""
+    if run.get("silent_s"):
+        reason += (f'<p class="why silent">Nothing heard from this run for '
+                   f'{format_seconds(run["silent_s"])} though it is {escape(run["state"])}: it '
+                   f'crashed or its workers stopped. <code>bmad-loop resume {escape(run["id"])}'
+                   f'</code> continues it.</p>')
     return (f'<h1>bmad-loop run {escape(run["id"])}</h1><p class="meta">{line}</p>'
             f'<p class="meta">{summary["stories"]} stories: {counts}</p>{reason}')
 
