@@ -655,7 +655,8 @@ def state_database(folder: Path, runs=("r1",), *, max_parallel: int = 1):
 # ------------------------------------------------------------------------------ a run with a bit of everything
 # For the run report (tests/test_html_report.py, tests/render_docs.py): five stories at
 # max_parallel 3. a, b and c integrate as a speculative stack (their three candidates verify at
-# once: the verify gate holds every candidate until `<bar>/release` exists); d's first dev
+# once: the verify gate holds every candidate until `<bar>/release` exists; c's first review asks
+# for changes, which a fix session makes); d's first dev
 # session writes "bad", its verify fails and its second session passes (a retry); e writes "bad"
 # twice and escalates, so the run pauses (exit 3). In a story worktree the gate fails on "bad",
 # printing a diagnosis, and passes otherwise.
@@ -684,6 +685,8 @@ def everything_run(make_repo, bar: Path, policy: str = ""):
     gate = _EVERYTHING_GATE.replace("BAR", repr(str(bar)))  # in the repository: a short command
     command = json.dumps("python3 tools/check.py")
     script = write_each(EVERYTHING[:3])
+    script["1-3-c"].update(review=[{"exit": 1, "say": "rename it"}, {"exit": 0}],
+                           fix=[{"write": {"src/c.py": "NAME_C = '1-3-c'\n"}}])
     script["2-1-d"] = {"dev": [{"write": {"src/d.py": "bad\n"}}, {"write": {"src/d.py": "D = 1\n"}}]}
     script["2-2-e"] = {"dev": [{"write": {"src/e.py": "bad\n"}}]}
     text = MERGE_NONE.format(n=3, strategy="merge") + f"[verify]\ncommands = [{command}]\n" + policy

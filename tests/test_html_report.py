@@ -90,6 +90,7 @@ def test_a_real_runs_report_shows_every_story_its_phases_the_stack_and_the_failu
                 and b["kind"] in PHASES]
 
     assert kinds("2-1-d").count("dev") == 2 and kinds("2-1-d").count("verify") == 2  # the retry
+    assert kinds("1-3-c")[-5:] == ["review", "fix", "verify", "review", "commit"]  # a fix cycle
     assert kinds("2-2-e")[-1] == "verify" and "review" not in kinds("2-2-e")  # escalated there
     verifies = [b for b in seen["bars"] if b["block"] == "lane" and b["kind"] == "verify"]
     stacked = [b for b in verifies if b["story"] in ("1-1-a", "1-2-b", "1-3-c")]
