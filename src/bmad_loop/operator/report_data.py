@@ -67,9 +67,13 @@ def _verify_seconds(events: list[dict]) -> dict[str, list[float]]:
     return out
 
 
-def _story_usage(story_row: Story, usage: dict) -> dict:
-    phases = {phase: u for (sid, phase), u in usage.items() if sid == story_row.id}
-    return {phase: u for phase, u in phases.items() if any(v is not None for v in u.values())}
+def _usage_by_story(usage: dict[tuple[int, str], dict]) -> dict[int, dict[str, dict]]:
+    """Story id -> {phase: usage}, only the phases whose sessions reported something."""
+    out: dict[int, dict[str, dict]] = {}
+    for (story_id, phase), values in usage.items():
+        if any(v is not None for v in values.values()):
+            out.setdefault(story_id, {})[phase] = values
+    return out
 
 
 def gather_report(session, run: Run, state_dir: Path) -> dict:
@@ -83,7 +87,7 @@ def gather_report(session, run: Run, state_dir: Path) -> dict:
                               max(0.0, (end - origin).total_seconds()))
     attempts = _attempt_rows(session, run.id)
     verifies = _verify_seconds(events)
-    usage = usage_by_story_phase(session, run.id)
+    usage = _usage_by_story(usage_by_story_phase(session, run.id))
     layout = Layout(state_dir, run.id)
     stories = []
     for story in status["stories"]:
@@ -92,7 +96,7 @@ def gather_report(session, run: Run, state_dir: Path) -> dict:
         mine = attempts.get(row.id, [])
         stories.append({**_story_fields(story), **track,
                         **story_times(track, mine, verifies.get(story["key"], [])),
-                        "usage_by_phase": _story_usage(row, usage),
+                        "usage_by_phase": usage.get(row.id, {}),
                         "log_dir": str(layout.log(story["key"], "dev", 1).parent)})
     work = {s["key"]: s["work_s"] for s in stories}
     every_attempt = [a for rows_ in attempts.values() for a in rows_]

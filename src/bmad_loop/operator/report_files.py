@@ -36,7 +36,8 @@ def write_history_reports(session, runs, entries: list[dict], state_dir: Path,
     """The index and each run's page. `target` is a folder (the index is `index.html` in it) or
     a file ending in `.html` (the index; the pages go beside it). Returns the index's path."""
     target = Path(target)
-    index = target if target.suffix.lower() in (".html", ".htm") else target / INDEX_NAME
+    as_file = target.suffix.lower() in (".html", ".htm") and not target.is_dir()
+    index = target if as_file else target / INDEX_NAME
     folder = index.parent
     for run in runs:
         write_run_report(session, run, state_dir, folder / report_file_name(run.id))
