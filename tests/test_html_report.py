@@ -291,7 +291,10 @@ def test_history_html_writes_an_index_linking_one_report_per_run(make_repo, tmp_
     assert repo.cli("run", "--ci", "--story", "1-3-gamma").exit_code == 0  # the first run
     assert repo.cli("run", "--ci").exit_code == 3  # the second: beta escalates, it pauses
     repo.write_script(write_each(ALPHA_BETA))
-    assert repo.cli("resume").exit_code == 0  # ... and completes once resumed
+    resumed = tmp_path / "ci" / "resumed.html"
+    assert repo.cli("resume", "--report-html", str(resumed)).exit_code == 0  # ... completes
+    text = resumed.read_text()  # the whole run, not only what followed the resume:
+    assert '<rect class="paused"' in text and 'class="failure" data-story="1-2-beta"' in text
     out = tmp_path / "site"
     result = repo.cli("history", "--html", str(out), "--json")
     assert result.exit_code == 0
