@@ -25,7 +25,9 @@ from rich.console import Console
 from bmad_loop.engine.project import Project
 from bmad_loop.operator.board_view import render_board
 from bmad_loop.operator.tui import BoardApp
-from support import StoryDef, git, spawn_cli, status_when, wait_for_files
+from browser import chromium  # noqa: F401  (the fixture)
+from support import (StoryDef, everything_run, git, run_everything, spawn_cli, status_when,
+                     wait_for_files)
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SHOWN_ROOT = "/home/dev/shop"
@@ -134,3 +136,17 @@ def _fill_outputs(text: str, repo) -> str:
         return f"```sql\n{match.group('sql')}```\n\n```text\n{out}```"
 
     return BLOCK.sub(replace, text)
+
+
+def test_render_the_run_report_screenshot(make_repo, tmp_path, chromium):  # noqa: F811
+    """docs/img/report.png: the HTML report of a real run (a speculative stack of three, a
+    retried story, an escalation), down to its cost section, as headless Chromium draws it."""
+    bar = tmp_path / "bar"
+    bar.mkdir()
+    repo = everything_run(make_repo, bar)
+    assert run_everything(repo, bar) == 3, repo.spawned_logs()
+    page = tmp_path / "report.html"
+    assert repo.cli("report", "--html", str(page)).exit_code == 0
+    chromium.open(page)
+    (DOCS / "img").mkdir(parents=True, exist_ok=True)
+    chromium.screenshot(DOCS / "img" / "report.png", until="#cost")

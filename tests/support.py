@@ -666,3 +666,56 @@ def fill_disk(disk: Path) -> Path:
     finally:
         os.close(fd)
     return filler
+# ------------------------------------------------------------------------------ a run with a bit of everything
+# For the run report (tests/test_html_report.py, tests/render_docs.py): five stories at
+# max_parallel 3. a, b and c integrate as a speculative stack (their three candidates verify at
+# once: the verify gate holds every candidate until `<bar>/release` exists; c's first review asks
+# for changes, which a fix session makes); d's first dev
+# session writes "bad", its verify fails and its second session passes (a retry); e writes "bad"
+# twice and escalates, so the run pauses (exit 3). In a story worktree the gate fails on "bad",
+# printing a diagnosis, and passes otherwise.
+EVERYTHING = [StoryDef("1-1-a", files=["src/a.py"]), StoryDef("1-2-b", files=["src/b.py"]),
+              StoryDef("1-3-c", files=["src/c.py"]), StoryDef("2-1-d", files=["src/d.py"]),
+              StoryDef("2-2-e", files=["src/e.py"])]
+STACKED = {"1-1-a-1", "1-2-b-1", "1-3-c-1"}  # the candidates that verify at once
+_EVERYTHING_GATE = '''\
+import os, sys, time
+bar = BAR
+if "/candidates/" not in os.getcwd():
+    for name in sorted(os.listdir("src")):
+        if "bad" in open(os.path.join("src", name)).read():
+            print(f"DIAGNOSIS: src/{name} says bad")
+            sys.exit(1)
+    sys.exit(0)
+open(os.path.join(bar, "verifying-" + os.path.basename(os.getcwd())), "a").close()
+deadline = time.monotonic() + 120
+while not os.path.exists(os.path.join(bar, "release")) and time.monotonic() < deadline:
+    time.sleep(0.02)
+'''
+
+
+def everything_run(make_repo, bar: Path, policy: str = ""):
+    """The repository of the run above (not run yet); `policy` adds sections (a back-end)."""
+    gate = _EVERYTHING_GATE.replace("BAR", repr(str(bar)))  # in the repository: a short command
+    command = json.dumps("python3 tools/check.py")
+    script = write_each(EVERYTHING[:3])
+    script["1-3-c"].update(review=[{"exit": 1, "say": "rename it"}, {"exit": 0}],
+                           fix=[{"write": {"src/c.py": "NAME_C = '1-3-c'\n"}}])
+    script["2-1-d"] = {"dev": [{"write": {"src/d.py": "bad\n"}}, {"write": {"src/d.py": "D = 1\n"}}]}
+    script["2-2-e"] = {"dev": [{"write": {"src/e.py": "bad\n"}}]}
+    text = MERGE_NONE.format(n=3, strategy="merge") + f"[verify]\ncommands = [{command}]\n" + policy
+    return make_repo(EVERYTHING, script=script, policy=text,
+                     files={"src/__init__.py": "", "tools/check.py": gate})
+
+
+def run_everything(repo, bar: Path, *args: str) -> int:
+    """`run ARGS` as a process; once the three candidates verify at once, release them.
+    Returns the exit code (3: e escalated, the run paused)."""
+    proc = repo.spawn("run", *args)
+    try:
+        wait_until(lambda: {p.name[len("verifying-"):] for p in bar.glob("verifying-*")} >= STACKED,
+                   what="three candidates verifying at once")
+        (bar / "release").write_text("")
+        return proc.wait(timeout=DEADLINE_S * 2)
+    finally:
+        repo.kill_spawned()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from pathlib import Path
 
 import click
 
@@ -18,7 +19,7 @@ from .app import (
     run_ref_argument,
 )
 
-__all__ = ["status", "journal", "attach", "history", "sql", "tui"]
+__all__ = ["status", "journal", "attach", "history", "report", "sql", "tui"]
 
 
 def _open_reader(project_dir, run_ref=None):
@@ -203,23 +204,74 @@ def _attach_tmux(session: str) -> None:
 @project_option
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
               help="The newest N runs.")
+@click.option("--html", "html_dir", type=click.Path(path_type=Path), default=None,
+              help="Write index.html here (a folder; or a FILE.html) and each run's report beside it.")
 @json_option
 @handle_errors
-def history(project_dir, limit, as_json):
+def history(project_dir, limit, html_dir, as_json):
     """The project's runs, newest first: story counts per state, duration, outcome."""
     from ..operator.history import format_history, run_history
     from ..operator.reader import Reader
 
     project = open_project_to_read(project_dir, need_runs=False)
+    if html_dir is not None and html_dir.is_file() and html_dir.suffix.lower() not in (".html", ".htm"):
+        raise ConfigError(f"--html {html_dir}: a file that is not .html; give a folder or a FILE.html")
     entries = []
     if has_state(project):
         reader = Reader(project)
         try:
             with reader.session() as s:
                 entries = run_history(s, project.key, limit=limit)
+                if html_dir is not None:
+                    _history_html(s, project, entries, html_dir)
         finally:
             reader.close()
+    elif html_dir is not None:
+        _history_html(None, project, entries, html_dir)
     click.echo(json.dumps(entries, indent=2) if as_json else format_history(entries))
+
+
+def _history_html(session, project, entries, target) -> None:
+    from sqlalchemy import select
+
+    from ..db.models import Run
+    from ..operator.report_files import write_history_reports
+
+    ids = [e["id"] for e in entries]
+    runs = list(session.scalars(select(Run).where(Run.id.in_(ids)))) if ids else []
+    index = write_history_reports(session, runs, entries, project.state_dir, target)
+    click.echo(f"html: {index} ({len(runs)} run report(s) beside it)", err=True)
+
+
+# ---------------------------------------------------------------------------- report
+@cli.command()
+@project_option
+@run_ref_argument
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the run's report here: one self-contained HTML page.")
+@json_option
+@handle_errors
+def report(project_dir, run_ref, html_path, as_json):
+    """A run's report (the newest by default): its timeline, where the time and the money went,
+    every escalation and failure with its log, the target's commits. Works for finished,
+    paused, stopped and crashed runs."""
+    from ..engine.control import find_run
+    from ..operator.report_data import gather_report
+    from ..operator.report_files import write_run_report
+    from ..operator.report_text import format_report
+
+    project, reader = _open_reader(project_dir, run_ref)
+    try:
+        with reader.session() as s:
+            run = find_run(s, project, run_ref)
+            if html_path is not None:
+                path = write_run_report(s, run, project.state_dir, html_path)
+                click.echo(f"html: {path}", err=as_json)
+            if as_json or html_path is None:
+                data = gather_report(s, run, project.state_dir)
+                click.echo(json.dumps(data, indent=2) if as_json else format_report(data))
+    finally:
+        reader.close()
 
 
 @cli.command()

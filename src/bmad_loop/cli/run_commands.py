@@ -37,6 +37,8 @@ def selection_options(fn):
 
 
 def report_options(fn):
+    fn = click.option("--report-html", "report_html", type=click.Path(dir_okay=False, path_type=Path),
+                      default=None, help="Write the run's HTML report here when it settles.")(fn)
     fn = click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
                       default=None, help="Write a JUnit XML file here (one test case per story).")(fn)
     fn = click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -241,7 +243,7 @@ def worker(project_dir, queue, workers, clone_dir, host):
 @report_options
 @handle_errors
 def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, ci, report_path,
-        junit_path):
+        junit_path, report_html):
     """Enqueue a run and drive it in this process until it completes, pauses or stops.
 
     Exit codes: 0 completed, 1 failed, 2 bad input, 3 needs a human, 4 stopped, 130 second Ctrl+C.
@@ -266,7 +268,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
         return
     delay_point("run.enqueued")
     _drive_and_report(project, tasks, run_id, policy.scm.max_parallel, _progress_printer(ci),
-                      report_path, junit_path, presses=presses)
+                      report_path, junit_path, presses=presses, report_html=report_html)
 
 
 @cli.command()
@@ -278,7 +280,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
                    "(target branch, remote, isolation, branch_per, [database], [queue]).")
 @report_options
 @handle_errors
-def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit_path):
+def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit_path, report_html):
     """Continue a paused, stopped, failed or crashed run (same plan, scope and target)."""
     presses = _count_presses()
     from ..engine.control import resume as do_resume
@@ -294,7 +296,8 @@ def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit
         return
     # Only what is new: the journal up to the resume was printed by the run that wrote it.
     _drive_and_report(project, tasks, run.id, run.max_parallel, _progress_printer(),
-                      report_path, junit_path, since_seq=seen.get(run.id, 0), presses=presses)
+                      report_path, junit_path, since_seq=seen.get(run.id, 0), presses=presses,
+                      report_html=report_html)
 
 
 def _journal_end(project, run_ref) -> dict[str, int]:
@@ -324,7 +327,7 @@ def _count_presses():
 
 
 def _drive_and_report(project, tasks, run_id, workers, progress, report_path, junit_path,
-                      since_seq: int = 0, presses=None):
+                      since_seq: int = 0, presses=None, report_html=None):
     """Drive the run here until it settles, print its outcome, write the reports, exit with
     the run's exit code. Each Ctrl+C acted on is explained (`stop_notice`)."""
     from ..engine.driver import drive
@@ -339,7 +342,18 @@ def _drive_and_report(project, tasks, run_id, workers, progress, report_path, ju
                  interrupts=presses)
     _print_outcome(project, run_id)
     _write_reports(project, run_id, code, report_path, junit_path)
+    _write_html_report(project, run_id, report_html)
     sys.exit(code)
+
+
+def _write_html_report(project, run_id, path) -> None:
+    if path is None:
+        return
+    from ..db.models import Run
+    from ..operator.report_files import write_run_report
+
+    with project.db.transaction() as s:
+        click.echo(f"html: {write_run_report(s, s.get(Run, run_id), project.state_dir, path)}")
 
 
 def _print_outcome(project, run_id):

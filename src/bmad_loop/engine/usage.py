@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from ..agentoutput import USAGE_COLUMNS
 from ..db.models import Attempt
 
-__all__ = ["USAGE_COLUMNS", "empty_usage", "usage_by_story", "usage_by_run"]
+__all__ = ["USAGE_COLUMNS", "empty_usage", "usage_by_story", "usage_by_run", "usage_by_story_phase"]
 
 
 def empty_usage() -> dict:
@@ -51,3 +51,11 @@ def usage_by_run(session, run_ids) -> dict[str, dict]:
     rows = session.execute(select(Attempt.run_id, *_sums()).where(Attempt.run_id.in_(ids))
                            .group_by(Attempt.run_id)).all()
     return {row[0]: _row(row[1:]) for row in rows}
+
+
+def usage_by_story_phase(session, run_id: str) -> dict[tuple[int, str], dict]:
+    """(story id, phase) -> the summed usage of that story's sessions of that phase."""
+    rows = session.execute(select(Attempt.story_id, Attempt.phase, *_sums())
+                           .where(Attempt.run_id == run_id)
+                           .group_by(Attempt.story_id, Attempt.phase)).all()
+    return {(row[0], row[1]): _row(row[2:]) for row in rows}
