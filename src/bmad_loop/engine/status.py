@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from ..db.models import Candidate, Run, Story, utcnow
+from ..db.models import Attempt, Candidate, Run, Story, utcnow
 from ..stallwatch import last_output_at
 from ..states import StoryState
 from .journal import event_json, events_after
@@ -38,7 +38,9 @@ def run_json(run: Run, target_now: str | None = None) -> dict:
     }
 
 
-def story_json(story: Story, now=None, usage: dict | None = None) -> dict:
+def story_json(story: Story, now=None, usage: dict | None = None, boxed: bool | None = None) -> dict:
+    """`boxed`: whether its latest agent session ran in the OS sandbox (None: no session, or
+    recorded before that was known)."""
     now = now or utcnow()
     start = story.started_at
     end = story.ended_at or (story.ready_at if story.state in (StoryState.READY,) else None)
@@ -83,6 +85,7 @@ def story_json(story: Story, now=None, usage: dict | None = None) -> dict:
         "port_block": story.port_block,
         # Summed from its attempts, as the agent CLI reported them (None: not reported).
         "usage": usage or empty_usage(),
+        "boxed": boxed,
     }
 
 
@@ -114,9 +117,11 @@ def run_status(session, run: Run, target_now: str | None = None) -> dict:
     by_id = {c.id: c for c in candidates}
     now = utcnow()
     usage = usage_by_story(session, run.id)
+    boxed = dict(session.execute(select(Attempt.story_id, Attempt.boxed)
+                                 .where(Attempt.run_id == run.id).order_by(Attempt.id)).all())
     return {
         "run": run_json(run, target_now),
-        "stories": [story_json(s, now, usage.get(s.id)) for s in stories],
+        "stories": [story_json(s, now, usage.get(s.id), boxed.get(s.id)) for s in stories],
         "candidates": [candidate_json(c, keys.get(c.story_id, "?"), _on(c, by_id, keys))
                        for c in candidates],
     }

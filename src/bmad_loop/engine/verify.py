@@ -20,8 +20,13 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..adapter import read_tail, run_agent
+from ..sandbox import Box
 
-__all__ = ["VerifyResult", "run_verify", "verify_tags", "OUTPUT_TAIL_CHARS", "NOTHING_TO_RUN"]
+# In every agent's and verify command's environment: the box it runs in ("bwrap", "sandbox-exec"),
+# empty when unboxed; for wrappers that adapt to it (a CLI's own nested sandbox).
+SANDBOX_VAR = "BMAD_LOOP_SANDBOX"
+
+__all__ = ["SANDBOX_VAR", "VerifyResult", "run_verify", "verify_tags", "OUTPUT_TAIL_CHARS", "NOTHING_TO_RUN"]
 
 OUTPUT_TAIL_CHARS = 20_000  # what is handed to the next prompt and kept in evidence
 
@@ -36,13 +41,14 @@ class VerifyResult:
     duration_s: float
     log: str | None
     interrupted: bool = False
+    boxed: bool = False  # ran in the OS sandbox (bmad_loop.sandbox)
 
     def event(self) -> tuple[str, dict]:
         """The journal event of this verification: `verify.passed` or `verify.failed`."""
         return ("verify.passed" if self.ok else "verify.failed",
                 {"command": self.failed_command, "exit_code": self.exit_code,
                  "timed_out": self.timed_out, "duration_s": round(self.duration_s, 3),
-                 "log": self.log})
+                 "log": self.log, "boxed": self.boxed})
 
 
 # What verifying with no commands gives: passed, at once, with no log.
@@ -72,15 +78,20 @@ def run_verify(
     run_id: str | None = None,
     story_key: str | None = None,
     thaw_after_s: float | None = None,
+    box: Box | None = None,
 ) -> VerifyResult:
+    """`box`: run each command in it (the box's own environment added); None: unboxed."""
     started = time.monotonic()
     if not commands:
         return NOTHING_TO_RUN
     base_env = dict(os.environ if env is None else env)
     base_env.update(verify_tags(run_id, story_key))
+    base_env[SANDBOX_VAR] = box.backend if box else ""
+    base_env.update(box.env if box else {})
     for command in commands:
         offset = log_path.stat().st_size if log_path.exists() else 0
-        result = run_agent(["/bin/sh", "-c", command], cwd=cwd, env=base_env, log_path=log_path,
+        argv = ["/bin/sh", "-c", command]
+        result = run_agent(box.wrap(argv) if box else argv, cwd=cwd, env=base_env, log_path=log_path,
                            timeout_s=timeout_s, stop_event=stop_event,
                            label=f"verify{' story ' + story_key if story_key else ''}",
                            thaw_after_s=thaw_after_s)
@@ -91,6 +102,7 @@ def run_verify(
                 output=read_tail(log_path, offset, max_bytes=4 * OUTPUT_TAIL_CHARS,
                                  max_chars=OUTPUT_TAIL_CHARS),
                 duration_s=time.monotonic() - started, log=str(log_path),
-                interrupted=result.interrupted,
+                interrupted=result.interrupted, boxed=box is not None,
             )
-    return VerifyResult(True, None, 0, False, "", time.monotonic() - started, str(log_path))
+    return VerifyResult(True, None, 0, False, "", time.monotonic() - started, str(log_path),
+                        boxed=box is not None)

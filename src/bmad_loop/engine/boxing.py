@@ -1,0 +1,80 @@
+"""Where a story's agents and verify commands get their box (bmad_loop.sandbox), and what
+bmad-loop puts right in the worktree after a boxed session.
+
+A boxed process writes its tree, its scratch and its log; the guard hooks are not armed, since
+no ref is writable at all: an attempt to move the target fails in git and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from ..errors import GitError
+from ..sandbox import Box, BoxRequest, decide, make_box, quarantine_has_objects
+from ..sandbox.box import clear_quarantine
+from .childenv import story_verify_env
+
+__all__ = ["agent_box", "verify_box", "story_verify_setup", "settle_after_box"]
+
+log = logging.getLogger(__name__)
+
+
+
+def agent_box(ctx, worktree: Path, log_path: Path, env: dict) -> Box | None:
+    """The box of one agent session of the story (None: unboxed)."""
+    policy = ctx.policy
+    decision = decide(policy.adapter.sandbox, "[adapter] sandbox")
+    return make_box(decision, _request(ctx.git, ctx.layout.state_dir, worktree, ctx.scratch,
+                                       log_path, policy, env))
+
+
+def verify_box(policy, git, state_dir: Path, tree: Path, scratch: Path, log_path: Path,
+               env: dict) -> Box | None:
+    """The box of a verify command run in `tree` (story or candidate worktree)."""
+    decision = decide(policy.verify.sandbox, "[verify] sandbox")
+    return make_box(decision, _request(git, state_dir, tree, scratch, log_path, policy, env))
+
+
+def story_verify_setup(ctx, worktree: Path, log_path: Path) -> tuple[dict, Box | None]:
+    """The environment and box of a story's verify commands; unboxed, the target guard is
+    armed in that environment instead."""
+    env = story_verify_env(ctx)
+    box = verify_box(ctx.policy, ctx.git, ctx.layout.state_dir, worktree, ctx.scratch, log_path,
+                     env)
+    if box is None:
+        env.update(ctx.workspace.guard_env(worktree, ctx.guard_hooks, ctx.scratch / "guard.log"))
+    return env, box
+
+
+def _request(git, state_dir, tree, scratch, log_path, policy, env) -> BoxRequest:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.touch(exist_ok=True)  # a mount needs the file to be there
+    scratch.mkdir(parents=True, exist_ok=True)
+    return BoxRequest(
+        project_root=Path(git.repo_dir).resolve(), state_dir=Path(state_dir).resolve(),
+        git_dir=git.common_dir(), tree=Path(tree).resolve(), scratch=Path(scratch).resolve(),
+        in_place=policy.scm.isolation == "none", files=(Path(log_path).resolve(),),
+        extra_writable=tuple(policy.adapter.sandbox_writable),
+        env={k: env.get(k, os.environ.get(k, "")) for k in ("HOME", "TMPDIR", "XDG_CONFIG_HOME")},
+    )
+
+
+def settle_after_box(git, worktree: Path, branch: str | None, scratch: Path) -> None:
+    """After a boxed session in a linked worktree: HEAD back on the story branch (the agent
+    may have detached it or pointed it elsewhere: its admin entry is writable), and the index
+    read again from HEAD when the agent's git wrote objects (the index may name objects that
+    only its quarantine holds). The files are left as the agent left them; the quarantine goes."""
+    try:
+        moved = False
+        if branch:
+            head = git.run("symbolic-ref", "-q", "HEAD", cwd=worktree, check=False).stdout.strip()
+            if head != f"refs/heads/{branch}":
+                git.run("symbolic-ref", "HEAD", f"refs/heads/{branch}", cwd=worktree)
+                moved = True
+        if moved or quarantine_has_objects(scratch):
+            git.run("reset", "-q", cwd=worktree)
+    except GitError as exc:  # the commit that follows fails and says so
+        log.warning("could not settle %s after a boxed session: %s", worktree, exc)
+    clear_quarantine(scratch)
