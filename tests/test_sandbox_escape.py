@@ -20,11 +20,12 @@ import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from support import CI, StoryDef, cli_argv
+from support import CI, StoryDef, build_repo, cli_argv
 
 from bmad_loop.sandbox.probe import probe_bwrap
 
@@ -48,8 +49,9 @@ needs_bwrap = pytest.mark.skipif(not CI and not probe_bwrap().ok,
                                  reason=f"no usable bubblewrap here: {probe_bwrap().detail}")
 
 
-def hostile_project(make_repo, tmp_path, sandbox: str):
-    """A project whose agent and verify command are the hostile script; returns (repo, cfg)."""
+def hostile_project(make_repo, tmp_path, sandbox: str, python: str = sys.executable):
+    """A project whose agent and verify command are the hostile script (run by `python`);
+    returns (repo, cfg)."""
     reports = tmp_path / "reports"
     reports.mkdir()
     repo = make_repo([ALPHA])
@@ -64,8 +66,8 @@ def hostile_project(make_repo, tmp_path, sandbox: str):
         (Path(folder) / "work.txt").write_text("another story's work\n")
     config = tmp_path / "hostile.json"
     config.write_text(json.dumps(cfg))
-    agent = [sys.executable, str(HOSTILE), str(config), "agent"]
-    verify = f"{sys.executable} {HOSTILE} {config} verify"
+    agent = [python, str(HOSTILE), str(config), "agent"]
+    verify = f"{python} {HOSTILE} {config} verify"
     repo.write_policy(
         f'[gates]\nmode = "none"\n[review]\nenabled = false\n'
         f"[verify]\ncommands = [{json.dumps(verify)}]\nsandbox = \"{sandbox}\"\n"
@@ -155,6 +157,11 @@ def _user_case_or_skip():
         why = "runuser is not installed"
     elif _ordinary_user() is None:
         why = f"no user {USER!r} (.ci/run creates it: useradd -m {USER})"
+    else:
+        probe = subprocess.run(["runuser", "-u", USER, "--", sys.executable, "-c",
+                                "import bmad_loop"], capture_output=True, text=True, cwd="/")
+        if probe.returncode != 0:  # .ci/run makes the interpreter and the checkout reachable
+            why = f"{USER} cannot run {sys.executable} with bmad_loop: {probe.stderr.strip()[-200:]}"
     if why is None:
         return _ordinary_user()
     if CI:
@@ -162,26 +169,42 @@ def _user_case_or_skip():
     pytest.skip(why)
 
 
+@pytest.fixture
+def user_folder():
+    """A folder the ordinary user owns, outside pytest's own (which only root may enter)."""
+    folder = Path(tempfile.mkdtemp(prefix="bmad-box-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @needs_bwrap
 def test_a_hostile_agent_and_verify_command_in_the_box_change_nothing_as_an_ordinary_user(
-        make_repo, tmp_path):
+        user_folder):
     user = _user_case_or_skip()
-    repo, cfg = hostile_project(make_repo, tmp_path, "on")
-    home = tmp_path / "user-home"
+    built = []
+
+    def make_repo(stories, **options):
+        built.append(build_repo(user_folder, stories, **options))
+        return built[-1]
+
+    repo, cfg = hostile_project(make_repo, user_folder, "on")
+    home = user_folder / "home"
     home.mkdir()
     cfg["home"] = str(home)
-    (tmp_path / "hostile.json").write_text(json.dumps(cfg))
+    (user_folder / "hostile.json").write_text(json.dumps(cfg))
     start = repo.git("rev-parse", "main")
-    subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(tmp_path)], check=True)
-    tmp_path.chmod(0o755)
+    subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(user_folder)], check=True)
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1",
            "LANG": "C.UTF-8"}
-    proc = subprocess.run(["runuser", "-u", USER, "--", "env", "-i",
-                           *[f"{k}={v}" for k, v in env.items()],
-                           *cli_argv("run", "--project", str(repo.root))],
-                          capture_output=True, text=True, timeout=300)
+    try:
+        proc = subprocess.run(["runuser", "-u", USER, "--", "env", "-i",
+                               *[f"{k}={v}" for k, v in env.items()],
+                               *cli_argv("run", "--project", str(repo.root))],
+                              capture_output=True, text=True, timeout=300, cwd=str(user_folder))
+    finally:
+        subprocess.run(["chown", "-R", "0:0", str(user_folder)], check=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    subprocess.run(["chown", "-R", "0:0", str(tmp_path)], check=True)
     assert_nothing_escaped(repo, cfg, start)
     assert all(r["boxed"] == "bwrap" for runs in reports(cfg).values() for r in runs)
 
