@@ -49,7 +49,8 @@ needs_bwrap = pytest.mark.skipif(not CI and not probe_bwrap().ok,
                                  reason=f"no usable bubblewrap here: {probe_bwrap().detail}")
 
 
-def hostile_project(make_repo, tmp_path, sandbox: str, python: str = sys.executable):
+def hostile_project(make_repo, tmp_path, sandbox: str, python: str = sys.executable,
+                    extra: str = ""):
     """A project whose agent and verify command are the hostile script (run by `python`);
     returns (repo, cfg)."""
     reports = tmp_path / "reports"
@@ -69,7 +70,7 @@ def hostile_project(make_repo, tmp_path, sandbox: str, python: str = sys.executa
     agent = [python, str(HOSTILE), str(config), "agent"]
     verify = f"{python} {HOSTILE} {config} verify"
     repo.write_policy(
-        f'[gates]\nmode = "none"\n[review]\nenabled = false\n'
+        f'{extra}[gates]\nmode = "none"\n[review]\nenabled = false\n'
         f"[verify]\ncommands = [{json.dumps(verify)}]\nsandbox = \"{sandbox}\"\n"
         f"[adapter]\ncommand = {json.dumps(agent)}\ntimeout_s = 120\nsandbox = \"{sandbox}\"\n")
     return repo, cfg
@@ -139,6 +140,17 @@ def test_a_hostile_agent_and_verify_command_in_the_box_change_nothing_outside_it
     # The agent, the story's verify and the candidate's verify each tried everything once.
     assert len(roles["agent"]) == 1 and len(roles["verify"]) == 2
     assert set(MUST_FAIL) <= set(roles["agent"][0]["results"])
+
+
+@needs_bwrap
+def test_in_place_the_boxed_agent_writes_the_checkout_and_nothing_of_git_or_the_run(
+        make_repo, tmp_path):
+    repo, cfg = hostile_project(make_repo, tmp_path, "on", extra='[scm]\nisolation = "none"\n')
+    start = repo.git("rev-parse", "main")
+    result = repo.cli("run")
+    assert result.exit_code == 0, result.output
+    assert_nothing_escaped(repo, cfg, start)
+    assert repo.git("status", "--porcelain") == ""  # the checkout followed the advance
 
 
 def _ordinary_user() -> pwd.struct_passwd | None:

@@ -52,20 +52,28 @@ def _request(git, state_dir, tree, scratch, log_path, policy, env) -> BoxRequest
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.touch(exist_ok=True)  # a mount needs the file to be there
     scratch.mkdir(parents=True, exist_ok=True)
+    root, tree = Path(git.repo_dir).resolve(), Path(tree).resolve()
     return BoxRequest(
-        project_root=Path(git.repo_dir).resolve(), state_dir=Path(state_dir).resolve(),
-        git_dir=git.common_dir(), tree=Path(tree).resolve(), scratch=Path(scratch).resolve(),
-        in_place=policy.scm.isolation == "none", files=(Path(log_path).resolve(),),
+        project_root=root, state_dir=Path(state_dir).resolve(), git_dir=git.common_dir(),
+        tree=tree, scratch=Path(scratch).resolve(),
+        in_place=tree == root,  # isolation "none": the checkout itself (a candidate never is)
+        files=(Path(log_path).resolve(),),
         extra_writable=tuple(policy.adapter.sandbox_writable),
         env={k: env.get(k, os.environ.get(k, "")) for k in ("HOME", "TMPDIR", "XDG_CONFIG_HOME")},
     )
 
 
-def settle_after_box(git, worktree: Path, branch: str | None, scratch: Path) -> None:
+def settle_after_box(git, worktree: Path, branch: str | None, scratch: Path, *,
+                     linked: bool = True) -> None:
     """After a boxed session in a linked worktree: HEAD back on the story branch (the agent
     may have detached it or pointed it elsewhere: its admin entry is writable), and the index
     read again from HEAD when the agent's git wrote objects (the index may name objects that
-    only its quarantine holds). The files are left as the agent left them; the quarantine goes."""
+    only its quarantine holds). The files are left as the agent left them; the quarantine goes.
+    In place (`linked` False) the box left HEAD and the index read-only: only the quarantine
+    goes."""
+    if not linked:
+        clear_quarantine(scratch)
+        return
     try:
         moved = False
         if branch:
