@@ -277,3 +277,22 @@ def test_boxed_a_write_of_the_target_fails_in_git_changes_nothing_and_the_story_
     assert repo.git("show", "main:src/alpha.py") + "\n" == HONEST
     assert repo.git("log", "--format=%s", "main").count("sneaky") == 0
     assert [e for e in repo.journal() if e["kind"] in ("guard.refused", "story.escalated")] == []
+
+
+@needs_bwrap
+def test_boxed_the_worktrees_own_config_worktree_is_writable_and_a_change_escalates(make_repo):
+    """The one git configuration file inside the box's writable admin entry: git reads it only
+    under extensions.worktreeConfig, and the configuration fingerprint catches a change."""
+    repo = make_repo([ALPHA], policy='[gates]\nmode = "none"\n')
+    admin = repo.root / ".git" / "worktrees" / ALPHA.key
+    repo.write_script({ALPHA.key: {"dev": [{"write": {
+        "src/alpha.py": HONEST, str(admin / "config.worktree"): "[core]\n\thooksPath = /tmp\n"}}]}})
+    start = repo.git("rev-parse", "main")
+    result = repo.cli("run")
+    assert result.exit_code == 3, result.output
+    story = repo.status()["stories"][0]
+    assert story["state"] == "escalated" and story["boxed"] is True
+    assert "git configuration changed" in story["reason"]
+    changed = [e for e in repo.journal() if e["kind"] == "git.config_changed"]
+    assert changed and "config.worktree" in json.dumps(changed[0]["data"])
+    assert repo.git("rev-parse", "main") == start
