@@ -30,7 +30,7 @@ from .layout import Layout
 from .runs import board_rel
 from .stacking import replay
 from .transitions import transition_candidate, transition_story
-from .boxing import settle_after_box, verify_box
+from .boxing import BoxSite, settle_after_box, verify_box
 from .verify import run_verify
 from .writeback import lane_tree_edit
 
@@ -320,8 +320,9 @@ class Integrator(Outcomes):
         log_path = self.layout.verify_log(key, f"candidate-{attempt}")
         scratch = self.layout.scratch(key) / f"candidate-{attempt}"
         # The candidate worktree is the box's writable tree (no commands: no worktree, no box).
-        box = verify_box(self.policy, self.git, self.layout.state_dir, worktree, scratch,
-                         log_path, env) if worktree is not None else None
+        box = verify_box(self.policy, self.git, self.layout.state_dir,
+                         BoxSite(worktree, scratch, log_path), env,
+                         self.db.lock_dir) if worktree is not None else None
         result = run_verify(self.policy.verify.commands, cwd=worktree or self.project.root,
                             log_path=log_path, timeout_s=self.policy.verify.timeout_s, env=env,
                             run_id=self.run_id, thaw_after_s=self.policy.leases.ttl_s,

@@ -4,8 +4,9 @@ Everything is readable and nothing writable, then, in this order:
 1. writable: the system temp folders, the user's home, `[adapter] sandbox_writable`;
 2. read-only again: git's configuration and credential stores in the home;
 3. the project: read-only (worktree isolation) or writable (in place, the checkout is the tree);
-   its git directory read-only either way;
-4. bmad-loop's state folder hidden (an empty tmpfs): databases, queue, policy, other stories;
+   its git directory read-only either way (remote mode: the project the policy lives in too);
+4. bmad-loop's state folder hidden (an empty tmpfs): databases, queue, policy, other stories
+   (remote mode: the project's and the clone's);
 5. shown again inside it: the guard hooks (read-only), then writable: the process's own tree
    (story worktree or candidate worktree), its worktree admin entry in the git directory (index,
    HEAD), its scratch folder (temp files, the git object quarantine) and its log file;
@@ -47,16 +48,22 @@ class BoxRequest:
     files: tuple[Path, ...] = ()  # its own files inside the state folder (the log): writable
     shown: tuple[Path, ...] = ()  # folders inside the state folder it may read (guard hooks)
     extra_writable: tuple[str, ...] = ()  # [adapter] sandbox_writable
+    # Remote mode: the project the policy and the state database live in, when the tree's
+    # repository is a clone elsewhere (read-only, its state folder hidden too).
+    home_project: Path | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # HOME, TMPDIR, XDG_CONFIG_HOME
 
 
 def plan_mounts(req: BoxRequest) -> list[Mount]:
     mounts = [Mount("rw", p) for p in _general_writable(req)]
-    home = _home(req.env)
-    if home is not None and any(m.path == home for m in mounts):
+    user_home = _home(req.env)
+    if user_home is not None and any(m.path == user_home for m in mounts):
         mounts += [Mount("ro", p) for p in home_git_files(req.env)]
     mounts.append(Mount("rw" if req.in_place else "ro", req.project_root))
     mounts.append(Mount("ro", req.git_dir))
+    home = req.home_project
+    if home is not None and home != req.project_root:
+        mounts += [Mount("ro", home), Mount("hide", home / req.state_dir.name)]
     mounts.append(Mount("hide", req.state_dir))
     mounts += [Mount("ro", p) for p in req.shown]
     if not req.in_place:
