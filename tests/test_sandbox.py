@@ -81,10 +81,12 @@ def test_sandbox_writable_widens_the_box_but_never_inside_the_project(tmp_path):
     req = linked_worktree(tmp_path)
     cache = tmp_path / "cache"
     cache.mkdir()
-    wider = BoxRequest(**{**req.__dict__, "extra_writable": (str(cache), "src")})
+    tool = Path(req.env["HOME"]) / ".cache" / "tool"
+    tool.mkdir(parents=True)
+    wider = BoxRequest(**{**req.__dict__, "extra_writable": (str(cache), "src", "~/.cache/tool")})
     (req.project_root / "src").mkdir()
     mounts = [(m.kind, m.path) for m in plan_mounts(wider)]
-    assert ("rw", cache) in mounts
+    assert ("rw", cache) in mounts and ("rw", tool) in mounts
     # A folder inside the project is mounted before the project goes read-only over it.
     assert mounts.index(("rw", req.project_root / "src")) < mounts.index(("ro", req.project_root))
 

@@ -29,10 +29,9 @@ from ..profiles import resolve_command
 from ..tmux_session import session_name, tmux_available
 from ..states import AttemptState, Phase, RunState, StopMode
 from .faults import crash_point
-from ..sandbox import Box
+from ..sandbox import SANDBOX_VAR, Box
 from .boxing import agent_box, settle_after_box
 from .childenv import child_env, sandbox_vars
-from .verify import SANDBOX_VAR
 from .guard import read_guard_log
 from .journal import record
 from .sessionchanges import changed_paths_between, snapshot

@@ -20,13 +20,9 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..adapter import read_tail, run_agent
-from ..sandbox import Box
+from ..sandbox import SANDBOX_VAR, Box
 
-# In every agent's and verify command's environment: the box it runs in ("bwrap", "sandbox-exec"),
-# empty when unboxed; for wrappers that adapt to it (a CLI's own nested sandbox).
-SANDBOX_VAR = "BMAD_LOOP_SANDBOX"
-
-__all__ = ["SANDBOX_VAR", "VerifyResult", "run_verify", "verify_tags", "OUTPUT_TAIL_CHARS", "NOTHING_TO_RUN"]
+__all__ = ["VerifyResult", "run_verify", "verify_tags", "OUTPUT_TAIL_CHARS", "NOTHING_TO_RUN"]
 
 OUTPUT_TAIL_CHARS = 20_000  # what is handed to the next prompt and kept in evidence
 

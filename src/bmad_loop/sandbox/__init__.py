@@ -8,9 +8,9 @@
 - `box`: a ready box (plan, wrapper, environment) and its git object quarantine.
 """
 
-from .box import Box, make_box, quarantine_has_objects
+from .box import SANDBOX_VAR, Box, make_box, quarantine_has_objects
 from .mode import MODES, BoxDecision, decide, startup_notes
 from .plan import BoxRequest, Mount, plan_mounts
 
-__all__ = ["Box", "BoxDecision", "BoxRequest", "MODES", "Mount", "decide", "make_box",
+__all__ = ["SANDBOX_VAR", "Box", "BoxDecision", "BoxRequest", "MODES", "Mount", "decide", "make_box",
            "plan_mounts", "quarantine_has_objects", "startup_notes"]

@@ -19,9 +19,13 @@ from .mode import BoxDecision
 from .plan import BoxRequest, Mount, home_git_files, plan_mounts
 from .seatbelt import sandbox_exec_argv
 
-__all__ = ["Box", "make_box", "quarantine_has_objects", "clear_quarantine", "QUARANTINE"]
+__all__ = ["Box", "make_box", "quarantine_has_objects", "clear_quarantine", "QUARANTINE",
+           "SANDBOX_VAR"]
 
 QUARANTINE = "objects"  # inside the scratch folder
+# In every agent's and verify command's environment: the box it runs in ("bwrap",
+# "sandbox-exec"), empty when unboxed; for wrappers that adapt (a CLI's own nested sandbox).
+SANDBOX_VAR = "BMAD_LOOP_SANDBOX"
 
 
 @dataclass(frozen=True)

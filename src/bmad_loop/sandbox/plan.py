@@ -130,8 +130,11 @@ def _general_writable(req: BoxRequest) -> list[Path]:
 
 
 def _expand(raw: str, req: BoxRequest) -> Path:
-    path = Path(os.path.expanduser(raw)) if not raw.startswith("~") or _home(req.env) is None \
-        else _home(req.env) / raw[1:].lstrip("/")
+    """`~/x` in the session's home, an absolute path as it is, a relative one in the project."""
+    home = _home(req.env)
+    if home is not None and (raw == "~" or raw.startswith("~/")):
+        return home / raw[2:]
+    path = Path(raw)
     return path if path.is_absolute() else req.project_root / path
 
 
