@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from support import CI, StoryDef, build_repo, cli_argv
+from support import CI, StoryDef, build_repo, cli_argv, settled_status
 
 from bmad_loop.sandbox.probe import probe_bwrap
 
@@ -296,3 +296,33 @@ def test_boxed_the_worktrees_own_config_worktree_is_writable_and_a_change_escala
     changed = [e for e in repo.journal() if e["kind"] == "git.config_changed"]
     assert changed and "config.worktree" in json.dumps(changed[0]["data"])
     assert repo.git("rev-parse", "main") == start
+
+
+@needs_bwrap
+def test_remote_mode_the_box_hides_the_projects_own_state_not_only_the_clones(
+        make_repo, tmp_path):
+    """In remote mode the worker's repository is a clone; the policy and the state database
+    stay in the project: read-only and hidden for the hostile agent all the same."""
+    repo, cfg = hostile_project(make_repo, tmp_path, "on")
+    bare = tmp_path / "remote.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo.root), str(bare)], check=True)
+    repo.git("remote", "add", "origin", str(bare))
+    policy = repo.root / ".bmad-loop" / "policy.toml"
+    policy.write_text('[scm]\nremote = "origin"\n' + policy.read_text())
+    result = repo.cli("enqueue")
+    assert result.exit_code == 0, result.output
+    run_id = result.output.strip().splitlines()[-1]
+    worker = repo.spawn("worker", "--clone", str(tmp_path / "clone"), log_name="worker")
+    try:
+        settled = settled_status(repo, run_id, timeout=120)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    assert settled["run"]["state"] == "completed", (settled, repo.spawned_logs())
+    assert subprocess.run(["git", "--git-dir", str(bare), "show", "main:src/alpha.py"],
+                          capture_output=True, text=True).stdout == HONEST
+    state = repo.root / ".bmad-loop"
+    assert marked_files(repo.root, skip=(state / "scratch", state / "logs")) == []
+    agent = reports(cfg)["agent"][0]
+    assert agent["boxed"] == "bwrap"
+    assert {k: v for k, v in agent["results"].items() if k in MUST_FAIL and v == "ok"} == {}
