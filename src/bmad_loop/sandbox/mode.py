@@ -23,7 +23,7 @@ class BoxDecision:
     boxed: bool
     backend: str  # "bwrap" | "sandbox-exec" | "" (unboxed)
     program: str  # the backend's executable
-    note: str  # unboxed although not "off": why (a warning for validate and run)
+    note: str  # unboxed although not "off": why (for the warning of validate and run)
 
 
 def decide(mode: str, key: str, platform: str | None = None) -> BoxDecision:
@@ -34,8 +34,8 @@ def decide(mode: str, key: str, platform: str | None = None) -> BoxDecision:
         return BoxDecision(False, "", "", "")
     if platform == "darwin":
         if mode == "auto":
-            return BoxDecision(False, "", "", f'{key} = "auto" is off on macOS (the sandbox-exec '
-                                              'profile is opt-in: set "on")')
+            return BoxDecision(False, "", "", 'off on macOS: the generated sandbox-exec profile '
+                                              'is opt-in (set "on")')
         found = probe.probe_sandbox_exec()
         return _chosen(found, "sandbox-exec", mode, key)
     if platform.startswith("linux"):
@@ -48,16 +48,17 @@ def _chosen(found: probe.Probe, backend: str, mode: str, key: str) -> BoxDecisio
         return BoxDecision(True, backend, found.program, "")
     if mode == "on":
         raise ConfigError(f'{key} = "on": {found.detail}')
-    return BoxDecision(False, "", "", f"{key} = \"auto\": agents run unboxed ({found.detail})")
+    return BoxDecision(False, "", "", f"running unboxed: {found.detail}")
 
 
 def startup_notes(policy) -> list[str]:
     """The warnings `validate` and `run` print for the policy's sandbox settings (unboxed
-    although not off); raises ConfigError when one says "on" and cannot be honoured."""
-    notes = []
+    although not off), one per reason, naming the keys; raises ConfigError when one says
+    "on" and cannot be honoured."""
+    keys_by_note: dict[str, list[str]] = {}
     for mode, key in ((policy.adapter.sandbox, "[adapter] sandbox"),
                       (policy.verify.sandbox, "[verify] sandbox")):
         note = decide(mode, key).note
-        if note and note not in notes:
-            notes.append(note)
-    return notes
+        if note:
+            keys_by_note.setdefault(note, []).append(key)
+    return [f'{" and ".join(keys)} = "auto": {note}' for note, keys in keys_by_note.items()]
