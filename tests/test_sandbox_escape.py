@@ -34,13 +34,15 @@ ALPHA = StoryDef("1-1-alpha", files=["src/alpha.py"])
 HONEST = "NAME = 'alpha'\n"
 USER = "bmadbox"  # the ordinary user .ci/run creates
 
-# Must fail in the box. (Opening the worktree admin entry's files is the box's own business:
-# `core.hooksPath` in config.worktree is written but read by no git, see the last test.)
+# Must fail in the box. (`git config --worktree` is refused by git itself, boxed or not; a direct
+# write of the worktree's config.worktree is the box's own business, caught by the configuration
+# fingerprint: test_boxed_the_worktrees_own_config_worktree_is_writable_and_a_change_escalates.)
 MUST_FAIL = (
     "state.db", "queue.db", "policy.toml", ".git/config", ".git/hooks/pre-commit",
     "refs/heads/main (git update-ref)", "refs/heads (a new ref file)", "GIT_DIR=.git git update-ref",
     "another story's worktree", "a candidate worktree", "~/.gitconfig",
-    "/proc/<bmad-loop pid>/root", "/proc/1/root", "nested bwrap", "symlink out of the worktree",
+    "/proc/<bmad-loop pid>/root", "/proc/1/root", "signal bmad-loop", "nested bwrap",
+    "symlink out of the worktree",
     "hardlink out of the worktree", "git alternates", "the worktree's .git file",
     "the admin entry's commondir", "remount / read-write",
 )
@@ -236,7 +238,7 @@ def test_unboxed_the_same_agent_writes_the_runs_own_files(make_repo, tmp_path):
             "refs/heads (a new ref file)", "another story's worktree", "a candidate worktree",
             "~/.gitconfig", "symlink out of the worktree", "hardlink out of the worktree",
             "git alternates", "the worktree's .git file",
-            "the admin entry's commondir"} <= wrote
+            "the admin entry's commondir", "signal bmad-loop"} <= wrote
     # The target guard still refuses git's own ref updates, unboxed (and escalates the story).
     assert agent["results"]["refs/heads/main (git update-ref)"] != "ok"
     assert "HOSTILE" in (repo.root / ".bmad-loop" / "policy.toml").read_text()

@@ -62,7 +62,7 @@ def through_link(kind, target, link):
 def attempts(cfg, worktree):
     state, git, home = Path(cfg["state_dir"]), Path(cfg["git_dir"]), Path(cfg["home"])
     policy = state / "policy.toml"
-    owner_pid = os.environ.get("BMAD_LOOP_OWNER", "::").rsplit(":", 2)[1]
+    owner_pid = os.environ.get("BMAD_LOOP_OWNER", "::").rsplit(":", 2)[1] or "0"
     sha = subprocess.run(["git", "commit-tree", "-m", MARK, "HEAD^{tree}"], cwd=worktree,
                          capture_output=True, text=True).stdout.strip() or "HEAD"
     admin = Path(subprocess.run(["git", "rev-parse", "--absolute-git-dir"], cwd=worktree,
@@ -84,6 +84,8 @@ def attempts(cfg, worktree):
         "~/.gitconfig": append(home / ".gitconfig"),
         "/proc/<bmad-loop pid>/root": append(f"/proc/{owner_pid}/root{policy}"),
         "/proc/1/root": append(f"/proc/1/root{policy}"),
+        # Signal 0: may it signal bmad-loop at all (kill, SIGSTOP), without doing it.
+        "signal bmad-loop": lambda: os.kill(int(owner_pid), 0),
         "nested bwrap": command("bwrap", "--ro-bind", "/", "/", "--bind", str(state), str(state),
                                 "sh", "-c", f"echo '# {MARK}' >> {policy}"),
         "symlink out of the worktree": through_link("symlink", policy, worktree / ".hostile-link"),
