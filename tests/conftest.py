@@ -44,6 +44,16 @@ def isolated_home(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
+def unboxed(monkeypatch):
+    """Agents and verify commands outside the OS sandbox (`sandbox = "off"` for both), for the
+    tests of what bmad-loop does about an unboxed agent: one that finds bmad-loop's pid, plants
+    a hook, moves the target with git, or leaves an orphan a recovery must find (boxed, each of
+    these fails or dies with the box: tests/test_sandbox_escape.py)."""
+    monkeypatch.setenv("BMAD_LOOP_ADAPTER_SANDBOX", "off")
+    monkeypatch.setenv("BMAD_LOOP_VERIFY_SANDBOX", "off")
+
+
+@pytest.fixture
 def make_repo(tmp_path):
     """Build real git repositories with a BMAD board, story files and a scripted agent
     (`support.build_repo`); whatever they spawned is killed after the test."""

@@ -96,6 +96,7 @@ PARENT_KILLER = """\
 """
 
 
+@pytest.mark.usefixtures("unboxed")  # its pids and orphans: unboxed
 def test_an_agent_that_kills_its_bmad_loop_every_time_escalates_after_max_recoveries(
         make_repo, tmp_path):
     bar = tmp_path / "bar"
@@ -161,6 +162,7 @@ PARENT_STOPPER = """\
 """
 
 
+@pytest.mark.usefixtures("unboxed")  # its pids and orphans: unboxed
 def test_an_agent_that_stops_its_bmad_loop_every_time_cannot_hang_the_run(make_repo, tmp_path):
     """SIGSTOP freezes every thread of bmad-loop, so nothing inside it can act: the process's
     thaw helper continues it after `ttl_s`; then the story is recovered (its lease expired)
@@ -276,6 +278,7 @@ VERIFY_WITH_GRANDCHILD = """\
 """
 
 
+@pytest.mark.usefixtures("unboxed")  # its pids and orphans: unboxed
 def test_a_verify_grandchild_left_by_a_killed_worker_is_dead_before_the_story_is_retried(
         make_repo, tmp_path):
     bar = tmp_path / "bar"

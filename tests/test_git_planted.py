@@ -27,6 +27,9 @@ from bmad_loop.gitconfig_guard import (CONFIG_CHANGED_PREFIX, ConfigWatch, chang
 from bmad_loop.worktrees import ensure_worktree, remove_worktree
 from support import TESTS, StoryDef, git_repo, write
 
+# What bmad-loop does about an unboxed agent (boxed: tests/test_sandbox_escape.py).
+pytestmark = pytest.mark.usefixtures("unboxed")
+
 PLANTER = TESTS / "agents" / "planting_agent.py"
 VECTORS = ["hook", "hooks-path", "fsmonitor", "filter"]
 ALPHA = StoryDef("1-1-alpha", files=["src/alpha.py"])

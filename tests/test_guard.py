@@ -15,6 +15,9 @@ import pytest
 
 from support import StoryDef
 
+# What bmad-loop does about an unboxed agent (boxed: tests/test_sandbox_escape.py).
+pytestmark = pytest.mark.usefixtures("unboxed")
+
 ALPHA = StoryDef("1-1-alpha", files=["src/alpha.py"])
 OWN_COMMIT = {"write": {"src/alpha.py": "NAME = 'alpha'\n"}, "commit": True}
 

@@ -11,6 +11,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
 from support import StoryDef, agent_command, alive
 
 ALPHA = StoryDef("1-1-alpha", files=["src/alpha.py"])
@@ -37,6 +39,7 @@ def events(repo, kind: str) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------ agents
+@pytest.mark.usefixtures("unboxed")  # its pids and orphans: unboxed
 def test_an_agent_that_hangs_past_its_timeout_is_killed_with_its_tree_and_uses_an_attempt(
         make_repo, tmp_path):
     grandchild = tmp_path / "grandchild.pid"

@@ -276,6 +276,7 @@ def test_same_history_for_random_mixes_of_passes_and_failures(make_repo, bar, se
     assert history("stacked", 4) == history("one", 1), rules
 
 
+@pytest.mark.usefixtures("unboxed")  # its pids and orphans: unboxed
 def test_kill_9_during_stacked_verification_resumes_with_the_same_history(make_repo, bar):
     repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar))
     proc = _spawn_until_three_verify(repo, bar)

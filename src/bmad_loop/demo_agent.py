@@ -6,8 +6,8 @@ It reads the `demo:` block of its story file's front matter:
       writes: {"src/greet.py": "def greet(name):\n    return f'Hello, {name}!'\n"}
       append: {"NOTES.md": "- greet added\n"}
 
-dev writes/appends those files (committing the first one itself and leaving the rest for the
-worker to commit), review approves, fix does nothing. It needs nothing but Python.
+dev writes/appends those files (committing the first one itself when it runs unboxed and
+leaving the rest for the worker to commit), review approves, fix does nothing. It needs nothing but Python.
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ def main(argv: list[str]) -> int:
         written.append(rel)
     text = story_file.read_text().replace("Status: ready-for-dev", "Status: review")
     story_file.write_text(text)
-    if written:
-        # Commit the first file like a real agent would; the worker commits the rest.
+    if written and not os.environ.get("BMAD_LOOP_SANDBOX"):
+        # Commit the first file like an unboxed agent may; the worker commits the rest. (In
+        # bmad-loop's sandbox no branch is writable: the worker commits everything.)
         subprocess.run(["git", "add", "--", written[0]], cwd=worktree, check=True)
         subprocess.run(["git", "-c", "user.name=demo-agent", "-c", "user.email=demo-agent@localhost",
                         "commit", "-q", "-m", f"{os.environ['BMAD_LOOP_STORY_KEY']}: "

@@ -39,11 +39,12 @@ _COMMON_RULES = """\
 - Git: stay on the branch that is checked out. Do not create, move, reset, rebase, delete or push
   any other branch or tag, do not push at all, and do not run `git update-ref`, `git branch -f`,
   `git checkout`/`git switch` of another branch or `git worktree`. An attempt to move the target
-  branch is blocked and escalates the story."""
+  branch is blocked (and, outside bmad-loop's sandbox, escalates the story)."""
 
 _CHANGE_RULES = """\
-- You may commit your work on the current branch, or leave it uncommitted: whatever you leave
-  in the worktree when you finish is committed by bmad-loop. Never rewrite commits you did not make.
+- Do not commit: leave your work uncommitted in the worktree. Whatever you leave there when you
+  finish is committed by bmad-loop (in its sandbox, git cannot write any branch, so a commit
+  fails). Never rewrite commits you did not make.
 - Exit with status 0 when the work is done; a non-zero exit means this attempt failed."""
 
 _REVIEW_RULES = """\

@@ -91,10 +91,13 @@ def _enqueue(project_dir, parallel, gates, epic, stories, max_stories):
     """Open the project and enqueue a run of the selection: (project, policy, tasks, run id or
     None when nothing matches, plan)."""
     from ..engine.planning import enqueue as do_enqueue
+    from ..sandbox import startup_notes
     from ..tasks import Tasks
 
     project = open_project(project_dir)
     policy = _policy_for_run(project, parallel, gates)
+    for note in startup_notes(policy):  # "on" without a working sandbox: ConfigError, exit 2
+        click.echo(f"warning: {note}", err=True)
     tasks = Tasks(project)
     run_id, plan = do_enqueue(project, tasks, policy, _selection(epic, stories, max_stories))
     for line in plan.foreign:  # another state database's stale run on the target

@@ -219,6 +219,7 @@ class Database:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         self._lock_dir = lock_dir
+        self.lock_dir = lock_dir  # the project's own state folder (remote mode: not the clone's)
         self.lock_wait_s = lock_wait_s
         self.path = url.split("///", 1)[-1] if self.is_sqlite else ""
         if self.is_sqlite:

@@ -215,6 +215,8 @@ class Attempt(Base):
     duration_s: Mapped[float | None] = mapped_column(Float)
     # Why the attempt ended as it did ("no changes", "stalled", a CLI's own words for a limit).
     reason: Mapped[str | None] = mapped_column(Text)
+    # Ran in the OS sandbox (bmad_loop.sandbox); NULL: recorded before it was known.
+    boxed: Mapped[bool | None] = mapped_column(Boolean)
     # What the agent CLI reported it used; NULL where the CLI reports nothing.
     input_tokens: Mapped[int | None] = mapped_column(Integer)
     output_tokens: Mapped[int | None] = mapped_column(Integer)

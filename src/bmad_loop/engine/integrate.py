@@ -38,6 +38,7 @@ from .regenerate import regenerate, settled_events
 from .runs import board_rel
 from .stacking import replay
 from .transitions import transition_candidate, transition_story
+from .boxing import BoxSite, settle_after_box, verify_box
 from .verify import run_verify
 from .writeback import lane_tree_edit
 
@@ -349,11 +350,20 @@ class Integrator(Outcomes):
 
     def run_candidate_verify(self, key: str, attempt: int, worktree: Path | None, env: dict,
                              stop_event=None):
-        return run_verify(self.policy.verify.commands, cwd=worktree or self.project.root,
-                          log_path=self.layout.verify_log(key, f"candidate-{attempt}"),
-                          timeout_s=self.policy.verify.timeout_s, env=env,
-                          run_id=self.run_id, thaw_after_s=self.policy.leases.ttl_s,
-                          stop_event=stop_event, max_log_bytes=self.policy.limits.max_log_bytes)
+        log_path = self.layout.verify_log(key, f"candidate-{attempt}")
+        scratch = self.layout.scratch(key) / f"candidate-{attempt}"
+        # The candidate worktree is the box's writable tree (no commands: no worktree, no box).
+        box = verify_box(self.policy, self.git, self.layout.state_dir,
+                         BoxSite(worktree, scratch, log_path), env,
+                         self.db.lock_dir) if worktree is not None else None
+        result = run_verify(self.policy.verify.commands, cwd=worktree or self.project.root,
+                            log_path=log_path, timeout_s=self.policy.verify.timeout_s, env=env,
+                            run_id=self.run_id, thaw_after_s=self.policy.leases.ttl_s,
+                            stop_event=stop_event, box=box,
+                            max_log_bytes=self.policy.limits.max_log_bytes)
+        if box is not None:
+            settle_after_box(self.git, worktree, None, scratch)
+        return result
 
     def record_verdict(self, story, cand_id, attempt, result, worktree, target_sha, branch_sha,
                        sha) -> bool:
@@ -372,7 +382,7 @@ class Integrator(Outcomes):
             if result.ok:
                 cand.state = CandidateState.VERIFIED
                 record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,
-                       duration_s=cand.verify_s, commands=len(commands))
+                       duration_s=cand.verify_s, commands=len(commands), boxed=result.boxed)
                 return True
         evidence = self._write_evidence(story.key, attempt, {
             "kind": "verify-failed", "story": story.key, "attempt": attempt,
@@ -387,11 +397,11 @@ class Integrator(Outcomes):
             cand.state, cand.evidence, cand.ended_at = CandidateState.VERIFY_FAILED, str(evidence), utcnow()
             cand.reason = f"candidate verification failed: {result.failed_command}"
             record(s, self.run_id, "candidate.verify_failed", story.key, attempt=attempt,
-                   command=result.failed_command, evidence=str(evidence))
+                   command=result.failed_command, evidence=str(evidence), boxed=result.boxed)
         return False
 
     def _verify_env(self) -> dict:
-        env = child_env()
+        env = child_env(self.policy)
         env.update(port_env(lane_block(self.policy)))
         return env
 

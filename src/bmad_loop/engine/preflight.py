@@ -13,6 +13,7 @@ from ..operator.advice import verify_advice
 from ..selection import check_dependencies
 from ..policy import env_override, load_policy
 from ..profiles import custom_command_warnings
+from ..sandbox import startup_notes
 from ..tasks import check_queue, queue_config
 from .agentcheck import bmad_checks, version_checks
 from .creation import creation_checks
@@ -42,6 +43,7 @@ def preflight(root: Path) -> dict:
     except BmadLoopError as exc:
         add("policy", "error", str(exc))
         return _report(checks)
+    _check_sandbox(add, policy)
     project = Project(root=root, policy=policy)
     sha = branch = None
     found: dict = {}  # the board and the stories, for --json
@@ -167,3 +169,18 @@ def _check_committed(add, project, policy, sprint: Sprint, actionable, branch) -
 
 def _report(checks, **found):
     return {"ok": all(c["status"] != "error" for c in checks), "checks": checks, **found}
+
+
+def _check_sandbox(add, policy) -> None:
+    """The OS sandbox the policy asks for: ok, unboxed with a warning, or refused ("on")."""
+    try:
+        notes = startup_notes(policy)
+    except BmadLoopError as exc:
+        add("sandbox", "error", str(exc))
+        return
+    for note in notes:
+        add("sandbox", "warn", note)
+    if not notes:
+        modes = {policy.adapter.sandbox, policy.verify.sandbox}
+        add("sandbox", "ok", "off" if modes == {"off"} else "agents and verify commands run boxed"
+            if "off" not in modes else "boxed where the policy asks for it")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from ..profiles import resolve_command
 from ..tmux_session import session_name, tmux_available
 from ..states import AttemptState, Phase, RunState, StopMode
 from .faults import crash_point
+from ..sandbox import SANDBOX_VAR, Box
+from .boxing import agent_box, settle_after_box
 from .childenv import child_env, sandbox_vars
 from .guard import read_guard_log
 from .journal import record
@@ -101,11 +104,6 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     tier_name = story.tier or ""
     tier = policy.adapter.tiers.get(tier_name) if tier_name else None
     phase_over = policy.adapter.phase(phase)
-    template = resolve_command(
-        profile=policy.adapter.profile, command=policy.adapter.command,
-        phase_command=phase_over.command, model=tier.model if tier else "",
-        tier_args=tier.args if tier else (), extra_args=policy.adapter.extra_args,
-    )
     timeout = policy.adapter.timeout_for(phase, tier_name)
     worktree = Path(story.worktree)
     # Inside the worktree: headless agents may not read files outside their folder.
@@ -126,23 +124,29 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
         bmad=detect_bmad(ctx.workspace.root).guidance(phase),
     ))
     story_file = str(worktree / story.story_path) if story.story_path else ""
-    # Profile defaults first, so the user's [adapter.env] wins.
-    extra_env = dict(ctx.profile.env) if ctx.profile and not policy.adapter.command else {}
-    extra_env.update(policy.adapter.env)
-    extra_env.update(phase_over.env)
-    extra_env.update(sandbox_vars(ctx))
+    extra_env, box = _session_env(ctx, phase_over, worktree, log_path)
     usage_path = usage_file(ctx.scratch, phase, number)
     usage_path.unlink(missing_ok=True)  # a killed earlier run of this session may have left one
     extra_env[USAGE_FILE_VAR] = str(usage_path)
     guard_log = ctx.scratch / "guard.log"
     guard_offset = guard_log.stat().st_size if guard_log.exists() else 0
-    extra_env.update(ctx.workspace.guard_env(worktree, ctx.guard_hooks, guard_log))
+    if box is None:  # boxed, no ref is writable: the guard has nothing to stop
+        extra_env.update(ctx.workspace.guard_env(worktree, ctx.guard_hooks, guard_log))
+    template = resolve_command(
+        profile=policy.adapter.profile, command=policy.adapter.command,
+        phase_command=phase_over.command, model=tier.model if tier else "",
+        tier_args=tier.args if tier else (), extra_args=policy.adapter.extra_args,
+        boxed=box is not None,
+    )
     call = AgentCall(phase=phase, story_key=ctx.key, story_file=story_file,
                      prompt_file=str(prompt_path), worktree=str(worktree), run_id=ctx.run_id,
                      attempt=number, base_sha=story.base_sha or "",
                      model=tier.model if tier else "", tier=tier_name, extra_env=extra_env)
     argv = render_argv(template, call)
-    env = agent_env(call, child_env())
+    env = agent_env(call, child_env(policy))
+    journaled_argv = argv  # the agent's own command line; the log's header shows the box too
+    if box is not None:
+        argv = box.wrap(argv)
     session = f"{ctx.run_id}/{ctx.key}/{phase}-{number}"
     if policy.adapter.tmux and tmux_available():
         # Live in tmux for `attach`; the wrapper mirrors the pane into the same session log.
@@ -164,9 +168,10 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
             run_id=ctx.run_id, story_id=ctx.story_id, phase=phase, number=number,
             state=AttemptState.RUNNING, worktree=str(worktree), branch=story.branch,
             base_sha=story.base_sha, session=session, log=str(log_path), host=ctx.host,
-            heartbeat_at=utcnow()))
+            heartbeat_at=utcnow(), boxed=box is not None))
         record(s, ctx.run_id, "attempt.started", ctx.key, phase=phase, attempt=number,
-               argv=argv, log=str(log_path), tier=tier_name or None)
+               argv=journaled_argv, log=str(log_path), tier=tier_name or None,
+               boxed=box is not None)
 
     def started(pid: int) -> None:
         with ctx.db.transaction() as s:
@@ -182,6 +187,9 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     crash_point("worker.after_agent")
     _journal_log_cut(ctx, phase, number, log_path, result)
     config_changes = watch.end()
+    if box is not None and not config_changes:
+        settle_after_box(ctx.git, worktree, story.branch, ctx.scratch,
+                         linked=policy.scm.isolation != "none")
     state = (AttemptState.INTERRUPTED if result.interrupted else AttemptState.TIMED_OUT if result.timed_out
              else AttemptState.SUCCEEDED if result.exit_code == 0 else AttemptState.FAILED)
     summary = {AttemptState.INTERRUPTED: "interrupted by stop",
@@ -242,6 +250,21 @@ def _journal_log_cut(ctx, phase: str, number: int, log_path: Path, result) -> No
         with ctx.db.transaction() as s:
             record(s, ctx.run_id, "log.truncated", ctx.key, phase=phase, attempt=number,
                    log=str(log_path), **result.log_cut.event_data())
+
+
+def _session_env(ctx, phase_over, worktree: Path, log_path: Path) -> tuple[dict, Box | None]:
+    """The session's extra environment (profile, [adapter.env], the phase's, its scratch, its
+    box's) and its box (None: unboxed). The box sees the HOME the agent will have."""
+    policy = ctx.policy
+    # Profile defaults first, so the user's [adapter.env] wins.
+    extra_env = dict(ctx.profile.env) if ctx.profile and not policy.adapter.command else {}
+    extra_env.update(policy.adapter.env)
+    extra_env.update(phase_over.env)
+    extra_env.update(sandbox_vars(ctx))
+    box = agent_box(ctx, worktree, log_path, {**os.environ, **extra_env})
+    extra_env.update(box.env if box else {})
+    extra_env[SANDBOX_VAR] = box.backend if box else ""
+    return extra_env, box
 
 
 def _judge(state, summary, reason, fault: AgentFault | None, report: SessionReport, result, timeout):

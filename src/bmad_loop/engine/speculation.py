@@ -251,7 +251,7 @@ class Stack:
     def _launch(self, story: Story, cand: Candidate, job: _Verification, worktree) -> None:
         """The verification's thread: run the commands, write the verdict, wake the lane."""
         integrator = self.integrator
-        env = child_env()
+        env = child_env(self.policy)
         env.update(port_env(_slot_block(self.policy, job.slot, self.depth)))
         tasks, run_id = self.lane.tasks, self.run_id
         cand_id, attempt = cand.id, cand.attempt

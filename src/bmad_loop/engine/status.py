@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from ..db.models import Candidate, Event, Run, Story, utcnow
+from ..db.models import Attempt, Candidate, Event, Run, Story, utcnow
 from ..stallwatch import last_output_at
 from ..states import RUN_LIVE, StoryState
 from .heartbeats import live_run_view, workers_alive
@@ -40,7 +40,9 @@ def run_json(run: Run, target_now: str | None = None) -> dict:
 
 
 def story_json(story: Story, now=None, usage: dict | None = None,
-               settled: list | None = None) -> dict:
+               settled: list | None = None, boxed: bool | None = None) -> dict:
+    """`boxed`: whether its latest agent session ran in the OS sandbox (None: no session, or
+    recorded before that was known)."""
     now = now or utcnow()
     start = story.started_at
     end = story.ended_at or (story.ready_at if story.state in (StoryState.READY,) else None)
@@ -87,6 +89,7 @@ def story_json(story: Story, now=None, usage: dict | None = None,
         "usage": usage or empty_usage(),
         # Paths a merge rule settled in its latest candidate ([integration] merge).
         "settled": settled or [],
+        "boxed": boxed,
     }
 
 
@@ -134,7 +137,10 @@ def run_status(session, run: Run, target_now: str | None = None) -> dict:
     now = utcnow()
     usage = usage_by_story(session, run.id)
     settled = settled_by_story(session, run.id)
-    shown = [story_json(s, now, usage.get(s.id), settled.get(s.key)) for s in stories]
+    boxed = dict(session.execute(select(Attempt.story_id, Attempt.boxed)
+                                 .where(Attempt.run_id == run.id).order_by(Attempt.id)).all())
+    shown = [story_json(s, now, usage.get(s.id), settled.get(s.key), boxed.get(s.id))
+             for s in stories]
     if run.state not in RUN_LIVE:
         for story in shown:  # nothing is admitted until it runs again: no stale wait reason
             story["waiting_for"] = None

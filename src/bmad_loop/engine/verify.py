@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..adapter import LogCut, read_tail, run_agent
+from ..sandbox import SANDBOX_VAR, Box
 
 __all__ = ["VerifyResult", "run_verify", "verify_tags", "OUTPUT_TAIL_CHARS", "NOTHING_TO_RUN"]
 
@@ -38,15 +39,16 @@ class VerifyResult:
     interrupted: bool = False
     log_cut: LogCut | None = None  # the log passed [limits] max_log_bytes (or a write failed)
     commands: tuple[str, ...] = ()  # what ran, in order
+    boxed: bool = False  # ran in the OS sandbox (bmad_loop.sandbox)
 
     def event(self) -> tuple[str, dict]:
         """The journal event of this verification: `verify.passed` (`command`: the commands
         that ran, joined by ` && `; None when there were none) or `verify.failed` (`command`:
-        the one that failed), with `log_truncated` when its log was cut."""
+        the one that failed), with `log_truncated` when its log was cut, and `boxed`."""
         ran = " && ".join(self.commands) or None
         data = {"command": ran if self.ok else self.failed_command, "exit_code": self.exit_code,
                 "timed_out": self.timed_out, "duration_s": round(self.duration_s, 3),
-                "log": self.log}
+                "log": self.log, "boxed": self.boxed}
         if self.log_cut is not None:
             data["log_truncated"] = self.log_cut.event_data()
         return ("verify.passed" if self.ok else "verify.failed", data)
@@ -80,15 +82,20 @@ def run_verify(
     story_key: str | None = None,
     thaw_after_s: float | None = None,
     max_log_bytes: int | None = None,
+    box: Box | None = None,
 ) -> VerifyResult:
+    """`box`: run each command in it (the box's own environment added); None: unboxed."""
     started = time.monotonic()
     if not commands:
         return NOTHING_TO_RUN
     base_env = dict(os.environ if env is None else env)
     base_env.update(verify_tags(run_id, story_key))
+    base_env[SANDBOX_VAR] = box.backend if box else ""
+    base_env.update(box.env if box else {})
     cuts = []
     for command in commands:
-        result = run_agent(["/bin/sh", "-c", command], cwd=cwd, env=base_env, log_path=log_path,
+        argv = ["/bin/sh", "-c", command]
+        result = run_agent(box.wrap(argv) if box else argv, cwd=cwd, env=base_env, log_path=log_path,
                            timeout_s=timeout_s, stop_event=stop_event,
                            label=f"verify{' story ' + story_key if story_key else ''}",
                            thaw_after_s=thaw_after_s, max_log_bytes=max_log_bytes)
@@ -100,10 +107,10 @@ def run_verify(
                 output=read_tail(log_path, result.log_start, result.log_end,
                                  max_bytes=4 * OUTPUT_TAIL_CHARS, max_chars=OUTPUT_TAIL_CHARS),
                 duration_s=time.monotonic() - started, log=str(log_path),
-                interrupted=result.interrupted, log_cut=_summed(cuts),
+                interrupted=result.interrupted, log_cut=_summed(cuts), boxed=box is not None,
             )
     return VerifyResult(True, None, 0, False, "", time.monotonic() - started, str(log_path),
-                        log_cut=_summed(cuts), commands=tuple(commands))
+                        log_cut=_summed(cuts), commands=tuple(commands), boxed=box is not None)
 
 
 def _summed(cuts: list[LogCut]) -> LogCut | None:

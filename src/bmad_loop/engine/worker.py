@@ -24,7 +24,7 @@ from ..errors import GitError, StopRequested
 from ..gitconfig_guard import CONFIG_CHANGED_PREFIX, changed_files
 from ..states import AttemptState, Phase, RunState, StoryState
 from . import leases
-from .childenv import story_verify_env
+from .boxing import settle_after_box, story_verify_setup
 from .agentpause import PauseRun, check_budget, pause_run, settle_unavailable
 from .context import Claim, Fenced, StoryContext, story_context
 from .create_step import carry_forward, phase_create
@@ -272,16 +272,19 @@ class StoryWorker:
         worktree = Path(story.worktree)
         # No commands, nothing to run: no environment (guard hooks) made, no heartbeat started.
         commands = self.policy.verify.commands
-        env = story_verify_env(ctx, worktree) if commands else None
+        log_path = ctx.layout.verify_log(self.key, label)
+        env, box = story_verify_setup(ctx, worktree, log_path) if commands else (None, None)
         with Heartbeat(ctx, self.claim) if commands else contextlib.nullcontext():
             if commands and self.policy.scm.isolation == "worktree":
                 self._record_output(story, worktree)
-            result = run_verify(commands, cwd=worktree,
-                                log_path=ctx.layout.verify_log(self.key, label),
+            result = run_verify(commands, cwd=worktree, log_path=log_path,
                                 timeout_s=self.policy.verify.timeout_s, env=env,
                                 stop_event=self.claim.stop_event, run_id=ctx.run_id, story_key=self.key,
-                                thaw_after_s=self.policy.leases.ttl_s,
+                                thaw_after_s=self.policy.leases.ttl_s, box=box,
                                 max_log_bytes=self.policy.limits.max_log_bytes)
+        if box is not None:
+            settle_after_box(ctx.git, worktree, story.branch, ctx.scratch,
+                             linked=self.policy.scm.isolation != "none")
         if result.interrupted:
             raise StopRequested()
         outcome = self._verify_outcome(story, result)

@@ -104,6 +104,8 @@ class VerifyPolicy:
     timeout_s: int = seconds(1800, 1)
     # How many speculative candidates the lane verifies at once; None: the run's max_parallel.
     parallel: int | None = setting(None, checks=(at_least(1), at_most(MAX_PARALLEL)))
+    # Run each command in the OS sandbox (bmad_loop.sandbox): "auto" where it works, "on", "off".
+    sandbox: str = setting("auto", checks=(one_of("auto", "on", "off"),))
 
     def depth(self, max_parallel: int) -> int:
         """How many candidates the lane verifies at once in a run of `max_parallel`: 1 without
@@ -155,6 +157,10 @@ class AdapterPolicy:
     review: PhaseOverride = setting(factory=PhaseOverride)
     fix: PhaseOverride = setting(factory=PhaseOverride)
     tiers: Mapping[str, TierPolicy] = setting(factory=empty_map)
+    # Run each session in the OS sandbox (bmad_loop.sandbox): "auto" where it works, "on", "off";
+    # sandbox_writable: more folders the box may write (absolute, or ~/...), for both boxes.
+    sandbox: str = setting("auto", checks=(one_of("auto", "on", "off"),))
+    sandbox_writable: tuple[str, ...] = ()
 
     def phase(self, name: str) -> PhaseOverride:
         if name not in AGENT_PHASES:

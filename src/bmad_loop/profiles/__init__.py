@@ -27,7 +27,7 @@ __all__ = ["Profile", "known_profiles", "load_profile", "resolve_command", "phas
            "known_cli_of", "custom_command_warnings"]
 
 _KEYS = {"description", "command", "model_args", "seed_files", "env", "verdict", "instructions",
-         "output", "faults", "fault_exit_codes", "checked_version"}
+         "output", "faults", "fault_exit_codes", "checked_version", "boxed_command"}
 _VERDICTS = ("exit", "marker")
 
 
@@ -46,6 +46,9 @@ class Profile:
     faults: Mapping[str, tuple[re.Pattern, ...]] = field(default_factory=lambda: MappingProxyType({}))
     fault_exit_codes: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
     checked_version: str = ""  # the CLI release its flags were checked against ("" unknown)
+    # The command when bmad-loop's sandbox boxes the session (empty: `command`): for a CLI whose
+    # own sandbox cannot start inside another one, that sandbox turned off.
+    boxed_command: tuple[str, ...] = ()
 
 
 def known_profiles() -> tuple[str, ...]:
@@ -109,6 +112,7 @@ def load_profile(name: str) -> Profile:
         description=str(data.get("description", "")),
         output=output,
         checked_version=str(data.get("checked_version", "")),
+        boxed_command=_strings(data.get("boxed_command", []), f"{source} boxed_command"),
         faults=faults,
         fault_exit_codes=MappingProxyType({int(k): v for k, v in exit_codes.items()}),
     )
@@ -136,13 +140,16 @@ def resolve_command(
     model: str,
     tier_args: Sequence[str],
     extra_args: Sequence[str] = (),
+    boxed: bool = False,
 ) -> list[str]:
     """The argv template for one session, before placeholders are rendered.
 
     The phase's own `command` wins over `[adapter] command`, which wins over the profile's command
     (plus its `model_args` when `model` is non-empty). `[adapter] extra_args` follow whichever
     command it is, so a flag can be added to a profile without replacing it; the tier's extra
-    arguments come last.
+    arguments come last. `boxed`: the session runs in bmad-loop's sandbox, so a profile's
+    `boxed_command` (its CLI with its own sandbox turned off, where that one cannot start
+    inside another) replaces its `command`.
     """
     if phase_command:
         template = list(phase_command)
@@ -150,7 +157,8 @@ def resolve_command(
         template = list(command)
     elif profile:
         chosen = load_profile(profile)
-        template = list(chosen.command) + (list(chosen.model_args) if model else [])
+        command = chosen.boxed_command if boxed and chosen.boxed_command else chosen.command
+        template = list(command) + (list(chosen.model_args) if model else [])
     else:
         raise ConfigError("[adapter]: set either profile or command")
     return template + list(extra_args) + list(tier_args)

@@ -1,0 +1,146 @@
+"""The writable set of one boxed process, as an ordered list of mounts (later ones win).
+
+Everything is readable and nothing writable, then, in this order:
+1. writable: the system temp folders, the user's home, `[adapter] sandbox_writable`;
+2. read-only again: git's configuration and credential stores in the home;
+3. the project: read-only (worktree isolation) or writable (in place, the checkout is the tree);
+   its git directory read-only either way (remote mode: the project the policy lives in too);
+4. bmad-loop's state folder hidden (an empty tmpfs): databases, queue, policy, other stories
+   (remote mode: the project's and the clone's);
+5. shown again inside it: the guard hooks (read-only), then writable: the process's own tree
+   (story worktree or candidate worktree), its worktree admin entry in the git directory (index,
+   HEAD), its scratch folder (temp files, the git object quarantine) and its log file;
+6. read-only again: what would redirect bmad-loop's own git afterwards (the tree's `.git` file,
+   the admin entry's `gitdir` and `commondir`).
+No ref is writable: refs live in the git directory, outside every writable folder.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+__all__ = ["BoxRequest", "Mount", "plan_mounts", "home_git_files", "REDIRECTING_FILES"]
+
+# In a worktree admin entry: the files that say where the repository is.
+REDIRECTING_FILES = ("gitdir", "commondir")
+
+
+@dataclass(frozen=True)
+class Mount:
+    kind: str  # "rw" | "ro" | "hide"
+    path: Path
+
+
+@dataclass(frozen=True)
+class BoxRequest:
+    """What one boxed process works on."""
+
+    project_root: Path
+    state_dir: Path  # bmad-loop's own folder (.bmad-loop): hidden
+    git_dir: Path  # the git common dir: read-only
+    tree: Path  # the folder it works in: writable
+    scratch: Path  # its scratch folder: writable
+    in_place: bool = False  # the tree is the project's own checkout
+    files: tuple[Path, ...] = ()  # its own files inside the state folder (the log): writable
+    shown: tuple[Path, ...] = ()  # folders inside the state folder it may read (guard hooks)
+    extra_writable: tuple[str, ...] = ()  # [adapter] sandbox_writable
+    # Remote mode: the project the policy and the state database live in, when the tree's
+    # repository is a clone elsewhere (read-only, its state folder hidden too).
+    home_project: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)  # HOME, TMPDIR, XDG_CONFIG_HOME
+
+
+def plan_mounts(req: BoxRequest) -> list[Mount]:
+    mounts = [Mount("rw", p) for p in _general_writable(req)]
+    user_home = _home(req.env)
+    if user_home is not None and any(m.path == user_home for m in mounts):
+        mounts += [Mount("ro", p) for p in home_git_files(req.env)]
+    mounts.append(Mount("rw" if req.in_place else "ro", req.project_root))
+    mounts.append(Mount("ro", req.git_dir))
+    home = req.home_project
+    if home is not None and home != req.project_root:
+        mounts += [Mount("ro", home), Mount("hide", home / req.state_dir.name)]
+    mounts.append(Mount("hide", req.state_dir))
+    mounts += [Mount("ro", p) for p in req.shown]
+    if not req.in_place:
+        mounts.append(Mount("rw", req.tree))
+    admin = admin_entry(req.tree, req.git_dir)
+    if admin is not None:
+        mounts.append(Mount("rw", admin))
+    mounts.append(Mount("rw", req.scratch))
+    mounts += [Mount("rw", f) for f in req.files]
+    if admin is not None:
+        mounts += [Mount("ro", admin / name) for name in REDIRECTING_FILES
+                   if (admin / name).exists()]
+        mounts.append(Mount("ro", req.tree / ".git"))
+    return mounts
+
+
+def home_git_files(env: Mapping[str, str]) -> list[Path]:
+    """Git's configuration and credential stores in the home: never writable in the box."""
+    home = _home(env)
+    if home is None:
+        return []
+    paths = [home / ".gitconfig", home / ".git-credentials", home / ".config" / "git"]
+    xdg = env.get("XDG_CONFIG_HOME")
+    if xdg and os.path.isabs(xdg):
+        paths.append(Path(xdg) / "git")
+    return list(dict.fromkeys(paths))
+
+
+def admin_entry(tree: Path, git_dir: Path) -> Path | None:
+    """The worktree admin entry `tree` uses in the git directory (None: `tree` is the main
+    checkout, or not a linked worktree of this repository). Read from the tree's `.git` file,
+    as git does."""
+    dot_git = tree / ".git"
+    try:
+        if not dot_git.is_file():
+            return None
+        line = dot_git.read_text().strip()
+    except OSError:
+        return None
+    if not line.startswith("gitdir:"):
+        return None
+    entry = Path(line[len("gitdir:"):].strip())
+    entry = (tree / entry) if not entry.is_absolute() else entry
+    entry = Path(os.path.realpath(entry))
+    worktrees = Path(os.path.realpath(git_dir)) / "worktrees"
+    return entry if entry.parent == worktrees and entry.is_dir() else None
+
+
+def _general_writable(req: BoxRequest) -> list[Path]:
+    paths = [Path(tempfile.gettempdir()), Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")]
+    tmpdir = req.env.get("TMPDIR")
+    if tmpdir and os.path.isabs(tmpdir):
+        paths.append(Path(tmpdir))
+    home = _home(req.env)
+    if home is not None:
+        paths.append(home)
+    paths += [_expand(p, req) for p in req.extra_writable]
+    seen: list[Path] = []
+    for path in paths:
+        path = Path(os.path.realpath(path))
+        if path.is_dir() and path != Path("/") and path not in seen:
+            seen.append(path)
+    return seen
+
+
+def _expand(raw: str, req: BoxRequest) -> Path:
+    """`~/x` in the session's home, an absolute path as it is, a relative one in the project."""
+    home = _home(req.env)
+    if home is not None and (raw == "~" or raw.startswith("~/")):
+        return home / raw[2:]
+    path = Path(raw)
+    return path if path.is_absolute() else req.project_root / path
+
+
+def _home(env: Mapping[str, str]) -> Path | None:
+    home = env.get("HOME") or ""
+    if not os.path.isabs(home):
+        return None
+    path = Path(os.path.realpath(home))
+    return None if path == Path("/") else path

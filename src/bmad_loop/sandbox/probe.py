@@ -1,0 +1,72 @@
+"""Is the OS sandbox usable on this host? Asked by running it once on `true`.
+
+bubblewrap is often installed but refused (Ubuntu 24.04+'s AppArmor rule on user namespaces,
+Docker's default seccomp profile), so being on PATH proves nothing: the probe starts a trivial
+box with the same namespace options every session uses. The answer is kept per executable for
+the life of the process (one probe per run, not one per session).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+__all__ = ["BWRAP_ALWAYS", "Probe", "probe_bwrap", "probe_sandbox_exec"]
+
+# Every bubblewrap box: a user namespace (as root, no real capability reaches the host), its own
+# pid namespace and session (no TIOCSTI, no signals or /proc/<pid>/root into the host), dies
+# with bmad-loop, may not create namespaces of its own (no nested box), and holds no capability
+# even inside its namespace (so root inside cannot mount or remount).
+BWRAP_ALWAYS = ("--unshare-user", "--unshare-pid", "--new-session", "--die-with-parent",
+                "--disable-userns", "--cap-drop", "ALL")
+_PROBE_TIMEOUT_S = 20
+_cache: dict[tuple, "Probe"] = {}
+
+
+@dataclass(frozen=True)
+class Probe:
+    ok: bool
+    program: str  # the executable's path ("" when none was found)
+    detail: str  # why not, in one line (empty when ok)
+
+
+def probe_bwrap() -> Probe:
+    program = shutil.which("bwrap") or ""
+    if not program:
+        return Probe(False, "", "bubblewrap (bwrap) is not installed")
+    argv = [program, *BWRAP_ALWAYS, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "true"]
+    return _cached(program, argv)
+
+
+def probe_sandbox_exec() -> Probe:
+    program = shutil.which("sandbox-exec") or ""
+    if not program:
+        return Probe(False, "", "sandbox-exec is not available")
+    return _cached(program, [program, "-p", "(version 1)(allow default)", "/usr/bin/true"])
+
+
+def _cached(program: str, argv: list[str]) -> Probe:
+    try:
+        stamp = os.stat(program).st_mtime_ns
+    except OSError:
+        stamp = 0
+    key = (program, stamp)
+    if key not in _cache:
+        _cache[key] = _run(program, argv)
+    return _cache[key]
+
+
+def _run(program: str, argv: list[str]) -> Probe:
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=_PROBE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Probe(False, program, f"{os.path.basename(program)} could not run: {exc}")
+    if proc.returncode != 0:
+        words = (proc.stderr or proc.stdout).strip().splitlines()
+        why = words[-1] if words else f"exited {proc.returncode}"
+        return Probe(False, program, f"{os.path.basename(program)} is installed but refused: {why}")
+    return Probe(True, program, "")
