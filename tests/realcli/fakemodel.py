@@ -36,7 +36,7 @@ USAGE = {"input": 1200, "cached": 400, "output": 50, "reasoning": 7, "cache_writ
 
 _INSTRUCTION = re.compile(r"Read the file (\S+?) and carry out")
 _PROMPT_NAME = re.compile(r"/(dev|review|fix|create)-(\d+)\.md$")
-_FILES = re.compile(r'"files":\s*\[\s*"([^"]+)"')
+_FILES = re.compile(r'"files":\s*\[[^"\]]{0,80}"([^"]+)"')  # a read tool may number the lines
 _MARK = "bmad-loop "  # the prompt's first line: "# bmad-loop dev session — story …"
 
 
