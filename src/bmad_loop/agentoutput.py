@@ -73,8 +73,10 @@ def parse_output(fmt: str, output: str) -> SessionReport:
               "gemini-stream-json": _gemini}[fmt]
     report = parser(events)
     # Lines that are not events are the CLI's own diagnostics (stderr): a fatal error before
-    # any event, a usage-limit notice. The agent's tool output is always inside events.
-    error = "\n".join(part for part in (report.error, "\n".join(stray).strip()) if part)
+    # any event, a usage-limit notice. The agent's tool output is always inside events. They go
+    # first: the last line is what a failure is recorded by, and an error event is the CLI's own
+    # word on it (codex prints "Reading additional input from stdin..." on stderr after it).
+    error = "\n".join(part for part in ("\n".join(stray).strip(), report.error) if part)
     if not events:
         return SessionReport(text=output, error=error)
     return SessionReport(text=report.text, is_error=report.is_error, error=error,
@@ -149,7 +151,7 @@ def _claude(events: list[dict]) -> SessionReport:
 
 def _codex(events: list[dict]) -> SessionReport:
     texts, errors = [], []
-    inputs, cached, outputs = [], [], []
+    inputs, cached, outputs, written = [], [], [], []
     failed = False
     for event in events:
         kind = event.get("type")
@@ -158,10 +160,14 @@ def _codex(events: list[dict]) -> SessionReport:
             if item.get("type") == "agent_message" and isinstance(item.get("text"), str):
                 texts.append(item["text"])
         elif kind == "turn.completed":
+            # The turn's outcome decides: codex prints an `error` event for each retry of a
+            # request ("Reconnecting... 1/5 (… 429 …)") even when a retry then succeeds.
+            failed = False
             usage = event.get("usage") or {}
             inputs.append(_int(usage.get("input_tokens")))
             cached.append(_int(usage.get("cached_input_tokens")))
             outputs.append(_int(usage.get("output_tokens")))
+            written.append(_int(usage.get("cache_write_input_tokens")))
         elif kind == "turn.failed":
             failed = True
             errors.append(str((event.get("error") or {}).get("message", "turn failed")))
@@ -170,9 +176,10 @@ def _codex(events: list[dict]) -> SessionReport:
             errors.append(str(event.get("message", "error")))
     total_in, total_cached = _sum(inputs), _sum(cached)
     fresh = None if total_in is None else max(0, total_in - (total_cached or 0))
-    return SessionReport(text="\n".join(texts), is_error=failed, error="\n".join(dict.fromkeys(errors)),
+    return SessionReport(text="\n".join(texts), is_error=failed,
+                         error="\n".join(dict.fromkeys(errors)) if failed else "",
                          usage=Usage(input_tokens=fresh, output_tokens=_sum(outputs),
-                                     cache_read_tokens=total_cached))
+                                     cache_read_tokens=total_cached, cache_write_tokens=_sum(written)))
 
 
 def _gemini(events: list[dict]) -> SessionReport:
