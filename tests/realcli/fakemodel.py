@@ -313,7 +313,10 @@ def fault_body(api: str, status: int) -> dict:
         return {"type": "error", "error": {"type": kind, "message": words}}
     if api == "gemini":
         code = {429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}.get(status, "UNAVAILABLE")
-        return {"error": {"code": status, "message": words, "status": code}}
+        # As the Gemini API says it: how long to wait, in a RetryInfo detail.
+        details = [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "0.2s"}] \
+            if status == 429 else []
+        return {"error": {"code": status, "message": words, "status": code, "details": details}}
     code = {429: "rate_limit_exceeded", 503: "server_is_overloaded"}.get(status, "server_error")
     return {"error": {"message": words, "type": "server_error" if status != 429 else "requests", "code": code}}
 
