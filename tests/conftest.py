@@ -75,3 +75,21 @@ def bar(tmp_path) -> Path:
     path = tmp_path / "bar"
     path.mkdir()
     return path
+
+
+# ------------------------------------------------------------------ how long the real CLIs took
+_REALCLI: list[tuple[float, float, float]] = []  # (duration, start, stop) of each phase
+
+
+def pytest_runtest_logreport(report):
+    """Note the time of the tests marked `realcli` (under xdist, as the controller receives them)."""
+    if "realcli" in report.keywords:
+        _REALCLI.append((report.duration, getattr(report, "start", 0.0), getattr(report, "stop", 0.0)))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _REALCLI:
+        wall = max(r[2] for r in _REALCLI) - min(r[1] for r in _REALCLI)
+        terminalreporter.write_line(
+            f"realcli: the real agent CLI tests took {sum(r[0] for r in _REALCLI):.1f} s of test time, "
+            f"{wall:.1f} s from the first to the last")

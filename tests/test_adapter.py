@@ -117,12 +117,14 @@ def test_the_agent_gets_the_contract_environment_and_runs_in_its_worktree(tmp_pa
     """)
     call = _call(tmp_path, worktree=str(worktree), attempt=2, model="opus", tier="big",
                  extra_env={"LANE_PORT_BASE": "41000", "BMAD_LOOP_RUN_ID": "not-this"})
-    env = agent_env(call, {"PATH": os.environ["PATH"], "HOME_MARK": "kept"})
+    env = agent_env(call, {"PATH": os.environ["PATH"], "HOME_MARK": "kept", "PWD": str(tmp_path)})
     result = run_agent([sys.executable, str(script)], cwd=worktree, env=env,
                        log_path=tmp_path / "logs" / "s.log", timeout_s=30)
     assert result.exit_code == 0
     seen = json.loads(dump.read_text())
     assert Path(seen["cwd"]).resolve() == worktree.resolve()
+    # PWD names the worktree too (opencode works where PWD says, not where getcwd() says)
+    assert seen["env"]["PWD"] == str(worktree)
     assert {k: v for k, v in seen["env"].items() if k.startswith("BMAD_LOOP_") and k not in (SESSION_TOKEN_VAR, OWNER_VAR)} == {
         "BMAD_LOOP_RUN_ID": call.run_id,
         "BMAD_LOOP_STORY_KEY": "1-2-login",

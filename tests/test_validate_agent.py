@@ -28,8 +28,8 @@ def _checks(report: dict, name: str) -> list[dict]:
     return [c for c in report["checks"] if c["name"] == name]
 
 
-@pytest.mark.parametrize("profile, shown", [("claude", "2.1.240 (Claude Code)"),
-                                            ("gemini", "0.56.0"), ("codex", "codex-cli 0.58.0")])
+@pytest.mark.parametrize("profile, shown", [("claude", "2.1.332 (Claude Code)"),
+                                            ("gemini", "0.61.0"), ("codex", "codex-cli 0.171.0")])
 def test_validate_reports_the_profile_clis_version(make_repo, fake_path, profile, shown):
     repo = make_repo([ALPHA], policy=f'[adapter]\nprofile = "{profile}"\n')
     report = _validate(repo)
@@ -42,7 +42,7 @@ def test_validate_warns_when_the_cli_is_older_than_the_profile_was_checked_again
     monkeypatch.setenv("FAKE_CLI_VERSION", "1.0.17")
     repo = make_repo([ALPHA], policy='[adapter]\nprofile = "claude"\n')
     report = _validate(repo)
-    (older,) = [c for c in _checks(report, "agent") if "older than 2.1.240" in c["detail"]]
+    (older,) = [c for c in _checks(report, "agent") if "older than 2.1.332" in c["detail"]]
     assert older["status"] == "warn" and "1.0.17" in older["detail"]
     assert report["ok"]  # a warning, not a refusal
 

@@ -180,6 +180,9 @@ def agent_env(call: AgentCall, base_env: Mapping[str, str]) -> dict[str, str]:
     env = {str(k): str(v) for k, v in base_env.items()}
     env.update({str(k): str(v) for k, v in call.extra_env.items()})
     env.update({
+        # The agent runs in its worktree; a PWD inherited from bmad-loop would name another
+        # folder, and CLIs that trust PWD over getcwd() (opencode) would work there.
+        "PWD": call.worktree,
         "BMAD_LOOP_RUN_ID": call.run_id,
         "BMAD_LOOP_STORY_KEY": call.story_key,
         "BMAD_LOOP_PHASE": call.phase,

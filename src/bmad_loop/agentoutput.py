@@ -19,6 +19,13 @@ Formats (a profile's `output` key):
   messages; the final `result` event has `status`, `error` and `stats` (`input_tokens`
   including `cached`, `input` = the uncached part, `output_tokens`); `error` events carry
   warnings and errors. Also the single object of `gemini -o json` (`response`, `stats`, `error`).
+- `qwen-stream-json`: `qwen -o stream-json`, Claude Code's event shapes, except that the final
+  `result` event's `usage.input_tokens` includes `cache_read_input_tokens` and a failed session's
+  words are in the result's `error.message`. No cost is reported.
+- `opencode-json`: `opencode run --format json`. `text` events carry the messages (`part.text`);
+  each `step_finish` has `part.tokens` (`input` without cache reads, `output`, `reasoning`,
+  `cache.read`, `cache.write`) and `part.cost`; an `error` event (`error.name`, `error.data.message`,
+  `error.data.statusCode`) ends a failed session.
 
 Token counts are normalised so that `input_tokens` never includes cache reads: budgets count
 input + output, and a cache read is not new input.
@@ -26,12 +33,14 @@ input + output, and a cache read is not new input.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 
 __all__ = ["FORMATS", "USAGE_COLUMNS", "Usage", "SessionReport", "parse_output"]
 
-FORMATS = ("text", "claude-stream-json", "codex-jsonl", "gemini-stream-json")
+FORMATS = ("text", "claude-stream-json", "codex-jsonl", "gemini-stream-json", "qwen-stream-json",
+           "opencode-json")
 USAGE_COLUMNS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd")
 
 
@@ -69,12 +78,14 @@ def parse_output(fmt: str, output: str) -> SessionReport:
     if fmt == "text" or fmt not in FORMATS:
         return SessionReport(text=output)
     events, stray = _events(output)
-    parser = {"claude-stream-json": _claude, "codex-jsonl": _codex,
-              "gemini-stream-json": _gemini}[fmt]
+    parser = {"claude-stream-json": _claude, "codex-jsonl": _codex, "gemini-stream-json": _gemini,
+              "qwen-stream-json": _qwen, "opencode-json": _opencode}[fmt]
     report = parser(events)
     # Lines that are not events are the CLI's own diagnostics (stderr): a fatal error before
-    # any event, a usage-limit notice. The agent's tool output is always inside events.
-    error = "\n".join(part for part in (report.error, "\n".join(stray).strip()) if part)
+    # any event, a usage-limit notice. The agent's tool output is always inside events. They go
+    # first: the last line is what a failure is recorded by, and an error event is the CLI's own
+    # word on it (codex prints "Reading additional input from stdin..." on stderr after it).
+    error = "\n".join(part for part in ("\n".join(stray).strip(), report.error) if part)
     if not events:
         return SessionReport(text=output, error=error)
     return SessionReport(text=report.text, is_error=report.is_error, error=error,
@@ -149,7 +160,7 @@ def _claude(events: list[dict]) -> SessionReport:
 
 def _codex(events: list[dict]) -> SessionReport:
     texts, errors = [], []
-    inputs, cached, outputs = [], [], []
+    inputs, cached, outputs, written = [], [], [], []
     failed = False
     for event in events:
         kind = event.get("type")
@@ -158,10 +169,14 @@ def _codex(events: list[dict]) -> SessionReport:
             if item.get("type") == "agent_message" and isinstance(item.get("text"), str):
                 texts.append(item["text"])
         elif kind == "turn.completed":
+            # The turn's outcome decides: codex prints an `error` event for each retry of a
+            # request ("Reconnecting... 1/5 (… 429 …)") even when a retry then succeeds.
+            failed = False
             usage = event.get("usage") or {}
             inputs.append(_int(usage.get("input_tokens")))
             cached.append(_int(usage.get("cached_input_tokens")))
             outputs.append(_int(usage.get("output_tokens")))
+            written.append(_int(usage.get("cache_write_input_tokens")))
         elif kind == "turn.failed":
             failed = True
             errors.append(str((event.get("error") or {}).get("message", "turn failed")))
@@ -170,9 +185,51 @@ def _codex(events: list[dict]) -> SessionReport:
             errors.append(str(event.get("message", "error")))
     total_in, total_cached = _sum(inputs), _sum(cached)
     fresh = None if total_in is None else max(0, total_in - (total_cached or 0))
-    return SessionReport(text="\n".join(texts), is_error=failed, error="\n".join(dict.fromkeys(errors)),
+    return SessionReport(text="\n".join(texts), is_error=failed,
+                         error="\n".join(dict.fromkeys(errors)) if failed else "",
                          usage=Usage(input_tokens=fresh, output_tokens=_sum(outputs),
-                                     cache_read_tokens=total_cached))
+                                     cache_read_tokens=total_cached, cache_write_tokens=_sum(written)))
+
+
+def _qwen(events: list[dict]) -> SessionReport:
+    report = _claude(events)
+    result = next((e for e in reversed(events) if e.get("type") == "result"), None)
+    if result is None:
+        return report
+    usage = report.usage
+    if usage.input_tokens is not None:  # the cache reads are inside input_tokens here
+        usage = dataclasses.replace(usage, input_tokens=max(0, usage.input_tokens - (usage.cache_read_tokens or 0)))
+    error = report.error
+    if report.is_error and isinstance(result.get("error"), dict) and result["error"].get("message"):
+        error = str(result["error"]["message"])
+    return dataclasses.replace(report, usage=usage, error=error)
+
+
+def _opencode(events: list[dict]) -> SessionReport:
+    texts, errors = [], []
+    tokens: dict[str, list] = {"input": [], "output": [], "read": [], "write": [], "cost": []}
+    for event in events:
+        kind, part = event.get("type"), event.get("part") or {}
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "step_finish":
+            used = part.get("tokens") or {}
+            cache = used.get("cache") or {}
+            for key, value in (("input", used.get("input")), ("output", used.get("output")),
+                               ("read", cache.get("read")), ("write", cache.get("write"))):
+                tokens[key].append(_int(value))
+            cost = part.get("cost")
+            tokens["cost"].append(float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None)
+        elif kind == "error":
+            error = event.get("error") or {}
+            data = error.get("data") or {}
+            status = f" (HTTP {data['statusCode']})" if data.get("statusCode") else ""
+            errors.append(f"{error.get('name', 'Error')}: {data.get('message') or error.get('message', '')}{status}")
+    costs = [c for c in tokens["cost"] if c is not None]
+    usage = Usage(input_tokens=_sum(tokens["input"]), output_tokens=_sum(tokens["output"]),
+                  cache_read_tokens=_sum(tokens["read"]), cache_write_tokens=_sum(tokens["write"]),
+                  cost_usd=sum(costs) if costs else None)
+    return SessionReport(text="\n".join(texts), is_error=bool(errors), error="\n".join(errors), usage=usage)
 
 
 def _gemini(events: list[dict]) -> SessionReport:

@@ -24,7 +24,7 @@ FAULTS = {"rate-limit": (0, "API Error: Rate limit reached"),
 def main() -> int:
     argv = sys.argv[1:]
     if argv == ["--version"]:  # as the real one prints it
-        print(os.environ.get("FAKE_CLI_VERSION", "2.1.240") + " (Claude Code)")
+        print(os.environ.get("FAKE_CLI_VERSION", "2.1.332") + " (Claude Code)")
         return 0
     if "-p" not in argv and "--print" not in argv:
         print("this stand-in only knows print mode", file=sys.stderr)

@@ -22,7 +22,7 @@ FAULTS = {"usage-limit": "You've hit your usage limit. Visit https://chatgpt.com
 def main() -> int:
     argv = sys.argv[1:]
     if argv == ["--version"]:  # as the real one prints it
-        print("codex-cli " + os.environ.get("FAKE_CLI_VERSION", "0.58.0"))
+        print("codex-cli " + os.environ.get("FAKE_CLI_VERSION", "0.171.0"))
         return 0
     if not argv or argv[0] != "exec":
         print("this stand-in only knows `codex exec`", file=sys.stderr)

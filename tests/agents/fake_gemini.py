@@ -23,7 +23,7 @@ FAULTS = {"rate-limit": ("RetryableQuotaError", "Resource exhausted. Please retr
 def main() -> int:
     argv = sys.argv[1:]
     if argv == ["--version"]:  # as the real one prints it
-        print(os.environ.get("FAKE_CLI_VERSION", "0.56.0"))
+        print(os.environ.get("FAKE_CLI_VERSION", "0.61.0"))
         return 0
     step = next_step("gemini")
     if os.environ.get("GEMINI_CLI_TRUST_WORKSPACE") != "true":

@@ -39,7 +39,7 @@ __all__ = [
     "url",
 ]
 
-KNOWN_PROFILES = ("claude", "codex", "gemini")
+KNOWN_PROFILES = ("claude", "codex", "gemini", "opencode", "qwen")
 COMMIT_PLACEHOLDERS = ("story_key", "story_title", "run_id", "epic")
 
 Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine

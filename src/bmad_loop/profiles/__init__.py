@@ -1,4 +1,4 @@
-"""Agent profiles: how to run a real CLI (claude, codex, gemini) headless, as shipped data.
+"""Agent profiles: how to run a real CLI (claude, codex, gemini, opencode, qwen) headless, as shipped data.
 
 Each profile is a TOML file beside this module (see README.md here for every flag and where it was
 checked). A profile gives the argv template, the arguments that select a model, the untracked
