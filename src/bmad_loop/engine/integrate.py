@@ -15,14 +15,13 @@ from pathlib import Path
 
 from sqlalchemy import bindparam, func, select, update
 
-from dataclasses import replace
-
-from ..compose import Composition, commit_message, compose, integration_message, overlapping_dirty
+from ..compose import Composition, overlapping_dirty
 from ..db.database import insert_now
 from ..db.models import Candidate, Run, Story, utcnow
 from ..worktrees import ensure_detached_worktree
 from ..states import CANDIDATE_OPEN, CandidateState, StoryState
 from .childenv import child_env
+from .composer import Composer
 from .context import make_workspace
 from .faults import crash_point, delay_point
 from .escalation import Cause
@@ -31,16 +30,12 @@ from .journal import journal_git_locks, record
 from .ports import lane_block, port_env
 from .layout import Layout
 from .ledgerfiles import append_ledger_lines
-from .mergerules import run_merge_rules
 from .redo import RECOMPOSE_FLOOR
-from .regenerate import Candidate as Regenerating
-from .regenerate import regenerate, settled_events
+from .regenerate import settled_events
 from .runs import board_rel
-from .stacking import replay
 from .transitions import transition_candidate, transition_story
 from .boxing import BoxSite, settle_after_box, verify_box
 from .verify import run_verify
-from .writeback import lane_tree_edit
 
 __all__ = ["Integrator", "LaneFenced", "TargetMoved"]
 
@@ -80,7 +75,7 @@ class Integrator(Outcomes):
         self.layout = Layout(project.state_dir, run.id)
         self.workspace = make_workspace(policy, self.git, self.layout, self.target, root=project.root)
         self.board_rel = board_rel(run, project.root)
-        self.merge_rules = run_merge_rules(policy, project.root, self.board_rel)
+        self.composer = Composer(self, project.root)  # the candidate of each attempt
         self.fence = fence  # () -> bool: does this lane still hold its lease?
         self.landed: list[tuple[Story, int]] = []  # integrated, not yet cleaned up
         self.between = None  # () -> None: called between a candidate's verdict and its landing
@@ -184,7 +179,7 @@ class Integrator(Outcomes):
         through `verifying` and `verified` (by no command) to `advancing` in that transaction.
         A crash before it leaves no row to resume: the story is simply composed again."""
         strategy = self.policy.scm.merge_strategy
-        comp = self._compose(story, strategy, target_sha, branch_sha, attempt)
+        comp = self.composer.compose(story, strategy, target_sha, branch_sha, attempt)
         crash_point("lane.after_compose")
         delay_point("lane.in_compose")
         with self.db.transaction() as s:
@@ -232,7 +227,7 @@ class Integrator(Outcomes):
         conflict the row becomes `conflict` (tree and evidence kept) and None is returned;
         escalating the story is the caller's call."""
         strategy = self.policy.scm.merge_strategy
-        comp = self._compose(story, strategy, on_sha, branch_sha, attempt)
+        comp = self.composer.compose(story, strategy, on_sha, branch_sha, attempt)
         ref = self.layout.candidate_ref(story.key, attempt)
         if comp.conflicts:
             self._record_conflict(story, cand_id, attempt, comp, on_sha, branch_sha, ref)
@@ -267,36 +262,6 @@ class Integrator(Outcomes):
     def candidate_reason(self, cand_id: int) -> str:
         with self.db.transaction() as s:
             return s.get(Candidate, cand_id).reason or "candidate failed"
-
-    def _compose(self, story: Story, strategy: str, target_sha: str, branch_sha: str,
-                 attempt: int) -> Composition:
-        """The candidate. A story that started on a stacked base brings only its own commits
-        (`base_sha..head`): they are replayed onto the target first, then composed as usual.
-        Merge rules settle what they cover (mergesettle.py); generators run last."""
-        rules, settled = self.merge_rules, None
-        if story.stacked_on:
-            replayed = replay(self.git, target_sha, story.base_sha, branch_sha, rules)
-            if replayed.tip is None:
-                return Composition(None, replayed.tree, replayed.conflicts, strategy, True,
-                                   replayed.settled, replayed.regenerate)
-            branch_sha, settled = replayed.tip, replayed
-            rules = type(rules)()  # the replay settled the story's own change
-        comp = compose(self.git, strategy, target_sha, branch_sha, self._message(story, strategy),
-                       tree_edit=self._board_edit(story), lane_message=f"bmad-loop: mark {story.key} done",
-                       rules=rules, base=None if story.stacked_on else story.base_sha)
-        if settled is not None:
-            comp = replace(comp, settled=settled.settled, regenerate=settled.regenerate)
-        if comp.ok and comp.regenerate:
-            comp = self._regenerate(story, attempt, comp, target_sha, branch_sha)
-        return comp
-
-    def _regenerate(self, story: Story, attempt: int, comp: Composition, target_sha: str,
-                    branch_sha: str) -> Composition:
-        base = story.base_sha or self.git.out("merge-base", target_sha, branch_sha)
-        return regenerate(self.git, Regenerating(comp, base, target_sha, branch_sha, story.key),
-                          worktree=self.layout.candidate_worktree(story.key, attempt),
-                          log_path=self.layout.verify_log(story.key, f"regenerate-{attempt}"),
-                          env=self._verify_env(), run_id=self.run_id)
 
     def _fetch_story(self, story: Story) -> str | None:
         """Bring the story's commits here (remote mode: from the remote); why not, when the
@@ -334,7 +299,7 @@ class Integrator(Outcomes):
 
     def _verify(self, story, cand_id, attempt, sha, target_sha, branch_sha) -> str:
         worktree = self.candidate_checkout(story.key, attempt, sha)
-        result = self.run_candidate_verify(story.key, attempt, worktree, self._verify_env())
+        result = self.run_candidate_verify(story.key, attempt, worktree, self.verify_env())
         if self.record_verdict(story, cand_id, attempt, result, worktree, target_sha, branch_sha, sha):
             return CandidateState.VERIFIED
         return self._escalate(story, cand_id, f"candidate verification failed: {result.failed_command}",
@@ -400,7 +365,7 @@ class Integrator(Outcomes):
                    command=result.failed_command, evidence=str(evidence), boxed=result.boxed)
         return False
 
-    def _verify_env(self) -> dict:
+    def verify_env(self) -> dict:
         env = child_env(self.policy)
         env.update(port_env(lane_block(self.policy)))
         return env
@@ -500,14 +465,3 @@ class Integrator(Outcomes):
             if checkout is not None:
                 self.target.sync_checkout(checkout, cand.target_sha, cand.candidate_sha)
         return self._finish(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
-
-    # ------------------------------------------------------------------ pieces
-    def _message(self, story: Story, strategy: str) -> str:
-        title = commit_message(self.policy.scm.commit_message_template, story_key=story.key,
-                               story_title=story.title, run_id=self.run_id, epic=story.epic)
-        return integration_message(title, strategy, story.branch)
-
-    def _board_edit(self, story: Story):
-        """The lane's BMAD write-back inside the candidate: board line, epic line, story file."""
-        return lane_tree_edit(self.git, key=story.key, epic=story.epic, board_rel=self.board_rel,
-                              story_path=story.story_path)

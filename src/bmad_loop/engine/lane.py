@@ -353,7 +353,7 @@ class _Lane:
 
     def _conflict_index(self, stories: list[Story]) -> ConflictIndex:
         """The run's conflict relation, brought up to date with these rows and the target."""
-        self.memo.index.update(self.memo.views_of(stories, settled=self.integrator.merge_rules), self._directories)
+        self.memo.index.update(self.memo.views_of(stories, settled=self.integrator.composer.rules), self._directories)
         return self.memo.index
 
     def _dispatch(self, run: Run, stories: list[Story]) -> bool:
@@ -362,7 +362,7 @@ class _Lane:
         stacking = run.max_parallel > 1 and not self.integrator.target.publishes_stories
         self._queued = 0
         with self.memo.lock:
-            decision = admit(self.memo.views_of(stories, stacking, self.integrator.merge_rules),
+            decision = admit(self.memo.views_of(stories, stacking, self.integrator.composer.rules),
                              max_parallel=run.max_parallel,
                              capacity=self.policy.resources.capacity,
                              gates_mode=self.policy.gates.mode, gates_passed=run.gates_passed or (),
@@ -378,7 +378,7 @@ class _Lane:
                                reason="stale premise: the target's board marks it done")
             return True  # admit again without them
         bases = stacked_bases(self.integrator.git, self.integrator.target.sha(fetch=False),
-                              decision, by_key, self.integrator.merge_rules) if decision.stacked else {}
+                              decision, by_key, self.integrator.composer.rules) if decision.stacked else {}
         queued = []
         used_blocks = {s.port_block for s in stories if s.state in STORY_IN_FLIGHT and s.port_block is not None}
         with self.db.transaction() as s:

@@ -72,11 +72,11 @@ class Candidate:
 
 
 def regenerate(git, cand: Candidate, *, worktree: Path, log_path: Path, env: dict,
-               run_id: str) -> Composition:
+               run_id: str, box=None) -> Composition:
     """The candidate with its generators run: regenerated, or failed (`sha` None, `failure`
     naming why, the rules' paths as its conflicts)."""
     comp = cand.comp
-    done = _run_all(git, cand, worktree, log_path, env, run_id)
+    done = _run_all(git, cand, worktree, _Run(log_path, env, run_id, box))
     if done.sha is None:
         paths = tuple(p for job in comp.regenerate for p in job.paths)
         return replace(comp, sha=None, conflicts=paths, failure=done.reason,
@@ -97,14 +97,23 @@ def settled_events(comp: Composition):
     return events, evidence
 
 
-def _run_all(git, cand: Candidate, worktree: Path, log_path: Path, env: dict,
-             run_id: str) -> _Regenerated:
+@dataclass(frozen=True)
+class _Run:
+    """How each command runs: its log, environment, run and box (None: unboxed)."""
+
+    log_path: Path
+    env: dict
+    run_id: str
+    box: object = None
+
+
+def _run_all(git, cand: Candidate, worktree: Path, how: _Run) -> _Regenerated:
     comp = cand.comp
     ensure_detached_worktree(git, worktree, comp.sha)
     runs: list[RegenerateRun] = []
     for job in comp.regenerate:
         for folder in sorted({posixpath.dirname(p) for p in job.paths}):
-            run, failed = _run_one(job, folder, worktree, log_path, env, run_id)
+            run, failed = _run_one(job, folder, worktree, how)
             runs.append(run)
             if failed is not None:
                 return _Regenerated(None, None, failed.reason, tuple(runs), (), failed.output)
@@ -124,25 +133,26 @@ class _Failure:
     output: str
 
 
-def _run_one(job: Regeneration, folder: str, worktree: Path, log_path: Path, env: dict,
-             run_id: str) -> tuple[RegenerateRun, _Failure | None]:
+def _run_one(job: Regeneration, folder: str, worktree: Path,
+             how: _Run) -> tuple[RegenerateRun, _Failure | None]:
     rule = job.rule
     command = rule.command if isinstance(rule.command, str) else shlex.join(rule.command)
     rel = posixpath.normpath(posixpath.join(folder, rule.cwd)) if rule.cwd else (folder or ".")
     cwd = (worktree / rel).resolve()
     if not (cwd == worktree.resolve() or worktree.resolve() in cwd.parents):
-        run = RegenerateRun(job.glob, command, rel, None, False, str(log_path))
+        run = RegenerateRun(job.glob, command, rel, None, False, str(how.log_path))
         return run, _Failure(f"regenerate cwd {rule.cwd!r} for {folder or '.'} leads outside the "
                              "repository", "")
     cwd.mkdir(parents=True, exist_ok=True)
-    result = run_verify([command], cwd=cwd, log_path=log_path, timeout_s=rule.timeout_s, env=env,
-                        run_id=run_id)
-    run = RegenerateRun(job.glob, command, rel, result.exit_code, result.timed_out, str(log_path))
+    result = run_verify([command], cwd=cwd, log_path=how.log_path, timeout_s=rule.timeout_s,
+                        env=how.env, run_id=how.run_id, box=how.box)
+    run = RegenerateRun(job.glob, command, rel, result.exit_code, result.timed_out,
+                        str(how.log_path))
     if result.ok:
         return run, None
-    how = "timed out" if result.timed_out else f"exited {result.exit_code}"
-    return run, _Failure(f"regenerating {', '.join(job.paths)} failed: {command} {how} "
-                         f"(log: {log_path})", result.output)
+    ended = "timed out" if result.timed_out else f"exited {result.exit_code}"
+    return run, _Failure(f"regenerating {', '.join(job.paths)} failed: {command} {ended} "
+                         f"(log: {how.log_path})", result.output)
 
 
 def _changes(git, worktree: Path, globs: list[str]) -> tuple[list[str], list[str]]:
