@@ -194,7 +194,8 @@ class LogPump:
         self._fd = fd
         self._log = log
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="bmad-log-pump")
+        name = f"bmad-log-{log.path.parent.name}-{log.path.stem}"  # e.g. bmad-log-1-2-beta-dev-1
+        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
         self._thread.start()
 
     def _run(self) -> None:
