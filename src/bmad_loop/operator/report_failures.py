@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..hostid import host_name
+from ..states import AttemptState
 from .story_logs import failing_log, log_tail
 
 __all__ = ["failures", "FAILURE_TAIL_LINES"]
@@ -65,7 +66,7 @@ def failures(events: list[dict], times: list[float], stories: dict[str, dict],
     for event, at in zip(events, times):
         kind = event["kind"]
         failed_session = (kind == "attempt.finished"
-                          and (event["data"] or {}).get("state") not in ("succeeded", "interrupted", None))
+                          and (event["data"] or {}).get("state") not in (AttemptState.SUCCEEDED, AttemptState.INTERRUPTED, None))
         if kind in _STORY_ENDS or failed_session:
             key = event["story"]
             out.append(_entry(event, at, stories.get(key), log_dirs.get(key), here))

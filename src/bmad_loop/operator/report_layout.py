@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..states import CandidateState
+
 __all__ = ["Scale", "Box", "Block", "Layout", "layout_report", "EPIC_GROUP_AT", "ticks"]
 
 EPIC_GROUP_AT = 300  # stories; from here on the timeline groups rows by epic
@@ -149,12 +151,12 @@ def _lane_block(scale: Scale, lane: list[dict]) -> Block:
     for cand in lane:
         y = 2 + cand["row"] * (LANE_ROW_H + 2)
         who = f"{cand['story']} #{cand['attempt']} (stack {cand['stack']})"
-        parts = [("compose", *cand["compose"]), ("verify", *cand["verify"])]
+        failed = cand["outcome"] == CandidateState.VERIFY_FAILED
+        parts = [("compose", *cand["compose"]), ("verify-failed" if failed else "verify", *cand["verify"])]
         if cand["end"] is not None and cand["end"] > cand["verify"][1]:
             parts.append(("advance", cand["verify"][1], cand["end"]))
         for kind, start, end in parts:
-            shown = "verify-failed" if kind == "verify" and cand["outcome"] == "verify-failed" else kind
-            block.boxes.append(Box(scale.x(start), y, scale.width(start, end), LANE_ROW_H, shown,
+            block.boxes.append(Box(scale.x(start), y, scale.width(start, end), LANE_ROW_H, kind,
                                    f"{who} {kind}: {end - start:.2f}s, {cand['outcome']}",
                                    {"story": cand["story"], "attempt": str(cand["attempt"]),
                                     "stack": str(cand["stack"]), "row": str(cand["row"]),

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 from ..engine.conflictindex import ConflictIndex
 from ..footprint import Footprint
+from ..states import AttemptState
 from .report_timeline import PHASES
 
 __all__ = ["story_times", "phase_times", "lower_bound"]
@@ -37,7 +38,7 @@ def story_times(track: dict, attempts: list[dict], verifies: list[float]) -> dic
         "wait_s": round(_seconds(segments, _WAITS), 3),
         "integrating_s": round(_seconds(segments, ("integrating",)), 3),
         "sessions": len(attempts),
-        "failed_sessions": sum(1 for a in attempts if a["state"] not in ("succeeded", "running")),
+        "failed_sessions": sum(1 for a in attempts if a["state"] not in (AttemptState.SUCCEEDED, AttemptState.RUNNING)),
     }
 
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
+from ..states import CandidateState, Phase
+
 __all__ = ["Timeline", "build_timeline", "parse_ts", "PHASES"]
 
-PHASES = ("prepare", "create", "dev", "verify", "review", "fix", "commit")
+PHASES = tuple(phase.value for phase in Phase if phase is not Phase.INTEGRATE)  # a worker's
 # A story leaves its worker slot with these (its open phase ends there).
 _LEAVES_WORKER = {"story.ready": "ready", "story.escalated": "escalated", "story.failed": "failed",
                   "story.interrupted": "interrupted", "story.restacked": "restacked",
@@ -188,7 +190,7 @@ class _Builder:
                 cand["verify"][1] = end
                 cand["outcome"] = cand["outcome"] or "open"
             if cand["end"] is None:
-                cand["end"] = end if cand["outcome"] in ("verified", "open") else cand["verify"][1]
+                cand["end"] = end if cand["outcome"] in (CandidateState.VERIFIED, "open") else cand["verify"][1]
         _pack_rows(lane)
         return Timeline(end, stories, lane, self.slots, self.pauses, self.commits)
 
