@@ -230,3 +230,19 @@ def test_a_worktree_a_person_removed_is_no_reason_to_run_an_agent(make_repo):
     assert repo.git("show", "main:src/a.py") == f"NAME = '{A.key}'"
     assert {s["key"]: s["state"] for s in repo.status()["stories"]} == {
         A.key: "integrated", B.key: "integrated"}
+
+
+def test_retry_of_a_held_story_verifies_it_again_and_it_waits_for_a_new_sign_off(make_repo):
+    held = StoryDef(A.key, files=A.files, extra_front_matter={"merge_class": "operator"})
+    repo = make_repo([held], script=write_each([held]), policy=VERIFIED)
+    assert repo.cli("run").exit_code == 3
+    assert repo.story(A.key)["state"] == "held"
+    assert repo.cli("retry", A.key, "--from", "integrate").exit_code == 0
+    assert [c["state"] for c in repo.status()["candidates"]] == ["abandoned"]  # its verdict went
+    assert repo.cli("resume").exit_code == 3
+    assert repo.story(A.key)["state"] == "held"  # composed and verified again, signed off never
+    assert [c["state"] for c in repo.status()["candidates"]] == ["abandoned", "verified"]
+    run_id = repo.status()["run"]["id"]
+    assert repo.cli("approve", run_id, A.key).exit_code == 0
+    assert repo.cli("resume").exit_code == 0
+    assert _sessions(repo, A.key, "dev") == 1 and repo.story(A.key)["state"] == "integrated"
