@@ -267,8 +267,7 @@ class StoryWorker:
                                 stop_event=self.claim.stop_event, run_id=ctx.run_id, story_key=self.key,
                                 thaw_after_s=self.policy.leases.ttl_s, box=box)
         if box is not None:
-            settle_after_box(ctx.git, worktree, story.branch, ctx.scratch,
-                             linked=self.policy.scm.isolation != "none")
+            settle_after_box(ctx.git, worktree, story.branch, ctx.scratch)
         if result.interrupted:
             raise StopRequested()
         event = result.event()
