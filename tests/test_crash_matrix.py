@@ -304,6 +304,7 @@ def test_the_crash_matrix_covers_every_declared_point():
     assert set(CRASH_POINTS) == handled
 
 
+@pytest.mark.usefixtures("unboxed")  # its pids and orphans: unboxed
 def test_a_crash_inside_the_agent_session_ends_the_orphaned_agent_before_the_story_runs_again(
         make_repo, tmp_path):
     """The agent has its own process group, so it outlives a kill -9 of bmad-loop; the restarted

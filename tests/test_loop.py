@@ -15,7 +15,10 @@ def _script_writing_one_file_each(commit: bool):
 
 @pytest.mark.parametrize("isolation", ["worktree", "none"])
 @pytest.mark.parametrize("strategy", ["ff", "merge", "squash"])
-def test_three_story_run_leaves_exactly_the_expected_target_history(make_repo, strategy, isolation):
+def test_three_story_run_leaves_exactly_the_expected_target_history(make_repo, strategy, isolation,
+                                                                   request):
+    if strategy == "ff":  # the agents' own commits: only an unboxed agent can commit
+        request.getfixturevalue("unboxed")
     repo = make_repo(THREE, script=_script_writing_one_file_each(commit=(strategy == "ff")),
                      policy=f'[scm]\nmerge_strategy = "{strategy}"\nisolation = "{isolation}"\n'
                             '[gates]\nmode = "none"\n')

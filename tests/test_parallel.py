@@ -162,6 +162,7 @@ def test_integration_order_is_plan_order_when_completion_order_is_inverted(make_
 
 
 @pytest.mark.parametrize("strategy", ["ff", "merge", "squash"])
+@pytest.mark.usefixtures("unboxed")  # the agents commit their own work: unboxed only
 def test_a_story_composed_on_a_target_that_moved_since_it_started(make_repo, bar, strategy):
     a, b = StoryDef("1-1-a", files=["src/a.py"]), StoryDef("1-2-b", files=["src/b.py"])
     script = barrier_script([a, b], bar)
@@ -223,6 +224,7 @@ def _lane_verify_moving_target(repo, marker=None):
             'git add human.txt && git -c user.name=h -c user.email=h@x commit -qm human ;; esac; true')
 
 
+@pytest.mark.usefixtures("unboxed")  # a verify command moves the target: unboxed only
 def test_target_moving_between_composition_and_advance_is_recomposed_never_forced(make_repo, tmp_path):
     a = StoryDef("1-1-a", files=["src/a.py"])
     repo = make_repo([a], script={a.key: {"dev": [{"write": {"src/a.py": "A\n"}}]}})
@@ -239,6 +241,7 @@ def test_target_moving_between_composition_and_advance_is_recomposed_never_force
     assert "src/a.py" in repo.git("ls-tree", "-r", "--name-only", "main")
 
 
+@pytest.mark.usefixtures("unboxed")  # a verify command moves the target: unboxed only
 def test_a_target_that_keeps_moving_escalates_after_max_recompose(make_repo):
     a = StoryDef("1-1-a", files=["src/a.py"])
     repo = make_repo([a], script={a.key: {"dev": [{"write": {"src/a.py": "A\n"}}]}})

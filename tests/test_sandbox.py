@@ -70,7 +70,7 @@ def test_in_place_the_checkout_is_writable_but_not_its_git_directory_nor_the_sta
     req = linked_worktree(tmp_path)
     in_place = BoxRequest(project_root=req.project_root, state_dir=req.state_dir,
                           git_dir=req.git_dir, tree=req.project_root, scratch=req.scratch,
-                          in_place=True, env=req.env)
+                          checkout_tree=True, env=req.env)
     mounts = [(m.kind, m.path) for m in plan_mounts(in_place)]
     assert mounts.index(("rw", req.project_root)) < mounts.index(("ro", req.git_dir)) \
         < mounts.index(("hide", req.state_dir))

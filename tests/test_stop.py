@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from support import (
     DEADLINE_S,
     StoryDef,
@@ -112,6 +114,7 @@ def test_a_graceful_stop_lets_the_session_finish_exits_4_and_resume_completes_wi
     assert repo.git("show", "main:src/alpha.py") == "NAME = 'alpha'"
 
 
+@pytest.mark.usefixtures("unboxed")  # its pids and orphans: unboxed
 def test_stop_now_kills_the_hanging_agent_marks_the_attempt_interrupted_uncounted_and_resume_completes(
         make_repo, tmp_path):
     inside = tmp_path / "inside"
@@ -212,6 +215,7 @@ def test_a_first_ctrl_c_is_a_graceful_stop_and_run_exits_4_once_the_agent_finish
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.usefixtures("unboxed")  # its pids and orphans: unboxed
 def test_a_second_ctrl_c_stops_now_kills_the_hanging_agent_and_exits_130(make_repo, tmp_path):
     inside = tmp_path / "inside"
     repo = make_repo([ALPHA], script={ALPHA.key: {"dev": [

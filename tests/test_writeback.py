@@ -232,7 +232,10 @@ def _crlf_project(make_repo, strategy: str):
 
 
 @pytest.mark.parametrize("strategy", ["merge", "ff"])
-def test_a_run_changes_only_the_status_tokens_of_the_board_and_the_story_files(make_repo, strategy):
+def test_a_run_changes_only_the_status_tokens_of_the_board_and_the_story_files(make_repo, strategy,
+                                                                             request):
+    if strategy == "ff":  # the agent's own commit: only an unboxed agent can commit
+        request.getfixturevalue("unboxed")
     repo, start = _crlf_project(make_repo, strategy)
     result = repo.cli("run")
     assert result.exit_code == 0, result.output

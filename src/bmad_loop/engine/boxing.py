@@ -68,7 +68,7 @@ def _request(git, state_dir, home_state, site: BoxSite, policy, env) -> BoxReque
     return BoxRequest(
         project_root=root, state_dir=Path(state_dir).resolve(), git_dir=git.common_dir(),
         tree=tree, scratch=site.scratch.resolve(),
-        in_place=tree == root,  # isolation "none": the checkout itself (a candidate never is)
+        checkout_tree=tree == root,  # isolation "none" (a candidate worktree never is)
         files=(site.log_path.resolve(),),
         extra_writable=tuple(policy.adapter.sandbox_writable),
         env={k: env.get(k, os.environ.get(k, "")) for k in ("HOME", "TMPDIR", "XDG_CONFIG_HOME")},
@@ -76,15 +76,14 @@ def _request(git, state_dir, home_state, site: BoxSite, policy, env) -> BoxReque
     )
 
 
-def settle_after_box(git, worktree: Path, branch: str | None, scratch: Path, *,
-                     linked: bool = True) -> None:
+def settle_after_box(git, worktree: Path, branch: str | None, scratch: Path) -> None:
     """After a boxed session in a linked worktree: HEAD back on the story branch (the agent
     may have detached it or pointed it elsewhere: its admin entry is writable), and the index
     read again from HEAD when the agent's git wrote objects (the index may name objects that
     only its quarantine holds). The files are left as the agent left them; the quarantine goes.
-    In place (`linked` False) the box left HEAD and the index read-only: only the quarantine
-    goes."""
-    if not linked:
+    In the project's own checkout (isolation "none") the box left HEAD and the index read-only:
+    only the quarantine goes."""
+    if Path(worktree).resolve() == Path(git.repo_dir).resolve():
         clear_quarantine(scratch)
         return
     try:

@@ -188,8 +188,7 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     _journal_log_cut(ctx, phase, number, log_path, result)
     config_changes = watch.end()
     if box is not None and not config_changes:
-        settle_after_box(ctx.git, worktree, story.branch, ctx.scratch,
-                         linked=policy.scm.isolation != "none")
+        settle_after_box(ctx.git, worktree, story.branch, ctx.scratch)
     state = (AttemptState.INTERRUPTED if result.interrupted else AttemptState.TIMED_OUT if result.timed_out
              else AttemptState.SUCCEEDED if result.exit_code == 0 else AttemptState.FAILED)
     summary = {AttemptState.INTERRUPTED: "interrupted by stop",

@@ -283,8 +283,7 @@ class StoryWorker:
                                 thaw_after_s=self.policy.leases.ttl_s, box=box,
                                 max_log_bytes=self.policy.limits.max_log_bytes)
         if box is not None:
-            settle_after_box(ctx.git, worktree, story.branch, ctx.scratch,
-                             linked=self.policy.scm.isolation != "none")
+            settle_after_box(ctx.git, worktree, story.branch, ctx.scratch)
         if result.interrupted:
             raise StopRequested()
         outcome = self._verify_outcome(story, result)

@@ -44,7 +44,7 @@ class BoxRequest:
     git_dir: Path  # the git common dir: read-only
     tree: Path  # the folder it works in: writable
     scratch: Path  # its scratch folder: writable
-    in_place: bool = False  # the tree is the project's own checkout
+    checkout_tree: bool = False  # the tree is the project's own checkout (isolation "none")
     files: tuple[Path, ...] = ()  # its own files inside the state folder (the log): writable
     shown: tuple[Path, ...] = ()  # folders inside the state folder it may read (guard hooks)
     extra_writable: tuple[str, ...] = ()  # [adapter] sandbox_writable
@@ -59,14 +59,14 @@ def plan_mounts(req: BoxRequest) -> list[Mount]:
     user_home = _home(req.env)
     if user_home is not None and any(m.path == user_home for m in mounts):
         mounts += [Mount("ro", p) for p in home_git_files(req.env)]
-    mounts.append(Mount("rw" if req.in_place else "ro", req.project_root))
+    mounts.append(Mount("rw" if req.checkout_tree else "ro", req.project_root))
     mounts.append(Mount("ro", req.git_dir))
     home = req.home_project
     if home is not None and home != req.project_root:
         mounts += [Mount("ro", home), Mount("hide", home / req.state_dir.name)]
     mounts.append(Mount("hide", req.state_dir))
     mounts += [Mount("ro", p) for p in req.shown]
-    if not req.in_place:
+    if not req.checkout_tree:
         mounts.append(Mount("rw", req.tree))
     admin = admin_entry(req.tree, req.git_dir)
     if admin is not None:
