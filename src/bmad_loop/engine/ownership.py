@@ -16,7 +16,7 @@ from sqlalchemy import select
 from ..db.identity import database_id, database_label
 from ..db.models import Run, utcnow
 from ..errors import StateError
-from ..states import RUN_LIVE
+from ..states import RUN_LIVE, RunState
 from .runrecords import RunRecord, read_records, records_lock, write_record
 from .runs import run_policy
 
@@ -81,7 +81,7 @@ def target_check(project, target: str, now=None):
                 raise StateError(f"{record.describe(now)}: another state database is driving this "
                                  f"target; stop that run there, or wait until its heartbeat is "
                                  f"{int(3 * record.ttl_s)} s old")
-            if record.state in RUN_LIVE or record.state == "paused":
+            if record.state in RUN_LIVE or record.state == RunState.PAUSED:
                 check.warnings.append(f"{record.describe(now)} (stale: going ahead); its refs "
                                       f"are kept. `bmad-loop cleanup --forget-database "
                                       f"{record.database_id}` forgets a database that is gone")
