@@ -29,7 +29,7 @@ from bmad_loop.engine.integrate import Integrator, LaneFenced
 from bmad_loop.engine.lane import tick
 from bmad_loop.engine.project import Project
 from bmad_loop.engine.runs import run_policy
-from bmad_loop.engine.worker import work
+from bmad_loop.engine.story_task import work
 from bmad_loop.tasks import Tasks
 from support import ALPHA_BETA_GAMMA, project_argv, query, stop_processes, wait_until
 

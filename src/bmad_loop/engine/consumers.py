@@ -27,7 +27,7 @@ from .journal import record
 from .ownership import refresh_live_runs, save_run
 from .lane import tick
 from .runs import RUN_STATE
-from .worker import work
+from .story_task import work
 
 __all__ = ["ConsumerSet", "QUEUES"]
 

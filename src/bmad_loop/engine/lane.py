@@ -18,12 +18,9 @@ Ticks are idempotent: a duplicate or late tick finds nothing to do.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from sqlalchemy import bindparam, update
 
-from ..board import parse_board
-from ..compose import blob_at
 from ..db.models import Run, Story, utcnow
 from ..gitconfig_guard import CONFIG_CHANGED_PREFIX
 from ..treedirs import tree_directories
@@ -43,6 +40,7 @@ from .runs import lane_rows, next_in_plan, run_policy, stories_of
 from .stacking import stacked_bases
 from .transitions import transition_run, transition_story
 from .worktree_pool import drain_pool, drain_run_pool
+from .writeback import board_done_keys
 
 __all__ = ["tick"]
 
@@ -299,18 +297,9 @@ class _Lane:
             return []
         known = self.memo.board_done
         if known is None or known[0] != sha:
-            known = self.memo.board_done = (sha, self._board_done_at(sha))
+            known = self.memo.board_done = (sha, board_done_keys(self.integrator.git, sha,
+                                                                  self.integrator.board_rel))
         return [row for row in rows if row.key in known[1]]
-
-    def _board_done_at(self, sha: str) -> frozenset[str]:
-        blob = blob_at(self.integrator.git, sha, self.integrator.board_rel)
-        if blob is None:
-            return frozenset()
-        try:
-            board = parse_board(blob.decode("utf-8"), Path(self.integrator.board_rel))
-        except Exception:  # a board someone broke on the target: the lane's own edit will tell
-            return frozenset()
-        return frozenset(e.key for e in board.entries if e.status == "done")  # extra keys too
 
     def _block_behind_parked(self, stories: list[Story]) -> bool:
         """on_escalation = continue: what depends on or conflicts with a parked story is blocked."""

@@ -3,8 +3,9 @@
 A story whose file is not written yet goes prepare → create → back to pending (create_step.py);
 its next claim starts again at prepare, from the target as it is then, and goes on to dev.
 
-One call of `work()` is the body of one `stories` task. It claims the story row and its lease
-(a duplicate message finds it claimed and returns), then walks on from the row's phase. Each
+One call of `story_task.work()` is the body of one `stories` task. It claims the story row and
+its lease (a duplicate message finds it claimed and returns), then walks on from the row's
+phase (`StoryWorker.walk`). Each
 phase does its slow work outside any transaction and ends in ONE transaction (`_apply`) that
 closes the agent attempt, updates the counters and feedback, and moves the story on or
 escalates it. A crash before that transaction re-runs the phase (an unfinished session is
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import traceback
 from pathlib import Path
 
 from ..compose import changed_paths, commit_message
@@ -23,149 +23,34 @@ from ..db.models import Attempt, Run, Story, utcnow
 from ..errors import GitError, StopRequested
 from ..gitconfig_guard import CONFIG_CHANGED_PREFIX, changed_files
 from ..states import AttemptState, Phase, RunState, StoryState
-from . import leases
 from .boxing import settle_after_box, story_verify_setup
-from .agentpause import PauseRun, check_budget, pause_run, settle_unavailable
-from .context import Claim, Fenced, StoryContext, story_context
+from .agentpause import check_budget, settle_unavailable
+from .context import Claim, Fenced, StoryContext  # noqa: F401 (Fenced: re-exported)
 from .create_step import carry_forward, phase_create
 from .drift import footprint_drift
 from .ledgerfiles import StoryLedgers
 from .faults import crash_point, delay_point
-from .interruptions import close_running_attempts, interrupt_open_attempts, release_after_stop
 from .journal import record
 from .pushed_branch import adopt_pushed_branch
 from .redo import RETRY_FROM
-from .notify import notify
 from .outcome import Escalate, Outcome
-from .retry import FaultPersisted, pause_for_fault, retrying
-from .runs import run_policy
 from .sessions import Heartbeat, run_session
-from .transitions import transition_attempt, transition_run, transition_story
+from .transitions import transition_attempt, transition_run
 from .verify import NOTHING_TO_RUN, run_verify
 from .verify_record import RECORD_KEY, keep, record_ref, restore
 from .verify_record import drop as drop_records
-from .worktree_pool import announce_park
 
-__all__ = ["work", "StoryWorker"]
+__all__ = ["StoryWorker"]
 
 log = logging.getLogger(__name__)
 
 
-def work(project, tasks, run_id: str, story_id: int, on_claim=None) -> None:
-    """Task body: claim the story, do its work, wake the lane. `on_claim(run_id, key)` is
-    called once the claim is committed (`bmad-loop worker` prints a line)."""
-    db = project.db
-    owner = leases.owner_id(f"story{story_id}")
-    with db.transaction() as s:
-        run = s.get(Run, run_id)
-        if run is None:
-            return
-        if run.state not in (RunState.RUNNING, RunState.PAUSING):
-            # Stopped or paused before a worker picked it up: back in line, nothing started.
-            if transition_story(s, story_id, StoryState.QUEUED, state=StoryState.PENDING,
-                                port_block=None):
-                record(s, run_id, "story.unqueued", s.get(Story, story_id).key, run_state=run.state)
-            return
-        now = utcnow()
-        # Read, then claimed by one guarded UPDATE that the row takes as written: two racing
-        # claims read the same generation, and only the one that finds the story queued wins.
-        story = s.get(Story, story_id)
-        first_start = story.phase is None  # it enters prepare here, as `_enter_phase` would
-        if not transition_story(s, story_id, StoryState.QUEUED, state=StoryState.WORKING,
-                                host=project.host, heartbeat_at=now, started_at=now,
-                                claim=story.claim + 1, phase=story.phase or Phase.PREPARE):
-            return  # someone else has it, or it is no longer queued: a duplicate message
-        generation = story.claim
-        record(s, run_id, "story.started", story.key, phase=story.phase, host=project.host)
-        if first_start:
-            record(s, run_id, "story.phase", story.key, phase=Phase.PREPARE)
-        if story.session is not None:  # a session ever began: only a lost worker's is still open
-            close_running_attempts(s, run_id, story)
-        policy = run_policy(run)
-        ctx = story_context(project, run, story, policy)
-        token = leases.take_in(s, leases.story_lease_name(story_id), owner, policy.leases.ttl_s)
-    claim = Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
-    if on_claim is not None:
-        on_claim(run_id, ctx.key)
-    tries = []  # the walkers, one per try
-
-    def walk_once():
-        if tries:  # a try cut short by a fault left its session open (the claim closed older ones)
-            interrupt_open_attempts(claim)
-        claimed = story if not tries else None  # as the claim left it; a retry reads it again
-        tries.append(StoryWorker(ctx, claim))
-        return tries[-1].walk(claimed)
-
-    finished, lease_gone, parked = False, False, None  # parked: ends the park's announcement
-    try:
-        escalated = retrying(walk_once, db=db, run_id=run_id, story=ctx.key, what=f"story {ctx.key}")
-        lease_gone = claim.lease_dropped  # by the walk's last transaction, which committed
-        crash_point("worker.after_ready")
-        if escalated:
-            notify(db, policy, run_id, "story.escalated", story=ctx.key, reason=escalated)
-        else:  # the lane is woken first, then the worktree parked (announced: a take waits)
-            finished, parked = True, announce_park()
-    except FaultPersisted as exc:
-        # Not the story's fault: it goes back in line, its phase and work kept, and the run pauses.
-        release_after_stop(db, run_id, story_id, generation, fault=exc.fault.describe())
-        if pause_for_fault(db, run_id, exc.fault, exc.attempts, story=ctx.key):
-            notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.fault.describe())
-    except PauseRun as exc:  # the agent cannot work, or a budget is spent (agentpause.py)
-        release_after_stop(db, run_id, story_id, generation, fault=exc.reason)
-        if pause_run(db, run_id, ctx.key, exc):
-            notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.reason)
-    except Fenced:
-        log.warning("story %s was taken back while this worker stalled; it stops here", story_id)
-    except StopRequested:
-        release_after_stop(db, run_id, story_id, generation)
-    except Exception as exc:  # a bug or an environment failure: keep the work, tell a human
-        log.exception("story %s failed unexpectedly", story_id)
-        with db.transaction() as s:
-            story = s.get(Story, story_id)
-            if story.state == StoryState.WORKING and story.claim == generation:
-                story.state, story.reason = StoryState.ESCALATED, f"internal error: {exc}"
-                story.ended_at = utcnow()
-                record(s, run_id, "story.escalated", story.key, reason=story.reason,
-                       traceback=traceback.format_exc()[-4000:])
-    finally:
-        if not lease_gone:
-            _quietly(leases.release, db, leases.story_lease_name(story_id), owner)
-        _quietly(tasks.enqueue_lane, run_id)  # lost: the consumers' watchdog wakes the lane
-    try:
-        if finished:
-            # Beside the lane's work (which may park it first).
-            _release_if_ready(ctx, claim, tries[-1].last_row)
-    finally:
-        if parked:
-            parked()
-    if not ctx.target.lane_removes_story_worktrees:
-        _sweep(project, run_id)
-
-
-def _release_if_ready(ctx, claim, known) -> None:
-    """A ready story's work is all on its branch: its worktree goes to the pool, so a story
-    dispatched into the freed slot takes it instead of checking out a new one. (Should its
-    integration escalate, the lane gives it one back; should the lane get there first, it
-    parks it and this park finds nothing to do.)"""
-    if claim.state() == StoryState.READY:  # one column: worktree and branch are known
-        _quietly(ctx.workspace.release_worktree, known if known is not None else claim.load())
-
-
-def _quietly(step, *args) -> None:
+def quietly(step, *args) -> None:
     """A closing step whose failure (a full disk under the queue) must not hide the outcome."""
     try:
         step(*args)
     except Exception:
         log.warning("%s failed; recovery covers it", getattr(step, "__name__", step), exc_info=True)
-
-
-def _sweep(project, run_id: str) -> None:
-    """A story host removes its own landed worktrees (the lane, in another clone, cannot)."""
-    from .cleanup import sweep_landed  # cleanup imports this module's neighbours; keep it lazy
-    try:
-        sweep_landed(project, run_id)
-    except Exception:  # debris only: `cleanup` on this host removes what is left
-        log.warning("could not remove landed worktrees of run %s", run_id, exc_info=True)
 
 
 class StoryWorker:
@@ -209,7 +94,7 @@ class StoryWorker:
                 outcome = Outcome(escalate=esc.reason, evidence=esc.evidence, session=esc.result)
             escalated = self._apply(outcome)
             if outcome.ready and self.policy.verify.commands:
-                _quietly(drop_records, self.git, self.ctx.run_id, self.key)
+                quietly(drop_records, self.git, self.ctx.run_id, self.key)
             if escalated or outcome.ready or outcome.pending:
                 return escalated
             phase = self._row.phase  # entered by `_apply` (which may have passed verify too)

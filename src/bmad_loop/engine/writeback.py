@@ -28,12 +28,12 @@ from ..board import parse_board, set_status
 from ..boardedit import set_statuses
 from ..boardstatus import DONE
 from ..commitobject import CommitSpec
-from ..compose import blobs_at
+from ..compose import blob_at, blobs_at
 from ..treeedit import replace_blobs_and_commit
 from ..errors import ConfigError
 from ..storystatus import set_story_status
 
-__all__ = ["FINISHED_WITHOUT_WORK", "LaneTreeEdit", "lane_tree_edit", "mark_done_on_board",
+__all__ = ["FINISHED_WITHOUT_WORK", "LaneTreeEdit", "board_done_keys", "lane_tree_edit", "mark_done_on_board",
            "mark_story_file_done"]
 
 IN_PROGRESS = "in-progress"
@@ -138,3 +138,16 @@ class LaneTreeEdit:
                    for path, change in self.changes.items()}
         edits = {p: new for p, new in updated.items() if new is not None and new != current[p]}
         return replace_blobs_and_commit(self.git, tree, edits, commit)
+
+
+def board_done_keys(git, sha: str, board_rel: str) -> frozenset[str]:
+    """The keys the board at `sha` marks `done` (extra keys too); none when the board is
+    missing or broken there (the lane's own edit will say so)."""
+    blob = blob_at(git, sha, board_rel)
+    if blob is None:
+        return frozenset()
+    try:
+        board = parse_board(blob.decode("utf-8"), Path(board_rel))
+    except Exception:
+        return frozenset()
+    return frozenset(e.key for e in board.entries if e.status == DONE)
