@@ -8,10 +8,10 @@ stamp file of the killed run would make it pass).
 - **Keep** (`keep`, before a verify starts): the worktree as the agent left it becomes one commit,
   parent HEAD, whose tree is its tracked and untracked files — what ``git stash create`` keeps
   plus the untracked files — made through a temporary index (``read-tree HEAD``, ``add -A``,
-  ``write-tree``), so the worktree's own index keeps all but its flags (taken off first, as the
-  commit step does, `indexflags.py`: an edit hidden behind one is recorded). Ignored files
-  and the seed files are left out (build output; copied-in files, which may hold secrets). The
-  commit goes to ``refs/bmad-loop/verify/<run>/<story>`` and the story row names it (its
+  ``write-tree``; not ``stash create`` itself, which refuses an intent-to-add entry). The
+  worktree's own index keeps all but its flags (taken off first, as the commit step does,
+  `indexflags.py`: an edit hidden behind one is recorded). Ignored files and the seed files
+  are left out (build output; copied-in files, which may hold secrets). The commit goes to ``refs/bmad-loop/verify/<run>/<story>`` and the story row names it (its
   feedback's ``verify_record``) until the verify's verdict is written, in the same transaction.
 - **Restore** (`restore`, a verify that starts while the row still names a record whose ref
   holds it): first the worktree as it is now is kept the same way at ``…/<story>.replaced`` (so
@@ -36,7 +36,6 @@ import os
 import stat
 from pathlib import Path
 
-from ..compose import not_ignored
 from ..errors import GitError
 from ..indexflags import clear_flags
 
@@ -97,17 +96,20 @@ def restore(git, worktree: Path, ref: str, sha: str, scratch: Path, *, seeds=(),
 
 
 def _snapshot(git, worktree: Path, scratch: Path, seeds, what: str) -> str:
-    """A commit (parent HEAD) of `worktree`'s tracked and untracked files, seeds left out."""
+    """A commit (parent HEAD) of `worktree`'s tracked and untracked files, seeds left out,
+    through a temporary index. (Not ``stash create``: it refuses an intent-to-add entry.)"""
+    clear_flags(git, worktree)  # the commit step takes them off too: an edit hidden is an edit
     scratch.mkdir(parents=True, exist_ok=True)
     index = scratch / "verify-record.index"
     index.unlink(missing_ok=True)
-    env = {"GIT_INDEX_FILE": os.fspath(index.resolve())}
-    clear_flags(git, worktree)  # the commit step takes them off too: an edit hidden is an edit
-    excluded = not_ignored(git, worktree, [s.rstrip("/") for s in seeds])
-    spec = ["--", "."] + [f":(exclude,literal){p}" for p in excluded] if excluded else []
+    env = {"GIT_INDEX_FILE": os.fspath(index.resolve()), "GIT_LITERAL_PATHSPECS": "1"}
     try:
         git.run("read-tree", "HEAD", cwd=worktree, env=env)
-        git.run("add", "-A", *spec, cwd=worktree, env=env)
+        git.run("add", "-A", cwd=worktree, env=env)
+        names = [s.rstrip("/") for s in seeds]
+        if names:  # never recorded: copied-in files may hold secrets
+            git.run("rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", *names,
+                    cwd=worktree, env=env)
         tree = git.out("write-tree", cwd=worktree, env=env)
     finally:
         index.unlink(missing_ok=True)
