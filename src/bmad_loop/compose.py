@@ -136,9 +136,7 @@ def commit_worktree(
     could refuse it and unsigned — if anything is staged. Returns (HEAD sha, reverted paths).
     """
     worktree = Path(worktree)
-    # An edit the agent hid from git behind an index flag is still its edit: the flags go first,
-    # so `add -A` sees every tracked file as it is (indexflags.py).
-    clear_flags(git, worktree)
+    clear_flags(git, worktree)  # an edit hidden behind an index flag is an edit (indexflags.py)
     exclude = _not_ignored(git, worktree, exclude)
     spec = (["--", "."] + [f":(exclude,literal){p}" for p in exclude]) if exclude else []
     git.run("add", "-A", *spec, cwd=worktree)

@@ -22,7 +22,7 @@ stamp file of the killed run would make it pass).
   stay) and ``read-tree HEAD`` (the index back to the commit, the agent's changes unstaged again
   as they were), and the seed files are copied in again.
 
-Both refs go when the story is ready (`drop`: its work is committed); an escalated story keeps
+Both refs go when the story is ready (`drop_records`: its work is committed); an escalated story keeps
 them with its worktree, and ``bmad-loop cleanup`` removes them with it.
 
 Only a story's own worktree is recorded and restored (``isolation = "worktree"``): never a
@@ -38,9 +38,11 @@ from pathlib import Path
 
 from ..errors import GitError
 from ..indexflags import clear_flags
+from ..states import Phase
+from .journal import record
 
-__all__ = ["RECORD_KEY", "VERIFY_RECORD_NAMESPACE", "record_ref", "verify_record_refs", "keep",
-           "restore", "drop"]
+__all__ = ["RECORD_KEY", "VERIFY_RECORD_NAMESPACE", "record_ref", "verify_record_refs",
+           "before_verify", "forget_record", "keep", "restore", "drop_records"]
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +61,42 @@ def verify_record_refs(run_id: str, story_key: str) -> tuple[str, str]:
     return ref, f"{ref}.replaced"
 
 
-def drop(git, run_id: str, story_key: str) -> None:
+def forget_record(known, values: dict) -> None:
+    """The worker writes a verify's verdict (`values`, for the row `known`): the row stops
+    naming the record in that same write."""
+    if (known.feedback or {}).get(RECORD_KEY) and known.phase == Phase.VERIFY:
+        values["feedback"] = {**values.get("feedback", known.feedback), RECORD_KEY: None}
+
+
+def drop_records(ctx) -> None:
     """The story is ready (its work is committed): its records go."""
-    git.run("update-ref", "--stdin", input="".join(
-        f"delete {ref}\n" for ref in verify_record_refs(run_id, story_key)))
+    if ctx.policy.verify.commands and ctx.workspace.story_worktrees:
+        ctx.git.run("update-ref", "--stdin", input="".join(
+            f"delete {ref}\n" for ref in verify_record_refs(ctx.run_id, ctx.key)))
+
+
+def before_verify(ctx, claim, story, worktree: Path) -> None:
+    """Before the story's verify: keep the worktree as the agent left it, naming the record in
+    the row; or, when the row names a record still (this verify repeats one a crash or a stop
+    cut short), put the worktree back to it first. Nothing without verify commands, or in a
+    person's checkout."""
+    if not (ctx.policy.verify.commands and ctx.workspace.story_worktrees):
+        return
+    ref = record_ref(ctx.run_id, story.key)
+    named = (story.feedback or {}).get(RECORD_KEY)
+    scratch = ctx.layout.scratch(story.key)
+    if named and ctx.git.rev(ref) == named:
+        replaced = restore(ctx.git, worktree, ref, named, scratch, seeds=ctx.workspace.seeds,
+                           keep_folders=ctx.policy.scm.reuse_keep)
+        ctx.workspace.reseed(worktree)
+        with ctx.db.transaction() as s:
+            claim.own(s)
+            record(s, ctx.run_id, "verify.restored", story.key, record=named, ref=ref,
+                   replaced=replaced)
+        return
+    sha = keep(ctx.git, worktree, ref, scratch, ctx.workspace.seeds)
+    with ctx.db.transaction() as s:
+        claim.write(s, story, feedback={**(story.feedback or {}), RECORD_KEY: sha})
 
 
 def keep(git, worktree: Path, ref: str, scratch: Path, seeds=()) -> str:

@@ -29,6 +29,10 @@ class Prepared:
 
 
 class Workspace(ABC):
+    # The agent works in a worktree of the story's own, never in a person's checkout: bmad-loop
+    # may take index flags off there and record and restore it (verify_record.py).
+    story_worktrees = False
+
     def __init__(self, git, layout, target, scm, *, root: Path, seeds=()):
         self.git = git
         self.layout = layout
