@@ -188,10 +188,10 @@ def _state(path: Path) -> dict:
 
 def test_a_restore_puts_back_exactly_what_was_recorded_whatever_the_verify_did(tmp_path):
     """The agent's output (a changed, a deleted and a new file, a symlink, an edit behind an
-    index flag) is recorded; a hostile verify then commits, deletes, rewrites behind flags,
+    index flag, a file marked intent-to-add) is recorded; a hostile verify then commits, deletes, rewrites behind flags,
     plants ignored and untracked files and a nested repository; the restore gives back exactly
-    the recorded worktree (the agent's flag taken off, as its commit would), and keeps what it
-    replaced."""
+    the recorded worktree (the agent's index marks taken off, as its commit would), and keeps
+    what it replaced."""
     from bmad_loop.engine.verify_record import keep, restore
     from support import git, git_repo, write
 
@@ -205,6 +205,8 @@ def test_a_restore_puts_back_exactly_what_was_recorded_whatever_the_verify_did(t
     write(wt / "b.txt", "hidden by the agent\n")
     git(wt, "update-index", "--skip-worktree", "b.txt")
     write(wt / "seed.env", "SECRET=1\n")
+    write(wt / "intent.txt", "marked intent-to-add\n")
+    git(wt, "add", "-N", "intent.txt")  # `stash create` refuses this
     ref, scratch = "refs/bmad-loop/verify/r1/1-1-a", tmp_path / "scratch"
     sha = keep(g, wt, ref, scratch, seeds=["seed.env"])
     assert "seed.env" not in git(wt, "ls-tree", "-r", "--name-only", sha).split()  # never recorded
@@ -226,6 +228,9 @@ def test_a_restore_puts_back_exactly_what_was_recorded_whatever_the_verify_did(t
     after = _state(wt)
     recorded["files"].pop("seed.env")
     recorded["status"].remove("?? seed.env")
+    # Index marks are not part of the output: intent-to-add comes back as a plain new file.
+    recorded["status"] = sorted(["?? intent.txt" if line == " A intent.txt" else line
+                                 for line in recorded["status"]])
     assert after["files"].pop("seed.env", None) is None  # seeds are copied again by the worker
     assert after == {**recorded, "flags": []}
     assert g.rev(f"{ref}.replaced") == replaced

@@ -160,8 +160,14 @@ def test_ensure_detached_worktree_creates_reuses_and_resets_to_another_sha(git, 
     assert info.detached and info.head == base and info.branch is None
     (cand / "build.log").write_text("ignored output\n")
     (cand / "stray.txt").write_text("untracked\n")
-    ensure_detached_worktree(git, cand, base)  # same sha: left as it is
-    assert (cand / "stray.txt").exists()
+    # Same sha, reused (a verification repeated after a crash): made exactly that tree again.
+    (cand / "README").write_text("changed and hidden\n")
+    git.run("update-index", "--skip-worktree", "README", cwd=cand)
+    ensure_detached_worktree(git, cand, base)
+    assert not (cand / "stray.txt").exists() and not (cand / "build.log").exists()
+    assert (cand / "README").read_text() == "hello\n"
+    assert git.out("ls-files", "-v", cwd=cand) == "H .gitignore\nH README"
+    (cand / "stray.txt").write_text("untracked\n")
     ensure_detached_worktree(git, cand, second)
     assert _registered(git, cand)[0].head == second
     assert (cand / "b.txt").read_text() == "b\n"

@@ -123,10 +123,8 @@ def commit_worktree(
     could refuse it and unsigned — if anything is staged. Returns (HEAD sha, reverted paths).
     """
     worktree = Path(worktree)
-    # An edit the agent hid from git behind an index flag is still its edit: the flags go first,
-    # so `add -A` sees every tracked file as it is (indexflags.py).
-    clear_flags(git, worktree)
-    exclude = not_ignored(git, worktree, exclude)
+    clear_flags(git, worktree)  # an edit hidden behind an index flag is an edit (indexflags.py)
+    exclude = _not_ignored(git, worktree, exclude)
     spec = (["--", "."] + [f":(exclude,literal){p}" for p in exclude]) if exclude else []
     git.run("add", "-A", *spec, cwd=worktree)
     reverted: list[str] = []
@@ -207,7 +205,7 @@ def _index_changes(git: Git, worktree: Path, base_sha: str) -> dict[str, str]:
     return {fields[i + 1]: fields[i][:1] for i in range(0, len(fields) - 1, 2) if fields[i + 1]}
 
 
-def not_ignored(git: Git, worktree: Path, paths: Sequence[str]) -> list[str]:
+def _not_ignored(git: Git, worktree: Path, paths: Sequence[str]) -> list[str]:
     """`paths` less those git ignores: `add -A` leaves an ignored path out anyway, and an
     exclude pathspec naming one makes `git add` fail ("paths are ignored")."""
     if not paths:

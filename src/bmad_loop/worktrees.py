@@ -51,6 +51,7 @@ from pathlib import Path
 from bmad_loop.board import branch_name_ok
 from bmad_loop.branchfiles import delete_loose_branch
 from bmad_loop.errors import GitError
+from bmad_loop.exacttree import make_exact
 from bmad_loop.gitcmd import Git, is_full_sha, repo_lock
 from bmad_loop.gitconfig_guard import config_entries
 from bmad_loop.worktree_files import (register_detached_worktree, register_new_worktree,
@@ -203,10 +204,8 @@ def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
     """Make `path` a worktree with a detached HEAD at `sha` (candidate worktrees).
 
     Idempotent: an existing detached worktree at `path` is reused, made exactly `sha`'s tree
-    first, at the same commit too (`_made_exact`): what ran there before (a verification a crash
-    cut short) may have left files, changed tracked ones or set index flags, and a verification
-    must see the candidate and nothing else. One that cannot be made so (a read-only folder
-    ``clean`` cannot empty) is removed and made again, as a half-made one is.
+    first, at the same commit too (`exacttree.make_exact`: a verification must see nothing an
+    earlier one left); one git cannot make so is removed and made again, as a half-made one is.
     A new one is registered under the lock (in this process where `worktree_files` can) and
     checked out without it, as a new story's is.
     """
@@ -221,27 +220,13 @@ def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
             if info is not None and not info.half_made:
                 if not info.detached:
                     raise GitError(f"{path} is a worktree on branch {info.branch}, not detached")
-                if _made_exact(git, path, sha):
+                if make_exact(git, path, sha):
                     return
             if info is not None or os.path.lexists(path):
                 _discard(git, path, info, listing)
             _add(git, path, sha, detach=True, checkout=not apart)
     if apart:
         _populate(git, path)
-
-
-def _made_exact(git: Git, path: Path, sha: str) -> bool:
-    """Make the worktree at `path` exactly `sha`'s tree (caller holds the lock): a plain
-    ``read-tree`` (it drops every index flag, which ``checkout -f`` and ``reset --hard`` keep),
-    ``checkout --detach -f`` (the files its index names), ``clean -ffdx`` (untracked and ignored
-    files). False when git could not; the caller makes it again."""
-    try:
-        git.run("read-tree", sha, cwd=path)
-        git.run("checkout", "--quiet", "--detach", "-f", sha, cwd=path)
-        git.run("clean", "-ffdxq", cwd=path)
-    except GitError:
-        return False
-    return True
 
 
 def admin_dir(git: Git, path: Path) -> Path | None:
@@ -471,7 +456,7 @@ def _discard(git: Git, path: Path, info: WorktreeInfo | None,
         proc = git.run("worktree", "remove", "-f", "-f", info.path, check=False)
         removed = proc.returncode == 0
     if os.path.lexists(path):
-        _rmtree(path)
+        remove_tree(path)
     if info is None or removed:
         return
     _prune(git)
@@ -493,10 +478,6 @@ def _guard(git: Git, path: Path, listing: list[WorktreeInfo] | None = None) -> N
 
 def remove_tree(path: Path) -> None:
     """Remove a file, a symlink (never what it points to) or a folder, read-only ones too."""
-    _rmtree(path)
-
-
-def _rmtree(path: Path) -> None:
     if path.is_symlink() or not path.is_dir():
         path.unlink(missing_ok=True)
         return

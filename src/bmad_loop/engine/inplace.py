@@ -19,8 +19,6 @@ STATE_PREFIX = ".bmad-loop/"
 
 
 class InPlaceWorkspace(Workspace):
-    works_in_checkout = True
-
     def usable(self, worktree: str | None) -> bool:
         return True  # the checkout is always here
 

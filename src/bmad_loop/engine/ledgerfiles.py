@@ -47,7 +47,7 @@ class StoryLedgers:
 
     @functools.cached_property
     def paths(self) -> list[str]:
-        if self.ctx.workspace.works_in_checkout:
+        if not self.ctx.workspace.story_worktrees:
             return []
         return ignored_ledgers(self.ctx.git, self.ctx.workspace.root, self.rules)
 

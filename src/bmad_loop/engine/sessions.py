@@ -155,7 +155,7 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
         argv = [sys.executable, "-m", "bmad_loop.tmux_session", session, str(log_path), "--", *argv]
     # What the story's work is before the session, to tell an empty dev or fix session. Only a
     # profile's CLI is judged so: for a custom command exit 0 is success (the contract).
-    unflag = policy.scm.isolation == "worktree"  # never a person's flags in their own checkout
+    unflag = ctx.workspace.story_worktrees  # never a person's flags in their own checkout
     before = snapshot(ctx.git, worktree, story.base_sha, unflag=unflag) \
         if phase in (Phase.DEV, Phase.FIX) \
         and story.base_sha and profile_in_use(policy, ctx.profile, phase) else None

@@ -25,6 +25,7 @@ from .notify import notify
 from .retry import FaultPersisted, pause_for_fault, retrying
 from .runs import run_policy
 from .transitions import transition_story
+from .verify_record import drop_records
 from .worker import StoryWorker, quietly
 from .worktree_pool import announce_park
 
@@ -130,6 +131,7 @@ def _release_if_ready(ctx, claim, known) -> None:
     integration escalate, the lane gives it one back; should the lane get there first, it
     parks it and this park finds nothing to do.)"""
     if claim.state() == StoryState.READY:  # one column: worktree and branch are known
+        quietly(drop_records, ctx)  # its work is committed: the verify record goes
         quietly(ctx.workspace.release_worktree, known if known is not None else claim.load())
 
 

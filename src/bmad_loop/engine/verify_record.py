@@ -8,10 +8,10 @@ stamp file of the killed run would make it pass).
 - **Keep** (`keep`, before a verify starts): the worktree as the agent left it becomes one commit,
   parent HEAD, whose tree is its tracked and untracked files — what ``git stash create`` keeps
   plus the untracked files — made through a temporary index (``read-tree HEAD``, ``add -A``,
-  ``write-tree``), so the worktree's own index keeps all but its flags (taken off first, as the
-  commit step does, `indexflags.py`: an edit hidden behind one is recorded). Ignored files
-  and the seed files are left out (build output; copied-in files, which may hold secrets). The
-  commit goes to ``refs/bmad-loop/verify/<run>/<story>`` and the story row names it (its
+  ``write-tree``; not ``stash create`` itself, which refuses an intent-to-add entry). The
+  worktree's own index keeps all but its flags (taken off first, as the commit step does,
+  `indexflags.py`: an edit hidden behind one is recorded). Ignored files and the seed files
+  are left out (build output; copied-in files, which may hold secrets). The commit goes to ``refs/bmad-loop/verify/<run>/<story>`` and the story row names it (its
   feedback's ``verify_record``) until the verify's verdict is written, in the same transaction.
 - **Restore** (`restore`, a verify that starts while the row still names a record whose ref
   holds it): first the worktree as it is now is kept the same way at ``…/<story>.replaced`` (so
@@ -22,7 +22,7 @@ stamp file of the killed run would make it pass).
   stay) and ``read-tree HEAD`` (the index back to the commit, the agent's changes unstaged again
   as they were), and the seed files are copied in again.
 
-Both refs go when the story is ready (`drop`: its work is committed); an escalated story keeps
+Both refs go when the story is ready (`drop_records`: its work is committed); an escalated story keeps
 them with its worktree, and ``bmad-loop cleanup`` removes them with it.
 
 Only a story's own worktree is recorded and restored (``isolation = "worktree"``): never a
@@ -36,12 +36,13 @@ import os
 import stat
 from pathlib import Path
 
-from ..compose import not_ignored
 from ..errors import GitError
 from ..indexflags import clear_flags
+from ..states import Phase
+from .journal import record
 
-__all__ = ["RECORD_KEY", "VERIFY_RECORD_NAMESPACE", "record_ref", "verify_record_refs", "keep",
-           "restore", "drop"]
+__all__ = ["RECORD_KEY", "VERIFY_RECORD_NAMESPACE", "record_ref", "verify_record_refs",
+           "before_verify", "forget_record", "keep", "restore", "drop_records"]
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +61,42 @@ def verify_record_refs(run_id: str, story_key: str) -> tuple[str, str]:
     return ref, f"{ref}.replaced"
 
 
-def drop(git, run_id: str, story_key: str) -> None:
+def forget_record(known, values: dict) -> None:
+    """The worker writes a verify's verdict (`values`, for the row `known`): the row stops
+    naming the record in that same write."""
+    if (known.feedback or {}).get(RECORD_KEY) and known.phase == Phase.VERIFY:
+        values["feedback"] = {**values.get("feedback", known.feedback), RECORD_KEY: None}
+
+
+def drop_records(ctx) -> None:
     """The story is ready (its work is committed): its records go."""
-    git.run("update-ref", "--stdin", input="".join(
-        f"delete {ref}\n" for ref in verify_record_refs(run_id, story_key)))
+    if ctx.policy.verify.commands and ctx.workspace.story_worktrees:
+        ctx.git.run("update-ref", "--stdin", input="".join(
+            f"delete {ref}\n" for ref in verify_record_refs(ctx.run_id, ctx.key)))
+
+
+def before_verify(ctx, claim, story, worktree: Path) -> None:
+    """Before the story's verify: keep the worktree as the agent left it, naming the record in
+    the row; or, when the row names a record still (this verify repeats one a crash or a stop
+    cut short), put the worktree back to it first. Nothing without verify commands, or in a
+    person's checkout."""
+    if not (ctx.policy.verify.commands and ctx.workspace.story_worktrees):
+        return
+    ref = record_ref(ctx.run_id, story.key)
+    named = (story.feedback or {}).get(RECORD_KEY)
+    scratch = ctx.layout.scratch(story.key)
+    if named and ctx.git.rev(ref) == named:
+        replaced = restore(ctx.git, worktree, ref, named, scratch, seeds=ctx.workspace.seeds,
+                           keep_folders=ctx.policy.scm.reuse_keep)
+        ctx.workspace.reseed(worktree)
+        with ctx.db.transaction() as s:
+            claim.own(s)
+            record(s, ctx.run_id, "verify.restored", story.key, record=named, ref=ref,
+                   replaced=replaced)
+        return
+    sha = keep(ctx.git, worktree, ref, scratch, ctx.workspace.seeds)
+    with ctx.db.transaction() as s:
+        claim.write(s, story, feedback={**(story.feedback or {}), RECORD_KEY: sha})
 
 
 def keep(git, worktree: Path, ref: str, scratch: Path, seeds=()) -> str:
@@ -97,17 +130,20 @@ def restore(git, worktree: Path, ref: str, sha: str, scratch: Path, *, seeds=(),
 
 
 def _snapshot(git, worktree: Path, scratch: Path, seeds, what: str) -> str:
-    """A commit (parent HEAD) of `worktree`'s tracked and untracked files, seeds left out."""
+    """A commit (parent HEAD) of `worktree`'s tracked and untracked files, seeds left out,
+    through a temporary index. (Not ``stash create``: it refuses an intent-to-add entry.)"""
+    clear_flags(git, worktree)  # the commit step takes them off too: an edit hidden is an edit
     scratch.mkdir(parents=True, exist_ok=True)
     index = scratch / "verify-record.index"
     index.unlink(missing_ok=True)
-    env = {"GIT_INDEX_FILE": os.fspath(index.resolve())}
-    clear_flags(git, worktree)  # the commit step takes them off too: an edit hidden is an edit
-    excluded = not_ignored(git, worktree, [s.rstrip("/") for s in seeds])
-    spec = ["--", "."] + [f":(exclude,literal){p}" for p in excluded] if excluded else []
+    env = {"GIT_INDEX_FILE": os.fspath(index.resolve()), "GIT_LITERAL_PATHSPECS": "1"}
     try:
         git.run("read-tree", "HEAD", cwd=worktree, env=env)
-        git.run("add", "-A", *spec, cwd=worktree, env=env)
+        git.run("add", "-A", cwd=worktree, env=env)
+        names = [s.rstrip("/") for s in seeds]
+        if names:  # never recorded: copied-in files may hold secrets
+            git.run("rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", *names,
+                    cwd=worktree, env=env)
         tree = git.out("write-tree", cwd=worktree, env=env)
     finally:
         index.unlink(missing_ok=True)

@@ -37,8 +37,7 @@ from .outcome import Escalate, Outcome
 from .sessions import Heartbeat, run_session
 from .transitions import transition_attempt, transition_run
 from .verify import NOTHING_TO_RUN, run_verify
-from .verify_record import RECORD_KEY, keep, record_ref, restore
-from .verify_record import drop as drop_records
+from .verify_record import before_verify, forget_record
 
 __all__ = ["StoryWorker"]
 
@@ -93,8 +92,6 @@ class StoryWorker:
             except Escalate as esc:
                 outcome = Outcome(escalate=esc.reason, evidence=esc.evidence, session=esc.result)
             escalated = self._apply(outcome)
-            if outcome.ready and self.policy.verify.commands:
-                quietly(drop_records, self.git, self.ctx.run_id, self.key)
             if escalated or outcome.ready or outcome.pending:
                 return escalated
             phase = self._row.phase  # entered by `_apply` (which may have passed verify too)
@@ -160,8 +157,7 @@ class StoryWorker:
         log_path = ctx.layout.verify_log(self.key, label)
         env, box = story_verify_setup(ctx, worktree, log_path) if commands else (None, None)
         with Heartbeat(ctx, self.claim) if commands else contextlib.nullcontext():
-            if commands and self.policy.scm.isolation == "worktree":
-                self._record_output(story, worktree)
+            before_verify(ctx, self.claim, story, worktree)  # record or restore (verify_record.py)
             result = run_verify(commands, cwd=worktree, log_path=log_path,
                                 timeout_s=self.policy.verify.timeout_s, env=env,
                                 stop_event=self.claim.stop_event, run_id=ctx.run_id, story_key=self.key,
@@ -171,33 +167,6 @@ class StoryWorker:
             settle_after_box(ctx.git, worktree, story.branch, ctx.scratch)
         if result.interrupted:
             raise StopRequested()
-        outcome = self._verify_outcome(story, result)
-        # The verdict is written: the record is done with (the same transaction says so).
-        outcome.feedback = {**outcome.feedback, RECORD_KEY: None}
-        return outcome
-
-    def _record_output(self, story: Story, worktree: Path) -> None:
-        """Before the story's verify: keep the worktree as the agent left it; or, when the row
-        names a record still (this verify repeats one a crash or a stop cut short), put the
-        worktree back to it first (verify_record.py)."""
-        ctx = self.ctx
-        ref = record_ref(ctx.run_id, self.key)
-        named = (story.feedback or {}).get(RECORD_KEY)
-        scratch = ctx.layout.scratch(self.key)
-        if named and ctx.git.rev(ref) == named:
-            replaced = restore(ctx.git, worktree, ref, named, scratch, seeds=ctx.workspace.seeds,
-                               keep_folders=self.policy.scm.reuse_keep)
-            ctx.workspace.reseed(worktree)
-            with ctx.db.transaction() as s:
-                self.claim.own(s)
-                record(s, ctx.run_id, "verify.restored", self.key, record=named, ref=ref,
-                       replaced=replaced)
-            return
-        sha = keep(ctx.git, worktree, ref, scratch, ctx.workspace.seeds)
-        with ctx.db.transaction() as s:
-            self.claim.write(s, story, feedback={**(story.feedback or {}), RECORD_KEY: sha})
-
-    def _verify_outcome(self, story: Story, result) -> Outcome:
         event = result.event()
         human_fix = story.human_fix
         if result.ok:
@@ -295,6 +264,7 @@ class StoryWorker:
         values = {name: getattr(known, name) + inc for name, inc in outcome.counters.items()}
         if outcome.feedback:
             values["feedback"] = {**(known.feedback or {}), **outcome.feedback}
+        forget_record(known, values)  # a verify's verdict: its record is done with
         values.update(outcome.values)
         passed = None  # verify with no command to run passes as it is entered
         if outcome.escalate:

@@ -29,8 +29,9 @@ class Prepared:
 
 
 class Workspace(ABC):
-    # Does the agent work in the checkout itself (in place), not in a worktree of its own?
-    works_in_checkout = False
+    # The agent works in a worktree of the story's own, never in a person's checkout: bmad-loop
+    # may take index flags off there and record and restore it (verify_record.py).
+    story_worktrees = False
 
     def __init__(self, git, layout, target, scm, *, root: Path, seeds=()):
         self.git = git

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class WorktreeWorkspace(Workspace):
+    story_worktrees = True
+
     @property
     def shared_branch(self) -> bool:
         return self.scm.branch_per == "run"
