@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from ..engine.presses import Interrupts
 from ..errors import EXIT_OK, EXIT_USAGE, ConfigError
 from .app import (
     cli, handle_errors, has_state, json_option, open_project, open_project_to_read, project_option,
@@ -123,6 +124,7 @@ def init(project_dir, force):
     import tomllib
 
     from ..engine.project import Project, ensure_state_dir
+    from ..engine.repocheck import check_checkout
     from ..policy import default_policy_text, load_policy, policy_from_dict, policy_path
 
     root = project_dir.resolve()
@@ -134,7 +136,7 @@ def init(project_dir, force):
         text = default_policy_text()
         policy = policy_from_dict(tomllib.loads(text), source=str(path), env=os.environ)
     project = Project(root=root, policy=policy)
-    _check_checkout(project)
+    check_checkout(project)  # a folder outside git would give a project no command can run
     # The database first: a policy, a database file or a folder it refuses leaves nothing written.
     project.db  # create and migrate
     state = ensure_state_dir(root)
@@ -145,18 +147,6 @@ def init(project_dir, force):
         click.echo(f"wrote {path}")
     click.echo(f"state database ready at {project.database_url}")
     click.echo(f"runtime files under {state} are git-ignored by {state / '.gitignore'}")
-
-
-def _check_checkout(project) -> None:
-    """`init` in a folder that is no git checkout would succeed and leave a project no
-    command can run: refuse it before anything is written."""
-    from ..engine.repocheck import not_a_checkout
-
-    git = project.git()
-    if git.toplevel() is None:
-        error = not_a_checkout(project.root, git)
-        raise ConfigError(f"{error}; run `git init` (or clone the repository) first, then "
-                          "`bmad-loop init` in it")
 
 
 @cli.command()
@@ -240,7 +230,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
 
     Exit codes: 0 completed, 1 failed, 2 bad input, 3 needs a human, 4 stopped, 130 second Ctrl+C.
     """
-    presses = _count_presses()  # first: a Ctrl+C during start-up stops the run once it is driven
+    presses = Interrupts.counting()  # first: a Ctrl+C during start-up stops the run once driven
     from ..engine.faults import delay_point
     from ..engine.gatepoints import pause_summary
 
@@ -272,7 +262,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
 @handle_errors
 def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit_path):
     """Continue a paused, stopped, failed or crashed run (same plan, scope and target)."""
-    presses = _count_presses()
+    presses = Interrupts.counting()
     from ..engine.control import resume as do_resume
     from ..tasks import Tasks
 
@@ -303,15 +293,6 @@ def _journal_end(project, run_ref) -> dict[str, int]:
             return {}
         last = s.scalar(select(func.max(Event.seq)).where(Event.run_id == run.id))
         return {run.id: last or 0}
-
-
-def _count_presses():
-    """Ctrl+C counted from now on, for the driver (`Interrupts`)."""
-    from ..engine.presses import Interrupts
-
-    presses = Interrupts()
-    presses.install()
-    return presses
 
 
 def _drive_and_report(project, tasks, run_id, workers, progress, report_path, junit_path,

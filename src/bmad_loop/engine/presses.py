@@ -30,6 +30,13 @@ class Interrupts:
         if not self.driving and self.count >= 2:
             raise KeyboardInterrupt
 
+    @classmethod
+    def counting(cls) -> "Interrupts":
+        """A counter installed now (the command's first line)."""
+        presses = cls()
+        presses.install()
+        return presses
+
     def install(self):
         """Count SIGINT here (main thread only); returns the handler it replaced, or None."""
         if threading.current_thread() is not threading.main_thread():
