@@ -230,7 +230,8 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
 
     Exit codes: 0 completed, 1 failed, 2 bad input, 3 needs a human, 4 stopped, 130 second Ctrl+C.
     """
-    presses = Interrupts.counting()  # first: a Ctrl+C during start-up stops the run once driven
+    # First: a Ctrl+C during start-up stops the run once it is driven.
+    click.get_current_context().call_on_close(Interrupts.counting().release)
     from ..engine.faults import delay_point
     from ..engine.gatepoints import pause_summary
 
@@ -248,7 +249,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
         return
     delay_point("run.enqueued")
     _drive_and_report(project, tasks, run_id, policy.scm.max_parallel, _progress_printer(ci),
-                      report_path, junit_path, presses=presses)
+                      report_path, junit_path)
 
 
 @cli.command()
@@ -262,7 +263,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
 @handle_errors
 def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit_path):
     """Continue a paused, stopped, failed or crashed run (same plan, scope and target)."""
-    presses = Interrupts.counting()
+    click.get_current_context().call_on_close(Interrupts.counting().release)
     from ..engine.control import resume as do_resume
     from ..tasks import Tasks
 
@@ -275,7 +276,7 @@ def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit
         return
     # Only what is new: the journal up to the resume was printed by the run that wrote it.
     _drive_and_report(project, tasks, run.id, run.max_parallel, _progress_printer(),
-                      report_path, junit_path, since_seq=seen.get(run.id, 0), presses=presses)
+                      report_path, junit_path, since_seq=seen.get(run.id, 0))
 
 
 def _journal_end(project, run_ref) -> dict[str, int]:
@@ -296,7 +297,7 @@ def _journal_end(project, run_ref) -> dict[str, int]:
 
 
 def _drive_and_report(project, tasks, run_id, workers, progress, report_path, junit_path,
-                      since_seq: int = 0, presses=None):
+                      since_seq: int = 0):
     """Drive the run here until it settles, print its outcome, write the reports, exit with
     the run's exit code. Each Ctrl+C acted on is explained (`stop_notice`)."""
     from ..engine.driver import drive
@@ -306,9 +307,8 @@ def _drive_and_report(project, tasks, run_id, workers, progress, report_path, ju
         click.echo(interrupt_notice(project, run_id, count), color=False)
         sys.stdout.flush()
 
-    presses.notice = notice
     code = drive(project, tasks, run_id, workers=workers, progress=progress, since_seq=since_seq,
-                 interrupts=presses)
+                 notice=notice)
     _print_outcome(project, run_id)
     _write_reports(project, run_id, code, report_path, junit_path)
     sys.exit(code)
