@@ -138,7 +138,7 @@ def test_cleanup_json_has_every_report_field_and_an_empty_repository_has_nothing
     report = cleanup_json(repo)
     assert report == {"dry_run": False, "worktrees_removed": [], "branches_deleted": [],
                       "refs_deleted": [], "remote_branches_deleted": [], "rows_marked": [], "kept": [],
-                      "runs_pruned": [], "foreign": [], "warnings": [],
+                      "kept_because": {}, "runs_pruned": [], "foreign": [], "warnings": [],
                       "pruned_metadata": True}
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from ..engine.presses import Interrupts
 from ..errors import EXIT_OK, EXIT_USAGE, ConfigError
 from .app import (
     cli, handle_errors, has_state, json_option, open_project, project_option, run_ref_argument,
@@ -129,6 +130,7 @@ def init(project_dir, force):
     import tomllib
 
     from ..engine.project import Project, ensure_state_dir
+    from ..engine.repocheck import check_checkout
     from ..policy import default_policy_text, load_policy, policy_from_dict, policy_path
 
     root = project_dir.resolve()
@@ -140,7 +142,7 @@ def init(project_dir, force):
         text = default_policy_text()
         policy = policy_from_dict(tomllib.loads(text), source=str(path), env=os.environ)
     project = Project(root=root, policy=policy)
-    _check_checkout(project)
+    check_checkout(project)  # a folder outside git would give a project no command can run
     # The database first: a policy, a database file or a folder it refuses leaves nothing written.
     project.db  # create and migrate
     state = ensure_state_dir(root)
@@ -151,18 +153,6 @@ def init(project_dir, force):
         click.echo(f"wrote {path}")
     click.echo(f"state database ready at {project.database_url}")
     click.echo(f"runtime files under {state} are git-ignored by {state / '.gitignore'}")
-
-
-def _check_checkout(project) -> None:
-    """`init` in a folder that is no git checkout would succeed and leave a project no
-    command can run: refuse it before anything is written."""
-    from ..engine.repocheck import not_a_checkout
-
-    git = project.git()
-    if git.toplevel() is None:
-        error = not_a_checkout(project.root, git)
-        raise ConfigError(f"{error}; run `git init` (or clone the repository) first, then "
-                          "`bmad-loop init` in it")
 
 
 @cli.command()
@@ -249,7 +239,8 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
 
     Exit codes: 0 completed, 1 failed, 2 bad input, 3 needs a human, 4 stopped, 130 second Ctrl+C.
     """
-    presses = _count_presses()  # first: a Ctrl+C during start-up stops the run once it is driven
+    # First: a Ctrl+C during start-up stops the run once it is driven.
+    click.get_current_context().call_on_close(Interrupts.counting().release)
     from ..engine.faults import delay_point
     from ..engine.gatepoints import pause_summary
 
@@ -269,7 +260,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
         return
     delay_point("run.enqueued")
     _drive_and_report(project, tasks, run_id, policy.scm.max_parallel, _progress_printer(ci),
-                      report_path, junit_path, presses=presses, report_html=report_html)
+                      report_path, junit_path, report_html=report_html)
 
 
 @cli.command()
@@ -283,7 +274,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
 @handle_errors
 def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit_path, report_html):
     """Continue a paused, stopped, failed or crashed run (same plan, scope and target)."""
-    presses = _count_presses()
+    click.get_current_context().call_on_close(Interrupts.counting().release)
     from ..engine.control import resume as do_resume
     from ..tasks import Tasks
 
@@ -297,8 +288,7 @@ def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit
         return
     # Only what is new: the journal up to the resume was printed by the run that wrote it.
     _drive_and_report(project, tasks, run.id, run.max_parallel, _progress_printer(),
-                      report_path, junit_path, since_seq=seen.get(run.id, 0), presses=presses,
-                      report_html=report_html)
+                      report_path, junit_path, since_seq=seen.get(run.id, 0), report_html=report_html)
 
 
 def _journal_end(project, run_ref) -> dict[str, int]:
@@ -318,17 +308,8 @@ def _journal_end(project, run_ref) -> dict[str, int]:
         return {run.id: last or 0}
 
 
-def _count_presses():
-    """Ctrl+C counted from now on, for the driver (`Interrupts`)."""
-    from ..engine.presses import Interrupts
-
-    presses = Interrupts()
-    presses.install()
-    return presses
-
-
 def _drive_and_report(project, tasks, run_id, workers, progress, report_path, junit_path,
-                      since_seq: int = 0, presses=None, report_html=None):
+                      since_seq: int = 0, report_html=None):
     """Drive the run here until it settles, print its outcome, write the reports, exit with
     the run's exit code. Each Ctrl+C acted on is explained (`stop_notice`)."""
     from ..engine.driver import drive
@@ -338,9 +319,8 @@ def _drive_and_report(project, tasks, run_id, workers, progress, report_path, ju
         click.echo(interrupt_notice(project, run_id, count), color=False)
         sys.stdout.flush()
 
-    presses.notice = notice
     code = drive(project, tasks, run_id, workers=workers, progress=progress, since_seq=since_seq,
-                 interrupts=presses)
+                 notice=notice)
     _print_outcome(project, run_id)
     _write_reports(project, run_id, code, report_path, junit_path)
     _write_html_report(project, run_id, report_html)

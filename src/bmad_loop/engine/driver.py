@@ -34,22 +34,28 @@ def exit_code_for(run: Run, stories) -> int:
 
 
 def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[object], None] | None,
-          poll_s: float = 0.5, interrupts: Interrupts | None = None, since_seq: int = 0) -> int:
+          poll_s: float = 0.5, notice: Callable[[int], None] | None = None, since_seq: int = 0) -> int:
     """Consumers on in this process until the run settles; `progress` gets each journal event
     after `since_seq` (a resume shows only what happens from the resume on). The journal is
     read after every lane tick (the run settles only in one) and at least every `poll_s`, for
-    the workers' own progress lines. Without `interrupts` the driver counts Ctrl+C itself."""
+    the workers' own progress lines. Ctrl+C is counted by the process's `Interrupts` (the
+    command's, installed at its start), else by one installed here; `notice(presses)` is told
+    of each press acted on, after its `run.stopping` line."""
     consumers = ConsumerSet(project, queue="all", workers=workers, tasks=tasks)
+    interrupts = Interrupts.installed()
     own = interrupts is None
     interrupts = Interrupts() if own else interrupts
+    interrupts.notice = notice
     woke = interrupts.woke
     interrupts.driving = True
     consumers.after_each_tick(lambda _run_id: woke.set())
     previous = interrupts.install() if own else None
     _cleanup_at_start(project)
+    handled = told = 0
+    if interrupts.count:  # pressed during start-up: stopped before any worker can claim a story
+        handled, told = _act_on_presses(project, tasks, run_id, interrupts, handled, told)
     consumers.start()
     last_seq = since_seq
-    handled = told = 0
     try:
         while True:
             if interrupts.count > handled:
@@ -61,13 +67,13 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
                     for event in event_rows_after(s, run_id, last_seq):
                         last_seq = event.seq
                         progress(event)
-                if told < handled and interrupts.notice is not None:  # after its `run.stopping`
-                    interrupts.notice(handled)
-                told = handled
                 state = s.connection().execute(RUN_STATE, {"of_run": run_id}).scalar()
                 settled = state in RUN_SETTLED
                 if settled:  # one snapshot: every event up to the settling one was shown
                     run, stories = s.get(Run, run_id), stories_of(s, run_id)
+            if told < handled and interrupts.notice is not None:  # after its `run.stopping`
+                interrupts.notice(handled)
+            told = handled
             if settled:
                 break
             woke.wait(poll_s)

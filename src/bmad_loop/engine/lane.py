@@ -39,17 +39,13 @@ from .rowcheck import integrated_rows, rows_contradicting_git
 from .runs import lane_rows, next_in_plan, run_policy, stories_of
 from .stacking import stacked_bases
 from .transitions import transition_run, transition_story
+from .waitreasons import reasons_told, write_wait_reasons
 from .worktree_pool import drain_pool, drain_run_pool
 from .writeback import board_done_keys
 
 __all__ = ["tick"]
 
 log = logging.getLogger(__name__)
-
-# The waiting stories' reasons, one UPDATE per distinct reason (built once, as the lane's reads).
-_STORIES = Story.__table__
-_SET_WAIT_REASON = (update(_STORIES).where(_STORIES.c.id.in_(bindparam("ids", expanding=True)))
-                    .values(wait_reason=bindparam("why")))
 
 FOREIGN_MOVE_PREFIX = "target moved by someone else"
 
@@ -114,9 +110,7 @@ class _Lane:
         self.memo = run_memo(project, run.id)
         self._landed: int | None = None  # the story the last integration step landed
         self._pending_seen = True  # did this pass's rows hold a pending story?
-        # story id -> (row rev, reason) this lane wrote: a pass that admits twice on the same
-        # rows (dispatch first, then dispatch) must not journal the same wait twice.
-        self._reasons_written: dict[int, tuple[int, str]] = {}
+        self._reasons_written: dict[int, tuple[int, str]] = {}  # id -> (rev, reason): once per row
         self.stack = (Stack(self, policy.verify.depth(run.max_parallel))
                       if speculating(policy, run.max_parallel) else None)
         if run.max_parallel > 1:
@@ -371,14 +365,7 @@ class _Lane:
         queued = []
         used_blocks = {s.port_block for s in stories if s.state in STORY_IN_FLIGHT and s.port_block is not None}
         with self.db.transaction() as s:
-            changed = {}  # reason -> ids: one UPDATE per distinct reason, no row loaded
-            for key, why in decision.waiting.items():
-                row = by_key[key]
-                if row.wait_reason != why and self._reasons_written.get(row.id) != (row.rev, why):
-                    changed.setdefault(why, []).append(row.id)
-                    record(s, self.run_id, "story.waiting", key, reason=why)
-            for why, ids in changed.items():
-                s.connection().execute(_SET_WAIT_REASON, {"ids": ids, "why": why})
+            write_wait_reasons(s, self.run_id, decision.waiting, by_key, self._reasons_written)
             for key in decision.dispatch:
                 row = by_key[key]
                 stacked = bases.get(key, (None, None))
@@ -395,8 +382,7 @@ class _Lane:
                     queued.append(row.id)
             if decision.gate is not None:
                 self._gate = decision.gate
-        self._reasons_written.update((by_key[k].id, (by_key[k].rev, why))  # committed now
-                                     for k, why in decision.waiting.items())
+        self._reasons_written.update(reasons_told(decision.waiting, by_key))  # committed now
         for story_id in queued:
             self.tasks.enqueue_story(self.run_id, story_id)
         self._decision, self._queued = decision, len(queued)

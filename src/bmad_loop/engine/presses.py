@@ -23,6 +23,7 @@ class Interrupts:
     count: int = 0
     woke: threading.Event = field(default_factory=threading.Event)
     driving: bool = False  # before: a first press waits for the run to start, a second aborts
+    previous: object = None  # the SIGINT handler `counting` replaced
 
     def press(self, signum=None, frame=None) -> None:
         self.count += 1
@@ -30,8 +31,32 @@ class Interrupts:
         if not self.driving and self.count >= 2:
             raise KeyboardInterrupt
 
+    @classmethod
+    def counting(cls) -> "Interrupts":
+        """The process's counter, installed now (the command's first line): a signal handler
+        is the process's, so is its count; the driver finds it with `installed`."""
+        global _installed
+        _installed = cls()
+        _installed.previous = _installed.install()
+        return _installed
+
+    @staticmethod
+    def installed() -> "Interrupts | None":
+        return _installed
+
+    def release(self) -> None:
+        """The command is over: SIGINT goes back to the handler it had (a test runner's)."""
+        global _installed
+        if _installed is self:
+            _installed = None
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
     def install(self):
         """Count SIGINT here (main thread only); returns the handler it replaced, or None."""
         if threading.current_thread() is not threading.main_thread():
             return None
         return signal.signal(signal.SIGINT, self.press)
+
+
+_installed: Interrupts | None = None

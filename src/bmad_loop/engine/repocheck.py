@@ -4,6 +4,7 @@ Each refuses with one `ConfigError` line naming the folder, the policy key or th
 
 - `not_a_checkout`: why `git rev-parse --show-toplevel` found no working tree: a bare repository
   (bmad-loop needs a checkout), or no repository at all;
+- `check_checkout`: `init`'s refusal of such a folder, saying how to make one;
 - `check_has_commits`: an empty repository (no commit yet), where no branch can be a target;
 - `check_story_dir`: `[stories] story_dir` outside the repository (story files are read, and
   handed to agents, inside each story's worktree);
@@ -22,7 +23,7 @@ from ..adapter import check_binary
 from ..errors import ConfigError
 from .runs import path_inside
 
-__all__ = ["check_agent", "check_has_commits", "check_story_dir", "not_a_checkout"]
+__all__ = ["check_agent", "check_checkout", "check_has_commits", "check_story_dir", "not_a_checkout"]
 
 _EXECUTABLE_MODES = ("100755", "120000")  # an executable file, or a symlink
 
@@ -34,6 +35,14 @@ def not_a_checkout(root: Path, git) -> ConfigError:
         return ConfigError(f"{root}: a bare repository (no working tree); bmad-loop needs a "
                            "checkout: clone it and run bmad-loop in the clone")
     return ConfigError(f"{root}: not a git repository")
+
+
+def check_checkout(project) -> None:
+    """`init` refuses a folder where git finds no working tree, before anything is written."""
+    git = project.git()
+    if git.toplevel() is None:
+        raise ConfigError(f"{not_a_checkout(project.root, git)}; run `git init` (or clone the "
+                          "repository) first, then `bmad-loop init` in it")
 
 
 def check_has_commits(root: Path, git, branch: str) -> None:
