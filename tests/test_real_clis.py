@@ -81,7 +81,9 @@ class Sprint:
 
     def __init__(self, make_repo, tmp_path: Path, cli_bin: Path, cli: str, stories, policy: str = ""):
         self.cli = cli
-        self.repo = make_repo(stories, policy=f"{policy}\n[adapter]\nprofile = \"{cli}\"\ntimeout_s = 180\n")
+        # A long lease: on a loaded machine a slow heartbeat must not hand the story to another worker.
+        self.repo = make_repo(stories, policy=f"{policy}\n[leases]\nttl_s = 300\n"
+                                             f"[adapter]\nprofile = \"{cli}\"\ntimeout_s = 180\n")
         self.tmp = tmp_path
         env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
         env.update(prepare(cli, tmp_path / f"{cli}-home", PORTS))
