@@ -221,3 +221,18 @@ def test_with_the_sandbox_on_the_cli_works_inside_the_box(make_repo, tmp_path, c
     assert outcome.rc() == 0, s.log(outcome)
     assert s.repo.story("1-1-alpha")["state"] == "integrated"
     assert s.repo.git("show", "main:src/alpha.py") + "\n" == WRITTEN.format(phase="dev", n=1)
+
+
+def test_the_proxy_counts_an_attempt_to_leave_loopback(tmp_path):
+    """The zero every test above asserts could be otherwise: a client that honours HTTPS_PROXY and
+    asks for a host on the internet is refused and counted."""
+    if not _unshare() or subprocess.run([*_unshare(), "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a network namespace here")
+    env = {"PATH": os.environ["PATH"], **prepare("claude", tmp_path / "home", PORTS)}
+    leave = "import urllib.request\ntry: urllib.request.urlopen('https://example.com/', timeout=10)\nexcept OSError: pass\n"
+    job, result = tmp_path / "job.json", tmp_path / "result.json"
+    job.write_text(json.dumps({"model_port": PORTS.model, "proxy_port": PORTS.proxy, "result": str(result),
+                               "steps": [{"argv": [sys.executable, "-c", leave], "env": env}]}))
+    subprocess.run([*_unshare(), sys.executable, str(RUNNER), str(job)], check=True, timeout=120)
+    (attempt,) = json.loads(result.read_text())["proxy"]
+    assert attempt.startswith("CONNECT example.com:443 ")
