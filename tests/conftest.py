@@ -81,9 +81,17 @@ def bar(tmp_path) -> Path:
 _REALCLI: list[tuple[float, float, float]] = []  # (duration, start, stop) of each phase
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Tag the reports of tests marked `realcli` (the tag travels with the report under xdist)."""
+    outcome = yield
+    if item.get_closest_marker("realcli") is not None:
+        outcome.get_result().user_properties.append(("realcli", True))
+
+
 def pytest_runtest_logreport(report):
     """Note the time of the tests marked `realcli` (under xdist, as the controller receives them)."""
-    if "realcli" in report.keywords:
+    if ("realcli", True) in report.user_properties:
         _REALCLI.append((report.duration, getattr(report, "start", 0.0), getattr(report, "stop", 0.0)))
 
 

@@ -116,6 +116,71 @@ def test_codex_jsonl_sums_turn_usage_and_reads_its_usage_limit():
                              "specified.\n", 1).category == "trust"
 
 
+def test_a_codex_turn_that_completed_after_a_retry_is_a_success_with_its_cache_writes():
+    # codex 0.171.0, one 429 cured by its own retry: an `error` event, then the turn completes.
+    out = lines({"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"},
+                {"type": "error", "message": "Reconnecting... 1/5 (exceeded retry limit, last status: "
+                                             "429 Too Many Requests)"},
+                {"type": "item.completed", "item": {"id": "m", "type": "agent_message", "text": "Done."}},
+                {"type": "turn.completed", "usage": {"input_tokens": 3600, "cached_input_tokens": 1200,
+                                                     "cache_write_input_tokens": 30, "output_tokens": 150,
+                                                     "reasoning_output_tokens": 21}})
+    out += "Reading additional input from stdin...\n"
+    report = parse_output("codex-jsonl", out)
+    assert not report.is_error and fault_of("codex", out, 0) is None
+    assert report.usage.cache_write_tokens == 30 and report.usage.input_tokens == 2400
+
+
+@pytest.mark.parametrize("words", [
+    "Selected model is at capacity. Please try a different model.",  # a 503
+    "unexpected status 529 <unknown status code>: Overloaded, url: http://127.0.0.1:1/v1/responses"])
+def test_an_overloaded_codex_waits_like_a_rate_limit_in_its_own_words(words):
+    out = lines({"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"},
+                {"type": "error", "message": f"Reconnecting... 1/5 ({words})"},
+                {"type": "error", "message": words}, {"type": "turn.failed", "error": {"message": words}})
+    out += "Reading additional input from stdin...\n"  # codex's stderr, after the events
+    fault = fault_of("codex", out, 1)
+    assert fault.category == "rate-limit"
+    assert "Reading additional input" not in fault.words
+
+
+@pytest.mark.parametrize("code, category", [(173, "rate-limit"), (247, "rate-limit"), (17, "rate-limit"),
+                                            (41, "auth"), (55, "trust")])
+def test_gemini_exit_codes_as_observed(code, category):
+    out = lines({"type": "result", "status": "error",
+                 "error": {"type": "unknown", "message": "[API Error: something]"}})
+    assert fault_of("gemini", out, code).category == category
+
+
+def test_qwen_stream_json_takes_the_cache_reads_out_of_the_input_and_reads_its_error():
+    ok = lines({"type": "assistant", "message": {"content": [{"type": "text", "text": "Done."}]}},
+               {"type": "result", "subtype": "success", "is_error": False, "result": "Done.",
+                "usage": {"input_tokens": 3600, "output_tokens": 150, "cache_read_input_tokens": 1200}})
+    report = parse_output("qwen-stream-json", ok)
+    assert report.text == "Done." and not report.is_error
+    assert (report.usage.input_tokens, report.usage.cache_read_tokens, report.usage.cost_usd) == (2400, 1200, None)
+    failed = lines({"type": "result", "subtype": "error_during_execution", "is_error": True,
+                    "usage": {"input_tokens": 0, "output_tokens": 0},
+                    "error": {"message": "[API Error: 503 The model is overloaded. Please try again later.]"}})
+    fault = fault_of("qwen", failed, 1)
+    assert fault.category == "rate-limit" and fault.words.startswith("[API Error: 503")
+
+
+def test_opencode_json_sums_its_steps_and_reads_its_error_event():
+    step = {"type": "step_finish", "part": {"type": "step-finish", "cost": 0.01, "tokens": {
+        "input": 800, "output": 50, "reasoning": 0, "cache": {"write": 5, "read": 400}}}}
+    ok = lines({"type": "step_start", "part": {}}, step,
+               {"type": "text", "part": {"type": "text", "text": "BMAD-LOOP-VERDICT: APPROVED"}}, step)
+    report = parse_output("opencode-json", ok)
+    assert report.text == "BMAD-LOOP-VERDICT: APPROVED" and not report.is_error
+    assert report.usage.columns() == {"input_tokens": 1600, "output_tokens": 100, "cache_read_tokens": 800,
+                                      "cache_write_tokens": 10, "cost_usd": 0.02}
+    failed = lines({"type": "error", "error": {"name": "APIError", "data": {
+        "message": "Rate limit exceeded: too many requests", "statusCode": 429, "isRetryable": True}}})
+    fault = fault_of("opencode", failed, 1)
+    assert fault.category == "rate-limit" and "HTTP 429" in fault.words
+
+
 def test_gemini_stream_json_and_its_fatal_exit_codes():
     ok = lines({"type": "init", "session_id": "g", "model": "gemini-2.5-pro"},
                {"type": "message", "role": "assistant", "content": "Hel", "delta": True},
@@ -169,7 +234,7 @@ def test_extra_args_add_to_a_profile_without_replacing_it():
 
 def test_gemini_trusts_its_worktree_with_the_variable_the_cli_reads():
     env = load_profile("gemini").env
-    assert env == {"GEMINI_CLI_TRUST_WORKSPACE": "true"}
+    assert env["GEMINI_CLI_TRUST_WORKSPACE"] == "true" and "GEMINI_TRUST_WORKSPACE" not in env
 
 
 def test_validate_warns_when_a_custom_command_runs_a_known_cli_with_exit_verdicts():

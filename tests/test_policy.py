@@ -188,7 +188,7 @@ def test_wrong_type_names_the_key_and_what_it_got(project, text, expected):
         ('[queue]\nbackend = "kafka"\n', "[queue] backend: must be one of 'sqlite', 'redis', got 'kafka'"),
         ('[parallel]\non_escalation = "stop"\n', "[parallel] on_escalation: must be one of 'pause', 'continue', got 'stop'"),
         ('[parallel]\nmerge_class = "auto"\n', "[parallel] merge_class: must be one of 'self', 'operator', got 'auto'"),
-        ('[adapter]\nprofile = "copilot"\n', "[adapter] profile: must be one of 'claude', 'codex', 'gemini', got 'copilot'"),
+        ('[adapter]\nprofile = "copilot"\n', "[adapter] profile: must be one of 'claude', 'codex', 'gemini', 'opencode', 'qwen', got 'copilot'"),
     ],
 )
 def test_enum_violation_lists_the_allowed_values(project, text, expected):

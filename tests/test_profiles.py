@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 from importlib import resources
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -14,7 +15,7 @@ from bmad_loop.profiles import known_profiles, load_profile, phase_instructions,
 from bmad_loop.prompts import GROUND_RULES, PHASE_INSTRUCTIONS
 from bmad_loop.states import AGENT_PHASES as PHASES
 
-BINARIES = {"claude": "claude", "codex": "codex", "gemini": "gemini"}
+BINARIES = {"claude": "claude", "codex": "codex", "gemini": "gemini", "opencode": "opencode", "qwen": "qwen"}
 
 
 def _call(**overrides) -> AgentCall:
@@ -24,8 +25,8 @@ def _call(**overrides) -> AgentCall:
     return AgentCall(**values)
 
 
-def test_the_three_profiles_are_shipped():
-    assert known_profiles() == ("claude", "codex", "gemini")
+def test_the_five_profiles_are_shipped():
+    assert known_profiles() == ("claude", "codex", "gemini", "opencode", "qwen")
 
 
 @pytest.mark.parametrize("name", sorted(BINARIES))
@@ -74,7 +75,7 @@ def test_every_flag_a_profile_passes_is_explained_in_the_readme(name):
 
 
 def test_an_unknown_profile_is_a_config_error_listing_the_known_ones():
-    with pytest.raises(ConfigError, match=r"^\[adapter\] profile: unknown profile 'x' \(known: claude, codex, gemini\)$"):
+    with pytest.raises(ConfigError, match=r"^\[adapter\] profile: unknown profile 'x' \(known: claude, codex, gemini, opencode, qwen\)$"):
         load_profile("x")
 
 
@@ -128,4 +129,13 @@ def test_codex_is_told_it_cannot_commit_in_its_sandbox():
 
 
 def test_gemini_trusts_its_worktree_for_the_session():
-    assert load_profile("gemini").env == {"GEMINI_CLI_TRUST_WORKSPACE": "true"}
+    assert load_profile("gemini").env["GEMINI_CLI_TRUST_WORKSPACE"] == "true"
+
+
+def test_gemini_takes_back_the_git_ignored_session_folder_through_its_own_settings():
+    profile = load_profile("gemini")
+    defaults = Path(profile.env["GEMINI_CLI_SYSTEM_DEFAULTS_PATH"])
+    assert defaults.is_absolute() and defaults.is_file()  # {profile_dir} was resolved
+    ignore_files = json.loads(defaults.read_text())["context"]["fileFiltering"]["customIgnoreFilePaths"]
+    assert ignore_files == [".bmad-loop-session/gemini-ignore"]
+    assert profile.session_files == {"gemini-ignore": "!/.bmad-loop-session/\n"}

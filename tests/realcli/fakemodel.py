@@ -8,8 +8,9 @@ same small script (`decide`), read from the conversation the CLI sends:
 
 1. the first user message says "Read the file P and carry out …": call the CLI's read tool on P;
 2. the tool result is the prompt (phase, story, the file the story names): for dev and fix, call
-   the CLI's write tool on that file, in the worktree P lives in; for a review, answer with the
-   verdict line (CHANGES-REQUESTED for the first `reject_reviews` review prompts, else APPROVED);
+   the CLI's write tool on that file, in the worktree P lives in (reading it first when it exists,
+   as a careful model does and as Qwen Code insists); for a review, answer with the verdict line
+   (CHANGES-REQUESTED for the first `reject_reviews` review prompts, else APPROVED);
 3. after the write: a short closing message.
 
 A request without tools (a title, a summary, a routing check) gets a plain short answer.
@@ -23,6 +24,7 @@ attempt to leave loopback through the proxy shows up there.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socketserver
 import threading
@@ -70,6 +72,7 @@ class _State:
     model_calls: int = 0
     faults_sent: int = 0
     reviews: list[str] = field(default_factory=list)
+    plans: dict = field(default_factory=dict)  # prompt path -> the tool steps after reading it
     paths: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -96,10 +99,18 @@ def decide(conv: Conversation, state: _State) -> Action:
         verdict = "CHANGES-REQUESTED" if rejected else "APPROVED"
         return Action("text", text=f"Reviewed the change.\nBMAD-LOOP-VERDICT: {verdict}")
     files = _FILES.search(prompt)
-    if len(conv.results) == 1 and files:
-        worktree = prompt_path.rsplit("/.bmad-loop-session/", 1)[0]
-        return Action("write", path=f"{worktree}/{files.group(1)}",
-                      content=f"# written by the {phase} session {number}\nVALUE = {number}\n")
+    if not files:
+        return Action("text", text="The story names no file.")
+    target = f"{prompt_path.rsplit('/.bmad-loop-session/', 1)[0]}/{files.group(1)}"
+    with state.lock:
+        if len(conv.results) == 1:  # planned once the prompt is read: a file that exists is read first
+            state.plans[prompt_path] = (["read"] if os.path.exists(target) else []) + ["write"]
+        plan = state.plans.get(prompt_path, ["write"])
+    step = len(conv.results) - 1
+    if step < len(plan) and plan[step] == "read":
+        return Action("read", path=target)
+    if step < len(plan):
+        return Action("write", path=target, content=f"# written by the {phase} session {number}\nVALUE = {number}\n")
     return Action("text", text=f"Done: the {phase} session wrote what the story names.")
 
 

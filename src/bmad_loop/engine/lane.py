@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import bindparam, update
-
 from ..db.models import Run, Story, utcnow
 from ..gitconfig_guard import CONFIG_CHANGED_PREFIX
 from ..treedirs import tree_directories

@@ -114,6 +114,8 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     story_text = _read(source / story.story_path) if story.story_path else ""
     instructions = (ctx.profile.instructions.get(phase) if ctx.profile else None) \
         or PHASE_INSTRUCTIONS[phase]
+    if ctx.profile and profile_in_use(policy, ctx.profile, phase):
+        _write_session_files(prompt_path.parent, ctx.profile.session_files)
     write_prompt(prompt_path, build_prompt(
         phase=phase, story_key=ctx.key, story_title=story.title, story_text=story_text,
         instructions=instructions, attempt=number,
@@ -335,6 +337,15 @@ def _exclude_session_dir(git) -> None:
         with open(exclude, "a") as handle:
             handle.write(("" if current.endswith("\n") or not current else "\n")
                          + f"# bmad-loop prompt files\n{line}\n")
+
+
+def _write_session_files(folder: Path, files) -> None:
+    """A profile's own files beside the prompt (gemini: the ignore rule that lets its file tools
+    read the git-ignored session folder in place)."""
+    for name, text in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
 
 def _read(path: Path) -> str:

@@ -27,7 +27,9 @@ __all__ = ["Profile", "known_profiles", "load_profile", "resolve_command", "phas
            "known_cli_of", "custom_command_warnings"]
 
 _KEYS = {"description", "command", "model_args", "seed_files", "env", "verdict", "instructions",
-         "output", "faults", "fault_exit_codes", "checked_version", "boxed_command"}
+         "output", "faults", "fault_exit_codes", "checked_version", "boxed_command",
+         "session_files"}
+_PROFILE_DIR = "{profile_dir}"  # in an env value: the folder of the shipped profiles
 _VERDICTS = ("exit", "marker")
 
 
@@ -49,6 +51,8 @@ class Profile:
     # The command when bmad-loop's sandbox boxes the session (empty: `command`): for a CLI whose
     # own sandbox cannot start inside another one, that sandbox turned off.
     boxed_command: tuple[str, ...] = ()
+    # name -> text: files written beside the prompt, in the session folder, before each session
+    session_files: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def known_profiles() -> tuple[str, ...]:
@@ -85,6 +89,13 @@ def load_profile(name: str) -> Profile:
     env = data.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise ConfigError(f"{source} env: must be a table of strings")
+    folder = str(resources.files(__name__))
+    env = {key: value.replace(_PROFILE_DIR, folder) for key, value in env.items()}
+    session_files = data.get("session_files", {})
+    if not isinstance(session_files, dict) or not all(
+            isinstance(v, str) and k and PurePosixPath(k).name == k and k not in (".", "..")
+            for k, v in session_files.items()):
+        raise ConfigError(f"{source} session_files: must be a table of plain file names = text")
     tasks = data.get("instructions", {})
     if not isinstance(tasks, dict) or not all(isinstance(v, str) for v in tasks.values()):
         raise ConfigError(f"{source} instructions: must be a table of strings")
@@ -115,6 +126,7 @@ def load_profile(name: str) -> Profile:
         boxed_command=_strings(data.get("boxed_command", []), f"{source} boxed_command"),
         faults=faults,
         fault_exit_codes=MappingProxyType({int(k): v for k, v in exit_codes.items()}),
+        session_files=MappingProxyType(dict(session_files)),
     )
 
 
