@@ -48,7 +48,7 @@ def test_a_first_ctrl_c_on_a_pipe_says_what_it_waits_for_how_to_stop_now_and_how
             f"`bmad-loop resume {run_id} --project {repo.root}` continues it") in output
 
 
-def test_ctrl_c_three_times_on_a_terminal_stops_now_exits_130_and_names_resume(make_repo, tmp_path):
+def test_ctrl_c_three_times_on_a_terminal_stops_now_exits_130_and_names_resume(make_repo, tmp_path, unboxed):
     """On a pty, as a person sees it: the first press explains, the second kills the hanging
     session (exit 130), a third changes nothing and raises no traceback."""
     inside = tmp_path / "inside"

@@ -200,7 +200,7 @@ def test_validate_warns_about_local_changes_in_the_target_checkout(make_repo):
     assert repo.git("status", "--porcelain") == "M README.md\n?? src/a.py"  # nothing changed
 
 
-def test_resume_after_the_target_kept_moving_integrates_the_same_commit_with_a_fresh_budget(make_repo):
+def test_resume_after_the_target_kept_moving_integrates_the_same_commit_with_a_fresh_budget(make_repo, unboxed):
     # The candidate's verify command commits on the target each time: every CAS goes stale.
     repo = make_repo([A], script=write_each([A]))
     mover = (f'case "$PWD" in */candidates/*) cd {repo.root} && date +%s%N > human.txt && '
