@@ -170,8 +170,8 @@ def attach(project_dir, run_ref, story, no_follow, all_logs, no_wait):
             click.echo(text, nl=False)
             sys.stdout.flush()
 
-        _interruptible(lambda stop: follow_log(reader, run_id, key, write,
-                                               follow=not no_follow, stop=stop))
+        _interruptible(lambda stop: follow_log(reader, run_id, key, write, follow=not no_follow,
+                                               from_first=waiting is not None, stop=stop))
     finally:
         reader.close()
 

@@ -12,7 +12,9 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from ..db.models import Run, Story
+from sqlalchemy import select
+
+from ..db.models import Attempt, Run, Story
 from ..engine.journal import event_json, events_after
 from ..engine.runs import stories_of
 from ..errors import ConfigError, NotFound
@@ -137,26 +139,34 @@ def wait_for_start(reader, run_id: str, story_key: str, say: Callable[[str], Non
 
 
 def follow_log(reader, run_id: str, story_key: str, write: Callable[[str], None], *,
-               follow: bool = True, poll_s: float = 0.2,
+               follow: bool = True, poll_s: float = 0.2, from_first: bool = False,
                stop: threading.Event | None = None) -> None:
-    """Print the story's session log; with `follow`, keep printing as it grows, switch to the
-    next session's log when the story moves on (dev → review → fix), and end once the story
-    is no longer in flight and its last log is drained."""
+    """Print the story's session log (its current one; `from_first`: from its first, for an
+    attach that waited for the story to start); with `follow`, keep printing as it grows, go on
+    to each next session's log in turn when the story moves on (dev → review → fix: a session
+    shorter than a poll is not skipped), and end once the story is no longer in flight and its
+    last log is drained."""
     stop = stop or threading.Event()
     tail: _Tail | None = None
+    first: int | None = None  # where following began, in the story's sessions
     while True:
         with reader.session() as s:
             row = next((st for st in stories_of(s, run_id) if st.key == story_key), None)
             run = s.get(Run, run_id)
             state = row.state if row else None
-            log = Path(row.log) if row and row.log else None
-            session = row.session if row else None
+            logs = _session_logs(s, row)
+            current = Path(row.log) if row and row.log else None
             run_settled = run is None or run.state in RUN_SETTLED
-        if log is not None and (tail is None or log != tail.path):
-            if tail is not None:
-                tail.drain(write)
-            tail = _Tail(log)
-            write(f"==> {session or story_key}: {log} <==\n")
+        if first is None and logs:
+            at = _position(logs, current) if current and not from_first else 0
+            first = at if at >= 0 else len(logs) - 1
+        if first is not None:
+            shown = _position(logs, tail.path) if tail is not None else first - 1
+            for session, path in logs[shown + 1:]:  # each later session in turn
+                if tail is not None:
+                    tail.drain(write)
+                tail = _Tail(path)
+                write(f"==> {session or story_key}: {path} <==\n")
         if tail is not None:
             tail.drain(write)
         if not follow:
@@ -169,6 +179,23 @@ def follow_log(reader, run_id: str, story_key: str, write: Callable[[str], None]
             return
         if stop.wait(poll_s):
             return
+
+
+def _session_logs(s, row) -> list[tuple[str | None, Path]]:
+    """The story's session logs in the order the sessions began (its current one last)."""
+    if row is None:
+        return []
+    logs = [(session, Path(log)) for session, log in s.execute(
+        select(Attempt.session, Attempt.log).where(Attempt.story_id == row.id, Attempt.log.is_not(None))
+        .order_by(Attempt.id))]
+    if row.log and all(path != Path(row.log) for _, path in logs):  # its attempt not written yet
+        logs.append((row.session, Path(row.log)))
+    return logs
+
+
+def _position(logs, path: Path | None) -> int:
+    """Where `path` is among the story's session logs (-1: not there)."""
+    return next((i for i, (_, p) in enumerate(logs) if p == path), -1)
 
 
 def live_tmux_session(reader, run_id: str, story_key: str) -> str | None:
