@@ -89,6 +89,25 @@ plugins = false
     return {"CODEX_HOME": str(home / ".codex"), "FAKE_OPENAI_KEY": "fake-key", "TMPDIR": str(home / "tmp")}
 
 
+GEMINI_IGNORE = ".bmad-loop-session/gemini-ignore"
+
+
+def _shipped_gemini_defaults() -> Path:
+    from bmad_loop import profiles
+
+    return Path(profiles.__file__).parent / "gemini-system-defaults.json"
+
+
+def gemini_trusts(path: Path) -> bool:
+    """gemini's rule for a system settings file: it and every folder above it owned by root
+    and not writable by group or others."""
+    for each in [path, *path.parents]:
+        info = each.stat()
+        if info.st_uid != 0 or info.st_mode & 0o022:
+            return False
+    return True
+
+
 def _gemini(home: Path, ports: Ports) -> dict:
     settings = {
         # Without a selected auth type, headless gemini exits 41 "Invalid auth method selected."
@@ -98,6 +117,10 @@ def _gemini(home: Path, ports: Ports) -> dict:
         "telemetry": {"enabled": False},
         "model": {"name": "gemini-2.5-flash"},
     }
+    if not gemini_trusts(_shipped_gemini_defaults()):
+        # gemini skips a system-defaults file it does not trust (docs/agents.md): where this
+        # checkout lies, the user-level setting the docs give does the same job.
+        settings["context"] = {"fileFiltering": {"customIgnoreFilePaths": [GEMINI_IGNORE]}}
     _write(home / ".gemini" / "settings.json", json.dumps(settings, indent=1))
     return {"GEMINI_API_KEY": "fake-key", "GOOGLE_GEMINI_BASE_URL": ports.base}
 
