@@ -171,7 +171,7 @@ def run_loop(root: Path, *, workers: int) -> RunResult:
     tasks = Tasks(project)
     t0 = time.time()
     run_id, _plan = enqueue(project, tasks, project.policy, Selection())
-    code = drive(project, tasks, run_id, workers=workers, progress=None, install_signals=False)
+    code = drive(project, tasks, run_id, workers=workers, progress=None)
     t1 = time.time()
     with project.db.transaction() as s:
         run = s.get(Run, run_id)
