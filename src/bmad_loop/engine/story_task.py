@@ -116,6 +116,9 @@ def work(project, tasks, run_id: str, story_id: int, on_claim=None) -> None:
         quietly(tasks.enqueue_lane, run_id)  # lost: the consumers' watchdog wakes the lane
     try:
         if finished:
+            # Its work is committed: the verify record goes, whatever the lane has made of the
+            # story meanwhile (it may have integrated or escalated it already).
+            quietly(drop_records, ctx)
             # Beside the lane's work (which may park it first).
             _release_if_ready(ctx, claim, tries[-1].last_row)
     finally:
@@ -131,7 +134,6 @@ def _release_if_ready(ctx, claim, known) -> None:
     integration escalate, the lane gives it one back; should the lane get there first, it
     parks it and this park finds nothing to do.)"""
     if claim.state() == StoryState.READY:  # one column: worktree and branch are known
-        quietly(drop_records, ctx)  # its work is committed: the verify record goes
         quietly(ctx.workspace.release_worktree, known if known is not None else claim.load())
 
 
