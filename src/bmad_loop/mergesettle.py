@@ -64,9 +64,6 @@ class MergeRules:
         """The same without generators (a stacked start replays layers, it runs nothing)."""
         return MergeRules(tuple((g, r) for g, r in self.rules if r.kind == UNION))
 
-    def describe(self) -> list[dict]:
-        return [{"glob": g, "rule": r.kind} for g, r in self.rules]
-
 
 @dataclass(frozen=True)
 class Settled:
