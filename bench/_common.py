@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bmad_loop.db.models import Attempt, Candidate, Run, Story
-from bmad_loop.engine.driver import drive
+from bmad_loop.engine.run.driver import drive
 from bmad_loop.engine.journal import events_after
-from bmad_loop.engine.planning import Selection, enqueue
+from bmad_loop.engine.run.planning import Selection, enqueue
 from bmad_loop.engine.project import Project, ensure_state_dir
 from bmad_loop.policy import load_policy
-from bmad_loop.tasks import Tasks
+from bmad_loop.queue.tasks import Tasks
 from sqlalchemy import select
 
 BOARD_DIR = Path("_bmad-output") / "implementation-artifacts"

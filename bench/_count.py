@@ -32,7 +32,7 @@ _installed = False
 DEPTH = 1  # engine frames shown per git call (bench --count-depth)
 
 # Modules whose frames are plumbing: the caller is the first frame outside them.
-_PLUMBING = ("bmad_loop/gitcmd.py", "bmad_loop/worktrees.py", "bmad_loop/db/database.py",
+_PLUMBING = ("bmad_loop/git/runner.py", "bmad_loop/git/worktrees.py", "bmad_loop/db/database.py",
              "bench/_count.py", "contextlib.py")
 
 
@@ -71,7 +71,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from bmad_loop import gitcmd
+    from bmad_loop.git import runner as gitcmd
     from bmad_loop.db import database
 
     original_run = gitcmd.Git.run

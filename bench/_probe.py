@@ -75,9 +75,10 @@ def install() -> None:
     from huey.storage import SqliteStorage
     from sqlalchemy import event
 
-    from bmad_loop import gitcmd
+    from bmad_loop.git import runner as gitcmd
     from bmad_loop.db import database
-    from bmad_loop.engine import integrate, lane, worker
+    from bmad_loop.engine.lane import integrate, tick as lane
+    from bmad_loop.engine.worker import walk as worker
 
     original_run = gitcmd.Git.run
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 def apply(spec: str) -> str:
     """Apply one what-if; returns its banner."""
     if spec == "dispatch-first":
-        from bmad_loop.engine import lane
+        from bmad_loop.engine.lane import tick as lane
 
         original = lane._Lane._integrate_next
         stopping = ("escalated", "blocked", "held", "failed")
@@ -40,7 +40,7 @@ def apply(spec: str) -> str:
         return ("WHAT-IF dispatch-first: at max_parallel > 1 the lane dispatches into free "
                 "slots before each integration (monkeypatched)")
     if spec.startswith("poll="):
-        from bmad_loop import queue
+        from bmad_loop.queue import queues as queue
 
         value = float(spec.split("=", 1)[1])
         queue.POLL_MAX_S = value

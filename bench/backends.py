@@ -17,7 +17,7 @@ writes its own file), built and driven as bench/makespan.py does (``enqueue`` + 
 process: real huey consumers, real git, real agent processes), ``merge_strategy = "merge"``,
 review disabled, no verify commands, gates ``none``. On Redis+PostgreSQL every run gets a new
 PostgreSQL database (``CREATE DATABASE``, dropped ``WITH (FORCE)`` afterwards) and, because the
-engine names the Redis queues after a hash of the project root (``bmad_loop.tasks.queue_config``),
+engine names the Redis queues after a hash of the project root (``bmad_loop.queue.tasks.queue_config``),
 a new Redis namespace, whose keys are deleted afterwards. Per back-end, two runs:
 
 1. *dispatch*: agents sleep T (0.5 s) at max_parallel N (2), so stories are dispatched while
@@ -131,7 +131,7 @@ def drop_redis_keys(url: str, root: Path) -> int:
     """Delete the keys huey made for this project's queues (named after its root path)."""
     import redis
     from bmad_loop.engine.project import Project
-    from bmad_loop.tasks import queue_config
+    from bmad_loop.queue.tasks import queue_config
 
     clean = re.sub("[^A-Za-z0-9_]", "", queue_config(Project.open(root)).prefix)
     client = redis.Redis.from_url(url)

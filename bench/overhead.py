@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     BenchStory, build_repo, git, load, machine, mean, median, ms, policy_text, run_loop, table,
 )
-from bmad_loop.engine.worktree_pool import POOL_ENV  # noqa: E402
+from bmad_loop.engine.workspace.pool import POOL_ENV  # noqa: E402
 
 AGENT = '''import os, sys, time
 time.sleep(float(os.environ.get("BENCH_AGENT_S", "0")))

@@ -104,11 +104,11 @@ def _cli(root: Path, *args: str, log: Path | None = None) -> subprocess.Popen:
 def run_processes(root: Path, *, workers: int, timeout: float = 600) -> RunResult:
     """Lane and story consumers as two processes; the run enqueued from this one."""
     from bmad_loop.db.models import Run
-    from bmad_loop.engine.planning import Selection, enqueue
+    from bmad_loop.engine.run.planning import Selection, enqueue
     from bmad_loop.engine.project import Project
     from bmad_loop.policy import load_policy
     from bmad_loop.states import RUN_SETTLED
-    from bmad_loop.tasks import Tasks
+    from bmad_loop.queue.tasks import Tasks
 
     project = Project(root=root.resolve(), policy=load_policy(root))
     project.db
@@ -184,7 +184,7 @@ def queue_hops(out: dict[str, list[float]]):
     idle to its task body starting (huey queues are FIFO, so the n-th start answers the n-th
     enqueue; an enqueue while a consumer is busy waits for that task, which is not a wake-up).
     Patched around one run."""
-    from bmad_loop.tasks import Tasks
+    from bmad_loop.queue.tasks import Tasks
 
     saved = {name: getattr(Tasks, name) for name in
              ("enqueue_story", "enqueue_lane", "_run_story", "_run_lane")}

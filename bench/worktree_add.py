@@ -7,7 +7,7 @@ One repository of F small files (in 10 folders); each round, T threads wait on a
 each call `ensure_worktree` for a new branch at a new path (the quick path). Printed: the wall
 time until all T worktrees are made (median over the rounds) and the median time at which the
 first, second … thread finished. `--compare` loads another version of ``worktrees.py`` (say
-``git show <rev>:src/bmad_loop/worktrees.py > /tmp/old.py``) and alternates rounds of both, each
+``git show <rev>:src/bmad_loop/git/worktrees.py > /tmp/old.py``) and alternates rounds of both, each
 round in a fresh repository, so both see the same machine.
 """
 
@@ -24,8 +24,8 @@ import threading
 import time
 from pathlib import Path
 
-from bmad_loop.gitcmd import Git, clean_env
-from bmad_loop.worktrees import ensure_worktree
+from bmad_loop.git.runner import Git, clean_env
+from bmad_loop.git.worktrees import ensure_worktree
 
 
 def make_repo(root: Path, files: int) -> Git:

@@ -35,7 +35,7 @@ else
     policy_source="$seed/.bmad-loop/policy.toml"
   else
     echo "repo-init: no repository in $seed; generating the demo sprint"
-    python -c 'import sys; from pathlib import Path; from bmad_loop.demo import build_demo_repo; build_demo_repo(Path(sys.argv[1]))' "$work/demo"
+    python -c 'import sys; from pathlib import Path; from bmad_loop.cli.demo import build_demo_repo; build_demo_repo(Path(sys.argv[1]))' "$work/demo"
     git clone --quiet --bare "$work/demo" "$remote"
     policy_source="$work/demo/.bmad-loop/policy.toml"
   fi

@@ -8,7 +8,7 @@ under xdist:
 - PostgreSQL: `CREATE DATABASE bmad_<random>` on the local server, dropped `WITH (FORCE)` after
   the test (a consumer thread that still holds a connection cannot keep it alive).
 - Redis: a queue-name prefix of its own per test; every key huey made under it is deleted after.
-  Projects get their prefix from their root path (`bmad_loop.tasks.queue_config`), and every
+  Projects get their prefix from their root path (`bmad_loop.queue.tasks.queue_config`), and every
   test's project lives under its own `tmp_path`, so two tests never share a queue either.
 
 A service that is not running skips the test on a developer's machine and *fails* it in CI
@@ -147,7 +147,7 @@ class RedisNamespace:
         self._prefixes.append(self.prefix)
 
     def queue_config(self):
-        from bmad_loop.queue import QueueConfig
+        from bmad_loop.queue.queues import QueueConfig
 
         return QueueConfig(backend="redis", url=self.url, prefix=self.prefix)
 
@@ -223,7 +223,7 @@ class Backend:
         return self.name == "sqlite"
 
     def queue_config(self):
-        from bmad_loop.queue import QueueConfig
+        from bmad_loop.queue.queues import QueueConfig
 
         if self.redis is not None:
             return self.redis.queue_config()
@@ -253,7 +253,7 @@ class Backend:
         """Clean up the project's own Redis queues (named after its root) after the test."""
         if self.redis is not None:
             from bmad_loop.engine.project import Project
-            from bmad_loop.tasks import queue_config
+            from bmad_loop.queue.tasks import queue_config
 
             self.redis.adopt(queue_config(Project.open(root)).prefix)
 

@@ -284,7 +284,7 @@ def git(cwd: Path, *args: str, check: bool = True) -> str:
 def git_repo(root: Path, files: dict[str, str] | None = None):
     """A real repository on `main` as bmad-loop's own `Git` sees it: a clean environment and
     `user.useConfigOnly`, so it never guesses an identity. With `files`, one commit "base"."""
-    from bmad_loop.gitcmd import Git, clean_env
+    from bmad_loop.git.runner import Git, clean_env
 
     subprocess.run(["git", "init", "-q", "-b", "main", str(root)], check=True, env=clean_env())
     repo = Git(root)
@@ -463,7 +463,7 @@ class SprintRepo:
         reaches, and would otherwise outlive a test that failed while they waited."""
         import psutil
 
-        from bmad_loop.adapter import OWNER_VAR, SESSION_TOKEN_VAR, parse_owner
+        from bmad_loop.agents.adapter import OWNER_VAR, SESSION_TOKEN_VAR, parse_owner
         from bmad_loop.proctree import kill_marked
 
         owners: dict[int, float] = {}  # pid -> start time of each killed bmad-loop process

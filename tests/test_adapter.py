@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.adapter import (
+from bmad_loop.agents.adapter import (
     PLACEHOLDERS,
     OWNER_VAR,
     SESSION_TOKEN_VAR,

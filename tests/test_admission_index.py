@@ -17,8 +17,8 @@ import random
 
 import pytest
 
-from bmad_loop.engine.admission import Admission, ConflictIndex, StoryView, admit
-from bmad_loop.footprint import Footprint, footprints_conflict
+from bmad_loop.engine.lane.admission import Admission, ConflictIndex, StoryView, admit
+from bmad_loop.bmad.footprint import Footprint, footprints_conflict
 from bmad_loop.states import STORY_DONE, STORY_IN_FLIGHT, StoryState
 from support import StoryDef, create_step, drop_story_files, go, inside, wait_until
 

@@ -12,10 +12,15 @@ import json
 
 import pytest
 
-from bmad_loop.agentfaults import classify, reset_time
-from bmad_loop.agentoutput import parse_output
+from bmad_loop.agents.faults import classify, reset_time
+from bmad_loop.agents.output import parse_output
 from bmad_loop.errors import ConfigError
-from bmad_loop.profiles import custom_command_warnings, known_cli_of, load_profile, resolve_command
+from bmad_loop.agents.profiles import (
+    custom_command_warnings,
+    known_cli_of,
+    load_profile,
+    resolve_command,
+)
 from bmad_loop.policy.load import policy_from_dict
 
 NOW = dt.datetime(2026, 12, 2, 10, 0, 0, tzinfo=dt.timezone.utc)

@@ -26,7 +26,7 @@ from bmad_loop.db.migrate import current_revision, head_revision
 from bmad_loop.db.models import Base, Run, Story
 from bmad_loop.engine import leases
 from bmad_loop.engine.transitions import transition_story
-from bmad_loop.queue import STORIES, BackgroundConsumer, make_huey
+from bmad_loop.queue.queues import STORIES, BackgroundConsumer, make_huey
 from backends import Backend
 from support import (
     ALPHA_BETA_GAMMA,
@@ -291,7 +291,7 @@ def test_a_duplicate_story_message_is_a_no_op_thanks_to_the_claim(backend, db):
 def test_projects_on_one_redis_server_get_queue_names_of_their_own(tmp_path):
     from bmad_loop.engine.project import Project
     from bmad_loop.policy import policy_from_dict
-    from bmad_loop.tasks import queue_config
+    from bmad_loop.queue.tasks import queue_config
 
     redis_policy = policy_from_dict({"queue": {"backend": "redis", "url": "redis://127.0.0.1:6379/0"}})
     one = queue_config(Project(tmp_path / "one", redis_policy))
@@ -355,7 +355,7 @@ def test_a_three_story_run_with_two_workers_ends_with_the_sequential_target_tree
 
 def test_late_duplicate_wake_ups_after_a_run_change_nothing(backend, make_repo):
     """Every story message and a lane tick sent again once the run completed: all no-ops."""
-    from bmad_loop.engine.consumers import ConsumerSet
+    from bmad_loop.engine.run.consumers import ConsumerSet
     from bmad_loop.engine.project import Project
 
     repo = make_repo(THREE, script=SCRIPT, policy=POLICY.format(n=2) + backend.policy_toml())

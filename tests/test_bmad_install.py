@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.bmadinstall import bmad_seeds, detect_bmad
-from bmad_loop.gitcmd import Git
+from bmad_loop.bmad.install import bmad_seeds, detect_bmad
+from bmad_loop.git.runner import Git
 from support import StoryDef, barrier_script, git, go, wait_for_files, wait_for_exit
 
 

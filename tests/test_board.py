@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from bmad_loop.board import (
+from bmad_loop.bmad.board import (
     ACTIONABLE,
     STORY_STATUSES,
     branch_name_ok,
@@ -343,6 +343,6 @@ def test_branch_name_ok_agrees_with_git_check_ref_format_on_tricky_names(tmp_pat
 
 
 def test_gitcmd_uses_the_same_branch_name_check():
-    from bmad_loop import gitcmd
+    from bmad_loop.git import runner as gitcmd
 
     assert gitcmd.branch_name_ok is branch_name_ok

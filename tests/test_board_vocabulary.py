@@ -10,16 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.board import parse_board, parse_story_key, set_status
-from bmad_loop.boardstatus import read_status
-from bmad_loop.engine.admission import StoryView, admit
-from bmad_loop.engine.gatepoints import gate_epics
+from bmad_loop.bmad.board import parse_board, parse_story_key, set_status
+from bmad_loop.bmad.board_status import read_status
+from bmad_loop.engine.lane.admission import StoryView, admit
+from bmad_loop.engine.run.gatepoints import gate_epics
 from bmad_loop.errors import ConfigError
-from bmad_loop.footprint import Footprint
+from bmad_loop.bmad.footprint import Footprint
 from bmad_loop.operator.reports import junit_tree
-from bmad_loop.selection import (StorySpec, check_dependencies, current_epic, match_story,
-                                 select_stories)
-from bmad_loop.storymeta import parse_story_text
+from bmad_loop.bmad.selection import (
+    StorySpec,
+    check_dependencies,
+    current_epic,
+    match_story,
+    select_stories,
+)
+from bmad_loop.bmad.story_meta import parse_story_text
 from support import STORY_DIR, StoryDef, board_with, status_changes, story_file_text, write_each
 
 BOARD = Path("sprint-status.yaml")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.board import _parse_board, parse_board, set_status
-from bmad_loop.boardedit import set_statuses
-from bmad_loop.engine.writeback import mark_done_on_board
+from bmad_loop.bmad.board import _parse_board, parse_board, set_status
+from bmad_loop.bmad.board_edit import set_statuses
+from bmad_loop.engine.lane.writeback import mark_done_on_board
 
 PATH = Path("sprint-status.yaml")
 

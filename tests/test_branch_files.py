@@ -1,4 +1,4 @@
-"""Deleting a branch without git (bmad_loop/branchfiles.py), checked against `git branch -D`.
+"""Deleting a branch without git (bmad_loop/git/branchfiles.py), checked against `git branch -D`.
 
 Two repositories get the same branches; git deletes one in the first, the module the same one
 in the second, and what is left under `.git` (refs, reflogs, folders) must be the same. Every
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.branchfiles import delete_loose_branch
-from bmad_loop.worktrees import delete_branch
+from bmad_loop.git.branchfiles import delete_loose_branch
+from bmad_loop.git.worktrees import delete_branch
 from support import git_repo
 
 BRANCHES = ("bmad-loop/run-1/1-1-a", "bmad-loop/run-1/1-2-b", "bmad-loop/run-2/2-1-c", "solo")
@@ -122,7 +122,7 @@ def test_delete_branch_leaves_git_the_cases_it_does_not_edit(tmp_path):
 def test_a_pack_refs_run_meanwhile_leaves_the_copy_to_git(tmp_path, monkeypatch):
     # A real `git pack-refs` runs once our lock on the ref is held (git does not take it
     # first): it copies the ref into packed-refs. The loose ref goes, and git deletes the copy.
-    import bmad_loop.branchfiles as branchfiles
+    import bmad_loop.git.branchfiles as branchfiles
 
     root = tmp_path / "repo"
     git = _repo(root)

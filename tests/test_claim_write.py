@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import func, insert, select
 
 from bmad_loop.db.models import Attempt, Event, Run, Story, utcnow
-from bmad_loop.engine.context import Claim, Fenced
+from bmad_loop.engine.worker.context import Claim, Fenced
 from bmad_loop.engine.journal import record
 from bmad_loop.states import IllegalTransition, Phase, RunState, StoryState
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.engine.control import stop
+from bmad_loop.engine.run.control import stop
 from bmad_loop.engine.project import Project
-from bmad_loop.tasks import Tasks
+from bmad_loop.queue.tasks import Tasks
 from support import StoryDef
 
 ALPHA = StoryDef("1-1-alpha", files=["src/alpha.py"])

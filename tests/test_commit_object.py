@@ -1,4 +1,4 @@
-"""The lane's candidate commit written beside its tree (bmad_loop/commitobject.py), against git.
+"""The lane's candidate commit written beside its tree (bmad_loop/git/trees/commitobject.py), against git.
 
 `commit_body` must give the very bytes `git commit-tree` writes for the same inputs, or None;
 composing a story must give the same SHA whichever way the commit was made.
@@ -10,11 +10,11 @@ import subprocess
 
 import pytest
 
-from bmad_loop.commitobject import CommitSpec, commit_body
-from bmad_loop.compose import compose, replace_blob
-from bmad_loop.engine.writeback import LaneTreeEdit, lane_tree_edit
-from bmad_loop.gitcmd import Git
-from bmad_loop.worktrees import ensure_worktree
+from bmad_loop.git.trees.commitobject import CommitSpec, commit_body
+from bmad_loop.git.trees.compose import compose, replace_blob
+from bmad_loop.engine.lane.writeback import LaneTreeEdit, lane_tree_edit
+from bmad_loop.git.runner import Git
+from bmad_loop.git.worktrees import ensure_worktree
 from support import git_repo
 
 BOARD = "_bmad-output/sprint-status.yaml"

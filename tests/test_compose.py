@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.compose import (
+from bmad_loop.git.trees.compose import (
     blob_at,
     cas_advance,
     changed_paths,
@@ -21,11 +21,11 @@ from bmad_loop.compose import (
     replace_blob,
     sync_checkout,
 )
-from bmad_loop.checkout_sync import index_path
+from bmad_loop.git.targets.checkout_sync import index_path
 from bmad_loop.errors import GitError
-from bmad_loop.gitcmd import Git
-from bmad_loop.targets.local import LocalTarget
-from bmad_loop.worktrees import ensure_worktree
+from bmad_loop.git.runner import Git
+from bmad_loop.git.targets.local import LocalTarget
+from bmad_loop.git.worktrees import ensure_worktree
 from support import git_repo
 
 BOARD = "sprint-status.yaml"
@@ -496,7 +496,7 @@ def test_a_linked_worktree_s_index_is_its_own(git, story):
 
 
 def test_the_worker_s_commit_date_known_here_is_the_one_git_stored(git, story):
-    from bmad_loop.compose import _commit_date
+    from bmad_loop.git.trees.compose import _commit_date
 
     base = git.rev("main")
     (story / "src/new.py").write_text("new\n")

@@ -427,7 +427,7 @@ def test_the_compose_topology_completes_the_demo_sprint_on_loopback_redis_and_po
     checkout = Path(env["BMAD_LOOP_PROJECT"])
 
     from bmad_loop.engine.project import Project
-    from bmad_loop.tasks import queue_config
+    from bmad_loop.queue.tasks import queue_config
 
     redis_namespace.adopt(queue_config(Project.open(checkout, policy_module.load_policy(checkout, env=env))).prefix)
     logs = tmp_path / "logs"

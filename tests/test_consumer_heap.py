@@ -12,7 +12,7 @@ from support import ALPHA_BETA_GAMMA, MERGE_NONE, write_each
 
 CHECK = textwrap.dedent("""
     import gc, sys
-    from bmad_loop.engine.consumers import ConsumerSet
+    from bmad_loop.engine.run.consumers import ConsumerSet
     from bmad_loop.engine.project import Project
     from bmad_loop.policy import load_policy
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from bmad_loop.engine.consumers import ConsumerSet
+from bmad_loop.engine.run.consumers import ConsumerSet
 from bmad_loop.engine.project import Project
 from support import ALPHA_BETA, MERGE_NONE, barrier_script, go, inside, wait_until
 

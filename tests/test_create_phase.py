@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from bmad_loop.engine.admission import StoryView, admit
-from bmad_loop.footprint import Footprint
+from bmad_loop.engine.lane.admission import StoryView, admit
+from bmad_loop.bmad.footprint import Footprint
 
 from support import (
     STORY_DIR, StoryDef, create_step, drop_story_files, git, go, inside, make_remote_project,

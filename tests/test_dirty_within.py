@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop import treediff
-from bmad_loop.compose import dirty_paths, overlapping_dirty
-from bmad_loop.gitcmd import Git
-from bmad_loop.worktrees import ensure_worktree
+from bmad_loop.git.trees import diff as treediff
+from bmad_loop.git.trees.compose import dirty_paths, overlapping_dirty
+from bmad_loop.git.runner import Git
+from bmad_loop.git.worktrees import ensure_worktree
 from support import git_repo
 
 

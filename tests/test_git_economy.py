@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.compose import blobs_at, commit_worktree, replace_blobs
-from bmad_loop.gitcmd import Git
-from bmad_loop.gitconfig_guard import config_entries
-from bmad_loop.worktrees import ensure_worktree, list_worktrees, remove_worktree
+from bmad_loop.git.trees.compose import blobs_at, commit_worktree, replace_blobs
+from bmad_loop.git.runner import Git
+from bmad_loop.git.config_guard import config_entries
+from bmad_loop.git.worktrees import ensure_worktree, list_worktrees, remove_worktree
 from support import StoryDef, git_repo, write, write_each
 
 STORIES = [StoryDef(f"1-{i}-s{i}", files=[f"src/s{i}.py"]) for i in range(1, 5)]
@@ -90,11 +90,11 @@ def test_a_plain_run_costs_a_bounded_number_of_git_processes_per_story(make_repo
     assert calls["read-tree"] == 1 and calls["worktree remove"] == 1, calls
     assert calls["worktree add"] == 0, calls  # registered by editing git's files
     # Its parks and takes move it, and its parks detach HEAD, by editing git's files in this
-    # process (bmad_loop/worktree_files.py).
+    # process (bmad_loop/git/worktree_files.py).
     # The CASes, and the branch of the run's one new worktree.
     assert calls["worktree move"] == 0 and calls["update-ref"] == len(STORIES) + 1, calls
     # `worktree add -b` and the takes make the story branches; the landed ones are deleted by
-    # editing git's files (bmad_loop/branchfiles.py).
+    # editing git's files (bmad_loop/git/branchfiles.py).
     assert calls["branch"] == 0, calls
     # Each candidate commit rides in the pack that writes its board edit (commitobject.py).
     assert calls["commit-tree"] == 0 and calls["unpack-objects"] == len(STORIES), calls
@@ -182,7 +182,7 @@ def test_commit_worktree_reverts_a_lane_owned_file_the_story_added_or_deleted(tm
 def test_the_lane_knows_the_date_of_every_story_a_long_ready_queue_holds(tmp_path, counted):
     # With fast agents the lane falls behind: many stories wait as ready, each committed by a
     # worker of this process. Composing each needs its commit date; none is read back by git.
-    from bmad_loop.compose import _commit_date
+    from bmad_loop.git.trees.compose import _commit_date
 
     git = git_repo(tmp_path / "repo", {"a.txt": "a\n"})
     wt = tmp_path / "wt"

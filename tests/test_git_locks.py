@@ -28,10 +28,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bmad_loop import gitlocks
-from bmad_loop.compose import cas_advance, compose
+from bmad_loop.git import locks as gitlocks
+from bmad_loop.git.trees.compose import cas_advance, compose
 from bmad_loop.errors import GitError, TransientError
-from bmad_loop.gitcmd import Git, clean_env
+from bmad_loop.git.runner import Git, clean_env
 from bmad_loop.transient import transient_fault
 from support import git_repo, wait_for_files, wait_until, write
 
@@ -86,7 +86,7 @@ KINDS = {
 
 CHILD = textwrap.dedent("""
     import json, sys
-    from bmad_loop.gitcmd import Git
+    from bmad_loop.git.runner import Git
     repo, hook, argv = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     g = Git(repo, run_hooks=(hook,))
     g.run(*argv, env=g.identity_env())
@@ -196,7 +196,7 @@ def test_a_dead_lanes_marked_index_lock_is_removed_by_the_next_git_step(repo, tm
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from bmad_loop.indexlock import IndexLock
+        from bmad_loop.git.indexlock import IndexLock
         IndexLock(Path({str(repo.common_dir() / 'index')!r}), wait_s=0).acquire()
         Path({str(ready)!r}).write_text("x")
         time.sleep(120)

@@ -19,12 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.compose import cas_advance, commit_worktree, dirty_paths, sync_checkout
-from bmad_loop.engine.guard import guard_env
-from bmad_loop.gitcmd import Git, clean_env
-from bmad_loop.gitconfig_guard import (CONFIG_CHANGED_PREFIX, ConfigWatch, changed_files, changes,
-                                       fingerprint, project_hooks_dir)
-from bmad_loop.worktrees import ensure_worktree, remove_worktree
+from bmad_loop.git.trees.compose import cas_advance, commit_worktree, dirty_paths, sync_checkout
+from bmad_loop.engine.workspace.guard import guard_env
+from bmad_loop.git.runner import Git, clean_env
+from bmad_loop.git.config_guard import (
+    CONFIG_CHANGED_PREFIX,
+    ConfigWatch,
+    changed_files,
+    changes,
+    fingerprint,
+    project_hooks_dir,
+)
+from bmad_loop.git.worktrees import ensure_worktree, remove_worktree
 from support import TESTS, StoryDef, git_repo, write
 
 # What bmad-loop does about an unboxed agent (boxed: tests/test_sandbox_escape.py).

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop import gitconfig_inputs
-from bmad_loop.gitconfig_guard import _read_entries
+from bmad_loop.git import config_inputs as gitconfig_inputs
+from bmad_loop.git.config_guard import _read_entries
 from support import git_repo, write
 
 # HOME without git config: the autouse `isolated_home` fixture of conftest.py.

@@ -103,8 +103,8 @@ def test_a_first_pass_reads_all_rows_at_once_and_later_ones_only_the_moved_ids(t
 def test_a_kept_row_keeps_its_admission_view_and_a_row_read_again_gets_a_new_one(tmp_path):
     from support import state_database
 
-    from bmad_loop.engine.admission import views_of
-    from bmad_loop.engine.lanememo import RunMemo
+    from bmad_loop.engine.lane.admission import views_of
+    from bmad_loop.engine.lane.memo import RunMemo
 
     db = state_database(tmp_path)
     try:

@@ -25,12 +25,12 @@ import pytest
 
 from bmad_loop.db.models import Candidate, Run, Story
 from bmad_loop.engine import leases
-from bmad_loop.engine.integrate import Integrator, LaneFenced
-from bmad_loop.engine.lane import tick
+from bmad_loop.engine.lane.integrate import Integrator, LaneFenced
+from bmad_loop.engine.lane.tick import tick
 from bmad_loop.engine.project import Project
 from bmad_loop.engine.runs import run_policy
-from bmad_loop.engine.story_task import work
-from bmad_loop.tasks import Tasks
+from bmad_loop.engine.worker.story_task import work
+from bmad_loop.queue.tasks import Tasks
 from support import ALPHA_BETA_GAMMA, project_argv, query, stop_processes, wait_until
 
 STORIES = ALPHA_BETA_GAMMA

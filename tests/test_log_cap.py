@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.adapter import run_agent
-from bmad_loop.logcap import CappedLog, cut_marker, read_cut
+from bmad_loop.agents.adapter import run_agent
+from bmad_loop.agents.logcap import CappedLog, cut_marker, read_cut
 from bmad_loop.operator.follow import _Tail
 from support import StoryDef, barrier_script, build_repo, fill_disk, go, inside, wait_until
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.compose import compose
+from bmad_loop.git.trees.compose import compose
 from bmad_loop.engine.faults import CRASH_ENV, ONCE_ENV
-from bmad_loop.gitcmd import Git
-from bmad_loop.mergesettle import MergeRules, union_text
+from bmad_loop.git.runner import Git
+from bmad_loop.git.trees.settle import MergeRules, union_text
 from bmad_loop.policy.mergerule import MergeRule
 from support import (MERGE_NONE, STORY_DIR, StoryDef, barrier_script, git, go, inside,
                      project_argv, query, states, stop_processes, wait_for_exit, wait_until,

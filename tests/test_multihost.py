@@ -82,7 +82,7 @@ def test_three_hosts_finish_a_sprint_when_one_story_host_dies(make_repo, tmp_pat
     repo, bare = make_remote_project(make_repo, STORIES, barrier_script(STORIES, bar),
                                      POLICY.format(n=4) + backends)
     from bmad_loop.engine.project import Project
-    from bmad_loop.tasks import queue_config
+    from bmad_loop.queue.tasks import queue_config
 
     redis.adopt(queue_config(Project.open(repo.root)).prefix)
     result = repo.cli("enqueue")

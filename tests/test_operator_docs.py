@@ -9,7 +9,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from bmad_loop.adapter import PLACEHOLDERS
+from bmad_loop.agents.adapter import PLACEHOLDERS
 from bmad_loop.cli import cli
 from bmad_loop.policy import default_policy_text
 from bmad_loop.states import AGENT_PHASES

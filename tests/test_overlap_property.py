@@ -9,7 +9,7 @@ the tree's directories, or the pattern ends with `/`.
 import itertools
 import random
 
-from bmad_loop.footprint import Footprint, footprints_conflict
+from bmad_loop.bmad.footprint import Footprint, footprints_conflict
 from bmad_loop.globs import globs_may_overlap, path_matches
 
 NAMES = ["a", "b", "ab", "a.py", "b.md", "x", "src"]

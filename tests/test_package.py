@@ -132,7 +132,7 @@ def test_the_installed_console_script_runs_the_installed_copy_not_this_checkout(
 def test_the_wheel_carries_the_migrations_and_the_data_files(installed):
     names = installed.wheel_names
     for packaged in ("bmad_loop/_migrations/env.py", "bmad_loop/_migrations/script.py.mako",
-                     "bmad_loop/policy_template.toml", "bmad_loop/profiles/claude.toml"):
+                     "bmad_loop/policy_template.toml", "bmad_loop/agents/profiles/claude.toml"):
         assert packaged in names, f"{packaged} is not in the wheel"
     versions = sorted(p.name for p in (REPO_ROOT / "migrations" / "versions").glob("[0-9]*.py"))
     for version in versions:

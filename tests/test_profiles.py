@@ -9,10 +9,15 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from bmad_loop.adapter import AgentCall, render_argv
+from bmad_loop.agents.adapter import AgentCall, render_argv
 from bmad_loop.errors import ConfigError
-from bmad_loop.profiles import known_profiles, load_profile, phase_instructions, resolve_command
-from bmad_loop.prompts import GROUND_RULES, PHASE_INSTRUCTIONS
+from bmad_loop.agents.profiles import (
+    known_profiles,
+    load_profile,
+    phase_instructions,
+    resolve_command,
+)
+from bmad_loop.agents.prompts import GROUND_RULES, PHASE_INSTRUCTIONS
 from bmad_loop.states import AGENT_PHASES as PHASES
 
 BINARIES = {"claude": "claude", "codex": "codex", "gemini": "gemini", "opencode": "opencode", "qwen": "qwen"}
@@ -65,7 +70,7 @@ def test_each_profile_renders_to_a_complete_argv(name):
 
 @pytest.mark.parametrize("name", sorted(BINARIES))
 def test_every_flag_a_profile_passes_is_explained_in_the_readme(name):
-    readme = resources.files("bmad_loop.profiles").joinpath("README.md").read_text(encoding="utf-8")
+    readme = resources.files("bmad_loop.agents.profiles").joinpath("README.md").read_text(encoding="utf-8")
     profile = load_profile(name)
     for part in profile.command + profile.model_args:
         if part.startswith("-"):

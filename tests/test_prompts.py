@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bmad_loop.prompts import (
+from bmad_loop.agents.prompts import (
     GROUND_RULES,
     MAX_EVIDENCE_CHARS,
     PHASE_INSTRUCTIONS,

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from bmad_loop.compose import cas_advance
-from bmad_loop.gitcmd import clean_env
-from bmad_loop.refread import UNKNOWN, main_checkout_branch, read_commit_ref
-from bmad_loop.targets.local import LocalTarget
-from bmad_loop.worktrees import checkout_of
+from bmad_loop.git.trees.compose import cas_advance
+from bmad_loop.git.runner import clean_env
+from bmad_loop.git.refread import UNKNOWN, main_checkout_branch, read_commit_ref
+from bmad_loop.git.targets.local import LocalTarget
+from bmad_loop.git.worktrees import checkout_of
 from support import git_repo, write
 
 

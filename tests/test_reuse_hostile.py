@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from bmad_loop.engine.layout import Layout
-from bmad_loop.engine.worktree_pool import park, parked, take
-from bmad_loop.worktrees import delete_branch, ensure_worktree
+from bmad_loop.engine.workspace.pool import park, parked, take
+from bmad_loop.git.worktrees import delete_branch, ensure_worktree
 from support import StoryDef, git, git_repo, write
 
 RUN = '[scm]\nmerge_strategy = "merge"\n[gates]\nmode = "none"\n[review]\nenabled = false\n'

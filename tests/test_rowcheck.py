@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import insert
 
 from bmad_loop.db.models import Story
-from bmad_loop.engine.rowcheck import integrated_rows
+from bmad_loop.engine.lane.rowcheck import integrated_rows
 from bmad_loop.states import StoryState
 
 from support import state_database

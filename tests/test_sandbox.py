@@ -17,10 +17,10 @@ import pytest
 
 from support import StoryDef, agent_command
 
-from bmad_loop.engine.childenv import without_state_access
+from bmad_loop.engine.worker.childenv import without_state_access
 from bmad_loop.errors import ConfigError
 from bmad_loop.policy import load_policy
-from bmad_loop.profiles import resolve_command
+from bmad_loop.agents.profiles import resolve_command
 from bmad_loop.sandbox import BoxRequest, decide, plan_mounts
 from bmad_loop.sandbox.bwrap import bwrap_argv
 from bmad_loop.sandbox.probe import probe_bwrap
@@ -207,7 +207,7 @@ def test_agents_never_get_the_state_databases_or_queues_url_or_password(tmp_path
 def test_boxed_a_profile_runs_its_boxed_command(monkeypatch):
     """The hook for a CLI whose own sandbox cannot start inside the box: the profile's
     `boxed_command` replaces its `command` when the session is boxed."""
-    from bmad_loop import profiles
+    from bmad_loop.agents import profiles
 
     plain = profiles.load_profile("codex")
     boxed = plain.__class__(**{**plain.__dict__, "boxed_command": ("codex", "exec", "--inner-off")})

@@ -4,16 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.board import load_board, parse_board
+from bmad_loop.bmad.board import load_board, parse_board
 from bmad_loop.errors import ConfigError
-from bmad_loop.footprint import Footprint
-from bmad_loop.selection import (
-    StorySpec,
-    check_dependencies,
-    match_story,
-    select_stories,
-)
-from bmad_loop.storyfiles import load_stories
+from bmad_loop.bmad.footprint import Footprint
+from bmad_loop.bmad.selection import StorySpec, check_dependencies, match_story, select_stories
+from bmad_loop.bmad.story_files import load_stories
 from support import SAMPLE_BOARD, SAMPLE_STORY, STORY_DIR, board_with, write
 
 

@@ -14,9 +14,22 @@ from bmad_loop.db.models import Candidate, Run, Story
 from bmad_loop.engine.project import Project
 from bmad_loop.engine.transitions import transition_story
 from bmad_loop.states import (
-    ATTEMPT_INITIAL, ATTEMPT_TRANSITIONS, CANDIDATE_INITIAL, CANDIDATE_TRANSITIONS, RUN_INITIAL,
-    RUN_TRANSITIONS, STORY_INITIAL, STORY_TRANSITIONS, AttemptState, CandidateState,
-    IllegalTransition, Phase, RunState, StopMode, StoryState, check_transition,
+    ATTEMPT_INITIAL,
+    ATTEMPT_TRANSITIONS,
+    CANDIDATE_INITIAL,
+    CANDIDATE_TRANSITIONS,
+    RUN_INITIAL,
+    RUN_TRANSITIONS,
+    STORY_INITIAL,
+    STORY_TRANSITIONS,
+    AttemptState,
+    CandidateState,
+    IllegalTransition,
+    Phase,
+    RunState,
+    StopMode,
+    StoryState,
+    check_transition,
 )
 from support import StoryDef
 

@@ -10,9 +10,9 @@ import pytest
 from support import StoryDef
 from bmad_loop.db.models import Event, Run, Story
 from bmad_loop.engine.project import Project
-from bmad_loop.engine.context import Claim, story_context
+from bmad_loop.engine.worker.context import Claim, story_context
 from bmad_loop.engine.runs import run_policy
-from bmad_loop.engine.worker import Fenced, Outcome, StoryWorker
+from bmad_loop.engine.worker.walk import Fenced, Outcome, StoryWorker
 
 
 def test_a_stalled_worker_whose_story_was_reclaimed_is_fenced_out(make_repo):

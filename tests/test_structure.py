@@ -1,4 +1,5 @@
-"""The shape of the source tree: no import cycle, small modules, one base class per seam."""
+"""The shape of the source tree: layers that point down, no import cycle, small modules and
+folders, one base class per seam."""
 
 from __future__ import annotations
 
@@ -94,6 +95,76 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+# The rooms of the package, lowest first: a room may import itself and the rooms before it,
+# never one after it. `base` is the package's own top-level modules (errors, states, ...);
+# `__main__` is the entry point. The flow: cli -> operator -> engine (run -> lane -> worker
+# -> workspace -> engine's shared rows) -> queue -> db -> bmad -> git -> policy -> agents.
+LAYERS = [
+    "base", "sandbox", "agents", "agents.profiles", "policy",
+    "git", "git.trees", "git.targets", "bmad", "db", "queue",
+    "engine", "engine.workspace", "engine.worker", "engine.lane", "engine.run",
+    "operator", "operator.report", "cli", "__main__",
+]
+MAX_ROOT_MODULES = 12
+MAX_FOLDER_MODULES = 20
+
+
+def room_of(module: str) -> str:
+    """The room a module belongs to: its package's path below `bmad_loop`, or `base`."""
+    if module == "bmad_loop.__main__":
+        return "__main__"
+    parts = module.split(".")[1:]
+    path = PACKAGE.joinpath(*parts)
+    if not (path / "__init__.py").exists():
+        parts = parts[:-1]
+    return ".".join(parts) or "base"
+
+
+def layer_breaks(graph: dict[str, set[str]]) -> list[str]:
+    rank = {room: n for n, room in enumerate(LAYERS)}
+    found = []
+    for module, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            here, there = room_of(module), room_of(dep)
+            if rank[there] > rank[here]:
+                found.append(f"{module} ({here}) imports {dep} ({there})")
+    return found
+
+
+def test_every_room_of_the_package_has_a_place_in_the_layers():
+    rooms = {room_of(m) for m in import_graph()}
+    assert rooms - set(LAYERS) == set()
+
+
+def test_layers_only_point_down():
+    """Nothing outside engine/, operator/ and cli/ imports them; engine/ imports neither
+    operator/ nor cli/; operator/ does not import cli/; and so on down the list, room by room
+    (a subpackage is a room of its own, so engine/lane/ cannot import engine/run/)."""
+    assert layer_breaks(import_graph()) == []
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {"bmad_loop.git.runner": {"bmad_loop.engine.journal"},
+             "bmad_loop.engine.journal": {"bmad_loop.errors"}}
+    assert layer_breaks(graph) == ["bmad_loop.git.runner (git) imports bmad_loop.engine.journal (engine)"]
+
+
+def test_the_rooms_form_no_cycle():
+    rooms: dict[str, set[str]] = {}
+    for module, deps in import_graph().items():
+        here = room_of(module)
+        rooms.setdefault(here, set()).update(room_of(d) for d in deps if room_of(d) != here)
+    assert cycles(rooms) == []
+
+
+def test_no_folder_holds_too_many_modules():
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
+    crowded = {str(d.relative_to(PACKAGE)): n for d in PACKAGE.rglob("*") if d.is_dir()
+               if (n := len(list(d.glob("*.py")))) > MAX_FOLDER_MODULES}
+    assert crowded == {}
+
+
 def test_no_module_is_over_the_size_limit():
     big = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
            if (n := len(p.read_text().splitlines())) > MAX_LINES}
@@ -101,10 +172,10 @@ def test_no_module_is_over_the_size_limit():
 
 
 def test_each_seam_has_one_base_class_and_two_implementations():
-    from bmad_loop.engine.inplace import InPlaceWorkspace
-    from bmad_loop.engine.workspace import Workspace
-    from bmad_loop.engine.worktree_workspace import WorktreeWorkspace
-    from bmad_loop.targets import LocalTarget, RemoteTarget, Target
+    from bmad_loop.engine.workspace.inplace import InPlaceWorkspace
+    from bmad_loop.engine.workspace.base import Workspace
+    from bmad_loop.engine.workspace.worktree import WorktreeWorkspace
+    from bmad_loop.git.targets import LocalTarget, RemoteTarget, Target
 
     assert issubclass(LocalTarget, Target) and issubclass(RemoteTarget, Target)
     assert issubclass(WorktreeWorkspace, Workspace) and issubclass(InPlaceWorkspace, Workspace)
@@ -116,14 +187,15 @@ def test_the_engine_chooses_modes_only_inside_the_seams():
     """Remote vs local and worktree vs in place are decided by `make_target` and
     `make_workspace`; the rest of the engine asks the seam."""
     engine = PACKAGE / "engine"
-    allowed = {"context.py", "planning.py", "project.py"}  # the factories; validation at enqueue
+    # the factories; validation at enqueue
+    allowed = {"worker/context.py", "run/planning.py", "project.py"}
     offenders = []
-    for path in sorted(engine.glob("*.py")):
-        if path.name in allowed:
+    for path in sorted(engine.rglob("*.py")):
+        if str(path.relative_to(engine)) in allowed:
             continue
         text = path.read_text()
         for needle in ("isolation ==", "isolation !=", "remote is None", "remote is not None",
                        ".remote_url", "in_place"):
             if needle in text:
-                offenders.append(f"{path.name}: {needle}")
+                offenders.append(f"{path.relative_to(engine)}: {needle}")
     assert offenders == []

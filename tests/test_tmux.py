@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from support import StoryDef, wait_until
-from bmad_loop.tmux_session import TMUX
+from bmad_loop.agents.tmux_session import TMUX
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 

@@ -10,9 +10,9 @@ import stat
 
 import pytest
 
-from bmad_loop.compose import compose
+from bmad_loop.git.trees.compose import compose
 from bmad_loop.errors import GitError
-from bmad_loop.treeedit import _by_folders, _through_index, blob_at, blobs_at, replace_blobs
+from bmad_loop.git.trees.edit import _by_folders, _through_index, blob_at, blobs_at, replace_blobs
 from support import git_repo
 
 FILES = {

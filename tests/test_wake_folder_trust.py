@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop import wakeup
-from bmad_loop.queue import STORIES, QueueConfig, make_huey
-from bmad_loop.wakeup import WakeChannel, supported, wake_dir_for
+from bmad_loop.queue import wakeup
+from bmad_loop.queue.queues import STORIES, QueueConfig, make_huey
+from bmad_loop.queue.wakeup import WakeChannel, supported, wake_dir_for
 from support import wait_until
 
 pytestmark = pytest.mark.skipif(not supported(), reason="no AF_UNIX datagram sockets here")
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(not supported(), reason="no AF_UNIX datagram soc
 LISTENER = textwrap.dedent("""
     import signal, sys
     from pathlib import Path
-    from bmad_loop.wakeup import WakeChannel
+    from bmad_loop.queue.wakeup import WakeChannel
 
     folder, out = sys.argv[1], Path(sys.argv[2])
     stopping = []
@@ -90,7 +90,7 @@ def test_a_planted_wake_folder_is_passed_over_for_a_private_one_and_wake_ups_sti
         places, how, caplog, tmp_path):
     db, planted, home = places
     plant(planted, how, home)
-    caplog.set_level(logging.WARNING, logger="bmad_loop.wakeup")
+    caplog.set_level(logging.WARNING, logger="bmad_loop.queue.wakeup")
 
     folder = wake_dir_for(db)
     assert folder is not None and folder != planted
@@ -139,7 +139,7 @@ def test_with_no_private_folder_that_fits_the_queue_polls_and_says_so_once(place
     long_home = home / ("h" * 80)
     long_home.mkdir(mode=0o700)
     monkeypatch.setenv("HOME", str(long_home))  # ~/.cache/… too long for a socket path
-    caplog.set_level(logging.WARNING, logger="bmad_loop.wakeup")
+    caplog.set_level(logging.WARNING, logger="bmad_loop.queue.wakeup")
     huey = make_huey(QueueConfig(backend="sqlite", sqlite_path=db), STORIES)
     make_huey(QueueConfig(backend="sqlite", sqlite_path=db), "integration")
     assert huey.wake is None

@@ -17,9 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.queue import (INTEGRATION, STORIES, BackgroundConsumer, Doorbell, QueueConfig,
-                             announce, make_huey)
-from bmad_loop.wakeup import WakeChannel, supported, wake_dir_for
+from bmad_loop.queue.queues import (
+    INTEGRATION,
+    STORIES,
+    BackgroundConsumer,
+    Doorbell,
+    QueueConfig,
+    announce,
+    make_huey,
+)
+from bmad_loop.queue.wakeup import WakeChannel, supported, wake_dir_for
 from support import ALPHA_BETA_GAMMA, wait_until, write_each
 
 pytestmark = pytest.mark.skipif(not supported(), reason="no AF_UNIX datagram sockets here")
@@ -31,7 +38,7 @@ HOUR = 3600.0
 LISTENER = textwrap.dedent("""
     import signal, sys
     from pathlib import Path
-    from bmad_loop.wakeup import WakeChannel
+    from bmad_loop.queue.wakeup import WakeChannel
 
     folder, queue, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     stopping = []
@@ -52,7 +59,7 @@ LISTENER = textwrap.dedent("""
 RINGER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from bmad_loop.wakeup import WakeChannel
+    from bmad_loop.queue.wakeup import WakeChannel
 
     print(WakeChannel(Path(sys.argv[1]), sys.argv[2]).ring())
 """)
@@ -61,7 +68,7 @@ RINGER = textwrap.dedent("""
 ENQUEUER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from bmad_loop.queue import QueueConfig, announce, make_huey
+    from bmad_loop.queue.queues import QueueConfig, announce, make_huey
 
     huey = make_huey(QueueConfig(backend="sqlite", sqlite_path=Path(sys.argv[1])), "stories")
 
@@ -245,7 +252,7 @@ def test_the_tick_that_settles_a_run_wakes_whoever_waits_on_the_lane(make_repo):
     """`drive` reads the journal after each lane tick: the callback of the tick that completes
     the run sees it completed, so `run` returns without waiting for its next poll."""
     from bmad_loop.db.models import Run
-    from bmad_loop.engine.consumers import ConsumerSet
+    from bmad_loop.engine.run.consumers import ConsumerSet
     from bmad_loop.engine.project import Project
     from bmad_loop.states import RunState
 

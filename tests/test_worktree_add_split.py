@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop import worktrees
+from bmad_loop.git import worktrees
 from bmad_loop.errors import GitError
-from bmad_loop.gitcmd import LOCK_FILE_NAME, Git
-from bmad_loop.worktrees import (
+from bmad_loop.git.runner import LOCK_FILE_NAME, Git
+from bmad_loop.git.worktrees import (
     admin_dir,
     checkout_of,
     ensure_detached_worktree,
@@ -183,8 +183,8 @@ def test_a_failed_checkout_discards_the_half_made_worktree_and_raises(
 _CHILD = """
 import sys
 from pathlib import Path
-from bmad_loop.gitcmd import Git
-from bmad_loop.worktrees import ensure_worktree
+from bmad_loop.git.runner import Git
+from bmad_loop.git.worktrees import ensure_worktree
 ensure_worktree(Git(Path(sys.argv[1])), Path(sys.argv[2]), sys.argv[3], sys.argv[4],
                 branch_head=None)
 """

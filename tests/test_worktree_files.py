@@ -1,4 +1,4 @@
-"""Moving a worktree and detaching its HEAD without git (bmad_loop/worktree_files.py).
+"""Moving a worktree and detaching its HEAD without git (bmad_loop/git/worktree_files.py).
 
 Each edit is checked against git itself on a real repository: what `git worktree list`, `git
 status`, `git worktree prune` and `git branch -D` make of the result, and the very file a real
@@ -12,7 +12,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from bmad_loop.worktree_files import detach_head, rename_linked_worktree
+from bmad_loop.git.worktree_files import detach_head, rename_linked_worktree
 from support import git_repo
 
 
@@ -129,9 +129,9 @@ def _admin_files(admin: Path) -> dict[str, str]:
 
 
 def test_a_registration_is_what_git_worktree_add_writes(tmp_path):
-    from bmad_loop.gitconfig_guard import config_entries
-    from bmad_loop.worktree_files import register_linked_worktree, registrable
-    from bmad_loop.worktrees import ensure_worktree
+    from bmad_loop.git.config_guard import config_entries
+    from bmad_loop.git.worktree_files import register_linked_worktree, registrable
+    from bmad_loop.git.worktrees import ensure_worktree
 
     root, common = _repo_with_worktrees(tmp_path)
     git_made, ours = tmp_path / "wt" / "by-git", tmp_path / "wt" / "by-us"
@@ -142,7 +142,7 @@ def test_a_registration_is_what_git_worktree_add_writes(tmp_path):
     _git(root, "worktree", "add", "-q", "--no-checkout", "--lock", "--reason", "initializing",
          "-b", "theirs", str(git_made))
     _git(root, "branch", "ours")
-    from bmad_loop.gitcmd import Git
+    from bmad_loop.git.runner import Git
     git = Git(root)
     assert registrable(common, ours, config_entries(git, root))
     register_linked_worktree(common, ours, "ours", "initializing")
@@ -167,9 +167,9 @@ def test_a_registration_is_what_git_worktree_add_writes(tmp_path):
 
 
 def test_what_worktree_add_would_do_more_for_is_left_to_it(tmp_path):
-    from bmad_loop.gitconfig_guard import config_entries
-    from bmad_loop.gitcmd import Git
-    from bmad_loop.worktree_files import registrable
+    from bmad_loop.git.config_guard import config_entries
+    from bmad_loop.git.runner import Git
+    from bmad_loop.git.worktree_files import registrable
 
     root, common = _repo_with_worktrees(tmp_path)
     git = Git(root)
@@ -189,7 +189,7 @@ def test_what_worktree_add_would_do_more_for_is_left_to_it(tmp_path):
 def test_a_registration_refused_part_way_takes_back_what_it_made(tmp_path):
     import pytest
 
-    from bmad_loop.worktree_files import register_linked_worktree
+    from bmad_loop.git.worktree_files import register_linked_worktree
 
     root, common = _repo_with_worktrees(tmp_path)
     _git(root, "branch", "ours")
@@ -206,10 +206,10 @@ def test_a_detached_registration_is_what_git_worktree_add_detach_writes(tmp_path
     """`worktree add --detach --no-checkout --lock` by git and by us: the same admin entry (git
     also logs HEAD's first value, without a message: left out), then the engine's detached
     worktree (the lane's candidates) made that way, checked out and unlocked."""
-    from bmad_loop.gitcmd import Git
-    from bmad_loop.worktree_files import register_detached_worktree
-    from bmad_loop.worktrees import ensure_detached_worktree
-    from bmad_loop.gitconfig_guard import config_entries
+    from bmad_loop.git.runner import Git
+    from bmad_loop.git.worktree_files import register_detached_worktree
+    from bmad_loop.git.worktrees import ensure_detached_worktree
+    from bmad_loop.git.config_guard import config_entries
 
     root, common = _repo_with_worktrees(tmp_path)
     git = Git(root)

@@ -18,10 +18,17 @@ from pathlib import Path
 import pytest
 
 from bmad_loop.engine.layout import Layout
-from bmad_loop.engine import worktree_pool
-from bmad_loop.engine.worktree_pool import (POOL_ENV, announce_park, drain_pool, park, parked,
-                                             pool_dir, take)
-from bmad_loop.worktrees import delete_branch, ensure_worktree, list_worktrees
+from bmad_loop.engine.workspace import pool as worktree_pool
+from bmad_loop.engine.workspace.pool import (
+    POOL_ENV,
+    announce_park,
+    drain_pool,
+    park,
+    parked,
+    pool_dir,
+    take,
+)
+from bmad_loop.git.worktrees import delete_branch, ensure_worktree, list_worktrees
 from support import (ALPHA_BETA_GAMMA, DEADLINE_S, barrier_script, git_repo, go, wait_for_exit,
                      wait_for_files, wait_until, write)
 
@@ -345,7 +352,7 @@ def test_cleanup_removes_a_parked_worktree_a_crash_left_unless_its_run_is_live(m
     assert repo.cli("run").exit_code == 0
     run_id = repo.status()["run"]["id"]
     # A crash between park and take: a detached worktree in the run's pool.
-    from bmad_loop.gitcmd import Git
+    from bmad_loop.git.runner import Git
 
     git = Git(repo.root)
     layout = Layout((repo.root / ".bmad-loop").resolve(), run_id)
@@ -375,10 +382,10 @@ def test_a_take_cut_short_at_the_story_path_is_made_again_by_prepare(make_repo):
     at the story's path and no branch: the next prepare removes it and adds a fresh one."""
     from types import SimpleNamespace
 
-    from bmad_loop.engine.context import make_workspace
+    from bmad_loop.engine.worker.context import make_workspace
     from bmad_loop.engine.project import Project
     from bmad_loop.policy import load_policy
-    from bmad_loop.worktrees import move_worktree
+    from bmad_loop.git.worktrees import move_worktree
 
     repo = make_repo(THREE[:1], policy=RUN)
     project = Project(root=repo.root, policy=load_policy(repo.root))

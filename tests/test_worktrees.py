@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from bmad_loop.errors import GitError
-from bmad_loop.gitcmd import Git
-from bmad_loop.worktrees import (
+from bmad_loop.git.runner import Git
+from bmad_loop.git.worktrees import (
     checkout_of,
     delete_branch,
     delete_ref,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bmad_loop.engine.writeback import mark_done_on_board, mark_story_file_done
-from bmad_loop.storystatus import read_story_status, set_story_status, styled_like
+from bmad_loop.engine.lane.writeback import mark_done_on_board, mark_story_file_done
+from bmad_loop.bmad.story_status import read_story_status, set_story_status, styled_like
 
 # ------------------------------------------------------------------ storystatus: every form
 
@@ -278,8 +278,8 @@ def test_the_epic_line_goes_backlog_in_progress_done_along_the_targets_history(m
 # ------------------------------------------------------------------ the tree edit on real git trees
 
 def test_the_tree_edit_writes_both_files_once_and_skips_what_the_tree_does_not_hold(tmp_path):
-    from bmad_loop.compose import blob_at
-    from bmad_loop.engine.writeback import lane_tree_edit
+    from bmad_loop.git.trees.compose import blob_at
+    from bmad_loop.engine.lane.writeback import lane_tree_edit
     from support import git_repo
 
     board_rel, story_rel = "sprint/sprint-status.yaml", "sprint/1-1-login.md"

@@ -93,7 +93,7 @@ GEMINI_IGNORE = ".bmad-loop-session/gemini-ignore"
 
 
 def _shipped_gemini_defaults() -> Path:
-    from bmad_loop import profiles
+    from bmad_loop.agents import profiles
 
     return Path(profiles.__file__).parent / "gemini-system-defaults.json"
 

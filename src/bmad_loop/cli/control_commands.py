@@ -8,8 +8,15 @@ import sys
 
 import click
 
-from .app import (cli, handle_errors, json_option, open_project, open_project_to_read, project_option,
-                  run_ref_argument)
+from .app import (
+    cli,
+    handle_errors,
+    json_option,
+    open_project,
+    open_project_to_read,
+    project_option,
+    run_ref_argument,
+)
 
 __all__ = ["abandon", "stop", "approve", "reject", "retry", "reconcile"]
 
@@ -23,7 +30,7 @@ __all__ = ["abandon", "stop", "approve", "reject", "retry", "reconcile"]
 def abandon(project_dir, run_ref, reason, as_json):
     """End a paused, stopped or failed run for good (state `abandoned`); its branches and
     evidence stay per `[scm] keep_failed` until `cleanup`."""
-    from ..engine.control import abandon as do_abandon
+    from ..engine.run.control import abandon as do_abandon
 
     project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     run = do_abandon(project, run_ref, reason)
@@ -40,8 +47,8 @@ def abandon(project_dir, run_ref, reason, as_json):
 @handle_errors
 def stop(project_dir, run_ref, now):
     """Stop a run: no new dispatch; running stories stop at a safe boundary (or now)."""
-    from ..engine.control import stop as do_stop
-    from ..tasks import Tasks
+    from ..engine.run.control import stop as do_stop
+    from ..queue.tasks import Tasks
 
     project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     run = do_stop(project, Tasks(project), run_ref, now=now)
@@ -55,8 +62,8 @@ def stop(project_dir, run_ref, now):
 @handle_errors
 def approve(project_dir, run_ref, story):
     """Approve a story's spec (gates.mode = per-story-spec-approval)."""
-    from ..engine.control import approve as do_approve
-    from ..tasks import Tasks
+    from ..engine.run.control import approve as do_approve
+    from ..queue.tasks import Tasks
 
     project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     row = do_approve(project, Tasks(project), run_ref, story)
@@ -72,8 +79,8 @@ def approve(project_dir, run_ref, story):
 @handle_errors
 def retry(project_dir, refs, start):
     """Send one story back to an earlier step (a person's explicit redo)."""
-    from ..engine.control import retry as do_retry
-    from ..tasks import Tasks
+    from ..engine.run.control import retry as do_retry
+    from ..queue.tasks import Tasks
 
     if len(refs) > 2:
         raise click.UsageError("expected [RUN] STORY")
@@ -94,8 +101,8 @@ def retry(project_dir, refs, start):
 @handle_errors
 def reject(project_dir, run_ref, story, reason):
     """Refuse a held candidate (merge_class = operator): the story becomes escalated."""
-    from ..engine.control import reject as do_reject
-    from ..tasks import Tasks
+    from ..engine.run.control import reject as do_reject
+    from ..queue.tasks import Tasks
 
     project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     row = do_reject(project, Tasks(project), run_ref, story, reason)
@@ -112,7 +119,7 @@ def reconcile(project_dir, run_ref, as_json):
 
     Exit 4 when any story is open, else 3 when any is held or parked, else 0.
     """
-    from ..engine.control import reconcile as do_reconcile
+    from ..engine.run.control import reconcile as do_reconcile
 
     report, code = do_reconcile(open_project_to_read(project_dir, run_ref=run_ref), run_ref)
     if as_json:

@@ -15,7 +15,13 @@ import click
 
 from ..errors import EXIT_USAGE, ConfigError
 from .app import (
-    cli, handle_errors, has_state, json_option, open_project, open_project_to_read, project_option,
+    cli,
+    handle_errors,
+    has_state,
+    json_option,
+    open_project,
+    open_project_to_read,
+    project_option,
     run_ref_argument,
 )
 
@@ -51,8 +57,8 @@ def _interruptible(body):
 @handle_errors
 def status(project_dir, run_ref, as_json, watch, interval):
     """The run (newest by default), its stories and candidates."""
-    from ..engine.control import find_run
-    from ..engine.status import run_status
+    from ..engine.run.control import find_run
+    from ..engine.run.status import run_status
 
     project = open_project_to_read(project_dir, need_runs=True, run_ref=run_ref)
     if watch:
@@ -65,7 +71,7 @@ def status(project_dir, run_ref, as_json, watch, interval):
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    from ..render import render_status
+    from ..operator.render import render_status
 
     click.echo(render_status(data))
 
@@ -100,7 +106,7 @@ def _watch(project, run_ref, interval):
 @handle_errors
 def journal(project_dir, run_ref, kinds, story, follow, as_json):
     """The run's journal, in order (one JSON object per line with --json)."""
-    from ..engine.control import find_run
+    from ..engine.run.control import find_run
     from ..operator.follow import follow_journal, format_event
 
     project, reader = _open_reader(project_dir, run_ref)
@@ -137,8 +143,14 @@ def attach(project_dir, run_ref, story, no_follow, all_logs, no_wait):
     With --all: the story's whole history, each log under a header (phase, attempt, start).
     A story not started yet is waited for ("waiting for STORY (pending)"), like `tail -F`.
     """
-    from ..engine.control import find_run
-    from ..operator.follow import follow_log, live_tmux_session, not_started, pick_story, wait_for_start
+    from ..engine.run.control import find_run
+    from ..operator.follow import (
+        follow_log,
+        live_tmux_session,
+        not_started,
+        pick_story,
+        wait_for_start,
+    )
 
     project, reader = _open_reader(project_dir)
     try:
@@ -191,7 +203,7 @@ def _attach_tmux(session: str) -> None:
     the session's name and the attach command."""
     import os
 
-    from ..tmux_session import TMUX
+    from ..agents.tmux_session import TMUX
 
     if not sys.stdin.isatty():
         click.echo(f"tmux session {session} (attach with: {' '.join(TMUX)} attach -t {session})")
@@ -235,7 +247,7 @@ def _history_html(session, project, entries, target) -> None:
     from sqlalchemy import select
 
     from ..db.models import Run
-    from ..operator.report_files import write_history_reports
+    from ..operator.report.files import write_history_reports
 
     ids = [e["id"] for e in entries]
     runs = list(session.scalars(select(Run).where(Run.id.in_(ids)))) if ids else []
@@ -255,10 +267,10 @@ def report(project_dir, run_ref, html_path, as_json):
     """A run's report (the newest by default): its timeline, where the time and the money went,
     every escalation and failure with its log, the target's commits. Works for finished,
     paused, stopped and crashed runs."""
-    from ..engine.control import find_run
-    from ..operator.report_data import gather_report
-    from ..operator.report_files import write_run_report
-    from ..operator.report_text import format_report
+    from ..engine.run.control import find_run
+    from ..operator.report.data import gather_report
+    from ..operator.report.files import write_run_report
+    from ..operator.report.text import format_report
 
     project, reader = _open_reader(project_dir, run_ref)
     try:

@@ -12,10 +12,16 @@ from pathlib import Path
 
 import click
 
-from ..engine.presses import Interrupts
+from ..engine.run.presses import Interrupts
 from ..errors import EXIT_OK, EXIT_USAGE, ConfigError
 from .app import (
-    cli, handle_errors, has_state, json_option, open_project, project_option, run_ref_argument,
+    cli,
+    handle_errors,
+    has_state,
+    json_option,
+    open_project,
+    project_option,
+    run_ref_argument,
 )
 from .ownership_output import echo_new_warnings, forget_command
 
@@ -79,7 +85,7 @@ def _policy_for_run(project, parallel: str | None, gates: str | None = None):
 
 
 def _selection(epic, stories, max_stories):
-    from ..selection import Selection
+    from ..bmad.selection import Selection
 
     if max_stories is not None and max_stories < 1:
         raise ConfigError(f"--max-stories: must be >= 1, got {max_stories}")
@@ -89,9 +95,9 @@ def _selection(epic, stories, max_stories):
 def _enqueue(project_dir, parallel, gates, epic, stories, max_stories):
     """Open the project and enqueue a run of the selection: (project, policy, tasks, run id or
     None when nothing matches, plan)."""
-    from ..engine.planning import enqueue as do_enqueue
+    from ..engine.run.planning import enqueue as do_enqueue
     from ..sandbox import startup_notes
-    from ..tasks import Tasks
+    from ..queue.tasks import Tasks
 
     project = open_project(project_dir)
     policy = _policy_for_run(project, parallel, gates)
@@ -130,7 +136,7 @@ def init(project_dir, force):
     import tomllib
 
     from ..engine.project import Project, ensure_state_dir
-    from ..engine.repocheck import check_checkout
+    from ..engine.run.repocheck import check_checkout
     from ..policy import default_policy_text, load_policy, policy_from_dict, policy_path
 
     root = project_dir.resolve()
@@ -161,7 +167,7 @@ def init(project_dir, force):
 @handle_errors
 def validate(project_dir, as_json):
     """Preflight: policy, git repository, target branch, stories, footprints, agent command."""
-    from ..engine.preflight import preflight
+    from ..engine.run.preflight import preflight
 
     report = preflight(project_dir.resolve())
     if as_json:
@@ -203,7 +209,7 @@ def worker(project_dir, queue, workers, clone_dir, host):
     import signal
     import threading
 
-    from ..engine.consumers import ConsumerSet
+    from ..engine.run.consumers import ConsumerSet
 
     _set_host(host)
     project = open_project(project_dir, clone_dir)
@@ -242,7 +248,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
     # First: a Ctrl+C during start-up stops the run once it is driven.
     click.get_current_context().call_on_close(Interrupts.counting().release)
     from ..engine.faults import delay_point
-    from ..engine.gatepoints import pause_summary
+    from ..engine.run.gatepoints import pause_summary
 
     project, policy, tasks, run_id, plan = _enqueue(project_dir, parallel, gates, epic, stories,
                                                     max_stories)
@@ -275,8 +281,8 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
 def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit_path, report_html):
     """Continue a paused, stopped, failed or crashed run (same plan, scope and target)."""
     click.get_current_context().call_on_close(Interrupts.counting().release)
-    from ..engine.control import resume as do_resume
-    from ..tasks import Tasks
+    from ..engine.run.control import resume as do_resume
+    from ..queue.tasks import Tasks
 
     project = open_project(project_dir, need_runs=True, run_ref=run_ref)
     tasks = Tasks(project)
@@ -296,7 +302,7 @@ def _journal_end(project, run_ref) -> dict[str, int]:
     from sqlalchemy import func, select
 
     from ..db.models import Event
-    from ..engine.control import find_run
+    from ..engine.run.control import find_run
     from ..errors import BmadLoopError
 
     with project.db.transaction() as s:
@@ -312,7 +318,7 @@ def _drive_and_report(project, tasks, run_id, workers, progress, report_path, ju
                       since_seq: int = 0, report_html=None):
     """Drive the run here until it settles, print its outcome, write the reports, exit with
     the run's exit code. Each Ctrl+C acted on is explained (`stop_notice`)."""
-    from ..engine.driver import drive
+    from ..engine.run.driver import drive
     from ..operator.stop_notice import interrupt_notice
 
     def notice(count: int) -> None:
@@ -331,7 +337,7 @@ def _write_html_report(project, run_id, path) -> None:
     if path is None:
         return
     from ..db.models import Run
-    from ..operator.report_files import write_run_report
+    from ..operator.report.files import write_run_report
 
     with project.db.transaction() as s:
         click.echo(f"html: {write_run_report(s, s.get(Run, run_id), project.state_dir, path)}")
@@ -358,7 +364,7 @@ def _write_reports(project, run_id, code, report_path, junit_path):
     if not report_path and not junit_path:
         return
     from ..db.models import Run
-    from ..engine.status import run_status
+    from ..engine.run.status import run_status
     from ..operator.reports import nothing_to_do, write_json_report, write_junit
 
     if run_id is None:  # still both files: a CI step publishing them must find them
@@ -381,7 +387,7 @@ def _write_reports(project, run_id, code, report_path, junit_path):
 @handle_errors
 def demo(directory, parallel, count, as_json):
     """Build a small BMAD repository with a scripted agent, run the loop on it, show the result."""
-    from ..demo import run_demo
+    from .demo import run_demo
 
     result = run_demo(directory, parallel=parallel, count=count,
                       echo=None if as_json else click.echo)
@@ -407,7 +413,7 @@ def demo(directory, parallel, count, as_json):
 def cleanup(project_dir, dry_run, runs, purge, forget_id, force, clone_dir, host, as_json):
     """Remove worktrees, branches and refs in bmad-loop's namespace that no live row of this
     state database owns; another database's runs are kept and listed."""
-    from ..engine.cleanup import cleanup as do_cleanup
+    from ..engine.run.cleanup import cleanup as do_cleanup
 
     if purge and not runs:
         raise ConfigError("--purge goes with --runs")

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 
 from ..fileio import write_atomic
-from ..mergesettle import MergeRules
+from ..git.trees.settle import MergeRules
 from ..policy.mergerule import UNION
 from .mergerules import run_merge_rules
 

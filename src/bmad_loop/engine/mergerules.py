@@ -12,10 +12,10 @@ from __future__ import annotations
 import posixpath
 from pathlib import Path
 
-from ..bmadlayout import implementation_artifacts
+from ..bmad.layout import implementation_artifacts
 from ..errors import ConfigError
 from ..globs import globs_may_overlap, is_literal, path_matches
-from ..mergesettle import MergeRules
+from ..git.trees.settle import MergeRules
 from ..policy.mergerule import UNION, MergeRule
 
 __all__ = ["LEDGER_NAME", "bmad_ledger", "check_merge_rules", "merge_rule_checks", "run_merge_rules"]

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from ..db.database import Database, check_driver, default_database_url
 from ..db.sqlitefile import check_folder_writable
-from ..gitcmd import Git, Identity
+from ..git.runner import Git, Identity
 from ..hostid import host_name
 from ..policy import Policy, load_policy
-from ..remote import resolve_remote_url
-from ..targets import Target, make_target
+from ..git.remote import resolve_remote_url
+from ..git.targets import Target, make_target
 
 __all__ = ["Project", "STATE_DIRNAME", "ensure_state_dir"]
 
@@ -84,7 +84,7 @@ class Project:
         return self.remote_url or str(self.root)
 
     def target(self, git: Git, branch: str) -> Target:
-        """The target branch as this process reaches it (see `bmad_loop.targets`)."""
+        """The target branch as this process reaches it (see `bmad_loop.git.targets`)."""
         return make_target(git, branch, self.remote_url, checkout=self.root)
 
     def path(self, *parts: str) -> Path:

@@ -33,7 +33,7 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from .. import proctree
-from ..adapter import OWNER_VAR, SESSION_TOKEN_VAR, parse_owner
+from ..agents.adapter import OWNER_VAR, SESSION_TOKEN_VAR, parse_owner
 from ..db.models import Attempt, Candidate, Event, Lease, Run, Story, utcnow
 from ..hostid import host_name
 from ..states import AttemptState, StoryState
@@ -198,7 +198,7 @@ def _worktree_head(worktree: str | None) -> str | None:
     """The story's HEAD, so `resume` can tell a human's fix from the agent's last state."""
     if not worktree or not Path(worktree).is_dir():
         return None
-    from ..gitcmd import Git
+    from ..git.runner import Git
 
     try:
         return Git(Path(worktree)).rev("HEAD", cwd=Path(worktree))

@@ -18,8 +18,7 @@ from sqlalchemy import func, select
 
 from ..db.models import Candidate, Run, Story, utcnow
 from ..errors import StateError
-from ..states import (CANDIDATE_OPEN, RUN_LIVE, RUN_RESUMABLE, CandidateState, Phase,
-                      StoryState)
+from ..states import CANDIDATE_OPEN, RUN_LIVE, RUN_RESUMABLE, CandidateState, Phase, StoryState
 from .journal import record
 from .transitions import transition_story
 

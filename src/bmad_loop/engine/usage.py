@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from ..agentoutput import USAGE_COLUMNS
+from ..agents.output import USAGE_COLUMNS
 from ..db.models import Attempt
 
 __all__ = ["USAGE_COLUMNS", "empty_usage", "usage_by_story", "usage_by_run", "usage_by_story_phase"]

@@ -16,10 +16,23 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ..states import (STORY_AWAITING_LANE, STORY_DONE, STORY_IN_FLIGHT, STORY_NEEDS_HUMAN,
-                      RunState, StoryState)
-from .style import (composed_on, current_candidate, format_duration, preserved, short_sha,
-                    stack_of, state_text)
+from ..states import (
+    STORY_AWAITING_LANE,
+    STORY_DONE,
+    STORY_IN_FLIGHT,
+    STORY_NEEDS_HUMAN,
+    RunState,
+    StoryState,
+)
+from .style import (
+    composed_on,
+    current_candidate,
+    format_duration,
+    preserved,
+    short_sha,
+    stack_of,
+    state_text,
+)
 
 __all__ = ["Frame", "render_board", "lane_queue", "held_back", "MARK"]
 

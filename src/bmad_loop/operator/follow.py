@@ -18,7 +18,7 @@ from ..db.models import Attempt, Run, Story
 from ..engine.journal import event_json, events_after
 from ..engine.runs import stories_of
 from ..errors import ConfigError, NotFound
-from ..logcap import CutState, read_cut
+from ..agents.logcap import CutState, read_cut
 from ..states import RUN_SETTLED, STORY_IN_FLIGHT, StoryState
 from .style import short_value
 
@@ -203,7 +203,7 @@ def live_tmux_session(reader, run_id: str, story_key: str) -> str | None:
     import shutil
     import subprocess
 
-    from ..tmux_session import TMUX
+    from ..agents.tmux_session import TMUX
 
     with reader.session() as s:
         row = s.query(Story).filter(Story.run_id == run_id, Story.key == story_key).one()

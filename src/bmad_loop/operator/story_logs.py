@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..adapter import read_tail
+from ..agents.adapter import read_tail
 from ..engine.journal import event_json, events_after
 
 __all__ = ["StoryLog", "story_logs", "print_story_logs", "failing_log", "log_tail", "TAIL_LINES"]

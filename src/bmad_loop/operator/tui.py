@@ -23,13 +23,20 @@ from textual.widgets import DataTable, Footer, Header, RichLog, Static
 
 from ..db.models import Run
 from ..engine.journal import event_json, events_after
-from ..engine.status import run_status
+from ..engine.run.status import run_status
 from .board_view import held_back, lane_queue
 from .follow import _Tail, format_event
 from .history import run_history
 from .reader import Reader
-from .style import (composed_on, current_candidate, format_duration, short_sha, stack_of,
-                    state_text, story_note)
+from .style import (
+    composed_on,
+    current_candidate,
+    format_duration,
+    short_sha,
+    stack_of,
+    state_text,
+    story_note,
+)
 
 __all__ = ["BoardApp", "cli_argv"]
 
@@ -106,7 +113,7 @@ class BoardApp(App):
         self.query_one("#tail", RichLog).border_title = "journal"
         self._fit(self.size.width, self.size.height)
         if self.run_ref is not None:
-            from ..engine.control import find_run
+            from ..engine.run.control import find_run
 
             with self.reader.session() as s:
                 self.run_id = find_run(s, self.project, self.run_ref).id
@@ -250,9 +257,9 @@ class BoardApp(App):
         self._tail.drain(self._write_tail_text)
 
     def action_stop(self, now: bool = False) -> None:
-        from ..engine.control import stop
+        from ..engine.run.control import stop
         from ..errors import BmadLoopError
-        from ..tasks import Tasks
+        from ..queue.tasks import Tasks
 
         if self.run_id is None:
             return

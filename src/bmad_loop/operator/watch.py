@@ -15,7 +15,7 @@ class BoardWatch:
     """The run `run_ref` names (newest by default), watched with the limits of its own policy."""
 
     def __init__(self, project, run_ref: str | None):
-        from ..engine.control import find_run
+        from ..engine.run.control import find_run
         from ..engine.runs import run_policy
         from .reader import Reader
 
@@ -33,7 +33,7 @@ class BoardWatch:
         from rich.live import Live
 
         from ..db.models import Run, utcnow
-        from ..engine.status import run_status
+        from ..engine.run.status import run_status
         from ..states import RUN_SETTLED
         from .board_view import render_board
 

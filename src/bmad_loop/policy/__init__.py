@@ -32,11 +32,36 @@ SECTION is one of `SECTIONS` upper-cased and KEY a key of that section upper-cas
 from __future__ import annotations
 
 from .checks import COMMIT_PLACEHOLDERS, KNOWN_PROFILES
-from .load import ENV_PREFIX, default_policy_text, env_override, load_policy, policy_from_dict, policy_path
-from .schema import (SECTIONS, AdapterPolicy, CleanupPolicy, DatabasePolicy, FootprintOverride,
-                     FootprintsPolicy, GatesPolicy, LeasesPolicy, LimitsPolicy, NotifyPolicy,
-                     ParallelPolicy, PhaseOverride, Policy, QueuePolicy, ResourcesPolicy,
-                     ReviewPolicy, ScmPolicy, StoriesPolicy, TierPolicy, VerifyPolicy)
+from .load import (
+    ENV_PREFIX,
+    default_policy_text,
+    env_override,
+    load_policy,
+    policy_from_dict,
+    policy_path,
+)
+from .schema import (
+    SECTIONS,
+    AdapterPolicy,
+    CleanupPolicy,
+    DatabasePolicy,
+    FootprintOverride,
+    FootprintsPolicy,
+    GatesPolicy,
+    LeasesPolicy,
+    LimitsPolicy,
+    NotifyPolicy,
+    ParallelPolicy,
+    PhaseOverride,
+    Policy,
+    QueuePolicy,
+    ResourcesPolicy,
+    ReviewPolicy,
+    ScmPolicy,
+    StoriesPolicy,
+    TierPolicy,
+    VerifyPolicy,
+)
 
 __all__ = [
     "env_override",

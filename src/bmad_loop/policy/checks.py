@@ -103,14 +103,14 @@ def commit_template(value: str) -> str | None:
     return None
 
 
-# The agent argv's placeholders, as `bmad_loop.adapter.render_argv` finds them: `{identifier}`;
+# The agent argv's placeholders, as `bmad_loop.agents.adapter.render_argv` finds them: `{identifier}`;
 # other text in braces (JSON, `{}`) is left alone there, so it is here.
 _ARGV_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def argv_template(value: tuple[str, ...]) -> str | None:
     """An agent argv (or tier args) whose `{placeholders}` are all known to the adapter."""
-    from ..adapter import PLACEHOLDERS
+    from ..agents.adapter import PLACEHOLDERS
 
     for element in value:
         for name in _ARGV_PLACEHOLDER.findall(element):

@@ -17,8 +17,18 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .schema import SECTIONS, Policy, check_policy
-from .validate import (Context, describe, did_you_mean, error, hints, is_table, named_fields,
-                       read_table, rest_field, where)
+from .validate import (
+    Context,
+    describe,
+    did_you_mean,
+    error,
+    hints,
+    is_table,
+    named_fields,
+    read_table,
+    rest_field,
+    where,
+)
 
 __all__ = ["ENV_PREFIX", "default_policy_text", "env_override", "load_policy", "policy_from_dict",
            "policy_path"]

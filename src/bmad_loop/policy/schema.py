@@ -14,10 +14,26 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..states import AGENT_PHASES
-from ..logcap import MIN_CAP
-from .checks import (MAX_PARALLEL, argv_template, at_least, at_most, commit_template, empty_map,
-                     globs, globs_of_keys, non_empty, one_of, parse_ports, ports, profile, repo_paths, seconds,
-                     setting, url)
+from ..agents.logcap import MIN_CAP
+from .checks import (
+    MAX_PARALLEL,
+    argv_template,
+    at_least,
+    at_most,
+    commit_template,
+    empty_map,
+    globs,
+    globs_of_keys,
+    non_empty,
+    one_of,
+    parse_ports,
+    ports,
+    profile,
+    repo_paths,
+    seconds,
+    setting,
+    url,
+)
 from .mergerule import MergeRule
 from .validate import Context, checked, did_you_mean, error, field_of, name
 

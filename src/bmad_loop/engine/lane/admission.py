@@ -1,0 +1,285 @@
+"""Admission: which pending stories get a worker slot now, and what holds the others back.
+
+A pure function of the story rows, so it is easy to test and to reason about:
+
+- at most `max_parallel` stories are in flight (queued or working);
+- a slot goes to the earliest story in plan order that is *eligible*: every earlier story whose
+  footprint conflicts with it is integrated or terminally failed/skipped, every dependency is
+  integrated, every resource it names has free capacity, and its epic's gate is open;
+- resources are held from dispatch until the story is integrated or terminal;
+- a story whose file is not written yet (`to_create`) is dispatched for its create phase with
+  only the slot and its epic's gate checked: creating touches nothing but its own story file.
+  Until its create ends, its footprint is unknown, so no later story's dev may start (it is
+  exclusive towards later devs only); then it comes back pending and is admitted like any other;
+- stacked starts (`can_stack`, at `max_parallel > 1`): a blocker (conflict or dependency) that
+  is finished but not yet integrated (`STORY_STACKABLE`) does not hold a story back; the story
+  starts on a base with that blocker's work in it (`Admission.stacked`, stacking.py).
+
+Cost: the lane admits on every pass, so a pass is one walk in plan order with a few look-ups
+per story; which pairs conflict comes from the run's `ConflictIndex` (conflictindex.py), which
+runs the footprint test once per pair that can meet, not once per pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from ...bmad.footprint import Footprint, footprints_conflict
+from ...globs import is_literal
+from ...states import STORY_AWAITING_LANE, STORY_DONE, STORY_IN_FLIGHT, STORY_STACKABLE, StoryState
+from .conflictindex import ConflictIndex
+
+__all__ = ["StoryView", "Admission", "admit", "views_of", "HOLDS_RESOURCES", "ConflictIndex"]
+
+# Resources are held from dispatch until the story is integrated or terminal.
+HOLDS_RESOURCES = STORY_IN_FLIGHT | STORY_AWAITING_LANE | {StoryState.HELD}
+
+
+@dataclass(frozen=True)
+class StoryView:
+    key: str
+    seq: int
+    epic: str  # the BMAD epic id ("1", "r", "3-5"); "" for a story in no epic
+    state: str
+    footprint: Footprint
+    depends_on: tuple[str, ...] = ()
+    approved: bool = True  # spec-approval gate
+    to_create: bool = False  # its create phase has not ended: the footprint is not known yet
+    # May start on a stacked base: blockers that are finished but not integrated do not hold
+    # it back (stacking.py); the lane allows it only at max_parallel > 1, on a fresh branch.
+    can_stack: bool = False
+
+
+@dataclass
+class Admission:
+    dispatch: list[str] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)  # key -> what holds it back
+    gate: str | None = None  # an epic whose gate must be passed before it can start
+    approvals: list[str] = field(default_factory=list)  # stories waiting for `approve`
+    stacked: dict[str, list[str]] = field(default_factory=dict)  # key -> the stories it stacks on
+
+
+def admit(
+    stories: Sequence[StoryView],
+    *,
+    max_parallel: int,
+    capacity: Callable[[str], int],
+    gates_mode: str,
+    gates_passed: Sequence[str] = (),
+    conflict: Callable[[Footprint, Footprint], str | None] = footprints_conflict,
+    index: ConflictIndex | None = None,
+    directories: Callable[[], frozenset[str] | None] = lambda: None,
+) -> Admission:
+    """`index` is the run's conflict relation, kept across calls (see `ConflictIndex`); it is
+    brought up to date with `stories` and the target tree's `directories()` first (listed only
+    when some pair depends on them), so the answer is the same as with a fresh one. Without
+    it a fresh one is made from `conflict`.
+
+    One pass walks the stories once in plan order, carrying what the earlier ones say (the
+    earliest unfinished story, the earliest unfinished wall, each epic's earliest open story),
+    so a pass costs a few look-ups per story and no footprint test."""
+    ordered = sorted(stories, key=lambda s: s.seq)
+    if index is None:
+        index = ConflictIndex.of(conflict)
+    index.update(ordered, directories)
+    by_key = {s.key: s for s in ordered}
+    result = Admission()
+    in_flight = sum(1 for s in ordered if s.state in STORY_IN_FLIGHT)
+    used: dict[str, int] = {}
+    for s in ordered:
+        if s.state in HOLDS_RESOURCES and not s.to_create:  # a create step holds no resource
+            for name in s.footprint.resources:
+                used[name] = used.get(name, 0) + 1
+    # Epic ids are strings; a run enqueued before they were may still hold numbers.
+    gates_passed = {str(g) for g in gates_passed}
+    first_epic = next((s.epic for s in ordered if s.epic), None)
+    earlier = _Earlier(gates_mode)
+
+    for story in ordered:
+        dispatched = False
+        if story.state == StoryState.PENDING:
+            under: list[str] = []
+            reason = _decide(story, earlier, by_key, index, used, capacity, in_flight,
+                             max_parallel, gates_mode, gates_passed, first_epic, result, under)
+            if reason == "gate":
+                result.gate = story.epic
+                result.waiting[story.key] = f"gate before epic {story.epic}"
+                break  # nothing of a later epic may pass a closed gate either
+            if reason:
+                result.waiting[story.key] = reason
+            else:
+                result.dispatch.append(story.key)
+                if under:
+                    result.stacked[story.key] = under
+                dispatched = True
+                in_flight += 1
+                if not story.to_create:
+                    for name in story.footprint.resources:
+                        used[name] = used.get(name, 0) + 1
+        # Stories dispatched earlier in this pass count as queued, so a second pass over the
+        # same rows gives the same answer (and journals nothing new).
+        earlier.add(story, StoryState.QUEUED if dispatched else story.state)
+    return result
+
+
+def _decide(story, earlier, by_key, index, used, capacity, in_flight, max_parallel, gates_mode,
+            gates_passed, first_epic, result, under: list[str]) -> str | None:
+    """What holds a pending story back (None: it gets a slot; "gate": a closed epic gate).
+    Finished blockers it may stack on are added to `under`."""
+    reason = earlier.epic_barrier(story, gates_passed, first_epic)
+    if reason:
+        return reason
+    if story.to_create:
+        # Spec approval, dependencies and resources concern dev, which comes after.
+        return f"all {max_parallel} worker slot(s) busy" if in_flight >= max_parallel else None
+    reason = earlier.conflict(story, index, under) or _dependencies(story, by_key, under)
+    if reason is None and gates_mode == "per-story-spec-approval" and not story.approved:
+        result.approvals.append(story.key)
+        reason = "awaiting spec approval (bmad-loop approve)"
+    if reason is None:
+        reason = _resources(story, used, capacity)
+    if reason is None and in_flight >= max_parallel:
+        reason = f"all {max_parallel} worker slot(s) busy"
+    return reason
+
+
+class _Earlier:
+    """What the stories already walked (earlier in plan order) say, kept as the walk goes."""
+
+    def __init__(self, gates_mode: str):
+        self.per_epic = gates_mode == "per-epic"
+        self.seen: dict[str, tuple[StoryView, str]] = {}  # key -> (story, state in this pass)
+        self.first_open: StoryView | None = None  # earliest story not done
+        self.first_wall: StoryView | None = None  # earliest not-done exclusive or to-create story
+        # Every not-done story, and every not-done wall, in plan order: only a story that may
+        # stack looks past its first blocker.
+        self.open: list[StoryView] = []
+        self.walls: list[StoryView] = []
+        self.epics: set[str] = set()
+        # Each epic's earliest story that holds later epics back (per-epic: not integrated or
+        # skipped; otherwise: still pending), in plan order.
+        self.holders: list[StoryView] = []
+        self._holding: set[str] = set()
+
+    def add(self, story: StoryView, state: str) -> None:
+        self.seen[story.key] = (story, state)
+        if state not in STORY_DONE:
+            if self.first_open is None:
+                self.first_open = story
+            if self.first_wall is None and (story.to_create or story.footprint.exclusive):
+                self.first_wall = story
+            self.open.append(story)
+            if story.to_create or story.footprint.exclusive:
+                self.walls.append(story)
+        if story.epic:
+            self.epics.add(story.epic)
+            holds = (state not in (StoryState.INTEGRATED, StoryState.SKIPPED) if self.per_epic
+                     else state == StoryState.PENDING)
+            if holds and story.epic not in self._holding:
+                self._holding.add(story.epic)
+                self.holders.append(story)
+
+    def epic_barrier(self, story, gates_passed, first_epic) -> str | None:
+        # A story in no epic (an extra key above every epic line) neither waits for nor holds an epic.
+        if not story.epic or self.epics <= {story.epic}:
+            return None
+        holder = next((s for s in self.holders if s.epic != story.epic), None)
+        if self.per_epic:
+            if holder is not None:
+                return f"epic {story.epic} waits for epic {holder.epic} ({holder.key})"
+            if story.epic != first_epic and story.epic not in gates_passed:
+                return "gate"
+            return None
+        # gates "none" (and spec approval): the next epic starts once the current one is dispatched.
+        if holder is not None:
+            return f"epic {story.epic} waits until epic {holder.epic} is dispatched ({holder.key})"
+        return None
+
+    def conflict(self, story, index: ConflictIndex, under: list[str]) -> str | None:
+        """The earliest unfinished earlier story that conflicts with `story`, and why: an
+        exclusive story conflicts with every story, every story with an exclusive one or one
+        still to be created (a wall); other pairs come from the index. A story that may stack
+        passes the finished ones (added to `under`) and is held only by the others."""
+        if story.can_stack:
+            return self._conflict_stacking(story, index, under)
+        blocker = self.first_open if story.footprint.exclusive else self.first_wall
+        for key in index.earlier_conflicts(story.key):
+            other, state = self.seen[key]
+            if blocker is not None and other.seq >= blocker.seq:
+                break  # the wall comes first
+            if state not in STORY_DONE:
+                blocker = other
+                break
+        if blocker is None:
+            return None
+        return self._held_by(story, blocker, index)
+
+    def _conflict_stacking(self, story, index: ConflictIndex, under: list[str]) -> str | None:
+        if story.footprint.exclusive:
+            blockers = self.open
+        else:
+            found = {s.key: s for s in self.walls}
+            for key in index.earlier_conflicts(story.key):
+                other, state = self.seen[key]
+                if state not in STORY_DONE:
+                    found[key] = other
+            blockers = sorted(found.values(), key=lambda s: s.seq)
+        for other in blockers:
+            if not other.to_create and self.seen[other.key][1] in STORY_STACKABLE:
+                under.append(other.key)
+                continue
+            return self._held_by(story, other, index)
+        return None
+
+    @staticmethod
+    def _held_by(story, blocker, index: ConflictIndex) -> str:
+        if blocker.to_create:
+            return f"waits for {blocker.key} to be created (its footprint is not known yet)"
+        return f"conflicts with {blocker.key}: {index.reason(story.key, blocker.key)}"
+
+
+def _dependencies(story, by_key: Mapping[str, StoryView], under: list[str]) -> str | None:
+    # A dependency on a finished story is satisfied by stacking on it, like a conflict.
+    for dep in story.depends_on:
+        other = by_key.get(dep)
+        if other is None or other.state in (StoryState.INTEGRATED, StoryState.SKIPPED):
+            continue
+        if story.can_stack and other.state in STORY_STACKABLE:
+            if dep not in under:
+                under.append(dep)
+        else:
+            return f"depends on {dep} ({other.state})"
+    return None
+
+
+def _resources(story, used, capacity) -> str | None:
+    for name in story.footprint.resources:
+        cap = capacity(name)
+        if used.get(name, 0) >= cap:
+            return f"resource {name} at capacity ({cap})"
+    return None
+
+
+def views_of(rows, stacking: bool = False, settled=None) -> list[StoryView]:
+    """The admission's view of story rows (`Story` objects or the lane's read-only rows).
+    `stacking`: a story may start on a stacked base when it has no branch yet and no human fix.
+    `settled`: the run's merge rules (mergesettle.MergeRules): the paths they cover never make
+    two stories conflict."""
+    return [StoryView(key=s.key, seq=s.seq, epic=s.epic, state=s.state,
+                      footprint=_footprint_of(s, settled),
+                      depends_on=tuple(s.depends_on or ()), approved=s.approved,
+                      to_create=s.to_create,
+                      can_stack=stacking and not s.branch and not s.human_fix) for s in rows]
+
+
+def _footprint_of(row, settled=None) -> Footprint:
+    fp = row.footprint or {}
+    files, shared = tuple(fp.get("files", ())), tuple(fp.get("shared", ()))
+    if settled:
+        # A path the lane settles (a ledger, a lockfile) is shared, whoever declares it:
+        # `shared` against `shared` never conflicts. Only literal paths: a glob may cover more.
+        moved = tuple(f for f in files if is_literal(f) and settled.covers(f))
+        files, shared = tuple(f for f in files if f not in moved), shared + moved
+    return Footprint(files=files, shared=shared, resources=tuple(fp.get("resources", ())),
+                     reason=row.footprint_reason)

@@ -1,0 +1,467 @@
+"""Integrate one ready story: compose a candidate on the latest target, verify it, advance by CAS.
+
+Runs only on the lane (the single `integration` consumer thread). Steps, each persisted on the
+candidate row: composing → verifying → verified → advancing → advanced. A target that moved
+between composition and advance is never force-moved: the candidate goes `stale` and the story
+is recomposed on the new target (up to `max_recompose`), then escalated. Conflicts and
+verification failures escalate with the candidate's ref, worktree and an evidence file kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import bindparam, func, select, update
+
+from ...git.trees.compose import Composition, overlapping_dirty
+from ...db.database import insert_now
+from ...db.models import Candidate, Run, Story, utcnow
+from ...git.worktrees import ensure_detached_worktree
+from ...states import CANDIDATE_OPEN, CandidateState, StoryState
+from ..worker.childenv import child_env
+from .composer import Composer
+from ..worker.context import make_workspace
+from ..faults import crash_point, delay_point
+from ..escalation import Cause
+from .outcomes import Outcomes, TargetMoved
+from ..journal import journal_git_locks, record
+from ..ports import lane_block, port_env
+from ..layout import Layout
+from ..ledgerfiles import append_ledger_lines
+from ..redo import RECOMPOSE_FLOOR
+from .regenerate import settled_events
+from ..runs import board_rel
+from ..transitions import transition_candidate, transition_story
+from ..worker.boxing import BoxSite, settle_after_box, verify_box
+from ..worker.verify import run_verify
+
+__all__ = ["Integrator", "LaneFenced", "TargetMoved"]
+
+
+class LaneFenced(Exception):
+    """This lane lost its lease to another one: it must not move the target."""
+
+
+log = logging.getLogger(__name__)
+
+# Statements every integration runs, built once (building one costs more than running it).
+_CANDIDATES_OF = (select(Candidate).where(Candidate.story_id == bindparam("story_id"))
+                  .order_by(Candidate.attempt.desc()))
+_RUN_HEAD = select(Run.__table__.c.head_sha).where(Run.__table__.c.id == bindparam("run_id"))
+_SET_RUN_HEAD = (update(Run.__table__).where(Run.__table__.c.id == bindparam("run_id"))
+                 .values(head_sha=bindparam("head")))
+
+
+@dataclass(frozen=True)
+class _Known:
+    """A story's candidate rows and the run's baseline, read as its integration begins."""
+
+    latest: Candidate | None  # the last attempt
+    attempts: int
+    stale: int
+    baseline: str | None  # the SHA the lane last advanced the target to (run.head_sha)
+
+
+class Integrator(Outcomes):
+    def __init__(self, project, run: Run, policy, fence=None):
+        self.project = project
+        self.db = project.db
+        self.run_id = run.id
+        self.policy = policy
+        self.git = journal_git_locks(project.git(policy), self.db, run.id)
+        self.target = project.target(self.git, run.target_branch)
+        self.layout = Layout(project.state_dir, run.id)
+        self.workspace = make_workspace(policy, self.git, self.layout, self.target, root=project.root)
+        self.board_rel = board_rel(run, project.root)
+        self.composer = Composer(self, project.root)  # the candidate of each attempt
+        self.fence = fence  # () -> bool: does this lane still hold its lease?
+        self.landed: list[tuple[Story, int]] = []  # integrated, not yet cleaned up
+        self.between = None  # () -> None: called between a candidate's verdict and its landing
+
+    def clean_landed(self) -> None:
+        """Clean up after the stories integrated since the last call (see `_finish`). A crash
+        before it leaves worktrees and refs no row owns; `cleanup` removes those."""
+        while self.landed:
+            story, attempt = self.landed.pop(0)
+            self._clean_after_integration(story, attempt)
+
+    def integrate(self, story_id: int) -> str:
+        """The story's state afterwards: integrated, held (waiting for sign-off), escalated, or the
+        state it already had when it was not this lane's to integrate (e.g. another lane finished it)."""
+        with self.db.read() as s:
+            story = s.get(Story, story_id)
+            if story.state not in (StoryState.READY, StoryState.INTEGRATING):
+                return story.state
+            known = self._known(s, story)
+        # A ready story that nothing will wait on (no verify commands, no sign-off, nothing to
+        # resume) enters `integrating` in the transaction that records its composition.
+        quick = (story.state == StoryState.READY and not self._keeps_candidate(story)
+                 and (known.latest is None or known.latest.state not in CANDIDATE_OPEN))
+        if story.state == StoryState.READY and not quick:
+            with self.db.transaction() as s:
+                if not self._enter_integrating(s, story):
+                    return s.get(Story, story_id).state
+                story = s.get(Story, story_id)
+        resumed = self._resume_candidate(story, known.latest)
+        if resumed:
+            return resumed
+        while True:
+            outcome = self._one_composition(story, known)
+            known = None  # a stale candidate changed the rows: a recomposition reads them again
+            if outcome != CandidateState.STALE:
+                return outcome
+
+    def _known(self, s, story: Story) -> "_Known":
+        cands = list(s.scalars(_CANDIDATES_OF, {"story_id": story.id}))
+        floor = (story.feedback or {}).get(RECOMPOSE_FLOOR, 0)  # stale before a retry: spent
+        return _Known(cands[0] if cands else None, len(cands),
+                      sum(c.state == CandidateState.STALE and c.attempt > floor for c in cands),
+                      s.connection().execute(_RUN_HEAD, {"run_id": self.run_id}).scalar())
+
+    # ------------------------------------------------------------------ one attempt
+    def _one_composition(self, story: Story, known: "_Known | None" = None) -> str:
+        quick = not self._keeps_candidate(story)
+        begun = self.begin_on_target(story, known, row=not quick)
+        if isinstance(begun, str):
+            return begun
+        cand_id, attempt, target_sha, branch_sha = begun
+        if quick:
+            return self._compose_and_land(story, attempt, target_sha, branch_sha)
+        sha = self.compose_candidate(story, cand_id, attempt, target_sha, branch_sha)
+        if sha is None:
+            return self._escalate(story, cand_id, self.candidate_reason(cand_id), Cause.CONFLICT)
+        verdict = self._verify(story, cand_id, attempt, sha, target_sha, branch_sha)
+        if verdict != CandidateState.VERIFIED:
+            return verdict
+        crash_point("lane.after_verify")
+        if self.between is not None:
+            self.between()  # the lane starts what a worker freed meanwhile (see lane.py)
+        return self.land(story, cand_id, attempt, sha, target_sha)
+
+    def land(self, story: Story, cand_id: int, attempt: int, sha: str, target_sha: str) -> str:
+        """A verified candidate: hold it for sign-off, or advance the target to it."""
+        if self._needs_sign_off(story):
+            return self._hold(story, cand_id, attempt, sha)
+        return self._advance(story, cand_id, attempt, sha, target_sha)
+
+    def begin_on_target(self, story: Story, known: "_Known | None" = None, *,
+                        row: bool = True) -> tuple[int | None, int, str, str] | str:
+        """The checks before composing on the target itself, then the candidate row:
+        (row id, attempt, target SHA, branch SHA), or the story's state when it escalated.
+        `known`: the rows as `integrate` read them; `row` False: no row yet (id None)."""
+        if known is None:
+            with self.db.transaction() as s:
+                known = self._known(s, story)
+        stale = known.stale
+        if stale > self.policy.limits.max_recompose:
+            return self._escalate(story, None, f"target kept moving: {stale} stale compositions "
+                                  f"(max_recompose = {self.policy.limits.max_recompose})",
+                                  Cause.TARGET_MOVING)
+        target_sha = self.target.sha()
+        self._check_foreign_move(story, target_sha, known.baseline)
+        missing = self._fetch_story(story)
+        if missing:
+            return self._escalate(story, None, missing, Cause.BRANCH)
+        if not row:
+            return None, known.attempts + 1, target_sha, story.head_sha
+        cand_id, attempt = self.new_candidate(story, target_sha, stack=1, on_id=None)
+        return cand_id, attempt, target_sha, story.head_sha
+
+    def _keeps_candidate(self, story: Story) -> bool:
+        """Something may take time with the candidate (its verification, an operator's
+        sign-off): it gets a ref and a row at each step. Otherwise the CAS follows at once."""
+        return bool(self.policy.verify.commands) or story.merge_class == "operator"
+
+    def _compose_and_land(self, story: Story, attempt: int, target_sha: str, branch_sha: str) -> str:
+        """Nothing waits on this candidate: its row is written once it is composed, and steps
+        through `verifying` and `verified` (by no command) to `advancing` in that transaction.
+        A crash before it leaves no row to resume: the story is simply composed again."""
+        strategy = self.policy.scm.merge_strategy
+        comp = self.composer.compose(story, strategy, target_sha, branch_sha, attempt)
+        crash_point("lane.after_compose")
+        delay_point("lane.in_compose")
+        with self.db.transaction() as s:
+            if story.state == StoryState.READY:
+                if not self._enter_integrating(s, story):  # stopped meanwhile, or not ours
+                    return s.get(Story, story.id).state
+                story.state = StoryState.INTEGRATING
+            cand = Candidate(run_id=self.run_id, story_id=story.id, attempt=attempt,
+                             strategy=strategy, target_sha=target_sha, branch_sha=branch_sha,
+                             stack=1, state=CandidateState.COMPOSING)
+            if not comp.conflicts:
+                cand.candidate_sha, cand.verify_s = comp.sha, 0.0
+                for step in (CandidateState.VERIFYING, CandidateState.VERIFIED,
+                             CandidateState.ADVANCING):
+                    cand.state = step  # each step of the machine, in this one transaction
+                self._record_composed(s, story, cand, comp, target_sha, branch_sha)
+                record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,
+                       duration_s=0.0, commands=0)
+            cand_id = insert_now(s, cand)  # nobody reads the object back
+        if comp.conflicts:
+            ref = self.layout.candidate_ref(story.key, attempt)
+            self._record_conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)
+            return self._escalate(story, cand_id, self.candidate_reason(cand_id), Cause.CONFLICT)
+        crash_point("lane.after_verify")
+        if self.between is not None:
+            self.between()
+        return self._advance(story, cand_id, attempt, comp.sha, target_sha, advancing=True)
+
+    def new_candidate(self, story: Story, on_sha: str, *, stack: int, on_id: int | None) -> tuple[int, int]:
+        """A `composing` row for the story's next attempt, composed on `on_sha`."""
+        with self.db.transaction() as s:
+            attempts = s.scalar(select(func.count()).select_from(Candidate)
+                                .where(Candidate.story_id == story.id)) or 0
+            cand = Candidate(run_id=self.run_id, story_id=story.id, attempt=attempts + 1,
+                             strategy=self.policy.scm.merge_strategy, state=CandidateState.COMPOSING,
+                             target_sha=on_sha, branch_sha=story.head_sha, stack=stack,
+                             on_candidate_id=on_id)
+            s.add(cand)
+            s.flush()
+            return cand.id, cand.attempt
+
+    def compose_candidate(self, story: Story, cand_id: int, attempt: int, on_sha: str,
+                          branch_sha: str) -> str | None:
+        """Compose the candidate on `on_sha` and move its row to `verifying`: its SHA. On a
+        conflict the row becomes `conflict` (tree and evidence kept) and None is returned;
+        escalating the story is the caller's call."""
+        strategy = self.policy.scm.merge_strategy
+        comp = self.composer.compose(story, strategy, on_sha, branch_sha, attempt)
+        ref = self.layout.candidate_ref(story.key, attempt)
+        if comp.conflicts:
+            self._record_conflict(story, cand_id, attempt, comp, on_sha, branch_sha, ref)
+            return None
+        keep = self._keeps_candidate(story)  # else the CAS follows at once and the target keeps it
+        if keep:
+            self.git.run("update-ref", ref, comp.sha)
+        crash_point("lane.after_compose")
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            cand.candidate_sha, cand.ref, cand.state = comp.sha, ref if keep else None, CandidateState.VERIFYING
+            self._record_composed(s, story, cand, comp, on_sha, branch_sha)
+        return comp.sha
+
+    def _record_composed(self, s, story: Story, cand: Candidate, comp: Composition, on_sha: str,
+                         branch_sha: str) -> None:
+        record(s, self.run_id, "candidate.composed", story.key, attempt=cand.attempt,
+               strategy=cand.strategy, target_sha=on_sha, branch_sha=branch_sha,
+               candidate_sha=comp.sha, rebased=comp.rebased, stack=cand.stack,
+               **({"on": cand.on_candidate_id} if cand.on_candidate_id else {}))
+        if comp.settled:
+            self._record_settled(s, story, cand, comp)
+
+    def _record_settled(self, s, story: Story, cand: Candidate, comp: Composition) -> None:
+        """Each path a merge rule settled: journaled, and kept in the candidate's evidence."""
+        events, evidence = settled_events(comp)
+        for data in events:
+            record(s, self.run_id, "candidate.settled", story.key, attempt=cand.attempt, **data)
+        cand.evidence = str(self._write_evidence(story.key, cand.attempt, {
+            **evidence, "story": story.key, "attempt": cand.attempt}))
+
+    def candidate_reason(self, cand_id: int) -> str:
+        with self.db.transaction() as s:
+            return s.get(Candidate, cand_id).reason or "candidate failed"
+
+    def _fetch_story(self, story: Story) -> str | None:
+        """Bring the story's commits here (remote mode: from the remote); why not, when the
+        branch is not where its worker recorded it."""
+        # The lane integrates the commit the row recorded at `ready`, never whatever the branch
+        # points at now: a sibling agent may have written into another story's branch.
+        where = self.target.location
+        now = self.target.story_head(story.branch)
+        if now == story.head_sha:
+            return None
+        with self.db.transaction() as s:
+            record(s, self.run_id, "story.branch_mismatch", story.key, branch=story.branch,
+                   recorded=story.head_sha, found=now)
+        if now is None:
+            return f"the story branch {story.branch} is not on {where}"
+        return (f"the story branch {story.branch} on {where} is at {now[:12]}, "
+                f"not at the {story.head_sha[:12]} its worker recorded")
+
+    def _needs_sign_off(self, story: Story) -> bool:
+        if story.merge_class != "operator":
+            return False
+        with self.db.transaction() as s:
+            row = s.get(Story, story.id)
+            return row.merge_class == "operator" and not row.signed_off
+
+    def _hold(self, story, cand_id, attempt, sha) -> str:
+        """merge_class = operator: the verified candidate waits for `approve` or `reject`."""
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            if transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.HELD,
+                                reason="waiting for operator sign-off (bmad-loop approve/reject)"):
+                record(s, self.run_id, "story.held", story.key, attempt=attempt, candidate_sha=sha,
+                       ref=cand.ref, worktree=cand.worktree)
+        return StoryState.HELD
+
+    def _verify(self, story, cand_id, attempt, sha, target_sha, branch_sha) -> str:
+        worktree = self.candidate_checkout(story.key, attempt, sha)
+        result = self.run_candidate_verify(story.key, attempt, worktree, self.verify_env())
+        if self.record_verdict(story, cand_id, attempt, result, worktree, target_sha, branch_sha, sha):
+            return CandidateState.VERIFIED
+        return self._escalate(story, cand_id, f"candidate verification failed: {result.failed_command}",
+                              Cause.VERIFY)
+
+    def candidate_checkout(self, key: str, attempt: int, sha: str) -> Path | None:
+        """The detached worktree verification runs in (none without verify commands)."""
+        if not self.policy.verify.commands:
+            return None
+        worktree = self.layout.candidate_worktree(key, attempt)
+        ensure_detached_worktree(self.git, worktree, sha)
+        return worktree
+
+    def run_candidate_verify(self, key: str, attempt: int, worktree: Path | None, env: dict,
+                             stop_event=None):
+        log_path = self.layout.verify_log(key, f"candidate-{attempt}")
+        scratch = self.layout.scratch(key) / f"candidate-{attempt}"
+        # The candidate worktree is the box's writable tree (no commands: no worktree, no box).
+        box = verify_box(self.policy, self.git, self.layout.state_dir,
+                         BoxSite(worktree, scratch, log_path), env,
+                         self.db.lock_dir) if worktree is not None else None
+        result = run_verify(self.policy.verify.commands, cwd=worktree or self.project.root,
+                            log_path=log_path, timeout_s=self.policy.verify.timeout_s, env=env,
+                            run_id=self.run_id, thaw_after_s=self.policy.leases.ttl_s,
+                            stop_event=stop_event, box=box,
+                            max_log_bytes=self.policy.limits.max_log_bytes)
+        if box is not None:
+            settle_after_box(self.git, worktree, None, scratch)
+        return result
+
+    def record_verdict(self, story, cand_id, attempt, result, worktree, target_sha, branch_sha,
+                       sha) -> bool:
+        """Write the verification's outcome on a `verifying` row: True for `verified`. A row
+        that is no longer `verifying` (given up meanwhile) is left as it is: False."""
+        commands = self.policy.verify.commands
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            if cand.state != CandidateState.VERIFYING:
+                return False
+            cand.worktree = str(worktree) if worktree else None
+            cand.verify_s = round(result.duration_s, 3)
+            if result.log_cut is not None:
+                record(s, self.run_id, "log.truncated", story.key, phase="candidate verify",
+                       attempt=attempt, log=result.log, **result.log_cut.event_data())
+            if result.ok:
+                cand.state = CandidateState.VERIFIED
+                record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,
+                       duration_s=cand.verify_s, commands=len(commands), boxed=result.boxed)
+                return True
+        evidence = self._write_evidence(story.key, attempt, {
+            "kind": "verify-failed", "story": story.key, "attempt": attempt,
+            "target_sha": target_sha, "branch_sha": branch_sha, "candidate_sha": sha,
+            "command": result.failed_command, "exit_code": result.exit_code,
+            "timed_out": result.timed_out, "output": result.output, "log": result.log,
+        })
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            if cand.state != CandidateState.VERIFYING:
+                return False
+            cand.state, cand.evidence, cand.ended_at = CandidateState.VERIFY_FAILED, str(evidence), utcnow()
+            cand.reason = f"candidate verification failed: {result.failed_command}"
+            record(s, self.run_id, "candidate.verify_failed", story.key, attempt=attempt,
+                   command=result.failed_command, evidence=str(evidence), boxed=result.boxed)
+        return False
+
+    def verify_env(self) -> dict:
+        env = child_env(self.policy)
+        env.update(port_env(lane_block(self.policy)))
+        return env
+
+    def _advance(self, story, cand_id, attempt, sha, target_sha, *, advancing: bool = False) -> str:
+        # The target checkout's index is held from before the CAS until it follows the new
+        # target (remote mode keeps none in step): nobody sees it half-way.
+        with self._checkout_held() as checkout:
+            if checkout is not None:
+                overlap = overlapping_dirty(self.git, checkout, target_sha, sha)
+                if overlap:
+                    return self._dirty_checkout(story, cand_id, attempt, checkout, overlap,
+                                                target_sha, sha)
+            if not advancing:
+                with self.db.transaction() as s:
+                    s.get(Candidate, cand_id).state = CandidateState.ADVANCING
+            if self.fence is not None and not self.fence():
+                raise LaneFenced(f"lost the lane lease before advancing {self.target.branch} "
+                                 f"for {story.key}")
+            advanced = self.target.advance(sha, target_sha)
+            crash_point("lane.after_cas")
+            if advanced and checkout is not None:
+                self.target.sync_checkout(checkout, target_sha, sha)
+                crash_point("lane.after_sync")
+        if not advanced:
+            with self.db.transaction() as s:
+                cand = s.get(Candidate, cand_id)
+                cand.state, cand.ended_at = CandidateState.STALE, utcnow()
+                now_at = self.target.sha(fetch=False)
+                record(s, self.run_id, "candidate.stale", story.key, attempt=attempt,
+                       composed_on=target_sha, target_now=now_at)
+            self._drop_candidate(story.key, attempt)
+            self._check_foreign_move(story, now_at)  # pause, or accept and recompose
+            return CandidateState.STALE
+        return self._finish(story, cand_id, attempt, sha, target_sha)
+
+    def _checkout_held(self):
+        def waited(path):
+            with self.db.transaction() as s:
+                record(s, self.run_id, "git.lock_waited", path=path, step="checkout sync")
+
+        def stale(path):
+            with self.db.transaction() as s:
+                record(s, self.run_id, "git.stale_lock_removed", path=path, step="checkout sync")
+
+        return self.target.checkout_held(wait_s=self.policy.scm.lock_wait_s, on_wait=waited,
+                                         on_stale=stale)
+
+    def _finish(self, story, cand_id, attempt, sha, target_sha) -> str:
+        # A git-ignored ledger's lines follow the advance, before the row says integrated: a
+        # kill -9 in between is finished by the next lane, and the append is written once.
+        append_ledger_lines(self.project.root, self.project.state_dir, self.run_id, story.key,
+                            story.ledger_lines)
+        with self.db.transaction() as s:
+            if not transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.INTEGRATED,
+                                    integrated_sha=sha, ended_at=utcnow(), phase=None,
+                                    port_block=None):
+                return s.get(Story, story.id).state  # another lane finished it: record nothing
+            if not transition_candidate(s, cand_id, CandidateState.ADVANCING,
+                                        state=CandidateState.ADVANCED, ended_at=utcnow()):
+                cand = s.get(Candidate, cand_id)  # not advancing: as the row's checks say
+                cand.state, cand.ended_at = CandidateState.ADVANCED, utcnow()
+            s.connection().execute(_SET_RUN_HEAD, {"run_id": self.run_id, "head": sha})
+            record(s, self.run_id, "target.advanced", story.key, attempt=attempt,
+                   old=target_sha, new=sha, strategy=self.policy.scm.merge_strategy)
+            record(s, self.run_id, "story.integrated", story.key, sha=sha)
+        # Its worktree, if its worker did not park it at ready, goes now (parked for the next
+        # story to take); the rest of the clean-up waits until the lane has started what can
+        # start now (`clean_landed`). Worktree and branch never change once a story is ready.
+        self.workspace.release_worktree(story)
+        self.landed.append((story, attempt))
+        return StoryState.INTEGRATED
+
+    def _resume_candidate(self, story: Story, cand: Candidate | None) -> str | None:
+        """A lane that died mid-integration: pick up its last candidate (`cand`) where it stopped."""
+        if cand is None or cand.state not in CANDIDATE_OPEN:
+            return None
+        target_now = self.target.sha()
+        if cand.candidate_sha and target_now == cand.candidate_sha:
+            return self.finish_after_crash(story, cand)
+        # A lane in another clone (the old one's host died) lacks the candidate: recompose.
+        here = cand.candidate_sha and self.git.rev(cand.candidate_sha) is not None
+        if cand.state in (CandidateState.VERIFIED, CandidateState.ADVANCING) and target_now == cand.target_sha and here:
+            return self._advance(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
+        with self.db.transaction() as s:
+            row = s.get(Candidate, cand.id)
+            row.state, row.ended_at = CandidateState.ABANDONED, utcnow()
+            row.reason = "interrupted; recomposed"
+            record(s, self.run_id, "candidate.abandoned", story.key, attempt=cand.attempt,
+                   was=cand.state, reason=row.reason)
+        return None
+
+    def finish_after_crash(self, story: Story, cand: Candidate) -> str:
+        """The CAS to `cand` happened but the row was not written: that counts as advanced. The
+        checkout may be half-way (a crash during its sync): the sync is idempotent."""
+        with self._checkout_held() as checkout:
+            if checkout is not None:
+                self.target.sync_checkout(checkout, cand.target_sha, cand.candidate_sha)
+        return self._finish(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)

@@ -1,0 +1,184 @@
+"""What an integration leaves behind when it does not simply advance, and after it lands.
+
+A mixin of `Integrator` (integrate.py): a conflict or a dirty target checkout keeps its
+evidence (a JSON file, the conflicted tree as a commit and a worktree) and escalates the story;
+a landed story's candidates, worktree and branch are cleaned up.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sqlalchemy import bindparam, select
+
+from ...db.models import Candidate, Run, Story, utcnow
+from ...states import CandidateState, Phase, RunState, StoryState
+from ...git.worktrees import delete_ref, ensure_detached_worktree, remove_worktree
+from ..escalation import Cause
+from ..faults import crash_point
+from ..journal import record
+from ..runs import RUN_STATE
+from ..transitions import transition_story
+
+# ready -> integrating only while the run may still land it: checked in the UPDATE itself
+# (built once; transitions.py keeps the statement made with it).
+_RUN_MAY_LAND = RUN_STATE.scalar_subquery().in_((RunState.RUNNING, RunState.PAUSING))
+_CANDIDATE_REFS = select(Candidate.attempt, Candidate.ref, Candidate.state).where(
+    Candidate.story_id == bindparam("story_id"))
+
+__all__ = ["Outcomes", "TargetMoved"]
+
+
+class TargetMoved(Exception):
+    """Someone other than the lane moved the target, and `[scm] on_foreign_move = "pause"`."""
+
+    def __init__(self, old: str, new: str, commits: list[str]):
+        super().__init__(f"target moved by someone else: {old[:12]}..{new[:12]} "
+                         f"({len(commits)} commit(s): {', '.join(c[:12] for c in commits[:5])})")
+        self.old, self.new, self.commits = old, new, commits
+
+
+class Outcomes:
+    """Needs from its host: db, run_id, git, layout, target, workspace, policy."""
+
+    def _dirty_checkout(self, story, cand_id, attempt, checkout, overlap, target_sha, sha) -> str:
+        evidence = self._write_evidence(story.key, attempt, {
+            "kind": "dirty-target-checkout", "story": story.key, "checkout": str(checkout),
+            "paths": overlap, "target_sha": target_sha, "candidate_sha": sha,
+        })
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            cand.state, cand.evidence, cand.ended_at = CandidateState.ABANDONED, str(evidence), utcnow()
+            cand.reason = f"local changes in {checkout} overlap: {', '.join(overlap)}"
+        return self._escalate(story, cand_id, f"the target checkout {checkout} has local "
+                              f"changes that overlap the candidate: {', '.join(overlap)}",
+                              Cause.CHECKOUT)
+
+    def _record_conflict(self, story, cand_id, attempt, comp, target_sha, branch_sha, ref) -> None:
+        # Keep the conflicted tree (with markers) as a commit and a worktree for a human.
+        preserved = None
+        if comp.tree:
+            preserved = self.git.out("commit-tree", comp.tree, "-p", target_sha, "-p", branch_sha,
+                                     "-m", f"bmad-loop: conflicted candidate for {story.key}",
+                                     env=self.git.identity_env(self.git.commit_date(branch_sha)))
+            self.git.run("update-ref", ref, preserved)
+            worktree = self.layout.candidate_worktree(story.key, attempt)
+            ensure_detached_worktree(self.git, worktree, preserved)
+        else:
+            worktree = None
+        evidence = self._write_evidence(story.key, attempt, {
+            "kind": "regenerate-failed" if comp.failure else "conflict", "story": story.key,
+            "attempt": attempt, "strategy": comp.strategy, "conflicts": list(comp.conflicts),
+            "target_sha": target_sha, "branch_sha": branch_sha, "candidate_ref": ref if preserved else None,
+            "settled": [x.to_dict() for x in comp.settled],
+            "regenerated": [r.to_dict() for r in comp.regenerated],
+            **({"reason": comp.failure, "output": comp.failure_output} if comp.failure else {}),
+        })
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            cand.state, cand.evidence, cand.ended_at = CandidateState.CONFLICT, str(evidence), utcnow()
+            cand.ref = ref if preserved else None
+            cand.candidate_sha = preserved
+            cand.worktree = str(worktree) if worktree else None
+            cand.reason = comp.failure or f"merge conflict with the target in {', '.join(comp.conflicts)}"
+            if comp.failure:
+                record(s, self.run_id, "candidate.regenerate_failed", story.key, attempt=attempt,
+                       paths=list(comp.conflicts), reason=comp.failure,
+                       commands=[r.to_dict() for r in comp.regenerated],
+                       output=comp.failure_output[-2000:], evidence=str(evidence))
+            else:
+                record(s, self.run_id, "candidate.conflict", story.key, attempt=attempt,
+                       paths=list(comp.conflicts), evidence=str(evidence))
+
+    def _enter_integrating(self, s, story, *, to_escalate: bool = False) -> bool:
+        """ready -> integrating, while the run may still integrate (a stop settles a run whose
+        stories are only ready at once: then nothing lands). `to_escalate`: on the way to
+        `escalated`, which needs no such check."""
+        may_land = None if to_escalate else _RUN_MAY_LAND
+        if not transition_story(s, story.id, StoryState.READY, when=may_land,
+                                params=None if may_land is None else {"of_run": self.run_id},
+                                state=StoryState.INTEGRATING):
+            return False
+        record(s, self.run_id, "story.integrating", story.key)
+        return True
+
+    def _escalate(self, story, cand_id, reason: str, cause: str) -> str:
+        """`cause` (escalation.Cause) tells `resume` whether the story's own work failed or
+        something outside it did: the latter goes back to `ready` without an agent."""
+        with self.db.transaction() as s:
+            row = s.get(Story, story.id)
+            if row.state == StoryState.READY:  # found before composing, on the quick path
+                self._enter_integrating(s, row, to_escalate=True)
+            feedback = dict(row.feedback or {})
+            # A fresh attempt after resume sees why integration failed.
+            feedback["verify_output"] = f"Integration onto {self.target.branch} failed: {reason}"
+            escalated = transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.ESCALATED,
+                                         reason=reason, ended_at=utcnow(), feedback=feedback)
+            if escalated:
+                record(s, self.run_id, "story.escalated", story.key, reason=reason,
+                       candidate=cand_id, phase=Phase.INTEGRATE, cause=cause)
+            row = s.get(Story, story.id)
+        if escalated:
+            self.workspace.restore_worktree(row)  # released at ready: a human gets it back
+        return StoryState.ESCALATED
+
+    def _write_evidence(self, key: str, attempt: int, payload: dict) -> Path:
+        path = self.layout.evidence(key, attempt)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if "settled" not in payload and path.exists():  # a later verdict keeps what was settled
+            try:
+                earlier = json.loads(path.read_text())
+            except (OSError, ValueError):
+                earlier = {}
+            for kept in ("settled", "regenerated"):
+                if kept in earlier:
+                    payload = {**payload, kept: earlier[kept]}
+        path.write_text(json.dumps(payload, indent=2, sort_keys=True))
+        return path
+
+    def _drop_candidate(self, key: str, attempt: int, *, ref: bool = True) -> None:
+        remove_worktree(self.git, self.layout.candidate_worktree(key, attempt))
+        if ref:
+            delete_ref(self.git, self.layout.candidate_ref(key, attempt))
+
+    def _clean_after_integration(self, story: Story, attempt: int) -> None:
+        """Candidates and, per policy, the story's worktree and branch go once it landed."""
+        with self.db.read() as s:
+            # A ref the row does not name may still exist: one cut short between writing the
+            # ref and its row (left `composing`, or `abandoned` by the lane that took over).
+            attempts = [(n, ref is not None
+                         or state in (CandidateState.COMPOSING, CandidateState.ABANDONED))
+                        for n, ref, state in s.connection().execute(
+                            _CANDIDATE_REFS, {"story_id": story.id})]
+        for n, has_ref in attempts:
+            self._drop_candidate(story.key, n, ref=has_ref)
+        crash_point("lane.during_cleanup")
+        # Its worktree and branch never change once it is ready: the row as integrated says them.
+        self.workspace.discard_landed(story, delete_branch=self.policy.scm.delete_branch)
+
+    def _check_foreign_move(self, story: Story, target_now: str | None,
+                            baseline: str | None = None) -> None:
+        """The lane's baseline is the run's start, then each SHA it advanced to: a target found
+        anywhere else was moved by someone else. Journaled; `pause` stops here for a human,
+        `accept` takes it as the new baseline (the candidate is composed on top)."""
+        if baseline is None:
+            with self.db.transaction() as s:
+                baseline = s.get(Run, self.run_id).head_sha
+        if not target_now or not baseline or target_now == baseline:
+            return
+        commits = self._commits_between(baseline, target_now)
+        action = self.policy.scm.on_foreign_move
+        with self.db.transaction() as s:
+            record(s, self.run_id, "target.moved", story.key, old=baseline, new=target_now,
+                   commits=commits[:50], action=action)
+            if action == "accept":
+                s.get(Run, self.run_id).head_sha = target_now
+        if action != "accept":
+            raise TargetMoved(baseline, target_now, commits)
+
+    def _commits_between(self, old: str, new: str) -> list[str]:
+        proc = self.git.run("rev-list", "--max-count=200", f"{old}..{new}", check=False)
+        if proc.returncode != 0:  # `old` is not an ancestor we know (history rewritten)
+            return [new]
+        return proc.stdout.split()

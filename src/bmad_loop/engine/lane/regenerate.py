@@ -1,0 +1,197 @@
+"""Derived files regenerated in a candidate: the `regenerate` merge rules (mergesettle.py).
+
+Composition left the rule's paths at the target's version. Here the lane checks the candidate
+out, runs each rule's command (as verify commands run: one shell, its own log, the timeout,
+the whole process tree killed), once per folder of the paths it settles, in that folder (plus
+the rule's `cwd`), and commits what it wrote to the rule's paths into the candidate: a merge or
+squash candidate is made again with the regenerated tree (same parents, message and dates); an
+`ff` candidate gets one lane commit on top. A failing command, or one that changes a tracked
+file outside the rules' globs, fails the candidate (the story escalates with the log's tail).
+Untracked output outside the globs (`node_modules`) is left in the worktree and not committed.
+
+A regenerated candidate is as deterministic as its generator: the same command can resolve other
+versions tomorrow (a registry changes overnight).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from dataclasses import replace
+
+from ...git.trees.compose import Composition
+from ...globs import path_matches
+from ...git.trees.settle import Regeneration, Settled
+from ...git.trees.edit import read_objects
+from ...git.worktrees import ensure_detached_worktree
+from ..worker.verify import run_verify
+
+__all__ = ["Candidate", "RegenerateRun", "regenerate", "settled_events"]
+
+_LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
+
+
+@dataclass(frozen=True)
+class RegenerateRun:
+    """One run of a generator: for the journal and the candidate's evidence."""
+
+    glob: str
+    command: str
+    cwd: str  # repository-relative
+    exit_code: int | None
+    timed_out: bool
+    log: str
+
+    def to_dict(self) -> dict:
+        return {"glob": self.glob, "command": self.command, "cwd": self.cwd,
+                "exit_code": self.exit_code, "timed_out": self.timed_out, "log": self.log}
+
+
+@dataclass(frozen=True)
+class _Regenerated:
+    sha: str | None  # the regenerated candidate; None: it failed (`reason` says why)
+    tree: str | None
+    reason: str | None
+    runs: tuple[RegenerateRun, ...]
+    settled: tuple[Settled, ...]
+    output: str = ""  # the failing command's output tail
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What the generators work on: the composed candidate and its three inputs."""
+
+    comp: Composition
+    base: str
+    target: str
+    story: str
+    key: str
+
+
+def regenerate(git, cand: Candidate, *, worktree: Path, log_path: Path, env: dict,
+               run_id: str, box=None) -> Composition:
+    """The candidate with its generators run: regenerated, or failed (`sha` None, `failure`
+    naming why, the rules' paths as its conflicts)."""
+    comp = cand.comp
+    done = _run_all(git, cand, worktree, _Run(log_path, env, run_id, box))
+    if done.sha is None:
+        paths = tuple(p for job in comp.regenerate for p in job.paths)
+        return replace(comp, sha=None, conflicts=paths, failure=done.reason,
+                       failure_output=done.output, regenerated=done.runs)
+    return replace(comp, sha=done.sha, tree=done.tree, settled=comp.settled + done.settled,
+                   regenerated=done.runs)
+
+
+def settled_events(comp: Composition):
+    """(journal data, evidence) for a composition that settled paths: one `candidate.settled`
+    per path (a regenerated one with its commands), and the evidence file's payload."""
+    runs = [r.to_dict() for r in comp.regenerated]
+    events = [{**settled.to_dict(),
+               **({"commands": [r for r in runs if r["glob"] == settled.glob]}
+                  if settled.rule == "regenerate" else {})} for settled in comp.settled]
+    evidence = {"kind": "settled", "candidate_sha": comp.sha,
+                "settled": [x.to_dict() for x in comp.settled], "regenerated": runs}
+    return events, evidence
+
+
+@dataclass(frozen=True)
+class _Run:
+    """How each command runs: its log, environment, run and box (None: unboxed)."""
+
+    log_path: Path
+    env: dict
+    run_id: str
+    box: object = None
+
+
+def _run_all(git, cand: Candidate, worktree: Path, how: _Run) -> _Regenerated:
+    comp = cand.comp
+    ensure_detached_worktree(git, worktree, comp.sha)
+    runs: list[RegenerateRun] = []
+    for job in comp.regenerate:
+        for folder in sorted({posixpath.dirname(p) for p in job.paths}):
+            run, failed = _run_one(job, folder, worktree, how)
+            runs.append(run)
+            if failed is not None:
+                return _Regenerated(None, None, failed.reason, tuple(runs), (), failed.output)
+    globs = [job.glob for job in comp.regenerate]
+    outside, written = _changes(git, worktree, globs)
+    if outside:
+        return _Regenerated(None, None, f"regenerating {', '.join(globs)} changed tracked files outside "
+                           f"the rule: {', '.join(outside[:10])}", tuple(runs), ())
+    sha, tree = _commit(git, cand, worktree, written) if written else (comp.sha, comp.tree)
+    settled = _settled(git, cand, sha, [p for job in comp.regenerate for p in job.paths])
+    return _Regenerated(sha, tree, None, tuple(runs), settled)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    reason: str
+    output: str
+
+
+def _run_one(job: Regeneration, folder: str, worktree: Path,
+             how: _Run) -> tuple[RegenerateRun, _Failure | None]:
+    rule = job.rule
+    command = rule.command if isinstance(rule.command, str) else shlex.join(rule.command)
+    rel = posixpath.normpath(posixpath.join(folder, rule.cwd)) if rule.cwd else (folder or ".")
+    cwd = (worktree / rel).resolve()
+    if not (cwd == worktree.resolve() or worktree.resolve() in cwd.parents):
+        run = RegenerateRun(job.glob, command, rel, None, False, str(how.log_path))
+        return run, _Failure(f"regenerate cwd {rule.cwd!r} for {folder or '.'} leads outside the "
+                             "repository", "")
+    cwd.mkdir(parents=True, exist_ok=True)
+    result = run_verify([command], cwd=cwd, log_path=how.log_path, timeout_s=rule.timeout_s,
+                        env=how.env, run_id=how.run_id, box=how.box)
+    run = RegenerateRun(job.glob, command, rel, result.exit_code, result.timed_out,
+                        str(how.log_path))
+    if result.ok:
+        return run, None
+    ended = "timed out" if result.timed_out else f"exited {result.exit_code}"
+    return run, _Failure(f"regenerating {', '.join(job.paths)} failed: {command} {ended} "
+                         f"(log: {how.log_path})", result.output)
+
+
+def _changes(git, worktree: Path, globs: list[str]) -> tuple[list[str], list[str]]:
+    """(tracked paths changed outside `globs`, paths under `globs` changed or created)."""
+    raw = git.run("status", "--porcelain=v1", "-z", "--no-renames", "--untracked-files=all",
+                  cwd=worktree).stdout
+    outside, written = [], []
+    for entry in filter(None, raw.split("\0")):
+        code, path = entry[:2], entry[3:]
+        if any(path_matches(g, path, frozenset()) for g in globs):
+            written.append(path)
+        elif code != "??":
+            outside.append(path)
+    return sorted(outside), sorted(written)
+
+
+def _commit(git, cand: Candidate, worktree: Path, paths: list[str]) -> tuple[str, str]:
+    git.run("add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul", input="\0".join(paths),
+            cwd=worktree, env=_LITERAL)
+    tree = git.out("write-tree", cwd=worktree)
+    info = git.commit_header(cand.comp.sha)
+    env = git.identity_env(info["committer"][2])
+    if cand.comp.strategy == "ff":  # the story's commits stay as they are: one lane commit on top
+        parents, message = [cand.comp.sha], (f"bmad-loop: regenerate {', '.join(paths)} "
+                                             f"for {cand.key}\n")
+    else:
+        parents, message = info["parents"], info["message"]
+    argv = ["commit-tree", "--no-gpg-sign", tree]
+    for p in parents:
+        argv += ["-p", p]
+    return git.out(*argv, input=message, env=env), tree
+
+
+def _settled(git, cand: Candidate, sha: str, paths: list[str]) -> tuple[Settled, ...]:
+    revs = (cand.base, cand.target, cand.story, sha)
+    found = read_objects(git, [f"{rev}:{p}" for p in paths for rev in revs])
+    out = []
+    for i, path in enumerate(paths):
+        shas = [o[0] if o is not None and o[1] == "blob" else None for o in found[4 * i:4 * i + 4]]
+        glob = next(job.glob for job in cand.comp.regenerate if path in job.paths)
+        out.append(Settled(path, "regenerate", glob, *shas))
+    return tuple(out)

@@ -1,0 +1,347 @@
+"""Speculative candidates: several verified at once, the target advanced through them in order.
+
+With `[verify] commands` and a depth d = `[verify] parallel` (default `[scm] max_parallel`)
+above 1, the lane does not wait for one candidate's verification before it composes the next.
+It keeps a *stack* of up to d candidates in plan order — C1 = target + S1, C2 = C1 + S2, … —
+each checked out in its own candidate worktree and verified by a thread of the lane's process,
+all at once. The target advances through them one by one, each by compare-and-swap from its
+predecessor, and only to a candidate whose own verification passed: the target only ever points
+at a verified tree, and its sequence of trees is the one-at-a-time lane's (composition is
+deterministic, so C2 is the very commit the one-at-a-time lane would compose on C1).
+
+A candidate's verdict counts only once every candidate under it has advanced: when Ck fails
+(verification or a conflict), the candidates above it are given up at once (`abandoned`, their
+stories back to `ready`), and Sk escalates when Ck reaches the bottom. Then `on_escalation`
+decides as for any escalation: `pause` stops there, `continue` composes the later stories again
+without Sk. No batching: each tree the target takes was verified on its own.
+
+Everything is in the rows: a story in the stack is `integrating`, its candidate records its
+place (`stack`) and what it was composed on (`on_candidate_id`). A lane in a fresh process
+(after a crash) finds the stack in the rows, restarts the verifications no thread here is
+running, and goes on; a stack whose chain does not hold any more is given up from the first
+broken link and composed again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from ...db.models import Candidate, Run, Story, utcnow
+from ...states import CANDIDATE_OPEN, CandidateState, RunState, StoryState
+from ..escalation import COULD_NOT_RUN, Cause, failure_cause
+from ..journal import record
+from ..ports import lane_block, port_env
+from ..runs import next_in_plan
+from ..worker.childenv import child_env
+from ..transitions import transition_story
+from ..worker.verify import VerifyResult
+
+__all__ = ["Stack", "speculating", "verifying_here"]
+
+log = logging.getLogger(__name__)
+
+_LIVE = CANDIDATE_OPEN
+_FAILED = frozenset({CandidateState.VERIFY_FAILED, CandidateState.CONFLICT})
+
+
+@dataclass
+class _Verification:
+    run_id: str
+    slot: int
+    stop: threading.Event
+    thread: threading.Thread | None = None
+
+
+# Candidate id -> its verification running in this process. Rows say `verifying`; this says
+# whether anyone here is actually doing it (a fresh process after a crash: nobody).
+_running: dict[int, _Verification] = {}
+_running_lock = threading.Lock()
+
+
+def speculating(policy, max_parallel: int) -> bool:
+    """Does this run's lane keep a stack? (`VerifyPolicy.depth` says when it is deeper than 1.)"""
+    return policy.verify.depth(max_parallel) > 1
+
+
+def verifying_here(run_id: str) -> bool:
+    with _running_lock:
+        return any(v.run_id == run_id for v in _running.values())
+
+
+@dataclass
+class _Entry:
+    story: Story
+    cand: Candidate | None
+
+
+class Stack:
+    """One lane tick's view of the run's stack; `step` does one thing and says whether it did."""
+
+    def __init__(self, lane, depth: int):
+        self.lane = lane
+        self.integrator = lane.integrator
+        self.db = lane.db
+        self.run_id = lane.run_id
+        self.policy = lane.policy
+        self.depth = depth
+
+    # ------------------------------------------------------------------ one step
+    def step(self, run: Run, stories) -> bool:
+        entries = self._entries()
+        if self._repair(run, entries):
+            return True
+        if entries and self._resolve_bottom(run, stories, entries[0]):
+            return True
+        self._keep_verifying(entries)
+        return self._extend(run, stories, entries)
+
+    def give_up_all(self, reason: str) -> bool:
+        """`stop --now`: every candidate not yet advancing is given up, its story back to ready."""
+        return self._give_up([e for e in self._entries()
+                              if e.cand is None or e.cand.state != CandidateState.ADVANCING], reason)
+
+    # ------------------------------------------------------------------ reading the rows
+    def _entries(self) -> list[_Entry]:
+        """The stories in the stack (`integrating`), in plan order, each with its latest candidate."""
+        with self.db.transaction() as s:
+            rows = list(s.scalars(select(Story).where(Story.run_id == self.run_id,
+                                                      Story.state == StoryState.INTEGRATING)
+                                  .order_by(Story.seq)))
+            latest: dict[int, Candidate] = {}
+            if rows:
+                for cand in s.scalars(select(Candidate).where(
+                        Candidate.story_id.in_([r.id for r in rows])).order_by(Candidate.attempt)):
+                    latest[cand.story_id] = cand
+            return [_Entry(r, latest.get(r.id)) for r in rows]
+
+    # ------------------------------------------------------------------ repair
+    def _repair(self, run: Run, entries: list[_Entry]) -> bool:
+        """Give up the stack from its first broken link: a candidate missing, interrupted while
+        composing, or composed on something other than the one under it (the bottom: on the
+        target the lane last advanced to); and everything above a failed candidate."""
+        broken = None
+        for i, entry in enumerate(entries):
+            cand = entry.cand
+            if cand is None or cand.state not in _LIVE | _FAILED or cand.state == CandidateState.COMPOSING:
+                broken = i
+                break
+            if i == 0:
+                if cand.target_sha != run.head_sha and not self._already_advanced(cand):
+                    broken = i
+                    break
+            else:
+                below = entries[i - 1].cand
+                if below.state in _FAILED or cand.on_candidate_id != below.id:
+                    broken = i
+                    break
+        if broken is None:
+            return False
+        below = entries[broken - 1].cand if broken else None
+        if below is not None and below.state in _FAILED:
+            why = f"the candidate under it ({entries[broken - 1].story.key}) failed"
+        else:
+            why = "its stack no longer holds (interrupted, or composed on a candidate given up)"
+        return self._give_up(entries[broken:], why)
+
+    def _already_advanced(self, cand: Candidate) -> bool:
+        """The CAS to this candidate happened but its row was not written (a crash)."""
+        return (cand.state in (CandidateState.VERIFIED, CandidateState.ADVANCING)
+                and cand.candidate_sha is not None
+                and self.integrator.target.sha(fetch=False) == cand.candidate_sha)
+
+    def _give_up(self, entries: list[_Entry], reason: str) -> bool:
+        changed = False
+        for entry in entries:
+            cand = entry.cand
+            if cand is not None:
+                _stop(cand.id)
+            with self.db.transaction() as s:
+                if cand is not None:
+                    row = s.get(Candidate, cand.id)
+                    if row.state in _LIVE:
+                        was = row.state
+                        row.state, row.ended_at, row.reason = CandidateState.ABANDONED, utcnow(), reason
+                        row.evidence = str(self._evidence(entry.story, row, was, reason))
+                        record(s, self.run_id, "candidate.abandoned", entry.story.key,
+                               attempt=row.attempt, was=was, stack=row.stack, reason=reason)
+                        changed = True
+                if transition_story(s, entry.story.id, StoryState.INTEGRATING, state=StoryState.READY):
+                    record(s, self.run_id, "story.unstacked", entry.story.key, reason=reason)
+                    changed = True
+        return changed
+
+    def _evidence(self, story: Story, cand: Candidate, was: str, reason: str):
+        """What a given-up candidate was: its ref, worktree and verify log stay for a look."""
+        layout = self.integrator.layout
+        return self.integrator._write_evidence(story.key, cand.attempt, {
+            "kind": "abandoned", "story": story.key, "attempt": cand.attempt, "was": was,
+            "reason": reason, "stack": cand.stack, "target_sha": cand.target_sha,
+            "branch_sha": cand.branch_sha, "candidate_sha": cand.candidate_sha,
+            "ref": cand.ref, "worktree": cand.worktree,
+            "log": str(layout.verify_log(story.key, f"candidate-{cand.attempt}")),
+        })
+
+    # ------------------------------------------------------------------ the bottom
+    def _resolve_bottom(self, run: Run, stories, entry: _Entry) -> bool:
+        """Advance the target to the bottom candidate once it is verified; escalate its story
+        once it failed (its verdict counts now: everything under it has advanced)."""
+        if not self._lane_may_land(run):
+            return False
+        first = next_in_plan(stories, self.lane.pause_on_escalation)
+        if first is None or first.id != entry.story.id:
+            return False
+        cand = entry.cand
+        if cand.state in _FAILED:
+            outcome = self.integrator._escalate(entry.story, cand.id, cand.reason or "candidate failed",
+                                                failure_cause(cand.state, cand.reason))
+            self.lane._after_integration(entry.story, outcome)
+            return True
+        if cand.state not in (CandidateState.VERIFIED, CandidateState.ADVANCING):
+            return False  # still verifying
+        if self._already_advanced(cand):
+            outcome = self.integrator.finish_after_crash(entry.story, cand)
+        else:
+            outcome = self.lane._landing(entry.story, lambda: self.integrator.land(
+                entry.story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha))
+        if outcome is not None:
+            self.lane._after_integration(entry.story, outcome)
+        return True
+
+    def _lane_may_land(self, run: Run) -> bool:
+        return run.state in (RunState.RUNNING, RunState.PAUSING) and not self.lane._integration_held(run)
+
+    # ------------------------------------------------------------------ verification
+    def _keep_verifying(self, entries: list[_Entry]) -> None:
+        """Every `verifying` candidate has a verification running here (a lane in a fresh
+        process restarts the ones a crash cut short)."""
+        # What a dead lane left running in those worktrees was ended by the tick's orphan
+        # recovery (`recovery.sweep_dead_owners`, first thing in a fresh process).
+        for entry in entries:
+            if entry.cand is not None and entry.cand.state == CandidateState.VERIFYING:
+                with _running_lock:
+                    running = entry.cand.id in _running
+                if not running:
+                    with self.db.transaction() as s:
+                        record(s, self.run_id, "candidate.reverifying", entry.story.key,
+                               attempt=entry.cand.attempt, stack=entry.cand.stack,
+                               reason="its verification was not running in this lane (restarted)")
+                    self._start(entry.story, entry.cand)
+
+    def _start(self, story: Story, cand: Candidate) -> None:
+        worktree = self.integrator.candidate_checkout(story.key, cand.attempt, cand.candidate_sha)
+        with self.db.transaction() as s:  # where it is being verified, for status and evidence
+            s.get(Candidate, cand.id).worktree = str(worktree) if worktree else None
+        with _running_lock:
+            if cand.id in _running:
+                return
+            used = {v.slot for v in _running.values() if v.run_id == self.run_id}
+            slot = min(i for i in range(len(used) + 1) if i not in used)
+            job = _running[cand.id] = _Verification(self.run_id, slot, threading.Event())
+        try:
+            self._launch(story, cand, job, worktree)
+        except BaseException:  # nothing runs it, so nothing may say it does
+            with _running_lock:
+                _running.pop(cand.id, None)
+            raise
+
+    def _launch(self, story: Story, cand: Candidate, job: _Verification, worktree) -> None:
+        """The verification's thread: run the commands, write the verdict, wake the lane."""
+        integrator = self.integrator
+        env = child_env(self.policy)
+        env.update(port_env(_slot_block(self.policy, job.slot, self.depth)))
+        tasks, run_id = self.lane.tasks, self.run_id
+        cand_id, attempt = cand.id, cand.attempt
+        target_sha, branch_sha, sha = cand.target_sha, cand.branch_sha, cand.candidate_sha
+
+        def verify() -> None:
+            try:
+                result = integrator.run_candidate_verify(story.key, attempt, worktree, env,
+                                                         stop_event=job.stop)
+                if not job.stop.is_set():
+                    integrator.record_verdict(story, cand_id, attempt, result, worktree,
+                                              target_sha, branch_sha, sha)
+            except Exception as exc:  # counts as a failed verification, never a silent retry loop
+                log.exception("verification of candidate %s (%s) failed to run", cand_id, story.key)
+                failed = VerifyResult(ok=False, failed_command=f"{COULD_NOT_RUN}: {exc})",
+                                      exit_code=None, timed_out=False, output=str(exc),
+                                      duration_s=0.0, log=None)
+                integrator.record_verdict(story, cand_id, attempt, failed, worktree,
+                                          target_sha, branch_sha, sha)
+            finally:
+                with _running_lock:
+                    _running.pop(cand_id, None)
+                try:
+                    tasks.enqueue_lane(run_id)  # the lane advances, escalates or settles now
+                except Exception:
+                    log.exception("could not wake the lane of run %s", run_id)
+
+        job.thread = threading.Thread(target=verify, name=f"verify-{story.key}-{attempt}",
+                                      daemon=True)
+        job.thread.start()
+
+    # ------------------------------------------------------------------ extending
+    def _extend(self, run: Run, stories, entries: list[_Entry]) -> bool:
+        """Compose the next ready story in plan order on the top of the stack (or on the
+        target, when the stack is empty) and start its verification."""
+        if len(entries) >= self.depth or not self._lane_may_land(run):
+            return False
+        top = entries[-1] if entries else None
+        if top is not None:
+            if top.cand.state not in (CandidateState.VERIFYING, CandidateState.VERIFIED):
+                return False  # failed (its story escalates at the bottom) or advancing
+            if top.story.merge_class == "operator" and not top.story.signed_off:
+                return False  # what it will be after sign-off is not known yet
+        nxt = next_in_plan(stories, self.lane.pause_on_escalation,
+                           after_seq=top.story.seq if top else None)
+        if nxt is None or nxt.state != StoryState.READY:
+            return False  # plan order: a later ready story waits for this one
+        with self.db.transaction() as s:
+            if not transition_story(s, nxt.id, StoryState.READY, state=StoryState.INTEGRATING):
+                return True
+            record(s, self.run_id, "story.integrating", nxt.key,
+                   stack=len(entries) + 1, **({"on": top.story.key} if top else {}))
+            story = s.get(Story, nxt.id)
+        integrator = self.integrator
+        if top is None:
+            begun = self.lane._landing(story, lambda: integrator.begin_on_target(story))
+            if not isinstance(begun, tuple):
+                if begun is not None:
+                    self.lane._after_integration(story, begun)
+                return True
+            cand_id, attempt, on_sha, branch_sha = begun
+        else:
+            missing = integrator._fetch_story(story)
+            if missing:
+                outcome = integrator._escalate(story, None, missing, Cause.BRANCH)
+                self.lane._after_integration(story, outcome)
+                return True
+            on_sha, branch_sha = top.cand.candidate_sha, story.head_sha
+            cand_id, attempt = integrator.new_candidate(story, on_sha, stack=len(entries) + 1,
+                                                        on_id=top.cand.id)
+        sha = integrator.compose_candidate(story, cand_id, attempt, on_sha, branch_sha)
+        if sha is not None:
+            with self.db.transaction() as s:
+                cand = s.get(Candidate, cand_id)
+            self._start(story, cand)
+        return True
+
+
+def _slot_block(policy, slot: int, depth: int) -> dict | None:
+    """The lane's port block shared out among the candidates verifying at once."""
+    block = lane_block(policy)
+    if not block:
+        return None
+    size = max(1, block["count"] // depth)
+    slot %= depth  # a given-up verification may still be ending while its successor starts
+    return {"base": block["base"] + slot * size, "count": size, "index": block["index"]}
+
+
+def _stop(cand_id: int) -> None:
+    with _running_lock:
+        job = _running.get(cand_id)
+    if job is not None:
+        job.stop.set()  # its process group is ended; the verdict is not written

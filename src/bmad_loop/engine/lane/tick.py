@@ -1,0 +1,485 @@
+"""The lane: the coordinator of a run, body of every `integration` task.
+
+Each tick re-reads the rows and does whatever is due, in this order, until nothing is:
+
+0. at `max_parallel > 1`, fill free worker slots first (see 3), so a slot freed while the lane
+   integrates a batch of finished stories does not stay empty for the whole batch;
+1. integrate finished stories strictly in plan order (a finished story waits for every earlier
+   one to be integrated or terminal; under `on_escalation = "pause"` an escalated story stops
+   the scan, so later finished stories wait as `ready`);
+2. turn an escalation into `pausing` (stop dispatching; running siblings finish their story);
+3. admit pending stories into free worker slots (see admission.py);
+4. settle the run: pausing/stopping with nothing in flight becomes paused/stopped; all stories
+   terminal becomes completed; a run that cannot move without a human pauses and says why.
+
+Ticks are idempotent: a duplicate or late tick finds nothing to do.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ...db.models import Run, Story, utcnow
+from ...git.config_guard import CONFIG_CHANGED_PREFIX
+from ...bmad.footprint_dirs import tree_directories
+from ...states import (
+    RUN_LIVE,
+    STORY_AWAITING_LANE,
+    STORY_IN_FLIGHT,
+    STORY_PARKED,
+    RunState,
+    StopMode,
+    StoryState,
+)
+from .admission import ConflictIndex, admit
+from .integrate import Integrator, LaneFenced, TargetMoved
+from ..journal import record
+from .memo import run_memo
+from ..notify import notify
+from ..recovery import recover_orphans
+from .restack import own_paths, restack_stale
+from .speculation import Stack, speculating, verifying_here
+from ..retry import FaultPersisted, pause_for_fault, retrying
+from .rowcheck import integrated_rows, rows_contradicting_git
+from ..runs import lane_rows, next_in_plan, run_policy, stories_of
+from .stacking import stacked_bases
+from ..transitions import transition_run, transition_story
+from .waitreasons import reasons_told, write_wait_reasons
+from ..workspace.pool import drain_pool, drain_run_pool
+from .writeback import board_done_keys
+
+__all__ = ["tick"]
+
+log = logging.getLogger(__name__)
+
+FOREIGN_MOVE_PREFIX = "target moved by someone else"
+
+def tick(project, tasks, run_id: str, holder=None) -> None:
+    """One lane tick for `run_id`. `holder` is this lane's lease holder (None: unfenced, as
+    in a single-process test); a standby or a fenced holder changes nothing."""
+    db = project.db
+    if holder is not None and not holder.held:
+        return  # a standby lane never acts; the active one has this run
+    with db.read() as s:  # the run, and the first pass's rows with it: one read
+        run = s.get(Run, run_id)
+        if run is None or run.state not in RUN_LIVE:
+            return
+        policy = run_policy(run)
+        fenced = holder is not None and not holder.still_holds(s)
+        first = [] if fenced else [_first_rows(s, project, run)]
+    if fenced:
+        # It thinks it holds the lease, but another lane took over: fenced, change nothing.
+        with db.transaction() as s:
+            record(s, run_id, "lane.fenced", reason="lost the lane lease (it expired or another lane took it over); "
+                   "this tick changes nothing", owner=holder.owner)
+        return
+    try:
+        def one_try():  # a retry reads everything again
+            _Lane(project, tasks, run, policy, holder).loop(first.pop() if first else None)
+
+        retrying(one_try, db=db, run_id=run_id, story=None, what="lane tick")
+    except FaultPersisted as exc:
+        if pause_for_fault(db, run_id, exc.fault, exc.attempts):
+            notify(db, policy, run_id, "run.paused", reason=exc.fault.describe())
+    except LaneFenced as exc:
+        log.warning("%s", exc)
+        with db.transaction() as s:
+            record(s, run_id, "lane.fenced", reason=str(exc))
+    except Exception as exc:  # no retry can fix it: failed, and `resume` once it is fixed
+        log.exception("lane tick failed for run %s", run_id)
+        with db.transaction() as s:
+            if transition_run(s, run_id, RUN_LIVE, state=RunState.FAILED, reason=f"lane error: {exc}",
+                              ended_at=utcnow()):
+                record(s, run_id, "run.failed", reason=f"lane error: {exc}")
+        drain_run_pool(project, run_id, policy)  # parked worktrees go when the run settles
+        notify(db, policy, run_id, "run.failed", reason=str(exc))
+
+
+def _first_rows(s, project, run: Run) -> tuple:
+    """What a tick's first pass reads, in one snapshot: the rows for the check against git
+    (rowcheck.py), the run, and the lane's rows of its stories."""
+    return (integrated_rows(s, run.id),
+            (run, lane_rows(s, run.id, run_memo(project, run.id).rows)))
+
+
+class _Lane:
+    def __init__(self, project, tasks, run: Run, policy, holder=None):
+        self.project = project
+        self.tasks = tasks
+        self.db = project.db
+        self.run_id = run.id
+        self.policy = policy
+        self.integrator = Integrator(project, run, policy,
+                                     fence=holder.still_holds if holder is not None else None)
+        self.pause_on_escalation = policy.parallel.on_escalation == "pause"
+        self.memo = run_memo(project, run.id)
+        self._landed: int | None = None  # the story the last integration step landed
+        self._pending_seen = True  # did this pass's rows hold a pending story?
+        self._reasons_written: dict[int, tuple[int, str]] = {}  # id -> (rev, reason): once per row
+        self.stack = (Stack(self, policy.verify.depth(run.max_parallel))
+                      if speculating(policy, run.max_parallel) else None)
+        if run.max_parallel > 1:
+            self.integrator.between = self._dispatch_between
+
+    def loop(self, first=None) -> None:
+        """`first`: the first pass's rows as `_first_rows` read them (None: read them here)."""
+        try:
+            self._passes(first)
+        finally:
+            if self.integrator.landed:  # a pass that ended early (an error, a run ended)
+                try:
+                    self.integrator.clean_landed()
+                except Exception:  # leftovers no row owns: `cleanup` removes them
+                    log.exception("clean-up after integration failed for run %s", self.run_id)
+
+    def _passes(self, first) -> None:
+        if first is None:
+            with self.db.read() as s:
+                first = _first_rows(s, self.project, s.get(Run, self.run_id))
+        integrated, loaded = first
+        contradicted = rows_contradicting_git(self.integrator.git, self.integrator.target,
+                                              loaded[0].head_sha, *integrated)
+        if contradicted:
+            self._contradicted(contradicted)
+            return
+        if recover_orphans(self.db, self.tasks, self.run_id, self.policy.leases.ttl_s,
+                           any_working=any(r.state == StoryState.WORKING for r in loaded[1])):
+            loaded = None  # re-queued or escalated: the first pass reads the rows again
+        self.integrator.git.clear_stale_locks()  # git steps of ours that died (journaled)
+        for _ in range(10_000):  # bounded: each pass either progresses or returns
+            run, stories = loaded or self._load()
+            loaded = None  # later passes read what the earlier ones changed
+            self._pending_seen = any(s.state == StoryState.PENDING for s in stories)
+            if run.state not in RUN_LIVE:
+                return
+            if restack_stale(self.db, self.integrator.git, self.run_id, stories,
+                             own_paths(self.integrator.layout, self.policy.scm)):
+                continue
+            if self._stop_now(run):
+                continue
+            if self._dispatch_first(run, stories):
+                self.integrator.clean_landed()
+                continue
+            if self._integrate_next(run, stories):
+                loaded = self._rows_after_landing(run, stories)
+                continue
+            if self._pause_for_escalation(run, stories):
+                continue
+            if not self.pause_on_escalation and self._block_behind_parked(stories):
+                continue
+            if run.state == RunState.RUNNING and self._dispatch(run, stories):
+                self.integrator.clean_landed()  # the next story is on its way meanwhile
+                if self._nothing_left(run, stories):
+                    return
+                continue
+            self._settle(run, stories)
+            self.integrator.clean_landed()  # the last stories' refs and branches
+            return
+
+    def _contradicted(self, bad: list[Story]) -> None:
+        listing = ", ".join(f"{st.key} ({(st.integrated_sha or 'no commit')[:12]})" for st in bad)
+        reason = (f"the rows contradict git: {listing} marked integrated but not on "
+                  f"{self.integrator.target.branch}; check the state database")
+        with self.db.transaction() as s:
+            record(s, self.run_id, "rows.contradicted", stories=[st.key for st in bad],
+                   reason=reason)
+        self._request_pause(reason, pause="rows")
+        self._settle(*self._load())
+
+    def _load(self):
+        with self.db.read() as s:
+            return s.get(Run, self.run_id), lane_rows(s, self.run_id, self.memo.rows)
+
+    def _stop_now(self, run: Run) -> bool:
+        """`stop --now` ends the stack's verifications too (their stories wait as ready)."""
+        return (self.stack is not None and run.state == RunState.STOPPING
+                and run.stop_mode == StopMode.NOW and self.stack.give_up_all("stopped (now)"))
+
+    # ------------------------------------------------------------ 0. dispatch first
+    def _dispatch_first(self, run: Run, stories: list[Story]) -> bool:
+        """Start what can start before integrating, when that cannot change the history.
+
+        Not at `max_parallel = 1`: the sequential loop integrates a story before it starts the
+        next one, so every story starts on its predecessor's result (same bases, same history
+        as the loop without a lane). Not once a story is parked: an escalation must stop
+        dispatching before anything else happens. Admission itself is unchanged, so a story that
+        conflicts with a finished but unintegrated one still waits for its integration.
+        """
+        if run.state != RunState.RUNNING or run.max_parallel <= 1:
+            return False
+        if any(s.state in STORY_PARKED for s in stories):
+            return False
+        if not any(s.state == StoryState.PENDING for s in stories):
+            return False
+        if sum(1 for s in stories if s.state in STORY_IN_FLIGHT) >= run.max_parallel:
+            return False  # no slot: admission would start nothing (the pass's own dispatch
+            # still writes the waiting stories' reasons)
+        return self._dispatch(run, stories)
+
+    def _dispatch_between(self) -> None:
+        """Mid-integration: a slot a worker freed meanwhile (its wake-up waits in the lane's
+        queue) is filled now, by `_dispatch_first`'s rules; no rows read if nothing waits."""
+        if not self._pending_seen:
+            return  # none in this pass's rows; one made pending since waits for the next pass
+        last = getattr(self, "_decision", None)
+        if (last is None or last.waiting) and self.tasks.lane_pending() > 0:
+            self._dispatch_first(*self._load())
+
+    # ------------------------------------------------------------ 1. integration
+    def _integrate_next(self, run: Run, stories: list[Story]) -> bool:
+        if run.state not in (RunState.RUNNING, RunState.PAUSING):
+            return False
+        if self._integration_held(run):
+            return False
+        if self.stack is not None:  # several candidates at once (speculation.py)
+            return self.stack.step(run, stories)
+        story = next_in_plan(stories, self.pause_on_escalation)
+        if story is None or story.state not in (StoryState.READY, StoryState.INTEGRATING):
+            return False  # the earliest open story is not finished: later ones wait
+        outcome = self._landing(story, lambda: self.integrator.integrate(story.id))
+        if outcome is not None:
+            self._after_integration(story, outcome)
+        self._landed = story.id if outcome == StoryState.INTEGRATED else None
+        return True
+
+    def _rows_after_landing(self, run: Run, stories: list[Story]):
+        """At `max_parallel = 1` nothing but the lane moves a story while it integrates (the
+        next one starts after it): after a landing the next pass needs only the run's row (a
+        stop or a checkpoint may have changed it), not every open story's again."""
+        if self._landed is None or run.max_parallel > 1:  # (a stack needs N > 1 too)
+            return None
+        with self.db.read() as s:
+            run = s.get(Run, self.run_id)
+        return run, [row._replace(state=StoryState.INTEGRATED, port_block=None)
+                     if row.id == self._landed else row for row in stories]
+
+    def _landing(self, story, action):
+        """Run an integration step; a target someone else moved pauses the run (None)."""
+        try:
+            return action()
+        except TargetMoved as moved:
+            self._request_pause(f"{FOREIGN_MOVE_PREFIX}{moved}; inspect it, then "
+                                "`bmad-loop resume` adopts the target as it is",
+                                pause="foreign-move", story=story.key)
+            return None
+
+    def _after_integration(self, story, outcome: str) -> None:
+        if outcome == StoryState.HELD:
+            notify(self.db, self.policy, self.run_id, "story.held", story=story.key,
+                   reason="waiting for operator sign-off")
+        if outcome == StoryState.INTEGRATED and story.done_checkpoint:
+            self._request_pause(f"checkpoint after {story.key}", pause="checkpoint",
+                                story=story.key)
+        if outcome == StoryState.ESCALATED:
+            notify(self.db, self.policy, self.run_id, "story.escalated", story=story.key,
+                   reason=self._story(story.id).reason)
+
+    # ------------------------------------------------------------ 2. escalation
+    def _pause_for_escalation(self, run: Run, stories: list[Story]) -> bool:
+        if run.state != RunState.RUNNING or not self.pause_on_escalation:
+            return False
+        escalated = [s for s in stories if s.state == StoryState.ESCALATED]
+        if not escalated:
+            return False
+        first = escalated[0]
+        self._request_pause(f"{first.key} escalated: {first.reason}", pause="escalation",
+                            story=first.key)
+        return True
+
+    def _done_on_target(self, rows: list[Story]) -> list[Story]:
+        """Stale-premise check: stories someone shipped since the plan was made. The board is
+        read and parsed again only when the target moved since the last read."""
+        if not rows or not self.integrator.board_rel:
+            return []
+        sha = self.integrator.target.sha()  # remote mode: refresh the mirror
+        if sha is None:
+            return []
+        known = self.memo.board_done
+        if known is None or known[0] != sha:
+            known = self.memo.board_done = (sha, board_done_keys(self.integrator.git, sha,
+                                                                  self.integrator.board_rel))
+        return [row for row in rows if row.key in known[1]]
+
+    def _block_behind_parked(self, stories: list[Story]) -> bool:
+        """on_escalation = continue: what depends on or conflicts with a parked story is blocked."""
+        parked = [s for s in stories if s.state in (StoryState.ESCALATED, StoryState.FAILED, StoryState.BLOCKED)]
+        if not parked:
+            return False
+        changed = False
+        with self.memo.lock:
+            index = self._conflict_index(stories)
+        with self.db.transaction() as s:
+            for story in stories:
+                if story.state != StoryState.PENDING:
+                    continue
+                why = None
+                for other in parked:
+                    if other.key in (story.depends_on or ()):
+                        why = f"depends on {other.key}, which is {other.state}: {other.reason}"
+                        break
+                    if other.seq < story.seq:
+                        clash = index.reason(story.key, other.key)
+                        if clash:
+                            why = f"conflicts with {other.key} ({other.state}): {clash}"
+                            break
+                if why and transition_story(s, story.id, StoryState.PENDING, state=StoryState.BLOCKED, reason=why,
+                                            ended_at=utcnow()):
+                    record(s, self.run_id, "story.blocked", story.key, reason=why)
+                    changed = True
+        return changed
+
+    def _request_pause(self, reason: str, *, pause: str, story: str | None = None) -> None:
+        with self.db.transaction() as s:
+            if transition_run(s, self.run_id, RunState.RUNNING, state=RunState.PAUSING, reason=reason):
+                record(s, self.run_id, "run.pausing", story, reason=reason, pause=pause)
+
+    # ------------------------------------------------------------ 3. admission
+    def _directories(self) -> frozenset[str] | None:
+        """The target tree's directories (they decide what a literal path covers); listed
+        once per target SHA, and asked for only when some pair of footprints depends on them."""
+        return tree_directories(self.integrator.git, self.integrator.target.sha(fetch=False))
+
+    def _conflict_index(self, stories: list[Story]) -> ConflictIndex:
+        """The run's conflict relation, brought up to date with these rows and the target."""
+        self.memo.index.update(self.memo.views_of(stories, settled=self.integrator.composer.rules), self._directories)
+        return self.memo.index
+
+    def _dispatch(self, run: Run, stories: list[Story]) -> bool:
+        # Stacked starts only in parallel (N = 1 is the sequential loop), in one clone, and on
+        # a fresh branch (a created or resumed story keeps the branch it has).
+        stacking = run.max_parallel > 1 and not self.integrator.target.publishes_stories
+        self._queued = 0
+        with self.memo.lock:
+            decision = admit(self.memo.views_of(stories, stacking, self.integrator.composer.rules),
+                             max_parallel=run.max_parallel,
+                             capacity=self.policy.resources.capacity,
+                             gates_mode=self.policy.gates.mode, gates_passed=run.gates_passed or (),
+                             index=self.memo.index, directories=self._directories)
+        by_key = {s.key: s for s in stories}
+        shipped = self._done_on_target([by_key[k] for k in decision.dispatch])
+        if shipped:
+            with self.db.transaction() as s:
+                for row in shipped:
+                    if transition_story(s, row.id, StoryState.PENDING, state=StoryState.SKIPPED, ended_at=utcnow(),
+                                        reason="already done on the target's board"):
+                        record(s, self.run_id, "story.skipped", row.key,
+                               reason="stale premise: the target's board marks it done")
+            return True  # admit again without them
+        bases = stacked_bases(self.integrator.git, self.integrator.target.sha(fetch=False),
+                              decision, by_key, self.integrator.composer.rules) if decision.stacked else {}
+        queued = []
+        used_blocks = {s.port_block for s in stories if s.state in STORY_IN_FLIGHT and s.port_block is not None}
+        with self.db.transaction() as s:
+            write_wait_reasons(s, self.run_id, decision.waiting, by_key, self._reasons_written)
+            for key in decision.dispatch:
+                row = by_key[key]
+                stacked = bases.get(key, (None, None))
+                block = None
+                if self.policy.resources.ports:
+                    block = min(i for i in range(run.max_parallel) if i not in used_blocks)
+                    used_blocks.add(block)
+                fields = {"base_sha": stacked[0], "stacked_on": stacked[1]} if stacked[1] else {}
+                if transition_story(s, row.id, StoryState.PENDING, state=StoryState.QUEUED, queued_at=utcnow(),
+                                    wait_reason=None, port_block=block, **fields):
+                    record(s, self.run_id, "story.queued", key, seq=row.seq,
+                           **({"base_sha": stacked[0], "stacked_on": [x["key"] for x in stacked[1]]}
+                              if stacked[1] else {}))
+                    queued.append(row.id)
+            if decision.gate is not None:
+                self._gate = decision.gate
+        self._reasons_written.update(reasons_told(decision.waiting, by_key))  # committed now
+        for story_id in queued:
+            self.tasks.enqueue_story(self.run_id, story_id)
+        self._decision, self._queued = decision, len(queued)
+        # Settle on fresh rows: what was just queued is in flight now.
+        return bool(queued)
+
+    def _nothing_left(self, run: Run, stories: list[Story]) -> bool:
+        """After a dispatch: every slot is taken and no story waits for the lane, so another
+        pass would find nothing to do (any story that moves on wakes the lane); the lane stops
+        here instead of reading the rows again while the new stories start."""
+        busy = sum(1 for s in stories if s.state in STORY_IN_FLIGHT) + self._queued
+        return busy >= run.max_parallel and not any(
+            s.state in STORY_AWAITING_LANE or s.state in STORY_PARKED for s in stories)
+
+    # ------------------------------------------------------------ 4. settling
+    def _settle(self, run: Run, stories: list[Story]) -> None:
+        if any(s.state in STORY_IN_FLIGHT for s in stories):
+            return  # workers will wake the lane when they finish
+        if verifying_here(self.run_id):
+            return  # so will the stack's verifications
+        states = {s.state for s in stories}
+        if run.state == RunState.STOPPING:
+            return self._end_pause(RunState.STOPPED, run.reason or "stopped")
+        if run.state == RunState.PAUSING:
+            return self._end_pause(RunState.PAUSED, run.reason or "paused")
+        if states <= {StoryState.INTEGRATED, StoryState.SKIPPED}:
+            return self._complete()
+        if self._integration_due(run, stories):
+            return  # integration is due; the next tick does it
+        decision = getattr(self, "_decision", None)
+        if decision is not None and decision.gate is not None:
+            self._set_gate(decision.gate)
+            return self._end_pause(RunState.PAUSED, f"gate before epic {decision.gate}: "
+                                   "`bmad-loop resume` opens it")
+        if decision is not None and decision.approvals:
+            return self._end_pause(RunState.PAUSED, "waiting for spec approval of "
+                                   + ", ".join(decision.approvals))
+        parked = [s for s in stories if s.state in STORY_PARKED]
+        if parked:
+            listing = "; ".join(f"{s.key} {s.state}: {s.reason}" for s in parked)
+            return self._end_pause(RunState.PAUSED, f"needs a human: {listing}")
+        waiting = [s for s in stories if s.state == StoryState.PENDING]
+        if waiting and (decision is None or not decision.dispatch):
+            listing = "; ".join(f"{s.key}: {s.wait_reason}" for s in waiting[:5])
+            return self._end_pause(RunState.PAUSED, f"no story can start: {listing}")
+
+    def _integration_held(self, run: Run) -> bool:
+        """A checkpoint pauses right after its story, a foreign move or a changed git
+        configuration (its planted code would run in the lane's git) before the next one:
+        nothing more lands until `resume`."""
+        reason = run.reason or ""
+        return run.state == RunState.PAUSING and reason.startswith(
+            ("checkpoint", FOREIGN_MOVE_PREFIX, CONFIG_CHANGED_PREFIX))
+
+    def _integration_due(self, run: Run, stories: list[Story]) -> bool:
+        """Would `_integrate_next` find a story to integrate? (Same scan, no side effects.)"""
+        if self._integration_held(run):
+            return False
+        story = next_in_plan(stories, self.pause_on_escalation)
+        return story is not None and story.state in (StoryState.READY, StoryState.INTEGRATING)
+
+    def _set_gate(self, epic: str) -> None:
+        with self.db.transaction() as s:
+            s.get(Run, self.run_id).gate_epic = epic
+            record(s, self.run_id, "gate.reached", epic=epic)
+
+    def _end_pause(self, state: RunState, reason: str) -> None:
+        """Settle as paused (from running or pausing) or stopped (from stopping)."""
+        drain_pool(self.integrator.git, self.integrator.layout)  # no worktree parked past the run
+        expected = (RunState.STOPPING,) if state == RunState.STOPPED else (RunState.RUNNING, RunState.PAUSING)
+        with self.db.transaction() as s:
+            if transition_run(s, self.run_id, expected, state=state, reason=reason):
+                record(s, self.run_id, f"run.{state}", reason=reason)
+            else:
+                return
+        notify(self.db, self.policy, self.run_id, f"run.{state}", reason=reason)
+
+    def _complete(self) -> None:
+        with self.db.transaction() as s:
+            completed = transition_run(s, self.run_id, (RunState.RUNNING,), state=RunState.COMPLETED,
+                                       ended_at=utcnow(), reason=None)
+            if completed:
+                stories = stories_of(s, self.run_id)
+                record(s, self.run_id, "run.completed",
+                       integrated=sum(1 for x in stories if x.state == StoryState.INTEGRATED),
+                       skipped=sum(1 for x in stories if x.state == StoryState.SKIPPED))
+        # Every story has landed: the parked worktrees go right after (the tick, and so `run`,
+        # ends once they are gone), not on the way to the run's completion.
+        drain_pool(self.integrator.git, self.integrator.layout)
+        if completed:
+            notify(self.db, self.policy, self.run_id, "run.completed")
+
+    def _story(self, story_id: int) -> Story:
+        with self.db.transaction() as s:
+            return s.get(Story, story_id)

@@ -1,0 +1,218 @@
+"""Consumers for one project: the `stories` pool and the single-threaded lane, in this process.
+
+Used by `bmad-loop worker` (until interrupted) and by `bmad-loop run` / `resume` (until the run
+settles). On start, live runs are re-queued, so a consumer that comes back after a crash picks
+up where the dead one stopped. A watchdog thread wakes the lane of live runs periodically, so a
+lost message delays work by seconds instead of losing it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import logging
+import threading
+
+from sqlalchemy import select
+
+from ...db.models import Run, Story
+from ...errors import ConfigError
+from ...queue.queues import BackgroundConsumer
+from ...queue.tasks import Tasks
+from ...states import RUN_LIVE
+from .. import leases
+from .heartbeats import consumer_lease_name, prune_lapsed
+from .control import recover_live_runs
+from ..journal import record
+from .ownership import refresh_live_runs, save_run
+from ..lane.tick import tick
+from ..runs import RUN_STATE
+from ..worker.story_task import work
+
+__all__ = ["ConsumerSet", "QUEUES"]
+
+log = logging.getLogger(__name__)
+
+QUEUES = ("stories", "integration", "all")
+
+
+_heap_frozen = False
+
+
+def _freeze_startup_heap() -> None:
+    """Leave what start-up made (modules, the ORM's mappers, the migration) out of every later
+    garbage collection, once per process. Left in, each full collection walks all of it: one
+    took 60-160 ms here with the interpreter held, stalling every worker and the lane at once,
+    about once every 16-50 stories. What the consumers make afterwards is collected as usual."""
+    global _heap_frozen
+    if not _heap_frozen:
+        _heap_frozen = True
+        gc.freeze()
+
+
+class ConsumerSet:
+    def __init__(self, project, *, queue: str = "all", workers: int = 1, tasks: Tasks | None = None,
+                 announce=None):
+        """`announce(line)`: told of each story this set takes and finishes (`worker`)."""
+        if queue not in QUEUES:
+            raise ConfigError(f"--queue: must be one of {', '.join(QUEUES)}, got '{queue}'")
+        if workers < 1:
+            raise ConfigError(f"-w/--workers: must be >= 1, got {workers}")
+        if queue == "integration" and workers > 1:
+            raise ConfigError("--queue integration -w N: the integration lane is one thread; use -w 1")
+        self.project = project
+        self.queue = queue
+        self.workers = workers
+        self.tasks = tasks or Tasks(project)
+        self.announce = announce
+        self.tasks.bind(story=self._story_task, lane=self._lane_tick)
+        self._after_tick: list = []
+        self._recorded: dict[str, str] = {}  # run id -> the state its record last said
+        self._consumers: list[BackgroundConsumer] = []
+        self._lane: BackgroundConsumer | None = None
+        self._lane_lock = threading.Lock()
+        self.holder: leases.LeaseHolder | None = None
+        self.beat: leases.LeaseHolder | None = None  # this set's consumer heartbeat (heartbeats.py)
+        self._watchdog_stop = threading.Event()
+        self._watchdog: threading.Thread | None = None
+
+    def after_each_tick(self, callback) -> None:
+        """Call `callback(run_id)` after every lane tick of this process (the driver wakes on it
+        to see a settled run at once instead of at its next poll)."""
+        self._after_tick.append(callback)
+
+    def _story_task(self, run_id: str, story_id: int) -> None:
+        if self.announce is None:
+            work(self.project, self.tasks, run_id, story_id)
+            return
+        taken = []
+
+        def took(run, key):
+            taken.append(key)
+            self.announce(f"took {key} (run {run})")
+        try:
+            work(self.project, self.tasks, run_id, story_id, on_claim=took)
+        finally:
+            if taken:
+                self.announce(f"finished {taken[0]} (run {run_id}): {self._story_outcome(story_id)}")
+
+    def _story_outcome(self, story_id: int) -> str:
+        try:
+            with self.project.db.read() as s:
+                story = s.get(Story, story_id)
+                return story.state + (f" ({story.reason})" if story.reason else "")
+        except Exception:  # the line is for a person: a database hiccup must not fail the task
+            return "state unknown"
+
+    def _lane_tick(self, run_id: str) -> None:
+        try:
+            tick(self.project, self.tasks, run_id, holder=self.holder)
+        finally:
+            self._record_transition(run_id)
+            for callback in self._after_tick:
+                callback(run_id)
+
+    def _record_transition(self, run_id: str) -> None:
+        """Rewrite the run's record in the repository when a tick moved its state."""
+        try:
+            with self.project.db.read() as s:
+                state = s.scalar(RUN_STATE, {"of_run": run_id})  # one narrow read per tick
+                if state is None or self._recorded.get(run_id) == state:
+                    return
+                run = s.get(Run, run_id)
+            save_run(self.project, run)
+            self._recorded[run_id] = run.state
+        except Exception:  # the record is a courtesy to other databases: never fail the lane
+            log.warning("run %s: could not refresh its record", run_id, exc_info=True)
+
+    def _refresh_records(self) -> None:
+        refresh_live_runs(self.project)
+
+    @property
+    def runs_lane(self) -> bool:
+        return self.queue in ("integration", "all")
+
+    def start(self) -> None:
+        project = self.project
+        project.db  # migrate once, before any consumer thread touches the database
+        _freeze_startup_heap()
+        ttl = project.policy.leases.ttl_s
+        owner = leases.owner_id(self.queue)
+        prune_lapsed(project.db, project.key)
+        self.beat = leases.LeaseHolder(project.db, consumer_lease_name(project.key, owner), owner, ttl)
+        self.beat.start()
+        if self.queue in ("stories", "all"):
+            consumer = BackgroundConsumer(self.tasks.stories, self.workers, role="stories")
+            self._consumers.append(consumer)
+            consumer.start()
+        if self.runs_lane:
+            # One lane per project: hold the lease first, consume only while holding it.
+            self.holder = leases.LeaseHolder(project.db, project.lane_lease_name,
+                                             leases.owner_id("lane"), ttl,
+                                             on_acquired=self._lane_acquired,
+                                             on_lost=self._lane_lost)
+            self.holder.on_renewed = self._refresh_records
+            self.holder.start()
+            self._watchdog = threading.Thread(target=self._watch, daemon=True, name="bmad-watchdog")
+            self._watchdog.start()
+        if self.holder is None or not self.holder.held:
+            # (A lane that took the lease at once has just re-queued them: `_lane_acquired`.)
+            recover_live_runs(project, self.tasks, stale_after=dt.timedelta(seconds=ttl))
+
+    @property
+    def is_standby(self) -> bool:
+        return self.holder is not None and not self.holder.held
+
+    def _lane_acquired(self, token: int) -> None:
+        self._journal_live_runs("lane.acquired", token=token, owner=self.holder.owner)
+        with self._lane_lock:
+            if self._lane is None:
+                self._lane = BackgroundConsumer(self.tasks.integration, 1, role="lane")
+                self._lane.start()
+        recover_live_runs(self.project, self.tasks,
+                          stale_after=dt.timedelta(seconds=self.project.policy.leases.ttl_s))
+
+    def _journal_live_runs(self, kind: str, **data) -> None:
+        with self.project.db.transaction() as s:
+            for run_id in s.scalars(select(Run.id).where(
+                    Run.project == self.project.key,
+                    Run.state.in_(RUN_LIVE))):
+                record(s, run_id, kind, **data)
+
+    def _lane_lost(self) -> None:
+        # Fenced: stop taking ticks at once; a tick in hand is refused at its CAS.
+        with self._lane_lock:
+            lane, self._lane = self._lane, None
+        if lane is not None:
+            threading.Thread(target=lane.stop, kwargs={"graceful": True}, daemon=True).start()
+
+    def stop(self, graceful: bool = True) -> None:
+        self._watchdog_stop.set()
+        for consumer in self._consumers:
+            consumer.stop(graceful=graceful)
+        self._consumers.clear()
+        with self._lane_lock:
+            lane, self._lane = self._lane, None
+        if lane is not None:
+            lane.stop(graceful=graceful)
+        if self.holder is not None:
+            self.holder.stop(release_lease=True)
+        if self.beat is not None:
+            self.beat.stop(release_lease=True)
+        if self._watchdog is not None:
+            self._watchdog.join(timeout=5)
+
+    def _watch(self) -> None:
+        interval = max(min(self.project.policy.leases.ttl_s / 3.0, 5.0), 0.5)
+        while not self._watchdog_stop.wait(interval):
+            try:
+                if self.is_standby or self.tasks.lane_pending() > 0:
+                    continue
+                with self.project.db.transaction() as s:
+                    ids = list(s.scalars(select(Run.id).where(
+                        Run.project == self.project.key,
+                        Run.state.in_(RUN_LIVE))))
+                for run_id in ids:
+                    self.tasks.enqueue_lane(run_id)
+            except Exception:  # the watchdog must outlive a passing database hiccup
+                log.warning("watchdog: could not wake the lanes; retrying", exc_info=True)

@@ -1,0 +1,168 @@
+"""Read models for `status`, `journal` and friends: plain dicts built from the rows."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from ...db.models import Attempt, Candidate, Event, Run, Story, utcnow
+from ...agents.stallwatch import last_output_at
+from ...states import RUN_LIVE, StoryState
+from .heartbeats import live_run_view, workers_alive
+from ..journal import event_json, events_after
+from ..runs import stories_of
+from ..usage import empty_usage, usage_by_story
+
+__all__ = ["run_status", "run_json", "story_json", "candidate_json", "journal_lines"]
+
+
+def _iso(value):
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
+
+
+def run_json(run: Run, target_now: str | None = None) -> dict:
+    recorded = run.head_sha or run.target_sha
+    return {
+        "id": run.id,
+        "state": run.state,
+        "target_branch": run.target_branch,
+        # As git has it when the reader could ask git; the rows' last advance otherwise.
+        "target_sha": target_now or recorded,
+        "recorded_target_sha": recorded,
+        "start_sha": run.target_sha,
+        "max_parallel": run.max_parallel,
+        "merge_strategy": run.merge_strategy,
+        "isolation": run.isolation,
+        "reason": run.reason,
+        "created_at": _iso(run.created_at),
+        "ended_at": _iso(run.ended_at),
+        "host": run.host,
+    }
+
+
+def story_json(story: Story, now=None, usage: dict | None = None,
+               settled: list | None = None, boxed: bool | None = None) -> dict:
+    """`boxed`: whether its latest agent session ran in the OS sandbox (None: no session, or
+    recorded before that was known)."""
+    now = now or utcnow()
+    start = story.started_at
+    end = story.ended_at or (story.ready_at if story.state in (StoryState.READY,) else None)
+    elapsed = None
+    if start is not None:
+        elapsed = round(((end or now) - start).total_seconds(), 1)
+    fp = story.footprint or {}
+    return {
+        "key": story.key,
+        "seq": story.seq,
+        "epic": story.epic,
+        "title": story.title,
+        "state": story.state,
+        "phase": story.phase,
+        "worktree": story.worktree,
+        "branch": story.branch,
+        "base_sha": story.base_sha,
+        "stacked_on": [layer["key"] for layer in story.stacked_on or ()],
+        "head_sha": story.head_sha,
+        "integrated_sha": story.integrated_sha,
+        "session": story.session,
+        "log": story.log,
+        "attempt": story.dev_attempts,
+        "review_cycles": story.review_cycles,
+        "footprint": {"files": fp.get("files", []), "shared": fp.get("shared", []),
+                      "resources": fp.get("resources", [])},
+        "footprint_reason": story.footprint_reason,
+        "host": story.host,
+        "heartbeat_at": _iso(story.heartbeat_at),
+        "started_at": _iso(story.started_at),
+        "ended_at": _iso(story.ended_at),
+        "last_output_at": _iso(last_output_at(story.log)),  # the session log's mtime
+        "elapsed_s": elapsed,
+        "reason": story.reason,
+        "waiting_for": story.wait_reason,
+        "depends_on": list(story.depends_on or []),
+        "merge_class": story.merge_class,
+        "tier": story.tier,
+        "done_checkpoint": story.done_checkpoint,
+        "approved": story.approved,
+        "signed_off": story.signed_off,
+        "port_block": story.port_block,
+        # Summed from its attempts, as the agent CLI reported them (None: not reported).
+        "usage": usage or empty_usage(),
+        # Paths a merge rule settled in its latest candidate ([integration] merge).
+        "settled": settled or [],
+        "boxed": boxed,
+    }
+
+
+def settled_by_story(session, run_id: str) -> dict[str, list[dict]]:
+    """story key -> [{path, rule}] from the journal's `candidate.settled`, latest attempt only."""
+    rows = session.execute(select(Event.story, Event.data).where(
+        Event.run_id == run_id, Event.kind == "candidate.settled").order_by(Event.seq))
+    latest: dict[str, tuple[int, list[dict]]] = {}
+    for story, data in rows:
+        attempt = data.get("attempt", 0)
+        kept = latest.get(story)
+        if kept is None or attempt > kept[0]:
+            kept = latest[story] = (attempt, [])
+        if attempt == kept[0]:
+            kept[1].append({"path": data.get("path"), "rule": data.get("rule")})
+    return {story: entries for story, (_attempt, entries) in latest.items()}
+
+
+def candidate_json(candidate: Candidate, story_key: str, on: dict | None = None) -> dict:
+    """`on`: the candidate it was composed on ({story, attempt}); None: on the target."""
+    return {
+        "story": story_key,
+        "attempt": candidate.attempt,
+        "stack": candidate.stack or 1,
+        "on": on,
+        "strategy": candidate.strategy,
+        "state": candidate.state,
+        "ref": candidate.ref,
+        "worktree": candidate.worktree,
+        "target_sha": candidate.target_sha,
+        "branch_sha": candidate.branch_sha,
+        "candidate_sha": candidate.candidate_sha,
+        "evidence": candidate.evidence,
+        "reason": candidate.reason,
+        "verify_s": candidate.verify_s,
+    }
+
+
+def run_status(session, run: Run, target_now: str | None = None) -> dict:
+    stories = stories_of(session, run.id)
+    keys = {s.id: s.key for s in stories}
+    candidates = list(session.scalars(select(Candidate).where(Candidate.run_id == run.id)
+                                      .order_by(Candidate.id)))
+    by_id = {c.id: c for c in candidates}
+    now = utcnow()
+    usage = usage_by_story(session, run.id)
+    settled = settled_by_story(session, run.id)
+    boxed = dict(session.execute(select(Attempt.story_id, Attempt.boxed)
+                                 .where(Attempt.run_id == run.id).order_by(Attempt.id)).all())
+    shown = [story_json(s, now, usage.get(s.id), settled.get(s.key), boxed.get(s.id))
+             for s in stories]
+    if run.state not in RUN_LIVE:
+        for story in shown:  # nothing is admitted until it runs again: no stale wait reason
+            story["waiting_for"] = None
+    working = [s.id for s in stories if s.state == StoryState.WORKING]
+    alive = workers_alive(session, working, now)
+    for row, story in zip(stories, shown):  # from the story's lease, as recovery decides
+        story["alive"] = alive.get(row.id)
+    return {
+        "run": run_json(run, target_now),
+        "stories": shown,
+        "candidates": [candidate_json(c, keys.get(c.story_id, "?"), _on(c, by_id, keys))
+                       for c in candidates],
+        **live_run_view(session, run, now),
+    }
+
+
+def _on(candidate: Candidate, by_id: dict, keys: dict) -> dict | None:
+    below = by_id.get(candidate.on_candidate_id) if candidate.on_candidate_id else None
+    if below is None:
+        return None
+    return {"story": keys.get(below.story_id, "?"), "attempt": below.attempt}
+
+
+def journal_lines(session, run_id: str, after_seq: int = 0, kinds=(), story=None) -> list[dict]:
+    return [event_json(e) for e in events_after(session, run_id, after_seq, kinds, story)]

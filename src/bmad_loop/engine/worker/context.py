@@ -1,0 +1,169 @@
+"""The explicit contexts a story's steps receive, instead of the worker object itself.
+
+`StoryContext` is what stays fixed while one worker holds one story: who, where, with what
+policy. `Claim` is the worker's hold on the row: every write goes through `own()` or `write()`,
+which refuse once recovery gave the story to someone else (the claim generation moved), and
+`beat()` renews the row's heartbeat and the story's lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import bindparam, select
+from sqlalchemy.orm.attributes import set_committed_value
+
+from ...bmad.install import bmad_seeds
+from ...db.models import Attempt, Story, utcnow
+from ...errors import StopRequested
+from ...states import StoryState
+from ...agents.profiles import load_profile
+from .. import leases
+from ..workspace.inplace import InPlaceWorkspace
+from ..journal import journal_git_locks
+from ..layout import Layout
+from ..ports import worker_block
+from ..runs import RUN_STATE, board_rel
+from ..transitions import transition_story_reading
+from ..workspace.base import Workspace
+from ..workspace.worktree import WorktreeWorkspace
+
+__all__ = ["StoryContext", "Claim", "Fenced", "make_workspace", "story_context"]
+
+log = logging.getLogger(__name__)
+
+# Claim.write's clauses, built once (transitions.py keeps the UPDATE made with them): the claim
+# still this worker's, and the run's state read by the same statement.
+_CLAIM_HELD = Story.claim == bindparam("claim_generation")
+_RUN_STATE = RUN_STATE.scalar_subquery()
+# Claim.state's read.
+_STORY_STATE = select(Story.state).where(Story.id == bindparam("story_id"))
+
+
+class Fenced(StopRequested):
+    """This worker's claim on the story is gone (recovery gave it to another): write nothing."""
+
+
+@dataclass(frozen=True)
+class StoryContext:
+    db: object
+    run_id: str
+    story_id: int
+    key: str
+    target_branch: str
+    policy: object
+    git: object
+    layout: object
+    target: object      # targets.Target
+    workspace: object   # engine.workspace.Workspace
+    profile: object     # profiles.Profile or None
+    port_block: object  # ports.PortBlock or None
+    host: str
+    guard_hooks: Path   # where the target guard's hook scripts live
+    board_rel: str | None  # the board's path in the repository (a lane-owned file)
+
+    @property
+    def scratch(self) -> Path:
+        return self.layout.scratch(self.key)
+
+
+@dataclass
+class Claim:
+    db: object
+    run_id: str
+    story_id: int
+    generation: int
+    owner: str
+    token: int
+    ttl_s: float
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    lease_dropped: bool = False  # by the transaction that took the story out of `working`
+
+    def own(self, session) -> Story:
+        """The story row, if this worker still holds its claim; otherwise Fenced."""
+        row = session.get(Story, self.story_id)
+        if row.state != StoryState.WORKING or row.claim != self.generation:
+            raise Fenced()
+        return row
+
+    def write(self, session, known: Story | None, /, **values) -> str:
+        """Write `values` (column name -> value) to the story row if this worker still holds
+        its claim, otherwise Fenced; returns the run's state, read by the same statement (a
+        stop asked for ends the walk). One Core UPDATE instead of loading the row (forty
+        columns) and flushing it: these run at every phase's end. `known`, the row as this walk
+        last left it (nobody else writes it while the claim holds, but for its heartbeat),
+        takes the new values."""
+        written = transition_story_reading(
+            session, self.story_id, StoryState.WORKING, _RUN_STATE, when=_CLAIM_HELD,
+            params={"claim_generation": self.generation, "of_run": self.run_id}, **values)
+        if written is None:
+            raise Fenced()
+        if known is not None:
+            for name, value in values.items():
+                set_committed_value(known, name, value)
+        return written[0]
+
+    def load(self) -> Story:
+        with self.db.read() as s:
+            return s.get(Story, self.story_id)
+
+    def state(self) -> str | None:
+        """The story's state now (one column, no row loaded)."""
+        with self.db.read() as s:
+            return s.connection().execute(_STORY_STATE, {"story_id": self.story_id}).scalar()
+
+    def drop_lease_in(self, session) -> None:
+        """Release the story's lease inside the transaction that ends its `working` state (the
+        lease only ever guards a working story), so the worker's end costs no transaction."""
+        leases.release_in(session, leases.story_lease_name(self.story_id), self.owner)
+        self.lease_dropped = True
+
+    def beat(self, attempt_id: int | None = None) -> None:
+        now = utcnow()
+        with self.db.transaction() as s:
+            row = s.get(Story, self.story_id)
+            if row.state != StoryState.WORKING or row.claim != self.generation:
+                self.stop_event.set()  # fenced: end the session; the walk then stops
+                return
+            row.heartbeat_at = now
+            if attempt_id is not None:
+                s.get(Attempt, attempt_id).heartbeat_at = now
+        if not leases.renew(self.db, leases.story_lease_name(self.story_id), self.owner, self.token,
+                            self.ttl_s, now):
+            # The row still carries our claim, so the work goes on; orphan recovery judges
+            # the lease, so say loudly that it may take the story back.
+            log.warning("story %s: lease renewal refused (owner %s, token %s)",
+                        self.story_id, self.owner, self.token)
+
+
+def make_workspace(policy, git, layout, target, *, root: Path, profile=None) -> Workspace:
+    """The workspace the policy's `[scm] isolation` asks for."""
+    scm = policy.scm
+    fixed = list(scm.worktree_seed)
+    if scm.seed_adapter_defaults and profile is not None:
+        fixed += list(profile.seed_files)
+
+    def seeds() -> list[str]:  # listed on first use: it costs a git process
+        if not scm.seed_bmad or scm.isolation == "none":
+            return fixed
+        return fixed + [p for p in bmad_seeds(git, root) if p not in fixed]
+
+    kind = InPlaceWorkspace if scm.isolation == "none" else WorktreeWorkspace
+    return kind(git, layout, target, scm, root=root, seeds=seeds)
+
+
+def story_context(project, run, story, policy) -> StoryContext:
+    git = journal_git_locks(project.git(policy), project.db, run.id, story.key)
+    layout = Layout(project.state_dir, run.id)
+    target = project.target(git, run.target_branch)
+    profile = load_profile(policy.adapter.profile) if policy.adapter.profile else None
+    return StoryContext(
+        db=project.db, run_id=run.id, story_id=story.id, key=story.key,
+        target_branch=run.target_branch, policy=policy, git=git, layout=layout, target=target,
+        workspace=make_workspace(policy, git, layout, target, root=project.root, profile=profile),
+        profile=profile, port_block=worker_block(policy, story.port_block), host=project.host,
+        guard_hooks=project.path("guard-hooks"), board_rel=board_rel(run, project.root),
+    )

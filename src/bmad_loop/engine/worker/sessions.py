@@ -1,0 +1,362 @@
+"""One agent session (dev, review or fix) of one story: prompt, argv, environment, run.
+
+The session opens its `attempts` row as `running` before the agent starts; the caller closes
+it in the same transaction that records what the session's outcome means for the story (see
+worker.py), so a crash either re-runs an unfinished session (not counted) or never re-runs a
+finished one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import bindparam, select, update
+
+from ...agents.adapter import (
+    AgentCall,
+    agent_env,
+    render_argv,
+    review_approved,
+    run_agent,
+    session_output,
+)
+from ...bmad.install import detect_bmad
+from ...agents.faults import AgentFault, classify
+from ...agents.output import SessionReport, Usage, parse_output
+from ...db.database import insert_now
+from ...db.models import Attempt, Run, utcnow
+from ...git.config_guard import ConfigWatch
+from ...agents.prompts import PHASE_INSTRUCTIONS, build_prompt, write_prompt
+from ...agents.profiles import resolve_command
+from ...agents.tmux_session import session_name, tmux_available
+from ...states import AttemptState, Phase, RunState, StopMode
+from ..faults import crash_point
+from ...sandbox import SANDBOX_VAR, Box
+from .boxing import agent_box, settle_after_box
+from .childenv import child_env, sandbox_vars
+from ..workspace.guard import read_guard_log
+from ..journal import record
+from .sessionchanges import changed_paths_between, snapshot
+from .usagefile import USAGE_FILE_VAR, budget_set, read_usage_file, usage_file
+
+__all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "verdict_mode"]
+
+log = logging.getLogger(__name__)
+
+# The agent's pid, written as it starts (built once: every session runs it).
+_SET_PID = (update(Attempt.__table__).where(Attempt.__table__.c.id == bindparam("attempt_id"))
+            .values(pid=bindparam("pid")))
+# A running session's look for `stop --now`, twice a second.
+_STOP_ASKED = select(Run.state, Run.stop_mode).where(Run.id == bindparam("run_id"))
+
+SESSION_DIR = ".bmad-loop-session"
+
+
+@dataclass
+class SessionResult:
+    attempt_id: int
+    phase: str
+    number: int
+    state: str  # succeeded | failed | timed-out | interrupted
+    ok: bool  # for review: approved
+    summary: str
+    output: str
+    exit_code: int | None
+    duration_s: float
+    head_sha: str | None
+    guard_refusals: list[str]
+    config_changes: list[str] = field(default_factory=list)  # git configuration the session changed
+    reason: str | None = None  # attempts.reason: why it did not pass ("stalled", ...)
+    usage: Usage = field(default_factory=Usage)  # tokens and cost, as the CLI reported them
+    # An environment fault (rate or usage limit, auth, trust, model, network): no attempt charged.
+    fault: AgentFault | None = None
+
+    def attempt_values(self) -> dict:
+        return {"state": self.state, "exit_code": self.exit_code, "ended_at": utcnow(),
+                "duration_s": round(self.duration_s, 3), "counted": self.state != AttemptState.INTERRUPTED,
+                "head_sha": self.head_sha, "reason": self.reason, **self.usage.columns()}
+
+
+def verdict_mode(policy, profile) -> str:
+    """`[adapter] verdict` when set; else profiles whose CLI always exits 0 mark their verdict in
+    the output, and custom commands use exit codes (the contract)."""
+    adapter = policy.adapter
+    if adapter.verdict:
+        return adapter.verdict
+    if profile and not adapter.command and not adapter.phase(Phase.REVIEW).command:
+        return profile.verdict
+    return "exit"
+
+
+def profile_in_use(policy, profile, phase: str):
+    """The profile whose CLI this phase runs (its output format and fault words), or None for a
+    custom command."""
+    adapter = policy.adapter
+    if profile and not adapter.command and not adapter.phase(phase).command:
+        return profile
+    return None
+
+
+def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResult:
+    """Run one agent session of the claimed story; its attempt row is left for the caller to close.
+    `story`: the row as the caller just read it (else it is read here)."""
+    story = story if story is not None else claim.load()
+    policy = ctx.policy
+    tier_name = story.tier or ""
+    tier = policy.adapter.tiers.get(tier_name) if tier_name else None
+    phase_over = policy.adapter.phase(phase)
+    timeout = policy.adapter.timeout_for(phase, tier_name)
+    worktree = Path(story.worktree)
+    # Inside the worktree: headless agents may not read files outside their folder.
+    prompt_path = worktree / SESSION_DIR / f"{phase}-{number}.md"
+    _exclude_session_dir(ctx.git)
+    log_path = ctx.layout.log(ctx.key, phase, number)
+    source = ctx.target.story_source(worktree)
+    story_text = _read(source / story.story_path) if story.story_path else ""
+    instructions = (ctx.profile.instructions.get(phase) if ctx.profile else None) \
+        or PHASE_INSTRUCTIONS[phase]
+    if ctx.profile and profile_in_use(policy, ctx.profile, phase):
+        _write_session_files(prompt_path.parent, ctx.profile.session_files)
+    write_prompt(prompt_path, build_prompt(
+        phase=phase, story_key=ctx.key, story_title=story.title, story_text=story_text,
+        instructions=instructions, attempt=number,
+        verify_output=story.feedback.get("verify_output", ""),
+        review_notes=story.feedback.get("review_notes", "") if phase == Phase.FIX else "",
+        worktree=story.worktree,
+        story_file=str(worktree / story.story_path) if story.story_path else "", epic=str(story.epic),
+        bmad=detect_bmad(ctx.workspace.root).guidance(phase),
+    ))
+    story_file = str(worktree / story.story_path) if story.story_path else ""
+    extra_env, box = _session_env(ctx, phase_over, worktree, log_path)
+    usage_path = usage_file(ctx.scratch, phase, number)
+    usage_path.unlink(missing_ok=True)  # a killed earlier run of this session may have left one
+    extra_env[USAGE_FILE_VAR] = str(usage_path)
+    guard_log = ctx.scratch / "guard.log"
+    guard_offset = guard_log.stat().st_size if guard_log.exists() else 0
+    if box is None:  # boxed, no ref is writable: the guard has nothing to stop
+        extra_env.update(ctx.workspace.guard_env(worktree, ctx.guard_hooks, guard_log))
+    template = resolve_command(
+        profile=policy.adapter.profile, command=policy.adapter.command,
+        phase_command=phase_over.command, model=tier.model if tier else "",
+        tier_args=tier.args if tier else (), extra_args=policy.adapter.extra_args,
+        boxed=box is not None,
+    )
+    call = AgentCall(phase=phase, story_key=ctx.key, story_file=story_file,
+                     prompt_file=str(prompt_path), worktree=str(worktree), run_id=ctx.run_id,
+                     attempt=number, base_sha=story.base_sha or "",
+                     model=tier.model if tier else "", tier=tier_name, extra_env=extra_env)
+    argv = render_argv(template, call)
+    env = agent_env(call, child_env(policy))
+    journaled_argv = argv  # the agent's own command line; the log's header shows the box too
+    if box is not None:
+        argv = box.wrap(argv)
+    session = f"{ctx.run_id}/{ctx.key}/{phase}-{number}"
+    if policy.adapter.tmux and tmux_available():
+        # Live in tmux for `attach`; the wrapper mirrors the pane into the same session log.
+        session = session_name(ctx.run_id, ctx.key, phase, number)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "bmad_loop.agents.tmux_session", session, str(log_path), "--", *argv]
+    # What the story's work is before the session, to tell an empty dev or fix session. Only a
+    # profile's CLI is judged so: for a custom command exit 0 is success (the contract).
+    unflag = ctx.workspace.story_worktrees  # never a person's flags in their own checkout
+    before = snapshot(ctx.git, worktree, story.base_sha, unflag=unflag) \
+        if phase in (Phase.DEV, Phase.FIX) \
+        and story.base_sha and profile_in_use(policy, ctx.profile, phase) else None
+    # Git configuration, hooks and drivers before the agent runs; compared before any other git.
+    watch = ConfigWatch(ctx.git, worktree, ctx.scratch.parent / f"{ctx.key}.git-config.json")
+    watch.begin()
+    with ctx.db.transaction() as s:
+        claim.write(s, story, session=session, log=str(log_path))  # fenced: no session starts
+        attempt_id = insert_now(s, Attempt(
+            run_id=ctx.run_id, story_id=ctx.story_id, phase=phase, number=number,
+            state=AttemptState.RUNNING, worktree=str(worktree), branch=story.branch,
+            base_sha=story.base_sha, session=session, log=str(log_path), host=ctx.host,
+            heartbeat_at=utcnow(), boxed=box is not None))
+        record(s, ctx.run_id, "attempt.started", ctx.key, phase=phase, attempt=number,
+               argv=journaled_argv, log=str(log_path), tier=tier_name or None,
+               boxed=box is not None)
+
+    def started(pid: int) -> None:
+        with ctx.db.transaction() as s:
+            s.connection().execute(_SET_PID, {"attempt_id": attempt_id, "pid": pid})
+        crash_point("worker.in_agent")
+
+    with Heartbeat(ctx, claim, attempt_id):
+        result = run_agent(argv, cwd=worktree, env=env, log_path=log_path, timeout_s=timeout,
+                           stop_event=claim.stop_event, on_start=started,
+                           thaw_after_s=policy.leases.ttl_s,  # an agent that SIGSTOPs us
+                           stall_s=policy.adapter.stall_s or None,
+                           max_log_bytes=policy.limits.max_log_bytes)
+    crash_point("worker.after_agent")
+    _journal_log_cut(ctx, phase, number, log_path, result)
+    config_changes = watch.end()
+    if box is not None and not config_changes:
+        settle_after_box(ctx.git, worktree, story.branch, ctx.scratch)
+    state = (AttemptState.INTERRUPTED if result.interrupted else AttemptState.TIMED_OUT if result.timed_out
+             else AttemptState.SUCCEEDED if result.exit_code == 0 else AttemptState.FAILED)
+    summary = {AttemptState.INTERRUPTED: "interrupted by stop",
+               AttemptState.TIMED_OUT: f"agent timed out after {timeout}s (process tree killed)",
+               AttemptState.SUCCEEDED: "agent exited 0",
+               AttemptState.FAILED: f"agent exited {result.exit_code}"}[state]
+    reason = None
+    if result.stalled:  # silent and idle for stall_s: a failed attempt (stallwatch.py)
+        state, reason = AttemptState.FAILED, "stalled"
+        summary = f"stalled: no output and no CPU for {policy.adapter.stall_s}s (process tree killed)"
+    output = session_output(log_path, result)
+    cli = profile_in_use(policy, ctx.profile, phase)
+    report = parse_output(cli.output if cli else "text", output)
+    report = _with_usage(ctx, phase, number, report, usage_path if cli is None else None, result)
+    fault = None
+    if cli is not None and result.exit_code is not None:
+        fault = classify(report, result.exit_code, patterns=cli.faults, exit_codes=cli.fault_exit_codes)
+    state, summary, reason = _judge(state, summary, reason, fault, report, result, timeout)
+    text = report.text if report.structured else output  # the agent's words, not the event stream
+    ok = state == AttemptState.SUCCEEDED
+    if phase == Phase.REVIEW and ok:
+        ok = review_approved(result, text, verdict=verdict_mode(policy, ctx.profile))
+        if not ok:
+            summary = reason = "review requested changes"
+    head = None if config_changes else ctx.git.rev("HEAD", cwd=worktree)
+    if ok and before is not None and not config_changes:
+        ignore = [*policy.scm.lane_owned, *([ctx.board_rel] if ctx.board_rel else []), f"/{SESSION_DIR}/"]
+        after = snapshot(ctx.git, worktree, story.base_sha, unflag=unflag)
+        if not changed_paths_between(before, after, ignore):
+            state, ok, reason = AttemptState.FAILED, False, "no changes"
+            summary = f"no changes: the {phase} session exited 0 but changed no file of the story"
+    return SessionResult(attempt_id, phase, number, state, ok, summary, text, result.exit_code,
+                         result.duration_s, head, read_guard_log(guard_log, guard_offset),
+                         config_changes, reason, report.usage, fault)
+
+
+def _with_usage(ctx, phase: str, number: int, report: SessionReport, usage_path: Path | None,
+                result) -> SessionReport:
+    """The report with a custom command's usage file read into it (`usage_path`; a bad file is
+    journaled, not recorded); a session that reported nothing under a budget is journaled."""
+    if usage_path is not None:
+        usage, problem = read_usage_file(usage_path)
+        report = dataclasses.replace(report, usage=usage)
+        if problem is not None:
+            with ctx.db.transaction() as s:
+                record(s, ctx.run_id, "usage.invalid", ctx.key, phase=phase, attempt=number,
+                       file=str(usage_path), reason=f"{USAGE_FILE_VAR} {problem}")
+    if budget_set(ctx.policy) and not report.usage.reported and not result.interrupted:
+        with ctx.db.transaction() as s:
+            record(s, ctx.run_id, "usage.missing", ctx.key, phase=phase, attempt=number,
+                   reason="the session reported no tokens or cost while a [limits] budget is set")
+    return report
+
+
+def _journal_log_cut(ctx, phase: str, number: int, log_path: Path, result) -> None:
+    """The session's log passed `[limits] max_log_bytes` (or could not be written): say so."""
+    if result.log_cut is not None:
+        with ctx.db.transaction() as s:
+            record(s, ctx.run_id, "log.truncated", ctx.key, phase=phase, attempt=number,
+                   log=str(log_path), **result.log_cut.event_data())
+
+
+def _session_env(ctx, phase_over, worktree: Path, log_path: Path) -> tuple[dict, Box | None]:
+    """The session's extra environment (profile, [adapter.env], the phase's, its scratch, its
+    box's) and its box (None: unboxed). The box sees the HOME the agent will have."""
+    policy = ctx.policy
+    # Profile defaults first, so the user's [adapter.env] wins.
+    extra_env = dict(ctx.profile.env) if ctx.profile and not policy.adapter.command else {}
+    extra_env.update(policy.adapter.env)
+    extra_env.update(phase_over.env)
+    extra_env.update(sandbox_vars(ctx))
+    box = agent_box(ctx, worktree, log_path, {**os.environ, **extra_env})
+    extra_env.update(box.env if box else {})
+    extra_env[SANDBOX_VAR] = box.backend if box else ""
+    return extra_env, box
+
+
+def _judge(state, summary, reason, fault: AgentFault | None, report: SessionReport, result, timeout):
+    """The attempt's state, summary and reason once the CLI's own report is read: an environment
+    fault charges nothing (interrupted), an error the CLI reported with exit 0 fails."""
+    words = report.error.strip().splitlines()[-1][:300] if report.error.strip() else ""
+    if fault is not None:
+        return (AttemptState.INTERRUPTED, f"agent unavailable ({fault.category}): {fault.words}",
+                fault.reason())
+    if state == AttemptState.SUCCEEDED and report.is_error:
+        return AttemptState.FAILED, f"the agent reported an error: {words}", words or "error"
+    if reason is None and state == AttemptState.FAILED:
+        reason = f"exited {result.exit_code}" + (f": {words}" if words else "")
+    elif reason is None and state == AttemptState.TIMED_OUT:
+        reason = f"timed out after {timeout}s"
+    elif reason is None and state == AttemptState.INTERRUPTED:
+        reason = "stopped"
+    return state, summary, reason
+
+
+class Heartbeat:
+    """Renews the story's lease while slow work runs, and turns `stop --now` into a kill."""
+
+    def __init__(self, ctx, claim, attempt_id: int | None = None):
+        self.ctx = ctx
+        self.claim = claim
+        self.attempt_id = attempt_id
+        self.interval = max(ctx.policy.leases.ttl_s / 3.0, 0.2)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=f"bmad-heartbeat-{ctx.key}")
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+
+    def _loop(self):
+        poll = min(self.interval, 0.5)
+        elapsed = 0.0
+        while not self._done.wait(poll):
+            elapsed += poll
+            try:
+                with self.ctx.db.read() as s:  # two columns; no write lock for a look
+                    state, mode = s.connection().execute(
+                        _STOP_ASKED, {"run_id": self.ctx.run_id}).one()
+                if state in (RunState.STOPPING, RunState.STOPPED) and mode == StopMode.NOW:
+                    self.claim.stop_event.set()
+                if elapsed >= self.interval:
+                    elapsed = 0.0
+                    self.claim.beat(self.attempt_id)
+            except Exception:  # a missed heartbeat is not worth killing the session over
+                log.exception("heartbeat failed")
+
+
+def _exclude_session_dir(git) -> None:
+    """Keep the per-worktree session folder (prompt files) out of every `git add -A`."""
+    exclude = git.common_dir() / "info" / "exclude"
+    line = f"/{SESSION_DIR}/"
+    try:
+        current = exclude.read_text() if exclude.exists() else ""
+    except OSError:
+        return
+    if line not in current.splitlines():
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        with open(exclude, "a") as handle:
+            handle.write(("" if current.endswith("\n") or not current else "\n")
+                         + f"# bmad-loop prompt files\n{line}\n")
+
+
+def _write_session_files(folder: Path, files) -> None:
+    """A profile's own files beside the prompt (gemini: the ignore rule that lets its file tools
+    read the git-ignored session folder in place)."""
+    for name, text in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

@@ -1,0 +1,146 @@
+"""The body of one `stories` task: claim the story row and its lease, walk its worker
+(worker.py) from the row's phase, then wake the lane and give the worktree back.
+
+A duplicate message finds the story claimed and returns. What ends the walk decides what
+follows: escalated (a notification), a fault that persisted or an agent that cannot work (the
+story back in line, the run paused), taken back while stalled (nothing more is written), a stop
+(back in line), anything else (escalated as an internal error, the work kept).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+from ...db.models import Run, Story, utcnow
+from ...errors import StopRequested
+from ...states import Phase, RunState, StoryState
+from .. import leases
+from .agentpause import PauseRun, pause_run
+from .context import Claim, Fenced, story_context
+from ..faults import crash_point
+from .interruptions import close_running_attempts, interrupt_open_attempts, release_after_stop
+from ..journal import record
+from ..notify import notify
+from ..retry import FaultPersisted, pause_for_fault, retrying
+from ..runs import run_policy
+from ..transitions import transition_story
+from .verify_record import drop_records
+from .walk import StoryWorker, quietly
+from ..workspace.landed import sweep_landed
+from ..workspace.pool import announce_park
+
+__all__ = ["work"]
+
+log = logging.getLogger(__name__)
+
+
+def work(project, tasks, run_id: str, story_id: int, on_claim=None) -> None:
+    """Task body: claim the story, do its work, wake the lane. `on_claim(run_id, key)` is
+    called once the claim is committed (`bmad-loop worker` prints a line)."""
+    db = project.db
+    owner = leases.owner_id(f"story{story_id}")
+    with db.transaction() as s:
+        run = s.get(Run, run_id)
+        if run is None:
+            return
+        if run.state not in (RunState.RUNNING, RunState.PAUSING):
+            # Stopped or paused before a worker picked it up: back in line, nothing started.
+            if transition_story(s, story_id, StoryState.QUEUED, state=StoryState.PENDING,
+                                port_block=None):
+                record(s, run_id, "story.unqueued", s.get(Story, story_id).key, run_state=run.state)
+            return
+        now = utcnow()
+        # Read, then claimed by one guarded UPDATE that the row takes as written: two racing
+        # claims read the same generation, and only the one that finds the story queued wins.
+        story = s.get(Story, story_id)
+        first_start = story.phase is None  # it enters prepare here, as `_enter_phase` would
+        if not transition_story(s, story_id, StoryState.QUEUED, state=StoryState.WORKING,
+                                host=project.host, heartbeat_at=now, started_at=now,
+                                claim=story.claim + 1, phase=story.phase or Phase.PREPARE):
+            return  # someone else has it, or it is no longer queued: a duplicate message
+        generation = story.claim
+        record(s, run_id, "story.started", story.key, phase=story.phase, host=project.host)
+        if first_start:
+            record(s, run_id, "story.phase", story.key, phase=Phase.PREPARE)
+        if story.session is not None:  # a session ever began: only a lost worker's is still open
+            close_running_attempts(s, run_id, story)
+        policy = run_policy(run)
+        ctx = story_context(project, run, story, policy)
+        token = leases.take_in(s, leases.story_lease_name(story_id), owner, policy.leases.ttl_s)
+    claim = Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
+    if on_claim is not None:
+        on_claim(run_id, ctx.key)
+    tries = []  # the walkers, one per try
+
+    def walk_once():
+        if tries:  # a try cut short by a fault left its session open (the claim closed older ones)
+            interrupt_open_attempts(claim)
+        claimed = story if not tries else None  # as the claim left it; a retry reads it again
+        tries.append(StoryWorker(ctx, claim))
+        return tries[-1].walk(claimed)
+
+    finished, lease_gone, parked = False, False, None  # parked: ends the park's announcement
+    try:
+        escalated = retrying(walk_once, db=db, run_id=run_id, story=ctx.key, what=f"story {ctx.key}")
+        lease_gone = claim.lease_dropped  # by the walk's last transaction, which committed
+        crash_point("worker.after_ready")
+        if escalated:
+            notify(db, policy, run_id, "story.escalated", story=ctx.key, reason=escalated)
+        else:  # the lane is woken first, then the worktree parked (announced: a take waits)
+            finished, parked = True, announce_park()
+    except FaultPersisted as exc:
+        # Not the story's fault: it goes back in line, its phase and work kept, and the run pauses.
+        release_after_stop(db, run_id, story_id, generation, fault=exc.fault.describe())
+        if pause_for_fault(db, run_id, exc.fault, exc.attempts, story=ctx.key):
+            notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.fault.describe())
+    except PauseRun as exc:  # the agent cannot work, or a budget is spent (agentpause.py)
+        release_after_stop(db, run_id, story_id, generation, fault=exc.reason)
+        if pause_run(db, run_id, ctx.key, exc):
+            notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.reason)
+    except Fenced:
+        log.warning("story %s was taken back while this worker stalled; it stops here", story_id)
+    except StopRequested:
+        release_after_stop(db, run_id, story_id, generation)
+    except Exception as exc:  # a bug or an environment failure: keep the work, tell a human
+        log.exception("story %s failed unexpectedly", story_id)
+        with db.transaction() as s:
+            story = s.get(Story, story_id)
+            if story.state == StoryState.WORKING and story.claim == generation:
+                story.state, story.reason = StoryState.ESCALATED, f"internal error: {exc}"
+                story.ended_at = utcnow()
+                record(s, run_id, "story.escalated", story.key, reason=story.reason,
+                       traceback=traceback.format_exc()[-4000:])
+    finally:
+        if not lease_gone:
+            quietly(leases.release, db, leases.story_lease_name(story_id), owner)
+        quietly(tasks.enqueue_lane, run_id)  # lost: the consumers' watchdog wakes the lane
+    try:
+        if finished:
+            # Its work is committed: the verify record goes, whatever the lane has made of the
+            # story meanwhile (it may have integrated or escalated it already).
+            quietly(drop_records, ctx)
+            # Beside the lane's work (which may park it first).
+            _release_if_ready(ctx, claim, tries[-1].last_row)
+    finally:
+        if parked:
+            parked()
+    if not ctx.target.lane_removes_story_worktrees:
+        _sweep(project, run_id)
+
+
+def _release_if_ready(ctx, claim, known) -> None:
+    """A ready story's work is all on its branch: its worktree goes to the pool, so a story
+    dispatched into the freed slot takes it instead of checking out a new one. (Should its
+    integration escalate, the lane gives it one back; should the lane get there first, it
+    parks it and this park finds nothing to do.)"""
+    if claim.state() == StoryState.READY:  # one column: worktree and branch are known
+        quietly(ctx.workspace.release_worktree, known if known is not None else claim.load())
+
+
+def _sweep(project, run_id: str) -> None:
+    """A story host removes its own landed worktrees (the lane, in another clone, cannot)."""
+    try:
+        sweep_landed(project, run_id)
+    except Exception:  # debris only: `cleanup` on this host removes what is left
+        log.warning("could not remove landed worktrees of run %s", run_id, exc_info=True)

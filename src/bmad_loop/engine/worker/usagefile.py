@@ -1,0 +1,106 @@
+"""Usage a custom agent command reports itself, and budgets that could never trip.
+
+A profile's CLI reports tokens and cost in its output (`agentoutput`); a custom command cannot
+be read that way. One that declares `[adapter] reports_usage = true` writes one JSON object to
+the file named by `BMAD_LOOP_USAGE_FILE` (in the story's scratch folder, one file per session):
+`input_tokens`, `output_tokens`, `cache_read_tokens`, `cache_write_tokens` (whole numbers >= 0)
+and `cost_usd` (a number >= 0), each optional; other keys are ignored. It is read like a
+profile's report, so `[limits]` budgets trip on it.
+
+A file that is not such an object (bad JSON, a wrong type, a negative count, a symlink, larger
+than `MAX_BYTES`) records nothing for the session and is journaled (`usage.invalid`, with the
+reason): the session itself is judged as usual. A session that reported nothing while a budget
+is set is journaled too (`usage.missing`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+from ...agents.output import USAGE_COLUMNS, Usage
+
+__all__ = ["USAGE_FILE_VAR", "MAX_BYTES", "usage_file", "read_usage_file", "budget_warnings",
+           "budget_set"]
+
+USAGE_FILE_VAR = "BMAD_LOOP_USAGE_FILE"
+MAX_BYTES = 64 * 1024  # one small object; anything larger is not read into memory
+_COUNTS = tuple(name for name in USAGE_COLUMNS if name != "cost_usd")
+
+
+def usage_file(scratch: Path, phase: str, number: int) -> Path:
+    """Where the session `phase`-`number` of a story writes its usage (in its scratch state)."""
+    return scratch / "state" / f"usage-{phase}-{number}.json"
+
+
+def read_usage_file(path: Path) -> tuple[Usage, str | None]:
+    """(the usage the file reports, None) or (nothing, why the file was refused). A missing file
+    is (nothing, None): the command reported no usage."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return Usage(), None
+    except OSError as exc:
+        return Usage(), f"cannot be read ({exc.strerror}; a symlink is refused)"
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return Usage(), "is not a regular file"
+        try:
+            data = handle.read(MAX_BYTES + 1)
+        except OSError as exc:
+            return Usage(), f"cannot be read ({exc.strerror})"
+    if len(data) > MAX_BYTES:
+        return Usage(), f"is larger than {MAX_BYTES} bytes"
+    try:
+        report = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        return Usage(), f"is not JSON ({str(exc)[:120]})"
+    if not isinstance(report, dict):
+        return Usage(), f"holds a JSON {type(report).__name__}, not an object"
+    return _usage_of(report)
+
+
+def _usage_of(report: dict) -> tuple[Usage, str | None]:
+    values: dict = {}
+    for name in _COUNTS:
+        value = report.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value >= 2 ** 63:
+            return Usage(), f"{name} must be a whole number >= 0, got {json.dumps(value)[:40]}"
+        values[name] = value
+    cost = report.get("cost_usd")
+    if cost is not None:
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not 0 <= cost < 1e12:
+            return Usage(), f"cost_usd must be a number >= 0, got {json.dumps(cost)[:40]}"
+        values["cost_usd"] = float(cost)
+    return Usage(**values), None
+
+
+def budget_set(policy) -> bool:
+    limits = policy.limits
+    return limits.max_cost_per_run is not None or limits.max_tokens_per_story is not None
+
+
+def budget_warnings(policy) -> list[str]:
+    """A budget set for an agent that does not report usage can never trip: say so, naming
+    both keys. The agent reports when every phase runs a profile's CLI, or the custom
+    command declares `[adapter] reports_usage`."""
+    adapter = policy.adapter
+    custom = [where for where, command in _commands(adapter) if command]
+    if not budget_set(policy) or not custom or adapter.reports_usage:
+        return []
+    limits = policy.limits
+    keys = [f"[limits] {name}" for name in ("max_cost_per_run", "max_tokens_per_story")
+            if getattr(limits, name) is not None]
+    return [f"{' and '.join(keys)} can never trip: {', '.join(custom)} reports no usage "
+            f"([adapter] reports_usage = false); have it write its tokens and cost to "
+            f"${USAGE_FILE_VAR} and set [adapter] reports_usage = true"]
+
+
+def _commands(adapter):
+    yield "[adapter] command", adapter.command
+    for phase in ("create", "dev", "review", "fix"):
+        yield f"[adapter.{phase}] command", adapter.phase(phase).command

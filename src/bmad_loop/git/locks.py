@@ -1,0 +1,333 @@
+"""git's lock files, as bmad-loop's own git steps meet them: recognised, attributed, waited for.
+
+git serialises writers with ``<file>.lock`` files created exclusively (``index.lock``,
+``HEAD.lock``, ``refs/heads/<b>.lock``, ``packed-refs.lock`` with its ``packed-refs.new``,
+``config.lock``), prints no distinct exit code when one is taken, and names no owner in it. A git killed with SIGKILL leaves
+its lock behind, and every later git that needs it fails until someone removes it.
+
+So every *mutating* git step bmad-loop runs is written down before it starts (write-ahead): a
+small JSON record ``<git-common-dir>/bmad-loop-steps/<pid>-<n>`` with the host, the process and
+its start time, the argv, the lock files the step may take (its worktree's index and HEAD, the
+common ``refs/`` folder, ``packed-refs``, ``config``…) and, once spawned, the git child's pid
+and start time. The record is removed when the step ends. A lock file is *stale* — left by a
+step of ours that died — when a record on this host lists it, its bmad-loop process is gone (or
+gave up on a child it had to kill) and its git child is gone too, the lock is no older than the
+record, and no live step of ours could hold it. Stale locks are removed (`sweep`); any other
+lock is foreign and is waited for (`gitcmd.Git.run`).
+
+A lane's own index lock (`indexlock`, with its marker line) is recognised the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from ..hostid import host_name
+from .indexlock import stale_marker_lock
+from ..proctree import is_running, own_start_time, start_time
+
+__all__ = ["LockHit", "lock_in", "git_dirs", "StepRecord", "begin_step", "sweep",
+           "stale_lock", "STEPS_DIRNAME", "STEP_ENV"]
+
+STEPS_DIRNAME = "bmad-loop-steps"
+STEP_ENV = "BMAD_LOOP_GIT_STEP"  # in every mutating step's environment: finds an unrecorded child
+_SLACK_S = 2.0  # a lock this much older than a record is not that step's (clock granularity)
+_UNREADABLE_S = 60.0  # a record nobody can parse (killed while writing it) is dropped after this
+
+# What git prints when a lock it needs is taken.
+_FILE_EXISTS = re.compile(r"Unable to create '(?P<path>[^'\n]+\.lock)': File exists")
+# The temporary file beside packed-refs.lock (``packed-refs.new``), which a killed git leaves too.
+_TEMP_EXISTS = re.compile(r"unable to create file (?P<path>[^\n]+?): File exists")
+_CONFIG = re.compile(r"could not lock config file (?P<path>.+?): File exists")
+_RACE = re.compile(r"cannot lock ref '(?P<ref>[^']+)': is at [0-9a-f]+ but expected [0-9a-f]+")
+
+
+@dataclass(frozen=True)
+class LockHit:
+    """A lock a git command failed on: the lock file, and whether it was a ref that moved under
+    the command (`race`: "is at X but expected Y", a racing fetch) rather than a held file."""
+
+    path: str
+    race: bool = False
+    ref: str = ""
+
+
+def lock_in(stderr: str | bytes | None, cwd: Path, common: Path | None = None) -> LockHit | None:
+    """The lock `stderr` says a git command in `cwd` failed on, or None."""
+    if not stderr:
+        return None
+    if isinstance(stderr, bytes):
+        stderr = stderr.decode("utf-8", "replace")
+    m = _FILE_EXISTS.search(stderr)
+    if m:
+        return LockHit(_absolute(m.group("path"), cwd))
+    m = _TEMP_EXISTS.search(stderr)
+    if m:
+        return LockHit(_absolute(m.group("path"), cwd))
+    m = _CONFIG.search(stderr)
+    if m:
+        return LockHit(_absolute(m.group("path"), cwd) + ".lock")
+    m = _RACE.search(stderr)
+    if m:
+        ref = m.group("ref")
+        base = common if common is not None else cwd
+        return LockHit(str(Path(base) / f"{ref}.lock"), race=True, ref=ref)
+    return None
+
+
+def _absolute(path: str, cwd: Path) -> str:
+    p = Path(path)
+    return str(p if p.is_absolute() else (Path(cwd) / p))
+
+
+def git_dirs(cwd: Path) -> tuple[Path, Path] | None:
+    """(git dir, common dir) of the repository `cwd` is in, found without running git (a
+    ``.git`` folder, a ``.git`` file of a linked worktree, or a bare repository); None if none.
+    Asked before most git steps, so it walks with `os.path` strings, not `Path` objects."""
+    folder = os.path.abspath(cwd)
+    while True:
+        dotgit = os.path.join(folder, ".git")
+        gitdir = None
+        if os.path.isdir(dotgit):
+            gitdir = dotgit
+        elif os.path.isfile(dotgit):
+            try:
+                with open(dotgit, encoding="utf-8", errors="replace") as handle:
+                    text = handle.read().strip()
+            except OSError:
+                return None
+            if not text.startswith("gitdir:"):
+                return None
+            gitdir = os.path.join(folder, text[len("gitdir:"):].strip())  # absolute stays so
+        elif os.path.isfile(os.path.join(folder, "HEAD")) and os.path.isdir(os.path.join(folder, "objects")):
+            gitdir = folder  # a bare repository
+        if gitdir is not None:
+            gitdir = os.path.abspath(gitdir)
+            common = gitdir
+            try:
+                with open(os.path.join(gitdir, "commondir"), encoding="utf-8") as handle:
+                    raw = handle.read().strip()
+                common = os.path.abspath(os.path.join(gitdir, raw))
+            except (OSError, UnicodeDecodeError):
+                pass
+            return Path(gitdir), Path(common)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+
+
+# -- write-ahead records ------------------------------------------------------------------------
+
+_counter = itertools.count(1)
+_counter_lock = threading.Lock()
+
+
+def _alive(pid: int | None, start: float | None) -> bool:
+    # Start times come back from a record file: half a second of slack for rounding.
+    return bool(pid) and is_running(pid, start, tolerance_s=0.5)
+
+
+class StepRecord:
+    """One mutating git step, on disk while it runs."""
+
+    def __init__(self, path: Path, data: dict):
+        self.path, self.data = path, data
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def set_child(self, pid: int) -> None:
+        self.data.update(child=pid, child_start=start_time(pid))
+        self._write()
+
+    def orphan(self) -> None:
+        """The git child died without finishing (killed, timed out): its locks may be left.
+        The record stays, marked, for `sweep` to clear them."""
+        self.data["orphaned"] = True
+        self._write()
+
+    def end(self) -> None:
+        if not self.data.get("orphaned"):
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+
+    def _write(self) -> None:
+        _write_json(self.path, self.data)
+
+    # What a step may lock: exact files and folders (any *.lock below them).
+    def covers(self, lock: str) -> bool:
+        if lock in self.data.get("locks", ()):
+            return True
+        return any(lock.startswith(prefix) for prefix in self.data.get("prefixes", ()))
+
+    def stale(self) -> bool:
+        """Dead: on this host, its bmad-loop process gone (or it gave up on its child), and its
+        git child gone."""
+        d = self.data
+        if d.get("host") != host_name():
+            return False
+        if not d.get("orphaned") and _alive(d.get("pid"), d.get("pid_start")):
+            return False
+        if d.get("child"):
+            return not _alive(d["child"], d.get("child_start"))
+        return not _carries_marker(self.name)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _carries_marker(name: str) -> bool:
+    """Is any process on this machine running with this step's marker (a child whose pid the
+    record never got, because its owner died right after spawning it)?"""
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(STEP_ENV) == name:
+                return True
+        except (psutil.Error, OSError):
+            continue
+    return False
+
+
+def begin_step(cwd: Path, argv: list[str], env: dict | None) -> StepRecord | None:
+    """Write the record of a mutating step about to run in `cwd`; None outside a repository."""
+    dirs = git_dirs(cwd)
+    if dirs is None:
+        return None
+    gitdir, common = dirs
+    index = (env or {}).get("GIT_INDEX_FILE")
+    index_lock = (_absolute(index, cwd) if index else str(gitdir / "index")) + ".lock"
+    locks = sorted({index_lock, str(gitdir / "HEAD.lock"), str(common / "HEAD.lock"),
+                    str(common / "packed-refs.lock"), str(common / "packed-refs.new"),
+                    str(common / "config.lock"),
+                    str(gitdir / "config.worktree.lock"), str(common / "shallow.lock")})
+    prefixes = [str(common / "refs") + os.sep, str(gitdir / "refs") + os.sep]
+    if argv[:1] == ["worktree"]:
+        prefixes.append(str(common / "worktrees") + os.sep)
+    folder = common / STEPS_DIRNAME
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    with _counter_lock:
+        n = next(_counter)
+    pid = os.getpid()
+    record = StepRecord(folder / f"{pid}-{n}", {
+        "host": host_name(), "pid": pid, "pid_start": own_start_time(), "started": time.time(),
+        "argv": argv[:40], "cwd": str(cwd), "locks": locks, "prefixes": sorted(set(prefixes)),
+    })
+    try:
+        record._write()
+    except OSError:
+        return None  # a full disk: git itself will say so
+    return record
+
+
+def _records(common: Path) -> list[StepRecord]:
+    folder = Path(common) / STEPS_DIRNAME
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if name.startswith("."):
+            path = folder / name
+            if _older_than(path, _UNREADABLE_S):
+                path.unlink(missing_ok=True)  # a temp file of a writer that died
+            continue
+        path = folder / name
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            if _older_than(path, _UNREADABLE_S):
+                path.unlink(missing_ok=True)
+            continue
+        found.append(StepRecord(path, data))
+    return found
+
+
+def _older_than(path: Path, seconds: float) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime > seconds
+    except OSError:
+        return False
+
+
+def _candidates(record: StepRecord) -> list[str]:
+    found = [p for p in record.data.get("locks", ()) if os.path.lexists(p)]
+    for prefix in record.data.get("prefixes", ()):
+        for root, _dirs, files in os.walk(prefix):
+            found.extend(os.path.join(root, f) for f in files if f.endswith(".lock"))
+    return found
+
+
+def sweep(common: Path, *, mine: StepRecord | None = None, on_stale=None) -> list[str]:
+    """Remove the lock files steps of ours that died left behind, then their records.
+
+    A lock is removed only when a dead step lists it, it is no older than that step, and no
+    live step (other than `mine`, the caller's own, which failed to take it) could hold it.
+    `on_stale(path)` is called for each. Returns the removed paths."""
+    records = [r for r in _records(common) if mine is None or r.path != mine.path]
+    dead = [r for r in records if r.stale()]
+    if not dead:
+        return []
+    live = [r for r in records if r not in dead]
+    removed: list[str] = []
+    for record in dead:
+        started = float(record.data.get("started", 0))
+        for lock in _candidates(record):
+            if any(r.covers(lock) for r in live):
+                continue
+            try:
+                if os.lstat(lock).st_mtime < started - _SLACK_S:
+                    continue  # older than the step: not its lock
+                os.unlink(lock)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                continue
+            removed.append(lock)
+            if on_stale is not None:
+                on_stale(lock)
+        try:
+            record.path.unlink()
+        except OSError:
+            pass
+    return removed
+
+
+def stale_lock(lock: str, common: Path | None, *, mine: StepRecord | None = None,
+               on_stale=None) -> bool:
+    """Remove `lock` if it is stale (a dead step's, or a dead lane's marked index lock), with
+    whatever else the dead steps left; True when this call removed `lock` itself."""
+    if not os.path.lexists(lock):
+        return False
+    if stale_marker_lock(Path(lock)):
+        try:
+            os.unlink(lock)
+        except FileNotFoundError:
+            return False
+        if on_stale is not None:
+            on_stale(lock)
+        return True
+    if common is None:
+        return False
+    return lock in sweep(common, mine=mine, on_stale=on_stale)

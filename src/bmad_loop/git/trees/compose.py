@@ -1,0 +1,415 @@
+"""Commits, composition, compare-and-swap and checkout sync — everything that moves content.
+
+`compose` builds the integration lane's candidate commit without touching any worktree or ref,
+from plumbing alone (``merge-tree --write-tree``, ``commit-tree``). It is deterministic: the lane's
+commits take their identity from `Git.identity` and both their dates from the story branch head's
+committer date, so composing the same inputs twice yields the same SHA.
+
+The merges and the replay of a story's commits (the ``ff`` strategy on a moved target) are in
+treemerge.py; the merge rules that settle ledgers and derived files in mergesettle.py.
+
+Globs (`path_matches`, used for lane-owned files) follow gitignore rules from the repository root:
+a pattern without a slash (other than a trailing one) matches at any depth; a leading ``/`` or a
+slash in the middle anchors it at the root; ``*`` and ``?`` and ``[...]`` never cross ``/``;
+``**/`` matches any number of leading folders, ``/**`` everything inside, ``/**/`` zero or more
+folders; a trailing ``/`` matches folders only; a pattern that matches a folder matches everything
+under it; ``\\`` escapes. ``!`` negation is not supported.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .commitobject import CommitSpec, commit_encoding_is_utf8
+from ...errors import GitError
+from ..runner import Git, is_full_sha, repo_lock
+from ..config_guard import config_entries
+from ..indexflags import clear_flags
+from ..maintenance import NO_AUTO_MAINTENANCE
+from .mergeattrs import committed_attributes
+from .settle import MergeRules, Regeneration, Settled, settle
+from .merge import commit_tree, merge_base, merge_trees, replay_commits, tree_of
+from ..objectmemo import Memo
+from .diff import changed_paths, changed_status, dirty_paths, remember_diff  # noqa: F401 (re-exported)
+from .edit import blob_at, blobs_at, replace_blob, replace_blobs  # noqa: F401 (re-exported)
+
+__all__ = [
+    "Composition",
+    "STRATEGIES",
+    "dirty_paths",
+    "changed_paths",
+    "changed_status",
+    "blob_at",
+    "replace_blob",
+    "replace_blobs",
+    "blobs_at",
+    "path_matches",
+    "commit_worktree",
+    "commit_message",
+    "integration_message",
+    "compose",
+    "cas_advance",
+    "overlapping_dirty",
+    "sync_checkout",
+]
+
+STRATEGIES = ("ff", "merge", "squash")
+_LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+# -- trees and commits --------------------------------------------------------------------------
+
+
+def _lane_text(message: str) -> str:
+    return message if message.endswith("\n") else message + "\n"
+
+
+# -- messages -----------------------------------------------------------------------------------
+
+
+def commit_message(template: str, *, story_key: str, story_title: str | None, run_id: str,
+                   epic) -> str:
+    """`[scm] commit_message_template` filled in for one story: the message of the worker's
+    commit, and the title of the lane's. A story without a title uses its key."""
+    return template.format(story_key=story_key, story_title=story_title or story_key,
+                           run_id=run_id, epic=epic)
+
+
+def integration_message(title: str, strategy: str, branch: str) -> str:
+    """The lane's commit message: `Merge <branch>` then `title` for a merge commit, else `title`."""
+    if strategy == "merge":
+        return f"Merge {branch}\n\n{title}\n"
+    return f"{title}\n"
+
+
+# -- globs --------------------------------------------------------------------------------------
+
+
+def path_matches(globs: Iterable[str], path: str, directories: frozenset[str] | None = None) -> bool:
+    """True when repository-relative `path` matches any of the gitignore-style `globs`.
+
+    One matcher for the whole project: footprints, drift and lane-owned files agree. With
+    `directories` (a tree's), a literal glob covers what is under it only where it names one
+    of them (`globs.path_matches`), as admission reads footprints.
+    """
+    from ...globs import path_matches as matches
+
+    return any(matches(g, path, directories) for g in globs if g.strip())
+
+
+def commit_worktree(
+    git: Git,
+    worktree: Path,
+    message: str,
+    base_sha: str,
+    revert_globs: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+) -> tuple[str, list[str]]:
+    """Commit what the agent left in `worktree`, after reverting lane-owned files.
+
+    Every path matching `revert_globs` that the agent changed relative to `base_sha` (in its own
+    commits or uncommitted) is restored to its `base_sha` content, or deleted if `base_sha` lacks
+    it. Index flags that hide edits (skip-worktree, assume-unchanged) are taken off first. Then
+    everything else is staged (``add -A``; repository-relative `exclude` paths, e.g.
+    seeded untracked files, are left out) and committed with `git.identity`, without hooks that
+    could refuse it and unsigned — if anything is staged. Returns (HEAD sha, reverted paths).
+    """
+    worktree = Path(worktree)
+    clear_flags(git, worktree)  # an edit hidden behind an index flag is an edit (indexflags.py)
+    exclude = _not_ignored(git, worktree, exclude)
+    spec = (["--", "."] + [f":(exclude,literal){p}" for p in exclude]) if exclude else []
+    git.run("add", "-A", *spec, cwd=worktree)
+    reverted: list[str] = []
+    staged: bool | None = None  # known without asking git again?
+    if revert_globs:
+        # Once everything is staged, one diff of the index against the base names every path
+        # the story changed, in its own commits or not (and says which the base lacks).
+        changes = _index_changes(git, worktree, base_sha)
+        reverted = sorted(p for p in changes if path_matches(revert_globs, p))
+        restore = [p for p in reverted if changes[p] != "A"]
+        added = [p for p in reverted if changes[p] == "A"]
+        if restore:
+            git.run(
+                "checkout", "--quiet", base_sha, "--pathspec-from-file=-", "--pathspec-file-nul",
+                input="\0".join(restore), cwd=worktree, env=_LITERAL,
+            )
+        if added:
+            git.run("rm", "-q", "--cached", "--pathspec-from-file=-", "--pathspec-file-nul",
+                    input="\0".join(added), cwd=worktree, env=_LITERAL)
+            for p in added:
+                if os.path.lexists(worktree / p):
+                    os.unlink(worktree / p)
+        if is_full_sha(base_sha) and git.rev("HEAD", cwd=worktree) == base_sha:
+            # No commit of the agent's: the index now differs from HEAD exactly where it
+            # differs from the base, i.e. in what the diff named and nothing put back.
+            staged = bool(set(changes) - set(reverted))
+    if staged is None:
+        proc = git.run("diff-index", "--cached", "--quiet", "HEAD", "--", cwd=worktree,
+                       check=False)
+        if proc.returncode not in (0, 1):
+            raise GitError(f"cannot tell what is staged in {worktree}",
+                           returncode=proc.returncode, stderr=proc.stderr)
+        staged = proc.returncode == 1
+    date = None
+    if staged:
+        date = _now()  # what git would take; known here, the lane need not read it back
+        git.run(
+            "-c", "commit.gpgsign=false", *NO_AUTO_MAINTENANCE, "commit", "--no-verify",
+            "--quiet", "-m", message,
+            cwd=worktree, env=git.identity_env(date),
+        )
+    head = git.rev("HEAD", cwd=worktree)
+    if head is None:
+        raise GitError(f"{worktree} has no HEAD commit")
+    if date is not None and not git.run_hooks:  # no post-commit hook can have amended it
+        _DATES.put((os.fspath(git.repo_dir), head), date)
+    if revert_globs:
+        # HEAD's tree is the index now, which differs from the base in what the one diff
+        # named less what was put back: the story's changes (`changed_paths`) without git.
+        put_back = set(reverted)
+        remember_diff(git, base_sha, head,
+                       {p: letter for p, letter in changes.items() if p not in put_back})
+    return head, reverted
+
+
+# (repository, commit) -> "@<unix> <tz>" of commits `commit_worktree` made in this process:
+# composing the story reads its date, and a worker and the lane often share a process. Sized
+# for the stories that wait as ready for the lane: with fast agents and a long sprint that queue
+# grows well past the workers, and a date forgotten before its story is composed costs a git
+# process (`cat-file commit`) on the lane, the run's one serial path.
+_DATES = Memo(1024)
+
+
+def _now() -> str:
+    return f"@{int(time.time())} {time.strftime('%z')}"
+
+
+def _commit_date(git: Git, commit: str) -> str:
+    return _DATES.get((os.fspath(git.repo_dir), commit)) or git.commit_date(commit)
+
+
+def _index_changes(git: Git, worktree: Path, base_sha: str) -> dict[str, str]:
+    """{path: status letter} of the index of `worktree` against commit `base_sha` (renames as a
+    deletion and an addition)."""
+    raw = git.run("diff-index", "--cached", "-z", "--name-status", "--no-renames", base_sha,
+                  "--", cwd=worktree).stdout
+    fields = raw.split("\0")
+    return {fields[i + 1]: fields[i][:1] for i in range(0, len(fields) - 1, 2) if fields[i + 1]}
+
+
+def _not_ignored(git: Git, worktree: Path, paths: Sequence[str]) -> list[str]:
+    """`paths` less those git ignores: `add -A` leaves an ignored path out anyway, and an
+    exclude pathspec naming one makes `git add` fail ("paths are ignored")."""
+    if not paths:
+        return []
+    proc = git.run("check-ignore", "-z", "--stdin", input="\0".join(paths), cwd=worktree,
+                   check=False)
+    if proc.returncode not in (0, 1):
+        raise GitError(f"cannot tell which seeded paths {worktree} ignores",
+                       returncode=proc.returncode, stderr=proc.stderr)
+    ignored = {p for p in proc.stdout.split("\0") if p}
+    return [p for p in paths if p not in ignored]
+
+
+# -- composition --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Composition:
+    """A candidate: `sha` None means a conflict, `tree` is then the tree with conflict markers."""
+
+    sha: str | None
+    tree: str | None
+    conflicts: tuple[str, ...]
+    strategy: str
+    rebased: bool  # ff only: the story's commits were replayed onto a moved target
+    settled: tuple[Settled, ...] = ()  # paths a merge rule settled (mergesettle.py)
+    regenerate: tuple[Regeneration, ...] = ()  # generators the lane runs in the candidate
+    failure: str | None = None  # why a candidate with no conflict failed (a generator did)
+    failure_output: str = ""  # the failing generator's output tail
+    regenerated: tuple = ()  # the generators' runs (engine/regenerate.py), for the journal
+
+    @property
+    def ok(self) -> bool:
+        return self.sha is not None
+
+
+def compose(
+    git: Git,
+    strategy: str,
+    target_sha: str,
+    branch_sha: str,
+    message: str,
+    tree_edit: Callable[[str], str] | None = None,
+    lane_message: str = "",
+    rules: MergeRules = MergeRules(),
+    base: str | None = None,
+) -> Composition:
+    """Build the candidate for integrating `branch_sha` onto `target_sha`; touches no ref.
+
+    `merge`: a merge commit (parents target, branch) of the merged tree; `squash`: one commit on
+    target with that tree; `ff`: the branch itself when target is its ancestor, else the story's
+    commits replayed onto target. `tree_edit` (tree sha -> tree sha, e.g. the board update) is
+    folded into the merge or squash commit; for `ff` it becomes one lane commit with
+    `lane_message` on top (none when the edit changes nothing). `rules` settle the paths they
+    cover (mergesettle.py); `base` is the story's own base (default: the merge base). Merges
+    read attributes from the target's committed tree only (mergeattrs.py).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown merge strategy {strategy!r} (expected one of {STRATEGIES})")
+    # A full SHA names itself; a missing one fails the commands below with git's own message.
+    target = target_sha if is_full_sha(target_sha) else _commit(git, target_sha)
+    branch = branch_sha if is_full_sha(branch_sha) else _commit(git, branch_sha)
+    env = git.identity_env(_commit_date(git, branch))  # the branch commit must exist
+    if strategy in ("merge", "squash"):
+        with committed_attributes(git, target) as at:
+            tree, conflicts = merge_trees(git, target, branch, at)
+        settled = settle(git, rules, base=base or merge_base(git, target, branch), target=target,
+                         story=branch, tree=tree, conflicts=conflicts) if rules else None
+        if settled is not None:
+            tree, conflicts = settled.tree, settled.conflicts
+        done = (settled.settled, settled.regenerate) if settled is not None else ((), ())
+        if conflicts:
+            return Composition(None, tree, conflicts, strategy, False, *done)
+        parents = [target, branch] if strategy == "merge" else [target]
+        spec = CommitSpec(parents, _lane_text(message), env)
+        sha = None
+        if tree_edit is not None:
+            tree, sha = _edit(git, tree_edit, tree, spec)
+        if sha is None:
+            sha = commit_tree(git, tree, parents, spec.message, env)
+        return Composition(sha, tree, (), strategy, False, *done)
+
+    rebased = not git.is_ancestor(target, branch)
+    done: tuple = ((), ())
+    if rebased:
+        replayed = replay_commits(git, target, merge_base(git, target, branch), branch, rules)
+        tip, tree, conflicts = replayed.tip, replayed.tree, replayed.conflicts
+        done = (replayed.settled, replayed.regenerate)
+        if conflicts:
+            return Composition(None, tree, conflicts, strategy, True, *done)
+    else:
+        tip, tree = branch, tree_of(git, branch)
+    if tree_edit is not None:
+        spec = CommitSpec([tip], _lane_text(lane_message or message), env)
+        edited, sha = _edit(git, tree_edit, tree, spec)
+        if edited != tree:
+            tip = sha or commit_tree(git, edited, [tip], spec.message, env)
+            tree = edited
+    return Composition(tip, tree, (), strategy, rebased, *done)
+
+
+def _edit(git: Git, tree_edit, tree: str, spec: CommitSpec) -> tuple[str, str | None]:
+    """`tree_edit` applied: (tree, its commit when the edit wrote it with its folders). An edit
+    with a `committing` method (the lane's, engine/writeback.py) writes the commit in the same
+    git process when its bytes are certain to be git's (commitobject.py); a plain callable
+    gives a tree and `commit-tree` makes the commit."""
+    committing = getattr(tree_edit, "committing", None)
+    if committing is None or not _utf8_commits(git):
+        return tree_edit(tree), None
+    return committing(tree, spec)
+
+
+def _utf8_commits(git: Git) -> bool:
+    """Does git write commits here without an ``encoding`` header (`i18n.commitEncoding`)? The
+    configuration is read through `gitconfig_inputs`: git is asked again only after a change."""
+    entries = config_entries(git, git.repo_dir)
+    return entries is not None and commit_encoding_is_utf8(entries)
+
+
+def _commit(git: Git, rev: str) -> str:
+    sha = git.rev(rev)
+    if sha is None:
+        raise GitError(f"no such commit {rev}")
+    return sha
+
+
+# -- advancing the target -----------------------------------------------------------------------
+
+
+def cas_advance(git: Git, branch: str, new: str, old: str) -> bool:
+    """Move ``refs/heads/<branch>`` from `old` to `new` atomically.
+
+    True when it moved (or already was `new`: an advance is idempotent); False when it is no
+    longer `old` (someone else moved it — never force it). Any other failure is a `GitError`.
+    """
+    ref = f"refs/heads/{branch.removeprefix('refs/heads/')}"
+    new = new if is_full_sha(new) else _commit(git, new)
+    old = old if is_full_sha(old) else _commit(git, old)
+    with repo_lock(git):
+        # update-ref checks `old` itself; the ref is read only when it refused.
+        proc = git.run("update-ref", "-m", "bmad-loop: advance", ref, new, old, check=False)
+        if proc.returncode == 0:
+            return True
+        current = git.rev(ref)
+        if current == new:
+            return True
+        if current != old:
+            return False
+        raise GitError(
+            f"cannot advance {ref} to {new}: {proc.stderr.strip()}",
+            returncode=proc.returncode, stderr=proc.stderr,
+        )
+
+
+def overlapping_dirty(git: Git, checkout: Path, old: str, new: str) -> list[str]:
+    """Local changes in `checkout` (at `old`) that advancing it to `new` would touch, sorted.
+
+    Call it before the target moves. Counts modified, staged, deleted and untracked paths that the
+    advance changes, or that sit inside or above one (a file where a folder must go, or the
+    reverse), and also files on disk — even ignored ones, which ``read-tree -u`` would overwrite
+    without a word — where the advance creates a file.
+    """
+    status = changed_status(git, old, new)  # one diff: what changes, and what is created
+    touched = set(status)
+    if not touched:
+        return []
+    above = {str(parent) for t in touched for parent in Path(t).parents if str(parent) != "."}
+    hits: set[str] = set()
+    # git looks only at the touched paths (and under them); a file where one of their folders
+    # must go is looked for on disk instead: anything there but a folder is in the way.
+    for d in dirty_paths(git, checkout, within=sorted(touched)):
+        if d in touched or any(str(p) in touched for p in Path(d).parents):
+            hits.add(d)
+    for p in above - touched:
+        try:
+            if not stat.S_ISDIR(os.lstat(checkout / p).st_mode):
+                hits.add(p)
+        except (FileNotFoundError, NotADirectoryError):
+            pass  # nothing there, or a file higher up (itself one of `above`)
+    for t in sorted(p for p, letter in status.items() if letter == "A"):
+        if t in hits:
+            continue
+        if os.path.lexists(checkout / t):
+            hits.add(t)
+            continue
+        for parent in Path(t).parents:
+            p = str(parent)
+            if p == "." or p in touched:
+                continue
+            full = checkout / p
+            if os.path.lexists(full) and not full.is_dir():
+                hits.add(p)
+    return sorted(hits)
+
+
+def sync_checkout(git: Git, checkout: Path, old: str, new: str) -> None:
+    """Bring `checkout` along after its branch moved `old` -> `new` (``read-tree -m -u``).
+
+    Index and files follow the advance; unrelated local changes, staged or not, survive. Refuses
+    (GitError, nothing changed) when a local change is in the way — check `overlapping_dirty`
+    before the target moves — or when the checkout's HEAD is not `new` (not on that branch).
+    """
+    head = git.rev("HEAD", cwd=checkout)
+    if head != (new if is_full_sha(new) else git.rev(new)):
+        raise GitError(f"{checkout} is at {head}, not at {new}: it is not on the advanced branch")
+    git.run("update-index", "-q", "--refresh", cwd=checkout, check=False)
+    git.run("read-tree", "-m", "-u", old, new, cwd=checkout)

@@ -1,0 +1,497 @@
+"""Worktrees and branches of one repository, made and removed idempotently.
+
+Every mutation here (worktree add/remove/prune, branch create/delete, ref delete; a new
+worktree's checkout aside, see below), and the ``worktree list`` read, runs under `repo_lock`:
+concurrent ``git worktree add`` in one repository fails intermittently otherwise (the branch is
+created even when the add fails), and ``worktree list`` fails when it meets an add half way
+through.
+
+Every ``ensure_*`` function can be re-run after a crash at any point: a half-made worktree — a
+folder without ``.git``, a registration whose folder is gone, or a checkout still marked
+``locked initializing`` because ``worktree add`` was killed — is removed properly (unlock,
+``worktree remove -f -f``, remove the folder, ``prune``) and made again. A complete worktree is
+never thrown away by an ``ensure_*`` call: one on another branch raises `GitError` instead, so a
+kept (escalated) worktree cannot lose a human's edits by accident.
+
+Each git process costs a few milliseconds of start-up, and a story's prepare and clean-up run
+these functions on the hot path, so each operation lists the worktrees once and reuses the
+listing, creates a missing branch with the ``worktree add -b`` that registers it, trusts a full
+SHA it is given instead of re-reading it, and prunes only when a removal left something behind.
+A folder that does not exist and that no registration names (read from the admin entries'
+``gitdir`` files) needs no git at all.
+
+A new story's worktree (the quick path of `ensure_worktree`) holds the lock only to register:
+the branch and the admin entry, no files, as ``worktree add --no-checkout --lock --reason
+initializing -b`` makes them (for the plain layout by an ``update-ref`` and file edits,
+`worktree_files.register_new_worktree`: one git process instead of that command's three).
+The checkout (``read-tree -u --reset HEAD``: the worktree's own index and files, no ref) runs
+without the lock, so the first stories of a run check out side by side instead of one after
+another; then the ``locked`` file is removed, under the lock again, since
+``worktree list`` dies when a ``locked`` file it saw vanishes before it reads it. Until then the
+entry is half-made by the rule above: a crash in between is discarded and made again by the next
+``ensure_worktree``, never used empty, and ``worktree prune`` (ours or any git's) leaves a
+locked entry alone. Nothing discards another story's add in progress: what discards half-made
+worktrees does so for one path or one branch, a story's own (one worker holds a story at a time,
+one lane a run's candidates); orphan clean-up (engine/cleanup.py) decides by ownership, and
+every unfinished story of a live run owns its worktree path and branch whether a row names them
+yet or not. A pinned ``post-checkout`` hook (``[scm] run_hooks``) keeps the single ``worktree
+add``: it runs on that checkout only. A new candidate worktree (`ensure_detached_worktree`) is
+made the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .refnames import branch_name_ok
+from .branchfiles import delete_loose_branch
+from ..errors import GitError
+from .exacttree import make_exact
+from .runner import Git, is_full_sha, repo_lock
+from .config_guard import config_entries
+from .worktree_files import (
+    register_detached_worktree,
+    register_new_worktree,
+    rename_linked_worktree,
+)
+
+__all__ = [
+    "WorktreeInfo", "list_worktrees", "checkout_of", "ensure_worktree", "ensure_detached_worktree",
+    "admin_dir", "move_worktree", "remove_worktree", "delete_branch", "delete_ref", "prune",
+    "is_full_sha", "remove_tree",
+]
+
+_ZERO_SHA = "0" * 40
+_INITIALIZING = "initializing"
+
+
+@dataclass(frozen=True)
+class WorktreeInfo:
+    """One entry of ``git worktree list --porcelain``."""
+
+    path: Path
+    head: str | None
+    branch: str | None  # short name, without refs/heads/
+    detached: bool
+    locked: bool
+    prunable: bool
+    bare: bool
+    lock_reason: str = ""
+
+    @property
+    def half_made(self) -> bool:
+        """Registered but not a usable checkout: folder or its .git gone, or an interrupted add."""
+        if self.bare:
+            return False
+        return (
+            self.prunable
+            or (self.locked and self.lock_reason == _INITIALIZING)
+            or not (self.path / ".git").exists()
+        )
+
+
+def list_worktrees(git: Git) -> list[WorktreeInfo]:
+    """Every registered worktree, the main one first (parses ``worktree list --porcelain -z``).
+
+    Reads under the repository lock too: ``worktree list`` fails ("failed to read .../commondir")
+    when it meets a ``worktree add`` half way through.
+    """
+    with repo_lock(git):
+        raw = git.run("worktree", "list", "--porcelain", "-z").stdout
+    infos: list[WorktreeInfo] = []
+    record: dict = {}
+    for field in raw.split("\0"):
+        if field == "":
+            if record:
+                infos.append(_info(record))
+                record = {}
+            continue
+        key, _, value = field.partition(" ")
+        record[key] = value
+    if record:
+        infos.append(_info(record))
+    return infos
+
+
+def _info(record: dict) -> WorktreeInfo:
+    head = record.get("HEAD") or None
+    branch = record.get("branch")
+    return WorktreeInfo(
+        path=Path(record["worktree"]),
+        head=None if head in (None, _ZERO_SHA) else head,
+        branch=branch.removeprefix("refs/heads/") if branch else None,
+        detached="detached" in record,
+        locked="locked" in record,
+        prunable="prunable" in record,
+        bare="bare" in record,
+        lock_reason=record.get("locked", ""),
+    )
+
+
+def checkout_of(git: Git, branch: str) -> Path | None:
+    """The worktree where `branch` is checked out (a half-made registration does not count)."""
+    name = branch.removeprefix("refs/heads/")
+    for info in list_worktrees(git):
+        if info.branch == name and not info.half_made:
+            return info.path
+    return None
+
+
+_UNKNOWN = "unknown"  # `branch_head` not given: ensure_worktree reads it
+
+
+def ensure_worktree(git: Git, path: Path, branch: str, start_sha: str, *,
+                    branch_head: str | None = _UNKNOWN) -> str:
+    """Make `path` a worktree on `branch`, creating the branch at `start_sha` if it is absent.
+
+    Idempotent: an existing worktree on that branch at `path` is reused as it is (an existing
+    branch is never moved). A half-made one is removed and made again. Returns the branch head.
+    `branch_head`: the caller's reading of the branch; None (absent) with nothing at `path`
+    allows the quick path (``worktree add -b`` without checkout under the lock, the checkout
+    outside it: see the module docstring); any other case reads the branch itself.
+    """
+    if not branch_name_ok(branch):
+        raise GitError(f"git refuses {branch!r} as a branch name")
+    path = _abs(path)
+    # Read before the lock: a process's first read runs git, which the other workers'
+    # registrations would otherwise wait for.
+    settings = config_entries(git, git.repo_dir) if branch_head is None else None
+    with repo_lock(git):
+        if not (branch_head is None and is_full_sha(start_sha) and not os.path.lexists(path)
+                and not _registered(git, path)):
+            return _ensure_carefully(git, path, branch, start_sha)
+        # The common case, a new story: no branch, nothing at `path`. A branch that does not
+        # exist is checked out nowhere, so no listing is needed; should git still refuse, the
+        # careful way finds out why.
+        apart = _checkout_apart(git)
+        try:
+            if not (apart and register_new_worktree(git, path, branch, start_sha, _INITIALIZING,
+                                                    settings)):
+                _add(git, path, branch, new_branch_at=start_sha, checkout=not apart)
+        except GitError:
+            return _ensure_carefully(git, path, branch, start_sha)
+    if apart:
+        _populate(git, path)
+    return start_sha
+
+
+def _ensure_carefully(git: Git, path: Path, branch: str, start_sha: str) -> str:
+    """`ensure_worktree` the rare way (caller holds the lock): list, repair, check, add."""
+    ref = f"refs/heads/{branch}"
+    listing = list_worktrees(git)
+    info = _find_in(listing, path)
+    if info is not None and not info.half_made:
+        if info.branch == branch:
+            return info.head or _rev_or_fail(git, ref)
+        where = f"branch {info.branch}" if info.branch else f"detached at {info.head}"
+        raise GitError(f"{path} is already a worktree on {where}, not on {branch}")
+    if info is not None or os.path.lexists(path):
+        _discard(git, path, info, listing)
+        listing = list_worktrees(git)
+    _free_branch(git, branch, path, listing)
+    head = git.rev(ref)  # the careful way reads it again: the rare path, so be sure
+    if head is None:
+        # One process makes the branch and checks it out (`worktree add -b`).
+        _add(git, path, branch, new_branch_at=start_sha)
+        return start_sha if is_full_sha(start_sha) else _rev_or_fail(git, ref)
+    _add(git, path, branch)
+    return head
+
+
+def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
+    """Make `path` a worktree with a detached HEAD at `sha` (candidate worktrees).
+
+    Idempotent: an existing detached worktree at `path` is reused, made exactly `sha`'s tree
+    first, at the same commit too (`exacttree.make_exact`: a verification must see nothing an
+    earlier one left); one git cannot make so is removed and made again, as a half-made one is.
+    A new one is registered under the lock (in this process where `worktree_files` can) and
+    checked out without it, as a new story's is.
+    """
+    path = _abs(path)
+    settings = config_entries(git, git.repo_dir) if is_full_sha(sha) else None  # before the lock
+    with repo_lock(git):
+        apart = _checkout_apart(git)
+        if not (apart and not os.path.lexists(path) and not _registered(git, path)
+                and register_detached_worktree(git, path, sha, _INITIALIZING, settings)):
+            listing = list_worktrees(git)
+            info = _find_in(listing, path)
+            if info is not None and not info.half_made:
+                if not info.detached:
+                    raise GitError(f"{path} is a worktree on branch {info.branch}, not detached")
+                if make_exact(git, path, sha):
+                    return
+            if info is not None or os.path.lexists(path):
+                _discard(git, path, info, listing)
+            _add(git, path, sha, detach=True, checkout=not apart)
+    if apart:
+        _populate(git, path)
+
+
+def admin_dir(git: Git, path: Path) -> Path | None:
+    """The admin entry (``<common dir>/worktrees/<id>``) of the linked worktree at `path`, read
+    from its ``.git`` file; None when `path` is not a linked worktree of this repository (the
+    main checkout, another repository's worktree, a plain folder)."""
+    try:
+        text = (path / ".git").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    if not text.startswith("gitdir:"):
+        return None
+    named = Path(os.path.join(path, text[len("gitdir:"):].strip()))
+    try:
+        named = named.resolve()
+        if named.parent != (git.common_dir() / "worktrees").resolve() or not named.is_dir():
+            return None
+    except OSError:
+        return None
+    return named
+
+
+def move_worktree(git: Git, source: Path, dest: Path) -> None:
+    """``worktree move`` `source` to `dest` (a path that must not exist yet): the folder is
+    renamed and git's registration follows it, so nothing is checked out again. The plain
+    layout is moved in this process (`worktree_files`), any other by git."""
+    source, dest = _abs(source), _abs(dest)
+    with repo_lock(git):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not rename_linked_worktree(source, dest, git.common_dir()):
+            git.run("worktree", "move", source, dest)
+
+
+def remove_worktree(git: Git, path: Path) -> None:
+    """Remove the worktree at `path`, its folder and its registration. Missing is fine."""
+    path = _abs(path)
+    with repo_lock(git):
+        if not os.path.lexists(path) and not _registered(git, path):
+            return  # nothing on disk, nothing registered: no git needed
+        if _linked(git, path):
+            # A linked worktree (never the main one): one `worktree remove` does it all.
+            proc = git.run("worktree", "remove", "-f", "-f", path, check=False)
+            if proc.returncode == 0 and not os.path.lexists(path):
+                return
+        listing = list_worktrees(git)
+        info = _find_in(listing, path)
+        if info is not None and (info.bare or _same(listing[0].path, info.path)):
+            raise GitError(f"refusing to remove the main worktree {path}")
+        _discard(git, path, info, listing)
+
+
+def delete_branch(git: Git, name: str) -> None:
+    """Delete branch `name`. Missing is fine; a branch checked out in a live worktree is an error.
+
+    ``branch -D`` refuses a branch checked out in any worktree, even a stale one: when it does,
+    stale registrations are pruned, half-made checkouts of the branch removed, and it runs again.
+    """
+    name = name.removeprefix("refs/heads/")
+    with repo_lock(git):
+        # The plain case is file edits (branchfiles.py); a pinned reference-transaction hook
+        # must see the change, so git makes it then.
+        if "reference-transaction" not in git.run_hooks and delete_loose_branch(
+                git.common_dir(), name):
+            return
+        proc = git.run("branch", "-D", "--", name, check=False)
+        if proc.returncode == 0:
+            return
+        _prune(git)
+        listing = list_worktrees(git)
+        for info in listing:
+            if info.branch == name and info.half_made and not _same(listing[0].path, info.path):
+                _discard(git, info.path, info, listing)
+        proc = git.run("branch", "-D", "--", name, check=False)
+        if proc.returncode != 0 and git.rev(f"refs/heads/{name}") is not None:
+            raise GitError(
+                f"cannot delete branch {name}: {proc.stderr.strip()}",
+                returncode=proc.returncode,
+                stderr=proc.stderr,
+            )
+
+
+def delete_ref(git: Git, ref: str) -> None:
+    """Delete `ref` itself (never what a symbolic ref points to). Missing is fine."""
+    with repo_lock(git):
+        git.run("update-ref", "--no-deref", "-d", ref)
+
+
+def prune(git: Git) -> None:
+    """``git worktree prune`` under the repository lock."""
+    with repo_lock(git):
+        _prune(git)
+
+
+# -- internals (callers hold the lock) ---------------------------------------------------------
+
+
+def _prune(git: Git) -> None:
+    git.run("worktree", "prune")
+
+
+def _abs(path: Path) -> Path:
+    return Path(os.path.abspath(os.fspath(path)))
+
+
+def _same(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve()
+
+
+def _find(git: Git, path: Path) -> WorktreeInfo | None:
+    return _find_in(list_worktrees(git), path)
+
+
+def _find_in(listing: list[WorktreeInfo], path: Path) -> WorktreeInfo | None:
+    for info in listing:
+        if _same(info.path, path):
+            return info
+    return None
+
+
+def _linked(git: Git, path: Path) -> bool:
+    """Is `path` a linked worktree of this repository? Its ``.git`` is a file naming an admin
+    entry under ``<common dir>/worktrees/`` (the main checkout's names the common dir itself)."""
+    return admin_dir(git, path) is not None
+
+
+def _registered(git: Git, path: Path) -> bool:
+    """Does an admin entry (``<common dir>/worktrees/<id>/gitdir``) name `path`? Read from the
+    files git keeps, so the common case (nothing there) costs no process. Unsure means yes."""
+    admin = git.common_dir() / "worktrees"
+    if not admin.is_dir():
+        return False
+    wanted = {os.path.normcase(os.fspath(path / ".git")),
+              os.path.normcase(os.fspath(path.resolve() / ".git"))}
+    for entry in admin.iterdir():
+        try:
+            named = (entry / "gitdir").read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            return True
+        if os.path.normcase(named) in wanted or os.path.normcase(
+                os.path.abspath(os.path.join(entry, named))) in wanted:
+            return True
+    return False
+
+
+def _rev_or_fail(git: Git, ref: str) -> str:
+    sha = git.rev(ref)
+    if sha is None:
+        raise GitError(f"{ref} vanished while its worktree was being made")
+    return sha
+
+
+def _add(git: Git, path: Path, what: str, *, detach: bool = False,
+         new_branch_at: str | None = None, checkout: bool = True) -> None:
+    """``worktree add`` of `what` (a branch, or with `detach` a commit); with `new_branch_at`,
+    `what` is a branch to create there (``-b``). Without `checkout`, only the registration and
+    the branch: no index, no files, and the entry stays locked ``initializing`` (`_populate`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["worktree", "add", "--quiet"] + (["--detach"] if detach else [])
+    if not checkout:
+        argv += ["--no-checkout", "--lock", "--reason", _INITIALIZING]
+    argv += ["--no-track", "-b", what, path, new_branch_at] if new_branch_at else [path, what]
+    try:
+        git.run(*argv)
+    except GitError:
+        info = _find(git, path)
+        if info is not None or os.path.lexists(path):
+            _discard(git, path, info)
+        raise
+
+
+def _checkout_apart(git: Git) -> bool:
+    """Register first and check out without the lock? Not when a pinned ``post-checkout`` hook
+    must run: git runs it on `worktree add`'s own checkout only."""
+    return "post-checkout" not in git.run_hooks
+
+
+# Test seam: called with the path between registration and checkout, outside the lock.
+_after_register: Callable[[Path], None] | None = None
+
+
+def _populate(git: Git, path: Path) -> None:
+    """Check out a worktree `_add` registered without a checkout, then unlock it. Runs without
+    the repository lock, apart from the unlock: ``worktree list`` dies when a ``locked`` file
+    it saw vanishes before it reads it. On failure the half-made worktree is discarded."""
+    try:
+        if _after_register is not None:
+            _after_register(path)
+        # Index and files only (no ref is written, unlike the `reset --hard` of git's own add).
+        git.run("read-tree", "-u", "--reset", "--no-recurse-submodules", "HEAD", cwd=path)
+        with repo_lock(git):
+            admin = admin_dir(git, path)
+            if admin is None:
+                raise GitError(f"the worktree at {path} vanished while it was checked out")
+            (admin / "locked").unlink(missing_ok=True)  # what `worktree unlock` does, sans git
+    except Exception:
+        with repo_lock(git):
+            info = _find(git, path)
+            if info is not None or os.path.lexists(path):
+                _discard(git, path, info)
+        raise
+
+
+def _free_branch(git: Git, branch: str, path: Path, listing: list[WorktreeInfo]) -> None:
+    """Make sure `branch` is not checked out anywhere but (possibly) `path`."""
+    for info in listing:
+        if info.branch != branch or _same(info.path, path):
+            continue
+        if info.half_made and not _same(listing[0].path, info.path):
+            _discard(git, info.path, info, listing)
+        else:
+            raise GitError(f"branch {branch} is already checked out at {info.path}")
+
+
+def _discard(git: Git, path: Path, info: WorktreeInfo | None,
+             listing: list[WorktreeInfo] | None = None) -> None:
+    """Remove whatever is at `path`: registration (even locked), folder, stale admin entries.
+
+    A ``worktree remove`` that succeeds leaves nothing to prune; otherwise (a half-made entry
+    git refuses to remove) the folder goes, ``prune`` drops the registration, and a listing
+    checks that it is gone.
+    """
+    _guard(git, path, listing)
+    removed = False
+    if info is not None:
+        if info.locked:
+            git.run("worktree", "unlock", info.path, check=False)
+        proc = git.run("worktree", "remove", "-f", "-f", info.path, check=False)
+        removed = proc.returncode == 0
+    if os.path.lexists(path):
+        remove_tree(path)
+    if info is None or removed:
+        return
+    _prune(git)
+    if _find(git, path) is not None:
+        raise GitError(f"could not remove the worktree registered at {path}")
+
+
+def _guard(git: Git, path: Path, listing: list[WorktreeInfo] | None = None) -> None:
+    """Never delete the main working tree, the git directory, or a folder containing either."""
+    target = path.resolve()
+    protected = [git.common_dir()]
+    main = (listing or list_worktrees(git))[0]
+    if not main.bare:
+        protected.append(main.path.resolve())
+    for p in protected:
+        if p == target or target in p.parents:
+            raise GitError(f"refusing to delete {path}: it holds the repository {p}")
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a file, a symlink (never what it points to) or a folder, read-only ones too."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+        return
+    try:
+        shutil.rmtree(path)
+    except OSError:
+        # Read-only folders (a Go module cache, say): make everything writable, then retry.
+        os.chmod(path, os.stat(path).st_mode | stat.S_IRWXU)
+        for root, dirs, _files in os.walk(path):
+            for d in dirs:
+                p = os.path.join(root, d)
+                if not os.path.islink(p):
+                    os.chmod(p, os.stat(p).st_mode | stat.S_IRWXU)
+        shutil.rmtree(path)
