@@ -178,7 +178,7 @@ def test_a_lock_older_than_a_dead_step_is_not_that_steps_and_is_left_alone(repo)
     died = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
         import os
         from pathlib import Path
-        from bmad_loop import gitlocks
+        from bmad_loop.git import locks as gitlocks
         gitlocks.begin_step(Path({str(repo.repo_dir)!r}), ["add", "-A"], {{}})
         os._exit(0)
     """)])

@@ -25,7 +25,7 @@ from support import alive, wait_until
 
 DRIVER = textwrap.dedent("""\
     import json, sys, threading
-    from bmad_loop import thaw
+    from bmad_loop.agents import thaw
 
     guards = {}
     for line in sys.stdin:
