@@ -6,11 +6,10 @@ one strands the messages already queued. Keep them.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 
-from ..errors import ConfigError
-from .queues import INTEGRATION, STORIES, QueueConfig, announce, make_huey
+from .backends import QueueConfig, backend_of
+from .queues import INTEGRATION, STORIES, announce, make_huey
 
 __all__ = ["Tasks", "check_queue", "queue_config", "STORY_TASK", "LANE_TASK"]
 
@@ -19,46 +18,14 @@ LANE_TASK = "bmad_loop.lane"
 
 
 def queue_config(project) -> QueueConfig:
-    """Where this project's two queues live.
-
-    On Redis several projects (and test runs) share one server, so the queue names carry a
-    short hash of the project's identity (`Project.key`: the root's path in local mode, the
-    remote's URL in remote mode — the same identity as `runs.project` and the lane lease):
-    `bmad-loop-<hash>-stories`. SQLite queues live in the policy folder's
-    `.bmad-loop/queue.db` and keep the plain names (queued messages stay readable).
-    """
-    q = project.policy.queue
-    if q.backend == "redis":
-        digest = hashlib.sha1(project.key.encode("utf-8")).hexdigest()[:10]
-        return QueueConfig(backend="redis", url=q.url, prefix=f"bmad-loop-{digest}")
-    state = project.home_state_dir
-    path = state / "queue.db" if not q.url else project.home / q.url
-    return QueueConfig(backend="sqlite", sqlite_path=path)
+    """Where this project's two queues live (see the back-ends in `backends`)."""
+    return backend_of(project.policy.queue.backend).config_for(project)
 
 
 def check_queue(config: QueueConfig, source: str) -> None:
-    """Refuse, in one line, a queue that cannot work: redis without its module, or a queue.db
-    that is not a whole SQLite database (left untouched)."""
-    if config.backend == "redis":
-        try:
-            import redis
-        except ImportError as exc:
-            raise ConfigError(f'{source}: [queue] backend = "redis" needs the redis module '
-                              f"({exc}): install bmad-loop[redis]") from None
-        try:  # one round trip, so a server that is down is refused before any row is written
-            client = redis.Redis.from_url(config.url, socket_connect_timeout=5, socket_timeout=5)
-            try:
-                client.ping()
-            finally:
-                client.close()
-        except redis.RedisError as exc:
-            shown = config.url.split("@", 1)[-1]  # a password stays out of the message
-            raise ConfigError(f"{source}: [queue] url: cannot reach redis at {shown}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-        return
-    from ..db.sqlitefile import check_sqlite_file
-
-    check_sqlite_file(config.sqlite_path, "queue database")
+    """Refuse, in one line, a queue that cannot work (redis without its module or its server, a
+    queue.db that is not a whole SQLite database), leaving it untouched."""
+    backend_of(config.backend).check(config, source)
 
 
 class Tasks:
