@@ -16,9 +16,9 @@ import threading
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, case, delete, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
+from ..db.dialects import upsert_for
 from ..db.models import Lease, utcnow
 from ..hostid import host_name
 
@@ -116,8 +116,6 @@ def acquire(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = N
         return token if result.rowcount == 1 else None
 
 
-# INSERT … ON CONFLICT DO UPDATE … RETURNING, where the database has it.
-_UPSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
 _LEASES = Lease.__table__
 _TAKE: dict[str, object] = {}  # dialect name -> the upsert, built once with bound parameters
 # The fencing check's read and the release, built once: they run with every story.
@@ -127,13 +125,13 @@ _RELEASE = delete(_LEASES).where(_LEASES.c.name == bindparam("name"),
                                  _LEASES.c.owner == bindparam("owner"))
 
 
-def _take_statement(dialect_name: str):
+def _take_statement(dialect):
     """The story lease's upsert, built once per dialect: the statement's construction and its
     compiled form's look-up cost more than running it. On the table, not the mapped class, so it
     runs on the connection without the ORM's execution path."""
-    stmt = _TAKE.get(dialect_name)
+    stmt = _TAKE.get(dialect.name)
     if stmt is None:
-        insert = _UPSERTS[dialect_name](_LEASES).values(
+        insert = upsert_for(dialect)(_LEASES).values(
             name=bindparam("name"), owner=bindparam("owner"), host=bindparam("host"), token=1,
             acquired_at=bindparam("now"), renewed_at=bindparam("now"),
             expires_at=bindparam("expires"))
@@ -142,7 +140,7 @@ def _take_statement(dialect_name: str):
             "owner": new.owner, "host": new.host, "acquired_at": new.acquired_at,
             "renewed_at": new.renewed_at, "expires_at": new.expires_at,
             "token": case((c.owner == new.owner, c.token), else_=c.token + 1)}).returning(c.token)
-        _TAKE[dialect_name] = stmt
+        _TAKE[dialect.name] = stmt
     return stmt
 
 
@@ -160,9 +158,9 @@ def take_in(session, name: str, owner: str, ttl_s: float, now: dt.datetime | Non
     expires = now + dt.timedelta(seconds=ttl_s)
     host = owner.split(":")[0]
     dialect = session.get_bind().dialect
-    if dialect.insert_returning and dialect.name in _UPSERTS:
+    if upsert_for(dialect) is not None:
         # One statement, atomic on both databases (SQLite 3.35 and later).
-        return session.connection().execute(_take_statement(dialect.name), {
+        return session.connection().execute(_take_statement(dialect), {
             "name": name, "owner": owner, "host": host, "now": now, "expires": expires}).scalar()
     for _ in range(3):  # lost a race with a concurrent creator (PostgreSQL): read again
         row = session.get(Lease, name, populate_existing=True)

@@ -9,11 +9,8 @@ never slows it down. Other databases (PostgreSQL) use the project's engine as it
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 from typing import Iterator
-from urllib.parse import quote
 
-from sqlalchemy import create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = ["Reader"]
@@ -22,20 +19,8 @@ __all__ = ["Reader"]
 class Reader:
     def __init__(self, project):
         db = project.db  # created and migrated on first use, like every command
-        self._engine = None
-        if db.is_sqlite:
-            path = db.url.split("///", 1)[-1]
-
-            def connect():
-                conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=30,
-                                       check_same_thread=False)
-                conn.execute("PRAGMA query_only = ON")
-                return conn
-
-            self._engine = create_engine(f"sqlite:///{path}", creator=connect)
-            self._sessions = sessionmaker(self._engine, expire_on_commit=False)
-        else:
-            self._sessions = sessionmaker(db.engine, expire_on_commit=False)
+        self._engine = db.dialect.read_only_engine()
+        self._sessions = sessionmaker(self._engine or db.engine, expire_on_commit=False)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:

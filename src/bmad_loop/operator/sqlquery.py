@@ -21,6 +21,7 @@ import sqlite3
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from ..db.dialects import dialect_for
 from ..errors import ConfigError
 
 __all__ = ["SqlRefused", "SqlFailed", "QueryResult", "screen", "run_query", "format_table",
@@ -139,9 +140,10 @@ def run_query(database_url: str, sql: str, *, screened: bool = True,
     leaves enforcement to the database alone (tests use it to prove that enforcement)."""
     if screened:
         screen(sql)
-    if database_url.startswith("sqlite"):
-        return _sqlite_query(database_url, sql, max_rows)
-    return _server_query(database_url, sql, max_rows)
+    # Each kind of database enforces read-only its own way: SQLite through an authorizer on a
+    # `mode=ro` connection, a server through a READ ONLY transaction.
+    query = _sqlite_query if dialect_for(database_url).kind == "sqlite" else _server_query
+    return query(database_url, sql, max_rows)
 
 
 # ---------------------------------------------------------------------------- SQLite
