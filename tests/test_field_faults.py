@@ -90,16 +90,20 @@ def test_resume_reload_policy_fixes_the_mistake_that_paused_the_run_but_not_its_
     run_id = repo.status()["run"]["id"]
 
     # The fix, and an identity key the reload must not take (the run stays on main).
-    fixed = MERGE_NONE.format(n=1, strategy="merge").replace(
+    # max_parallel and merge_strategy change too: the run's columns follow its new snapshot.
+    fixed = MERGE_NONE.format(n=2, strategy="squash").replace(
         "[scm]\n", '[scm]\ntarget_branch = "elsewhere"\n') + '[verify]\ncommands = ["true"]\n'
     repo.write_policy(fixed)
-    assert repo.cli("resume", run_id).exit_code == 3  # without --reload-policy: same mistake
+    plain = repo.cli("resume", run_id)
+    assert plain.exit_code == 3, plain.output  # without --reload-policy: same mistake
 
     result = repo.cli("resume", run_id, "--reload-policy")
     assert result.exit_code == 0, result.output
     reloaded = [e for e in repo.journal(run_id) if e["kind"] == "run.policy_reloaded"]
-    assert "verify.commands" in reloaded[0]["data"]["changed"]
-    assert repo.status(run_id)["run"]["target_branch"] == "main"
+    assert {"verify.commands", "scm.max_parallel", "scm.merge_strategy"} <= set(reloaded[0]["data"]["changed"])
+    run = repo.status(run_id)["run"]
+    assert run["target_branch"] == "main"
+    assert (run["max_parallel"], run["merge_strategy"]) == (2, "squash")
 
 
 def test_abandon_ends_a_paused_run_for_good_and_keeps_its_evidence_per_keep_failed(make_repo):

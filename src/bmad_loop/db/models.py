@@ -86,6 +86,8 @@ class Run(Base):
     target_sha: Mapped[str] = mapped_column(String(64))
     head_sha: Mapped[str | None] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(16), index=True)
+    # The run's settings are its policy snapshot (`policy`); these three columns are
+    # projections of it for SQL readers, written whenever the snapshot is (`_project_policy`).
     max_parallel: Mapped[int] = mapped_column(Integer, default=1)
     merge_strategy: Mapped[str] = mapped_column(String(16))
     isolation: Mapped[str] = mapped_column(String(16))
@@ -113,6 +115,18 @@ class Run(Base):
     def _check_state(self, _key, value):
         check_transition("run", self.state, value)
         return value
+
+    @validates("policy")
+    def _project_policy(self, _key, snapshot):
+        scm = (snapshot or {}).get("scm", {})
+        for column in PROJECTED_SCM_KEYS:
+            if column in scm:
+                setattr(self, column, scm[column])
+        return snapshot
+
+
+# The `[scm]` keys of a run's policy snapshot that are also columns of `runs`.
+PROJECTED_SCM_KEYS = ("max_parallel", "merge_strategy", "isolation")
 
 
 class Story(Base):

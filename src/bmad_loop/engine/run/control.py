@@ -108,9 +108,7 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         stale_checks = None
         if current is not None:
             snapshot, changed = reloaded_policy(run, current)
-            run.policy = snapshot
-            run.max_parallel = snapshot["scm"]["max_parallel"]
-            run.merge_strategy = snapshot["scm"]["merge_strategy"]
+            run.policy = snapshot  # the columns projected from it follow
             record(s, run.id, "run.policy_reloaded", changed=changed)
             stale_checks = reverify_reason(changed)
         policy = run_policy(run)

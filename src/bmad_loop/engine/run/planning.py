@@ -179,9 +179,9 @@ def _insert_run(project, policy, selection, plan, run_id, git) -> None:
             raise StateError(one_run_per_target(s, project, live))
         run = Run(id=run_id, project=project.key, target_branch=plan.target_branch,
                   target_sha=plan.target_sha, head_sha=plan.target_sha, state=RunState.RUNNING,
-                  max_parallel=policy.scm.max_parallel, merge_strategy=policy.scm.merge_strategy,
-                  isolation=policy.scm.isolation, selection=selection.to_dict(),
-                  policy=policy.to_dict(), board_path=str(plan.board.path), gates_passed=[],
+                  selection=selection.to_dict(),
+                  policy=policy.to_dict(),  # and the columns projected from it
+                  board_path=str(plan.board.path), gates_passed=[],
                   # None: a board outside the repository, which the lane cannot edit,
                   # or a BMAD v4 project, which has no board (its story files are written).
                   board_rel=None if plan.board.format == "v4" else path_inside(plan.board.path, project.root),
