@@ -8,8 +8,8 @@ import tomllib
 import pytest
 
 from bmad_loop.errors import ConfigError
+from bmad_loop.agents.profiles import known_profiles
 from bmad_loop.policy import (
-    KNOWN_PROFILES,
     SECTIONS,
     FootprintOverride,
     PhaseOverride,
@@ -246,9 +246,17 @@ def test_profile_and_command_together_is_an_error_naming_the_command(project):
     assert message.startswith(f"{policy_path(project)}: [adapter] command: ")
 
 
-def test_every_known_profile_is_accepted():
-    for profile in KNOWN_PROFILES:
+def test_the_accepted_profiles_are_the_profile_files():
+    from pathlib import Path
+
+    import bmad_loop.agents.profiles as profiles
+
+    files = {p.stem for p in Path(profiles.__file__).parent.glob("*.toml")}
+    assert set(known_profiles()) == files and "claude" in files
+    for profile in files:
         assert policy_from_dict({"adapter": {"profile": profile}}).adapter.profile == profile
+    with pytest.raises(ConfigError, match="must be one of 'claude'"):
+        policy_from_dict({"adapter": {"profile": "not-a-profile-file"}})
 
 
 def test_an_empty_phase_command_is_an_error(project):

@@ -31,7 +31,7 @@ SECTION is one of `SECTIONS` upper-cased and KEY a key of that section upper-cas
 
 from __future__ import annotations
 
-from .checks import COMMIT_PLACEHOLDERS, KNOWN_PROFILES
+from .checks import COMMIT_PLACEHOLDERS
 from .load import (
     ENV_PREFIX,
     default_policy_text,
@@ -66,7 +66,6 @@ from .schema import (
 __all__ = [
     "env_override",
     "COMMIT_PLACEHOLDERS",
-    "KNOWN_PROFILES",
     "SECTIONS",
     "ENV_PREFIX",
     "AdapterPolicy",

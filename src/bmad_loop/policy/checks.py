@@ -15,9 +15,10 @@ from pathlib import PurePosixPath
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
+from ..agents.profiles import known_profiles
+
 __all__ = [
     "COMMIT_PLACEHOLDERS",
-    "KNOWN_PROFILES",
     "MAX_PARALLEL",
     "MAX_SECONDS",
     "Check",
@@ -39,7 +40,6 @@ __all__ = [
     "url",
 ]
 
-KNOWN_PROFILES = ("claude", "codex", "gemini", "opencode", "qwen")
 COMMIT_PLACEHOLDERS = ("story_key", "story_title", "run_id", "epic")
 
 Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
@@ -82,8 +82,9 @@ def seconds(default: Any, low: int) -> Any:
 
 
 def profile(value: str) -> str | None:
-    if value and value not in KNOWN_PROFILES:
-        return one_of(*KNOWN_PROFILES)(value)
+    known = known_profiles()  # the profile files shipped in agents/profiles/
+    if value and value not in known:
+        return one_of(*known)(value)
     return None
 
 

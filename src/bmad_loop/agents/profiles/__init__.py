@@ -63,6 +63,34 @@ def known_profiles() -> tuple[str, ...]:
 
 def load_profile(name: str) -> Profile:
     """The shipped profile `name`; a ConfigError for unknown names or malformed data."""
+    data = _read(name)
+    source = f"profile {name!r}"
+    command = _strings(data.get("command"), f"{source} command")
+    if not command:
+        raise ConfigError(f"{source} command: must not be empty")
+    tasks = _tasks(data.get("instructions", {}), f"{source} instructions")
+    exit_codes = _exit_codes(data.get("fault_exit_codes", {}), f"{source} fault_exit_codes")
+    return Profile(
+        name=name,
+        command=command,
+        model_args=_strings(data.get("model_args", []), f"{source} model_args"),
+        seed_files=_seed_files(data.get("seed_files", []), f"{source} seed_files"),
+        instructions=MappingProxyType({p: compose(p, tasks.get(p, DEFAULT_TASKS[p])) for p in AGENT_PHASES}),
+        env=MappingProxyType(_env(data.get("env", {}), f"{source} env")),
+        verdict=_choice(data.get("verdict", "exit"), _VERDICTS, f"{source} verdict"),
+        description=str(data.get("description", "")),
+        output=_choice(data.get("output", "text"), FORMATS, f"{source} output"),
+        checked_version=str(data.get("checked_version", "")),
+        boxed_command=_strings(data.get("boxed_command", []), f"{source} boxed_command"),
+        faults=_faults(data.get("faults", {}), f"{source} faults"),
+        fault_exit_codes=MappingProxyType(exit_codes),
+        session_files=MappingProxyType(_session_files(data.get("session_files", {}),
+                                                      f"{source} session_files")),
+    )
+
+
+def _read(name: str) -> dict:
+    """The TOML table of the shipped profile `name`, its keys checked."""
     known = known_profiles()
     if name not in known:
         raise ConfigError(f"[adapter] profile: unknown profile {name!r} (known: {', '.join(known)})")
@@ -74,60 +102,54 @@ def load_profile(name: str) -> Profile:
     unknown = sorted(set(data) - _KEYS)
     if unknown:
         raise ConfigError(f"{source}: unknown key {unknown[0]!r}")
+    return data
 
-    command = _strings(data.get("command"), f"{source} command")
-    if not command:
-        raise ConfigError(f"{source} command: must not be empty")
-    seed_files = _strings(data.get("seed_files", []), f"{source} seed_files")
+
+def _seed_files(value: object, where: str) -> tuple[str, ...]:
+    seed_files = _strings(value, where)
     for path in seed_files:
         pure = PurePosixPath(path)
         if pure.is_absolute() or ".." in pure.parts or not path:
-            raise ConfigError(f"{source} seed_files: {path!r} must be a path inside the repository")
-    verdict = data.get("verdict", "exit")
-    if verdict not in _VERDICTS:
-        raise ConfigError(f"{source} verdict: must be one of {', '.join(_VERDICTS)}, not {verdict!r}")
-    env = data.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise ConfigError(f"{source} env: must be a table of strings")
+            raise ConfigError(f"{where}: {path!r} must be a path inside the repository")
+    return seed_files
+
+
+def _choice(value: object, choices: Sequence[str], where: str) -> str:
+    if value not in choices:
+        raise ConfigError(f"{where}: must be one of {', '.join(choices)}, not {value!r}")
+    return value
+
+
+def _env(value: object, where: str) -> dict[str, str]:
+    """A table of strings, `{profile_dir}` standing for the folder of the shipped profiles."""
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ConfigError(f"{where}: must be a table of strings")
     folder = str(resources.files(__name__))
-    env = {key: value.replace(_PROFILE_DIR, folder) for key, value in env.items()}
-    session_files = data.get("session_files", {})
-    if not isinstance(session_files, dict) or not all(
+    return {key: text.replace(_PROFILE_DIR, folder) for key, text in value.items()}
+
+
+def _session_files(value: object, where: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
             isinstance(v, str) and k and PurePosixPath(k).name == k and k not in (".", "..")
-            for k, v in session_files.items()):
-        raise ConfigError(f"{source} session_files: must be a table of plain file names = text")
-    tasks = data.get("instructions", {})
-    if not isinstance(tasks, dict) or not all(isinstance(v, str) for v in tasks.values()):
-        raise ConfigError(f"{source} instructions: must be a table of strings")
-    for phase in tasks:
+            for k, v in value.items()):
+        raise ConfigError(f"{where}: must be a table of plain file names = text")
+    return dict(value)
+
+
+def _tasks(value: object, where: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ConfigError(f"{where}: must be a table of strings")
+    for phase in value:
         if phase not in AGENT_PHASES:
-            raise ConfigError(f"{source} instructions: unknown phase {phase!r} (known: {', '.join(AGENT_PHASES)})")
+            raise ConfigError(f"{where}: unknown phase {phase!r} (known: {', '.join(AGENT_PHASES)})")
+    return value
 
-    output = data.get("output", "text")
-    if output not in FORMATS:
-        raise ConfigError(f"{source} output: must be one of {', '.join(FORMATS)}, not {output!r}")
-    faults = _faults(data.get("faults", {}), f"{source} faults")
-    exit_codes = data.get("fault_exit_codes", {})
-    if not isinstance(exit_codes, dict) or not all(
-            str(k).isdigit() and v in CATEGORIES for k, v in exit_codes.items()):
-        raise ConfigError(f"{source} fault_exit_codes: must map exit codes to one of {', '.join(CATEGORIES)}")
 
-    return Profile(
-        name=name,
-        command=command,
-        model_args=_strings(data.get("model_args", []), f"{source} model_args"),
-        seed_files=seed_files,
-        instructions=MappingProxyType({p: compose(p, tasks.get(p, DEFAULT_TASKS[p])) for p in AGENT_PHASES}),
-        env=MappingProxyType(dict(env)),
-        verdict=verdict,
-        description=str(data.get("description", "")),
-        output=output,
-        checked_version=str(data.get("checked_version", "")),
-        boxed_command=_strings(data.get("boxed_command", []), f"{source} boxed_command"),
-        faults=faults,
-        fault_exit_codes=MappingProxyType({int(k): v for k, v in exit_codes.items()}),
-        session_files=MappingProxyType(dict(session_files)),
-    )
+def _exit_codes(value: object, where: str) -> dict[int, str]:
+    if not isinstance(value, dict) or not all(
+            str(k).isdigit() and v in CATEGORIES for k, v in value.items()):
+        raise ConfigError(f"{where}: must map exit codes to one of {', '.join(CATEGORIES)}")
+    return {int(k): v for k, v in value.items()}
 
 
 def _faults(value: object, where: str) -> Mapping[str, tuple[re.Pattern, ...]]:
