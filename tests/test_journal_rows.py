@@ -30,20 +30,20 @@ def test_a_transactions_events_are_one_insert_in_the_order_recorded(db):
     event.listen(db.engine, "before_cursor_execute", listener)
     try:
         with db.transaction() as s:
-            record(s, "r1", "a.first", "s1", n=1)
+            record(s, "r1", "run.created", "s1", n=1)
             s.add(Lease(name="x", owner="o", host="h", token=1, acquired_at=utcnow(),
                         renewed_at=utcnow(), expires_at=utcnow()))
             s.flush()  # other rows flush as before; the events wait for the commit
-            record(s, "r1", "a.second", None, n=2)
-            record(s, "r1", "a.third", "s3", path=__file__)
+            record(s, "r1", "story.started", None, n=2)
+            record(s, "r1", "story.ready", "s3", path=__file__)
     finally:
         event.remove(db.engine, "before_cursor_execute", listener)
     assert sum("INSERT INTO events" in text for text in statements) == 1
     with db.read() as s:
         rows = event_rows_after(s, "r1")
     assert [(r.kind, r.story, r.data) for r in rows] == [
-        ("a.first", "s1", {"n": 1}), ("a.second", None, {"n": 2}),
-        ("a.third", "s3", {"path": __file__})]
+        ("run.created", "s1", {"n": 1}), ("story.started", None, {"n": 2}),
+        ("story.ready", "s3", {"path": __file__})]
     assert [r.seq for r in rows] == sorted(r.seq for r in rows)
     assert rows[0].ts <= rows[1].ts <= rows[2].ts  # the time each was recorded
 
@@ -51,33 +51,33 @@ def test_a_transactions_events_are_one_insert_in_the_order_recorded(db):
 def test_a_transaction_that_fails_writes_none_of_its_events(db):
     with pytest.raises(RuntimeError, match="boom"):
         with db.transaction() as s:
-            record(s, "r1", "never.written")
+            record(s, "r1", "run.paused")
             raise RuntimeError("boom")
     with db.transaction() as s:
-        record(s, "r1", "written")
-    assert _kinds(db) == ["written"]
+        record(s, "r1", "run.resumed")
+    assert _kinds(db) == ["run.resumed"]
 
 
 def test_an_event_recorded_in_a_read_is_refused_and_nothing_is_written(db):
     with pytest.raises(RuntimeError, match="read-only"):
         with db.read() as s:
-            record(s, "r1", "sneaked.in")
+            record(s, "r1", "run.warning")
     assert _kinds(db) == []
 
 
 def test_a_session_committed_twice_writes_each_batch_once(db):
     session = db.session()
     try:
-        record(session, "r1", "one")
+        record(session, "r1", "run.completed")
         session.commit()
-        record(session, "r1", "two")
+        record(session, "r1", "run.resumed")
         session.commit()
         session.commit()  # nothing pending: nothing written
     finally:
         session.close()
-    assert _kinds(db) == ["one", "two"]
+    assert _kinds(db) == ["run.completed", "run.resumed"]
     with db.read() as s:
-        assert s.scalars(select(Event.kind)).all() == ["one", "two"]
+        assert s.scalars(select(Event.kind)).all() == ["run.completed", "run.resumed"]
 
 
 def test_events_wait_for_the_outermost_commit_not_a_savepoints_release(db):
@@ -86,22 +86,30 @@ def test_events_wait_for_the_outermost_commit_not_a_savepoints_release(db):
     from sqlalchemy.exc import IntegrityError
 
     with db.transaction() as s:
-        record(s, "r1", "before.savepoint")
+        record(s, "r1", "story.queued")
         with s.begin_nested():
             s.add(Lease(name="dup", owner="o", host="h", token=1, acquired_at=utcnow(),
                         renewed_at=utcnow(), expires_at=utcnow()))
-        record(s, "r1", "between.savepoints")
+        record(s, "r1", "story.started")
         with pytest.raises(IntegrityError):
             with s.begin_nested():  # fails at its release: the journal must not go with it
                 s.add(Lease(name="dup", owner="o", host="h", token=2, acquired_at=utcnow(),
                             renewed_at=utcnow(), expires_at=utcnow()))
-        record(s, "r1", "after.savepoint")
-    assert _kinds(db) == ["before.savepoint", "between.savepoints", "after.savepoint"]
+        record(s, "r1", "story.phase")
+    assert _kinds(db) == ["story.queued", "story.started", "story.phase"]
 
     with pytest.raises(RuntimeError, match="outer"):
         with db.transaction() as s:
-            record(s, "r1", "lost.with.its.transaction")
+            record(s, "r1", "run.failed")
             with s.begin_nested():
                 pass
             raise RuntimeError("outer")
-    assert _kinds(db) == ["before.savepoint", "between.savepoints", "after.savepoint"]
+    assert _kinds(db) == ["story.queued", "story.started", "story.phase"]
+
+
+def test_a_kind_outside_the_registry_is_refused_and_nothing_is_written(db):
+    with pytest.raises(ValueError, match="story.finished"):
+        with db.transaction() as s:
+            record(s, "r1", "story.ready")
+            record(s, "r1", "story.finished")  # not an EventKind
+    assert _kinds(db) == []

@@ -2,18 +2,131 @@
 
 from __future__ import annotations
 
+from enum import Enum
+
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from ..db.database import insert_at_commit
 from ..db.models import Event, utcnow
 
-__all__ = ["record", "events_after", "event_rows_after", "event_json"]
+__all__ = ["EventKind", "record", "events_after", "event_rows_after", "event_json"]
 
 
-def record(session: Session, run_id: str, kind: str, story: str | None = None, **data) -> None:
+class EventKind(str, Enum):
+    """Every kind of journal event, with what it means: the one registry `record` accepts.
+    docs/cli.md's event table lists the same kinds (a test holds the two together)."""
+
+    def __new__(cls, value: str, meaning: str):
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.meaning = meaning
+        return member
+
+    def __str__(self) -> str:
+        return self.value
+
+    RUN_CREATED = "run.created", "the run was enqueued, with its plan"
+    RUN_WARNING = "run.warning", "a policy warning for this run"
+    RUN_PAUSING = "run.pausing", "the run parks: running stories finish, then it pauses"
+    RUN_PAUSED = "run.paused", "the run is paused for a human"
+    RUN_STOPPING = "run.stopping", "a stop was asked for; the run settles at safe boundaries"
+    RUN_STOPPED = "run.stopped", "the run stopped"
+    RUN_RESUMED = "run.resumed", "the run was resumed"
+    RUN_COMPLETED = "run.completed", "every story of the plan is settled"
+    RUN_FAILED = "run.failed", "something no retry could fix ended the run"
+    RUN_ABANDONED = "run.abandoned", "`bmad-loop abandon` ended the run for good"
+    RUN_POLICY_RELOADED = ("run.policy_reloaded",
+        "`resume --reload-policy` took the policy file again (the keys that changed)")
+    GATE_REACHED = "gate.reached", "the next epic's gate is closed"
+    FOOTPRINT_EXCLUSIVE = ("footprint.exclusive",
+        "a story's footprint is missing, empty or invalid, so it runs alone")
+    FOOTPRINT_DRIFT = "footprint.drift", "a story changed files outside its footprint"
+    STORY_WAITING = "story.waiting", "what holds a pending story back changed"
+    STORY_RESTACKED = "story.restacked", "a story on a stacked base was sent back for a fresh start"
+    STORY_QUEUED = "story.queued", "a story was admitted and sent to the story workers"
+    STORY_UNQUEUED = ("story.unqueued",
+        "a queued story's message found its run no longer live; it waits again")
+    STORY_STARTED = "story.started", "a worker took the story"
+    STORY_PREPARED = "story.prepared", "the story's worktree and branch are ready"
+    STORY_PHASE = "story.phase", "the story entered a phase of its worker"
+    STORY_PUSHED = "story.pushed", "remote mode: the story branch is on the remote"
+    STORY_READY = "story.ready", "the story's work is finished and waits for the lane"
+    ATTEMPT_STARTED = "attempt.started", "an agent session started"
+    ATTEMPT_FINISHED = "attempt.finished", "an agent session ended (state, exit code, duration)"
+    AGENT_UNAVAILABLE = ("agent.unavailable",
+        "an environment fault of the agent CLI; the attempt is not charged")
+    AGENT_WAITING = "agent.waiting", 'the story waits out an agent limit (`on_limit = "wait"`)'
+    USAGE_INVALID = "usage.invalid", "a custom command's usage file was refused"
+    USAGE_MISSING = "usage.missing", "a session reported no tokens or cost while a budget is set"
+    LOG_TRUNCATED = ("log.truncated",
+        "a log passed `[limits] max_log_bytes`, or a write of it failed")
+    VERIFY_PASSED = "verify.passed", "verification in the story worktree passed"
+    VERIFY_FAILED = "verify.failed", "verification in the story worktree failed"
+    VERIFY_RESTORED = ("verify.restored",
+        "a repeated verify put the worktree back to the agent's recorded output")
+    REVIEW_APPROVED = "review.approved", "a review approved"
+    REVIEW_CHANGES_REQUESTED = "review.changes_requested", "a review asked for changes"
+    STORY_LEDGER_REVERTED = ("story.ledger_reverted",
+        "an agent's edit to a lane-owned file was reverted")
+    GUARD_REFUSED = "guard.refused", "the guard refused a write to the target"
+    STORY_INTEGRATING = "story.integrating", "the lane took the story"
+    STORY_BRANCH_MISMATCH = ("story.branch_mismatch",
+        "the story's branch no longer holds the commit its row names")
+    CANDIDATE_COMPOSED = "candidate.composed", "the lane composed a candidate"
+    CANDIDATE_VERIFIED = "candidate.verified", "a candidate passed verification"
+    CANDIDATE_VERIFY_FAILED = "candidate.verify_failed", "a candidate failed verification"
+    CANDIDATE_CONFLICT = "candidate.conflict", "a story's work conflicts with the target"
+    CANDIDATE_STALE = "candidate.stale", "the target moved under a candidate"
+    CANDIDATE_SETTLED = "candidate.settled", "a merge rule settled a path of a candidate"
+    CANDIDATE_REGENERATE_FAILED = ("candidate.regenerate_failed",
+        "a `regenerate` rule's command failed")
+    CANDIDATE_ABANDONED = "candidate.abandoned", "a speculative candidate was given up"
+    CANDIDATE_REVERIFYING = ("candidate.reverifying",
+        "a candidate's verification started again in a fresh lane process")
+    CANDIDATE_REVERIFY_POLICY = ("candidate.reverify_policy",
+        "`resume` dropped a verified candidate whose checks changed")
+    STORY_UNSTACKED = "story.unstacked", "a given-up candidate's story is ready again"
+    TARGET_ADVANCED = "target.advanced", "the target branch moved to a verified candidate"
+    TARGET_MOVED = "target.moved", "the target moved outside bmad-loop while the lane worked"
+    TARGET_ADOPTED = ("target.adopted",
+        "`resume` adopted a target that moved while the run was paused")
+    STORY_INTEGRATED = "story.integrated", "the story is on the target"
+    STORY_HELD = "story.held", "the story waits for an operator's sign-off"
+    STORY_APPROVED = "story.approved", "an operator approved the story"
+    STORY_REJECTED = "story.rejected", "an operator rejected the story"
+    STORY_ESCALATED = "story.escalated", "the story is parked for a human"
+    STORY_BLOCKED = "story.blocked", "the story is blocked behind a parked one"
+    STORY_SKIPPED = ("story.skipped",
+        "the story was skipped (already done, or no story file to create)")
+    STORY_CREATED = "story.created", "the create phase committed the story file"
+    CREATE_FAILED = "create.failed", "a create attempt failed"
+    CREATE_DISCARDED = ("create.discarded",
+        "changes of the create agent other than the story file were discarded")
+    STORY_INTERRUPTED = "story.interrupted", "a stop interrupted the story"
+    STORY_RECOVERED = "story.recovered", "orphan recovery took the story back"
+    STORY_RETRY = "story.retry", "the story is tried again (`resume` or `retry`)"
+    STORY_HUMAN_FIX = "story.human_fix", "a human's fix on the story branch is taken"
+    STORY_WORKTREE_MISSING = ("story.worktree_missing",
+        "the story's worktree is made again from its branch")
+    FAULT_RETRY = "fault.retry", "a step met a transient fault and is tried again"
+    GIT_CONFIG_CHANGED = "git.config_changed", "an agent session changed git's configuration or hooks"
+    GIT_LOCK_WAITED = "git.lock_waited", "a git step waited for a lock another process held"
+    GIT_STALE_LOCK_REMOVED = ("git.stale_lock_removed",
+                              "a lock left by a dead git step of bmad-loop's own was removed")
+    ROWS_CONTRADICTED = "rows.contradicted", "the rows say integrated what git does not have"
+    LANE_ACQUIRED = "lane.acquired", "a lane consumer took the lane lease"
+    LANE_FENCED = "lane.fenced", "a lane lost its lease and was refused"
+    NOTIFY_SENT = "notify.sent", "a notification was sent"
+    NOTIFY_FAILED = "notify.failed", "a notification could not be sent"
+
+
+def record(session: Session, run_id: str, kind: EventKind | str, story: str | None = None,
+           **data) -> None:
     """Append an event inside the caller's transaction (never commits). Its row is written
-    when the transaction commits, in order with the transaction's other events."""
+    when the transaction commits, in order with the transaction's other events. A kind that is
+    not an `EventKind` is a ValueError: the journal's vocabulary is the registry's."""
+    kind = EventKind(kind).value
     insert_at_commit(session, Event.__table__, {"run_id": run_id, "ts": utcnow(), "kind": kind,
                                                 "story": story, "data": _jsonable(data)})
 
