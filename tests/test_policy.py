@@ -517,3 +517,35 @@ def test_policy_from_dict_names_its_source(project):
 
 def test_template_is_valid_toml_with_every_section():
     assert set(tomllib.loads(default_policy_text())) == set(SECTIONS)
+
+
+def test_identity_is_a_flag_on_the_settings_a_run_is_made_of():
+    from bmad_loop.policy import identity_keys
+
+    assert identity_keys() == {
+        "scm": ("isolation", "branch_per", "target_branch", "remote"),
+        "queue": ("backend", "url"),
+        "database": ("url", "lock_wait_s"),
+    }
+
+
+def test_every_word_valued_key_takes_its_values_from_one_enum():
+    import dataclasses
+
+    from bmad_loop.policy import SECTIONS, Policy
+    from bmad_loop.policy.choices import GateMode, QueueBackendKind
+    from bmad_loop.queue.backends import BACKENDS
+
+    policy = Policy()
+    enums = {}
+    for section in SECTIONS:
+        for f in dataclasses.fields(getattr(policy, section)):
+            if f.metadata.get("choices"):
+                enums[f"{section}.{f.name}"] = f.metadata["choices"]
+                assert getattr(getattr(policy, section), f.name) in set(f.metadata["choices"])
+    assert enums["gates.mode"] is GateMode and len(enums) >= 15
+    # a refused value names the enum's values, in its order
+    with pytest.raises(ConfigError, match="'none', 'per-epic', 'per-story-spec-approval', got 'daily'"):
+        policy_from_dict({"gates": {"mode": "daily"}})
+    # the queue kinds the policy accepts are the back-end classes there are
+    assert set(BACKENDS) == {kind.value for kind in QueueBackendKind}

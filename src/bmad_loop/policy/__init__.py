@@ -61,6 +61,7 @@ from .schema import (
     StoriesPolicy,
     TierPolicy,
     VerifyPolicy,
+    identity_keys,
 )
 
 __all__ = [
@@ -88,6 +89,7 @@ __all__ = [
     "TierPolicy",
     "VerifyPolicy",
     "default_policy_text",
+    "identity_keys",
     "load_policy",
     "policy_from_dict",
     "policy_path",

@@ -13,11 +13,13 @@ import string
 from dataclasses import field
 from pathlib import PurePosixPath
 from types import MappingProxyType
+from enum import StrEnum
 from typing import Any, Callable, Mapping
 
 from ..agents.profiles import known_profiles
 
 __all__ = [
+    "choice",
     "COMMIT_PLACEHOLDERS",
     "MAX_PARALLEL",
     "MAX_SECONDS",
@@ -76,9 +78,10 @@ MAX_PARALLEL = 1024
 MAX_SECONDS = 1_000_000_000
 
 
-def seconds(default: Any, low: int) -> Any:
+def seconds(default: Any, low: int, *, identity: bool = False) -> Any:
     """A `setting` for a duration in seconds: an integer from `low` to `MAX_SECONDS`."""
-    return setting(default, checks=(at_least(low), at_most(MAX_SECONDS, " (about 31 years)")))
+    return setting(default, checks=(at_least(low), at_most(MAX_SECONDS, " (about 31 years)")),
+                   identity=identity)
 
 
 def profile(value: str) -> str | None:
@@ -203,11 +206,22 @@ def url(*schemes: str, example: str) -> Check:
 
 
 def setting(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
-            checks: tuple[Check, ...] = (), each: bool = False, rest: bool = False) -> Any:
-    """A schema field: its default, its checks (`each`: run on every value of a mapping) and
-    `rest`: this mapping collects the section's other keys (capacities, footprint overrides)."""
-    meta = {"checks": checks, "each": each, "rest": rest}
+            checks: tuple[Check, ...] = (), each: bool = False, rest: bool = False,
+            identity: bool = False, choices: type[StrEnum] | None = None) -> Any:
+    """A schema field: its default, its checks (`each`: run on every value of a mapping),
+    `rest`: this mapping collects the section's other keys (capacities, footprint overrides),
+    `identity`: the key says what a run *is* (where its target and rows live, how its branches
+    are laid out), so `resume --reload-policy` never changes it, and `choices`: the enum of
+    the values a word-valued key may take."""
+    meta = {"checks": checks, "each": each, "rest": rest, "identity": identity, "choices": choices}
     return field(default=default, default_factory=factory, metadata=meta)
+
+
+def choice(default: StrEnum, *, identity: bool = False) -> Any:
+    """A `setting` that takes one of its enum's values; the default is a member of it."""
+    options = type(default)
+    return setting(default.value, checks=(one_of(*(m.value for m in options)),),
+                   identity=identity, choices=options)
 
 
 def empty_map() -> Mapping:

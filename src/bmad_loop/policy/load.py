@@ -12,6 +12,7 @@ import dataclasses
 import os
 import tomllib
 import typing
+from enum import StrEnum
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
@@ -78,7 +79,7 @@ def _key_type(section: str, key: str) -> Any | None:
 
 
 def _env_value(raw: str, tp: Any) -> Any:
-    if tp is str:
+    if tp is str or (isinstance(tp, type) and issubclass(tp, StrEnum)):  # a word is taken as it is
         return raw
     try:
         parsed = tomllib.loads("v = " + raw)

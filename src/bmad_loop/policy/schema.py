@@ -20,12 +20,12 @@ from .checks import (
     argv_template,
     at_least,
     at_most,
+    choice,
     commit_template,
     empty_map,
     globs,
     globs_of_keys,
     non_empty,
-    one_of,
     parse_ports,
     ports,
     profile,
@@ -34,11 +34,15 @@ from .checks import (
     setting,
     url,
 )
+from .choices import (BranchPer, CreateMode, Drift, ExtraKeys, FootprintDefault, GateMode,
+                      Isolation, MergeClass, MergeStrategy, OnEscalation, OnForeignMove, OnLimit,
+                      QueueBackendKind, Sandbox, Verdict)
 from .mergerule import MergeRule
 from .validate import Context, checked, did_you_mean, error, field_of, name
 
 __all__ = [
     "SECTIONS",
+    "identity_keys",
     "AdapterPolicy",
     "CleanupPolicy",
     "DatabasePolicy",
@@ -66,10 +70,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ScmPolicy:
-    isolation: str = setting("worktree", checks=(one_of("none", "worktree"),))
-    branch_per: str = setting("story", checks=(one_of("story", "run"),))
-    target_branch: str = ""
-    merge_strategy: str = setting("merge", checks=(one_of("ff", "merge", "squash"),))
+    isolation: Isolation = choice(Isolation.WORKTREE, identity=True)
+    branch_per: BranchPer = choice(BranchPer.STORY, identity=True)
+    target_branch: str = setting("", identity=True)
+    merge_strategy: MergeStrategy = choice(MergeStrategy.MERGE)
     # One thread, worktree and agent per slot: past MAX_PARALLEL a run would not start, it would
     # try to make that many threads.
     max_parallel: int = setting(1, checks=(at_least(1), at_most(MAX_PARALLEL)))
@@ -85,11 +89,11 @@ class ScmPolicy:
     author_name: str = "bmad-loop"
     author_email: str = "bmad-loop@localhost"
     lane_owned: tuple[str, ...] = setting((), checks=(globs,))
-    remote: str = ""
+    remote: str = setting("", identity=True)
     # How long bmad-loop waits for a git lock another process holds before the run pauses.
     lock_wait_s: int = seconds(30, 0)
     # The target moved by anyone but the lane: pause for a human, or accept and recompose on it.
-    on_foreign_move: str = setting("pause", checks=(one_of("pause", "accept"),))
+    on_foreign_move: OnForeignMove = choice(OnForeignMove.PAUSE)
     # Hooks bmad-loop's own git runs (pinned, from the project's hooks folder); none by default.
     run_hooks: tuple[str, ...] = ()
     # A landed story's worktree is reset to a new one's state and taken by the next story
@@ -121,7 +125,7 @@ class VerifyPolicy:
     # How many speculative candidates the lane verifies at once; None: the run's max_parallel.
     parallel: int | None = setting(None, checks=(at_least(1), at_most(MAX_PARALLEL)))
     # Run each command in the OS sandbox (bmad_loop.sandbox): "auto" where it works, "on", "off".
-    sandbox: str = setting("auto", checks=(one_of("auto", "on", "off"),))
+    sandbox: Sandbox = choice(Sandbox.AUTO)
 
     def depth(self, max_parallel: int) -> int:
         """How many candidates the lane verifies at once in a run of `max_parallel`: 1 without
@@ -134,7 +138,7 @@ class VerifyPolicy:
 
 @dataclass(frozen=True)
 class GatesPolicy:
-    mode: str = setting("per-epic", checks=(one_of("none", "per-epic", "per-story-spec-approval"),))
+    mode: GateMode = choice(GateMode.PER_EPIC)
 
 
 @dataclass(frozen=True)
@@ -162,10 +166,10 @@ class AdapterPolicy:
     tmux: bool = False
     # How a review says its verdict: "marker" (a printed line) or "exit" (the exit status);
     # empty: the profile's ("marker") for a profile, "exit" for a custom command.
-    verdict: str = setting("", checks=(one_of("", "marker", "exit"),))
+    verdict: Verdict = choice(Verdict.PROFILE)
     extra_args: tuple[str, ...] = setting((), checks=(argv_template,))  # added to the command
     # An environment fault with a reset time (a usage limit): pause the run, or wait and go on.
-    on_limit: str = setting("pause", checks=(one_of("pause", "wait"),))
+    on_limit: OnLimit = choice(OnLimit.PAUSE)
     # A custom command writes its tokens and cost to $BMAD_LOOP_USAGE_FILE (engine/usagefile.py).
     reports_usage: bool = False
     create: PhaseOverride = setting(factory=PhaseOverride)
@@ -175,7 +179,7 @@ class AdapterPolicy:
     tiers: Mapping[str, TierPolicy] = setting(factory=empty_map)
     # Run each session in the OS sandbox (bmad_loop.sandbox): "auto" where it works, "on", "off";
     # sandbox_writable: more folders the box may write (absolute, or ~/...), for both boxes.
-    sandbox: str = setting("auto", checks=(one_of("auto", "on", "off"),))
+    sandbox: Sandbox = choice(Sandbox.AUTO)
     sandbox_writable: tuple[str, ...] = ()
 
     def phase(self, name: str) -> PhaseOverride:
@@ -204,9 +208,9 @@ class StoriesPolicy:
     story_dir: str = ""
     # A selected backlog story without a story file: the agent writes it (create phase), the
     # story is left out of the plan, or the plan is refused.
-    create: str = setting("agent", checks=(one_of("agent", "skip", "require"),))
+    create: CreateMode = choice(CreateMode.AGENT)
     # Board keys outside the story grammar (`hotfix-login`): listed by validate, or run as stories.
-    extra_keys: str = setting("ignore", checks=(one_of("ignore", "run"),))
+    extra_keys: ExtraKeys = choice(ExtraKeys.IGNORE)
 
 
 @dataclass(frozen=True)
@@ -223,8 +227,8 @@ class FootprintOverride:
 
 @dataclass(frozen=True)
 class FootprintsPolicy:
-    default: str = setting("exclusive", checks=(one_of("exclusive"),))
-    drift: str = setting("warn", checks=(one_of("warn", "escalate"),))
+    default: FootprintDefault = choice(FootprintDefault.EXCLUSIVE)
+    drift: Drift = choice(Drift.WARN)
     overrides: Mapping[str, FootprintOverride] = setting(factory=empty_map, rest=True)
 
 
@@ -253,21 +257,21 @@ class NotifyPolicy:
 
 @dataclass(frozen=True)
 class QueuePolicy:
-    backend: str = setting("sqlite", checks=(one_of("sqlite", "redis"),))
-    url: str = ""
+    backend: QueueBackendKind = choice(QueueBackendKind.SQLITE, identity=True)
+    url: str = setting("", identity=True)
 
 
 @dataclass(frozen=True)
 class DatabasePolicy:
-    url: str = setting("", checks=(url(example="postgresql+psycopg://host/db"),))
+    url: str = setting("", checks=(url(example="postgresql+psycopg://host/db"),), identity=True)
     # SQLite: how long a command waits for a lock another process holds before it gives up.
-    lock_wait_s: int = seconds(30, 0)
+    lock_wait_s: int = seconds(30, 0, identity=True)
 
 
 @dataclass(frozen=True)
 class ParallelPolicy:
-    on_escalation: str = setting("pause", checks=(one_of("pause", "continue"),))
-    merge_class: str = setting("self", checks=(one_of("self", "operator"),))
+    on_escalation: OnEscalation = choice(OnEscalation.PAUSE)
+    merge_class: MergeClass = choice(MergeClass.SELF)
     tier: str = ""
 
 
@@ -325,6 +329,18 @@ class Policy:
 
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(Policy) if f.name != "source")
+
+
+def identity_keys() -> dict[str, tuple[str, ...]]:
+    """Section -> the keys marked `identity=True`: what a run is, which `resume
+    --reload-policy` never changes."""
+    found = {}
+    for section in SECTIONS:
+        cls = type(getattr(Policy(), section))
+        keys = tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("identity"))
+        if keys:
+            found[section] = keys
+    return found
 
 
 # --- rules that span keys ------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import functools
 import re
 import types
@@ -137,6 +138,8 @@ def convert(ctx: Context, path: tuple[str, ...], value: Any, tp: Any) -> Any:
             raise ctx.error(path, f"expected a table, got {describe(value)}")
         item_type = typing.get_args(tp)[1]
         return MappingProxyType({str(k): convert(ctx, path + (str(k),), v, item_type) for k, v in value.items()})
+    if isinstance(tp, type) and issubclass(tp, enum.StrEnum):
+        tp = str  # a word from `policy.choices`: read as a string, checked by the field's `one_of`
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)  # `max_cost_per_run = 5` means 5.0
     if (tp is int and isinstance(value, bool)) or not isinstance(value, tp):  # bool is not an int

@@ -25,7 +25,7 @@ from ...states import (
     StopMode,
     StoryState,
 )
-from ...policy import load_policy, policy_from_dict
+from ...policy import identity_keys, load_policy, policy_from_dict
 from .. import leases
 from ..escalation import ENVIRONMENTAL, integration_cause
 from ..journal import record
@@ -61,22 +61,13 @@ def find_run(session, project, ref: str | None) -> Run:
     return matches[0]
 
 
-# What a run is, which `resume --reload-policy` never changes: where its target and rows live,
-# and how its stories' branches and worktrees are laid out.
-IDENTITY_KEYS = {"scm": ("target_branch", "remote", "isolation", "branch_per"),
-                 "database": None, "queue": None}
-
-
 def reloaded_policy(run: Run, current) -> tuple[dict, list[str]]:
     """The run's snapshot with every key taken from `current` (the policy file now) except
     its identity; the new snapshot and the keys that changed."""
     old, new = dict(run.policy), current.to_dict()
-    for section, keys in IDENTITY_KEYS.items():
-        if keys is None:
-            new[section] = old.get(section, new.get(section))
-        else:
-            new[section] = {**new.get(section, {}),
-                            **{k: old[section][k] for k in keys if k in old.get(section, {})}}
+    for section, keys in identity_keys().items():  # the settings flagged identity=True
+        new[section] = {**new.get(section, {}),
+                        **{k: old[section][k] for k in keys if k in old.get(section, {})}}
     changed = sorted(f"{section}.{key}" for section in set(old) | set(new)
                      for key in set(old.get(section, {})) | set(new.get(section, {}))
                      if old.get(section, {}).get(key) != new.get(section, {}).get(key))
@@ -88,7 +79,7 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
     """Continue a paused, stopped, failed or crashed run: same plan, scope and target.
 
     `reload_policy`: take the current policy file for every key but the run's identity
-    (IDENTITY_KEYS), e.g. to fix the mistake that paused it."""
+    (the policy settings flagged `identity`), e.g. to fix the mistake that paused it."""
     db = project.db
     current = load_policy(project.home) if reload_policy else None
     with db.read() as s:
