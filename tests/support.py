@@ -463,7 +463,7 @@ class SprintRepo:
         reaches, and would otherwise outlive a test that failed while they waited."""
         import psutil
 
-        from bmad_loop.agents.adapter import OWNER_VAR, SESSION_TOKEN_VAR, parse_owner
+        from bmad_loop.agents.process import OWNER_VAR, SESSION_TOKEN_VAR, parse_owner
         from bmad_loop.proctree import kill_marked
 
         owners: dict[int, float] = {}  # pid -> start time of each killed bmad-loop process
@@ -719,3 +719,12 @@ def run_everything(repo, bar: Path, *args: str) -> int:
         return proc.wait(timeout=DEADLINE_S * 2)
     finally:
         repo.kill_spawned()
+
+
+def run_agent(argv, *, cwd, env, log_path, label=None, stop_event=None, on_start=None, **limits):
+    """`supervise` with its Command and Limits spelled as keywords, as the process tests write
+    them."""
+    from bmad_loop.agents.process import Command, Limits, supervise
+
+    return supervise(Command(argv, cwd, env, label), log_path, Limits(**limits),
+                     stop_event=stop_event, on_start=on_start)

@@ -18,8 +18,6 @@ import pytest
 
 from bmad_loop.agents.adapter import (
     PLACEHOLDERS,
-    OWNER_VAR,
-    SESSION_TOKEN_VAR,
     AgentCall,
     AgentResult,
     agent_env,
@@ -27,11 +25,11 @@ from bmad_loop.agents.adapter import (
     read_verdict,
     render_argv,
     review_approved,
-    run_agent,
     session_output,
 )
+from bmad_loop.agents.process import OWNER_VAR, SESSION_TOKEN_VAR
 from bmad_loop.errors import ConfigError
-from support import alive, poll, wait_until
+from support import alive, poll, run_agent, wait_until
 
 
 def _call(tmp_path: Path, **overrides) -> AgentCall:

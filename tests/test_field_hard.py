@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bmad_loop.agents.adapter import OWNER_VAR, SESSION_TOKEN_VAR, owner_marker, parse_owner
+from bmad_loop.agents.process import OWNER_VAR, SESSION_TOKEN_VAR, owner_marker, parse_owner
 from bmad_loop.engine.faults import DELAY_DIR_ENV, DELAY_ENV
 from bmad_loop.engine.worker.verify import run_verify
 from support import StoryDef, project_argv, query, wait_for_exit, wait_for_files, wait_until, write_each

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.agents.adapter import run_agent
 from bmad_loop.agents.logcap import CappedLog, cut_marker, read_cut
 from bmad_loop.operator.follow import _Tail
-from support import StoryDef, barrier_script, build_repo, fill_disk, go, inside, wait_until
+from support import StoryDef, barrier_script, build_repo, fill_disk, go, inside, run_agent, wait_until
 
 CAP = 256 * 1024
 LINE = 64

@@ -6,9 +6,8 @@ import json
 import sys
 import textwrap
 
-from bmad_loop.agents.adapter import run_agent
 from bmad_loop.agents.stallwatch import StallWatch, last_output_at, tree_cpu
-from support import StoryDef, agent_command, query, wait_until, write
+from support import StoryDef, agent_command, query, run_agent, wait_until, write
 
 STALL_S = 1.0
 

@@ -4,7 +4,7 @@ A session is alive while its log grows or any process of its tree uses CPU. Eith
 not enough: an agent waiting on a long test run inside a tool call prints nothing for minutes
 while the tests burn CPU, and an agent streaming tokens from a remote model uses almost no CPU
 while it prints. Only a session that does neither for `stall_s` (a hung network read, a prompt
-waiting for input that will never come) is stalled, and `adapter.run_agent` kills it.
+waiting for input that will never come) is stalled, and `process.supervise` kills it.
 
 The process tree is `proctree.session_processes` (descendants, group, session and the session's
 marker variable), sampled every `sample_s` rather than on every poll: walking every process of

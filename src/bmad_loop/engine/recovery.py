@@ -33,7 +33,7 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from .. import proctree
-from ..agents.adapter import OWNER_VAR, SESSION_TOKEN_VAR, parse_owner
+from ..agents.process import OWNER_VAR, SESSION_TOKEN_VAR, parse_owner
 from ..db.models import Attempt, Candidate, Event, Lease, Run, Story, utcnow
 from ..hostid import host_name
 from ..states import AttemptState, StoryState

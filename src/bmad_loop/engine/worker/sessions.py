@@ -23,12 +23,12 @@ from ...agents.adapter import (
     agent_env,
     render_argv,
     review_approved,
-    run_agent,
     session_output,
 )
 from ...bmad.install import detect_bmad
 from ...agents.faults import AgentFault, classify
 from ...agents.output import SessionReport, Usage, parse_output
+from ...agents.process import Command, Limits, supervise
 from ...db.database import insert_now
 from ...db.models import Attempt, Run, utcnow
 from ...git.config_guard import ConfigWatch
@@ -188,11 +188,11 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
         crash_point("worker.in_agent")
 
     with Heartbeat(ctx, claim, attempt_id):
-        result = run_agent(argv, cwd=worktree, env=env, log_path=log_path, timeout_s=timeout,
-                           stop_event=claim.stop_event, on_start=started,
-                           thaw_after_s=policy.leases.ttl_s,  # an agent that SIGSTOPs us
-                           stall_s=policy.adapter.stall_s or None,
-                           max_log_bytes=policy.limits.max_log_bytes)
+        limits = Limits(timeout_s=timeout, stall_s=policy.adapter.stall_s or None,
+                        max_log_bytes=policy.limits.max_log_bytes,
+                        thaw_after_s=policy.leases.ttl_s)  # an agent that SIGSTOPs us
+        result = supervise(Command(argv, worktree, env), log_path, limits,
+                           stop_event=claim.stop_event, on_start=started)
     crash_point("worker.after_agent")
     _journal_log_cut(ctx, phase, number, log_path, result)
     config_changes = watch.end()

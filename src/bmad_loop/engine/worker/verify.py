@@ -1,6 +1,6 @@
 """Run `[verify].commands` in a folder: each a shell command, in order, stopping at the first failure.
 
-Each command runs like an agent session (`adapter.run_agent`): in its own session and process
+Each command runs like an agent session (`agents.process.supervise`): in its own session and process
 group, its output straight into the log file, its whole process tree ended on timeout, on
 `stop_event` (`stop --now`) and when it exits, and tagged with the session token and
 `BMAD_LOOP_OWNER`. With `run_id` and `story_key` it also carries `BMAD_LOOP_RUN_ID` and
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ...agents.adapter import LogCut, read_tail, run_agent
+from ...agents.adapter import read_tail
+from ...agents.process import Command, Limits, LogCut, supervise
 from ...sandbox import SANDBOX_VAR, Box
 
 __all__ = ["VerifyResult", "run_verify", "verify_tags", "OUTPUT_TAIL_CHARS", "NOTHING_TO_RUN"]
@@ -95,10 +96,10 @@ def run_verify(
     cuts = []
     for command in commands:
         argv = ["/bin/sh", "-c", command]
-        result = run_agent(box.wrap(argv) if box else argv, cwd=cwd, env=base_env, log_path=log_path,
-                           timeout_s=timeout_s, stop_event=stop_event,
-                           label=f"verify{' story ' + story_key if story_key else ''}",
-                           thaw_after_s=thaw_after_s, max_log_bytes=max_log_bytes)
+        label = f"verify{' story ' + story_key if story_key else ''}"
+        result = supervise(Command(box.wrap(argv) if box else argv, cwd, base_env, label), log_path,
+                           Limits(timeout_s=timeout_s, max_log_bytes=max_log_bytes,
+                                  thaw_after_s=thaw_after_s), stop_event=stop_event)
         cuts += [result.log_cut] if result.log_cut else []
         if result.exit_code != 0 or result.timed_out or result.interrupted:
             return VerifyResult(
