@@ -8,6 +8,7 @@ from bmad_loop.agents.prompts import (
     GROUND_RULES,
     MAX_EVIDENCE_CHARS,
     PHASE_INSTRUCTIONS,
+    PromptSpec,
     build_prompt,
     compose,
     write_prompt,
@@ -31,7 +32,7 @@ def _prompt(**overrides) -> str:
     values = dict(phase="dev", story_key="1-2-login", story_title="Login", story_text=STORY,
                   instructions=PHASE_INSTRUCTIONS["dev"], attempt=1)
     values.update(overrides)
-    return build_prompt(**values)
+    return build_prompt(PromptSpec(**values))
 
 
 def test_a_dev_prompt_holds_the_whole_story_and_the_instructions():

@@ -8,6 +8,7 @@ joins them; `PHASE_INSTRUCTIONS` holds the default, composed, per phase.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
@@ -16,6 +17,7 @@ from ..fileio import write_atomic
 from ..states import AGENT_PHASES, Phase
 
 __all__ = [
+    "PromptSpec",
     "DEFAULT_TASKS",
     "GROUND_RULES",
     "PHASE_INSTRUCTIONS",
@@ -132,21 +134,25 @@ def compose(phase: str, task: str) -> str:
 PHASE_INSTRUCTIONS: Mapping[str, str] = MappingProxyType({p: compose(p, DEFAULT_TASKS[p]) for p in AGENT_PHASES})
 
 
-def build_prompt(
-    *,
-    phase: str,
-    story_key: str,
-    story_title: str,
-    story_text: str,
-    instructions: str,
-    attempt: int,
-    verify_output: str = "",
-    review_notes: str = "",
-    worktree: str = "",
-    story_file: str = "",
-    epic: str = "",
-    bmad: str = "",
-) -> str:
+@dataclass(frozen=True)
+class PromptSpec:
+    """What one session's prompt is made of (see `build_prompt`)."""
+
+    phase: str
+    story_key: str
+    story_title: str
+    story_text: str
+    instructions: str
+    attempt: int
+    verify_output: str = ""
+    review_notes: str = ""
+    worktree: str = ""
+    story_file: str = ""
+    epic: str = ""
+    bmad: str = ""
+
+
+def build_prompt(spec: PromptSpec) -> str:
     """The text of one session's prompt file.
 
     It holds the phase's `instructions`, the full story file, and the evidence: for `fix`, the
@@ -157,36 +163,38 @@ def build_prompt(
     BMAD install runs the phase (`BmadInstall.guidance`; "" when it has none): the last section,
     which the instructions refer to.
     """
-    _check_phase(phase)
-    title = f"{story_key}: {story_title}" if story_title else story_key
-    head = [f"# bmad-loop {phase} session — story {title}", "", f"- Phase: {phase}", f"- Attempt: {attempt}"]
-    if worktree:
-        head.append(f"- Worktree (your working directory): {worktree}")
-    if story_file:
-        head.append(f"- Story file: {story_file}")
-    parts = ["\n".join(head), "## Instructions\n\n" + instructions.strip()]
-    if phase == Phase.CREATE:
+    _check_phase(spec.phase)
+    title = f"{spec.story_key}: {spec.story_title}" if spec.story_title else spec.story_key
+    head = [f"# bmad-loop {spec.phase} session — story {title}", "", f"- Phase: {spec.phase}",
+            f"- Attempt: {spec.attempt}"]
+    if spec.worktree:
+        head.append(f"- Worktree (your working directory): {spec.worktree}")
+    if spec.story_file:
+        head.append(f"- Story file: {spec.story_file}")
+    parts = ["\n".join(head), "## Instructions\n\n" + spec.instructions.strip()]
+    if spec.phase == Phase.CREATE:
         # There is no story yet: the board's line is all there is to go on.
-        parts.append(f"## The story to create\n\n- Key: {story_key}\n- Epic: {epic}\n"
-                     f"- Title (from the key): {story_title}")
-        if verify_output.strip():
-            parts.append("## The previous attempt failed\n\n" + _evidence(verify_output))
-        parts.append(_bmad_section(bmad))
+        parts.append(f"## The story to create\n\n- Key: {spec.story_key}\n- Epic: {spec.epic}\n"
+                     f"- Title (from the key): {spec.story_title}")
+        if spec.verify_output.strip():
+            parts.append("## The previous attempt failed\n\n" + _evidence(spec.verify_output))
+        parts.append(_bmad_section(spec.bmad))
         return "\n\n".join(parts) + "\n"
-    parts.append(f"## The story ({story_key})\n\n{_fenced(story_text, 'markdown')}")
+    parts.append(f"## The story ({spec.story_key})\n\n{_fenced(spec.story_text, 'markdown')}")
 
-    if phase == Phase.FIX:
-        if verify_output.strip():
-            parts.append("## Verification failed — its output\n\n" + _evidence(verify_output))
+    if spec.phase == Phase.FIX:
+        if spec.verify_output.strip():
+            parts.append("## Verification failed — its output\n\n" + _evidence(spec.verify_output))
         else:
             parts.append("## Verification\n\nVerification passed; the review requested changes.")
-        if review_notes.strip():
-            parts.append("## The review's notes\n\n" + _evidence(review_notes))
-    elif phase == Phase.DEV and verify_output.strip():
-        parts.append(f"## The previous attempt failed verification — its output\n\n{_evidence(verify_output)}")
-    elif phase == Phase.DEV and review_notes.strip():
-        parts.append("## Review notes from earlier\n\n" + _evidence(review_notes))
-    parts.append(_bmad_section(bmad))
+        if spec.review_notes.strip():
+            parts.append("## The review's notes\n\n" + _evidence(spec.review_notes))
+    elif spec.phase == Phase.DEV and spec.verify_output.strip():
+        parts.append("## The previous attempt failed verification — its output\n\n"
+                     + _evidence(spec.verify_output))
+    elif spec.phase == Phase.DEV and spec.review_notes.strip():
+        parts.append("## Review notes from earlier\n\n" + _evidence(spec.review_notes))
+    parts.append(_bmad_section(spec.bmad))
     return "\n\n".join(parts) + "\n"
 
 

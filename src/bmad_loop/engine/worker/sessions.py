@@ -32,7 +32,7 @@ from ...agents.process import Command, Limits, supervise
 from ...db.database import insert_now
 from ...db.models import Attempt, Run, utcnow
 from ...git.config_guard import ConfigWatch
-from ...agents.prompts import PHASE_INSTRUCTIONS, build_prompt, write_prompt
+from ...agents.prompts import PHASE_INSTRUCTIONS, PromptSpec, build_prompt, write_prompt
 from ...agents.profiles import resolve_command
 from ...agents.tmux_session import session_name, tmux_available
 from ...states import AttemptState, Phase, RunState, StopMode
@@ -103,36 +103,69 @@ def profile_in_use(policy, profile, phase: str):
     return None
 
 
+@dataclass
+class _Launch:
+    """One session, ready to start: what runs, where its output and guard refusals go."""
+
+    argv: list[str]
+    env: dict[str, str]
+    journaled_argv: list[str]  # the agent's own command line; the log's header shows the box too
+    box: Box | None
+    session: str  # the tmux session, or a name for the session
+    worktree: Path
+    log_path: Path
+    usage_path: Path
+    guard_log: Path
+    guard_offset: int
+    timeout: float
+
+
 def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResult:
     """Run one agent session of the claimed story; its attempt row is left for the caller to close.
     `story`: the row as the caller just read it (else it is read here)."""
     story = story if story is not None else claim.load()
     policy = ctx.policy
+    launch = _launch(ctx, story, phase, number)
+    # What the story's work is before the session, to tell an empty dev or fix session. Only a
+    # profile's CLI is judged so: for a custom command exit 0 is success (the contract).
+    unflag = ctx.workspace.story_worktrees  # never a person's flags in their own checkout
+    before = snapshot(ctx.git, launch.worktree, story.base_sha, unflag=unflag) \
+        if phase in (Phase.DEV, Phase.FIX) \
+        and story.base_sha and profile_in_use(policy, ctx.profile, phase) else None
+    # Git configuration, hooks and drivers before the agent runs; compared before any other git.
+    watch = ConfigWatch(ctx.git, launch.worktree, ctx.scratch.parent / f"{ctx.key}.git-config.json")
+    watch.begin()
+    attempt_id = _open_attempt(ctx, claim, story, phase, number, launch)
+    result = _supervised(ctx, claim, attempt_id, launch)
+    crash_point("worker.after_agent")
+    _journal_log_cut(ctx, phase, number, launch.log_path, result)
+    config_changes = watch.end()
+    if launch.box is not None and not config_changes:
+        settle_after_box(ctx.git, launch.worktree, story.branch, ctx.scratch)
+    verdict = _verdict(ctx, phase, number, launch, result)
+    head = None if config_changes else ctx.git.rev("HEAD", cwd=launch.worktree)
+    if verdict.ok and before is not None and not config_changes:
+        ignore = [*policy.scm.lane_owned, *([ctx.board_rel] if ctx.board_rel else []), f"/{SESSION_DIR}/"]
+        after = snapshot(ctx.git, launch.worktree, story.base_sha, unflag=unflag)
+        if not changed_paths_between(before, after, ignore):
+            verdict = dataclasses.replace(
+                verdict, state=AttemptState.FAILED, ok=False, reason="no changes",
+                summary=f"no changes: the {phase} session exited 0 but changed no file of the story")
+    return SessionResult(attempt_id, phase, number, verdict.state, verdict.ok, verdict.summary,
+                         verdict.text, result.exit_code, result.duration_s, head,
+                         read_guard_log(launch.guard_log, launch.guard_offset), config_changes,
+                         verdict.reason, verdict.usage, verdict.fault)
+
+
+def _launch(ctx, story, phase: str, number: int) -> _Launch:
+    """The prompt written, the argv and environment rendered, the box chosen."""
+    policy = ctx.policy
     tier_name = story.tier or ""
     tier = policy.adapter.tiers.get(tier_name) if tier_name else None
     phase_over = policy.adapter.phase(phase)
-    timeout = policy.adapter.timeout_for(phase, tier_name)
     worktree = Path(story.worktree)
-    # Inside the worktree: headless agents may not read files outside their folder.
-    prompt_path = worktree / SESSION_DIR / f"{phase}-{number}.md"
-    _exclude_session_dir(ctx.git)
     log_path = ctx.layout.log(ctx.key, phase, number)
-    source = ctx.target.story_source(worktree)
-    story_text = _read(source / story.story_path) if story.story_path else ""
-    instructions = (ctx.profile.instructions.get(phase) if ctx.profile else None) \
-        or PHASE_INSTRUCTIONS[phase]
-    if ctx.profile and profile_in_use(policy, ctx.profile, phase):
-        _write_session_files(prompt_path.parent, ctx.profile.session_files)
-    write_prompt(prompt_path, build_prompt(
-        phase=phase, story_key=ctx.key, story_title=story.title, story_text=story_text,
-        instructions=instructions, attempt=number,
-        verify_output=story.feedback.get("verify_output", ""),
-        review_notes=story.feedback.get("review_notes", "") if phase == Phase.FIX else "",
-        worktree=story.worktree,
-        story_file=str(worktree / story.story_path) if story.story_path else "", epic=str(story.epic),
-        bmad=detect_bmad(ctx.workspace.root).guidance(phase),
-    ))
-    story_file = str(worktree / story.story_path) if story.story_path else ""
+    prompt_path = _write_session_prompt(ctx, story, phase, number, worktree)
     extra_env, box = _session_env(ctx, phase_over, worktree, log_path)
     usage_path = usage_file(ctx.scratch, phase, number)
     usage_path.unlink(missing_ok=True)  # a killed earlier run of this session may have left one
@@ -147,57 +180,92 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
         tier_args=tier.args if tier else (), extra_args=policy.adapter.extra_args,
         boxed=box is not None,
     )
-    call = AgentCall(phase=phase, story_key=ctx.key, story_file=story_file,
+    call = AgentCall(phase=phase, story_key=ctx.key,
+                     story_file=str(worktree / story.story_path) if story.story_path else "",
                      prompt_file=str(prompt_path), worktree=str(worktree), run_id=ctx.run_id,
                      attempt=number, base_sha=story.base_sha or "",
                      model=tier.model if tier else "", tier=tier_name, extra_env=extra_env)
-    argv = render_argv(template, call)
-    env = agent_env(call, child_env(policy))
-    journaled_argv = argv  # the agent's own command line; the log's header shows the box too
-    if box is not None:
-        argv = box.wrap(argv)
+    journaled_argv = render_argv(template, call)
+    argv = box.wrap(journaled_argv) if box is not None else journaled_argv
     session = f"{ctx.run_id}/{ctx.key}/{phase}-{number}"
     if policy.adapter.tmux and tmux_available():
         # Live in tmux for `attach`; the wrapper mirrors the pane into the same session log.
         session = session_name(ctx.run_id, ctx.key, phase, number)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "bmad_loop.agents.tmux_session", session, str(log_path), "--", *argv]
-    # What the story's work is before the session, to tell an empty dev or fix session. Only a
-    # profile's CLI is judged so: for a custom command exit 0 is success (the contract).
-    unflag = ctx.workspace.story_worktrees  # never a person's flags in their own checkout
-    before = snapshot(ctx.git, worktree, story.base_sha, unflag=unflag) \
-        if phase in (Phase.DEV, Phase.FIX) \
-        and story.base_sha and profile_in_use(policy, ctx.profile, phase) else None
-    # Git configuration, hooks and drivers before the agent runs; compared before any other git.
-    watch = ConfigWatch(ctx.git, worktree, ctx.scratch.parent / f"{ctx.key}.git-config.json")
-    watch.begin()
+    return _Launch(argv, agent_env(call, child_env(policy)), journaled_argv, box, session, worktree,
+                   log_path, usage_path, guard_log, guard_offset,
+                   policy.adapter.timeout_for(phase, tier_name))
+
+
+def _write_session_prompt(ctx, story, phase: str, number: int, worktree: Path) -> Path:
+    # Inside the worktree: headless agents may not read files outside their folder.
+    prompt_path = worktree / SESSION_DIR / f"{phase}-{number}.md"
+    _exclude_session_dir(ctx.git)
+    source = ctx.target.story_source(worktree)
+    story_text = _read(source / story.story_path) if story.story_path else ""
+    instructions = (ctx.profile.instructions.get(phase) if ctx.profile else None) \
+        or PHASE_INSTRUCTIONS[phase]
+    if ctx.profile and profile_in_use(ctx.policy, ctx.profile, phase):
+        _write_session_files(prompt_path.parent, ctx.profile.session_files)
+    write_prompt(prompt_path, build_prompt(PromptSpec(
+        phase=phase, story_key=ctx.key, story_title=story.title, story_text=story_text,
+        instructions=instructions, attempt=number,
+        verify_output=story.feedback.get("verify_output", ""),
+        review_notes=story.feedback.get("review_notes", "") if phase == Phase.FIX else "",
+        worktree=story.worktree,
+        story_file=str(worktree / story.story_path) if story.story_path else "", epic=str(story.epic),
+        bmad=detect_bmad(ctx.workspace.root).guidance(phase),
+    )))
+    return prompt_path
+
+
+def _open_attempt(ctx, claim, story, phase: str, number: int, launch: _Launch) -> int:
+    """The attempt row and its journal line, written under the claim: no session starts for a
+    worker that lost its story."""
     with ctx.db.transaction() as s:
-        claim.write(s, story, session=session, log=str(log_path))  # fenced: no session starts
+        claim.write(s, story, session=launch.session, log=str(launch.log_path))
         attempt_id = insert_now(s, Attempt(
             run_id=ctx.run_id, story_id=ctx.story_id, phase=phase, number=number,
-            state=AttemptState.RUNNING, worktree=str(worktree), branch=story.branch,
-            base_sha=story.base_sha, session=session, log=str(log_path), host=ctx.host,
-            heartbeat_at=utcnow(), boxed=box is not None))
+            state=AttemptState.RUNNING, worktree=str(launch.worktree), branch=story.branch,
+            base_sha=story.base_sha, session=launch.session, log=str(launch.log_path),
+            host=ctx.host, heartbeat_at=utcnow(), boxed=launch.box is not None))
         record(s, ctx.run_id, "attempt.started", ctx.key, phase=phase, attempt=number,
-               argv=journaled_argv, log=str(log_path), tier=tier_name or None,
-               boxed=box is not None)
+               argv=launch.journaled_argv, log=str(launch.log_path), tier=story.tier or None,
+               boxed=launch.box is not None)
+    return attempt_id
 
+
+def _supervised(ctx, claim, attempt_id: int, launch: _Launch):
     def started(pid: int) -> None:
         with ctx.db.transaction() as s:
             s.connection().execute(_SET_PID, {"attempt_id": attempt_id, "pid": pid})
         crash_point("worker.in_agent")
 
+    policy = ctx.policy
+    limits = Limits(timeout_s=launch.timeout, stall_s=policy.adapter.stall_s or None,
+                    max_log_bytes=policy.limits.max_log_bytes,
+                    thaw_after_s=policy.leases.ttl_s)  # an agent that SIGSTOPs us
     with Heartbeat(ctx, claim, attempt_id):
-        limits = Limits(timeout_s=timeout, stall_s=policy.adapter.stall_s or None,
-                        max_log_bytes=policy.limits.max_log_bytes,
-                        thaw_after_s=policy.leases.ttl_s)  # an agent that SIGSTOPs us
-        result = supervise(Command(argv, worktree, env), log_path, limits,
-                           stop_event=claim.stop_event, on_start=started)
-    crash_point("worker.after_agent")
-    _journal_log_cut(ctx, phase, number, log_path, result)
-    config_changes = watch.end()
-    if box is not None and not config_changes:
-        settle_after_box(ctx.git, worktree, story.branch, ctx.scratch)
+        return supervise(Command(launch.argv, launch.worktree, launch.env), launch.log_path,
+                         limits, stop_event=claim.stop_event, on_start=started)
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    state: str
+    ok: bool
+    summary: str
+    reason: str | None
+    text: str  # the agent's words, not the event stream
+    usage: Usage
+    fault: AgentFault | None
+
+
+def _verdict(ctx, phase: str, number: int, launch: _Launch, result) -> _Verdict:
+    """How the session went: its attempt state, the summary and reason, its words, its usage and
+    any environment fault of the CLI."""
+    policy, timeout = ctx.policy, launch.timeout
     state = (AttemptState.INTERRUPTED if result.interrupted else AttemptState.TIMED_OUT if result.timed_out
              else AttemptState.SUCCEEDED if result.exit_code == 0 else AttemptState.FAILED)
     summary = {AttemptState.INTERRUPTED: "interrupted by stop",
@@ -208,30 +276,21 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     if result.stalled:  # silent and idle for stall_s: a failed attempt (stallwatch.py)
         state, reason = AttemptState.FAILED, "stalled"
         summary = f"stalled: no output and no CPU for {policy.adapter.stall_s}s (process tree killed)"
-    output = session_output(log_path, result)
+    output = session_output(launch.log_path, result)
     cli = profile_in_use(policy, ctx.profile, phase)
     report = parse_output(cli.output if cli else "text", output)
-    report = _with_usage(ctx, phase, number, report, usage_path if cli is None else None, result)
+    report = _with_usage(ctx, phase, number, report, launch.usage_path if cli is None else None, result)
     fault = None
     if cli is not None and result.exit_code is not None:
         fault = classify(report, result.exit_code, patterns=cli.faults, exit_codes=cli.fault_exit_codes)
     state, summary, reason = _judge(state, summary, reason, fault, report, result, timeout)
-    text = report.text if report.structured else output  # the agent's words, not the event stream
+    text = report.text if report.structured else output
     ok = state == AttemptState.SUCCEEDED
     if phase == Phase.REVIEW and ok:
         ok = review_approved(result, text, verdict=verdict_mode(policy, ctx.profile))
         if not ok:
             summary = reason = "review requested changes"
-    head = None if config_changes else ctx.git.rev("HEAD", cwd=worktree)
-    if ok and before is not None and not config_changes:
-        ignore = [*policy.scm.lane_owned, *([ctx.board_rel] if ctx.board_rel else []), f"/{SESSION_DIR}/"]
-        after = snapshot(ctx.git, worktree, story.base_sha, unflag=unflag)
-        if not changed_paths_between(before, after, ignore):
-            state, ok, reason = AttemptState.FAILED, False, "no changes"
-            summary = f"no changes: the {phase} session exited 0 but changed no file of the story"
-    return SessionResult(attempt_id, phase, number, state, ok, summary, text, result.exit_code,
-                         result.duration_s, head, read_guard_log(guard_log, guard_offset),
-                         config_changes, reason, report.usage, fault)
+    return _Verdict(state, ok, summary, reason, text, report.usage, fault)
 
 
 def _with_usage(ctx, phase: str, number: int, report: SessionReport, usage_path: Path | None,
