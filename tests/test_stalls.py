@@ -57,7 +57,7 @@ def test_log_growth_alone_keeps_a_session_alive(tmp_path):
     """No CPU at all (the sampler says so) but the log grows: not stalled; then it stops growing."""
     log = write(tmp_path / "s.log", "")
     clock = [0.0]
-    watch = StallWatch(10, log, root=0, sample_s=1, clock=lambda: clock[0], sample=lambda: {})
+    watch = StallWatch(10, log, lambda: {}, sample_s=1, clock=lambda: clock[0])
     for second in range(1, 31):
         clock[0] = float(second)
         with open(log, "a") as handle:
@@ -73,7 +73,7 @@ def test_log_growth_alone_keeps_a_session_alive(tmp_path):
 def test_cpu_in_any_process_of_the_tree_keeps_a_session_alive(tmp_path):
     log = write(tmp_path / "s.log", "")
     clock, samples = [0.0], [{(10, 1.0): 1.0, (11, 1.0): 5.0}]
-    watch = StallWatch(5, log, root=0, sample_s=1, clock=lambda: clock[0], sample=lambda: samples[-1])
+    watch = StallWatch(5, log, lambda: samples[-1], sample_s=1, clock=lambda: clock[0])
     for second, sample in enumerate([{(10, 1.0): 1.0, (11, 1.0): 5.5},     # the child works
                                      {(10, 1.0): 1.0},                     # the child exits
                                      {(10, 1.0): 1.0, (12, 2.0): 0.0}],    # a new child starts

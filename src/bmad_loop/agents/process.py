@@ -140,8 +140,8 @@ def supervise(command: Command, log_path: Path, limits: Limits, *,
         # its descendants' start times are read on the same clock (None: search them all).
         since = proctree.start_time(proc.pid)
         waiter = proctree.ExitWaiter(proc)
-        watch = (StallWatch(limits.stall_s, log_path, proc.pid, marker=(SESSION_TOKEN_VAR, token),
-                            since=since) if limits.stall_s else None)
+        watch = (StallWatch.of_tree(limits.stall_s, log_path, proc.pid, since=since,
+                                    marker=(SESSION_TOKEN_VAR, token)) if limits.stall_s else None)
         try:
             if on_start is not None:
                 on_start(proc.pid)

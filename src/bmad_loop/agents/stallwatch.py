@@ -67,15 +67,14 @@ class StallWatch:
     and `tree_cpu` of the session's root.
     """
 
-    def __init__(self, stall_s: float, log_path: str | os.PathLike, root: int, *,
-                 marker: tuple[str, str] | None = None, sample_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 sample: Callable[[], dict] | None = None, since: float | None = None) -> None:
+    def __init__(self, stall_s: float, log_path: str | os.PathLike, sample: Callable[[], dict], *,
+                 sample_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """`sample()`: the CPU times of the session's processes (`tree_cpu`), by process."""
         self.stall_s = float(stall_s)
         self.log_path = Path(log_path)
         self.sample_s = sample_s if sample_s is not None else min(max(self.stall_s / 5, 0.1), 5.0)
         self._clock = clock
-        self._sample = sample or (lambda: tree_cpu(root, marker, since))
+        self._sample = sample
         now = clock()
         self._last_active = now
         # The first sample is due one `sample_s` in, not at once: the session is active as it
@@ -86,6 +85,13 @@ class StallWatch:
         self._next_sample = now + self.sample_s
         self._size = self._log_size()
         self._cpu: dict = {}
+
+    @classmethod
+    def of_tree(cls, stall_s: float, log_path: str | os.PathLike, root: int, *,
+                marker: tuple[str, str] | None = None, since: float | None = None) -> "StallWatch":
+        """A watch on the process tree of `root` (and the processes carrying `marker`, started
+        since `since`)."""
+        return cls(stall_s, log_path, lambda: tree_cpu(root, marker, since))
 
     @property
     def quiet_s(self) -> float:

@@ -9,6 +9,8 @@ models' validators; bulk UPDATEs bypass those, hence the check here.)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sqlalchemy import bindparam, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
@@ -21,11 +23,25 @@ __all__ = ["transition_story", "transition_story_reading", "transition_run", "tr
            "transition_candidate"]
 
 
+@dataclass(frozen=True)
+class _Extra:
+    """What a transition may add to its UPDATE: `when`, a further condition the row must meet;
+    `returning`, what the UPDATE reads back; `params`, the bind parameters of those clauses
+    (so a clause built once serves every call: see `_statement`)."""
+
+    when: ClauseElement | None = None
+    returning: object = None
+    params: dict | None = None
+
+
+_PLAIN = _Extra()
+
+
 def _transition(session: Session, model, machine: str, row_id, expected, values: dict,
-                when=None, returning=None, params=None):
-    """None when this caller lost; else the row `returning` read in the UPDATE (an empty
-    tuple without one). `when` and `returning` are clauses; `params` fills their bind
-    parameters (so a clause built once serves every call: see `_statement`)."""
+                extra: _Extra = _PLAIN):
+    """None when this caller lost; else the row `extra.returning` read in the UPDATE (an
+    empty tuple without one)."""
+    when, returning, params = extra.when, extra.returning, extra.params
     expected = (expected,) if isinstance(expected, str) else tuple(expected)
     if "state" in values:
         for old in expected:
@@ -96,16 +112,16 @@ def transition_story(session: Session, story_id: int, expected, /, *, when=None,
                      **values) -> bool:
     """`when`: a further SQL condition the row must meet (it loses otherwise); `params` fills
     its bind parameters."""
-    return _transition(session, Story, "story", story_id, expected, values, when,
-                       params=params) is not None
+    return _transition(session, Story, "story", story_id, expected, values,
+                       _Extra(when, None, params)) is not None
 
 
 def transition_story_reading(session: Session, story_id: int, expected, returning, /, *,
                              when=None, params=None, **values):
     """`transition_story` that also reads `returning` (an SQL expression) in its UPDATE: the
     row it read, or None when this caller lost."""
-    return _transition(session, Story, "story", story_id, expected, values, when, returning,
-                       params)
+    return _transition(session, Story, "story", story_id, expected, values,
+                       _Extra(when, returning, params))
 
 
 def transition_run(session: Session, run_id: str, expected, **values) -> bool:

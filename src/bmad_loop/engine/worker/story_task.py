@@ -40,77 +40,16 @@ def work(project, tasks, run_id: str, story_id: int, on_claim=None) -> None:
     called once the claim is committed (`bmad-loop worker` prints a line)."""
     db = project.db
     owner = leases.owner_id(f"story{story_id}")
-    with db.transaction() as s:
-        run = s.get(Run, run_id)
-        if run is None:
-            return
-        if run.state not in (RunState.RUNNING, RunState.PAUSING):
-            # Stopped or paused before a worker picked it up: back in line, nothing started.
-            if transition_story(s, story_id, StoryState.QUEUED, state=StoryState.PENDING,
-                                port_block=None):
-                record(s, run_id, "story.unqueued", s.get(Story, story_id).key, run_state=run.state)
-            return
-        now = utcnow()
-        # Read, then claimed by one guarded UPDATE that the row takes as written: two racing
-        # claims read the same generation, and only the one that finds the story queued wins.
-        story = s.get(Story, story_id)
-        first_start = story.phase is None  # it enters prepare here, as `_enter_phase` would
-        if not transition_story(s, story_id, StoryState.QUEUED, state=StoryState.WORKING,
-                                host=project.host, heartbeat_at=now, started_at=now,
-                                claim=story.claim + 1, phase=story.phase or Phase.PREPARE):
-            return  # someone else has it, or it is no longer queued: a duplicate message
-        generation = story.claim
-        record(s, run_id, "story.started", story.key, phase=story.phase, host=project.host)
-        if first_start:
-            record(s, run_id, "story.phase", story.key, phase=Phase.PREPARE)
-        if story.session is not None:  # a session ever began: only a lost worker's is still open
-            close_running_attempts(s, run_id, story)
-        policy = run_policy(run)
-        ctx = story_context(project, run, story, policy)
-        token = leases.take_in(s, leases.story_lease_name(story_id), owner, policy.leases.ttl_s)
-    claim = Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
+    claimed = _claim(project, run_id, story_id, owner)
+    if claimed is None:
+        return
+    story, ctx, claim = claimed
     if on_claim is not None:
         on_claim(run_id, ctx.key)
     tries = []  # the walkers, one per try
-
-    def walk_once():
-        if tries:  # a try cut short by a fault left its session open (the claim closed older ones)
-            interrupt_open_attempts(claim)
-        claimed = story if not tries else None  # as the claim left it; a retry reads it again
-        tries.append(StoryWorker(ctx, claim))
-        return tries[-1].walk(claimed)
-
-    finished, lease_gone, parked = False, False, None  # parked: ends the park's announcement
+    lease_gone, finished, parked = False, False, None  # parked: ends the park's announcement
     try:
-        escalated = retrying(walk_once, db=db, run_id=run_id, story=ctx.key, what=f"story {ctx.key}")
-        lease_gone = claim.lease_dropped  # by the walk's last transaction, which committed
-        crash_point("worker.after_ready")
-        if escalated:
-            notify(db, policy, run_id, "story.escalated", story=ctx.key, reason=escalated)
-        else:  # the lane is woken first, then the worktree parked (announced: a take waits)
-            finished, parked = True, announce_park()
-    except FaultPersisted as exc:
-        # Not the story's fault: it goes back in line, its phase and work kept, and the run pauses.
-        release_after_stop(db, run_id, story_id, generation, fault=exc.fault.describe())
-        if pause_for_fault(db, run_id, exc.fault, exc.attempts, story=ctx.key):
-            notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.fault.describe())
-    except PauseRun as exc:  # the agent cannot work, or a budget is spent (agentpause.py)
-        release_after_stop(db, run_id, story_id, generation, fault=exc.reason)
-        if pause_run(db, run_id, ctx.key, exc):
-            notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.reason)
-    except Fenced:
-        log.warning("story %s was taken back while this worker stalled; it stops here", story_id)
-    except StopRequested:
-        release_after_stop(db, run_id, story_id, generation)
-    except Exception as exc:  # a bug or an environment failure: keep the work, tell a human
-        log.exception("story %s failed unexpectedly", story_id)
-        with db.transaction() as s:
-            story = s.get(Story, story_id)
-            if story.state == StoryState.WORKING and story.claim == generation:
-                story.state, story.reason = StoryState.ESCALATED, f"internal error: {exc}"
-                story.ended_at = utcnow()
-                record(s, run_id, "story.escalated", story.key, reason=story.reason,
-                       traceback=traceback.format_exc()[-4000:])
+        lease_gone, finished, parked = _walk(ctx, claim, story, tries)
     finally:
         if not lease_gone:
             quietly(leases.release, db, leases.story_lease_name(story_id), owner)
@@ -127,6 +66,91 @@ def work(project, tasks, run_id: str, story_id: int, on_claim=None) -> None:
             parked()
     if not ctx.target.lane_removes_story_worktrees:
         _sweep(project, run_id)
+
+
+def _claim(project, run_id: str, story_id: int, owner: str):
+    """(story, context, claim) once this worker holds the story, or None: the run is not live
+    (the story goes back in line) or the message is a duplicate."""
+    db = project.db
+    with db.transaction() as s:
+        run = s.get(Run, run_id)
+        if run is None:
+            return None
+        if run.state not in (RunState.RUNNING, RunState.PAUSING):
+            # Stopped or paused before a worker picked it up: back in line, nothing started.
+            if transition_story(s, story_id, StoryState.QUEUED, state=StoryState.PENDING,
+                                port_block=None):
+                record(s, run_id, "story.unqueued", s.get(Story, story_id).key, run_state=run.state)
+            return None
+        now = utcnow()
+        # Read, then claimed by one guarded UPDATE that the row takes as written: two racing
+        # claims read the same generation, and only the one that finds the story queued wins.
+        story = s.get(Story, story_id)
+        first_start = story.phase is None  # it enters prepare here, as `_enter_phase` would
+        if not transition_story(s, story_id, StoryState.QUEUED, state=StoryState.WORKING,
+                                host=project.host, heartbeat_at=now, started_at=now,
+                                claim=story.claim + 1, phase=story.phase or Phase.PREPARE):
+            return None  # someone else has it, or it is no longer queued: a duplicate message
+        generation = story.claim  # the claim's new generation, as the UPDATE wrote it
+        record(s, run_id, "story.started", story.key, phase=story.phase, host=project.host)
+        if first_start:
+            record(s, run_id, "story.phase", story.key, phase=Phase.PREPARE)
+        if story.session is not None:  # a session ever began: only a lost worker's is still open
+            close_running_attempts(s, run_id, story)
+        policy = run_policy(run)
+        ctx = story_context(project, run, story, policy)
+        token = leases.take_in(s, leases.story_lease_name(story_id), owner, policy.leases.ttl_s)
+    return story, ctx, Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
+
+
+def _walk(ctx, claim, story, tries: list):
+    """Walk the story (retried over transient faults); (lease gone, finished, parked). A fault,
+    a pause, a stop or a bug each leave the story and the run where a human can go on."""
+    db, run_id, story_id, generation = ctx.db, ctx.run_id, claim.story_id, claim.generation
+    policy = ctx.policy
+
+    def walk_once():
+        if tries:  # a try cut short by a fault left its session open (the claim closed older ones)
+            interrupt_open_attempts(claim)
+        claimed = story if not tries else None  # as the claim left it; a retry reads it again
+        tries.append(StoryWorker(ctx, claim))
+        return tries[-1].walk(claimed)
+
+    try:
+        escalated = retrying(walk_once, db=db, run_id=run_id, story=ctx.key, what=f"story {ctx.key}")
+        lease_gone = claim.lease_dropped  # by the walk's last transaction, which committed
+        crash_point("worker.after_ready")
+        if escalated:
+            notify(db, policy, run_id, "story.escalated", story=ctx.key, reason=escalated)
+            return lease_gone, False, None
+        return lease_gone, True, announce_park()  # the lane is woken first, then the worktree parked
+    except FaultPersisted as exc:
+        # Not the story's fault: it goes back in line, its phase and work kept, and the run pauses.
+        release_after_stop(db, run_id, story_id, generation, fault=exc.fault.describe())
+        if pause_for_fault(db, run_id, exc.fault, exc.attempts, story=ctx.key):
+            notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.fault.describe())
+    except PauseRun as exc:  # the agent cannot work, or a budget is spent (agentpause.py)
+        release_after_stop(db, run_id, story_id, generation, fault=exc.reason)
+        if pause_run(db, run_id, ctx.key, exc):
+            notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.reason)
+    except Fenced:
+        log.warning("story %s was taken back while this worker stalled; it stops here", story_id)
+    except StopRequested:
+        release_after_stop(db, run_id, story_id, generation)
+    except Exception as exc:  # a bug or an environment failure: keep the work, tell a human
+        log.exception("story %s failed unexpectedly", story_id)
+        _escalate_internal_error(db, run_id, story_id, generation, exc)
+    return False, False, None
+
+
+def _escalate_internal_error(db, run_id: str, story_id: int, generation: int, exc: Exception) -> None:
+    with db.transaction() as s:
+        story = s.get(Story, story_id)
+        if story.state == StoryState.WORKING and story.claim == generation:
+            story.state, story.reason = StoryState.ESCALATED, f"internal error: {exc}"
+            story.ended_at = utcnow()
+            record(s, run_id, "story.escalated", story.key, reason=story.reason,
+                   traceback=traceback.format_exc()[-4000:])
 
 
 def _release_if_ready(ctx, claim, known) -> None:

@@ -260,41 +260,12 @@ class StoryWorker:
         head = self._escalation_head() if outcome.escalate and not config_changed else None
         known = self._story()  # only this worker writes the row while its claim holds
         self._row = None  # changed below; the next phase's entry reads it again
-        now = utcnow()
-        values = {name: getattr(known, name) + inc for name, inc in outcome.counters.items()}
-        if outcome.feedback:
-            values["feedback"] = {**(known.feedback or {}), **outcome.feedback}
-        forget_record(known, values)  # a verify's verdict: its record is done with
-        values.update(outcome.values)
-        passed = None  # verify with no command to run passes as it is entered
-        if outcome.escalate:
-            values.update(state=StoryState.ESCALATED, reason=outcome.escalate, ended_at=now,
-                          heartbeat_at=None, head_sha=head or values.get("head_sha", known.head_sha))
-        elif outcome.ready:
-            values.update(state=StoryState.READY, phase=Phase.COMMIT, ready_at=now,
-                          heartbeat_at=None, feedback={}, human_fix=False, after_phase=None)
-        elif outcome.pending:  # created: dev is admitted like any story, by its footprint
-            values.update(state=StoryState.PENDING, phase=Phase.PREPARE, heartbeat_at=None)
-        else:
-            values.update(phase=outcome.next_phase, heartbeat_at=now)
-            if outcome.next_phase == Phase.VERIFY and not self.policy.verify.commands:
-                passed = self._verified(known, NOTHING_TO_RUN.event())
-                values["feedback"] = {**values.get("feedback", known.feedback or {}),
-                                      **passed.feedback}
-                values["phase"] = passed.next_phase
+        values, passed = self._row_values(outcome, known, head)
         with ctx.db.transaction() as s:
             # Taken back (recovered as orphaned)? Then Fenced, and nothing is written.
             run_state = self.claim.write(s, known, **values)
             if outcome.session is not None:
-                ended = outcome.session.attempt_values()
-                if not transition_attempt(s, outcome.session.attempt_id, AttemptState.RUNNING,
-                                          **ended):  # not running: as the row's checks say
-                    att = s.get(Attempt, outcome.session.attempt_id)
-                    for name, value in ended.items():
-                        setattr(att, name, value)
-                record(s, ctx.run_id, "attempt.finished", self.key, phase=outcome.session.phase,
-                       attempt=outcome.session.number, state=outcome.session.state,
-                       exit_code=outcome.session.exit_code, duration_s=ended["duration_s"])
+                self._close_attempt(s, outcome.session)
             for kind, data in outcome.events:
                 record(s, ctx.run_id, kind, self.key, **data)
             if outcome.escalate:
@@ -320,6 +291,44 @@ class StoryWorker:
             raise StopRequested()
         self._row = known
         return None
+
+    def _row_values(self, outcome: Outcome, known, head: str | None):
+        """The story row's new values for `outcome`, and the verify it passed on entering
+        (a verify with no command to run passes as it is entered), or None."""
+        now = utcnow()
+        values = {name: getattr(known, name) + inc for name, inc in outcome.counters.items()}
+        if outcome.feedback:
+            values["feedback"] = {**(known.feedback or {}), **outcome.feedback}
+        forget_record(known, values)  # a verify's verdict: its record is done with
+        values.update(outcome.values)
+        passed = None  # verify with no command to run passes as it is entered
+        if outcome.escalate:
+            values.update(state=StoryState.ESCALATED, reason=outcome.escalate, ended_at=now,
+                          heartbeat_at=None, head_sha=head or values.get("head_sha", known.head_sha))
+        elif outcome.ready:
+            values.update(state=StoryState.READY, phase=Phase.COMMIT, ready_at=now,
+                          heartbeat_at=None, feedback={}, human_fix=False, after_phase=None)
+        elif outcome.pending:  # created: dev is admitted like any story, by its footprint
+            values.update(state=StoryState.PENDING, phase=Phase.PREPARE, heartbeat_at=None)
+        else:
+            values.update(phase=outcome.next_phase, heartbeat_at=now)
+            if outcome.next_phase == Phase.VERIFY and not self.policy.verify.commands:
+                passed = self._verified(known, NOTHING_TO_RUN.event())
+                values["feedback"] = {**values.get("feedback", known.feedback or {}),
+                                      **passed.feedback}
+                values["phase"] = passed.next_phase
+        return values, passed
+
+    def _close_attempt(self, s, session) -> None:
+        ended = session.attempt_values()
+        if not transition_attempt(s, session.attempt_id, AttemptState.RUNNING,
+                                  **ended):  # not running: as the row's checks say
+            att = s.get(Attempt, session.attempt_id)
+            for name, value in ended.items():
+                setattr(att, name, value)
+        record(s, self.ctx.run_id, "attempt.finished", self.key, phase=session.phase,
+               attempt=session.number, state=session.state,
+               exit_code=session.exit_code, duration_s=ended["duration_s"])
 
     def _escalation_head(self) -> str | None:
         return self.ctx.workspace.leave(
