@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -266,7 +267,7 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
         return
     delay_point("run.enqueued")
     _drive_and_report(project, tasks, run_id, policy.scm.max_parallel, _progress_printer(ci),
-                      report_path, junit_path, report_html=report_html)
+                      ReportFiles(report_path, junit_path, report_html))
 
 
 @cli.command()
@@ -294,7 +295,7 @@ def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit
         return
     # Only what is new: the journal up to the resume was printed by the run that wrote it.
     _drive_and_report(project, tasks, run.id, run.max_parallel, _progress_printer(),
-                      report_path, junit_path, since_seq=seen.get(run.id, 0), report_html=report_html)
+                      ReportFiles(report_path, junit_path, report_html), since_seq=seen.get(run.id, 0))
 
 
 def _journal_end(project, run_ref) -> dict[str, int]:
@@ -314,8 +315,17 @@ def _journal_end(project, run_ref) -> dict[str, int]:
         return {run.id: last or 0}
 
 
-def _drive_and_report(project, tasks, run_id, workers, progress, report_path, junit_path,
-                      since_seq: int = 0, report_html=None):
+@dataclass(frozen=True)
+class ReportFiles:
+    """Where `--report`, `--junit` and `--report-html` write once the run settles (None: not)."""
+
+    json: str | None
+    junit: str | None
+    html: str | None
+
+
+def _drive_and_report(project, tasks, run_id, workers, progress, reports: ReportFiles,
+                      since_seq: int = 0):
     """Drive the run here until it settles, print its outcome, write the reports, exit with
     the run's exit code. Each Ctrl+C acted on is explained (`stop_notice`)."""
     from ..engine.run.driver import drive
@@ -328,8 +338,8 @@ def _drive_and_report(project, tasks, run_id, workers, progress, report_path, ju
     code = drive(project, tasks, run_id, workers=workers, progress=progress, since_seq=since_seq,
                  notice=notice)
     _print_outcome(project, run_id)
-    _write_reports(project, run_id, code, report_path, junit_path)
-    _write_html_report(project, run_id, report_html)
+    _write_reports(project, run_id, code, reports.json, reports.junit)
+    _write_html_report(project, run_id, reports.html)
     sys.exit(code)
 
 

@@ -182,42 +182,9 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
     owned_paths, owned_branches, owned_refs, worktree_rows = (
         _owned(project) if has_rows else (set(), set(), set(), []))
 
-    for info in list_worktrees(git):
-        path = info.path.resolve()
-        if not any(_under(path, base) for base in ours):
-            continue  # never touch a worktree bmad-loop did not make
-        run_id = run_of_path(path, ours)
-        if not who.is_own(run_id):
-            report.keep_foreign(str(path), run_id, who, say)
-            continue
-        if path in owned_paths or path.parent in owned_paths and path.parent.name == POOL_DIR:
-            report.kept.append(str(path))
-            continue
-        say(f"remove {'parked ' if path.parent.name == POOL_DIR else ''}worktree {path}")
-        report.worktrees_removed.append(str(path))
-        if not dry_run:
-            remove_worktree(git, path)
-    # Folders left behind without git metadata (a kill during `worktree add`).
-    for base in ours:
-        if not base.is_dir():
-            continue
-        for run_dir in base.iterdir():
-            if not who.is_own(run_dir.name):
-                continue  # another database's run (its registered worktrees are listed above)
-            for leaf in _leaves(run_dir):
-                resolved = leaf.resolve()
-                if resolved.parent in owned_paths:
-                    continue  # parked in a live run's pool
-                if resolved not in owned_paths and str(resolved) not in report.worktrees_removed:
-                    say(f"remove stray folder {leaf}")
-                    report.worktrees_removed.append(str(leaf.resolve()))
-                    if not dry_run:
-                        remove_worktree(git, leaf)
-            pool = run_dir / POOL_DIR
-            if not dry_run and pool.resolve() not in owned_paths and pool.is_dir():
-                _rmdir_quietly(pool)  # emptied above
-
     sweep = _Sweep(git, who, report, dry_run, say)
+    _sweep_worktrees(sweep, ours, owned_paths)
+    _sweep_stray_folders(sweep, ours, owned_paths)
     _sweep_refs(sweep, owned_branches, owned_refs)
     _sweep_remote_branches(sweep, target, owned_branches)
 
@@ -228,6 +195,47 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
     if report.kept:
         report.kept_because = _why_kept(project, report.kept)
     return report
+
+
+def _sweep_worktrees(sweep: _Sweep, ours: tuple, owned_paths: set) -> None:
+    """Registered worktrees under bmad-loop's folders that no row of this database owns."""
+    for info in list_worktrees(sweep.git):
+        path = info.path.resolve()
+        if not any(_under(path, base) for base in ours):
+            continue  # never touch a worktree bmad-loop did not make
+        run_id = run_of_path(path, ours)
+        if not sweep.who.is_own(run_id):
+            sweep.report.keep_foreign(str(path), run_id, sweep.who, sweep.say)
+            continue
+        if path in owned_paths or path.parent in owned_paths and path.parent.name == POOL_DIR:
+            sweep.report.kept.append(str(path))
+            continue
+        sweep.say(f"remove {'parked ' if path.parent.name == POOL_DIR else ''}worktree {path}")
+        sweep.report.worktrees_removed.append(str(path))
+        if not sweep.dry_run:
+            remove_worktree(sweep.git, path)
+
+
+def _sweep_stray_folders(sweep: _Sweep, ours: tuple, owned_paths: set) -> None:
+    """Worktree folders git no longer knows of: what a kill during `worktree add` leaves."""
+    for base in ours:
+        if not base.is_dir():
+            continue
+        for run_dir in base.iterdir():
+            if not sweep.who.is_own(run_dir.name):
+                continue  # another database's run (its registered worktrees are listed above)
+            for leaf in _leaves(run_dir):
+                resolved = leaf.resolve()
+                if resolved.parent in owned_paths:
+                    continue  # parked in a live run's pool
+                if resolved not in owned_paths and str(resolved) not in sweep.report.worktrees_removed:
+                    sweep.say(f"remove stray folder {leaf}")
+                    sweep.report.worktrees_removed.append(str(leaf.resolve()))
+                    if not sweep.dry_run:
+                        remove_worktree(sweep.git, leaf)
+            pool = run_dir / POOL_DIR
+            if not sweep.dry_run and pool.resolve() not in owned_paths and pool.is_dir():
+                _rmdir_quietly(pool)  # emptied above
 
 
 def _owners(project, has_rows: bool, report: CleanupReport, say):

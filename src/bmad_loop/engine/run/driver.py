@@ -40,11 +40,15 @@ def exit_code_for(run: Run, stories) -> int:
             RunState.STOPPED: EXIT_STOPPED, RunState.ABANDONED: EXIT_FAILED}.get(run.state, EXIT_FAILED)
 
 
+# How often the journal is read for progress lines when no lane tick wakes the driver.
+JOURNAL_POLL_S = 0.5
+
+
 def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[object], None] | None,
-          poll_s: float = 0.5, notice: Callable[[int], None] | None = None, since_seq: int = 0) -> int:
+          notice: Callable[[int], None] | None = None, since_seq: int = 0) -> int:
     """Consumers on in this process until the run settles; `progress` gets each journal event
     after `since_seq` (a resume shows only what happens from the resume on). The journal is
-    read after every lane tick (the run settles only in one) and at least every `poll_s`, for
+    read after every lane tick (the run settles only in one) and at least every `JOURNAL_POLL_S`, for
     the workers' own progress lines. Ctrl+C is counted by the process's `Interrupts` (the
     command's, installed at its start), else by one installed here; `notice(presses)` is told
     of each press acted on, after its `run.stopping` line."""
@@ -83,7 +87,7 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
             told = handled
             if settled:
                 break
-            woke.wait(poll_s)
+            woke.wait(JOURNAL_POLL_S)
             woke.clear()  # before the next read, so what a tick did before this is in that read
     finally:
         consumers.stop(graceful=True)

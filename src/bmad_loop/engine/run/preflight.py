@@ -32,16 +32,8 @@ def preflight(root: Path) -> dict:
     def add(name, status, detail):
         checks.append({"name": name, "status": status, "detail": detail})
 
-    try:
-        policy = load_policy(root)
-        add("policy", "ok", policy.source)
-        checks.extend(verify_advice(policy))  # warnings only (operator/advice.py)
-        checks.extend({"name": "agent", "status": "warn", "detail": w}
-                      for w in custom_command_warnings(policy.adapter))  # exit verdicts on a known CLI
-        checks.extend({"name": "limits", "status": "warn", "detail": w}
-                      for w in budget_warnings(policy))  # a budget nothing reports to
-    except BmadLoopError as exc:
-        add("policy", "error", str(exc))
+    policy = _check_policy(add, checks, root)
+    if policy is None:
         return _report(checks)
     _check_sandbox(add, policy)
     project = Project(root=root, policy=policy)
@@ -59,6 +51,40 @@ def preflight(root: Path) -> dict:
         add("state", "ok", _state_detail(project, policy))
     except BmadLoopError as exc:
         add("state", "error", str(exc))
+    _check_sprint(add, project, policy, sha, branch, found)
+    try:
+        argv = agent_command(policy, project, sha)
+        add("agent", "ok", " ".join(argv))
+        checks.extend(version_checks(policy))  # the profile's CLI against its checked release
+    except BmadLoopError as exc:
+        add("agent", "error", str(exc))
+    try:
+        bmad, seen = bmad_checks(project)
+        checks.extend(bmad)
+        found.update(seen)
+    except BmadLoopError as exc:  # not a repository: the git check says so already
+        add("bmad", "warn", f"cannot tell what is seeded: {exc}")
+    return _report(checks, **found)
+
+
+def _check_policy(add, checks: list, root: Path):
+    """The policy, or None when it cannot be loaded; its warnings added."""
+    try:
+        policy = load_policy(root)
+    except BmadLoopError as exc:
+        add("policy", "error", str(exc))
+        return None
+    add("policy", "ok", policy.source)
+    checks.extend(verify_advice(policy))  # warnings only (policy/advice.py)
+    checks.extend({"name": "agent", "status": "warn", "detail": w}
+                  for w in custom_command_warnings(policy.adapter))  # exit verdicts on a known CLI
+    checks.extend({"name": "limits", "status": "warn", "detail": w}
+                  for w in budget_warnings(policy))  # a budget nothing reports to
+    return policy
+
+
+def _check_sprint(add, project, policy, sha, branch, found: dict) -> None:
+    """The board, its stories and their files, footprints, creation and merge rules."""
     try:
         sprint = load_sprint(project, policy, sha, branch or "")
         board, stories = sprint.board, sprint.stories
@@ -87,19 +113,6 @@ def preflight(root: Path) -> dict:
             add("merge", status, detail)
     except BmadLoopError as exc:
         add("stories", "error", str(exc))
-    try:
-        argv = agent_command(policy, project, sha)
-        add("agent", "ok", " ".join(argv))
-        checks.extend(version_checks(policy))  # the profile's CLI against its checked release
-    except BmadLoopError as exc:
-        add("agent", "error", str(exc))
-    try:
-        bmad, seen = bmad_checks(project)
-        checks.extend(bmad)
-        found.update(seen)
-    except BmadLoopError as exc:  # not a repository: the git check says so already
-        add("bmad", "warn", f"cannot tell what is seeded: {exc}")
-    return _report(checks, **found)
 
 
 def _check_checkout(add, project, policy, branch: str) -> None:
