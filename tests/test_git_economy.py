@@ -2,9 +2,10 @@
 call and runs the real one (no tracing of git itself, no wrapper around the project's code).
 
 Numbers are per story of a plain run (max_parallel 1, merge, review off, no verify commands),
-whole run included (enqueue, start-up clean-up, the last settle). The bound sits well under
-twice what a story costs today, so a change that doubles it fails here, and the timing lives
-in bench/overhead.py.
+whole run included (enqueue, start-up clean-up, the last settle). Every read and write of refs,
+worktrees and commits is a git command (docs/architecture.md, "What bmad-loop touches under
+.git"); the bound sits a third above what a story costs so, and the timing lives in
+bench/overhead.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from bmad_loop.git.worktrees import ensure_worktree, list_worktrees, remove_work
 from support import StoryDef, git_repo, write, write_each
 
 STORIES = [StoryDef(f"1-{i}-s{i}", files=[f"src/s{i}.py"]) for i in range(1, 5)]
-PER_STORY_BOUND = 40  # measured ~25 per story here with the worktree pool (76 before issue 15)
+# Measured 45.0 per story here once git does all of it (23.0 while refs were read, branches
+# deleted, worktrees registered and moved and commits written by editing git's files).
+PER_STORY_BOUND = 60
 
 
 def git_shim(folder: Path) -> tuple[Path, Path]:
@@ -77,7 +80,7 @@ def test_a_plain_run_costs_a_bounded_number_of_git_processes_per_story(make_repo
     per_story = total / len(STORIES)
     assert per_story <= PER_STORY_BOUND, f"{per_story:.1f} git processes per story: {calls}"
     # Look-ups answered once per step, not once per helper.
-    assert calls["worktree list"] <= 2 * len(STORIES), calls
+    assert calls["worktree list"] <= 4 * len(STORIES), calls  # a park's, a take's checks
     assert calls["worktree prune"] <= 1, calls  # start-up clean-up only
     assert calls["check-ref-format"] == 0, calls  # names are checked in Python
     # Each story wrote only the file its footprint names: its drift check lists no folders of
@@ -86,26 +89,25 @@ def test_a_plain_run_costs_a_bounded_number_of_git_processes_per_story(make_repo
     # `.gitattributes`, the only attributes a merge reads, mergeattrs.py).
     assert calls["ls-tree"] <= 2 + len(STORIES), calls
     # One checkout for the run: each later story takes the worktree the one before it parked
-    # (engine/worktree_pool.py), and the pool is emptied when the run completes.
+    # (engine/workspace/pool.py), and the pool is emptied when the run completes.
     assert calls["read-tree"] == 1 and calls["worktree remove"] == 1, calls
-    assert calls["worktree add"] == 0, calls  # registered by editing git's files
-    # Its parks and takes move it, and its parks detach HEAD, by editing git's files in this
-    # process (bmad_loop/git/worktree_files.py).
-    # The CASes, and the branch of the run's one new worktree.
-    assert calls["worktree move"] == 0 and calls["update-ref"] == len(STORIES) + 1, calls
-    # `worktree add -b` and the takes make the story branches; the landed ones are deleted by
-    # editing git's files (bmad_loop/git/branchfiles.py).
-    assert calls["branch"] == 0, calls
-    # Each candidate commit rides in the pack that writes its board edit (commitobject.py).
-    assert calls["commit-tree"] == 0 and calls["unpack-objects"] == len(STORIES), calls
+    assert calls["worktree add"] == 1, calls  # the run's one new worktree
+    # Each park and take moves it (`worktree move`); the CASes and the parks' detaches are
+    # `update-ref`s.
+    assert calls["worktree move"] <= 2 * len(STORIES), calls
+    assert calls["update-ref"] <= 2 * len(STORIES), calls
+    # The landed story branches go with `branch -D`; each candidate commit is `commit-tree`'s,
+    # its board edit one pack.
+    assert calls["branch"] == len(STORIES), calls
+    assert calls["commit-tree"] == len(STORIES) and calls["unpack-objects"] == len(STORIES), calls
 
 
-def test_removing_a_worktree_that_is_not_there_starts_no_git(tmp_path, counted):
+def test_removing_a_worktree_that_is_not_there_only_asks_git_for_its_worktrees(tmp_path, counted):
     git = git_repo(tmp_path / "repo", {"a.txt": "a\n"})
     git.common_dir()  # asked once per repository
     log = counted()
     remove_worktree(git, tmp_path / "repo" / ".wt" / "never-made")
-    assert subcommands(log) == Counter()
+    assert subcommands(log) == Counter({"worktree list": 1})
 
 
 def test_a_new_story_worktree_is_one_ref_one_checkout_and_its_removal_one_remove(tmp_path,
@@ -119,11 +121,11 @@ def test_a_new_story_worktree_is_one_ref_one_checkout_and_its_removal_one_remove
     assert ensure_worktree(git, path, "bmad-loop/r/s1", base, branch_head=None) == base
     made = subcommands(log)
     remove_worktree(git, path)
-    # The branch (`update-ref`) and the registration (git's files, worktree_files.py) under the
-    # repository lock, the checkout (`read-tree`) outside it: `worktree add --no-checkout -b`
-    # itself starts `git branch` and `git symbolic-ref`.
-    assert made == Counter({"update-ref": 1, "read-tree": 1}), log.read_text()
-    assert subcommands(log) == Counter({"update-ref": 1, "read-tree": 1, "worktree remove": 1})
+    # The branch and the registration (`worktree add --no-checkout -b`) under the repository
+    # lock, the checkout (`read-tree`) outside it, then the unlock.
+    assert made == Counter({"worktree add": 1, "read-tree": 1, "worktree unlock": 1}), \
+        log.read_text()
+    assert subcommands(log) == made + Counter({"worktree remove": 1})
     assert [i.path for i in list_worktrees(git)] == [tmp_path / "repo"]
     assert git.rev("refs/heads/bmad-loop/r/s1") == base  # the branch stays; delete_branch drops it
 

@@ -85,12 +85,13 @@ def test_a_three_story_run_reuses_one_worktree_cleans_it_and_leaves_none_behind(
     seen = {r["key"]: r for r in map(json.loads, log.read_text().splitlines())}
     # One checkout for the run: the 2nd and 3rd stories work in the worktree the 1st made.
     assert [seen[s.key]["admin"] for s in THREE] == ["1-1-alpha"] * 3
-    # (A new worktree is registered by editing git's files, then checked out: `read-tree`.)
-    assert _traced(trace, "read-tree -u --reset") == 1 and _traced(trace, "worktree add") == 0
-    # Three parks and two takes moved it, and the parks detached its HEAD, all by editing
-    # git's files in this process (worktree_files): no git started for them.
-    assert _traced(trace, "worktree move") == 0
-    assert _traced(trace, "update-ref --no-deref") == 0
+    # (A new worktree is registered by `worktree add --no-checkout`, then checked out:
+    # `read-tree`.)
+    assert _traced(trace, "read-tree -u --reset") == 1 and _traced(trace, "worktree add") == 1
+    # Three parks and two takes moved it (`worktree move`), and the parks detached its HEAD
+    # (`update-ref --no-deref`).
+    assert _traced(trace, "worktree move") == 5
+    assert _traced(trace, "update-ref --no-deref") == 3
     for story in THREE:
         got = seen[story.key]
         # What the agent sees is what a fresh worktree gives: its branch at its base, nothing

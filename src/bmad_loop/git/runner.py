@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import locks as gitlocks, refread
+from . import locks as gitlocks
 from .env import clean_env, git_program  # clean_env re-exported
 from .refnames import branch_name_ok  # re-exported: the one check, git's rules in pure Python
 from ..errors import GitError, TransientError
@@ -302,11 +302,7 @@ class Git:
     # -- reading ---------------------------------------------------------------------------
 
     def rev(self, ref: str, cwd: Path | None = None) -> str | None:
-        """Full sha of the commit `ref` names, or None when it names none (``HEAD`` and
-        ``refs/heads/<branch>`` are read from git's files when plain: `refread`)."""
-        found = refread.read_commit_ref(cwd if cwd is not None else self.repo_dir, ref)
-        if found is not refread.UNKNOWN:
-            return found
+        """Full sha of the commit `ref` names, or None when it names none."""
         proc = self.run(
             "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}",
             cwd=cwd, check=False,

@@ -13,18 +13,15 @@ folder without ``.git``, a registration whose folder is gone, or a checkout stil
 never thrown away by an ``ensure_*`` call: one on another branch raises `GitError` instead, so a
 kept (escalated) worktree cannot lose a human's edits by accident.
 
-Each git process costs a few milliseconds of start-up, and a story's prepare and clean-up run
-these functions on the hot path, so each operation lists the worktrees once and reuses the
-listing, creates a missing branch with the ``worktree add -b`` that registers it, trusts a full
-SHA it is given instead of re-reading it, and prunes only when a removal left something behind.
-A folder that does not exist and that no registration names (read from the admin entries'
-``gitdir`` files) needs no git at all.
+Everything here is done by git's own commands: bmad-loop never edits or reads a worktree's
+admin entry (``<common dir>/worktrees/<id>``) itself. Each operation lists the worktrees at
+most once and reuses the listing, creates a missing branch with the ``worktree add -b`` that
+registers it, trusts a full SHA it is given instead of re-reading it, and prunes only when a
+removal left something behind.
 
 A new story's worktree (the quick path of `ensure_worktree`) holds the lock only to register:
-the branch and the admin entry, no files, as ``worktree add --no-checkout --lock --reason
-initializing -b`` makes them (for the plain layout by an ``update-ref`` and file edits,
-`worktree_files.register_new_worktree`: one git process instead of that command's three).
-The checkout (``read-tree -u --reset HEAD``: the worktree's own index and files, no ref) runs
+the branch and the admin entry, no files (``worktree add --no-checkout --lock --reason
+initializing -b``). The checkout (``read-tree -u --reset HEAD``: the worktree's own index and files, no ref) runs
 without the lock, so the first stories of a run check out side by side instead of one after
 another; then the ``locked`` file is removed, under the lock again, since
 ``worktree list`` dies when a ``locked`` file it saw vanishes before it reads it. Until then the
@@ -49,20 +46,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .refnames import branch_name_ok
-from .branchfiles import delete_loose_branch
 from ..errors import GitError
 from .exacttree import make_exact
 from .runner import Git, is_full_sha, repo_lock
-from .config_guard import config_entries
-from .worktree_files import (
-    register_detached_worktree,
-    register_new_worktree,
-    rename_linked_worktree,
-)
 
 __all__ = [
     "WorktreeInfo", "list_worktrees", "checkout_of", "ensure_worktree", "ensure_detached_worktree",
-    "admin_dir", "move_worktree", "remove_worktree", "delete_branch", "delete_ref", "prune",
+    "worktree_at", "move_worktree", "remove_worktree", "delete_branch", "delete_ref", "prune",
     "is_full_sha", "remove_tree",
 ]
 
@@ -158,21 +148,15 @@ def ensure_worktree(git: Git, path: Path, branch: str, start_sha: str, *,
     if not branch_name_ok(branch):
         raise GitError(f"git refuses {branch!r} as a branch name")
     path = _abs(path)
-    # Read before the lock: a process's first read runs git, which the other workers'
-    # registrations would otherwise wait for.
-    settings = config_entries(git, git.repo_dir) if branch_head is None else None
     with repo_lock(git):
-        if not (branch_head is None and is_full_sha(start_sha) and not os.path.lexists(path)
-                and not _registered(git, path)):
+        if not (branch_head is None and is_full_sha(start_sha) and not os.path.lexists(path)):
             return _ensure_carefully(git, path, branch, start_sha)
         # The common case, a new story: no branch, nothing at `path`. A branch that does not
-        # exist is checked out nowhere, so no listing is needed; should git still refuse, the
-        # careful way finds out why.
+        # exist is checked out nowhere, so no listing is needed; should git still refuse (a
+        # registration whose folder is gone, say), the careful way finds out why.
         apart = _checkout_apart(git)
         try:
-            if not (apart and register_new_worktree(git, path, branch, start_sha, _INITIALIZING,
-                                                    settings)):
-                _add(git, path, branch, new_branch_at=start_sha, checkout=not apart)
+            _add(git, path, branch, new_branch_at=start_sha, checkout=not apart)
         except GitError:
             return _ensure_carefully(git, path, branch, start_sha)
     if apart:
@@ -209,68 +193,49 @@ def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
     Idempotent: an existing detached worktree at `path` is reused, made exactly `sha`'s tree
     first, at the same commit too (`exacttree.make_exact`: a verification must see nothing an
     earlier one left); one git cannot make so is removed and made again, as a half-made one is.
-    A new one is registered under the lock (in this process where `worktree_files` can) and
-    checked out without it, as a new story's is.
+    A new one is registered under the lock and checked out without it, as a new story's is.
     """
     path = _abs(path)
-    settings = config_entries(git, git.repo_dir) if is_full_sha(sha) else None  # before the lock
     with repo_lock(git):
         apart = _checkout_apart(git)
-        if not (apart and not os.path.lexists(path) and not _registered(git, path)
-                and register_detached_worktree(git, path, sha, _INITIALIZING, settings)):
-            listing = list_worktrees(git)
-            info = _find_in(listing, path)
-            if info is not None and not info.half_made:
-                if not info.detached:
-                    raise GitError(f"{path} is a worktree on branch {info.branch}, not detached")
-                if make_exact(git, path, sha):
-                    return
-            if info is not None or os.path.lexists(path):
-                _discard(git, path, info, listing)
-            _add(git, path, sha, detach=True, checkout=not apart)
+        listing = list_worktrees(git)
+        info = _find_in(listing, path)
+        if info is not None and not info.half_made:
+            if not info.detached:
+                raise GitError(f"{path} is a worktree on branch {info.branch}, not detached")
+            if make_exact(git, path, sha):
+                return
+        if info is not None or os.path.lexists(path):
+            _discard(git, path, info, listing)
+        _add(git, path, sha, detach=True, checkout=not apart)
     if apart:
         _populate(git, path)
 
 
-def admin_dir(git: Git, path: Path) -> Path | None:
-    """The admin entry (``<common dir>/worktrees/<id>``) of the linked worktree at `path`, read
-    from its ``.git`` file; None when `path` is not a linked worktree of this repository (the
-    main checkout, another repository's worktree, a plain folder)."""
-    try:
-        text = (path / ".git").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    if not text.startswith("gitdir:"):
-        return None
-    named = Path(os.path.join(path, text[len("gitdir:"):].strip()))
-    try:
-        named = named.resolve()
-        if named.parent != (git.common_dir() / "worktrees").resolve() or not named.is_dir():
-            return None
-    except OSError:
-        return None
-    return named
+def worktree_at(git: Git, path: Path) -> WorktreeInfo | None:
+    """The linked worktree of this repository at `path`, as ``worktree list`` tells it; None
+    for the main checkout, a plain folder or another repository's worktree."""
+    listing = list_worktrees(git)
+    info = _find_in(listing[1:], _abs(path))
+    return None if info is None or info.bare else info
 
 
 def move_worktree(git: Git, source: Path, dest: Path) -> None:
     """``worktree move`` `source` to `dest` (a path that must not exist yet): the folder is
-    renamed and git's registration follows it, so nothing is checked out again. The plain
-    layout is moved in this process (`worktree_files`), any other by git."""
+    renamed and git's registration follows it, so nothing is checked out again."""
     source, dest = _abs(source), _abs(dest)
     with repo_lock(git):
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if not rename_linked_worktree(source, dest, git.common_dir()):
-            git.run("worktree", "move", source, dest)
+        git.run("worktree", "move", source, dest)
 
 
 def remove_worktree(git: Git, path: Path) -> None:
     """Remove the worktree at `path`, its folder and its registration. Missing is fine."""
     path = _abs(path)
     with repo_lock(git):
-        if not os.path.lexists(path) and not _registered(git, path):
-            return  # nothing on disk, nothing registered: no git needed
-        if _linked(git, path):
-            # A linked worktree (never the main one): one `worktree remove` does it all.
+        if os.path.lexists(path):
+            # git refuses to remove the main worktree or a folder that is not one of its
+            # worktrees; a linked one goes with one `worktree remove`.
             proc = git.run("worktree", "remove", "-f", "-f", path, check=False)
             if proc.returncode == 0 and not os.path.lexists(path):
                 return
@@ -289,11 +254,6 @@ def delete_branch(git: Git, name: str) -> None:
     """
     name = name.removeprefix("refs/heads/")
     with repo_lock(git):
-        # The plain case is file edits (branchfiles.py); a pinned reference-transaction hook
-        # must see the change, so git makes it then.
-        if "reference-transaction" not in git.run_hooks and delete_loose_branch(
-                git.common_dir(), name):
-            return
         proc = git.run("branch", "-D", "--", name, check=False)
         if proc.returncode == 0:
             return
@@ -349,31 +309,6 @@ def _find_in(listing: list[WorktreeInfo], path: Path) -> WorktreeInfo | None:
     return None
 
 
-def _linked(git: Git, path: Path) -> bool:
-    """Is `path` a linked worktree of this repository? Its ``.git`` is a file naming an admin
-    entry under ``<common dir>/worktrees/`` (the main checkout's names the common dir itself)."""
-    return admin_dir(git, path) is not None
-
-
-def _registered(git: Git, path: Path) -> bool:
-    """Does an admin entry (``<common dir>/worktrees/<id>/gitdir``) name `path`? Read from the
-    files git keeps, so the common case (nothing there) costs no process. Unsure means yes."""
-    admin = git.common_dir() / "worktrees"
-    if not admin.is_dir():
-        return False
-    wanted = {os.path.normcase(os.fspath(path / ".git")),
-              os.path.normcase(os.fspath(path.resolve() / ".git"))}
-    for entry in admin.iterdir():
-        try:
-            named = (entry / "gitdir").read_text(encoding="utf-8", errors="replace").strip()
-        except OSError:
-            return True
-        if os.path.normcase(named) in wanted or os.path.normcase(
-                os.path.abspath(os.path.join(entry, named))) in wanted:
-            return True
-    return False
-
-
 def _rev_or_fail(git: Git, ref: str) -> str:
     sha = git.rev(ref)
     if sha is None:
@@ -420,10 +355,7 @@ def _populate(git: Git, path: Path) -> None:
         # Index and files only (no ref is written, unlike the `reset --hard` of git's own add).
         git.run("read-tree", "-u", "--reset", "--no-recurse-submodules", "HEAD", cwd=path)
         with repo_lock(git):
-            admin = admin_dir(git, path)
-            if admin is None:
-                raise GitError(f"the worktree at {path} vanished while it was checked out")
-            (admin / "locked").unlink(missing_ok=True)  # what `worktree unlock` does, sans git
+            git.run("worktree", "unlock", path)
     except Exception:
         with repo_lock(git):
             info = _find(git, path)

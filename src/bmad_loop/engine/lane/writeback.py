@@ -27,9 +27,8 @@ from typing import Callable
 from ...bmad.board import parse_board, set_status
 from ...bmad.board_edit import set_statuses
 from ...bmad.board_status import DONE
-from ...git.trees.commitobject import CommitSpec
 from ...git.trees.compose import blob_at, blobs_at
-from ...git.trees.edit import replace_blobs_and_commit
+from ...git.trees.edit import replace_blobs
 from ...errors import ConfigError
 from ...bmad.story_status import set_story_status
 
@@ -122,22 +121,18 @@ def lane_tree_edit(git, *, key: str, epic: str | None, board_rel: str | None,
 
 
 class LaneTreeEdit:
-    """Called with a tree, the tree with the board (and story file) marked done; `committing`
-    also writes the candidate's commit of it in the same git process (compose.py)."""
+    """Called with a tree, the tree with the board (and story file) marked done."""
 
     def __init__(self, git, changes: dict[str, Callable[[str], str]]):
         self.git, self.changes = git, changes
 
     def __call__(self, tree: str) -> str:
-        return self.committing(tree, None)[0]
-
-    def committing(self, tree: str, commit: CommitSpec | None) -> tuple[str, str | None]:
-        # One read and one write for both files and the commit (blobs_at, then one pack).
+        # One read and one write for both files (blobs_at, then one pack).
         current = blobs_at(self.git, tree, list(self.changes))
         updated = {path: _edited(current[path], change)
                    for path, change in self.changes.items()}
         edits = {p: new for p, new in updated.items() if new is not None and new != current[p]}
-        return replace_blobs_and_commit(self.git, tree, edits, commit)
+        return replace_blobs(self.git, tree, edits)
 
 
 def board_done_keys(git, sha: str, board_rel: str) -> frozenset[str]:

@@ -8,22 +8,22 @@ an integrated story's worktree instead of removing it, and the worker of the nex
 
 - **Park** (the lane, after integration; `park`): only when nothing of the story can be lost
   and nothing of it can leak. The worktree is a linked worktree of this repository at the
-  run's own story path, still on the story's branch; `git status` reports it clean (seed files
-  aside); its admin entry (``<common dir>/worktrees/<id>``) holds nothing beyond what every
-  worktree has (`_ADMIN_FILES`): no ``locked`` file, no per-worktree ``config.worktree`` an
-  agent could have planted, no half-done merge, rebase, cherry-pick or bisect, no per-worktree
-  refs. Then its HEAD is detached (so the branch can be deleted) and ``worktree move`` puts it
-  at ``worktrees/<run>/.pool/<n>``, n from 1 to the pool's size. Otherwise, or when the pool
-  is full, the caller removes it as before. The detach and both moves (park's and take's) edit
-  git's files in this process when the layout is the plain one (`worktree_files`), and run git
-  otherwise: three git starts fewer per story.
+  run's own story path, still on the story's branch (not detached: no rebase or bisect under
+  way), not locked (``worktree list``); `git status` reports it clean (seed files aside: no
+  half-done merge or cherry-pick with changes); no per-worktree ``config.worktree`` an agent
+  could have planted (its path from ``rev-parse --git-path``, read as the configuration
+  fingerprint reads it) and no per-worktree refs (``for-each-ref refs/worktree/
+  refs/bisect/``). Then its HEAD is detached (``update-ref --no-deref``, so the branch can be
+  deleted) and ``worktree move`` puts it at ``worktrees/<run>/.pool/<n>``, n from 1 to the
+  pool's size. Otherwise, or when the pool is full, the caller removes it as before.
 - **Take** (the worker, preparing a story that has no branch yet; `take`): ``worktree move``
-  of the first parked worktree to the story's path; a plain ``read-tree <base>`` when its index
+  of the first parked worktree to the story's path; its HEAD's reflog emptied (the last story's
+  history); a plain ``read-tree <base>`` when its index
   carries a flag an agent set (skip-worktree, assume-unchanged: ``reset --hard`` and ``checkout
   -f`` keep them, and with them an edit hidden from git); ``clean -ffdx`` (ignored build output
   of the last story must not reach the next agent), with ``-e /<glob>`` for each ``[scm]
   reuse_keep`` folder; then ``checkout -f --no-track -b <branch> <base>``, which makes the
-  branch and leaves exactly the base's tree. A kept folder that the new tree does not ignore,
+  branch, leaves exactly the base's tree and drops what a merge or cherry-pick left behind. A kept folder that the new tree does not ignore,
   or that is a symlink, is removed then. A taken worktree is thus indistinguishable from a new
   one, the kept folders aside. Any failure removes
   that worktree and says no, and the caller makes the worktree with ``worktree add`` as before:
@@ -36,7 +36,7 @@ an integrated story's worktree instead of removing it, and the worker of the nex
   cleanup`` removes the parked worktrees of runs that are not live (a crash between park and
   take).
 
-Choosing and moving a parked worktree happen under the repository lock (`gitcmd.repo_lock`),
+Choosing and moving a parked worktree happen under the repository lock (`git.runner.repo_lock`),
 as ``worktree add`` and ``remove`` do, so two workers never take the same one and a take never
 meets a park half way. ``.pool`` begins with a dot, which git refuses at the start of a branch
 name component, so no story key (a branch name's last component) can ever be that folder.
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -59,10 +58,9 @@ from pathlib import Path
 from ...errors import GitError
 from ...git.runner import repo_lock
 from ...git.maintenance import run_deferred_maintenance
-from ...git.refread import read_commit_ref
-from ...git.worktree_files import detach_head
 from ...git.indexflags import flagged
-from ...git.worktrees import admin_dir, delete_branch, move_worktree, remove_tree, remove_worktree
+from ...git.worktrees import (delete_branch, list_worktrees, move_worktree, remove_tree,
+                              remove_worktree, worktree_at)
 
 __all__ = ["POOL_DIR", "POOL_ENV", "pool_dir", "pool_size", "parked", "park", "take", "announce_park",
            "drain_pool", "drain_run_pool", "clear_interrupted_take"]
@@ -72,12 +70,6 @@ log = logging.getLogger(__name__)
 POOL_DIR = ".pool"
 POOL_ENV = "BMAD_LOOP_WORKTREE_POOL"
 
-# What the admin entry of a worktree holds after `worktree add`, commits and the worker's own
-# steps. Anything else (locked, config.worktree, MERGE_HEAD, rebase-merge, BISECT_LOG, refs/,
-# info/, modules/ …) means the worktree is not parked.
-_ADMIN_FILES = frozenset({"HEAD", "ORIG_HEAD", "FETCH_HEAD", "AUTO_MERGE", "COMMIT_EDITMSG",
-                          "index", "commondir", "gitdir", "logs"})
-_SHA = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 
 
 def pool_dir(layout) -> Path:
@@ -123,8 +115,8 @@ def park(git, worktree: Path, branch: str, layout, *, size: int, seeds=()) -> Pa
     if path.parent != _abs(layout.state_dir / "worktrees" / layout.run_id) or path.name == POOL_DIR:
         return None  # not one of this run's story worktrees
     try:
-        admin = admin_dir(git, path)
-        if admin is None or not _admin_plain(admin) or _head(admin) != f"ref: refs/heads/{branch}":
+        info = worktree_at(git, path)
+        if info is None or info.locked or info.branch != branch or _own_state(git, path):
             return None
         if len(parked(layout)) >= size or not _clean(git, path, seeds):
             return None
@@ -132,12 +124,8 @@ def park(git, worktree: Path, branch: str, layout, *, size: int, seeds=()) -> Pa
             slot = _free_slot(layout, size)
             if slot is None:
                 return None
-            # Detach without touching the index or files: HEAD takes the commit it names
-            # (written here when the branch reads plainly, else by git).
-            sha = read_commit_ref(path, f"refs/heads/{branch}")
-            if not (isinstance(sha, str) and detach_head(admin, sha)):
-                git.run("update-ref", "--no-deref", "-m", "bmad-loop: park", "HEAD", "HEAD",
-                        cwd=path)
+            # Detach without touching the index or files: HEAD takes the commit it names.
+            git.run("update-ref", "--no-deref", "-m", "bmad-loop: park", "HEAD", "HEAD", cwd=path)
             move_worktree(git, path, slot)
         return slot
     except (GitError, OSError) as exc:
@@ -212,9 +200,8 @@ def take(git, layout, worktree: Path, branch: str, start_sha: str, keep=()) -> b
         # Reset first: what the last story left goes before the branch exists, so a take cut
         # short here is a detached worktree prepare removes.
         _reset_for_next(git, path, start_sha, keep)
-        admin = admin_dir(git, path)
-        if admin is not None:
-            (admin / "logs" / "HEAD").unlink(missing_ok=True)  # the last story's HEAD history
+        # The last story's HEAD history goes (HEAD's reflog is the worktree's own).
+        git.run("reflog", "expire", "--expire=all", "--expire-unreachable=all", "HEAD", cwd=path)
         with repo_lock(git):
             git.run("checkout", "-q", "-f", "--no-track", "-b", branch, start_sha, cwd=path)
         if keep:
@@ -284,8 +271,8 @@ def clear_interrupted_take(git, worktree: Path) -> None:
     path = _abs(worktree)
     if not os.path.lexists(path):
         return
-    admin = admin_dir(git, path)
-    if admin is not None and _SHA.fullmatch(_head(admin)):
+    info = worktree_at(git, path)
+    if info is not None and info.detached:
         remove_worktree(git, path)
 
 
@@ -338,19 +325,15 @@ def _abs(path: Path) -> Path:
     return Path(os.path.abspath(os.fspath(path)))
 
 
-def _head(admin: Path) -> str:
-    try:
-        return (admin / "HEAD").read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return ""
-
-
-def _admin_plain(admin: Path) -> bool:
-    """Nothing in the admin entry beyond what every worktree has (see `_ADMIN_FILES`)."""
-    if not set(os.listdir(admin)) <= _ADMIN_FILES:
-        return False
-    logs = admin / "logs"
-    return not logs.exists() or set(os.listdir(logs)) <= {"HEAD"}
+def _own_state(git, path: Path) -> bool:
+    """Anything of the worktree's own that the next story must not inherit: a per-worktree
+    configuration (its path from git, read as the configuration fingerprint reads it), or
+    per-worktree refs."""
+    config = git.out("rev-parse", "--git-path", "config.worktree", cwd=path)
+    if os.path.lexists(Path(path, config)):
+        return True
+    return bool(git.out("for-each-ref", "--count=1", "--format=%(refname)", "refs/worktree/",
+                        "refs/bisect/", cwd=path))
 
 
 def _clean(git, path: Path, seeds) -> bool:
@@ -368,9 +351,10 @@ def _clean(git, path: Path, seeds) -> bool:
 
 def _first_usable(git, layout) -> Path | None:
     """The first parked worktree still fit to take (caller holds the lock); unfit ones go."""
+    listing = {info.path.resolve(): info for info in list_worktrees(git)}
     for slot in parked(layout):
-        admin = admin_dir(git, slot)
-        if admin is not None and _admin_plain(admin) and _SHA.fullmatch(_head(admin)):
+        info = listing.get(slot.resolve())
+        if info is not None and not info.locked and info.detached and not _own_state(git, slot):
             return slot
         _quietly_remove(git, slot)
     return None

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from pathlib import Path
 
 from .checkout_sync import index_path, sync_held_checkout
 from ..trees.compose import cas_advance
 from ..indexlock import IndexLock
-from ..refread import main_checkout_branch
 from ..worktrees import checkout_of, delete_branch
 from .base import Target
 
@@ -33,10 +31,6 @@ class LocalTarget(Target):
         return cas_advance(self.git, self.branch, new, old)
 
     def checkout(self) -> Path | None:
-        # The usual case, the project's own checkout on the target, is read from its HEAD file
-        # (the main worktree comes first in git's list too); anything else lists the worktrees.
-        if main_checkout_branch(self.git.repo_dir) == self.ref:
-            return Path(os.path.realpath(self.git.repo_dir))
         return checkout_of(self.git, self.branch)
 
     @contextmanager

@@ -25,10 +25,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .commitobject import CommitSpec, commit_encoding_is_utf8
 from ...errors import GitError
 from ..runner import Git, is_full_sha, repo_lock
-from ..config_guard import config_entries
 from ..indexflags import clear_flags
 from ..maintenance import NO_AUTO_MAINTENANCE
 from .mergeattrs import committed_attributes
@@ -280,12 +278,9 @@ def compose(
         if conflicts:
             return Composition(None, tree, conflicts, strategy, False, *done)
         parents = [target, branch] if strategy == "merge" else [target]
-        spec = CommitSpec(parents, _lane_text(message), env)
-        sha = None
         if tree_edit is not None:
-            tree, sha = _edit(git, tree_edit, tree, spec)
-        if sha is None:
-            sha = commit_tree(git, tree, parents, spec.message, env)
+            tree = tree_edit(tree)
+        sha = commit_tree(git, tree, parents, _lane_text(message), env)
         return Composition(sha, tree, (), strategy, False, *done)
 
     rebased = not git.is_ancestor(target, branch)
@@ -299,30 +294,11 @@ def compose(
     else:
         tip, tree = branch, tree_of(git, branch)
     if tree_edit is not None:
-        spec = CommitSpec([tip], _lane_text(lane_message or message), env)
-        edited, sha = _edit(git, tree_edit, tree, spec)
+        edited = tree_edit(tree)
         if edited != tree:
-            tip = sha or commit_tree(git, edited, [tip], spec.message, env)
+            tip = commit_tree(git, edited, [tip], _lane_text(lane_message or message), env)
             tree = edited
     return Composition(tip, tree, (), strategy, rebased, *done)
-
-
-def _edit(git: Git, tree_edit, tree: str, spec: CommitSpec) -> tuple[str, str | None]:
-    """`tree_edit` applied: (tree, its commit when the edit wrote it with its folders). An edit
-    with a `committing` method (the lane's, engine/writeback.py) writes the commit in the same
-    git process when its bytes are certain to be git's (commitobject.py); a plain callable
-    gives a tree and `commit-tree` makes the commit."""
-    committing = getattr(tree_edit, "committing", None)
-    if committing is None or not _utf8_commits(git):
-        return tree_edit(tree), None
-    return committing(tree, spec)
-
-
-def _utf8_commits(git: Git) -> bool:
-    """Does git write commits here without an ``encoding`` header (`i18n.commitEncoding`)? The
-    configuration is read through `gitconfig_inputs`: git is asked again only after a change."""
-    entries = config_entries(git, git.repo_dir)
-    return entries is not None and commit_encoding_is_utf8(entries)
 
 
 def _commit(git: Git, rev: str) -> str:

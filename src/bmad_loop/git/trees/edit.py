@@ -9,9 +9,8 @@ A new tree is built folder by folder: only the folders along the changed paths a
 tree and paths, so the write-back reads them there), in git's tree format and order, with their
 object names computed here. The new files and folders go to git as one small pack through
 ``unpack-objects --strict``, which names each object from its content, checks every folder's
-format (sorted, no duplicate, no ``.git``) and that everything it names exists; the lane's
-candidate commit of the new tree can ride in the same pack (`replace_blobs_and_commit`, where
-`commitobject` can promise the bytes ``commit-tree`` would write). The result is
+format (sorted, no duplicate, no ``.git``) and that everything it names exists (commits are
+always git's own: ``commit-tree``). The result is
 what a temporary index gives (``ls-tree``, ``read-tree``, ``hash-object``, ``update-index``,
 ``write-tree``: five processes), which is still the way for anything unusual: a file in the
 way of a folder, an odd path, a pack git refuses, or a folder holding a mode git no longer
@@ -27,13 +26,12 @@ import tempfile
 import zlib
 from collections.abc import Sequence
 
-from .commitobject import CommitSpec, commit_body
 from ...errors import GitError
 from ..runner import Git, is_full_sha
 from ..objectmemo import Memo
 
 __all__ = ["blob_at", "blobs_at", "cat_file_batch", "read_objects", "replace_blob", "replace_blobs",
-           "replace_blobs_and_commit", "remember_commit"]
+           "remember_commit"]
 
 _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
 
@@ -111,20 +109,12 @@ def replace_blob(git: Git, tree: str, path: str, content: bytes | None) -> str:
 def replace_blobs(git: Git, tree: str, contents: dict[str, bytes | None]) -> str:
     """`replace_blob` for several paths at once: one git process however many there are (a
     second when `blobs_at` did not read this tree's folders just before)."""
-    return replace_blobs_and_commit(git, tree, contents, None)[0]
-
-
-def replace_blobs_and_commit(git: Git, tree: str, contents: dict[str, bytes | None],
-                             commit: CommitSpec | None) -> tuple[str, str | None]:
-    """`replace_blobs`, and with `commit` the commit of the new tree written in the same pack:
-    (tree, commit SHA). The commit is None when nothing changed, or when git must make it
-    (`commitobject.commit_body` cannot promise git's bytes, or the index route decided)."""
     if not contents:
-        return tree, None
-    built = _by_folders(git, tree, contents, commit)
+        return tree
+    built = _by_folders(git, tree, contents)
     if built is not None:
         return built
-    return _through_index(git, tree, contents), None
+    return _through_index(git, tree, contents)
 
 
 def _through_index(git: Git, tree: str, contents: dict[str, bytes | None]) -> str:
@@ -233,10 +223,9 @@ def _object_name(kind: bytes, content: bytes, hex_len: int) -> bytes:
     return algorithm(kind + b" %d\0" % len(content) + content).digest()
 
 
-def _by_folders(git: Git, tree: str, contents: dict[str, bytes | None],
-                commit: CommitSpec | None = None) -> tuple[str, str | None] | None:
-    """The new tree built folder by folder (see the module's docstring), and its commit when
-    `commit` is given and can be written here; None when the index route must decide."""
+def _by_folders(git: Git, tree: str, contents: dict[str, bytes | None]) -> str | None:
+    """The new tree built folder by folder (see the module's docstring); None when the index
+    route must decide."""
     if not is_full_sha(tree):
         return None
     paths = list(contents)
@@ -309,17 +298,12 @@ def _by_folders(git: Git, tree: str, contents: dict[str, bytes | None],
     root_body = _tree_bytes(trees[""])
     root = _object_name(b"tree", root_body, hex_len)
     written.append(("", root, trees[""]))
-    body = commit_body(root.hex(), commit) if commit is not None else None
-    if not _write_objects(git, contents, blobs, written, hex_len, body):
+    if not _write_objects(git, contents, blobs, written, hex_len):
         return None  # git's own verdict comes from the index route
     for p, content in contents.items():
         if content is not None:
             _WRITTEN.put((os.fspath(git.repo_dir), root.hex(), p), content)
-    made = None
-    if body is not None:
-        made = _object_name(b"commit", body, hex_len).hex()
-        remember_commit(git, made, root.hex())
-    return root.hex(), made
+    return root.hex()
 
 
 # (repository, commit) -> its tree, for commits made here; (repository, tree, path) -> a file
@@ -341,16 +325,12 @@ def _written(git: Git, commit: str, path: str) -> bytes | None:
     return None if tree is None else _WRITTEN.get((where, tree, path))
 
 
-def _write_objects(git: Git, contents, blobs: dict[str, bytes], written, hex_len: int,
-                   commit: bytes | None = None) -> bool:
-    """The new files and folders (and `commit`, the content of a commit object), written by one
-    ``unpack-objects --strict`` from a pack made here (git names every object from its content,
-    and checks each folder's and the commit's format and that everything they name exists);
-    False when git refused it."""
+def _write_objects(git: Git, contents, blobs: dict[str, bytes], written, hex_len: int) -> bool:
+    """The new files and folders, written by one ``unpack-objects --strict`` from a pack made
+    here (git names every object from its content, and checks each folder's format and that
+    everything it names exists); False when git refused it."""
     objects = [(_PACK_BLOB, contents[p]) for p in blobs]
     objects += [(_PACK_TREE, _tree_bytes(entries)) for _f, _n, entries in written]
-    if commit is not None:
-        objects.append((_PACK_COMMIT, commit))
     body = b"PACK" + (2).to_bytes(4, "big") + len(objects).to_bytes(4, "big")
     body += b"".join(_pack_entry(kind, content) for kind, content in objects)
     algorithm = hashlib.sha1 if hex_len == 40 else hashlib.sha256
@@ -359,7 +339,7 @@ def _write_objects(git: Git, contents, blobs: dict[str, bytes], written, hex_len
     return proc.returncode == 0
 
 
-_PACK_COMMIT, _PACK_TREE, _PACK_BLOB = 1, 2, 3
+_PACK_TREE, _PACK_BLOB = 2, 3
 
 
 def _pack_entry(kind: int, content: bytes) -> bytes:
