@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bmad_loop.git.trees.compose import (
+    LaneEdit,
     blob_at,
     cas_advance,
     changed_paths,
@@ -249,7 +250,8 @@ def test_squash_composes_one_commit_on_target_with_the_merged_tree(git, diverged
 def test_merge_and_squash_fold_the_tree_edit_into_their_commit(git, diverged):
     _, target, branch = diverged
     for strategy in ("merge", "squash"):
-        c = compose(git, strategy, target, branch, "m", tree_edit=board_edit(git, "1-1-a: done\n"))
+        c = compose(git, strategy, target, branch, "m",
+                    edit=LaneEdit(board_edit(git, "1-1-a: done\n")))
         assert text_at(git, c.sha, BOARD) == "1-1-a: done\n"
         assert text_at(git, c.sha, "src/a.py") == a_with(1, "story")
         assert parents(git, c.sha)[0] == target
@@ -265,14 +267,14 @@ def test_ff_on_an_unmoved_target_is_the_branch_head_itself(git, story):
 def test_ff_puts_the_tree_edit_in_one_lane_commit_on_top_of_the_branch(git, story):
     target = git.rev("main")
     branch = commit(git, story, {"src/a.py": a_with(1, "story")}, "story work")
-    c = compose(git, "ff", target, branch, "unused", tree_edit=board_edit(git, "1-1-a: done\n"),
-                lane_message="bmad-loop: 1-1-a done")
+    c = compose(git, "ff", target, branch, "unused",
+                edit=LaneEdit(board_edit(git, "1-1-a: done\n"), "bmad-loop: 1-1-a done"))
     assert parents(git, c.sha) == [branch]
     assert git.out("log", "-1", "--format=%B", c.sha) == "bmad-loop: 1-1-a done"
     assert changed_paths(git, branch, c.sha) == [BOARD]
     assert not c.rebased
     same = compose(git, "ff", target, branch, "unused",
-                   tree_edit=lambda tree: tree, lane_message="nothing to do")
+                   edit=LaneEdit(lambda tree: tree, "nothing to do"))
     assert same.sha == branch  # an edit that changes nothing makes no lane commit
 
 
@@ -282,8 +284,7 @@ def test_ff_on_a_moved_target_replays_the_story_commits_keeping_authors_and_mess
     first = commit(git, story, {"src/a.py": a_with(1, "story")}, "first\n\nbody", author=alice)
     second = commit(git, story, {"src/new.py": "new\n"}, "second")
     target = commit(git, git.repo_dir, {"src/a.py": a_with(10, "target")}, "target moved")
-    c = compose(git, "ff", target, second, "unused", tree_edit=board_edit(git, "done\n"),
-                lane_message="lane")
+    c = compose(git, "ff", target, second, "unused", edit=LaneEdit(board_edit(git, "done\n"), "lane"))
     assert c.ok and c.rebased
     lane, r2 = c.sha, parents(git, c.sha)[0]
     r1 = parents(git, r2)[0]
@@ -325,7 +326,7 @@ def test_merge_conflicts_report_every_conflicted_path_and_keep_the_marked_tree(g
     branch = commit(git, story, {"src/a.py": a_with(5, "story"), "src/b.py": "story\n"}, "s")
     target = commit(git, git.repo_dir, {"src/a.py": a_with(5, "target"), "src/b.py": None}, "t")
     for strategy in ("merge", "squash"):
-        c = compose(git, strategy, target, branch, "m", tree_edit=board_edit(git, "never\n"))
+        c = compose(git, strategy, target, branch, "m", edit=LaneEdit(board_edit(git, "never\n")))
         assert c.sha is None and sorted(c.conflicts) == ["src/a.py", "src/b.py"]
         assert b"<<<<<<<" in blob_at(git, c.tree, "src/a.py")
         assert text_at(git, c.tree, BOARD) != "never\n"
@@ -336,9 +337,9 @@ def test_composing_the_same_inputs_twice_gives_the_same_sha(git, story):
     branch = commit(git, story, {"src/new.py": "new\n"}, "two")
     target = commit(git, git.repo_dir, {"src/a.py": a_with(10, "target")}, "target")
     cases = [("merge", target), ("squash", target), ("ff", target), ("ff", git.rev("story~2"))]
-    first = [compose(git, s, t, branch, "m", board_edit(git, "done\n"), "lane") for s, t in cases]
+    first = [compose(git, s, t, branch, "m", edit=LaneEdit(board_edit(git, "done\n"), "lane")) for s, t in cases]
     time.sleep(1.1)  # the wall clock moves on; the lane's dates come from the inputs
-    again = [compose(git, s, t, branch, "m", board_edit(git, "done\n"), "lane") for s, t in cases]
+    again = [compose(git, s, t, branch, "m", edit=LaneEdit(board_edit(git, "done\n"), "lane")) for s, t in cases]
     assert [c.sha for c in first] == [c.sha for c in again]
     assert len({c.sha for c in first}) == len(cases)
     assert all(c.ok for c in first)
@@ -372,7 +373,7 @@ def test_sync_checkout_follows_the_advance_and_keeps_unrelated_local_changes(git
     (checkout / "README").write_text("local edit\n")
     (checkout / "notes.txt").write_text("staged note\n")
     git.run("add", "notes.txt")
-    c = compose(git, "merge", old, branch, "m", tree_edit=board_edit(git, "done\n"))
+    c = compose(git, "merge", old, branch, "m", edit=LaneEdit(board_edit(git, "done\n")))
     assert overlapping_dirty(git, checkout, old, c.sha) == []
     assert cas_advance(git, "main", c.sha, old)
     sync_checkout(git, checkout, old, c.sha)

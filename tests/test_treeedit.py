@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from bmad_loop.git.trees.compose import compose
+from bmad_loop.git.trees.compose import LaneEdit, compose
 from bmad_loop.errors import GitError
 from bmad_loop.git.trees.edit import _by_folders, _through_index, blob_at, blobs_at, replace_blobs
 from support import git_repo
@@ -56,8 +56,8 @@ def test_each_edit_gives_the_tree_a_temporary_index_gives(repo, edit):
     git, tree = repo
     built = _by_folders(git, tree, edit)
     assert built is not None  # the folder route answered, not the index route behind it
-    assert built == (replace_blobs(git, tree, edit), None)  # no commit asked for, none made
-    assert built[0] == _through_index(git, tree, edit)
+    assert built == replace_blobs(git, tree, edit)
+    assert built == _through_index(git, tree, edit)
 
 
 def test_random_edits_of_random_trees_match_the_index_route(tmp_path):
@@ -78,7 +78,7 @@ def test_random_edits_of_random_trees_match_the_index_route(tmp_path):
                 edit[p] = None if rng.random() < 0.4 else f"{p} v{rng.random()}\n".encode()
             edit[f"n{rng.randrange(9)}/{rng.choice(names)}.new"] = b"new\n"
             built = _by_folders(git, tree, edit)
-            assert built is not None and built[0] == _through_index(git, tree, edit), edit
+            assert built is not None and built == _through_index(git, tree, edit), edit
 
 
 def test_a_folder_named_as_a_file_is_refused_both_ways(repo):
@@ -146,7 +146,7 @@ def test_a_file_written_into_a_commit_made_here_is_read_back_without_git(repo, t
     git, tree = repo
     head = git.out("rev-parse", "HEAD")
     edit = lambda t: replace_blobs(git, t, {"a/deep/y.txt": b"done\n"})  # noqa: E731
-    candidate = compose(git, "squash", head, head, "write-back", tree_edit=edit).sha
+    candidate = compose(git, "squash", head, head, "write-back", edit=LaneEdit(edit)).sha
     assert candidate == git.out("commit-tree", edit(tree), "-p", head, "-m", "write-back",
                                 env=git.identity_env(git.commit_date(head)))
     empty = tmp_path / "no-git"

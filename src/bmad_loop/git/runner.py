@@ -101,6 +101,22 @@ class Identity:
     email: str = "bmad-loop@localhost"
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One `Git.run`, as its helpers need it: the command shown and its words, its subcommand,
+    where it runs, its environment, input, timeout and text mode, and its write-ahead step."""
+
+    shown: list[str]
+    words: list[str]
+    sub: list[str]
+    where: Path
+    env: Mapping[str, str] | None
+    input: str | bytes | None
+    timeout: float | None
+    text: bool
+    step: object
+
+
 class Git:
     """One repository, reached through the git CLI. Stateless apart from a cached common dir
     and the pinned hooks folder.
@@ -164,7 +180,7 @@ class Git:
         sub = _subcommand(words)
         step = gitlocks.begin_step(where, sub, dict(env or {})) if _mutates(sub) else None
         try:
-            proc = self._run_waiting(shown, words, sub, where, env, input, timeout, text, step)
+            proc = self._run_waiting(_Call(shown, words, sub, where, env, input, timeout, text, step))
         finally:
             if step is not None:
                 step.end()
@@ -172,17 +188,17 @@ class Git:
             raise _error(shown, proc)
         return proc
 
-    def _run_waiting(self, shown, words, sub, where, env, input, timeout, text, step):
+    def _run_waiting(self, call: _Call):
         argv = ["git", "-c", f"core.hooksPath={self.hooks_path()}", "-c", "core.fsmonitor=false",
-                *words]
-        extra = dict(env or {})
-        if step is not None:
-            extra[gitlocks.STEP_ENV] = step.name
-        command = _show(shown)
+                *call.words]
+        extra = dict(call.env or {})
+        if call.step is not None:
+            extra[gitlocks.STEP_ENV] = call.step.name
+        command, sub, where, step = _show(call.shown), call.sub, call.where, call.step
         no_retry = tuple(sub[:2]) in _NO_RETRY or tuple(sub[:1]) in _NO_RETRY
         deadline, delay, told = None, 0.05, set()
         while True:
-            proc = self._spawn(argv, shown, where, extra, input, timeout, text, step)
+            proc = self._spawn(call, argv, extra)
             if proc.returncode == 0:
                 return proc
             dirs = gitlocks.git_dirs(where)
@@ -213,8 +229,9 @@ class Git:
             self.sleep(min(delay, max(deadline - now, 0.0)))
             delay = min(delay * 2, _MAX_BACKOFF_S)
 
-    def _spawn(self, argv, shown, where, extra, input, timeout, text, step):
-        kwargs: dict = {"encoding": "utf-8", "errors": "surrogateescape"} if text else {}
+    def _spawn(self, call: _Call, argv: list[str], extra: dict):
+        shown, where, input, timeout, step = call.shown, call.where, call.input, call.timeout, call.step
+        kwargs: dict = {"encoding": "utf-8", "errors": "surrogateescape"} if call.text else {}
         env = clean_env(extra)
         try:
             child = subprocess.Popen(

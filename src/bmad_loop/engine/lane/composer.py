@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...git.trees.compose import Composition, commit_message, compose, integration_message
+from ...git.trees.compose import (Composition, LaneEdit, Settling, commit_message, compose,
+                                  integration_message)
 from ...db.models import Story
 from ...git.worktrees import ensure_detached_worktree
 from ..worker.boxing import BoxSite, settle_after_box, verify_box
@@ -44,8 +45,8 @@ class Composer:
             branch_sha, settled = replayed.tip, replayed
             rules = type(rules)()  # the replay settled the story's own change
         comp = compose(git, strategy, target_sha, branch_sha, self._message(story, strategy),
-                       tree_edit=self._board_edit(story), lane_message=f"bmad-loop: mark {story.key} done",
-                       rules=rules, base=None if story.stacked_on else story.base_sha)
+                       edit=LaneEdit(self._board_edit(story), f"bmad-loop: mark {story.key} done"),
+                       settling=Settling(rules, None if story.stacked_on else story.base_sha))
         if settled is not None:
             comp = replace(comp, settled=settled.settled, regenerate=settled.regenerate)
         if comp.ok and comp.regenerate:

@@ -38,6 +38,8 @@ from .edit import blob_at, blobs_at, replace_blob, replace_blobs  # noqa: F401 (
 
 __all__ = [
     "Composition",
+    "LaneEdit",
+    "Settling",
     "STRATEGIES",
     "dirty_paths",
     "changed_paths",
@@ -125,30 +127,8 @@ def commit_worktree(
     exclude = _not_ignored(git, worktree, exclude)
     spec = (["--", "."] + [f":(exclude,literal){p}" for p in exclude]) if exclude else []
     git.run("add", "-A", *spec, cwd=worktree)
-    reverted: list[str] = []
-    staged: bool | None = None  # known without asking git again?
-    if revert_globs:
-        # Once everything is staged, one diff of the index against the base names every path
-        # the story changed, in its own commits or not (and says which the base lacks).
-        changes = _index_changes(git, worktree, base_sha)
-        reverted = sorted(p for p in changes if path_matches(revert_globs, p))
-        restore = [p for p in reverted if changes[p] != "A"]
-        added = [p for p in reverted if changes[p] == "A"]
-        if restore:
-            git.run(
-                "checkout", "--quiet", base_sha, "--pathspec-from-file=-", "--pathspec-file-nul",
-                input="\0".join(restore), cwd=worktree, env=_LITERAL,
-            )
-        if added:
-            git.run("rm", "-q", "--cached", "--pathspec-from-file=-", "--pathspec-file-nul",
-                    input="\0".join(added), cwd=worktree, env=_LITERAL)
-            for p in added:
-                if os.path.lexists(worktree / p):
-                    os.unlink(worktree / p)
-        if is_full_sha(base_sha) and git.rev("HEAD", cwd=worktree) == base_sha:
-            # No commit of the agent's: the index now differs from HEAD exactly where it
-            # differs from the base, i.e. in what the diff named and nothing put back.
-            staged = bool(set(changes) - set(reverted))
+    reverted, changes, staged = ([], {}, None) if not revert_globs else \
+        _revert_lane_owned(git, worktree, base_sha, revert_globs)
     if staged is None:
         proc = git.run("diff-index", "--cached", "--quiet", "HEAD", "--", cwd=worktree,
                        check=False)
@@ -176,6 +156,35 @@ def commit_worktree(
         remember_diff(git, base_sha, head,
                        {p: letter for p, letter in changes.items() if p not in put_back})
     return head, reverted
+
+
+def _revert_lane_owned(git: Git, worktree: Path, base_sha: str, revert_globs: Sequence[str]):
+    """Put the lane-owned paths the story changed back to `base_sha` (everything is staged):
+    (the reverted paths, the story's changes by path, whether anything else is staged — None
+    when git must be asked)."""
+    # Once everything is staged, one diff of the index against the base names every path the
+    # story changed, in its own commits or not (and says which the base lacks).
+    changes = _index_changes(git, worktree, base_sha)
+    reverted = sorted(p for p in changes if path_matches(revert_globs, p))
+    restore = [p for p in reverted if changes[p] != "A"]
+    added = [p for p in reverted if changes[p] == "A"]
+    if restore:
+        git.run(
+            "checkout", "--quiet", base_sha, "--pathspec-from-file=-", "--pathspec-file-nul",
+            input="\0".join(restore), cwd=worktree, env=_LITERAL,
+        )
+    if added:
+        git.run("rm", "-q", "--cached", "--pathspec-from-file=-", "--pathspec-file-nul",
+                input="\0".join(added), cwd=worktree, env=_LITERAL)
+        for p in added:
+            if os.path.lexists(worktree / p):
+                os.unlink(worktree / p)
+    staged = None
+    if is_full_sha(base_sha) and git.rev("HEAD", cwd=worktree) == base_sha:
+        # No commit of the agent's: the index now differs from HEAD exactly where it differs
+        # from the base, i.e. in what the diff named and nothing put back.
+        staged = bool(set(changes) - set(reverted))
+    return reverted, changes, staged
 
 
 # (repository, commit) -> "@<unix> <tz>" of commits `commit_worktree` made in this process:
@@ -240,49 +249,83 @@ class Composition:
         return self.sha is not None
 
 
+@dataclass(frozen=True)
+class LaneEdit:
+    """The lane's own change to a candidate: `tree_edit` (tree sha -> tree sha, e.g. the board
+    update) and, for `ff`, the `message` of the commit that carries it."""
+
+    tree_edit: Callable[[str], str]
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Settling:
+    """How a merge settles the paths its rules cover: the `rules`, and the story's own `base`
+    (None: the merge base)."""
+
+    rules: MergeRules
+    base: str | None = None
+
+
 def compose(
     git: Git,
     strategy: str,
     target_sha: str,
     branch_sha: str,
     message: str,
-    tree_edit: Callable[[str], str] | None = None,
-    lane_message: str = "",
-    rules: MergeRules = MergeRules(),
-    base: str | None = None,
+    *,
+    edit: LaneEdit | None = None,
+    settling: Settling | None = None,
 ) -> Composition:
     """Build the candidate for integrating `branch_sha` onto `target_sha`; touches no ref.
 
     `merge`: a merge commit (parents target, branch) of the merged tree; `squash`: one commit on
     target with that tree; `ff`: the branch itself when target is its ancestor, else the story's
-    commits replayed onto target. `tree_edit` (tree sha -> tree sha, e.g. the board update) is
-    folded into the merge or squash commit; for `ff` it becomes one lane commit with
-    `lane_message` on top (none when the edit changes nothing). `rules` settle the paths they
-    cover (mergesettle.py); `base` is the story's own base (default: the merge base). Merges
-    read attributes from the target's committed tree only (mergeattrs.py).
+    commits replayed onto target. `edit`'s tree edit is folded into the merge or squash commit;
+    for `ff` it becomes one lane commit with `edit.message` on top (none when the edit changes
+    nothing). `settling.rules` settle the paths they cover (git/trees/settle.py);
+    `settling.base` is the story's own base (default: the merge base). Merges read attributes
+    from the target's committed tree only (git/trees/mergeattrs.py).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown merge strategy {strategy!r} (expected one of {STRATEGIES})")
+    settling = settling or Settling(MergeRules())
     # A full SHA names itself; a missing one fails the commands below with git's own message.
     target = target_sha if is_full_sha(target_sha) else _commit(git, target_sha)
     branch = branch_sha if is_full_sha(branch_sha) else _commit(git, branch_sha)
     env = git.identity_env(_commit_date(git, branch))  # the branch commit must exist
     if strategy in ("merge", "squash"):
-        with committed_attributes(git, target) as at:
-            tree, conflicts = merge_trees(git, target, branch, at)
-        settled = settle(git, rules, base=base or merge_base(git, target, branch), target=target,
-                         story=branch, tree=tree, conflicts=conflicts) if rules else None
-        if settled is not None:
-            tree, conflicts = settled.tree, settled.conflicts
-        done = (settled.settled, settled.regenerate) if settled is not None else ((), ())
-        if conflicts:
-            return Composition(None, tree, conflicts, strategy, False, *done)
-        parents = [target, branch] if strategy == "merge" else [target]
-        if tree_edit is not None:
-            tree = tree_edit(tree)
-        sha = commit_tree(git, tree, parents, _lane_text(message), env)
-        return Composition(sha, tree, (), strategy, False, *done)
+        return _merged(git, strategy, (target, branch), _lane_text(message), edit, settling, env)
+    return _fast_forward(git, (target, branch), message, edit, settling.rules, env)
 
+
+def _merged(git: Git, strategy: str, shas: tuple[str, str], message: str, edit, settling,
+            env) -> Composition:
+    """`merge` or `squash` of `shas` (target, branch): the merged tree, settled by the rules,
+    the lane's edit folded in, one commit."""
+    target, branch = shas
+    with committed_attributes(git, target) as at:
+        tree, conflicts = merge_trees(git, target, branch, at)
+    rules = settling.rules
+    settled = settle(git, rules, base=settling.base or merge_base(git, target, branch),
+                     target=target, story=branch, tree=tree, conflicts=conflicts) if rules else None
+    if settled is not None:
+        tree, conflicts = settled.tree, settled.conflicts
+    done = (settled.settled, settled.regenerate) if settled is not None else ((), ())
+    if conflicts:
+        return Composition(None, tree, conflicts, strategy, False, *done)
+    parents = [target, branch] if strategy == "merge" else [target]
+    if edit is not None:
+        tree = edit.tree_edit(tree)
+    return Composition(commit_tree(git, tree, parents, message, env), tree, (), strategy, False,
+                       *done)
+
+
+def _fast_forward(git: Git, shas: tuple[str, str], message: str, edit, rules,
+                  env) -> Composition:
+    """`ff` of `shas` (target, branch): the branch itself, or its commits replayed onto the
+    target, with the lane's edit as one commit on top."""
+    target, branch = shas
     rebased = not git.is_ancestor(target, branch)
     done: tuple = ((), ())
     if rebased:
@@ -290,15 +333,15 @@ def compose(
         tip, tree, conflicts = replayed.tip, replayed.tree, replayed.conflicts
         done = (replayed.settled, replayed.regenerate)
         if conflicts:
-            return Composition(None, tree, conflicts, strategy, True, *done)
+            return Composition(None, tree, conflicts, "ff", True, *done)
     else:
         tip, tree = branch, tree_of(git, branch)
-    if tree_edit is not None:
-        edited = tree_edit(tree)
+    if edit is not None:
+        edited = edit.tree_edit(tree)
         if edited != tree:
-            tip = commit_tree(git, edited, [tip], _lane_text(lane_message or message), env)
+            tip = commit_tree(git, edited, [tip], _lane_text(edit.message or message), env)
             tree = edited
-    return Composition(tip, tree, (), strategy, rebased, *done)
+    return Composition(tip, tree, (), "ff", rebased, *done)
 
 
 def _commit(git: Git, rev: str) -> str:
