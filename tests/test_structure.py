@@ -211,8 +211,6 @@ FUNCTION_SIZE_EXCEPTIONS: set[str] = {
     "engine.lane.admission:admit",
     "engine.lane.integrate:record_verdict",
     "engine.worker.verify:run_verify",
-    "git.trees.edit:_by_folders",
-    "git.trees.settle:settle",
     "operator.board_view:render_board",
     "operator.follow:follow_journal",
     "operator.follow:follow_log",

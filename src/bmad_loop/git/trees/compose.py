@@ -30,7 +30,7 @@ from ..runner import Git, is_full_sha, repo_lock
 from ..indexflags import clear_flags
 from ..maintenance import NO_AUTO_MAINTENANCE
 from .mergeattrs import committed_attributes
-from .settle import MergeRules, Regeneration, Settled, settle
+from .settle import MergeRules, Regeneration, Settled, Sides, settle
 from .merge import commit_tree, merge_base, merge_trees, replay_commits, tree_of
 from ..objectmemo import Memo
 from .diff import changed_paths, changed_status, dirty_paths, remember_diff  # noqa: F401 (re-exported)
@@ -307,8 +307,10 @@ def _merged(git: Git, strategy: str, shas: tuple[str, str], message: str, edit, 
     with committed_attributes(git, target) as at:
         tree, conflicts = merge_trees(git, target, branch, at)
     rules = settling.rules
-    settled = settle(git, rules, base=settling.base or merge_base(git, target, branch),
-                     target=target, story=branch, tree=tree, conflicts=conflicts) if rules else None
+    settled = None
+    if rules:
+        sides = Sides(settling.base or merge_base(git, target, branch), target, branch)
+        settled = settle(git, rules, sides, tree, conflicts)
     if settled is not None:
         tree, conflicts = settled.tree, settled.conflicts
     done = (settled.settled, settled.regenerate) if settled is not None else ((), ())

@@ -228,14 +228,32 @@ def _by_folders(git: Git, tree: str, contents: dict[str, bytes | None]) -> str |
     route must decide."""
     if not is_full_sha(tree):
         return None
-    paths = list(contents)
-    for p in paths:
-        parts = p.split("/")
-        if any(part in ("", ".", "..") or "\0" in part or "\n" in part for part in parts):
+    for p in contents:
+        if any(part in ("", ".", "..") or "\0" in part or "\n" in part for part in p.split("/")):
             return None
     hex_len = len(tree)
-    size = hex_len // 2
-    folders = _folders(paths)
+    folders = _folders(list(contents))
+    trees = _parsed_folders(git, tree, folders, hex_len // 2)
+    if trees is None or not _paths_fit(tree, trees, folders, contents):
+        return None
+    blobs = {p: _object_name(b"blob", c, hex_len) for p, c in contents.items() if c is not None}
+    _apply_edits(trees, contents, blobs)
+    written = _rebuilt_folders(trees, folders, hex_len)
+    if not trees[""]:
+        return None  # an empty root: the index route's answer
+    root = _object_name(b"tree", _tree_bytes(trees[""]), hex_len)
+    written.append(("", root, trees[""]))
+    if not _write_objects(git, contents, blobs, written, hex_len):
+        return None  # git's own verdict comes from the index route
+    for p, content in contents.items():
+        if content is not None:
+            _WRITTEN.put((os.fspath(git.repo_dir), root.hex(), p), content)
+    return root.hex()
+
+
+def _parsed_folders(git: Git, tree: str, folders: list[str], size: int):
+    """Folder -> its entries (None: not in `tree`), or None when the root or a folder cannot
+    be read here."""
     raw = _read_folders(git, tree, folders)
     if raw[""] is None:
         return None
@@ -248,23 +266,27 @@ def _by_folders(git: Git, tree: str, contents: dict[str, bytes | None]) -> str |
         if parsed is None:
             return None
         trees[folder] = parsed
-    # Each folder along a path is a folder or nothing; a path is a file or nothing.
+    return trees
+
+
+def _paths_fit(tree: str, trees, folders: list[str], contents) -> bool:
+    """Each folder along a path is a folder or nothing; a path is a file or nothing (a folder
+    edited as a file is an error; a file in the way of a folder is the index route's)."""
     for folder in folders[1:]:
         parent, _, name = folder.rpartition("/")
         entry = (trees[parent] or {}).get(name.encode("utf-8", "surrogateescape"))
-        if entry is not None and entry[0] != _TREE_MODE:
-            return None  # a file in the way of a folder
-        if folder in contents:
-            return None
-    blobs: dict[str, bytes] = {}
-    for p, content in contents.items():
+        if (entry is not None and entry[0] != _TREE_MODE) or folder in contents:
+            return False
+    for p in contents:
         parent, _, name = p.rpartition("/")
         entry = (trees[parent] or {}).get(name.encode("utf-8", "surrogateescape"))
         if entry is not None and entry[0] == _TREE_MODE:
             raise GitError(f"{p} is a folder in tree {tree}, not a file")
-        if content is not None:
-            blobs[p] = _object_name(b"blob", content, hex_len)
-    # Apply the edits, then rebuild the folders deepest first.
+    return True
+
+
+def _apply_edits(trees, contents, blobs: dict[str, bytes]) -> None:
+    """The edited files into their folders' entries (an existing file keeps its executable bit)."""
     for p, content in contents.items():
         parent, _, name = p.rpartition("/")
         key = name.encode("utf-8", "surrogateescape")
@@ -276,7 +298,12 @@ def _by_folders(git: Git, tree: str, contents: dict[str, bytes | None]) -> str |
         else:
             mode = b"100755" if old is not None and old[0] == b"100755" else b"100644"
             folder[key] = (mode, blobs[p])
-    written: list[tuple[str, bytes, dict]] = []  # (folder, name, entries), deepest first
+
+
+def _rebuilt_folders(trees, folders: list[str], hex_len: int) -> list[tuple[str, bytes, dict]]:
+    """The changed folders rebuilt deepest first, each named in its parent: (folder, name,
+    entries) of each one to write, the root aside."""
+    written: list[tuple[str, bytes, dict]] = []
     for folder in sorted(folders, key=lambda f: (-f.count("/") if f else 1, f)):
         entries = trees[folder]
         if folder == "":
@@ -288,22 +315,11 @@ def _by_folders(git: Git, tree: str, contents: dict[str, bytes | None]) -> str |
         if not entries:
             holder.pop(key, None)  # an emptied folder is no folder
             continue
-        body = _tree_bytes(entries)
-        name_raw = _object_name(b"tree", body, hex_len)
+        name_raw = _object_name(b"tree", _tree_bytes(entries), hex_len)
         if holder.get(key) != (_TREE_MODE, name_raw):
             holder[key] = (_TREE_MODE, name_raw)
             written.append((folder, name_raw, entries))
-    if not trees[""]:
-        return None  # an empty root: the index route's answer
-    root_body = _tree_bytes(trees[""])
-    root = _object_name(b"tree", root_body, hex_len)
-    written.append(("", root, trees[""]))
-    if not _write_objects(git, contents, blobs, written, hex_len):
-        return None  # git's own verdict comes from the index route
-    for p, content in contents.items():
-        if content is not None:
-            _WRITTEN.put((os.fspath(git.repo_dir), root.hex(), p), content)
-    return root.hex()
+    return written
 
 
 # (repository, commit) -> its tree, for commits made here; (repository, tree, path) -> a file

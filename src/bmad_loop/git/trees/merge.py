@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ...errors import GitError
 from ..runner import Git
 from .mergeattrs import AttributeRoot, committed_attributes
-from .settle import MergeRules, Regeneration, Settled, settle
+from .settle import MergeRules, Regeneration, Settled, Sides, settle
 from .edit import remember_commit
 
 __all__ = ["Replayed", "commit_tree", "empty_tree", "merge_base", "merge_trees", "replay_commits",
@@ -144,8 +144,7 @@ def pick(git: Git, base_tree: str, theirs_tree: str, ours_tree: str, date: str,
     ours = commit_tree(git, ours_tree, [root], "bmad-loop: pick ours\n", env)
     with committed_attributes(git, ours_tree) as at:
         tree, conflicts = merge_trees(git, ours, theirs, at)
-    return settle(git, rules, base=base_tree, target=ours_tree, story=theirs_tree, tree=tree,
-                  conflicts=conflicts)
+    return settle(git, rules, Sides(base_tree, ours_tree, theirs_tree), tree, conflicts)
 
 
 def empty_tree(git: Git) -> str:

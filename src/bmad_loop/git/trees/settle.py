@@ -29,7 +29,7 @@ from ...policy.mergerule import REGENERATE, UNION, MergeRule
 from .diff import changed_status
 from .edit import read_objects, replace_blobs
 
-__all__ = ["MergeRules", "Settled", "Regeneration", "Settlement", "settle", "union_text"]
+__all__ = ["MergeRules", "Sides", "Settled", "Regeneration", "Settlement", "settle", "union_text"]
 
 
 @dataclass(frozen=True)
@@ -114,11 +114,21 @@ def union_text(base: bytes | None, target: bytes | None, story: bytes | None) ->
     return target + suffix
 
 
-def settle(git: Git, rules: MergeRules, *, base: str, target: str, story: str, tree: str,
-           conflicts: tuple[str, ...], changed: Iterable[str] | None = None) -> Settlement:
-    """Apply `rules` to git's merge of `story` onto `target` (merge base `base`), which gave
-    `tree` and `conflicts`. Commits or trees may be named; `changed`: the paths the story
-    changed against `base`, when known."""
+@dataclass(frozen=True)
+class Sides:
+    """The three sides of a merge: the merge `base`, the `target` it lands on and the `story`
+    merged in (commits or trees)."""
+
+    base: str
+    target: str
+    story: str
+
+
+def settle(git: Git, rules: MergeRules, sides: Sides, tree: str, conflicts: tuple[str, ...],
+           changed: Iterable[str] | None = None) -> Settlement:
+    """Apply `rules` to git's merge of `sides`, which gave `tree` and `conflicts`; `changed`:
+    the paths the story changed against the base, when known."""
+    base, target, story = sides.base, sides.target, sides.story
     if not rules:
         return Settlement(tree, conflicts)
     paths = changed if changed is not None else changed_status(git, base, story)
