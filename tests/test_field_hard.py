@@ -29,9 +29,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bmad_loop.agents.process import OWNER_VAR, SESSION_TOKEN_VAR, owner_marker, parse_owner
+from bmad_loop.agents.process import OWNER_VAR, SESSION_TOKEN_VAR, Limits, owner_marker, parse_owner
 from bmad_loop.engine.faults import DELAY_DIR_ENV, DELAY_ENV
-from bmad_loop.engine.worker.verify import run_verify
+from bmad_loop.engine.worker.verify import VerifySite, run_verify
 from support import StoryDef, project_argv, query, wait_for_exit, wait_for_files, wait_until, write_each
 
 ALPHA = StoryDef("1-1-alpha", files=["src/alpha.py"])
@@ -317,8 +317,8 @@ def test_a_verify_timeout_kills_a_grandchild_that_left_the_session(tmp_path):
     command = (f"{sys.executable} -c \"import subprocess, sys; "
                f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
                f"start_new_session=True); open('{pid_file}', 'w').write(str(p.pid))\"; sleep 600")
-    result = run_verify([command], cwd=tmp_path, log_path=tmp_path / "verify.log", timeout_s=2,
-                        run_id="r1", story_key="1-1-a")
+    result = run_verify([command], VerifySite(tmp_path, tmp_path / "verify.log", run_id="r1",
+                                              story_key="1-1-a"), Limits(timeout_s=2))
     assert result.timed_out and not result.ok
     assert not running(int(pid_file.read_text()))
 
@@ -327,8 +327,9 @@ def test_every_step_process_names_the_bmad_loop_process_that_started_it(tmp_path
     """`BMAD_LOOP_OWNER` = host:pid:start of this process: what recovery tells leftovers by."""
     dump = tmp_path / "env.json"
     code = f"import json, os; json.dump(dict(os.environ), open({str(dump)!r}, 'w'))"
-    result = run_verify([f"{sys.executable} -c \"{code}\""], cwd=tmp_path,
-                        log_path=tmp_path / "v.log", timeout_s=30, run_id="r1", story_key="1-1-a")
+    result = run_verify([f"{sys.executable} -c \"{code}\""],
+                        VerifySite(tmp_path, tmp_path / "v.log", run_id="r1", story_key="1-1-a"),
+                        Limits(timeout_s=30))
     assert result.ok
     env = json.loads(dump.read_text())
     assert env[OWNER_VAR] == owner_marker()

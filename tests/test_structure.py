@@ -210,7 +210,6 @@ FUNCTION_SIZE_EXCEPTIONS: set[str] = {
     "engine.lane.admission:_decide",
     "engine.lane.admission:admit",
     "engine.lane.integrate:record_verdict",
-    "engine.worker.verify:run_verify",
     "operator.board_view:render_board",
     "operator.follow:follow_journal",
     "operator.follow:follow_log",

@@ -35,7 +35,8 @@ from .regenerate import settled_events
 from ..runs import board_rel
 from ..transitions import transition_candidate, transition_story
 from ..worker.boxing import BoxSite, settle_after_box, verify_box
-from ..worker.verify import run_verify
+from ...agents.process import Limits
+from ..worker.verify import VerifySite, run_verify
 
 __all__ = ["Integrator", "LaneFenced", "TargetMoved"]
 
@@ -321,11 +322,12 @@ class Integrator(Outcomes):
         box = verify_box(self.policy, self.git, self.layout.state_dir,
                          BoxSite(worktree, scratch, log_path), env,
                          self.db.lock_dir) if worktree is not None else None
-        result = run_verify(self.policy.verify.commands, cwd=worktree or self.project.root,
-                            log_path=log_path, timeout_s=self.policy.verify.timeout_s, env=env,
-                            run_id=self.run_id, thaw_after_s=self.policy.leases.ttl_s,
-                            stop_event=stop_event, box=box,
-                            max_log_bytes=self.policy.limits.max_log_bytes)
+        result = run_verify(
+            self.policy.verify.commands,
+            VerifySite(worktree or self.project.root, log_path, env, box, self.run_id),
+            Limits(timeout_s=self.policy.verify.timeout_s, thaw_after_s=self.policy.leases.ttl_s,
+                   max_log_bytes=self.policy.limits.max_log_bytes),
+            stop_event=stop_event)
         if box is not None:
             settle_after_box(self.git, worktree, None, scratch)
         return result

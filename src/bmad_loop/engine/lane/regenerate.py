@@ -27,7 +27,8 @@ from ...globs import path_matches
 from ...git.trees.settle import Regeneration, Settled
 from ...git.trees.edit import read_objects
 from ...git.worktrees import ensure_detached_worktree
-from ..worker.verify import run_verify
+from ...agents.process import Limits
+from ..worker.verify import VerifySite, run_verify
 
 __all__ = ["Candidate", "RegenerateRun", "regenerate", "settled_events"]
 
@@ -144,8 +145,8 @@ def _run_one(job: Regeneration, folder: str, worktree: Path,
         return run, _Failure(f"regenerate cwd {rule.cwd!r} for {folder or '.'} leads outside the "
                              "repository", "")
     cwd.mkdir(parents=True, exist_ok=True)
-    result = run_verify([command], cwd=cwd, log_path=how.log_path, timeout_s=rule.timeout_s,
-                        env=how.env, run_id=how.run_id, box=how.box)
+    result = run_verify([command], VerifySite(cwd, how.log_path, how.env, how.box, how.run_id),
+                        Limits(timeout_s=rule.timeout_s))
     run = RegenerateRun(job.glob, command, rel, result.exit_code, result.timed_out,
                         str(how.log_path))
     if result.ok:

@@ -71,21 +71,25 @@ def verify_tags(run_id: str | None, story_key: str | None) -> dict[str, str]:
     return tags
 
 
-def run_verify(
-    commands: Sequence[str],
-    *,
-    cwd: Path,
-    log_path: Path,
-    timeout_s: float,
-    env: Mapping[str, str] | None = None,
-    stop_event: threading.Event | None = None,
-    run_id: str | None = None,
-    story_key: str | None = None,
-    thaw_after_s: float | None = None,
-    max_log_bytes: int | None = None,
-    box: Box | None = None,
-) -> VerifyResult:
-    """`box`: run each command in it (the box's own environment added); None: unboxed."""
+@dataclass(frozen=True)
+class VerifySite:
+    """Where verify commands run: in `cwd`, logged to `log_path`, with `env` (None: this
+    process's), in `box` (None: unboxed, else the box's own environment added), tagged with
+    the run and story they verify (for orphan recovery)."""
+
+    cwd: Path
+    log_path: Path
+    env: Mapping[str, str] | None = None
+    box: Box | None = None
+    run_id: str | None = None
+    story_key: str | None = None
+
+
+def run_verify(commands: Sequence[str], site: VerifySite, limits: Limits, *,
+               stop_event: threading.Event | None = None) -> VerifyResult:
+    """Run `commands` in order until one fails, each supervised with `limits`."""
+    cwd, log_path, env, box = site.cwd, site.log_path, site.env, site.box
+    run_id, story_key = site.run_id, site.story_key
     started = time.monotonic()
     if not commands:
         return NOTHING_TO_RUN
@@ -98,8 +102,7 @@ def run_verify(
         argv = ["/bin/sh", "-c", command]
         label = f"verify{' story ' + story_key if story_key else ''}"
         result = supervise(Command(box.wrap(argv) if box else argv, cwd, base_env, label), log_path,
-                           Limits(timeout_s=timeout_s, max_log_bytes=max_log_bytes,
-                                  thaw_after_s=thaw_after_s), stop_event=stop_event)
+                           limits, stop_event=stop_event)
         cuts += [result.log_cut] if result.log_cut else []
         if result.exit_code != 0 or result.timed_out or result.interrupted:
             return VerifyResult(

@@ -36,7 +36,8 @@ from ..redo import RETRY_FROM
 from ..outcome import Escalate, Outcome
 from .sessions import Heartbeat, run_session
 from ..transitions import transition_attempt, transition_run
-from .verify import NOTHING_TO_RUN, run_verify
+from ...agents.process import Limits
+from .verify import NOTHING_TO_RUN, VerifySite, run_verify
 from .verify_record import before_verify, forget_record
 
 __all__ = ["StoryWorker"]
@@ -158,11 +159,11 @@ class StoryWorker:
         env, box = story_verify_setup(ctx, worktree, log_path) if commands else (None, None)
         with Heartbeat(ctx, self.claim) if commands else contextlib.nullcontext():
             before_verify(ctx, self.claim, story, worktree)  # record or restore (verify_record.py)
-            result = run_verify(commands, cwd=worktree, log_path=log_path,
-                                timeout_s=self.policy.verify.timeout_s, env=env,
-                                stop_event=self.claim.stop_event, run_id=ctx.run_id, story_key=self.key,
-                                thaw_after_s=self.policy.leases.ttl_s, box=box,
-                                max_log_bytes=self.policy.limits.max_log_bytes)
+            result = run_verify(
+                commands, VerifySite(worktree, log_path, env, box, ctx.run_id, self.key),
+                Limits(timeout_s=self.policy.verify.timeout_s, thaw_after_s=self.policy.leases.ttl_s,
+                       max_log_bytes=self.policy.limits.max_log_bytes),
+                stop_event=self.claim.stop_event)
         if box is not None:
             settle_after_box(ctx.git, worktree, story.branch, ctx.scratch)
         if result.interrupted:
