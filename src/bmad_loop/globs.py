@@ -46,6 +46,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from .caches import CACHES
+
 __all__ = ["pattern_problem", "globs_may_overlap", "is_literal", "literal_prefix_length",
            "path_matches"]
 
@@ -413,3 +415,11 @@ def path_matches(pattern: str, path: str, directories: frozenset[str] | None = N
         if regex.fullmatch(prefix):
             return True
     return False
+
+
+_COMPILED = (_segment_tokens, _segment_regex, _segments, _segments_may_overlap,
+             _overlap_any_directory, _overlap_in_tree, _directories_covered, _directories_by_name,
+             _path_regex)
+CACHES.register("globs.compiled", lambda: [f.cache_clear() for f in _COMPILED],
+                bound="4,096 to 16,384 answers per function (LRU)",
+                holds="a glob (and the folders asked about) -> its compiled form or answer")

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Mapping
 
 import psutil
+from .caches import CACHES
 
 __all__ = [
     "ExitWaiter",
@@ -148,6 +149,8 @@ def started_at(pid: int | None = None) -> float:
 
 
 _OWN_STARTS: dict[int, float | None] = {}
+CACHES.register("proctree.own_start", _OWN_STARTS.clear, bound="one per pid this process had",
+               holds="this process's pid -> its start time")
 
 
 def own_start_time() -> float | None:

@@ -43,6 +43,7 @@ from .board_status import ACTIONABLE, STORY_STATUSES, is_known, read_status
 from .board_yaml import BoardYaml, Scalar, read_board_yaml
 from ..errors import ConfigError
 from ..git.refnames import branch_name_ok, branch_name_problem  # re-exported
+from ..caches import CACHES
 
 __all__ = [
     "ACTIONABLE",
@@ -235,6 +236,8 @@ def _story_location(item: Scalar | None, path: Path) -> str | None:
 # text; a Board is immutable, so no text is parsed twice while it is among the last few.
 _PARSED: dict[tuple[str, Path], Board] = {}
 _PARSED_KEEP = 4
+CACHES.register("bmad.boards", _PARSED.clear, bound=f"the last {_PARSED_KEEP} texts",
+               holds="(board text, path) -> its parsed, immutable Board")
 _parsed_lock = threading.Lock()
 
 

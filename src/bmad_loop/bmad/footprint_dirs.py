@@ -14,6 +14,7 @@ from typing import Callable
 
 from .footprint import Footprint, footprints_conflict
 from ..git.runner import Git
+from ..caches import CACHES
 
 __all__ = ["tree_directories", "conflict_on", "CACHED_TREES"]
 
@@ -21,6 +22,8 @@ CACHED_TREES = 16  # a lane needs the current target's; a few more cover recent 
 
 _cache: OrderedDict[str, frozenset[str]] = OrderedDict()
 _lock = threading.Lock()
+CACHES.register("bmad.tree_folders", _cache.clear, bound=f"the last {CACHED_TREES} trees",
+               holds="tree sha -> the folders it holds")
 
 
 def tree_directories(git: Git, sha: str | None) -> frozenset[str] | None:

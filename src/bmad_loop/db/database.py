@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..errors import ConfigError
 from . import migrate
 from .dialects import READ_ONLY, SQLITE_BUSY_TIMEOUT_MS, dialect_for, shown_url
+from ..caches import CACHES
 
 __all__ = ["Database", "check_driver", "check_reachable", "default_database_url"]
 
@@ -72,6 +73,8 @@ def insert_now(session: Session, row) -> int:
 
 
 _INSERTS: dict[tuple[str, bool], object] = {}  # (table name, returns its key) -> the INSERT
+CACHES.register("db.inserts", _INSERTS.clear, bound="two per table",
+               holds="(table, returns its key) -> its INSERT statement")
 
 
 def _insert_of(table, *, returning_key: bool = False):

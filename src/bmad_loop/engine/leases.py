@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from ..db.dialects import upsert_for
 from ..db.models import Lease, utcnow
 from ..hostid import host_name
+from ..caches import CACHES
 
 __all__ = ["lane_lease_name", "story_lease_name", "acquire", "take", "take_in", "renew", "release", "release_in", "holds", "holds_in", "owner_id", "LeaseHolder", "pid_alive",
            "is_live", "Holder", "holder_of"]
@@ -118,6 +119,8 @@ def acquire(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = N
 
 _LEASES = Lease.__table__
 _TAKE: dict[str, object] = {}  # dialect name -> the upsert, built once with bound parameters
+CACHES.register("engine.lease_upserts", _TAKE.clear, bound="one per database dialect",
+               holds="dialect -> the lease upsert statement, built once")
 # The fencing check's read and the release, built once: they run with every story.
 _HOLDER = select(_LEASES.c.owner, _LEASES.c.token, _LEASES.c.expires_at).where(
     _LEASES.c.name == bindparam("name"))

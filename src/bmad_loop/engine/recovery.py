@@ -40,6 +40,7 @@ from ..states import AttemptState, StoryState
 from . import leases
 from .journal import record
 from .runs import run_policy
+from ..caches import CACHES
 
 __all__ = ["find_orphans", "recover_orphans", "recoveries_so_far", "end_story_processes",
            "sweep_dead_owners", "SWEEP_EVERY_S"]
@@ -49,6 +50,8 @@ RESET_KINDS = ("story.retry", "story.human_fix")  # a fresh budget, recoveries i
 
 _swept: dict[str, float] = {}
 _swept_lock = threading.Lock()
+CACHES.register("engine.recovery_sweeps", _swept.clear, bound="one per run",
+               holds="run id -> when this process last swept its orphans (a sweep at most so often)")
 
 
 def find_orphans(session, run_id: str, ttl_s: float, now: dt.datetime | None = None) -> list[Story]:

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from ..db.models import Run, Story
 from ..policy import Policy, policy_from_dict
 from ..states import STORY_DONE, StoryState
+from ..caches import CACHES
 
 __all__ = ["RUN_STATE", "run_policy", "stories_of", "lane_rows", "next_in_plan", "path_inside",
            "board_rel"]
@@ -22,6 +23,8 @@ __all__ = ["RUN_STATE", "run_policy", "stories_of", "lane_rows", "next_in_plan",
 # and each worker once per story, and a Policy is frozen, so one object serves every thread.
 _policies: OrderedDict[tuple[str, str], Policy] = OrderedDict()
 _policies_lock = threading.Lock()
+CACHES.register("engine.run_policies", _policies.clear, bound="a few runs (LRU)",
+               holds="(run id, snapshot text) -> its frozen Policy")
 _KEPT_POLICIES = 8
 
 
@@ -69,6 +72,8 @@ LaneRow = namedtuple("LaneRow", [c.key for c in _LANE_COLUMNS])
 _JSON_AT = tuple(i for i, c in enumerate(_LANE_COLUMNS) if c.key in _JSON_COLUMNS)
 _DECODED: dict[str, object] = {}
 _DECODED_KEEP = 20_000
+CACHES.register("engine.decoded_json", _DECODED.clear, bound=f"{_DECODED_KEEP} texts",
+               holds="a JSON column's text -> its decoded value, shared read-only")
 _decoded_lock = threading.Lock()
 
 # lane_rows's statements, built once: the lane runs them on every pass.

@@ -18,6 +18,7 @@ from sqlalchemy.sql.elements import ClauseElement
 
 from ..db.models import Attempt, Candidate, Run, Story
 from ..states import check_transition
+from ..caches import CACHES
 
 __all__ = ["transition_story", "transition_story_reading", "transition_run", "transition_attempt",
            "transition_candidate"]
@@ -83,6 +84,8 @@ def _transition(session: Session, model, machine: str, row_id, expected, values:
 _VALUE, _ROW = "new_", "row_id_"
 _STATEMENTS: dict[tuple, tuple] = {}
 _KEPT_STATEMENTS = 256
+CACHES.register("engine.transition_statements", _STATEMENTS.clear,
+               bound=f"{_KEPT_STATEMENTS} shapes", holds="an UPDATE's shape -> its statement")
 
 
 def _statement(table, expected: tuple, values: dict, when, returning):

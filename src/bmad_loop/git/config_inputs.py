@@ -27,6 +27,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from .locks import git_dirs
+from ..caches import CACHES
 
 __all__ = ["entries"]
 
@@ -43,6 +44,9 @@ _shared: OrderedDict[str, tuple[tuple, object, tuple[Path, ...]]] = OrderedDict(
 _system: list[Path | None] = []  # [path] once known; [None]: git would not say
 _flights: dict[str, threading.RLock] = {}  # folder -> held while git is asked (re-entrant: a
 # `read` may come back here, e.g. for the hooks folder its own git run needs)
+CACHES.register("git.config_answers", lambda: (_answers.clear(), _shared.clear(), _system.clear()),
+               bound=f"{_KEPT} folders",
+               holds="folder -> git's configuration there, until a file it reads changes")
 
 
 def entries(git, cwd: Path, read):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping
+from ..caches import CACHES
 
 __all__ = ["clean_env", "git_program"]
 
@@ -24,6 +25,8 @@ _KEEP_GIT_VARS = frozenset({
 
 
 _PROGRAMS: dict[str | None, str] = {}  # PATH -> the git it finds there ("git" when none)
+CACHES.register("git.programs", _PROGRAMS.clear, bound="one per PATH seen",
+               holds="PATH -> the git it finds there")
 
 
 def git_program(path: str | None) -> str:

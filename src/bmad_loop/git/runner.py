@@ -56,6 +56,7 @@ from . import locks as gitlocks
 from .env import clean_env, git_program  # clean_env re-exported
 from .refnames import branch_name_ok  # re-exported: the one check, git's rules in pure Python
 from ..errors import GitError, TransientError
+from ..caches import CACHES
 
 __all__ = ["Identity", "Git", "branch_name_ok", "repo_lock", "clean_env", "LOCK_FILE_NAME",
            "is_full_sha"]
@@ -66,6 +67,8 @@ NO_HOOKS = "/dev/null"  # core.hooksPath that holds no hook, on Linux and macOS 
 log = logging.getLogger(__name__)
 
 _COMMON_DIRS: dict[str, Path] = {}  # folder -> its git common dir (see Git.common_dir)
+CACHES.register("git.common_dirs", _COMMON_DIRS.clear, bound="one per repository",
+               holds="main checkout -> its git common dir (asked again once that is gone)")
 _FULL_SHA = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 
 

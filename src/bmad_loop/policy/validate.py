@@ -19,6 +19,7 @@ from collections import abc
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from ..caches import CACHES
 from ..errors import ConfigError
 
 __all__ = [
@@ -167,6 +168,10 @@ def checked(ctx: Context, path: tuple[str, ...], value: Any, tp: Any, spec: data
 @functools.cache
 def hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+CACHES.register("policy.type_hints", hints.cache_clear, bound="one per schema class",
+                holds="a policy section's class -> its fields' types")
 
 
 def field_of(cls: type, key: str) -> dataclasses.Field:

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+from ..caches import CACHES
 
 __all__ = ["BWRAP_ALWAYS", "Probe", "probe_bwrap", "probe_sandbox_exec"]
 
@@ -23,6 +24,8 @@ BWRAP_ALWAYS = ("--unshare-user", "--unshare-pid", "--new-session", "--die-with-
                 "--disable-userns", "--cap-drop", "ALL")
 _PROBE_TIMEOUT_S = 20
 _cache: dict[tuple, "Probe"] = {}
+CACHES.register("sandbox.probes", _cache.clear, bound="one per kind of box asked for",
+               holds="(backend, program, …) -> whether that sandbox starts on this machine")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import threading
 from collections import OrderedDict
 
 from .admission import ConflictIndex, StoryView, views_of
+from ...caches import CACHES
 
 __all__ = ["RunMemo", "run_memo"]
 
@@ -15,6 +16,8 @@ __all__ = ["RunMemo", "run_memo"]
 _MEMO_RUNS = 16
 _memo: OrderedDict[tuple[str, str], "RunMemo"] = OrderedDict()
 _memo_lock = threading.Lock()
+CACHES.register("engine.lane.run_memos", _memo.clear, bound=f"{_MEMO_RUNS} runs",
+               holds="(project, run) -> the lane's conflict index and last board reading")
 
 
 class RunMemo:

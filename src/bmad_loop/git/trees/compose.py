@@ -32,7 +32,7 @@ from ..maintenance import NO_AUTO_MAINTENANCE
 from .mergeattrs import committed_attributes
 from .settle import MergeRules, Regeneration, Settled, Sides, settle
 from .merge import commit_tree, merge_base, merge_trees, replay_commits, tree_of
-from ..objectmemo import Memo
+from ...caches import CACHES
 from .diff import changed_paths, changed_status, dirty_paths, remember_diff  # noqa: F401 (re-exported)
 from .edit import blob_at, blobs_at, replace_blob, replace_blobs  # noqa: F401 (re-exported)
 
@@ -192,7 +192,8 @@ def _revert_lane_owned(git: Git, worktree: Path, base_sha: str, revert_globs: Se
 # for the stories that wait as ready for the lane: with fast agents and a long sprint that queue
 # grows well past the workers, and a date forgotten before its story is composed costs a git
 # process (`cat-file commit`) on the lane, the run's one serial path.
-_DATES = Memo(1024)
+_DATES = CACHES.memo("git.trees.commit_dates", 1024,
+                     holds="(repository, commit) -> the date of a commit commit_worktree made")
 
 
 def _now() -> str:

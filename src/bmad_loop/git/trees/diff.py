@@ -1,7 +1,7 @@
 """What changed: between two commits (`changed_status`, `changed_paths`) and in a checkout
 (`dirty_paths`). Re-exported by `compose`.
 
-A diff of two full SHAs is asked of git once per process (`objectmemo`): the lane's dirty check
+A diff of two full SHAs is asked of git once per process (`caches.CACHES`): the lane's dirty check
 and its checkout sync diff the same pair, and the worker's commit already knows its own.
 """
 
@@ -14,7 +14,7 @@ from typing import Sequence
 from ..runner import Git, is_full_sha
 
 _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}  # a path is a path, never a glob
-from ..objectmemo import Memo
+from ...caches import CACHES
 
 __all__ = ["dirty_paths", "changed_paths", "changed_status", "remember_diff"]
 
@@ -65,7 +65,8 @@ def changed_paths(git: Git, base: str, head: str) -> list[str]:
 
 # The diff of two full SHAs never changes (objects are named by their content): the lane's
 # dirty check and its checkout sync ask for the same pair, and git is run for it once.
-_DIFFS = Memo(16)
+_DIFFS = CACHES.memo("git.trees.diffs", 16,
+                     holds="(repository, sha, sha) -> the diff of two commits")
 
 
 def changed_status(git: Git, base: str, head: str) -> dict[str, str]:

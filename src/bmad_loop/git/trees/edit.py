@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from ...errors import GitError
 from ..runner import Git, is_full_sha
-from ..objectmemo import Memo
+from ...caches import CACHES
 
 __all__ = ["blob_at", "blobs_at", "cat_file_batch", "read_objects", "replace_blob", "replace_blobs",
            "remember_commit"]
@@ -156,7 +156,8 @@ def _through_index(git: Git, tree: str, contents: dict[str, bytes | None]) -> st
 _TREE_MODE = b"40000"
 _WRITTEN_MODES = frozenset({b"100644", b"100755", b"120000", b"160000", _TREE_MODE})
 # (repository, tree, folder) -> the folder's tree object (None: no folder there).
-_FOLDERS = Memo(64)
+_FOLDERS = CACHES.memo("git.trees.folders", 64,
+                       holds="(repository, tree, folder) -> that folder's raw entries")
 _UNREAD = object()
 
 
@@ -324,8 +325,10 @@ def _rebuilt_folders(trees, folders: list[str], hex_len: int) -> list[tuple[str,
 
 # (repository, commit) -> its tree, for commits made here; (repository, tree, path) -> a file
 # `replace_blobs` wrote there.
-_COMMITS = Memo(64)
-_WRITTEN = Memo(64)
+_COMMITS = CACHES.memo("git.trees.commit_trees", 64,
+                       holds="(repository, commit) -> its tree, for commits made here")
+_WRITTEN = CACHES.memo("git.trees.written", 64,
+                       holds="(repository, tree, path) -> a file replace_blobs wrote there")
 
 
 def remember_commit(git: Git, commit: str, tree: str) -> None:
