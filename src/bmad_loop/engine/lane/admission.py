@@ -30,7 +30,7 @@ from ...globs import is_literal
 from ...states import STORY_AWAITING_LANE, STORY_DONE, STORY_IN_FLIGHT, STORY_STACKABLE, StoryState
 from .conflictindex import ConflictIndex
 
-__all__ = ["StoryView", "Admission", "admit", "views_of", "HOLDS_RESOURCES", "ConflictIndex"]
+__all__ = ["StoryView", "Admission", "Rules", "admit", "views_of", "HOLDS_RESOURCES", "ConflictIndex"]
 
 # Resources are held from dispatch until the story is integrated or terminal.
 HOLDS_RESOURCES = STORY_IN_FLIGHT | STORY_AWAITING_LANE | {StoryState.HELD}
@@ -60,88 +60,105 @@ class Admission:
     stacked: dict[str, list[str]] = field(default_factory=dict)  # key -> the stories it stacks on
 
 
-def admit(
-    stories: Sequence[StoryView],
-    *,
-    max_parallel: int,
-    capacity: Callable[[str], int],
-    gates_mode: str,
-    gates_passed: Sequence[str] = (),
-    conflict: Callable[[Footprint, Footprint], str | None] = footprints_conflict,
-    index: ConflictIndex | None = None,
-    directories: Callable[[], frozenset[str] | None] = lambda: None,
-) -> Admission:
-    """`index` is the run's conflict relation, kept across calls (see `ConflictIndex`); it is
-    brought up to date with `stories` and the target tree's `directories()` first (listed only
-    when some pair depends on them), so the answer is the same as with a fresh one. Without
-    it a fresh one is made from `conflict`.
+@dataclass(frozen=True)
+class Rules:
+    """What admission decides by, besides the stories (the keyword arguments of `admit`)."""
+
+    max_parallel: int
+    capacity: Callable[[str], int]
+    gates_mode: str
+    gates_passed: Sequence[str] = ()
+    conflict: Callable[[Footprint, Footprint], str | None] = footprints_conflict
+    index: ConflictIndex | None = None
+    directories: Callable[[], frozenset[str] | None] = lambda: None
+
+
+def admit(stories: Sequence[StoryView], **rules) -> Admission:
+    """`rules` are the fields of `Rules`. `index` is the run's conflict relation, kept across
+    calls (see `ConflictIndex`); it is brought up to date with `stories` and the target tree's
+    `directories()` first (listed only when some pair depends on them), so the answer is the
+    same as with a fresh one. Without it a fresh one is made from `conflict`.
 
     One pass walks the stories once in plan order, carrying what the earlier ones say (the
     earliest unfinished story, the earliest unfinished wall, each epic's earliest open story),
     so a pass costs a few look-ups per story and no footprint test."""
-    ordered = sorted(stories, key=lambda s: s.seq)
-    if index is None:
-        index = ConflictIndex.of(conflict)
-    index.update(ordered, directories)
-    by_key = {s.key: s for s in ordered}
-    result = Admission()
-    in_flight = sum(1 for s in ordered if s.state in STORY_IN_FLIGHT)
-    used: dict[str, int] = {}
-    for s in ordered:
-        if s.state in HOLDS_RESOURCES and not s.to_create:  # a create step holds no resource
-            for name in s.footprint.resources:
-                used[name] = used.get(name, 0) + 1
-    # Epic ids are strings; a run enqueued before they were may still hold numbers.
-    gates_passed = {str(g) for g in gates_passed}
-    first_epic = next((s.epic for s in ordered if s.epic), None)
-    earlier = _Earlier(gates_mode)
-
-    for story in ordered:
-        dispatched = False
-        if story.state == StoryState.PENDING:
-            under: list[str] = []
-            reason = _decide(story, earlier, by_key, index, used, capacity, in_flight,
-                             max_parallel, gates_mode, gates_passed, first_epic, result, under)
-            if reason == "gate":
-                result.gate = story.epic
-                result.waiting[story.key] = f"gate before epic {story.epic}"
-                break  # nothing of a later epic may pass a closed gate either
-            if reason:
-                result.waiting[story.key] = reason
-            else:
-                result.dispatch.append(story.key)
-                if under:
-                    result.stacked[story.key] = under
-                dispatched = True
-                in_flight += 1
-                if not story.to_create:
-                    for name in story.footprint.resources:
-                        used[name] = used.get(name, 0) + 1
-        # Stories dispatched earlier in this pass count as queued, so a second pass over the
-        # same rows gives the same answer (and journals nothing new).
-        earlier.add(story, StoryState.QUEUED if dispatched else story.state)
-    return result
+    return _Pass(stories, Rules(**rules)).walk()
 
 
-def _decide(story, earlier, by_key, index, used, capacity, in_flight, max_parallel, gates_mode,
-            gates_passed, first_epic, result, under: list[str]) -> str | None:
-    """What holds a pending story back (None: it gets a slot; "gate": a closed epic gate).
-    Finished blockers it may stack on are added to `under`."""
-    reason = earlier.epic_barrier(story, gates_passed, first_epic)
-    if reason:
+class _Pass:
+    """One admission pass over the stories, in plan order, and what it has decided so far."""
+
+    def __init__(self, stories: Sequence[StoryView], rules: Rules):
+        self.rules = rules
+        self.ordered = sorted(stories, key=lambda s: s.seq)
+        self.index = rules.index if rules.index is not None else ConflictIndex.of(rules.conflict)
+        self.index.update(self.ordered, rules.directories)
+        self.by_key = {s.key: s for s in self.ordered}
+        self.result = Admission()
+        self.in_flight = sum(1 for s in self.ordered if s.state in STORY_IN_FLIGHT)
+        self.used: dict[str, int] = {}
+        for s in self.ordered:
+            if s.state in HOLDS_RESOURCES and not s.to_create:  # a create step holds no resource
+                self._hold_resources(s)
+        # Epic ids are strings; a run enqueued before they were may still hold numbers.
+        self.gates_passed = {str(g) for g in rules.gates_passed}
+        self.first_epic = next((s.epic for s in self.ordered if s.epic), None)
+        self.earlier = _Earlier(rules.gates_mode)
+
+    def walk(self) -> Admission:
+        result = self.result
+        for story in self.ordered:
+            dispatched = False
+            if story.state == StoryState.PENDING:
+                under: list[str] = []
+                reason = self.decide(story, under)
+                if reason == "gate":
+                    result.gate = story.epic
+                    result.waiting[story.key] = f"gate before epic {story.epic}"
+                    break  # nothing of a later epic may pass a closed gate either
+                if reason:
+                    result.waiting[story.key] = reason
+                else:
+                    self._dispatch(story, under)
+                    dispatched = True
+            # Stories dispatched earlier in this pass count as queued, so a second pass over the
+            # same rows gives the same answer (and journals nothing new).
+            self.earlier.add(story, StoryState.QUEUED if dispatched else story.state)
+        return result
+
+    def decide(self, story: StoryView, under: list[str]) -> str | None:
+        """What holds a pending story back (None: it gets a slot; "gate": a closed epic gate).
+        Finished blockers it may stack on are added to `under`."""
+        max_parallel = self.rules.max_parallel
+        reason = self.earlier.epic_barrier(story, self.gates_passed, self.first_epic)
+        if reason:
+            return reason
+        if story.to_create:
+            # Spec approval, dependencies and resources concern dev, which comes after.
+            return f"all {max_parallel} worker slot(s) busy" if self.in_flight >= max_parallel else None
+        reason = (self.earlier.conflict(story, self.index, under)
+                  or _dependencies(story, self.by_key, under))
+        if (reason is None and self.rules.gates_mode == "per-story-spec-approval"
+                and not story.approved):
+            self.result.approvals.append(story.key)
+            reason = "awaiting spec approval (bmad-loop approve)"
+        if reason is None:
+            reason = _resources(story, self.used, self.rules.capacity)
+        if reason is None and self.in_flight >= max_parallel:
+            reason = f"all {max_parallel} worker slot(s) busy"
         return reason
-    if story.to_create:
-        # Spec approval, dependencies and resources concern dev, which comes after.
-        return f"all {max_parallel} worker slot(s) busy" if in_flight >= max_parallel else None
-    reason = earlier.conflict(story, index, under) or _dependencies(story, by_key, under)
-    if reason is None and gates_mode == "per-story-spec-approval" and not story.approved:
-        result.approvals.append(story.key)
-        reason = "awaiting spec approval (bmad-loop approve)"
-    if reason is None:
-        reason = _resources(story, used, capacity)
-    if reason is None and in_flight >= max_parallel:
-        reason = f"all {max_parallel} worker slot(s) busy"
-    return reason
+
+    def _dispatch(self, story: StoryView, under: list[str]) -> None:
+        self.result.dispatch.append(story.key)
+        if under:
+            self.result.stacked[story.key] = under
+        self.in_flight += 1
+        if not story.to_create:
+            self._hold_resources(story)
+
+    def _hold_resources(self, story: StoryView) -> None:
+        for name in story.footprint.resources:
+            self.used[name] = self.used.get(name, 0) + 1
 
 
 class _Earlier:
