@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from sqlalchemy import bindparam, func, select, update
 
@@ -63,6 +64,15 @@ class _Known:
     attempts: int
     stale: int
     baseline: str | None  # the SHA the lane last advanced the target to (run.head_sha)
+
+
+class CandidateShas(NamedTuple):
+    """What a candidate was made of: the target it was composed on, the story's branch head,
+    and the candidate commit itself (for its evidence)."""
+
+    target_sha: str
+    branch_sha: str
+    sha: str
 
 
 class Integrator(Outcomes):
@@ -301,7 +311,8 @@ class Integrator(Outcomes):
     def _verify(self, story, cand_id, attempt, sha, target_sha, branch_sha) -> str:
         worktree = self.candidate_checkout(story.key, attempt, sha)
         result = self.run_candidate_verify(story.key, attempt, worktree, self.verify_env())
-        if self.record_verdict(story, cand_id, attempt, result, worktree, target_sha, branch_sha, sha):
+        if self.record_verdict(story, cand_id, attempt, result, worktree,
+                               CandidateShas(target_sha, branch_sha, sha)):
             return CandidateState.VERIFIED
         return self._escalate(story, cand_id, f"candidate verification failed: {result.failed_command}",
                               Cause.VERIFY)
@@ -332,10 +343,10 @@ class Integrator(Outcomes):
             settle_after_box(self.git, worktree, None, scratch)
         return result
 
-    def record_verdict(self, story, cand_id, attempt, result, worktree, target_sha, branch_sha,
-                       sha) -> bool:
+    def record_verdict(self, story, cand_id, attempt, result, worktree, shas: CandidateShas) -> bool:
         """Write the verification's outcome on a `verifying` row: True for `verified`. A row
         that is no longer `verifying` (given up meanwhile) is left as it is: False."""
+        target_sha, branch_sha, sha = shas
         commands = self.policy.verify.commands
         with self.db.transaction() as s:
             cand = s.get(Candidate, cand_id)

@@ -39,6 +39,7 @@ from ..runs import next_in_plan
 from ..worker.childenv import child_env
 from ..transitions import transition_story
 from ..worker.verify import VerifyResult
+from .integrate import CandidateShas
 
 __all__ = ["Stack", "speculating", "verifying_here"]
 
@@ -263,14 +264,14 @@ class Stack:
                                                          stop_event=job.stop)
                 if not job.stop.is_set():
                     integrator.record_verdict(story, cand_id, attempt, result, worktree,
-                                              target_sha, branch_sha, sha)
+                                              CandidateShas(target_sha, branch_sha, sha))
             except Exception as exc:  # counts as a failed verification, never a silent retry loop
                 log.exception("verification of candidate %s (%s) failed to run", cand_id, story.key)
                 failed = VerifyResult(ok=False, failed_command=f"{COULD_NOT_RUN}: {exc})",
                                       exit_code=None, timed_out=False, output=str(exc),
                                       duration_s=0.0, log=None)
                 integrator.record_verdict(story, cand_id, attempt, failed, worktree,
-                                          target_sha, branch_sha, sha)
+                                          CandidateShas(target_sha, branch_sha, sha))
             finally:
                 with _running_lock:
                     _running.pop(cand_id, None)
