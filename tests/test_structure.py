@@ -208,8 +208,6 @@ MAX_PARAMETERS = 7
 FUNCTION_SIZE_EXCEPTIONS: set[str] = {
     "bmad.story_meta:parse_story_text",
     "operator.board_view:render_board",
-    "operator.follow:follow_journal",
-    "operator.follow:follow_log",
 }
 
 

@@ -45,9 +45,13 @@ def format_event(line: dict) -> str:
     return f"{line['seq']:>5} {line['ts']} {line['kind']}{story_part} {data}".rstrip()
 
 
+# How often a follower looks again: the journal (a query), a log (a stat and a read).
+JOURNAL_POLL_S = 0.5
+LOG_POLL_S = 0.2
+
+
 def follow_journal(reader, run_id: str, emit: Callable[[dict], None], *, kinds=(), story=None,
-                   follow: bool = True, poll_s: float = 0.5,
-                   stop: threading.Event | None = None) -> None:
+                   follow: bool = True, stop: threading.Event | None = None) -> None:
     """Emit the run's events in order; with `follow`, keep emitting until the run settles."""
     stop = stop or threading.Event()
     last = 0
@@ -69,7 +73,7 @@ def follow_journal(reader, run_id: str, emit: Callable[[dict], None], *, kinds=(
             settled_seen = True
         else:
             settled_seen = False
-        if stop.wait(poll_s):
+        if stop.wait(JOURNAL_POLL_S):
             return
 
 
@@ -139,7 +143,7 @@ def wait_for_start(reader, run_id: str, story_key: str, say: Callable[[str], Non
 
 
 def follow_log(reader, run_id: str, story_key: str, write: Callable[[str], None], *,
-               follow: bool = True, poll_s: float = 0.2, from_first: bool = False,
+               follow: bool = True, from_first: bool = False,
                stop: threading.Event | None = None) -> None:
     """Print the story's session log (its current one; `from_first`: from its first, for an
     attach that waited for the story to start); with `follow`, keep printing as it grows, go on
@@ -177,7 +181,7 @@ def follow_log(reader, run_id: str, story_key: str, write: Callable[[str], None]
             if tail is None:  # blocked or skipped before any session: say so, not nothing
                 write(f"{story_key}: no session log ({state})\n")
             return
-        if stop.wait(poll_s):
+        if stop.wait(LOG_POLL_S):
             return
 
 
