@@ -129,35 +129,60 @@ def _table(title: str, columns: tuple[str, ...], no_wrap: tuple[str, ...] = ("",
     return table
 
 
-def render_board(status: dict, previous: Frame | None, now: dt.datetime, *,
-                 stale_after_s: float = 60.0, escalation_blocks: bool = True) -> Frame:
-    run = status["run"]
-    stories = sorted(status["stories"], key=lambda s: s["seq"])
-    candidates = status.get("candidates", [])
-    rows: dict[str, tuple] = {}
+class _Marks:
+    """Each row's signature this frame, and whether it changed since `previous`."""
 
-    def changed(row_id: str, signature: tuple) -> bool:
-        rows[row_id] = signature
-        return previous is not None and previous.rows.get(row_id) != signature
+    def __init__(self, previous: Frame | None):
+        self.previous = previous
+        self.rows: dict[str, tuple] = {}
 
-    def mark(flag: bool) -> Text:
+    def changed(self, row_id: str, signature: tuple) -> bool:
+        self.rows[row_id] = signature
+        return self.previous is not None and self.previous.rows.get(row_id) != signature
+
+    def mark(self, flag: bool) -> Text:
         return Text(MARK, style="bold yellow") if flag else Text(" ")
 
-    def story_table(title: str, last: str, prefix: str, entries, empty: str) -> Table:
+    def story_table(self, title: str, last: str, prefix: str, entries, empty: str) -> Table:
         """A table of (story, why) rows, marked where they changed since the last frame."""
         table = _table(title, ("", "#", "story", "state", last))
         for story, why in entries:
-            flag = changed(f"{prefix}:{story['key']}", (story["state"], why))
-            table.add_row(mark(flag), str(story["seq"]), story["key"], state_text(story["state"]), why)
+            flag = self.changed(f"{prefix}:{story['key']}", (story["state"], why))
+            table.add_row(self.mark(flag), str(story["seq"]), story["key"], state_text(story["state"]), why)
         if not table.row_count:
             table.add_row("", "", Text(empty, style="dim"), "", "")
         return table
 
-    # ------------------------------------------------------------------ the run
+
+def render_board(status: dict, previous: Frame | None, now: dt.datetime, *,
+                 stale_after_s: float = 60.0, escalation_blocks: bool = True) -> Frame:
+    stories = sorted(status["stories"], key=lambda s: s["seq"])
+    candidates = status.get("candidates", [])
+    marks = _Marks(previous)
+    header = _run_header(status["run"], stories, marks, now)
+    workers, stale = _workers(stories, marks, now, stale_after_s)
+    queue = marks.story_table("finished, waiting for the lane (plan order)", "waits for", "queue",
+                              lane_queue(status, escalation_blocks=escalation_blocks),
+                              "nothing waiting")
+    held = marks.story_table("held back", "why", "held", held_back(status), "nothing held back")
+    parts = [Panel(header, title="bmad-loop", title_align="left"), workers, Text(""),
+             _lane_line(candidates, marks), queue, Text(""), held]
+    kept = _preserved(candidates, marks)
+    if kept is not None:
+        parts += [Text(""), kept]
+    summary = _landed_summary(stories)
+    if summary is not None:
+        parts.append(summary)
+    marked = frozenset(k for k, v in marks.rows.items()
+                       if previous is not None and previous.rows.get(k) != v)
+    return Frame(rows=marks.rows, changed=marked, renderable=Group(*parts), stale=tuple(stale))
+
+
+def _run_header(run: dict, stories: list, marks: _Marks, now: dt.datetime) -> Text:
     counts: dict[str, int] = {}
     for story in stories:
         counts[story["state"]] = counts.get(story["state"], 0) + 1
-    run_changed = changed("run", (run["state"], run.get("reason"), run.get("target_sha")))
+    run_changed = marks.changed("run", (run["state"], run.get("reason"), run.get("target_sha")))
     header = Text()
     header.append(MARK + " " if run_changed else "  ", style="bold yellow")
     header.append(f"run {run['id']}  ", style="bold")
@@ -170,8 +195,11 @@ def render_board(status: dict, previous: Frame | None, now: dt.datetime, *,
     if run.get("reason"):
         header.append(f"\n  {run['reason']}", style="italic")
     header.append(f"\n  updated {now.astimezone(dt.timezone.utc):%H:%M:%S} UTC", style="dim")
+    return header
 
-    # ------------------------------------------------------------------ workers
+
+def _workers(stories: list, marks: _Marks, now: dt.datetime, stale_after_s: float):
+    """The table of stories in flight, and the keys of those whose worker looks gone."""
     workers = _table("workers in flight",
                      ("", "story", "state", "host", "phase", "elapsed", "base", "session", "heartbeat",
                       "last output"),
@@ -192,21 +220,33 @@ def render_board(status: dict, previous: Frame | None, now: dt.datetime, *,
             beat_text = Text(f"{format_duration(max(age, 0))} ago")
         else:
             beat_text = Text("-")
-        flag = changed(f"worker:{story['key']}", (story["state"], story.get("phase"),
-                                                   story.get("session"), story.get("base_sha"),
-                                                   is_stale))
-        workers.add_row(mark(flag), story["key"], state_text(story["state"]),
+        flag = marks.changed(f"worker:{story['key']}", (story["state"], story.get("phase"),
+                                                         story.get("session"), story.get("base_sha"),
+                                                         is_stale))
+        workers.add_row(marks.mark(flag), story["key"], state_text(story["state"]),
                         story.get("host") or "-", story.get("phase") or "-",
                         format_duration(story.get("elapsed_s")), short_sha(story.get("base_sha")),
                         story.get("session") or "-", beat_text, _output_age(story, now))
     if not workers.row_count:
         workers.add_row("", Text("no worker in flight", style="dim"), "", "", "", "", "", "", "", "")
+    return workers, stale
 
-    # ------------------------------------------------------------------ the lane
+
+def _lane_line(candidates: list, marks: _Marks) -> Text:
     stack = stack_of(candidates)
+    if len(stack) > 1:  # speculative candidates: several composed ahead, verified at once
+        lane_line = Text()
+        signature = tuple((c["story"], c["attempt"], c["state"]) for c in stack)
+        lane_line.append(MARK + " " if marks.changed("lane", signature) else "  ", style="bold yellow")
+        lane_line.append(f"lane: {len(stack)} candidates, target advances bottom first", style="bold")
+        for cand in stack:
+            lane_line.append(f"\n    {cand.get('stack') or 1}. {cand['story']} #{cand['attempt']} ")
+            lane_line.append(state_text(cand["state"]))
+            lane_line.append(f"  on {composed_on(cand)} -> {short_sha(cand.get('candidate_sha'))}")
+        return lane_line
     current = current_candidate(candidates)
-    lane_changed = changed("lane", (current["story"], current["attempt"], current["state"])
-                           if current else ("idle",))
+    lane_changed = marks.changed("lane", (current["story"], current["attempt"], current["state"])
+                                 if current else ("idle",))
     lane_line = Text()
     lane_line.append(MARK + " " if lane_changed else "  ", style="bold yellow")
     if current:
@@ -216,46 +256,32 @@ def render_board(status: dict, previous: Frame | None, now: dt.datetime, *,
                          f" -> {short_sha(current.get('candidate_sha'))})")
     else:
         lane_line.append("lane: idle", style="bold")
-    if len(stack) > 1:  # speculative candidates: several composed ahead, verified at once
-        lane_line = Text()
-        signature = tuple((c["story"], c["attempt"], c["state"]) for c in stack)
-        lane_line.append(MARK + " " if changed("lane", signature) else "  ", style="bold yellow")
-        lane_line.append(f"lane: {len(stack)} candidates, target advances bottom first", style="bold")
-        for cand in stack:
-            lane_line.append(f"\n    {cand.get('stack') or 1}. {cand['story']} #{cand['attempt']} ")
-            lane_line.append(state_text(cand["state"]))
-            lane_line.append(f"  on {composed_on(cand)} -> {short_sha(cand.get('candidate_sha'))}")
-    queue = story_table("finished, waiting for the lane (plan order)", "waits for", "queue",
-                        lane_queue(status, escalation_blocks=escalation_blocks), "nothing waiting")
+    return lane_line
 
-    # ------------------------------------------------------------------ held back
-    held = story_table("held back", "why", "held", held_back(status), "nothing held back")
 
-    parts = [Panel(header, title="bmad-loop", title_align="left"), workers, Text(""), lane_line,
-             queue, Text(""), held]
-
+def _preserved(candidates: list, marks: _Marks) -> Table | None:
     kept_candidates = preserved(candidates)
-    if kept_candidates:
-        kept = _table("preserved candidates", ("", "story", "#", "state", "evidence"))
-        for cand in kept_candidates:
-            flag = changed(f"cand:{cand['story']}#{cand['attempt']}",
-                           (cand["state"], cand.get("evidence")))
-            kept.add_row(mark(flag), cand["story"], str(cand["attempt"]),
-                         Text(cand["state"], style="red"), cand.get("evidence") or cand.get("ref") or "-")
-        parts += [Text(""), kept]
+    if not kept_candidates:
+        return None
+    kept = _table("preserved candidates", ("", "story", "#", "state", "evidence"))
+    for cand in kept_candidates:
+        flag = marks.changed(f"cand:{cand['story']}#{cand['attempt']}",
+                             (cand["state"], cand.get("evidence")))
+        kept.add_row(marks.mark(flag), cand["story"], str(cand["attempt"]),
+                     Text(cand["state"], style="red"), cand.get("evidence") or cand.get("ref") or "-")
+    return kept
 
+
+def _landed_summary(stories: list) -> Text | None:
     landed = [s["key"] for s in stories if s["state"] == StoryState.INTEGRATED]
     skipped = [s["key"] for s in stories if s["state"] == StoryState.SKIPPED]
-    if landed or skipped:
-        summary = Text("\n")
-        if landed:
-            summary.append("landed: ", style="bold green")
-            summary.append(", ".join(landed))
-        if skipped:
-            summary.append("   skipped: ", style="bold")
-            summary.append(", ".join(skipped))
-        parts.append(summary)
-
-    marked = frozenset(k for k, v in rows.items()
-                       if previous is not None and previous.rows.get(k) != v)
-    return Frame(rows=rows, changed=marked, renderable=Group(*parts), stale=tuple(stale))
+    if not (landed or skipped):
+        return None
+    summary = Text("\n")
+    if landed:
+        summary.append("landed: ", style="bold green")
+        summary.append(", ".join(landed))
+    if skipped:
+        summary.append("   skipped: ", style="bold")
+        summary.append(", ".join(skipped))
+    return summary
