@@ -12,7 +12,6 @@ import dataclasses
 import os
 import tomllib
 import typing
-from enum import StrEnum
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
@@ -25,6 +24,7 @@ from .validate import (
     error,
     hints,
     is_table,
+    is_word,
     named_fields,
     read_table,
     rest_field,
@@ -79,7 +79,7 @@ def _key_type(section: str, key: str) -> Any | None:
 
 
 def _env_value(raw: str, tp: Any) -> Any:
-    if tp is str or (isinstance(tp, type) and issubclass(tp, StrEnum)):  # a word is taken as it is
+    if tp is str or is_word(tp):  # a word is taken as it is
         return raw
     try:
         parsed = tomllib.loads("v = " + raw)

@@ -139,7 +139,7 @@ def convert(ctx: Context, path: tuple[str, ...], value: Any, tp: Any) -> Any:
             raise ctx.error(path, f"expected a table, got {describe(value)}")
         item_type = typing.get_args(tp)[1]
         return MappingProxyType({str(k): convert(ctx, path + (str(k),), v, item_type) for k, v in value.items()})
-    if isinstance(tp, type) and issubclass(tp, enum.StrEnum):
+    if is_word(tp):
         tp = str  # a word from `policy.choices`: read as a string, checked by the field's `one_of`
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)  # `max_cost_per_run = 5` means 5.0
@@ -149,6 +149,11 @@ def convert(ctx: Context, path: tuple[str, ...], value: Any, tp: Any) -> Any:
         raise ctx.error(path, f"integer {_short(str(value), 30)} is out of range "
                               f"(a 64-bit integer, at most {INT64_MAX})")
     return value
+
+
+def is_word(tp: Any) -> bool:
+    """Is `tp` one of the word enums of `policy.choices`? Such a key is read as a string."""
+    return isinstance(tp, type) and issubclass(tp, enum.StrEnum)
 
 
 def checked(ctx: Context, path: tuple[str, ...], value: Any, tp: Any, spec: dataclasses.Field) -> Any:
