@@ -46,7 +46,8 @@ def _module_containers(path: Path) -> set[str]:
 
 def _all_modules():
     for info in pkgutil.walk_packages(bmad_loop.__path__, "bmad_loop."):
-        if not info.name.endswith("__main__"):
+        # The packaged alembic scripts only run inside alembic (env.py reads its context).
+        if not info.name.endswith("__main__") and "._migrations" not in info.name:
             importlib.import_module(info.name)
 
 

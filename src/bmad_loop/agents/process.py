@@ -25,6 +25,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from enum import Enum, auto
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
@@ -165,35 +166,41 @@ def supervise(command: Command, log_path: Path, limits: Limits, *,
 
     return AgentResult(
         exit_code=None if ending else proc.returncode,
-        timed_out=ending == "timed_out", interrupted=ending == "interrupted",
+        timed_out=ending is Ending.TIMED_OUT, interrupted=ending is Ending.INTERRUPTED,
         duration_s=duration, pid=proc.pid, log_start=log_start, log_end=log_end,
-        stalled=ending == "stalled",
+        stalled=ending is Ending.STALLED,
         log_cut=LogCut(log.dropped, log.lost, log.error, limits.max_log_bytes)
         if log.dropped or log.error else None,
     )
 
 
-def _wait(waiter, deadline: float, poll_s: float, stop_event, watch) -> str | None:
-    """Until the process exits (None) or bmad-loop must end it: "timed_out", "interrupted" or
-    "stalled"."""
+class Ending(Enum):
+    """Why bmad-loop ended a session itself (a session that exits on its own has no Ending)."""
+    TIMED_OUT = auto()
+    INTERRUPTED = auto()
+    STALLED = auto()
+
+
+def _wait(waiter, deadline: float, poll_s: float, stop_event, watch) -> Ending | None:
+    """Until the process exits (None) or bmad-loop must end it (the Ending)."""
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return "timed_out"
+            return Ending.TIMED_OUT
         if waiter.wait(remaining if stop_event is None and watch is None else min(poll_s, remaining)):
             return None
         if stop_event is not None and stop_event.is_set():
-            return "interrupted"
+            return Ending.INTERRUPTED
         if watch is not None and watch.stalled():
-            return "stalled"
+            return Ending.STALLED
 
 
-def _how_it_ended(ending: str | None, returncode: int | None, limits: Limits) -> str:
-    if ending == "timed_out":
+def _how_it_ended(ending: Ending | None, returncode: int | None, limits: Limits) -> str:
+    if ending is Ending.TIMED_OUT:
         return f"timed out after {limits.timeout_s:g}s: process tree killed"
-    if ending == "interrupted":
+    if ending is Ending.INTERRUPTED:
         return "stopped: process tree killed"
-    if ending == "stalled":
+    if ending is Ending.STALLED:
         return f"stalled: no output and no CPU for {limits.stall_s:g}s: process tree killed"
     return f"exited {returncode}"
 

@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from . import locks as gitlocks
 from .env import clean_env, git_program  # clean_env re-exported
@@ -58,10 +59,11 @@ from .refnames import branch_name_ok  # re-exported: the one check, git's rules 
 from ..errors import GitError, TransientError
 from ..caches import CACHES
 
-__all__ = ["Identity", "Git", "branch_name_ok", "repo_lock", "clean_env", "LOCK_FILE_NAME",
-           "is_full_sha"]
+__all__ = ["Identity", "Git", "branch_name_ok", "repo_lock", "locked_read", "clean_env",
+           "LOCK_FILE_NAME", "is_full_sha"]
 
 LOCK_FILE_NAME = "bmad-loop.lock"
+T = TypeVar("T")
 NO_HOOKS = "/dev/null"  # core.hooksPath that holds no hook, on Linux and macOS alike
 
 log = logging.getLogger(__name__)
@@ -447,6 +449,28 @@ def repo_lock(git: Git) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def locked_read(git: Git, read: Callable[[], T]) -> T:
+    """`read()` kept apart from bmad-loop's mutations, without creating the lock file.
+
+    A read-only command (`validate`, `status`) must leave `.git` as it found it. Every mutation
+    creates the lock file before it starts and nothing deletes it, so when the file is missing
+    both before and after the read, no mutation overlapped it; when it appeared meanwhile (a
+    first run starting this moment), the read runs again under the lock.
+    """
+    path = git.common_dir() / LOCK_FILE_NAME
+    if not path.exists():
+        try:
+            result = read()
+        except Exception:
+            if not path.exists():
+                raise
+        else:
+            if not path.exists():
+                return result
+    with repo_lock(git):
+        return read()
 
 
 def _subcommand(words: list[str]) -> list[str]:

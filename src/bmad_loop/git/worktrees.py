@@ -1,10 +1,10 @@
 """Worktrees and branches of one repository, made and removed idempotently.
 
 Every mutation here (worktree add/remove/prune, branch create/delete, ref delete; a new
-worktree's checkout aside, see below), and the ``worktree list`` read, runs under `repo_lock`:
-concurrent ``git worktree add`` in one repository fails intermittently otherwise (the branch is
-created even when the add fails), and ``worktree list`` fails when it meets an add half way
-through.
+worktree's checkout aside, see below) runs under `repo_lock`, and the ``worktree list`` read is
+kept apart from them (`locked_read`, which creates no lock file): concurrent ``git worktree add``
+in one repository fails intermittently otherwise (the branch is created even when the add
+fails), and ``worktree list`` fails when it meets an add half way through.
 
 Every ``ensure_*`` function can be re-run after a crash at any point: a half-made worktree — a
 folder without ``.git``, a registration whose folder is gone, or a checkout still marked
@@ -48,7 +48,7 @@ from pathlib import Path
 from .refnames import branch_name_ok
 from ..errors import GitError
 from .exacttree import make_exact
-from .runner import Git, is_full_sha, repo_lock
+from .runner import Git, is_full_sha, locked_read, repo_lock
 
 __all__ = [
     "WorktreeInfo", "list_worktrees", "checkout_of", "ensure_worktree", "ensure_detached_worktree",
@@ -88,11 +88,10 @@ class WorktreeInfo:
 def list_worktrees(git: Git) -> list[WorktreeInfo]:
     """Every registered worktree, the main one first (parses ``worktree list --porcelain -z``).
 
-    Reads under the repository lock too: ``worktree list`` fails ("failed to read .../commondir")
-    when it meets a ``worktree add`` half way through.
+    Kept apart from the mutations (`locked_read`): ``worktree list`` fails ("failed to read
+    .../commondir") when it meets a ``worktree add`` half way through.
     """
-    with repo_lock(git):
-        raw = git.run("worktree", "list", "--porcelain", "-z").stdout
+    raw = locked_read(git, lambda: git.run("worktree", "list", "--porcelain", "-z").stdout)
     infos: list[WorktreeInfo] = []
     record: dict = {}
     for field in raw.split("\0"):

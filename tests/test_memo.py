@@ -1,6 +1,6 @@
 """The small memo of answers about content-named git objects."""
 
-from bmad_loop.git.objectmemo import Memo
+from bmad_loop.caches import Memo
 
 
 def test_a_memo_forgets_its_least_recently_used_entry_beyond_its_size():
