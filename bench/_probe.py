@@ -75,9 +75,10 @@ def install() -> None:
     from huey.storage import SqliteStorage
     from sqlalchemy import event
 
-    from bmad_loop.git import runner as gitcmd
+    from bmad_loop.git import repolock, runner as gitcmd
     from bmad_loop.db import database
-    from bmad_loop.engine.lane import integrate, tick as lane
+    from bmad_loop.engine.lane import integrate, lane, outcomes, tick
+    from bmad_loop.engine.run import consumers
     from bmad_loop.engine.worker import walk as worker
 
     original_run = gitcmd.Git.run
@@ -101,7 +102,7 @@ def install() -> None:
     gitcmd.Git.run = run
 
     # The repository mutation lock (`repo_lock`: flock on <common dir>/bmad-loop.lock): how long
-    # each step waits for it and holds it. gitcmd's own reference to fcntl is replaced, so the
+    # each step waits for it and holds it. repolock's own reference to fcntl is replaced, so the
     # other users of fcntl (the migration lock) are not counted.
     import fcntl as real_fcntl
     import types
@@ -122,18 +123,18 @@ def install() -> None:
         else:
             real_fcntl.flock(fd, op)
 
-    gitcmd.fcntl = types.SimpleNamespace(LOCK_EX=real_fcntl.LOCK_EX, LOCK_UN=real_fcntl.LOCK_UN,
+    repolock.fcntl = types.SimpleNamespace(LOCK_EX=real_fcntl.LOCK_EX, LOCK_UN=real_fcntl.LOCK_UN,
                                          flock=flock)
 
     # Steps: the lane's and the worker's parts.
-    lane.tick = _step("lane: tick (all)")(lane.tick)
-    lane._Lane._dispatch = _step("lane: dispatch")(lane._Lane._dispatch)
-    lane._Lane._load = _step("lane: load rows")(lane._Lane._load)
+    lane.Lane.tick = _step("lane: tick (all)")(lane.Lane.tick)
+    tick.LanePass._dispatch = _step("lane: dispatch")(tick.LanePass._dispatch)
+    tick.LanePass._load = _step("lane: load rows")(tick.LanePass._load)
     integrate.Integrator._one_composition = _step("lane: compose+verify+advance")(
         integrate.Integrator._one_composition)
-    integrate.Integrator._clean_after_integration = _step("lane: clean-up")(
-        integrate.Integrator._clean_after_integration)
-    worker.work = _step("worker: work (all)")(worker.work)
+    outcomes.Outcomes.clean_after_integration = _step("lane: clean-up")(
+        outcomes.Outcomes.clean_after_integration)
+    consumers.work = _step("worker: work (all)")(consumers.work)  # the name the consumers call
     worker.StoryWorker.prepare = _step("worker: prepare")(worker.StoryWorker.prepare)
     worker.StoryWorker.phase_dev = _step("worker: dev")(worker.StoryWorker.phase_dev)
     worker.StoryWorker.phase_verify = _step("worker: verify")(worker.StoryWorker.phase_verify)
@@ -224,7 +225,7 @@ def report(stories: int) -> str:
                "inside compose+verify+advance, every lane step inside tick); self = without "
                "them. git, db and BEGIN wait count only the step's self part. BEGIN wait = time "
                "to get SQLite's write lock (BEGIN IMMEDIATE). repo lock = `repo_lock` "
-               "(gitcmd.py), which serialises worktree and ref mutations across threads: "
+               "(git/repolock.py), which serialises worktree and ref mutations across threads: "
                "wait to take it, and time held (attributed to the step that took it).\n")
     subs = sorted(((k[1], v) for k, v in stats.items() if k[0] == "git-sub"),
                   key=lambda kv: -kv[1][1])[:15]

@@ -5,11 +5,12 @@ engine's code is not touched, and a run with a what-if is not a measurement of b
 shipped. Each prints a banner.
 
 - ``dispatch-first``: at ``max_parallel > 1`` the lane admits pending stories into free slots
-  before each integration (as shipped, `_Lane.loop` in engine/lane.py integrates every ready
-  story first and dispatches only once nothing is left to integrate, so a slot freed while the
-  lane integrates a batch stays empty until the batch is done). Not at N = 1 (the sequential
+  before each integration (the shipped lane now does this itself: `LanePass._dispatch_first`
+  in engine/lane/tick.py; the experiment is kept to compare with the lane that integrated every
+  ready story first, so a slot freed while it integrated a batch stayed empty until the batch
+  was done). Not at N = 1 (the sequential
   loop must keep its bases and history), and not once a story is parked.
-- ``poll=SECONDS``: the huey consumers' maximum poll back-off (`POLL_MAX_S` in queue.py, shipped
+- ``poll=SECONDS``: the huey consumers' maximum poll back-off (`POLL_MAX_S` in queue/queues.py, shipped
   0.5 s), e.g. ``poll=0.05``.
 - ``switch=SECONDS``: the interpreter's thread switch interval (``sys.setswitchinterval``, 0.005 s
   by default), to see whether the lane and the workers wait on each other for the GIL.
@@ -23,7 +24,7 @@ def apply(spec: str) -> str:
     if spec == "dispatch-first":
         from bmad_loop.engine.lane import tick as lane
 
-        original = lane._Lane._integrate_next
+        original = lane.LanePass._integrate_next
         stopping = ("escalated", "blocked", "held", "failed")
 
         def integrate_next(self, run, stories):
@@ -36,7 +37,7 @@ def apply(spec: str) -> str:
                     run, stories = self._load()
             return original(self, run, stories)
 
-        lane._Lane._integrate_next = integrate_next
+        lane.LanePass._integrate_next = integrate_next
         return ("WHAT-IF dispatch-first: at max_parallel > 1 the lane dispatches into free "
                 "slots before each integration (monkeypatched)")
     if spec.startswith("poll="):

@@ -20,7 +20,7 @@ stories, then:
 
 ``--count`` adds git processes per story (by subcommand and by the engine function that asked)
 and state-database transactions per story (bench/_count.py); ``--reuse`` also runs the bare
-sequence the way the loop now does it with its worktree pool (engine/worktree_pool.py): the
+sequence the way the loop now does it with its worktree pool (engine/workspace/pool.py): the
 first story adds a worktree, each story parks it (``status``, ``update-ref --no-deref HEAD
 HEAD``, ``worktree move``), the next takes it (``worktree move``, ``clean -ffdx``, ``checkout
 -f -b``), the last park is drained (``worktree remove``), and prints the loop against both

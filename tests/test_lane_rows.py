@@ -104,7 +104,7 @@ def test_a_kept_row_keeps_its_admission_view_and_a_row_read_again_gets_a_new_one
     from support import state_database
 
     from bmad_loop.engine.lane.admission import views_of
-    from bmad_loop.engine.lane.memo import RunMemo
+    from bmad_loop.engine.lane.lane import LaneMemo
 
     db = state_database(tmp_path)
     try:
@@ -112,7 +112,7 @@ def test_a_kept_row_keeps_its_admission_view_and_a_row_read_again_gets_a_new_one
             s.add_all(Story(run_id="r1", key=f"1-{i}-s", seq=i, epic="1", title="t",
                             story_path=f"{i}.md", state="pending",
                             footprint={"files": [f"src/{i}.py"]}) for i in (1, 2))
-        memo = RunMemo()
+        memo = LaneMemo()
         with db.read() as s:
             rows = lane_rows(s, "r1", memo.rows)
         first = memo.views_of(rows)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bmad_loop.agents.logcap import CappedLog, cut_marker, read_cut
-from bmad_loop.operator.follow import _Tail
+from bmad_loop.operator.follow import LogTail
 from support import StoryDef, barrier_script, build_repo, fill_disk, go, inside, run_agent, wait_until
 
 CAP = 256 * 1024
@@ -125,7 +125,7 @@ def test_a_follower_moves_with_the_rolling_tail_and_shows_the_marker(tmp_path):
     then only real lines in order, ending on the file's own tail."""
     path = tmp_path / "dev-1.log"
     shown: list[str] = []
-    follower = _Tail(path)
+    follower = LogTail(path)
     n = 0
     with CappedLog(path, 64 * 1024) as log:
         for burst in [1, 3, 200, 7, 900, 5, 2000, 1, 4000, 50, 3]:

@@ -271,3 +271,49 @@ def test_the_architecture_module_map_lists_every_module_in_its_room():
                if p.name not in ("__init__.py", "__main__.py")}
     assert sorted(modules - listed) == [], "missing from the module map"
     assert sorted(listed - modules) == [], "in the module map but not in the tree"
+
+
+# A named tuple's own methods and fields carry an underscore so they never clash with a field;
+# an Enum's `_value_` is how a member with extra attributes is made. Neither is private.
+_PUBLIC_UNDERSCORED = {"_replace", "_make", "_asdict", "_fields", "_value_"}
+
+
+def private_reaches(root: Path = PACKAGE) -> list[str]:
+    """Every place code reaches into another object's or module's private names: `x._name`
+    where x is not `self`, `cls` or `super()`, and `from m import _name`."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "_migrations" in path.parts:
+            continue
+        rel = path.relative_to(root)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                found += [f"{rel}:{node.lineno}: import {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+                continue
+            if node.attr.startswith("__") or node.attr in _PUBLIC_UNDERSCORED:
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if (isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name)
+                    and owner.func.id == "super"):
+                continue
+            found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_calls_another_ones_private_names():
+    assert private_reaches() == []
+
+
+def test_the_private_check_finds_a_reach_and_spares_self_and_named_tuples(tmp_path):
+    (tmp_path / "a.py").write_text(
+        "from b import _hidden\n"
+        "class K:\n"
+        "    def m(self, other, row):\n"
+        "        self._mine()\n"
+        "        row._replace(x=1)\n"
+        "        return other._theirs()\n")
+    assert private_reaches(tmp_path) == ["a.py:1: import _hidden", "a.py:6: other._theirs"]

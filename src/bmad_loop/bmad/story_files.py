@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .board import Board, BoardEntry
-from ..git.trees.committed import FolderTree, _Tree, uncommitted
+from ..git.trees.committed import FolderTree, TreeView, uncommitted
 from ..errors import ConfigError
 from .footprint import Footprint, footprint_from_mapping
 from .selection import StorySpec
@@ -122,7 +122,7 @@ def _epic_and_number(entry: BoardEntry) -> tuple[str | None, str | None]:
     return (epic, m.group(1)) if m and entry.key[len(epic)] in "-." else (None, None)
 
 
-def story_file_matches(tree: _Tree, folder: str, entry: BoardEntry) -> list[str]:
+def story_file_matches(tree: TreeView, folder: str, entry: BoardEntry) -> list[str]:
     """Every file of `tree` in `folder` that could be `entry`'s story file, in search order."""
     key = entry.key
     epic, number = _epic_and_number(entry)
@@ -140,7 +140,7 @@ def story_file_matches(tree: _Tree, folder: str, entry: BoardEntry) -> list[str]
     return list(dict.fromkeys(found))
 
 
-def find_story_file(tree: _Tree, folder: str, entry: BoardEntry, root: Path) -> str | None:
+def find_story_file(tree: TreeView, folder: str, entry: BoardEntry, root: Path) -> str | None:
     """`entry`'s story file (repository-relative), None when it has none; two matches are a
     ConfigError naming both."""
     found = story_file_matches(tree, folder, entry)
@@ -170,7 +170,7 @@ def load_stories(
     story_dir: Path | str,
     overrides: Mapping[str, Mapping] | None = None,
     *,
-    tree: _Tree | None = None,
+    tree: TreeView | None = None,
 ) -> list[StorySpec]:
     """Every story of the board, in file order, with its story file's metadata.
 
@@ -218,7 +218,7 @@ def load_stories(
     return specs
 
 
-class _PathSet(_Tree):
+class _PathSet(TreeView):
     """A tree of the given paths only (what `git status` reported)."""
 
     def __init__(self, paths) -> None:

@@ -132,6 +132,7 @@ class Database:
                                    expire_on_commit=False, info={_READ_ONLY_SESSION: True})
         event.listen(self._reads, "before_flush", _refuse_writes)
         self._writer = self.dialect.writer_lock()
+        self.identity: str | None = None  # its database_identity id, once read (identity.py)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Session]:

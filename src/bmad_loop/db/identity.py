@@ -18,13 +18,13 @@ __all__ = ["database_id", "database_label"]
 
 def database_id(db) -> str:
     """The id of the database `db` opens (read once per `Database` object)."""
-    known = getattr(db, "_identity", None)
+    known = db.identity
     if known is None:
         with db.read() as s:
             known = s.scalars(select(DatabaseIdentity.id).order_by(DatabaseIdentity.created_at)).first()
         if known is None:  # only a hand-emptied table: the id is not ours to invent
             raise RuntimeError("the state database has no row in database_identity")
-        db._identity = known
+        db.identity = known
     return known
 
 

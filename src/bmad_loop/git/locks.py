@@ -149,13 +149,13 @@ class StepRecord:
 
     def set_child(self, pid: int) -> None:
         self.data.update(child=pid, child_start=start_time(pid))
-        self._write()
+        self.write()
 
     def orphan(self) -> None:
         """The git child died without finishing (killed, timed out): its locks may be left.
         The record stays, marked, for `sweep` to clear them."""
         self.data["orphaned"] = True
-        self._write()
+        self.write()
 
     def end(self) -> None:
         if not self.data.get("orphaned"):
@@ -164,7 +164,7 @@ class StepRecord:
             except OSError:
                 pass
 
-    def _write(self) -> None:
+    def write(self) -> None:
         _write_json(self.path, self.data)
 
     # What a step may lock: exact files and folders (any *.lock below them).
@@ -232,7 +232,7 @@ def begin_step(cwd: Path, argv: list[str], env: dict | None) -> StepRecord | Non
         "argv": argv[:40], "cwd": str(cwd), "locks": locks, "prefixes": sorted(set(prefixes)),
     })
     try:
-        record._write()
+        record.write()
     except OSError:
         return None  # a full disk: git itself will say so
     return record

@@ -34,24 +34,19 @@ what a failing command prints. A lock a dead step of bmad-loop's own left is rem
 (`on_lock_wait` is told once per file). Mutating steps are written down before they start so a
 stale lock can be told apart: see `gitlocks`.
 
-`repo_lock` serialises ref and worktree mutations inside one repository across threads and
-processes (concurrent ``git worktree add`` in one repository fails intermittently otherwise).
+The repository's own mutation lock (`repo_lock`) is in repolock.py.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from . import locks as gitlocks
 from .env import clean_env, git_program  # clean_env re-exported
@@ -59,11 +54,8 @@ from .refnames import branch_name_ok  # re-exported: the one check, git's rules 
 from ..errors import GitError, TransientError
 from ..caches import CACHES
 
-__all__ = ["Identity", "Git", "branch_name_ok", "repo_lock", "locked_read", "clean_env",
-           "LOCK_FILE_NAME", "is_full_sha"]
+__all__ = ["Identity", "Git", "branch_name_ok", "clean_env", "is_full_sha"]
 
-LOCK_FILE_NAME = "bmad-loop.lock"
-T = TypeVar("T")
 NO_HOOKS = "/dev/null"  # core.hooksPath that holds no hook, on Linux and macOS alike
 
 log = logging.getLogger(__name__)
@@ -413,64 +405,6 @@ class Git:
             env["GIT_AUTHOR_DATE"] = date
             env["GIT_COMMITTER_DATE"] = date
         return env
-
-
-# Per-thread depth of the locks this thread holds, keyed by lock file: makes repo_lock re-entrant
-# within a thread (a caller may hold it around several mutations that each take it again).
-_held = threading.local()
-
-
-@contextmanager
-def repo_lock(git: Git) -> Iterator[None]:
-    """Hold the repository's mutation lock: ``fcntl.flock`` on ``<common_dir>/bmad-loop.lock``.
-
-    Each outermost acquisition opens its own file description, so threads of one process exclude
-    each other as well as processes do; the kernel releases it if the holder is killed (even with
-    SIGKILL). Re-entrant within one thread. Do not fork while holding it (the child would share
-    it). Works only among processes on one machine (the scale-out mode needs a lease instead).
-    """
-    path = str(git.common_dir() / LOCK_FILE_NAME)
-    depths = _held.__dict__.setdefault("depths", {})
-    if depths.get(path):
-        depths[path] += 1
-        try:
-            yield
-        finally:
-            depths[path] -= 1
-        return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        depths[path] = 1
-        try:
-            yield
-        finally:
-            depths[path] = 0
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-def locked_read(git: Git, read: Callable[[], T]) -> T:
-    """`read()` kept apart from bmad-loop's mutations, without creating the lock file.
-
-    A read-only command (`validate`, `status`) must leave `.git` as it found it. Every mutation
-    creates the lock file before it starts and nothing deletes it, so when the file is missing
-    both before and after the read, no mutation overlapped it; when it appeared meanwhile (a
-    first run starting this moment), the read runs again under the lock.
-    """
-    path = git.common_dir() / LOCK_FILE_NAME
-    if not path.exists():
-        try:
-            result = read()
-        except Exception:
-            if not path.exists():
-                raise
-        else:
-            if not path.exists():
-                return result
-    with repo_lock(git):
-        return read()
 
 
 def _subcommand(words: list[str]) -> list[str]:

@@ -48,7 +48,8 @@ from pathlib import Path
 from .refnames import branch_name_ok
 from ..errors import GitError
 from .exacttree import make_exact
-from .runner import Git, is_full_sha, locked_read, repo_lock
+from .repolock import locked_read, repo_lock
+from .runner import Git, is_full_sha
 
 __all__ = [
     "WorktreeInfo", "list_worktrees", "checkout_of", "ensure_worktree", "ensure_detached_worktree",

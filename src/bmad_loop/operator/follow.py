@@ -25,7 +25,7 @@ from .style import short_value
 _CHUNK = 1 << 20  # what one read of a log holds in memory
 
 __all__ = ["follow_journal", "format_event", "pick_story", "follow_log", "AttachChoice",
-           "live_tmux_session", "not_started", "wait_for_start"]
+           "live_tmux_session", "not_started", "wait_for_start", "LogTail"]
 
 # A story in these states has no session yet: `attach` waits for it, like `tail -F`.
 NOT_STARTED = frozenset({StoryState.PENDING, StoryState.QUEUED})
@@ -151,7 +151,7 @@ def follow_log(reader, run_id: str, story_key: str, write: Callable[[str], None]
     shorter than a poll is not skipped), and end once the story is no longer in flight and its
     last log is drained."""
     stop = stop or threading.Event()
-    tail: _Tail | None = None
+    tail: LogTail | None = None
     first: int | None = None  # where following began, in the story's sessions
     while True:
         with reader.session() as s:
@@ -169,7 +169,7 @@ def follow_log(reader, run_id: str, story_key: str, write: Callable[[str], None]
             for session, path in logs[shown + 1:]:  # each later session in turn
                 if tail is not None:
                     tail.drain(write)
-                tail = _Tail(path)
+                tail = LogTail(path)
                 write(f"==> {session or story_key}: {path} <==\n")
         if tail is not None:
             tail.drain(write)
@@ -220,7 +220,7 @@ def live_tmux_session(reader, run_id: str, story_key: str) -> str | None:
     return session
 
 
-class _Tail:
+class LogTail:
     """Reads a growing file from where it stopped, decoding UTF-8 across read boundaries.
 
     A log at its cap (`logcap`) rolls: its tail moves down as its oldest part is dropped. The

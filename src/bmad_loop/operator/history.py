@@ -13,7 +13,7 @@ from ..engine.usage import empty_usage, usage_by_run
 from ..states import RUN_SETTLED, RunState, StoryState
 from .style import format_duration
 
-__all__ = ["run_history", "outcome_of", "format_history", "format_duration"]
+__all__ = ["run_history", "outcome_of", "format_history", "format_duration", "tokens_cell", "cost_cell"]
 
 OUTCOMES = {0: "success", 1: "failed", 3: "needs a human", 4: "stopped", 130: "interrupted"}
 
@@ -93,7 +93,7 @@ def format_history(entries: list[dict]) -> str:
         return "no runs yet"
     header = ("RUN", "STATE", "OUTCOME", "DURATION", "STORIES", "TOKENS", "COST", "COUNTS")
     rows = [(e["id"], e["state"], e["outcome"], format_duration(e["duration_s"]), str(e["stories"]),
-             _tokens(e["usage"]), _cost(e["usage"]),
+             tokens_cell(e["usage"]), cost_cell(e["usage"]),
              ", ".join(f"{n} {state}" for state, n in e["counts"].items()))
             for e in entries]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
@@ -110,12 +110,12 @@ def format_history(entries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _tokens(usage: dict) -> str:
+def tokens_cell(usage: dict) -> str:
     """Input + output tokens (cache reads are not new work), or "-" when no CLI reported any."""
     if usage.get("input_tokens") is None and usage.get("output_tokens") is None:
         return "-"
     return f"{(usage.get('input_tokens') or 0) + (usage.get('output_tokens') or 0):,}"
 
 
-def _cost(usage: dict) -> str:
+def cost_cell(usage: dict) -> str:
     return "-" if usage.get("cost_usd") is None else f"${usage['cost_usd']:.2f}"

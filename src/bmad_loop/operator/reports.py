@@ -21,7 +21,7 @@ from .story_logs import failing_log, log_tail
 from ..states import STORY_PARKED, StoryState
 
 __all__ = ["summary", "write_json_report", "write_junit", "junit_tree", "wall_time", "FAILING",
-           "PASSING", "nothing_to_do"]
+           "PASSING", "nothing_to_do", "usage_total"]
 
 PASSING = frozenset({StoryState.INTEGRATED})
 SKIPPED = frozenset({StoryState.SKIPPED})
@@ -48,7 +48,7 @@ def summary(status: dict) -> dict:
     }
 
 
-def _usage_total(stories) -> dict:
+def usage_total(stories) -> dict:
     """Each usage field summed over the stories that report it; None when none does."""
     names = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd")
     total = {}
@@ -65,7 +65,7 @@ def write_json_report(status: dict, path, *, exit_code: int | None = None) -> Pa
         "run": status["run"],
         "exit_code": exit_code,
         "summary": summary(status),
-        "usage": _usage_total(status["stories"]),  # the agent CLIs' own reports, summed
+        "usage": usage_total(status["stories"]),  # the agent CLIs' own reports, summed
         "stories": status["stories"],
         "candidates": status.get("candidates", []),
     }
@@ -91,7 +91,7 @@ def junit_tree(status: dict) -> ET.ElementTree:
                  "max_parallel", "reason"):
         if run.get(name) is not None:
             ET.SubElement(props, "property", name=f"run.{name}", value=str(run[name]))
-    for name, value in _usage_total(status["stories"]).items():  # tokens and cost, where the CLIs reported them
+    for name, value in usage_total(status["stories"]).items():  # tokens and cost, where the CLIs reported them
         if value is not None:
             ET.SubElement(props, "property", name=f"usage.{name}", value=str(value))
     candidates: dict[str, list[dict]] = {}

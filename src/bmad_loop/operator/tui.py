@@ -25,7 +25,7 @@ from ..db.models import Run
 from ..engine.journal import event_json, events_after
 from ..engine.run.status import run_status
 from .board_view import held_back, lane_queue
-from .follow import _Tail, format_event
+from .follow import LogTail, format_event
 from .history import run_history
 from .reader import Reader
 from .style import (
@@ -87,7 +87,7 @@ class BoardApp(App):
         self.launched: list[subprocess.Popen] = []
         self.last_cleanup: tuple[int, str] | None = None
         self._last_seq = 0
-        self._tail: _Tail | None = None
+        self._tail: LogTail | None = None
         self._signatures: dict[str, object] = {}
 
     # ------------------------------------------------------------------ layout
@@ -253,7 +253,7 @@ class BoardApp(App):
         self.mode, self.attached = "attach", key
         self._reset_tail(f"attached: {key} ({Path(log).name})")
         self._write_tail(f"==> {log} <==")
-        self._tail = _Tail(Path(log))
+        self._tail = LogTail(Path(log))
         self._tail.drain(self._write_tail_text)
 
     def action_stop(self, now: bool = False) -> None:

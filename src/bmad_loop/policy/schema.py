@@ -97,7 +97,7 @@ class ScmPolicy:
     # Hooks bmad-loop's own git runs (pinned, from the project's hooks folder); none by default.
     run_hooks: tuple[str, ...] = ()
     # A landed story's worktree is reset to a new one's state and taken by the next story
-    # (engine/worktree_pool.py); false: every story gets a fresh checkout.
+    # (engine/workspace/pool.py); false: every story gets a fresh checkout.
     reuse_worktrees: bool = True
     # Ignored folders a reused worktree keeps for the next story (opt-in, e.g. [".venv"]),
     # anchored at the worktree's root: a file planted there runs in the next story's verify.

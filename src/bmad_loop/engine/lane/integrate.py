@@ -26,7 +26,7 @@ from .composer import Composer
 from ..worker.context import make_workspace
 from ..faults import crash_point, delay_point
 from ..escalation import Cause
-from .outcomes import Outcomes, TargetMoved
+from .outcomes import LaneSite, Outcomes, TargetMoved
 from ..journal import journal_git_locks, record
 from ..ports import lane_block, port_env
 from ..layout import Layout
@@ -75,7 +75,7 @@ class CandidateShas(NamedTuple):
     sha: str
 
 
-class Integrator(Outcomes):
+class Integrator:
     def __init__(self, project, run: Run, policy, fence=None):
         self.project = project
         self.db = project.db
@@ -85,6 +85,8 @@ class Integrator(Outcomes):
         self.target = project.target(self.git, run.target_branch)
         self.layout = Layout(project.state_dir, run.id)
         self.workspace = make_workspace(policy, self.git, self.layout, self.target, root=project.root)
+        self.outcomes = Outcomes(LaneSite(self.db, self.run_id, self.git, self.layout, self.target,
+                                          self.workspace, policy))
         self.board_rel = board_rel(run, project.root)
         self.composer = Composer(self, project.root)  # the candidate of each attempt
         self.fence = fence  # () -> bool: does this lane still hold its lease?
@@ -96,7 +98,7 @@ class Integrator(Outcomes):
         before it leaves worktrees and refs no row owns; `cleanup` removes those."""
         while self.landed:
             story, attempt = self.landed.pop(0)
-            self._clean_after_integration(story, attempt)
+            self.outcomes.clean_after_integration(story, attempt)
 
     def integrate(self, story_id: int) -> str:
         """The story's state afterwards: integrated, held (waiting for sign-off), escalated, or the
@@ -112,7 +114,7 @@ class Integrator(Outcomes):
                  and (known.latest is None or known.latest.state not in CANDIDATE_OPEN))
         if story.state == StoryState.READY and not quick:
             with self.db.transaction() as s:
-                if not self._enter_integrating(s, story):
+                if not self.outcomes.enter_integrating(s, story):
                     return s.get(Story, story_id).state
                 story = s.get(Story, story_id)
         resumed = self._resume_candidate(story, known.latest)
@@ -142,7 +144,7 @@ class Integrator(Outcomes):
             return self._compose_and_land(story, attempt, target_sha, branch_sha)
         sha = self.compose_candidate(story, cand_id, attempt, target_sha, branch_sha)
         if sha is None:
-            return self._escalate(story, cand_id, self.candidate_reason(cand_id), Cause.CONFLICT)
+            return self.outcomes.escalate(story, cand_id, self.candidate_reason(cand_id), Cause.CONFLICT)
         verdict = self._verify(story, cand_id, attempt, sha, target_sha, branch_sha)
         if verdict != CandidateState.VERIFIED:
             return verdict
@@ -167,14 +169,14 @@ class Integrator(Outcomes):
                 known = self._known(s, story)
         stale = known.stale
         if stale > self.policy.limits.max_recompose:
-            return self._escalate(story, None, f"target kept moving: {stale} stale compositions "
+            return self.outcomes.escalate(story, None, f"target kept moving: {stale} stale compositions "
                                   f"(max_recompose = {self.policy.limits.max_recompose})",
                                   Cause.TARGET_MOVING)
         target_sha = self.target.sha()
-        self._check_foreign_move(story, target_sha, known.baseline)
-        missing = self._fetch_story(story)
+        self.outcomes.check_foreign_move(story, target_sha, known.baseline)
+        missing = self.fetch_story(story)
         if missing:
-            return self._escalate(story, None, missing, Cause.BRANCH)
+            return self.outcomes.escalate(story, None, missing, Cause.BRANCH)
         if not row:
             return None, known.attempts + 1, target_sha, story.head_sha
         cand_id, attempt = self.new_candidate(story, target_sha, stack=1, on_id=None)
@@ -195,7 +197,7 @@ class Integrator(Outcomes):
         delay_point("lane.in_compose")
         with self.db.transaction() as s:
             if story.state == StoryState.READY:
-                if not self._enter_integrating(s, story):  # stopped meanwhile, or not ours
+                if not self.outcomes.enter_integrating(s, story):  # stopped meanwhile, or not ours
                     return s.get(Story, story.id).state
                 story.state = StoryState.INTEGRATING
             cand = Candidate(run_id=self.run_id, story_id=story.id, attempt=attempt,
@@ -212,8 +214,8 @@ class Integrator(Outcomes):
             cand_id = insert_now(s, cand)  # nobody reads the object back
         if comp.conflicts:
             ref = self.layout.candidate_ref(story.key, attempt)
-            self._record_conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)
-            return self._escalate(story, cand_id, self.candidate_reason(cand_id), Cause.CONFLICT)
+            self.outcomes.record_conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)
+            return self.outcomes.escalate(story, cand_id, self.candidate_reason(cand_id), Cause.CONFLICT)
         crash_point("lane.after_verify")
         if self.between is not None:
             self.between()
@@ -241,7 +243,7 @@ class Integrator(Outcomes):
         comp = self.composer.compose(story, strategy, on_sha, branch_sha, attempt)
         ref = self.layout.candidate_ref(story.key, attempt)
         if comp.conflicts:
-            self._record_conflict(story, cand_id, attempt, comp, on_sha, branch_sha, ref)
+            self.outcomes.record_conflict(story, cand_id, attempt, comp, on_sha, branch_sha, ref)
             return None
         keep = self._keeps_candidate(story)  # else the CAS follows at once and the target keeps it
         if keep:
@@ -267,14 +269,14 @@ class Integrator(Outcomes):
         events, evidence = settled_events(comp)
         for data in events:
             record(s, self.run_id, "candidate.settled", story.key, attempt=cand.attempt, **data)
-        cand.evidence = str(self._write_evidence(story.key, cand.attempt, {
+        cand.evidence = str(self.outcomes.write_evidence(story.key, cand.attempt, {
             **evidence, "story": story.key, "attempt": cand.attempt}))
 
     def candidate_reason(self, cand_id: int) -> str:
         with self.db.transaction() as s:
             return s.get(Candidate, cand_id).reason or "candidate failed"
 
-    def _fetch_story(self, story: Story) -> str | None:
+    def fetch_story(self, story: Story) -> str | None:
         """Bring the story's commits here (remote mode: from the remote); why not, when the
         branch is not where its worker recorded it."""
         # The lane integrates the commit the row recorded at `ready`, never whatever the branch
@@ -314,7 +316,7 @@ class Integrator(Outcomes):
         if self.record_verdict(story, cand_id, attempt, result, worktree,
                                CandidateShas(target_sha, branch_sha, sha)):
             return CandidateState.VERIFIED
-        return self._escalate(story, cand_id, f"candidate verification failed: {result.failed_command}",
+        return self.outcomes.escalate(story, cand_id, f"candidate verification failed: {result.failed_command}",
                               Cause.VERIFY)
 
     def candidate_checkout(self, key: str, attempt: int, sha: str) -> Path | None:
@@ -362,7 +364,7 @@ class Integrator(Outcomes):
                 record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,
                        duration_s=cand.verify_s, commands=len(commands), boxed=result.boxed)
                 return True
-        evidence = self._write_evidence(story.key, attempt, {
+        evidence = self.outcomes.write_evidence(story.key, attempt, {
             "kind": "verify-failed", "story": story.key, "attempt": attempt,
             "target_sha": target_sha, "branch_sha": branch_sha, "candidate_sha": sha,
             "command": result.failed_command, "exit_code": result.exit_code,
@@ -390,7 +392,7 @@ class Integrator(Outcomes):
             if checkout is not None:
                 overlap = overlapping_dirty(self.git, checkout, target_sha, sha)
                 if overlap:
-                    return self._dirty_checkout(story, cand_id, attempt, checkout, overlap,
+                    return self.outcomes.dirty_checkout(story, cand_id, attempt, checkout, overlap,
                                                 target_sha, sha)
             if not advancing:
                 with self.db.transaction() as s:
@@ -410,8 +412,8 @@ class Integrator(Outcomes):
                 now_at = self.target.sha(fetch=False)
                 record(s, self.run_id, "candidate.stale", story.key, attempt=attempt,
                        composed_on=target_sha, target_now=now_at)
-            self._drop_candidate(story.key, attempt)
-            self._check_foreign_move(story, now_at)  # pause, or accept and recompose
+            self.outcomes.drop_candidate(story.key, attempt)
+            self.outcomes.check_foreign_move(story, now_at)  # pause, or accept and recompose
             return CandidateState.STALE
         return self._finish(story, cand_id, attempt, sha, target_sha)
 

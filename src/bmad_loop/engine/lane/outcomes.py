@@ -1,13 +1,15 @@
 """What an integration leaves behind when it does not simply advance, and after it lands.
 
-A mixin of `Integrator` (integrate.py): a conflict or a dirty target checkout keeps its
-evidence (a JSON file, the conflicted tree as a commit and a worktree) and escalates the story;
-a landed story's candidates, worktree and branch are cleaned up.
+`Outcomes` works for the `Integrator` (integrate.py) and the speculative stack on one
+`LaneSite`: a conflict or a dirty target checkout keeps its evidence (a JSON file, the
+conflicted tree as a commit and a worktree) and escalates the story; a landed story's
+candidates, worktree and branch are cleaned up.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import bindparam, select
@@ -27,7 +29,7 @@ _RUN_MAY_LAND = RUN_STATE.scalar_subquery().in_((RunState.RUNNING, RunState.PAUS
 _CANDIDATE_REFS = select(Candidate.attempt, Candidate.ref, Candidate.state).where(
     Candidate.story_id == bindparam("story_id"))
 
-__all__ = ["Outcomes", "TargetMoved"]
+__all__ = ["LaneSite", "Outcomes", "TargetMoved"]
 
 
 class TargetMoved(Exception):
@@ -39,11 +41,31 @@ class TargetMoved(Exception):
         self.old, self.new, self.commits = old, new, commits
 
 
-class Outcomes:
-    """Needs from its host: db, run_id, git, layout, target, workspace, policy."""
+@dataclass(frozen=True)
+class LaneSite:
+    """What an integration works on: the run's rows, its git, where its files go, its target,
+    the story worktrees and the policy snapshot."""
 
-    def _dirty_checkout(self, story, cand_id, attempt, checkout, overlap, target_sha, sha) -> str:
-        evidence = self._write_evidence(story.key, attempt, {
+    db: object
+    run_id: str
+    git: object
+    layout: object
+    target: object
+    workspace: object
+    policy: object
+
+
+class Outcomes:
+    """The ends of an integration other than the advance itself, on one `LaneSite`."""
+
+    def __init__(self, site: LaneSite):
+        self.site = site
+        self.db, self.run_id, self.git = site.db, site.run_id, site.git
+        self.layout, self.target, self.workspace, self.policy = \
+            site.layout, site.target, site.workspace, site.policy
+
+    def dirty_checkout(self, story, cand_id, attempt, checkout, overlap, target_sha, sha) -> str:
+        evidence = self.write_evidence(story.key, attempt, {
             "kind": "dirty-target-checkout", "story": story.key, "checkout": str(checkout),
             "paths": overlap, "target_sha": target_sha, "candidate_sha": sha,
         })
@@ -51,11 +73,11 @@ class Outcomes:
             cand = s.get(Candidate, cand_id)
             cand.state, cand.evidence, cand.ended_at = CandidateState.ABANDONED, str(evidence), utcnow()
             cand.reason = f"local changes in {checkout} overlap: {', '.join(overlap)}"
-        return self._escalate(story, cand_id, f"the target checkout {checkout} has local "
+        return self.escalate(story, cand_id, f"the target checkout {checkout} has local "
                               f"changes that overlap the candidate: {', '.join(overlap)}",
                               Cause.CHECKOUT)
 
-    def _record_conflict(self, story, cand_id, attempt, comp, target_sha, branch_sha, ref) -> None:
+    def record_conflict(self, story, cand_id, attempt, comp, target_sha, branch_sha, ref) -> None:
         # Keep the conflicted tree (with markers) as a commit and a worktree for a human.
         preserved = None
         if comp.tree:
@@ -67,7 +89,7 @@ class Outcomes:
             ensure_detached_worktree(self.git, worktree, preserved)
         else:
             worktree = None
-        evidence = self._write_evidence(story.key, attempt, {
+        evidence = self.write_evidence(story.key, attempt, {
             "kind": "regenerate-failed" if comp.failure else "conflict", "story": story.key,
             "attempt": attempt, "strategy": comp.strategy, "conflicts": list(comp.conflicts),
             "target_sha": target_sha, "branch_sha": branch_sha, "candidate_ref": ref if preserved else None,
@@ -91,7 +113,7 @@ class Outcomes:
                 record(s, self.run_id, "candidate.conflict", story.key, attempt=attempt,
                        paths=list(comp.conflicts), evidence=str(evidence))
 
-    def _enter_integrating(self, s, story, *, to_escalate: bool = False) -> bool:
+    def enter_integrating(self, s, story, *, to_escalate: bool = False) -> bool:
         """ready -> integrating, while the run may still integrate (a stop settles a run whose
         stories are only ready at once: then nothing lands). `to_escalate`: on the way to
         `escalated`, which needs no such check."""
@@ -103,13 +125,13 @@ class Outcomes:
         record(s, self.run_id, "story.integrating", story.key)
         return True
 
-    def _escalate(self, story, cand_id, reason: str, cause: str) -> str:
+    def escalate(self, story, cand_id, reason: str, cause: str) -> str:
         """`cause` (escalation.Cause) tells `resume` whether the story's own work failed or
         something outside it did: the latter goes back to `ready` without an agent."""
         with self.db.transaction() as s:
             row = s.get(Story, story.id)
             if row.state == StoryState.READY:  # found before composing, on the quick path
-                self._enter_integrating(s, row, to_escalate=True)
+                self.enter_integrating(s, row, to_escalate=True)
             feedback = dict(row.feedback or {})
             # A fresh attempt after resume sees why integration failed.
             feedback["verify_output"] = f"Integration onto {self.target.branch} failed: {reason}"
@@ -123,7 +145,7 @@ class Outcomes:
             self.workspace.restore_worktree(row)  # released at ready: a human gets it back
         return StoryState.ESCALATED
 
-    def _write_evidence(self, key: str, attempt: int, payload: dict) -> Path:
+    def write_evidence(self, key: str, attempt: int, payload: dict) -> Path:
         path = self.layout.evidence(key, attempt)
         path.parent.mkdir(parents=True, exist_ok=True)
         if "settled" not in payload and path.exists():  # a later verdict keeps what was settled
@@ -137,12 +159,12 @@ class Outcomes:
         path.write_text(json.dumps(payload, indent=2, sort_keys=True))
         return path
 
-    def _drop_candidate(self, key: str, attempt: int, *, ref: bool = True) -> None:
+    def drop_candidate(self, key: str, attempt: int, *, ref: bool = True) -> None:
         remove_worktree(self.git, self.layout.candidate_worktree(key, attempt))
         if ref:
             delete_ref(self.git, self.layout.candidate_ref(key, attempt))
 
-    def _clean_after_integration(self, story: Story, attempt: int) -> None:
+    def clean_after_integration(self, story: Story, attempt: int) -> None:
         """Candidates and, per policy, the story's worktree and branch go once it landed."""
         with self.db.read() as s:
             # A ref the row does not name may still exist: one cut short between writing the
@@ -152,12 +174,12 @@ class Outcomes:
                         for n, ref, state in s.connection().execute(
                             _CANDIDATE_REFS, {"story_id": story.id})]
         for n, has_ref in attempts:
-            self._drop_candidate(story.key, n, ref=has_ref)
+            self.drop_candidate(story.key, n, ref=has_ref)
         crash_point("lane.during_cleanup")
         # Its worktree and branch never change once it is ready: the row as integrated says them.
         self.workspace.discard_landed(story, delete_branch=self.policy.scm.delete_branch)
 
-    def _check_foreign_move(self, story: Story, target_now: str | None,
+    def check_foreign_move(self, story: Story, target_now: str | None,
                             baseline: str | None = None) -> None:
         """The lane's baseline is the run's start, then each SHA it advanced to: a target found
         anywhere else was moved by someone else. Journaled; `pause` stops here for a human,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 
 from ...db.models import Candidate, Run, Story, utcnow
-from ...states import CANDIDATE_OPEN, CandidateState, RunState, StoryState
+from ...states import CANDIDATE_OPEN, CandidateState, StoryState
 from ..escalation import COULD_NOT_RUN, Cause, failure_cause
 from ..journal import record
 from ..ports import lane_block, port_env
@@ -41,7 +41,7 @@ from ..transitions import transition_story
 from ..worker.verify import VerifyResult
 from .integrate import CandidateShas
 
-__all__ = ["Stack", "speculating", "verifying_here"]
+__all__ = ["Stack", "Verifications", "speculating"]
 
 log = logging.getLogger(__name__)
 
@@ -51,26 +51,52 @@ _FAILED = frozenset({CandidateState.VERIFY_FAILED, CandidateState.CONFLICT})
 
 @dataclass
 class _Verification:
-    run_id: str
     slot: int
     stop: threading.Event
     thread: threading.Thread | None = None
 
 
-# Candidate id -> its verification running in this process. Rows say `verifying`; this says
-# whether anyone here is actually doing it (a fresh process after a crash: nobody).
-_running: dict[int, _Verification] = {}
-_running_lock = threading.Lock()
+class Verifications:
+    """The candidate verifications this lane's threads are running. Rows say `verifying`; this
+    says whether anyone here is actually doing it (a fresh process after a crash: nobody).
+    Owned by the run's `Lane`, so it outlasts the tick that started them."""
+
+    def __init__(self):
+        self._jobs: dict[int, _Verification] = {}  # candidate id -> its verification
+        self._lock = threading.Lock()
+
+    def any(self) -> bool:
+        with self._lock:
+            return bool(self._jobs)
+
+    def running(self, cand_id: int) -> bool:
+        with self._lock:
+            return cand_id in self._jobs
+
+    def claim(self, cand_id: int) -> _Verification | None:
+        """A new verification of `cand_id` on the lowest free slot; None when one runs."""
+        with self._lock:
+            if cand_id in self._jobs:
+                return None
+            used = {v.slot for v in self._jobs.values()}
+            slot = min(i for i in range(len(used) + 1) if i not in used)
+            job = self._jobs[cand_id] = _Verification(slot, threading.Event())
+            return job
+
+    def release(self, cand_id: int) -> None:
+        with self._lock:
+            self._jobs.pop(cand_id, None)
+
+    def stop(self, cand_id: int) -> None:
+        with self._lock:
+            job = self._jobs.get(cand_id)
+        if job is not None:
+            job.stop.set()  # its process group is ended; the verdict is not written
 
 
 def speculating(policy, max_parallel: int) -> bool:
     """Does this run's lane keep a stack? (`VerifyPolicy.depth` says when it is deeper than 1.)"""
     return policy.verify.depth(max_parallel) > 1
-
-
-def verifying_here(run_id: str) -> bool:
-    with _running_lock:
-        return any(v.run_id == run_id for v in _running.values())
 
 
 @dataclass
@@ -80,15 +106,17 @@ class _Entry:
 
 
 class Stack:
-    """One lane tick's view of the run's stack; `step` does one thing and says whether it did."""
+    """One lane tick's view of the run's stack (a `LaneStrategy`, strategy.py); `step` does
+    one thing and says whether it did."""
 
-    def __init__(self, lane, depth: int):
-        self.lane = lane
-        self.integrator = lane.integrator
-        self.db = lane.db
-        self.run_id = lane.run_id
-        self.policy = lane.policy
+    def __init__(self, lane_pass, depth: int, verifications: Verifications):
+        self.lane = lane_pass
+        self.integrator = lane_pass.integrator
+        self.db = lane_pass.db
+        self.run_id = lane_pass.run_id
+        self.policy = lane_pass.policy
         self.depth = depth
+        self.verifications = verifications
 
     # ------------------------------------------------------------------ one step
     def step(self, run: Run, stories) -> bool:
@@ -100,7 +128,7 @@ class Stack:
         self._keep_verifying(entries)
         return self._extend(run, stories, entries)
 
-    def give_up_all(self, reason: str) -> bool:
+    def stop_now(self, reason: str) -> bool:
         """`stop --now`: every candidate not yet advancing is given up, its story back to ready."""
         return self._give_up([e for e in self._entries()
                               if e.cand is None or e.cand.state != CandidateState.ADVANCING], reason)
@@ -159,7 +187,7 @@ class Stack:
         for entry in entries:
             cand = entry.cand
             if cand is not None:
-                _stop(cand.id)
+                self.verifications.stop(cand.id)
             with self.db.transaction() as s:
                 if cand is not None:
                     row = s.get(Candidate, cand.id)
@@ -178,7 +206,7 @@ class Stack:
     def _evidence(self, story: Story, cand: Candidate, was: str, reason: str):
         """What a given-up candidate was: its ref, worktree and verify log stay for a look."""
         layout = self.integrator.layout
-        return self.integrator._write_evidence(story.key, cand.attempt, {
+        return self.integrator.outcomes.write_evidence(story.key, cand.attempt, {
             "kind": "abandoned", "story": story.key, "attempt": cand.attempt, "was": was,
             "reason": reason, "stack": cand.stack, "target_sha": cand.target_sha,
             "branch_sha": cand.branch_sha, "candidate_sha": cand.candidate_sha,
@@ -190,30 +218,27 @@ class Stack:
     def _resolve_bottom(self, run: Run, stories, entry: _Entry) -> bool:
         """Advance the target to the bottom candidate once it is verified; escalate its story
         once it failed (its verdict counts now: everything under it has advanced)."""
-        if not self._lane_may_land(run):
+        if not self.lane.may_land(run):
             return False
         first = next_in_plan(stories, self.lane.pause_on_escalation)
         if first is None or first.id != entry.story.id:
             return False
         cand = entry.cand
         if cand.state in _FAILED:
-            outcome = self.integrator._escalate(entry.story, cand.id, cand.reason or "candidate failed",
+            outcome = self.integrator.outcomes.escalate(entry.story, cand.id, cand.reason or "candidate failed",
                                                 failure_cause(cand.state, cand.reason))
-            self.lane._after_integration(entry.story, outcome)
+            self.lane.after_integration(entry.story, outcome)
             return True
         if cand.state not in (CandidateState.VERIFIED, CandidateState.ADVANCING):
             return False  # still verifying
         if self._already_advanced(cand):
             outcome = self.integrator.finish_after_crash(entry.story, cand)
         else:
-            outcome = self.lane._landing(entry.story, lambda: self.integrator.land(
+            outcome = self.lane.landing(entry.story, lambda: self.integrator.land(
                 entry.story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha))
         if outcome is not None:
-            self.lane._after_integration(entry.story, outcome)
+            self.lane.after_integration(entry.story, outcome)
         return True
-
-    def _lane_may_land(self, run: Run) -> bool:
-        return run.state in (RunState.RUNNING, RunState.PAUSING) and not self.lane._integration_held(run)
 
     # ------------------------------------------------------------------ verification
     def _keep_verifying(self, entries: list[_Entry]) -> None:
@@ -223,9 +248,7 @@ class Stack:
         # recovery (`recovery.sweep_dead_owners`, first thing in a fresh process).
         for entry in entries:
             if entry.cand is not None and entry.cand.state == CandidateState.VERIFYING:
-                with _running_lock:
-                    running = entry.cand.id in _running
-                if not running:
+                if not self.verifications.running(entry.cand.id):
                     with self.db.transaction() as s:
                         record(s, self.run_id, "candidate.reverifying", entry.story.key,
                                attempt=entry.cand.attempt, stack=entry.cand.stack,
@@ -236,17 +259,13 @@ class Stack:
         worktree = self.integrator.candidate_checkout(story.key, cand.attempt, cand.candidate_sha)
         with self.db.transaction() as s:  # where it is being verified, for status and evidence
             s.get(Candidate, cand.id).worktree = str(worktree) if worktree else None
-        with _running_lock:
-            if cand.id in _running:
-                return
-            used = {v.slot for v in _running.values() if v.run_id == self.run_id}
-            slot = min(i for i in range(len(used) + 1) if i not in used)
-            job = _running[cand.id] = _Verification(self.run_id, slot, threading.Event())
+        job = self.verifications.claim(cand.id)
+        if job is None:
+            return
         try:
             self._launch(story, cand, job, worktree)
         except BaseException:  # nothing runs it, so nothing may say it does
-            with _running_lock:
-                _running.pop(cand.id, None)
+            self.verifications.release(cand.id)
             raise
 
     def _launch(self, story: Story, cand: Candidate, job: _Verification, worktree) -> None:
@@ -254,7 +273,7 @@ class Stack:
         integrator = self.integrator
         env = child_env(self.policy)
         env.update(port_env(_slot_block(self.policy, job.slot, self.depth)))
-        tasks, run_id = self.lane.tasks, self.run_id
+        tasks, run_id, verifications = self.lane.tasks, self.run_id, self.verifications
         cand_id, attempt = cand.id, cand.attempt
         target_sha, branch_sha, sha = cand.target_sha, cand.branch_sha, cand.candidate_sha
 
@@ -273,8 +292,7 @@ class Stack:
                 integrator.record_verdict(story, cand_id, attempt, failed, worktree,
                                           CandidateShas(target_sha, branch_sha, sha))
             finally:
-                with _running_lock:
-                    _running.pop(cand_id, None)
+                verifications.release(cand_id)
                 try:
                     tasks.enqueue_lane(run_id)  # the lane advances, escalates or settles now
                 except Exception:
@@ -288,7 +306,7 @@ class Stack:
     def _extend(self, run: Run, stories, entries: list[_Entry]) -> bool:
         """Compose the next ready story in plan order on the top of the stack (or on the
         target, when the stack is empty) and start its verification."""
-        if len(entries) >= self.depth or not self._lane_may_land(run):
+        if len(entries) >= self.depth or not self.lane.may_land(run):
             return False
         top = entries[-1] if entries else None
         if top is not None:
@@ -308,17 +326,17 @@ class Stack:
             story = s.get(Story, nxt.id)
         integrator = self.integrator
         if top is None:
-            begun = self.lane._landing(story, lambda: integrator.begin_on_target(story))
+            begun = self.lane.landing(story, lambda: integrator.begin_on_target(story))
             if not isinstance(begun, tuple):
                 if begun is not None:
-                    self.lane._after_integration(story, begun)
+                    self.lane.after_integration(story, begun)
                 return True
             cand_id, attempt, on_sha, branch_sha = begun
         else:
-            missing = integrator._fetch_story(story)
+            missing = integrator.fetch_story(story)
             if missing:
-                outcome = integrator._escalate(story, None, missing, Cause.BRANCH)
-                self.lane._after_integration(story, outcome)
+                outcome = integrator.outcomes.escalate(story, None, missing, Cause.BRANCH)
+                self.lane.after_integration(story, outcome)
                 return True
             on_sha, branch_sha = top.cand.candidate_sha, story.head_sha
             cand_id, attempt = integrator.new_candidate(story, on_sha, stack=len(entries) + 1,
@@ -339,10 +357,3 @@ def _slot_block(policy, slot: int, depth: int) -> dict | None:
     size = max(1, block["count"] // depth)
     slot %= depth  # a given-up verification may still be ending while its successor starts
     return {"base": block["base"] + slot * size, "count": size, "index": block["index"]}
-
-
-def _stop(cand_id: int) -> None:
-    with _running_lock:
-        job = _running.get(cand_id)
-    if job is not None:
-        job.stop.set()  # its process group is ended; the verdict is not written

@@ -1,10 +1,11 @@
-"""The lane: the coordinator of a run, body of every `integration` task.
+"""One tick of a run's lane (`Lane.tick`, lane.py, is the body of every `integration` task).
 
-Each tick re-reads the rows and does whatever is due, in this order, until nothing is:
+A tick's `LanePass` re-reads the rows and does whatever is due, in this order, until nothing is:
 
 0. at `max_parallel > 1`, fill free worker slots first (see 3), so a slot freed while the lane
    integrates a batch of finished stories does not stay empty for the whole batch;
-1. integrate finished stories strictly in plan order (a finished story waits for every earlier
+1. integrate finished stories strictly in plan order, by the run's `LaneStrategy`
+   (strategy.py: `Sequential`, or the speculative `Stack`; a finished story waits for every earlier
    one to be integrated or terminal; under `on_escalation = "pause"` an escalated story stops
    the scan, so later finished stories wait as `ready`);
 2. turn an escalation into `pausing` (stop dispatching; running siblings finish their story);
@@ -32,92 +33,48 @@ from ...states import (
     StoryState,
 )
 from .admission import ConflictIndex, admit
-from .integrate import Integrator, LaneFenced, TargetMoved
+from .integrate import Integrator, TargetMoved
 from ..journal import record
-from .memo import run_memo
 from ..notify import notify
 from ..recovery import recover_orphans
 from .restack import own_paths, restack_stale
-from .speculation import Stack, speculating, verifying_here
-from ..retry import FaultPersisted, pause_for_fault, retrying
-from .rowcheck import integrated_rows, rows_contradicting_git
-from ..runs import lane_rows, next_in_plan, run_policy, stories_of
+from .speculation import Stack, speculating
+from .rowcheck import rows_contradicting_git
+from ..runs import lane_rows, next_in_plan, stories_of
 from .stacking import stacked_bases
+from .strategy import LaneStrategy, Sequential
 from ..transitions import transition_run, transition_story
 from .waitreasons import reasons_told, write_wait_reasons
-from ..workspace.pool import drain_pool, drain_run_pool
+from ..workspace.pool import drain_pool
 from .writeback import board_done_keys
 
-__all__ = ["tick"]
+__all__ = ["LanePass"]
 
 log = logging.getLogger(__name__)
 
 FOREIGN_MOVE_PREFIX = "target moved by someone else"
 
-def tick(project, tasks, run_id: str, holder=None) -> None:
-    """One lane tick for `run_id`. `holder` is this lane's lease holder (None: unfenced, as
-    in a single-process test); a standby or a fenced holder changes nothing."""
-    db = project.db
-    if holder is not None and not holder.held:
-        return  # a standby lane never acts; the active one has this run
-    with db.read() as s:  # the run, and the first pass's rows with it: one read
-        run = s.get(Run, run_id)
-        if run is None or run.state not in RUN_LIVE:
-            return
-        policy = run_policy(run)
-        fenced = holder is not None and not holder.still_holds(s)
-        first = [] if fenced else [_first_rows(s, project, run)]
-    if fenced:
-        # It thinks it holds the lease, but another lane took over: fenced, change nothing.
-        with db.transaction() as s:
-            record(s, run_id, "lane.fenced", reason="lost the lane lease (it expired or another lane took it over); "
-                   "this tick changes nothing", owner=holder.owner)
-        return
-    try:
-        def one_try():  # a retry reads everything again
-            _Lane(project, tasks, run, policy, holder).loop(first.pop() if first else None)
+class LanePass:
+    """One tick's work for the run of `lane` (a `Lane`): its passes, until nothing is due.
+    What a `LaneStrategy` may use of it is listed in strategy.py."""
 
-        retrying(one_try, db=db, run_id=run_id, story=None, what="lane tick")
-    except FaultPersisted as exc:
-        if pause_for_fault(db, run_id, exc.fault, exc.attempts):
-            notify(db, policy, run_id, "run.paused", reason=exc.fault.describe())
-    except LaneFenced as exc:
-        log.warning("%s", exc)
-        with db.transaction() as s:
-            record(s, run_id, "lane.fenced", reason=str(exc))
-    except Exception as exc:  # no retry can fix it: failed, and `resume` once it is fixed
-        log.exception("lane tick failed for run %s", run_id)
-        with db.transaction() as s:
-            if transition_run(s, run_id, RUN_LIVE, state=RunState.FAILED, reason=f"lane error: {exc}",
-                              ended_at=utcnow()):
-                record(s, run_id, "run.failed", reason=f"lane error: {exc}")
-        drain_run_pool(project, run_id, policy)  # parked worktrees go when the run settles
-        notify(db, policy, run_id, "run.failed", reason=str(exc))
-
-
-def _first_rows(s, project, run: Run) -> tuple:
-    """What a tick's first pass reads, in one snapshot: the rows for the check against git
-    (rowcheck.py), the run, and the lane's rows of its stories."""
-    return (integrated_rows(s, run.id),
-            (run, lane_rows(s, run.id, run_memo(project, run.id).rows)))
-
-
-class _Lane:
-    def __init__(self, project, tasks, run: Run, policy, holder=None):
-        self.project = project
-        self.tasks = tasks
-        self.db = project.db
+    def __init__(self, lane, run: Run, policy, holder=None):
+        self.project = lane.project
+        self.tasks = lane.tasks
+        self.db = lane.project.db
         self.run_id = run.id
         self.policy = policy
-        self.integrator = Integrator(project, run, policy,
+        self.first_rows = lane.first_rows
+        self.integrator = Integrator(lane.project, run, policy,
                                      fence=holder.still_holds if holder is not None else None)
         self.pause_on_escalation = policy.parallel.on_escalation == "pause"
-        self.memo = run_memo(project, run.id)
+        self.memo = lane.memo
+        self.verifications = lane.verifications
         self._landed: int | None = None  # the story the last integration step landed
         self._pending_seen = True  # did this pass's rows hold a pending story?
-        self._reasons_written: dict[int, tuple[int, str]] = {}  # id -> (rev, reason): once per row
-        self.stack = (Stack(self, policy.verify.depth(run.max_parallel))
-                      if speculating(policy, run.max_parallel) else None)
+        self.strategy: LaneStrategy = (
+            Stack(self, policy.verify.depth(run.max_parallel), lane.verifications)
+            if speculating(policy, run.max_parallel) else Sequential(self))
         if run.max_parallel > 1:
             self.integrator.between = self._dispatch_between
 
@@ -135,7 +92,7 @@ class _Lane:
     def _passes(self, first) -> None:
         if first is None:
             with self.db.read() as s:
-                first = _first_rows(s, self.project, s.get(Run, self.run_id))
+                first = self.first_rows(s, s.get(Run, self.run_id))
         integrated, loaded = first
         contradicted = rows_contradicting_git(self.integrator.git, self.integrator.target,
                                               loaded[0].head_sha, *integrated)
@@ -192,8 +149,8 @@ class _Lane:
 
     def _stop_now(self, run: Run) -> bool:
         """`stop --now` ends the stack's verifications too (their stories wait as ready)."""
-        return (self.stack is not None and run.state == RunState.STOPPING
-                and run.stop_mode == StopMode.NOW and self.stack.give_up_all("stopped (now)"))
+        return (run.state == RunState.STOPPING and run.stop_mode == StopMode.NOW
+                and self.strategy.stop_now("stopped (now)"))
 
     # ------------------------------------------------------------ 0. dispatch first
     def _dispatch_first(self, run: Run, stories: list[Story]) -> bool:
@@ -227,20 +184,15 @@ class _Lane:
 
     # ------------------------------------------------------------ 1. integration
     def _integrate_next(self, run: Run, stories: list[Story]) -> bool:
-        if run.state not in (RunState.RUNNING, RunState.PAUSING):
+        if not self.may_land(run):
             return False
-        if self._integration_held(run):
-            return False
-        if self.stack is not None:  # several candidates at once (speculation.py)
-            return self.stack.step(run, stories)
-        story = next_in_plan(stories, self.pause_on_escalation)
-        if story is None or story.state not in (StoryState.READY, StoryState.INTEGRATING):
-            return False  # the earliest open story is not finished: later ones wait
-        outcome = self._landing(story, lambda: self.integrator.integrate(story.id))
-        if outcome is not None:
-            self._after_integration(story, outcome)
-        self._landed = story.id if outcome == StoryState.INTEGRATED else None
-        return True
+        self._landed = None
+        return self.strategy.step(run, stories)
+
+    def may_land(self, run: Run) -> bool:
+        """May anything be integrated now? Not once the run settles, nor while a checkpoint, a
+        foreign move or a changed git configuration holds integration."""
+        return run.state in (RunState.RUNNING, RunState.PAUSING) and not self._integration_held(run)
 
     def _rows_after_landing(self, run: Run, stories: list[Story]):
         """At `max_parallel = 1` nothing but the lane moves a story while it integrates (the
@@ -253,7 +205,7 @@ class _Lane:
         return run, [row._replace(state=StoryState.INTEGRATED, port_block=None)
                      if row.id == self._landed else row for row in stories]
 
-    def _landing(self, story, action):
+    def landing(self, story, action):
         """Run an integration step; a target someone else moved pauses the run (None)."""
         try:
             return action()
@@ -263,7 +215,10 @@ class _Lane:
                                 pause="foreign-move", story=story.key)
             return None
 
-    def _after_integration(self, story, outcome: str) -> None:
+    def after_integration(self, story, outcome: str) -> None:
+        """The notifications and the checkpoint pause an integration's outcome calls for."""
+        if outcome == StoryState.INTEGRATED:
+            self._landed = story.id
         if outcome == StoryState.HELD:
             notify(self.db, self.policy, self.run_id, "story.held", story=story.key,
                    reason="waiting for operator sign-off")
@@ -370,7 +325,7 @@ class _Lane:
         queued = []
         used_blocks = {s.port_block for s in stories if s.state in STORY_IN_FLIGHT and s.port_block is not None}
         with self.db.transaction() as s:
-            write_wait_reasons(s, self.run_id, decision.waiting, by_key, self._reasons_written)
+            write_wait_reasons(s, self.run_id, decision.waiting, by_key, self.memo.reasons_written)
             for key in decision.dispatch:
                 row = by_key[key]
                 stacked = bases.get(key, (None, None))
@@ -387,7 +342,7 @@ class _Lane:
                     queued.append(row.id)
             if decision.gate is not None:
                 self._gate = decision.gate
-        self._reasons_written.update(reasons_told(decision.waiting, by_key))  # committed now
+        self.memo.reasons_written.update(reasons_told(decision.waiting, by_key))  # committed now
         for story_id in queued:
             self.tasks.enqueue_story(self.run_id, story_id)
         self._decision, self._queued = decision, len(queued)
@@ -406,7 +361,7 @@ class _Lane:
     def _settle(self, run: Run, stories: list[Story]) -> None:
         if any(s.state in STORY_IN_FLIGHT for s in stories):
             return  # workers will wake the lane when they finish
-        if verifying_here(self.run_id):
+        if self.verifications.any():
             return  # so will the stack's verifications
         states = {s.state for s in stories}
         if run.state == RunState.STOPPING:

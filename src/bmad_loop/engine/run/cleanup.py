@@ -10,7 +10,7 @@ Only bmad-loop's own things are candidates: worktrees under `.bmad-loop/worktree
 - an escalated, blocked or failed story keeps its worktree, branch and preserved candidates
   while its run can resume, and afterwards if `[scm] keep_failed` is true;
 - an integrated story owns nothing (its branch stays only if `[scm] delete_branch` is false);
-- a parked worktree (``worktrees/<run>/.pool/<n>``, see worktree_pool.py) is kept only while
+- a parked worktree (``worktrees/<run>/.pool/<n>``, see engine/workspace/pool.py) is kept only while
   its run is live (running, pausing, stopping: a worker may take it); a settled run's pool is
   emptied by the lane, so one found later was left by a crash between park and take.
 

@@ -4,6 +4,9 @@ Used by `bmad-loop worker` (until interrupted) and by `bmad-loop run` / `resume`
 settles). On start, live runs are re-queued, so a consumer that comes back after a crash picks
 up where the dead one stopped. A watchdog thread wakes the lane of live runs periodically, so a
 lost message delays work by seconds instead of losing it.
+
+The set owns one `Lane` per run (`lane_of`): made on the run's first tick here, dropped after a
+tick that finds the run no longer live with no verification of it still running here.
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ from ...db.models import Run, Story
 from ...errors import ConfigError
 from ...queue.queues import BackgroundConsumer
 from ...queue.tasks import Tasks
-from ...states import RUN_LIVE
+from ...states import RUN_LIVE, RunState
 from .. import leases
 from .heartbeats import consumer_lease_name, prune_lapsed
 from .control import recover_live_runs
 from ..journal import record
 from .ownership import refresh_live_runs, save_run
-from ..lane.tick import tick
+from ..lane.lane import Lane
 from ..runs import RUN_STATE
 from ..worker.story_task import work
 
@@ -71,6 +74,8 @@ class ConsumerSet:
         self._consumers: list[BackgroundConsumer] = []
         self._lane: BackgroundConsumer | None = None
         self._lane_lock = threading.Lock()
+        self._lanes: dict[str, Lane] = {}  # run id -> its lane, while the run is live
+        self._lanes_lock = threading.Lock()
         self.holder: leases.LeaseHolder | None = None
         self.beat: leases.LeaseHolder | None = None  # this set's consumer heartbeat (heartbeats.py)
         self._watchdog_stop = threading.Event()
@@ -104,26 +109,52 @@ class ConsumerSet:
         except Exception:  # the line is for a person: a database hiccup must not fail the task
             return "state unknown"
 
+    def lane_of(self, run_id: str) -> Lane:
+        """The run's lane in this process, made on first use."""
+        with self._lanes_lock:
+            lane = self._lanes.get(run_id)
+            if lane is None:
+                lane = self._lanes[run_id] = Lane(self.project, self.tasks, run_id)
+            return lane
+
+    def live_lanes(self) -> list[str]:
+        """The runs whose lane this set keeps now."""
+        with self._lanes_lock:
+            return sorted(self._lanes)
+
     def _lane_tick(self, run_id: str) -> None:
+        lane = self.lane_of(run_id)
         try:
-            tick(self.project, self.tasks, run_id, holder=self.holder)
+            lane.tick(holder=self.holder)
         finally:
-            self._record_transition(run_id)
+            state = self._record_transition(run_id)
+            if state not in RUN_LIVE and not lane.busy():
+                self._drop_lane(run_id, lane)
             for callback in self._after_tick:
                 callback(run_id)
 
-    def _record_transition(self, run_id: str) -> None:
-        """Rewrite the run's record in the repository when a tick moved its state."""
+    def _drop_lane(self, run_id: str, lane: Lane) -> None:
+        """The run settled (or is gone) and nothing of it runs here: its lane goes. A later
+        tick (a `resume`, a late wake-up) makes a fresh one."""
+        with self._lanes_lock:
+            if self._lanes.get(run_id) is lane:
+                del self._lanes[run_id]
+
+    def _record_transition(self, run_id: str) -> str | None:
+        """Rewrite the run's record in the repository when a tick moved its state; the run's
+        state (None: gone, or unknown after a database hiccup)."""
         try:
             with self.project.db.read() as s:
                 state = s.scalar(RUN_STATE, {"of_run": run_id})  # one narrow read per tick
                 if state is None or self._recorded.get(run_id) == state:
-                    return
+                    return state
                 run = s.get(Run, run_id)
             save_run(self.project, run)
             self._recorded[run_id] = run.state
+            return run.state
         except Exception:  # the record is a courtesy to other databases: never fail the lane
             log.warning("run %s: could not refresh its record", run_id, exc_info=True)
+            return RunState.RUNNING  # unknown: keep the lane (a later tick decides)
 
     def _refresh_records(self) -> None:
         refresh_live_runs(self.project)

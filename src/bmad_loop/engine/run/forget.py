@@ -17,7 +17,7 @@ from ...db.models import utcnow
 from ...errors import NotFound, StateError
 from ...git.worktrees import delete_ref, list_worktrees, prune, remove_worktree
 from .cleanup import run_of_path, run_of_ref, worktree_leaves
-from ..layout import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE
+from ..layout import BRANCH_NAMESPACE
 from .ownership import owners
 from .runrecords import read_records, records_lock, remove_record
 

@@ -48,7 +48,7 @@ def phase_create(worker) -> Outcome:
     if blob_at(git, start, story.story_path) is not None:
         return _committed_by_a_person(worker, story, start, written)
     number = story.dev_attempts + 1
-    result = worker._session(Phase.CREATE, number)
+    result = worker.session(Phase.CREATE, number)
     meta, failure = None, None
     if not result.ok:
         failure = result.summary

@@ -137,7 +137,7 @@ class StoryWorker:
 
     def phase_dev(self) -> Outcome:
         story = self._story()
-        result = self._session(Phase.DEV, story.dev_attempts + 1)
+        result = self.session(Phase.DEV, story.dev_attempts + 1)
         used = story.dev_attempts + 1
         if result.ok:
             return Outcome(Phase.VERIFY, counters={"dev_attempts": 1}, session=result)
@@ -193,7 +193,7 @@ class StoryWorker:
     def phase_review(self) -> Outcome:
         story = self._story()
         cycle = story.review_cycles + 1
-        result = self._session(Phase.REVIEW, cycle)
+        result = self.session(Phase.REVIEW, cycle)
         if result.ok:
             return Outcome(Phase.COMMIT, session=result, events=[("review.approved", {"cycle": cycle})])
         return self._fix_cycle("review requested changes", story, session=result,
@@ -211,7 +211,7 @@ class StoryWorker:
 
     def phase_fix(self) -> Outcome:
         story = self._story()
-        result = self._session(Phase.FIX, story.review_cycles)
+        result = self.session(Phase.FIX, story.review_cycles)
         if result.ok:
             return Outcome(Phase.VERIFY, session=result, values={"after_phase": Phase.FIX})
         used = story.dev_attempts + 1
@@ -336,7 +336,7 @@ class StoryWorker:
             self.claim.load(), rollback=self.policy.scm.rollback_on_failure,
             pause_on_escalation=self.policy.parallel.on_escalation == "pause")
 
-    def _session(self, phase: Phase, number: int):
+    def session(self, phase: Phase, number: int):
         ctx = self.ctx
         waited = 0
         while True:  # an agent that could not work charges nothing: pause, or wait and run again

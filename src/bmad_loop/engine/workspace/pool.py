@@ -36,7 +36,7 @@ an integrated story's worktree instead of removing it, and the worker of the nex
   cleanup`` removes the parked worktrees of runs that are not live (a crash between park and
   take).
 
-Choosing and moving a parked worktree happen under the repository lock (`git.runner.repo_lock`),
+Choosing and moving a parked worktree happen under the repository lock (`git.repolock.repo_lock`),
 as ``worktree add`` and ``remove`` do, so two workers never take the same one and a take never
 meets a park half way. ``.pool`` begins with a dot, which git refuses at the start of a branch
 name component, so no story key (a branch name's last component) can ever be that folder.
@@ -56,7 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import GitError
-from ...git.runner import repo_lock
+from ...git.repolock import repo_lock
 from ...git.maintenance import run_deferred_maintenance
 from ...git.indexflags import flagged
 from ...git.worktrees import (delete_branch, list_worktrees, move_worktree, remove_tree,

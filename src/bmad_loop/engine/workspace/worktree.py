@@ -3,7 +3,7 @@
 With `branch_per = "run"` the stories share one run branch and worktree, taken up to the
 target after each integration. With `branch_per = "story"` in local mode, a ready story's
 worktree (its work is all on its branch) is parked and the next new story takes it instead of a
-fresh checkout (worktree_pool.py); should its integration escalate, it is made again.
+fresh checkout (pool.py); should its integration escalate, it is made again.
 """
 
 from __future__ import annotations

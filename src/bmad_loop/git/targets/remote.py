@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import GitError
-from ..runner import repo_lock
+from ..repolock import repo_lock
 from ..maintenance import NO_AUTO_MAINTENANCE
 from .base import Target
 

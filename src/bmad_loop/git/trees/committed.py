@@ -20,12 +20,12 @@ from pathlib import Path
 from ...errors import ConfigError, GitError
 from .edit import cat_file_batch
 
-__all__ = ["CommittedTree", "FolderTree", "uncommitted"]
+__all__ = ["CommittedTree", "FolderTree", "TreeView", "uncommitted"]
 
 _FILE_MODES = ("100644", "100755")  # regular files; a symlink or submodule is no story file
 
 
-class _Tree:
+class TreeView:
     """What both trees answer: is there a file or folder at a path, what a folder holds."""
 
     where = ""
@@ -68,7 +68,7 @@ class _Tree:
             self._children.setdefault(folder, [])
 
 
-class CommittedTree(_Tree):
+class CommittedTree(TreeView):
     """The files of commit `sha`, relative to the folder `git` runs in (the project root)."""
 
     def __init__(self, git, sha: str, label: str = "") -> None:
@@ -99,7 +99,7 @@ class CommittedTree(_Tree):
         return {rel: obj[1] for rel, obj in zip(rels, found)}
 
 
-class FolderTree(_Tree):
+class FolderTree(TreeView):
     """The files under `root` on disk (hidden folders and `.bmad-loop` skipped)."""
 
     def __init__(self, root: Path) -> None:

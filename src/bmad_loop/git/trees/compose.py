@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import GitError
-from ..runner import Git, is_full_sha, repo_lock
+from ..repolock import repo_lock
+from ..runner import Git, is_full_sha
 from ..indexflags import clear_flags
 from ..maintenance import NO_AUTO_MAINTENANCE
 from .mergeattrs import committed_attributes

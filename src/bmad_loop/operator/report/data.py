@@ -26,7 +26,7 @@ from ..history import outcome_of
 from .failures import failures
 from .night import lower_bound, phase_times, story_times
 from .timeline import build_timeline, parse_ts
-from ..reports import _usage_total, summary
+from ..reports import usage_total, summary
 
 __all__ = ["gather_report", "REPORT_FORMAT"]
 
@@ -110,7 +110,7 @@ def gather_report(session, run: Run, state_dir: Path) -> dict:
         "span_s": round(timeline.end, 3),
         "makespan_s": _makespan(stories),
         "summary": summary(status),
-        "usage": _usage_total(status["stories"]),
+        "usage": usage_total(status["stories"]),
         "stories": stories,
         "lane": timeline.lane,
         "slots": {"n": run.max_parallel, "steps": timeline.slots},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from ..history import _cost, _tokens
+from ..history import cost_cell, tokens_cell
 from .html import page
 from .svg import format_seconds
 
@@ -17,7 +17,7 @@ def _row(entry: dict, link: str | None) -> str:
     counts = ", ".join(f"{n} {escape(state)}" for state, n in entry["counts"].items())
     cells = [name, escape(entry["state"]), escape(entry["outcome"]),
              escape(entry["created_at"] or "-"), format_seconds(entry["duration_s"]),
-             str(entry["stories"]), escape(_tokens(entry["usage"])), escape(_cost(entry["usage"])),
+             str(entry["stories"]), escape(tokens_cell(entry["usage"])), escape(cost_cell(entry["usage"])),
              counts, escape(entry["reason"] or "")]
     return f'<tr data-run="{run_id}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
