@@ -117,10 +117,10 @@ class ConsumerSet:
                 lane = self._lanes[run_id] = Lane(self.project, self.tasks, run_id)
             return lane
 
-    def live_lanes(self) -> list[str]:
-        """The runs whose lane this set keeps now."""
+    def kept_lane(self, run_id: str) -> Lane | None:
+        """The run's lane if this set keeps one now (None: not made yet, or dropped)."""
         with self._lanes_lock:
-            return sorted(self._lanes)
+            return self._lanes.get(run_id)
 
     def _lane_tick(self, run_id: str) -> None:
         lane = self.lane_of(run_id)
