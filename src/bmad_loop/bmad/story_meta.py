@@ -163,85 +163,103 @@ def _dependency_list(raw) -> tuple[tuple[str, ...], str | None]:
 def parse_story_text(text: str) -> StoryMeta:
     """Read a story file's title, footprint and scheduling metadata. Never raises on bad input."""
     front_text, body, errors = _split_front_matter(text)
-    front: Mapping = {}
-    front_invalid = None
-    if front_text is not None:
-        try:
-            loaded = yaml.safe_load(front_text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" (line {mark.line + 2})" if mark is not None else ""
-            errors.append(f"front matter is not valid YAML{where}")
-            front_invalid = "invalid: front matter is not valid YAML"
-        else:
-            if isinstance(loaded, Mapping):
-                front = _normalised_keys(loaded)
-            elif loaded is not None:
-                errors.append("front matter is not a mapping")
-                front_invalid = "invalid: front matter is not a mapping"
-    elif errors:
-        front_invalid = "invalid: " + errors[0]
+    front, front_invalid = _front_matter(front_text, errors)
     heading, blocks, headings = _scan_body(body)
+    return StoryMeta(
+        title=_title(front, heading, errors),
+        status=_status(front),
+        footprint=_footprint(front, front_invalid, blocks, headings),
+        depends_on=_depends_on(front, errors),
+        merge_class=_merge_class(front, errors),
+        tier=_tier(front, errors),
+        done_checkpoint=_done_checkpoint(front, errors),
+        errors=tuple(errors),
+    )
 
-    # footprint
+
+def _front_matter(front_text: str | None, errors: list[str]) -> tuple[Mapping, str | None]:
+    """The front matter as a mapping with normalised keys, and why it is invalid (None: it is
+    not). `errors` is what `_split_front_matter` found; what the YAML says is added to it."""
+    if front_text is None:
+        return {}, ("invalid: " + errors[0]) if errors else None
+    try:
+        loaded = yaml.safe_load(front_text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 2})" if mark is not None else ""
+        errors.append(f"front matter is not valid YAML{where}")
+        return {}, "invalid: front matter is not valid YAML"
+    if isinstance(loaded, Mapping):
+        return _normalised_keys(loaded), None
+    if loaded is not None:
+        errors.append("front matter is not a mapping")
+        return {}, "invalid: front matter is not a mapping"
+    return {}, None
+
+
+def _footprint(front: Mapping, front_invalid: str | None, blocks: list, headings: int) -> Footprint:
+    """From the front matter or the one ``## Footprint`` block; never both, never two."""
     if front_invalid is not None:
-        footprint = Footprint(reason=front_invalid)
-    elif "footprint" in front and (headings or blocks):
-        footprint = Footprint(reason="invalid: footprint given twice (front matter and ## Footprint block)")
-    elif "footprint" in front:
-        footprint = footprint_from_mapping(front["footprint"])
-    elif headings > 1 or len(blocks) > 1:
-        footprint = Footprint(reason="invalid: footprint given twice (two ## Footprint blocks)")
-    elif blocks:
-        footprint = _footprint_from_block(blocks[0])
-    else:
-        footprint = Footprint(reason="missing")
+        return Footprint(reason=front_invalid)
+    if "footprint" in front and (headings or blocks):
+        return Footprint(reason="invalid: footprint given twice (front matter and ## Footprint block)")
+    if "footprint" in front:
+        return footprint_from_mapping(front["footprint"])
+    if headings > 1 or len(blocks) > 1:
+        return Footprint(reason="invalid: footprint given twice (two ## Footprint blocks)")
+    if blocks:
+        return _footprint_from_block(blocks[0])
+    return Footprint(reason="missing")
 
-    # the rest of the metadata
-    title = None
-    raw_title = front.get("title")
-    if raw_title is not None:
-        if isinstance(raw_title, str) and raw_title.strip():
-            title = raw_title.strip()
-        else:
-            errors.append("'title' must be a non-empty string")
-    if title is None and heading:
-        title = _STORY_PREFIX_RE.sub("", heading).strip() or None
 
-    depends_on: tuple[str, ...] = ()
-    raw = front.get("depends_on")
+def _title(front: Mapping, heading: str | None, errors: list[str]) -> str | None:
+    """The front matter's title, else the first heading without its "Story N.M:" prefix."""
+    raw = front.get("title")
     if raw is not None:
-        depends_on, problem = _dependency_list(raw)
-        if problem:
-            errors.append(problem)
+        if isinstance(raw, str) and raw.strip():
+            return raw.strip()
+        errors.append("'title' must be a non-empty string")
+    if heading:
+        return _STORY_PREFIX_RE.sub("", heading).strip() or None
+    return None
 
+
+def _depends_on(front: Mapping, errors: list[str]) -> tuple[str, ...]:
+    raw = front.get("depends_on")
+    if raw is None:
+        return ()
+    depends_on, problem = _dependency_list(raw)
+    if problem:
+        errors.append(problem)
+    return depends_on
+
+
+def _status(front: Mapping) -> str | None:
     status = front.get("status")
-    status = str(status).strip() or None if isinstance(status, (str, int, float)) else None
+    return str(status).strip() or None if isinstance(status, (str, int, float)) else None
 
+
+def _merge_class(front: Mapping, errors: list[str]) -> str | None:
     merge_class = front.get("merge_class")
     if merge_class is not None and merge_class not in _MERGE_CLASSES:
         errors.append(f"'merge_class' must be one of {', '.join(_MERGE_CLASSES)}, got {merge_class!r}")
-        merge_class = None
+        return None
+    return merge_class
 
+
+def _tier(front: Mapping, errors: list[str]) -> str | None:
     tier = front.get("tier")
     if tier is not None and not (isinstance(tier, str) and tier.strip()):
         errors.append(f"'tier' must be a non-empty string, got {tier!r}")
-        tier = None
+        return None
+    return tier
 
+
+def _done_checkpoint(front: Mapping, errors: list[str]) -> bool:
     done_checkpoint = front.get("done_checkpoint", False)
     if done_checkpoint is None:
-        done_checkpoint = False
+        return False
     if not isinstance(done_checkpoint, bool):
         errors.append(f"'done_checkpoint' must be true or false, got {done_checkpoint!r}")
-        done_checkpoint = False
-
-    return StoryMeta(
-        title=title,
-        status=status,
-        footprint=footprint,
-        depends_on=depends_on,
-        merge_class=merge_class,
-        tier=tier,
-        done_checkpoint=done_checkpoint,
-        errors=tuple(errors),
-    )
+        return False
+    return done_checkpoint
