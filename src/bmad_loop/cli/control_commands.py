@@ -1,5 +1,5 @@
 """The commands that steer a run that exists: `stop`, `abandon`, `approve`, `reject`, `retry`,
-`reconcile`. Each opens the project, calls one service of engine/control.py and prints."""
+`reconcile`. Each opens the project, calls one service of engine/run/control.py and prints."""
 
 from __future__ import annotations
 

@@ -308,7 +308,7 @@ class Lease(Base):
 
 class DatabaseIdentity(Base):
     """One row: this state database's random id, made at its first migration (0011). The
-    repository's run records name the database owning each run by it (engine/runrecords.py)."""
+    repository's run records name the database owning each run by it (engine/run/runrecords.py)."""
 
     __tablename__ = "database_identity"
 

@@ -29,7 +29,7 @@ entry is half-made by the rule above: a crash in between is discarded and made a
 ``ensure_worktree``, never used empty, and ``worktree prune`` (ours or any git's) leaves a
 locked entry alone. Nothing discards another story's add in progress: what discards half-made
 worktrees does so for one path or one branch, a story's own (one worker holds a story at a time,
-one lane a run's candidates); orphan clean-up (engine/cleanup.py) decides by ownership, and
+one lane a run's candidates); orphan clean-up (engine/run/cleanup.py) decides by ownership, and
 every unfinished story of a live run owns its worktree path and branch whether a row names them
 yet or not. A pinned ``post-checkout`` hook (``[scm] run_hooks``) keeps the single ``worktree
 add``: it runs on that checkout only. A new candidate worktree (`ensure_detached_worktree`) is

@@ -4,7 +4,7 @@ A BMAD `backlog` story usually has no story file until create-story writes it. `
 create` decides, before anything is written:
 
 - `"agent"` (default): the story is planned with `stories.to_create` set, and its worker runs the
-  create phase before dev (engine/create_step.py);
+  create phase before dev (engine/worker/create_step.py);
 - `"skip"`: the story is left out of the plan, and the run's journal says so (`story.skipped`);
 - `"require"`: the plan is refused (exit 2), naming every such story.
 

@@ -244,7 +244,7 @@ class Composition:
     regenerate: tuple[Regeneration, ...] = ()  # generators the lane runs in the candidate
     failure: str | None = None  # why a candidate with no conflict failed (a generator did)
     failure_output: str = ""  # the failing generator's output tail
-    regenerated: tuple = ()  # the generators' runs (engine/regenerate.py), for the journal
+    regenerated: tuple = ()  # the generators' runs (engine/lane/regenerate.py), for the journal
 
     @property
     def ok(self) -> bool:

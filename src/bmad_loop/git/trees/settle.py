@@ -13,7 +13,7 @@ paths the story changed that a rule covers are settled here:
   brings rewritten ones back.
 - ``regenerate`` (derived files): when the composition conflicts in the rule's paths only, or
   always with ``always = true``, those paths take the target's version here and the lane runs
-  the rule's command in the candidate (engine/regenerate.py). A conflict elsewhere escalates.
+  the rule's command in the candidate (engine/lane/regenerate.py). A conflict elsewhere escalates.
 
 The most specific glob wins (the longest literal prefix); the policy refuses ties.
 """
