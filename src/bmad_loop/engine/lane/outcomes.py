@@ -59,7 +59,6 @@ class Outcomes:
     """The ends of an integration other than the advance itself, on one `LaneSite`."""
 
     def __init__(self, site: LaneSite):
-        self.site = site
         self.db, self.run_id, self.git = site.db, site.run_id, site.git
         self.layout, self.target, self.workspace, self.policy = \
             site.layout, site.target, site.workspace, site.policy

@@ -109,14 +109,14 @@ class Stack:
     """One lane tick's view of the run's stack (a `LaneStrategy`, strategy.py); `step` does
     one thing and says whether it did."""
 
-    def __init__(self, lane_pass, depth: int, verifications: Verifications):
+    def __init__(self, lane_pass, depth: int):
         self.lane = lane_pass
         self.integrator = lane_pass.integrator
         self.db = lane_pass.db
         self.run_id = lane_pass.run_id
         self.policy = lane_pass.policy
         self.depth = depth
-        self.verifications = verifications
+        self.verifications: Verifications = lane_pass.verifications  # kept by the run's Lane
 
     # ------------------------------------------------------------------ one step
     def step(self, run: Run, stories) -> bool:

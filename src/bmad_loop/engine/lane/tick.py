@@ -73,7 +73,7 @@ class LanePass:
         self._landed: int | None = None  # the story the last integration step landed
         self._pending_seen = True  # did this pass's rows hold a pending story?
         self.strategy: LaneStrategy = (
-            Stack(self, policy.verify.depth(run.max_parallel), lane.verifications)
+            Stack(self, policy.verify.depth(run.max_parallel))
             if speculating(policy, run.max_parallel) else Sequential(self))
         if run.max_parallel > 1:
             self.integrator.between = self._dispatch_between

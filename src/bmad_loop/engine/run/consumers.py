@@ -142,7 +142,7 @@ class ConsumerSet:
 
     def _record_transition(self, run_id: str) -> str | None:
         """Rewrite the run's record in the repository when a tick moved its state; the run's
-        state (None: gone, or unknown after a database hiccup)."""
+        state (None: gone; `running` when a database hiccup hid it, so the lane is kept)."""
         try:
             with self.project.db.read() as s:
                 state = s.scalar(RUN_STATE, {"of_run": run_id})  # one narrow read per tick
