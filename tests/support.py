@@ -35,7 +35,7 @@ DEADLINE_S = 60.0  # the default patience of every wait below
 STORY_DIR = "_bmad-output/implementation-artifacts"  # where BMAD keeps the board and stories
 SETTLED = ("completed", "failed", "paused", "stopped")  # run states nothing moves on from
 CONTRACT_TABLES = frozenset({"runs", "stories", "attempts", "candidates", "events", "leases"})
-VIEWS = ("v_escalations", "v_integrations", "v_phase_usage", "v_run_usage", "v_story_runs",
+VIEWS = ("v_escalations", "v_flaky_commands", "v_integrations", "v_phase_usage", "v_run_usage", "v_story_runs",
          "v_story_usage", "v_waits")  # sorted
 
 # The shape of a sprint-status.yaml as bmad-sprint-planning writes it.

@@ -60,6 +60,9 @@ class Phase(StrEnum):
     VERIFY = "verify"
     REVIEW = "review"
     FIX = "fix"
+    # The lane sent it back to its agent: its candidate failed on the current target, or did not
+    # compose. bmad-loop merges the target into the story's worktree; the agent mends the result.
+    REPAIR = "repair"
     COMMIT = "commit"
     INTEGRATE = "integrate"
 
@@ -92,7 +95,7 @@ class StopMode(StrEnum):
 
 
 # Agent sessions run in these phases; each has its prompt instructions.
-AGENT_PHASES = (Phase.CREATE, Phase.DEV, Phase.REVIEW, Phase.FIX)
+AGENT_PHASES = (Phase.CREATE, Phase.DEV, Phase.REVIEW, Phase.FIX, Phase.REPAIR)
 
 # -- named sets ----------------------------------------------------------------------------
 
@@ -145,8 +148,10 @@ STORY_TRANSITIONS: dict[StoryState, frozenset[StoryState]] = {
     S.QUEUED: frozenset({S.PENDING, S.WORKING}),
     S.WORKING: frozenset({S.PENDING, S.QUEUED, S.READY, S.ESCALATED}),
     S.READY: frozenset({S.INTEGRATING, S.PENDING}),  # pending: restacked (restack.py)
-    # ready: its speculative candidate was given up (one below it failed, or the run stopped)
-    S.INTEGRATING: frozenset({S.HELD, S.INTEGRATED, S.ESCALATED, S.READY}),
+    # ready: its speculative candidate was given up (one below it failed, or the run stopped),
+    # or the target itself fails the check its candidate failed (red: no story blamed)
+    # pending: sent back to its agent for a repair (phase `repair`), next in plan order
+    S.INTEGRATING: frozenset({S.HELD, S.INTEGRATED, S.ESCALATED, S.READY, S.PENDING}),
     S.HELD: frozenset({S.READY, S.ESCALATED, S.PENDING}),  # pending: `retry --from dev|review`
     # ready: escalated by something outside the story (resume), or `retry --from integrate`
     S.ESCALATED: frozenset({S.PENDING, S.READY}),

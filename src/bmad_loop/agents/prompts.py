@@ -64,11 +64,22 @@ _CREATE_RULES = """\
 - Exit with status 0 once the story file is written; a non-zero exit, or no file at that path,
   means this attempt failed."""
 
+_REPAIR_RULES = """\
+- bmad-loop has already merged the target branch into your worktree (outside your sandbox); the
+  merge is not committed yet. Where git could not merge a file, it holds git's conflict markers
+  (`<<<<<<<`, `=======`, `>>>>>>>`): resolve every one of them, keeping both sides' intent. A
+  marker left in a file fails this repair.
+- Do not commit, merge, rebase, reset or abort anything: only edit files. bmad-loop commits the
+  result as the merge itself, with the parents it chose.
+- Exit with status 0 when the story works on top of the target; a non-zero exit means this
+  repair failed."""
+
 GROUND_RULES: Mapping[str, str] = MappingProxyType({
     Phase.CREATE: f"Ground rules:\n{_COMMON_RULES}\n{_CREATE_RULES}",
     Phase.DEV: f"Ground rules:\n{_COMMON_RULES}\n{_CHANGE_RULES}",
     Phase.FIX: f"Ground rules:\n{_COMMON_RULES}\n{_CHANGE_RULES}",
     Phase.REVIEW: f"Ground rules:\n{_COMMON_RULES}\n{_REVIEW_RULES}",
+    Phase.REPAIR: f"Ground rules:\n{_COMMON_RULES}\n{_REPAIR_RULES}",
 })
 
 DEFAULT_TASKS: Mapping[str, str] = MappingProxyType({
@@ -117,6 +128,15 @@ The story below was implemented, but verification failed or the review requested
 evidence is below. Fix every problem it names, with the smallest change that fixes it, and add or
 adjust tests so each stays fixed. Run the project's tests. Record what you fixed in the story's
 Dev Agent Record and Change Log.""",
+    Phase.REPAIR: """\
+The story below was finished and committed on its branch, but it no longer fits the target
+branch: other stories landed on the target meanwhile, and either git could not merge the story
+with them, or the combination failed verification. What happened, and which stories landed since
+this story began, is below. The target is merged into your worktree already; make the story
+work on top of it, with the smallest change that does: resolve every conflict marker, and
+where a landed story renamed or changed what this story uses, follow the change (use the new
+names, signatures and files). Keep what both sides meant. Run the project's tests. Record what
+you changed in the story's Dev Agent Record and Change Log.""",
 })
 
 
@@ -150,6 +170,7 @@ class PromptSpec:
     story_file: str = ""
     epic: str = ""
     bmad: str = ""
+    repair: str = ""  # a repair session's evidence: what failed, the stories that landed
 
 
 def build_prompt(spec: PromptSpec) -> str:
@@ -157,7 +178,8 @@ def build_prompt(spec: PromptSpec) -> str:
 
     It holds the phase's `instructions`, the full story file, and the evidence: for `fix`, the
     failing verify output and the review's notes; for a later `dev` attempt, the previous attempt's
-    failing verify output. A `create` session has no story yet: it gets the key, the epic and
+    failing verify output; for `repair`, what failed on the target (`repair`, already written as
+    markdown) and why an earlier repair failed. A `create` session has no story yet: it gets the key, the epic and
     where to write the file (`story_file`), and, on a later attempt, why the last one failed.
     Evidence longer than `MAX_EVIDENCE_CHARS` keeps its tail. `bmad` says how this project's
     BMAD install runs the phase (`BmadInstall.guidance`; "" when it has none): the last section,
@@ -189,6 +211,10 @@ def build_prompt(spec: PromptSpec) -> str:
             parts.append("## Verification\n\nVerification passed; the review requested changes.")
         if spec.review_notes.strip():
             parts.append("## The review's notes\n\n" + _evidence(spec.review_notes))
+    elif spec.phase == Phase.REPAIR:
+        parts.append("## Why this story needs a repair\n\n" + spec.repair.strip())
+        if spec.verify_output.strip():
+            parts.append("## The previous repair failed\n\n" + _evidence(spec.verify_output))
     elif spec.phase == Phase.DEV and spec.verify_output.strip():
         parts.append("## The previous attempt failed verification — its output\n\n"
                      + _evidence(spec.verify_output))

@@ -38,10 +38,11 @@ PHASE_SKILLS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     Phase.DEV: ("bmad-dev-story", "bmad-build"),
     Phase.REVIEW: ("bmad-code-review",),
     Phase.FIX: ("bmad-dev-story", "bmad-build"),
+    Phase.REPAIR: ("bmad-dev-story", "bmad-build"),
 })
 PHASE_WORKFLOWS: Mapping[str, str] = MappingProxyType({
     Phase.CREATE: "create-story", Phase.DEV: "dev-story",
-    Phase.REVIEW: "code-review", Phase.FIX: "dev-story",
+    Phase.REVIEW: "code-review", Phase.FIX: "dev-story", Phase.REPAIR: "dev-story",
 })
 
 

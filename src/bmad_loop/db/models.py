@@ -37,6 +37,8 @@ __all__ = [
     "Event",
     "Lease",
     "DatabaseIdentity",
+    "Flake",
+    "TargetCheck",
     "utcnow",
 ]
 
@@ -172,6 +174,8 @@ class Story(Base):
     integrated_sha: Mapped[str | None] = mapped_column(String(64))
     dev_attempts: Mapped[int] = mapped_column(Integer, default=0)  # counted dev attempts
     review_cycles: Mapped[int] = mapped_column(Integer, default=0)
+    # Repair sessions used in the current budget ([limits] max_repairs; `resume` resets it).
+    repairs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Last verify failure / review notes, handed to the next attempt's prompt.
     feedback: Mapped[dict] = mapped_column(JSON, default=dict)
     # A human changed the escalated story's branch before `resume`: verify and integrate it
@@ -289,6 +293,45 @@ class Event(Base):
     kind: Mapped[str] = mapped_column(String(64), index=True)
     story: Mapped[str | None] = mapped_column(String(255))
     data: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class Flake(Base):
+    """A verify command that failed and passed on a retry of the very same tree
+    (`[verify] retries`): in a story's worktree, on a candidate, or on the target itself."""
+
+    __tablename__ = "flakes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    story: Mapped[str | None] = mapped_column(String(255))  # None: the target's own check
+    site: Mapped[str] = mapped_column(String(16))  # story | candidate | target
+    attempt: Mapped[int | None] = mapped_column(Integer)  # the candidate's attempt
+    command: Mapped[str] = mapped_column(Text)
+    tree: Mapped[str | None] = mapped_column(String(64))  # the commit verified, where known
+    retry: Mapped[int] = mapped_column(Integer)  # which retry passed (1: the first)
+    failed_log: Mapped[str | None] = mapped_column(Text)
+    passed_log: Mapped[str | None] = mapped_column(Text)
+    exit_code: Mapped[int | None] = mapped_column(Integer)  # of the failed run
+    at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class TargetCheck(Base):
+    """The lane's check of the target itself, once per (run, target commit, failing command):
+    a candidate composed on the target still failed after retries; `failed` = the target is red."""
+
+    __tablename__ = "target_checks"
+    __table_args__ = (UniqueConstraint("run_id", "target_sha", "command"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    target_sha: Mapped[str] = mapped_column(String(64))
+    command: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16))  # running | passed | failed
+    story: Mapped[str | None] = mapped_column(String(255))  # whose candidate asked for it
+    log: Mapped[str | None] = mapped_column(Text)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    started_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
 
 
 class Lease(Base):

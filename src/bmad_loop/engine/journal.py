@@ -65,6 +65,8 @@ class EventKind(str, Enum):
     VERIFY_FAILED = "verify.failed", "verification in the story worktree failed"
     VERIFY_RESTORED = ("verify.restored",
         "a repeated verify put the worktree back to the agent's recorded output")
+    VERIFY_FLAKY = ("verify.flaky",
+        "a verify command failed, then passed on a retry of the same tree (both logs)")
     REVIEW_APPROVED = "review.approved", "a review approved"
     REVIEW_CHANGES_REQUESTED = "review.changes_requested", "a review asked for changes"
     STORY_LEDGER_REVERTED = ("story.ledger_reverted",
@@ -91,6 +93,16 @@ class EventKind(str, Enum):
     TARGET_MOVED = "target.moved", "the target moved outside bmad-loop while the lane worked"
     TARGET_ADOPTED = ("target.adopted",
         "`resume` adopted a target that moved while the run was paused")
+    TARGET_CHECKED = ("target.checked",
+        "the lane ran a candidate's failing command on the target itself (passed or failed)")
+    TARGET_RED = ("target.red",
+        "the target itself fails a verify command: no story blamed, the run pauses")
+    REPAIR_REQUESTED = ("repair.requested",
+        "the lane sent a story back to its agent: its candidate failed or did not compose")
+    REPAIR_STARTED = ("repair.started",
+        "bmad-loop merged the target into the story's worktree; the repair session follows")
+    REPAIR_FINISHED = ("repair.finished",
+        "a repair ended (cause and outcome: ready, again, escalated)")
     STORY_INTEGRATED = "story.integrated", "the story is on the target"
     STORY_HELD = "story.held", "the story waits for an operator's sign-off"
     STORY_APPROVED = "story.approved", "an operator approved the story"

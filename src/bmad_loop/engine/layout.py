@@ -33,6 +33,20 @@ class Layout:
     def candidate_worktree(self, story_key: str, attempt: int) -> Path:
         return self.state_dir / "candidates" / self.run_id / f"{story_key}-{attempt}"
 
+    def target_worktree(self) -> Path:
+        """The detached worktree the lane checks the target's own commit in (targetcheck.py)."""
+        return self.state_dir / "candidates" / self.run_id / "target"
+
+    def target_log(self, target_sha: str) -> Path:
+        return self.state_dir / "logs" / self.run_id / "target" / f"verify-{target_sha[:12]}.log"
+
+    def target_scratch(self) -> Path:
+        return self.state_dir / "scratch" / self.run_id / "target"
+
+    def repair_evidence(self, story_key: str, number: int) -> Path:
+        """What a repair session is told (the lane's request, the stories that landed): JSON."""
+        return self.state_dir / "evidence" / self.run_id / f"{story_key}-repair-{number}.json"
+
     def evidence(self, story_key: str, attempt: int) -> Path:
         return self.state_dir / "evidence" / self.run_id / f"{story_key}-{attempt}.json"
 

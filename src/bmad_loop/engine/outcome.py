@@ -38,3 +38,4 @@ class Outcome:
     values: dict = field(default_factory=dict)  # plain column values
     events: list = field(default_factory=list)  # (kind, data)
     session: object = None  # a SessionResult whose attempt row this closes
+    flakes: tuple = ()  # verify.Flaky of the story's own verify: rows and `verify.flaky` events

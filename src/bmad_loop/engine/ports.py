@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-__all__ = ["block_size", "worker_block", "lane_block", "port_env", "check_port_range"]
+__all__ = ["block_size", "worker_block", "lane_block", "lane_slot_block", "port_env",
+           "check_port_range"]
 
 
 def _range(policy):
@@ -47,6 +48,17 @@ def worker_block(policy, index: int | None) -> dict | None:
 
 def lane_block(policy) -> dict | None:
     return worker_block(policy, policy.scm.max_parallel)
+
+
+def lane_slot_block(policy, slot: int, depth: int) -> dict | None:
+    """The lane's port block shared out among the `depth` verifications it runs at once
+    (speculative candidates, a target check): slot `slot`'s share."""
+    block = lane_block(policy)
+    if not block:
+        return None
+    size = max(1, block["count"] // depth)
+    slot %= depth  # a given-up verification may still be ending while its successor starts
+    return {"base": block["base"] + slot * size, "count": size, "index": block["index"]}
 
 
 def port_env(block: dict | None) -> dict:

@@ -20,10 +20,11 @@ from ..db.models import Candidate, Run, Story, utcnow
 from ..errors import StateError
 from ..states import CANDIDATE_OPEN, RUN_LIVE, RUN_RESUMABLE, CandidateState, Phase, StoryState
 from .journal import record
+from .repairs import REPAIR_KEY
 from .transitions import transition_story
 
 __all__ = ["FROM_STEPS", "RECOMPOSE_FLOOR", "RETRY_FROM", "to_ready", "to_review", "to_dev",
-           "retry_story"]
+           "to_repair", "retry_story"]
 
 FROM_STEPS = (Phase.DEV, Phase.REVIEW, Phase.INTEGRATE)
 # Story feedback entries: stale compositions up to this candidate attempt were before the
@@ -55,6 +56,7 @@ def to_ready(session, run_id: str, story: Story, *, by: str, **data) -> None:
     story.feedback = {RECOMPOSE_FLOOR: floor}
     story.human_fix, story.after_phase, story.signed_off = False, None, False
     story.reason, story.ended_at, story.ready_at = None, None, utcnow()
+    story.repairs = 0  # a fresh repair budget, as every redo gives
     record(session, run_id, "story.retry", story.key, **{"from": Phase.INTEGRATE.value, "by": by,
                                                            "head_sha": story.head_sha, **data})
 
@@ -63,7 +65,7 @@ def to_review(session, run_id: str, story: Story, *, by: str, **data) -> None:
     """Its branch is verified as it is, then reviewed (fix cycles as usual): no dev session."""
     _give_up_candidates(session, run_id, story, f"{by}: reviewed again")
     story.state, story.phase = StoryState.PENDING, Phase.VERIFY
-    story.review_cycles = 0
+    story.review_cycles, story.repairs = 0, 0
     story.feedback = {**_kept(story), RETRY_FROM: Phase.REVIEW.value, "verify_output": ""}
     story.human_fix, story.after_phase, story.signed_off = False, None, False
     story.reason, story.ended_at = None, None
@@ -78,11 +80,28 @@ def to_dev(session, run_id: str, story: Story, *, by: str, **data) -> None:
     else:
         story.phase = Phase.DEV
     story.state = StoryState.PENDING
-    story.dev_attempts, story.review_cycles = 0, 0
+    story.dev_attempts, story.review_cycles, story.repairs = 0, 0, 0
     story.feedback = _kept(story)
     story.human_fix, story.after_phase, story.signed_off = False, None, False
     story.reason, story.ended_at = None, None
     record(session, run_id, "story.retry", story.key, **{"from": Phase.DEV.value, "by": by, **data})
+
+
+def to_repair(session, run_id: str, story: Story, target_sha: str | None, *, by: str,
+              **data) -> None:
+    """Its repairs ran out: it is repaired again with a fresh budget, from a fresh merge of the
+    target as the lane knows it now (`target_sha`)."""
+    _give_up_candidates(session, run_id, story, f"{by}: repaired again")
+    request = dict((story.feedback or {}).get(REPAIR_KEY) or {})
+    if target_sha:
+        request["target_sha"] = target_sha
+    story.state, story.phase = StoryState.PENDING, Phase.REPAIR
+    story.dev_attempts, story.review_cycles, story.repairs = 0, 0, 0
+    story.feedback = {REPAIR_KEY: request}
+    story.human_fix, story.after_phase, story.signed_off = False, None, False
+    story.reason, story.ended_at = None, None
+    record(session, run_id, "story.retry", story.key, **{"from": Phase.REPAIR.value, "by": by,
+                                                           **data})
 
 
 def _kept(story: Story) -> dict:

@@ -59,7 +59,7 @@ def stories_of(session: Session, run_id: str) -> list[Story]:
 _LANE_COLUMNS = (Story.id, Story.rev, Story.key, Story.seq, Story.epic, Story.state,
                  Story.footprint, Story.footprint_reason, Story.depends_on, Story.approved,
                  Story.to_create, Story.wait_reason, Story.port_block, Story.reason,
-                 Story.done_checkpoint,
+                 Story.done_checkpoint, Story.phase,
                  # stacked starts (stacking.py, restack.py)
                  Story.branch, Story.human_fix, Story.base_sha, Story.head_sha, Story.stacked_on,
                  Story.worktree)

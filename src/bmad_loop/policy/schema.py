@@ -111,6 +111,9 @@ class LimitsPolicy:
     max_review_cycles: int = setting(3, checks=(at_least(0),))
     max_recompose: int = setting(3, checks=(at_least(0),))
     max_recoveries: int = setting(3, checks=(at_least(0),))  # orphan recoveries per story
+    # Repair sessions of one story (its candidate failed on the current target, or did not
+    # compose) before it escalates; 0: escalate at once, as before repairs existed.
+    max_repairs: int = setting(2, checks=(at_least(0),))
     # Budgets from the agent CLIs' own usage reports: crossing one pauses the run (none: no limit).
     max_cost_per_run: float | None = setting(None, checks=(at_least(0),))  # US dollars
     max_tokens_per_story: int | None = setting(None, checks=(at_least(1),))  # input + output
@@ -122,6 +125,9 @@ class LimitsPolicy:
 class VerifyPolicy:
     commands: tuple[str, ...] = ()  # shell strings
     timeout_s: int = seconds(1800, 1)
+    # A failing command runs again on the very same (reset) tree this many times before it
+    # counts; a pass on a retry is a flake (journaled `verify.flaky`). 0: no retries.
+    retries: int = setting(1, checks=(at_least(0), at_most(5)))
     # How many speculative candidates the lane verifies at once; None: the run's max_parallel.
     parallel: int | None = setting(None, checks=(at_least(1), at_most(MAX_PARALLEL)))
     # Run each command in the OS sandbox (bmad_loop.sandbox): "auto" where it works, "on", "off".
@@ -176,6 +182,7 @@ class AdapterPolicy:
     dev: PhaseOverride = setting(factory=PhaseOverride)
     review: PhaseOverride = setting(factory=PhaseOverride)
     fix: PhaseOverride = setting(factory=PhaseOverride)
+    repair: PhaseOverride = setting(factory=PhaseOverride)
     tiers: Mapping[str, TierPolicy] = setting(factory=empty_map)
     # Run each session in the OS sandbox (bmad_loop.sandbox): "auto" where it works, "on", "off";
     # sandbox_writable: more folders the box may write (absolute, or ~/...), for both boxes.

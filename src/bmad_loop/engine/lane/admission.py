@@ -27,7 +27,8 @@ from typing import Callable, Mapping, Sequence
 
 from ...bmad.footprint import Footprint, footprints_conflict
 from ...globs import is_literal
-from ...states import STORY_AWAITING_LANE, STORY_DONE, STORY_IN_FLIGHT, STORY_STACKABLE, StoryState
+from ...states import (STORY_AWAITING_LANE, STORY_DONE, STORY_IN_FLIGHT, STORY_STACKABLE, Phase,
+                       StoryState)
 from .conflictindex import ConflictIndex
 
 __all__ = ["StoryView", "Admission", "Rules", "admit", "views_of", "HOLDS_RESOURCES", "ConflictIndex"]
@@ -49,6 +50,9 @@ class StoryView:
     # May start on a stacked base: blockers that are finished but not integrated do not hold
     # it back (stacking.py); the lane allows it only at max_parallel > 1, on a fresh branch.
     can_stack: bool = False
+    # Sent back to its agent for a repair: it keeps the resources it held since its dispatch
+    # (a later story must not take them while it waits in line for a slot).
+    repairing: bool = False
 
 
 @dataclass
@@ -98,7 +102,7 @@ class _Pass:
         self.in_flight = sum(1 for s in self.ordered if s.state in STORY_IN_FLIGHT)
         self.used: dict[str, int] = {}
         for s in self.ordered:
-            if s.state in HOLDS_RESOURCES and not s.to_create:  # a create step holds no resource
+            if (s.state in HOLDS_RESOURCES or s.repairing) and not s.to_create:  # a create step holds none
                 self._hold_resources(s)
         # Epic ids are strings; a run enqueued before they were may still hold numbers.
         self.gates_passed = {str(g) for g in rules.gates_passed}
@@ -142,7 +146,7 @@ class _Pass:
                 and not story.approved):
             self.result.approvals.append(story.key)
             reason = "awaiting spec approval (bmad-loop approve)"
-        if reason is None:
+        if reason is None and not story.repairing:  # it holds its own already
             reason = _resources(story, self.used, self.rules.capacity)
         if reason is None and self.in_flight >= max_parallel:
             reason = f"all {max_parallel} worker slot(s) busy"
@@ -153,7 +157,7 @@ class _Pass:
         if under:
             self.result.stacked[story.key] = under
         self.in_flight += 1
-        if not story.to_create:
+        if not story.to_create and not story.repairing:
             self._hold_resources(story)
 
     def _hold_resources(self, story: StoryView) -> None:
@@ -287,7 +291,9 @@ def views_of(rows, stacking: bool = False, settled=None) -> list[StoryView]:
                       footprint=_footprint_of(s, settled),
                       depends_on=tuple(s.depends_on or ()), approved=s.approved,
                       to_create=s.to_create,
-                      can_stack=stacking and not s.branch and not s.human_fix) for s in rows]
+                      can_stack=stacking and not s.branch and not s.human_fix,
+                      repairing=s.state == StoryState.PENDING
+                      and getattr(s, "phase", None) == Phase.REPAIR) for s in rows]
 
 
 def _footprint_of(row, settled=None) -> Footprint:

@@ -28,7 +28,7 @@ from ..faults import crash_point, delay_point
 from ..escalation import Cause
 from .outcomes import LaneSite, Outcomes, TargetMoved
 from ..journal import journal_git_locks, record
-from ..ports import lane_block, port_env
+from ..ports import lane_block, lane_slot_block, port_env
 from ..layout import Layout
 from ..ledgerfiles import append_ledger_lines
 from ..redo import RECOMPOSE_FLOOR
@@ -37,7 +37,9 @@ from ..runs import board_rel
 from ..transitions import transition_candidate, transition_story
 from ..worker.boxing import BoxSite, settle_after_box, verify_box
 from ...agents.process import Limits
-from ..worker.verify import VerifySite, run_verify
+from ..worker.verify import NOTHING_TO_RUN, Retry, VerifySite, run_verify
+from ...git.exacttree import make_exact
+from .blame import Blame
 
 __all__ = ["Integrator", "LaneFenced", "TargetMoved"]
 
@@ -90,6 +92,10 @@ class Integrator:
         self.board_rel = board_rel(run, project.root)
         self.composer = Composer(self, project.root)  # the candidate of each attempt
         self.fence = fence  # () -> bool: does this lane still hold its lease?
+        self.max_parallel = run.max_parallel
+        # Whose fault a failed candidate is (target check, repair, escalation); the pass gives
+        # the speculative stack one that checks the target in a thread (tick.py).
+        self.blame = Blame(self)
         self.landed: list[tuple[Story, int]] = []  # integrated, not yet cleaned up
         self.between = None  # () -> None: called between a candidate's verdict and its landing
 
@@ -144,7 +150,7 @@ class Integrator:
             return self._compose_and_land(story, attempt, target_sha, branch_sha)
         sha = self.compose_candidate(story, cand_id, attempt, target_sha, branch_sha)
         if sha is None:
-            return self.outcomes.escalate(story, cand_id, self.candidate_reason(cand_id), Cause.CONFLICT)
+            return self.blame.decide(story, cand_id)  # a repair, or an escalation
         verdict = self._verify(story, cand_id, attempt, sha, target_sha, branch_sha)
         if verdict != CandidateState.VERIFIED:
             return verdict
@@ -215,7 +221,7 @@ class Integrator:
         if comp.conflicts:
             ref = self.layout.candidate_ref(story.key, attempt)
             self.outcomes.record_conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)
-            return self.outcomes.escalate(story, cand_id, self.candidate_reason(cand_id), Cause.CONFLICT)
+            return self.blame.decide(story, cand_id)  # a repair, or an escalation
         crash_point("lane.after_verify")
         if self.between is not None:
             self.between()
@@ -313,11 +319,14 @@ class Integrator:
     def _verify(self, story, cand_id, attempt, sha, target_sha, branch_sha) -> str:
         worktree = self.candidate_checkout(story.key, attempt, sha)
         result = self.run_candidate_verify(story.key, attempt, worktree, self.verify_env())
-        if self.record_verdict(story, cand_id, attempt, result, worktree,
+        if self.outcomes.record_verdict(story, cand_id, attempt, result, worktree,
                                CandidateShas(target_sha, branch_sha, sha)):
             return CandidateState.VERIFIED
-        return self.outcomes.escalate(story, cand_id, f"candidate verification failed: {result.failed_command}",
-                              Cause.VERIFY)
+        with self.db.read() as s:
+            if s.get(Candidate, cand_id).state != CandidateState.VERIFY_FAILED:
+                return s.get(Story, story.id).state  # given up meanwhile: nothing to decide
+        crash_point("lane.before_blame")
+        return self.blame.decide(story, cand_id)  # the target checked, then a repair
 
     def candidate_checkout(self, key: str, attempt: int, sha: str) -> Path | None:
         """The detached worktree verification runs in (none without verify commands)."""
@@ -329,60 +338,39 @@ class Integrator:
 
     def run_candidate_verify(self, key: str, attempt: int, worktree: Path | None, env: dict,
                              stop_event=None):
-        log_path = self.layout.verify_log(key, f"candidate-{attempt}")
-        scratch = self.layout.scratch(key) / f"candidate-{attempt}"
-        # The candidate worktree is the box's writable tree (no commands: no worktree, no box).
+        if worktree is None:  # no commands: nothing runs
+            return NOTHING_TO_RUN
+        # A retry runs on the candidate's tree made exact again: nothing the failed run left.
+        sha = self.git.rev("HEAD", cwd=worktree)
+        return self.verify_tree(self.policy.verify.commands, worktree,
+                                self.layout.verify_log(key, f"candidate-{attempt}"),
+                                self.layout.scratch(key) / f"candidate-{attempt}", env,
+                                stop_event=stop_event,
+                                retry=Retry(self.policy.verify.retries,
+                                            lambda: make_exact(self.git, worktree, sha)))
+
+    def verify_tree(self, commands, worktree: Path, log_path: Path, scratch: Path, env: dict, *,
+                    stop_event=None, retry: Retry | None = None):
+        """Run `commands` in the detached `worktree` for the lane (a candidate, or the target
+        itself), boxed as `[verify] sandbox` says: the worktree is the box's writable tree."""
         box = verify_box(self.policy, self.git, self.layout.state_dir,
-                         BoxSite(worktree, scratch, log_path), env,
-                         self.db.lock_dir) if worktree is not None else None
+                         BoxSite(worktree, scratch, log_path), env, self.db.lock_dir)
         result = run_verify(
-            self.policy.verify.commands,
-            VerifySite(worktree or self.project.root, log_path, env, box, self.run_id),
+            commands, VerifySite(worktree, log_path, env, box, self.run_id),
             Limits(timeout_s=self.policy.verify.timeout_s, thaw_after_s=self.policy.leases.ttl_s,
                    max_log_bytes=self.policy.limits.max_log_bytes),
-            stop_event=stop_event)
+            stop_event=stop_event, retry=retry)
         if box is not None:
             settle_after_box(self.git, worktree, None, scratch)
         return result
 
-    def record_verdict(self, story, cand_id, attempt, result, worktree, shas: CandidateShas) -> bool:
-        """Write the verification's outcome on a `verifying` row: True for `verified`. A row
-        that is no longer `verifying` (given up meanwhile) is left as it is: False."""
-        target_sha, branch_sha, sha = shas
-        commands = self.policy.verify.commands
-        with self.db.transaction() as s:
-            cand = s.get(Candidate, cand_id)
-            if cand.state != CandidateState.VERIFYING:
-                return False
-            cand.worktree = str(worktree) if worktree else None
-            cand.verify_s = round(result.duration_s, 3)
-            if result.log_cut is not None:
-                record(s, self.run_id, "log.truncated", story.key, phase="candidate verify",
-                       attempt=attempt, log=result.log, **result.log_cut.event_data())
-            if result.ok:
-                cand.state = CandidateState.VERIFIED
-                record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,
-                       duration_s=cand.verify_s, commands=len(commands), boxed=result.boxed)
-                return True
-        evidence = self.outcomes.write_evidence(story.key, attempt, {
-            "kind": "verify-failed", "story": story.key, "attempt": attempt,
-            "target_sha": target_sha, "branch_sha": branch_sha, "candidate_sha": sha,
-            "command": result.failed_command, "exit_code": result.exit_code,
-            "timed_out": result.timed_out, "output": result.output, "log": result.log,
-        })
-        with self.db.transaction() as s:
-            cand = s.get(Candidate, cand_id)
-            if cand.state != CandidateState.VERIFYING:
-                return False
-            cand.state, cand.evidence, cand.ended_at = CandidateState.VERIFY_FAILED, str(evidence), utcnow()
-            cand.reason = f"candidate verification failed: {result.failed_command}"
-            record(s, self.run_id, "candidate.verify_failed", story.key, attempt=attempt,
-                   command=result.failed_command, evidence=str(evidence), boxed=result.boxed)
-        return False
-
-    def verify_env(self) -> dict:
+    def verify_env(self, slot: int | None = None) -> dict:
+        """What a command the lane runs gets: the lane's ports, or verification `slot`'s share
+        of them when the stack verifies several at once."""
         env = child_env(self.policy)
-        env.update(port_env(lane_block(self.policy)))
+        block = (lane_block(self.policy) if slot is None else
+                 lane_slot_block(self.policy, slot, self.policy.verify.depth(self.max_parallel)))
+        env.update(port_env(block))
         return env
 
     def _advance(self, story, cand_id, attempt, sha, target_sha, *, advancing: bool = False) -> str:
@@ -456,7 +444,14 @@ class Integrator:
 
     def _resume_candidate(self, story: Story, cand: Candidate | None) -> str | None:
         """A lane that died mid-integration: pick up its last candidate (`cand`) where it stopped."""
-        if cand is None or cand.state not in CANDIDATE_OPEN:
+        if cand is None:
+            return None
+        if cand.state in (CandidateState.VERIFY_FAILED, CandidateState.CONFLICT):
+            # It failed on the target as it still is, and died before deciding what follows.
+            if story.state == StoryState.INTEGRATING and cand.target_sha == self.target.sha():
+                return self.blame.decide(story, cand.id)
+            return None
+        if cand.state not in CANDIDATE_OPEN:
             return None
         target_now = self.target.sha()
         if cand.candidate_sha and target_now == cand.candidate_sha:

@@ -20,6 +20,8 @@ from ...git.worktrees import delete_ref, ensure_detached_worktree, remove_worktr
 from ..escalation import Cause
 from ..faults import crash_point
 from ..journal import record
+from ..repairs import REPAIR_KEY
+from ..worker.flakes import record_flakes
 from ..runs import RUN_STATE
 from ..transitions import transition_story
 
@@ -143,6 +145,77 @@ class Outcomes:
         if escalated:
             self.workspace.restore_worktree(row)  # released at ready: a human gets it back
         return StoryState.ESCALATED
+
+    def repair_or_escalate(self, story, cand, cause: str, details: dict, landed: list[dict]) -> str:
+        """The story's own failure (`cause` conflict or verify-failed, its candidate `cand`):
+        back to its agent for a repair while `[limits] max_repairs` lasts (`integrating →
+        pending` at phase `repair`, next in plan order), else escalated as before."""
+        limit = self.policy.limits.max_repairs
+        reason = cand.reason or "candidate failed"
+        with self.db.read() as s:
+            used = s.get(Story, story.id).repairs
+        if used >= limit or not self.workspace.story_worktrees:  # never in a person's checkout
+            if limit and self.workspace.story_worktrees:
+                reason = f"{reason} (repairs used up: {used} of max_repairs = {limit})"
+            return self.escalate(story, cand.id, reason, cause)
+        request = {"cause": cause, "reason": reason, "candidate": cand.attempt,
+                   "target_sha": cand.target_sha, "landed": landed,
+                   "conflicts": list(details.get("conflicts") or ()),
+                   "command": details.get("command"), "log": details.get("log"),
+                   "output": str(details.get("output") or "")[-8000:]}
+        with self.db.transaction() as s:
+            row = s.get(Story, story.id)
+            if row.state == StoryState.READY:  # found on the quick path, before a row said so
+                self.enter_integrating(s, row, to_escalate=True)
+            sent = transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.PENDING,
+                                    phase=Phase.REPAIR, dev_attempts=0, review_cycles=0,
+                                    after_phase=None, feedback={REPAIR_KEY: request},
+                                    wait_reason=None, reason=None, heartbeat_at=None)
+            if sent:
+                record(s, self.run_id, "repair.requested", story.key, cause=cause,
+                       reason=reason, candidate=cand.attempt, target_sha=cand.target_sha,
+                       repairs=used, landed=[x["key"] for x in landed])
+            row = s.get(Story, story.id)
+        if sent:
+            self.workspace.restore_worktree(row)  # released at ready: the repair works in it
+        return row.state
+
+    def record_verdict(self, story, cand_id, attempt, result, worktree, shas) -> bool:
+        """Write the verification's outcome on a `verifying` row: True for `verified`. A row
+        that is no longer `verifying` (given up meanwhile) is left as it is: False."""
+        target_sha, branch_sha, sha = shas
+        commands = self.policy.verify.commands
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            if cand.state != CandidateState.VERIFYING:
+                return False
+            cand.worktree = str(worktree) if worktree else None
+            cand.verify_s = round(result.duration_s, 3)
+            if result.log_cut is not None:
+                record(s, self.run_id, "log.truncated", story.key, phase="candidate verify",
+                       attempt=attempt, log=result.log, **result.log_cut.event_data())
+            if result.ok:
+                cand.state = CandidateState.VERIFIED
+                record_flakes(s, self.run_id, story.key, "candidate", result.flakes,
+                              attempt=attempt, tree=sha)
+                record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,
+                       duration_s=cand.verify_s, commands=len(commands), boxed=result.boxed)
+                return True
+        evidence = self.write_evidence(story.key, attempt, {
+            "kind": "verify-failed", "story": story.key, "attempt": attempt,
+            "target_sha": target_sha, "branch_sha": branch_sha, "candidate_sha": sha,
+            "command": result.failed_command, "exit_code": result.exit_code,
+            "timed_out": result.timed_out, "output": result.output, "log": result.log,
+        })
+        with self.db.transaction() as s:
+            cand = s.get(Candidate, cand_id)
+            if cand.state != CandidateState.VERIFYING:
+                return False
+            cand.state, cand.evidence, cand.ended_at = CandidateState.VERIFY_FAILED, str(evidence), utcnow()
+            cand.reason = f"candidate verification failed: {result.failed_command}"
+            record(s, self.run_id, "candidate.verify_failed", story.key, attempt=attempt,
+                   command=result.failed_command, evidence=str(evidence), boxed=result.boxed)
+        return False
 
     def write_evidence(self, key: str, attempt: int, payload: dict) -> Path:
         path = self.layout.evidence(key, attempt)

@@ -32,13 +32,14 @@ from sqlalchemy import select
 
 from ...db.models import Candidate, Run, Story, utcnow
 from ...states import CANDIDATE_OPEN, CandidateState, StoryState
-from ..escalation import COULD_NOT_RUN, Cause, failure_cause
+from ..escalation import COULD_NOT_RUN, Cause
 from ..journal import record
-from ..ports import lane_block, port_env
+from ..ports import lane_slot_block, port_env
 from ..runs import next_in_plan
 from ..worker.childenv import child_env
 from ..transitions import transition_story
 from ..worker.verify import VerifyResult
+from .blame import CHECKING
 from .integrate import CandidateShas
 
 __all__ = ["Stack", "Verifications", "speculating"]
@@ -121,7 +122,7 @@ class Stack:
     # ------------------------------------------------------------------ one step
     def step(self, run: Run, stories) -> bool:
         entries = self._entries()
-        if self._repair(run, entries):
+        if self._mend_chain(run, entries):
             return True
         if entries and self._resolve_bottom(run, stories, entries[0]):
             return True
@@ -147,8 +148,8 @@ class Stack:
                     latest[cand.story_id] = cand
             return [_Entry(r, latest.get(r.id)) for r in rows]
 
-    # ------------------------------------------------------------------ repair
-    def _repair(self, run: Run, entries: list[_Entry]) -> bool:
+    # ------------------------------------------------------------------ the chain
+    def _mend_chain(self, run: Run, entries: list[_Entry]) -> bool:
         """Give up the stack from its first broken link: a candidate missing, interrupted while
         composing, or composed on something other than the one under it (the bottom: on the
         target the lane last advanced to); and everything above a failed candidate."""
@@ -224,10 +225,13 @@ class Stack:
         if first is None or first.id != entry.story.id:
             return False
         cand = entry.cand
-        if cand.state in _FAILED:
-            outcome = self.integrator.outcomes.escalate(entry.story, cand.id, cand.reason or "candidate failed",
-                                                failure_cause(cand.state, cand.reason))
-            self.lane.after_integration(entry.story, outcome)
+        if cand.state in _FAILED:  # the target checked, then a repair (blame.py)
+            outcome = self.lane.landing(entry.story,
+                                        lambda: self.integrator.blame.decide(entry.story, cand.id))
+            if outcome == CHECKING:
+                return False  # its thread wakes the lane when the check ends
+            if outcome is not None:
+                self.lane.after_integration(entry.story, outcome)
             return True
         if cand.state not in (CandidateState.VERIFIED, CandidateState.ADVANCING):
             return False  # still verifying
@@ -272,7 +276,7 @@ class Stack:
         """The verification's thread: run the commands, write the verdict, wake the lane."""
         integrator = self.integrator
         env = child_env(self.policy)
-        env.update(port_env(_slot_block(self.policy, job.slot, self.depth)))
+        env.update(port_env(lane_slot_block(self.policy, job.slot, self.depth)))
         tasks, run_id, verifications = self.lane.tasks, self.run_id, self.verifications
         cand_id, attempt = cand.id, cand.attempt
         target_sha, branch_sha, sha = cand.target_sha, cand.branch_sha, cand.candidate_sha
@@ -282,14 +286,14 @@ class Stack:
                 result = integrator.run_candidate_verify(story.key, attempt, worktree, env,
                                                          stop_event=job.stop)
                 if not job.stop.is_set():
-                    integrator.record_verdict(story, cand_id, attempt, result, worktree,
+                    integrator.outcomes.record_verdict(story, cand_id, attempt, result, worktree,
                                               CandidateShas(target_sha, branch_sha, sha))
             except Exception as exc:  # counts as a failed verification, never a silent retry loop
                 log.exception("verification of candidate %s (%s) failed to run", cand_id, story.key)
                 failed = VerifyResult(ok=False, failed_command=f"{COULD_NOT_RUN}: {exc})",
                                       exit_code=None, timed_out=False, output=str(exc),
                                       duration_s=0.0, log=None)
-                integrator.record_verdict(story, cand_id, attempt, failed, worktree,
+                integrator.outcomes.record_verdict(story, cand_id, attempt, failed, worktree,
                                           CandidateShas(target_sha, branch_sha, sha))
             finally:
                 verifications.release(cand_id)
@@ -347,13 +351,3 @@ class Stack:
                 cand = s.get(Candidate, cand_id)
             self._start(story, cand)
         return True
-
-
-def _slot_block(policy, slot: int, depth: int) -> dict | None:
-    """The lane's port block shared out among the candidates verifying at once."""
-    block = lane_block(policy)
-    if not block:
-        return None
-    size = max(1, block["count"] // depth)
-    slot %= depth  # a given-up verification may still be ending while its successor starts
-    return {"base": block["base"] + slot * size, "count": size, "index": block["index"]}

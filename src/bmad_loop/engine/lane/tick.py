@@ -33,6 +33,7 @@ from ...states import (
     StoryState,
 )
 from .admission import ConflictIndex, admit
+from .blame import RED_PREFIX, Blame, TargetRed
 from .integrate import Integrator, TargetMoved
 from ..journal import record
 from ..notify import notify
@@ -75,6 +76,10 @@ class LanePass:
         self.strategy: LaneStrategy = (
             Stack(self, policy.verify.depth(run.max_parallel))
             if speculating(policy, run.max_parallel) else Sequential(self))
+        if isinstance(self.strategy, Stack):  # the stack checks the target in a thread
+            run_id, tasks = run.id, lane.tasks
+            self.integrator.blame = Blame(self.integrator, checks=self.verifications,
+                                          wake=lambda: tasks.enqueue_lane(run_id))
         if run.max_parallel > 1:
             self.integrator.between = self._dispatch_between
 
@@ -206,13 +211,17 @@ class LanePass:
                      if row.id == self._landed else row for row in stories]
 
     def landing(self, story, action):
-        """Run an integration step; a target someone else moved pauses the run (None)."""
+        """Run an integration step; a target someone else moved, or a red target, pauses the
+        run (None)."""
         try:
             return action()
         except TargetMoved as moved:
             self._request_pause(f"{FOREIGN_MOVE_PREFIX}{moved}; inspect it, then "
                                 "`bmad-loop resume` adopts the target as it is",
                                 pause="foreign-move", story=story.key)
+            return None
+        except TargetRed as red:  # whatever `on_escalation` says: nothing lands on a red target
+            self._request_pause(str(red), pause="target-red", story=story.key)
             return None
 
     def after_integration(self, story, outcome: str) -> None:
@@ -390,12 +399,12 @@ class LanePass:
             return self._end_pause(RunState.PAUSED, f"no story can start: {listing}")
 
     def _integration_held(self, run: Run) -> bool:
-        """A checkpoint pauses right after its story, a foreign move or a changed git
-        configuration (its planted code would run in the lane's git) before the next one:
+        """A checkpoint pauses right after its story, a foreign move, a red target or a changed
+        git configuration (its planted code would run in the lane's git) before the next one:
         nothing more lands until `resume`."""
         reason = run.reason or ""
         return run.state == RunState.PAUSING and reason.startswith(
-            ("checkpoint", FOREIGN_MOVE_PREFIX, CONFIG_CHANGED_PREFIX))
+            ("checkpoint", FOREIGN_MOVE_PREFIX, CONFIG_CHANGED_PREFIX, RED_PREFIX))
 
     def _integration_due(self, run: Run, stories: list[Story]) -> bool:
         """Would `_integrate_next` find a story to integrate? (Same scan, no side effects.)"""

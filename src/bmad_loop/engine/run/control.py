@@ -27,6 +27,8 @@ from ...states import (
 )
 from ...policy import identity_keys, load_policy, policy_from_dict
 from .. import leases
+from ..lane.targetcheck import forget_failed
+from ..repairs import in_repair
 from ..escalation import ENVIRONMENTAL, integration_cause
 from ..journal import record
 from .ownership import save_run, target_check
@@ -114,6 +116,7 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         target = project.target(git, run.target_branch)
         target_now = target.sha()
         adopted = _adopt_target(s, run, target_now)
+        forget_failed(s, run.id)  # a red target is checked again (targetcheck.py)
         for story in stories_of(s, run.id):
             _reset_for_resume(s, target.story_head, run, story)
         if stale_checks or adopted:  # verdicts given under other checks, or on another target
@@ -177,6 +180,9 @@ def _reset_for_resume(session, branch_head_of, run: Run, story: Story) -> None:
         elif cause in ENVIRONMENTAL and branch_head and branch_head == story.head_sha:
             # Nothing of the story failed: the same commit is integrated again, no agent.
             to_ready(session, run.id, story, by="resume", cause=cause, reason=story.reason)
+        elif in_repair(story) and branch_head and branch_head == story.head_sha:
+            # Its repairs ran out: repaired again, from a fresh merge, with a fresh budget.
+            to_repair(session, run.id, story, run.head_sha, by="resume", reason=story.reason)
         else:
             to_dev(session, run.id, story, by="resume", reason=story.reason)
     # A `working` story is left alone: if its worker died, its lease says so and orphan

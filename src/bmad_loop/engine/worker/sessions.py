@@ -1,4 +1,4 @@
-"""One agent session (dev, review or fix) of one story: prompt, argv, environment, run.
+"""One agent session (create, dev, review, fix or repair) of one story: prompt, argv, environment, run.
 
 The session opens its `attempts` row as `running` before the agent starts; the caller closes
 it in the same transaction that records what the session's outcome means for the story (see
@@ -42,6 +42,7 @@ from .boxing import agent_box, settle_after_box
 from .childenv import child_env, sandbox_vars
 from ..workspace.guard import read_guard_log
 from ..journal import record
+from .repair import repair_env, repair_prompt_text
 from .sessionchanges import changed_paths_between, snapshot
 from .usagefile import USAGE_FILE_VAR, budget_set, read_usage_file, usage_file
 
@@ -167,6 +168,8 @@ def _launch(ctx, story, phase: str, number: int) -> _Launch:
     log_path = ctx.layout.log(ctx.key, phase, number)
     prompt_path = _write_session_prompt(ctx, story, phase, number, worktree)
     extra_env, box = _session_env(ctx, phase_over, worktree, log_path)
+    if phase == Phase.REPAIR:  # the cause, and what failed as a file (repair.py)
+        extra_env.update(repair_env(ctx, story, number, prompt_path.parent))
     usage_path = usage_file(ctx.scratch, phase, number)
     usage_path.unlink(missing_ok=True)  # a killed earlier run of this session may have left one
     extra_env[USAGE_FILE_VAR] = str(usage_path)
@@ -216,6 +219,7 @@ def _write_session_prompt(ctx, story, phase: str, number: int, worktree: Path) -
         worktree=story.worktree,
         story_file=str(worktree / story.story_path) if story.story_path else "", epic=str(story.epic),
         bmad=detect_bmad(ctx.workspace.root).guidance(phase),
+        repair=repair_prompt_text(story, ctx.target_branch) if phase == Phase.REPAIR else "",
     )))
     return prompt_path
 

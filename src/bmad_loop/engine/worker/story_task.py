@@ -59,6 +59,8 @@ def work(project, tasks, run_id: str, story_id: int, on_claim=None) -> None:
             # Its work is committed: the verify record goes, whatever the lane has made of the
             # story meanwhile (it may have integrated or escalated it already).
             quietly(drop_records, ctx)
+            if tries[-1].repair.finished:
+                quietly(tries[-1].repair.drop_ref)
             # Beside the lane's work (which may park it first).
             _release_if_ready(ctx, claim, tries[-1].last_row)
     finally:

@@ -8,6 +8,13 @@ group, its output straight into the log file, its whole process tree ended on ti
 kills it before the story is retried; with `thaw_after_s` a command that stops bmad-loop is
 undone after that long (the process's thaw helper, `thaw.py`). Only a bounded tail of the
 output is read back.
+
+With `Retry` (`[verify] retries`), a run that fails is not believed at once: the tree is put
+back exactly as the first run found it (`Retry.reset`: the story's verify record restored, a
+candidate's tree made exact) and every command runs again, into a log of its own
+(`…-retry<n>.log`). A pass on a retry passes, and says which command flaked (`Flaky`). A
+command that timed out, or a run that was interrupted, is not run again: a timeout would cost
+its whole timeout again, and a stop means stop.
 """
 
 from __future__ import annotations
@@ -15,17 +22,41 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ...agents.adapter import read_tail
 from ...agents.process import Command, Limits, LogCut, supervise
 from ...sandbox import SANDBOX_VAR, Box
 
-__all__ = ["VerifyResult", "run_verify", "verify_tags", "OUTPUT_TAIL_CHARS", "NOTHING_TO_RUN"]
+__all__ = ["VerifyResult", "Flaky", "Retry", "run_verify", "verify_tags", "retry_log",
+           "OUTPUT_TAIL_CHARS", "NOTHING_TO_RUN"]
 
 OUTPUT_TAIL_CHARS = 20_000  # what is handed to the next prompt and kept in evidence
+
+
+@dataclass(frozen=True)
+class Flaky:
+    """A command that failed, then passed when the same tree was verified again."""
+
+    command: str
+    failed_log: str
+    passed_log: str
+    exit_code: int | None  # of the failed run
+    retry: int  # which retry passed (1: the first)
+
+    def event_data(self) -> dict:
+        return {"command": self.command, "failed_log": self.failed_log,
+                "passed_log": self.passed_log, "exit_code": self.exit_code, "retry": self.retry}
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Run a failing verification again, `times` at most, each on the tree `reset()` puts back."""
+
+    times: int
+    reset: Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -41,6 +72,7 @@ class VerifyResult:
     log_cut: LogCut | None = None  # the log passed [limits] max_log_bytes (or a write failed)
     commands: tuple[str, ...] = ()  # what ran, in order
     boxed: bool = False  # ran in the OS sandbox (bmad_loop.sandbox)
+    flakes: tuple[Flaky, ...] = ()  # failures a retry of the same tree did not repeat
 
     def event(self) -> tuple[str, dict]:
         """The journal event of this verification: `verify.passed` (`command`: the commands
@@ -85,14 +117,38 @@ class VerifySite:
     story_key: str | None = None
 
 
+def retry_log(log_path: Path, n: int) -> Path:
+    """Where the `n`-th retry of a verification writes its output, beside the first log."""
+    return log_path.with_name(f"{log_path.stem}-retry{n}{log_path.suffix}")
+
+
 def run_verify(commands: Sequence[str], site: VerifySite, limits: Limits, *,
-               stop_event: threading.Event | None = None) -> VerifyResult:
-    """Run `commands` in order until one fails, each supervised with `limits`."""
-    cwd, log_path, env, box = site.cwd, site.log_path, site.env, site.box
-    run_id, story_key = site.run_id, site.story_key
+               stop_event: threading.Event | None = None,
+               retry: Retry | None = None) -> VerifyResult:
+    """Run `commands` in order until one fails, each supervised with `limits`; a failure is
+    retried on the reset tree as `retry` says (see the module's docstring)."""
     started = time.monotonic()
     if not commands:
         return NOTHING_TO_RUN
+    result = _run_once(commands, site, limits, stop_event, started)
+    first = result
+    for n in range(1, (retry.times if retry else 0) + 1):
+        if result.ok or result.timed_out or result.interrupted:
+            break
+        retry.reset()
+        result = _run_once(commands, replace(site, log_path=retry_log(site.log_path, n)), limits,
+                           stop_event, started)
+        if result.ok:
+            flaky = Flaky(first.failed_command, first.log, result.log, first.exit_code, n)
+            return replace(result, flakes=(flaky,))
+    return result
+
+
+def _run_once(commands: Sequence[str], site: VerifySite, limits: Limits,
+              stop_event: threading.Event | None, started: float) -> VerifyResult:
+    """One run of `commands`, in order, until one fails."""
+    cwd, log_path, env, box = site.cwd, site.log_path, site.env, site.box
+    run_id, story_key = site.run_id, site.story_key
     base_env = dict(os.environ if env is None else env)
     base_env.update(verify_tags(run_id, story_key))
     base_env[SANDBOX_VAR] = box.backend if box else ""

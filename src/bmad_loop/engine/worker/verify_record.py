@@ -42,7 +42,7 @@ from ...states import Phase
 from ..journal import record
 
 __all__ = ["RECORD_KEY", "VERIFY_RECORD_NAMESPACE", "record_ref", "verify_record_refs",
-           "before_verify", "forget_record", "keep", "restore", "drop_records"]
+           "before_verify", "back_to_record", "forget_record", "keep", "restore", "drop_records"]
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +75,13 @@ def drop_records(ctx) -> None:
             f"delete {ref}\n" for ref in verify_record_refs(ctx.run_id, ctx.key)))
 
 
-def before_verify(ctx, claim, story, worktree: Path) -> None:
+def before_verify(ctx, claim, story, worktree: Path) -> str | None:
     """Before the story's verify: keep the worktree as the agent left it, naming the record in
     the row; or, when the row names a record still (this verify repeats one a crash or a stop
-    cut short), put the worktree back to it first. Nothing without verify commands, or in a
-    person's checkout."""
+    cut short), put the worktree back to it first. The record's SHA; None without verify
+    commands, or in a person's checkout (nothing is recorded there)."""
     if not (ctx.policy.verify.commands and ctx.workspace.story_worktrees):
-        return
+        return None
     ref = record_ref(ctx.run_id, story.key)
     named = (story.feedback or {}).get(RECORD_KEY)
     scratch = ctx.layout.scratch(story.key)
@@ -93,10 +93,20 @@ def before_verify(ctx, claim, story, worktree: Path) -> None:
             claim.own(s)
             record(s, ctx.run_id, "verify.restored", story.key, record=named, ref=ref,
                    replaced=replaced)
-        return
+        return named
     sha = keep(ctx.git, worktree, ref, scratch, ctx.workspace.seeds)
     with ctx.db.transaction() as s:
         claim.write(s, story, feedback={**(story.feedback or {}), RECORD_KEY: sha})
+    return sha
+
+
+def back_to_record(ctx, key: str, worktree: Path, sha: str) -> None:
+    """A retry of the story's verify (`[verify] retries`) starts from exactly what the agent
+    left, as a repeated verify does: the worktree put back to its record `sha`."""
+    ref = record_ref(ctx.run_id, key)
+    restore(ctx.git, worktree, ref, sha, ctx.layout.scratch(key), seeds=ctx.workspace.seeds,
+            keep_folders=ctx.policy.scm.reuse_keep)
+    ctx.workspace.reseed(worktree)
 
 
 def keep(git, worktree: Path, ref: str, scratch: Path, seeds=()) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from ...git.trees.compose import changed_paths, commit_message
@@ -30,15 +31,18 @@ from .create_step import carry_forward, phase_create
 from .drift import footprint_drift
 from ..ledgerfiles import StoryLedgers
 from ..faults import crash_point, delay_point
+from .flakes import record_flakes
 from ..journal import record
 from .pushed_branch import adopt_pushed_branch
+from ..repairs import in_repair
+from .repair import Repair
 from ..redo import RETRY_FROM
 from ..outcome import Escalate, Outcome
 from .sessions import Heartbeat, run_session
 from ..transitions import transition_attempt, transition_run
 from ...agents.process import Limits
-from .verify import NOTHING_TO_RUN, VerifySite, run_verify
-from .verify_record import before_verify, forget_record
+from .verify import NOTHING_TO_RUN, Retry, VerifySite, run_verify
+from .verify_record import back_to_record, before_verify, forget_record
 
 __all__ = ["StoryWorker"]
 
@@ -63,6 +67,7 @@ class StoryWorker:
         self.git = ctx.git
         self.key = ctx.key
         self.ledgers = StoryLedgers(ctx)  # merge rules, and union ledgers git ignores
+        self.repair = Repair(self)  # the repair phase (repair.py)
         self._row: Story | None = None  # the row as the last transaction of this walk left it
 
     # ----------------------------------------------------------------- the walk
@@ -84,7 +89,7 @@ class StoryWorker:
         steps = {Phase.CREATE: lambda: phase_create(self),
                  Phase.DEV: self.phase_dev, Phase.VERIFY: self.phase_verify,
                  Phase.REVIEW: self.phase_review, Phase.FIX: self.phase_fix,
-                 Phase.COMMIT: self.phase_commit}
+                 Phase.REPAIR: self.repair.phase, Phase.COMMIT: self.phase_commit}
         while True:
             if self._row is None or self._row.phase != phase:
                 self._enter_phase(phase, check_stop=True)  # else _apply just entered it
@@ -125,8 +130,9 @@ class StoryWorker:
                 values["base_sha"] = prepared.base_sha
             # The next phase is entered here, as `_enter_phase` would (a stop asked for ends
             # the walk once this is written).
-            values["phase"] = (Phase.CREATE if story.to_create else Phase.VERIFY if as_is
-                               else Phase.DEV)
+            values["phase"] = (Phase.CREATE if story.to_create
+                               else Phase.REPAIR if in_repair(story)
+                               else Phase.VERIFY if as_is else Phase.DEV)
             run_state = self.claim.write(s, story, **values)
             record(s, ctx.run_id, "story.prepared", self.key, worktree=str(prepared.worktree),
                    branch=branch, base_sha=story.base_sha)
@@ -158,12 +164,13 @@ class StoryWorker:
         log_path = ctx.layout.verify_log(self.key, label)
         env, box = story_verify_setup(ctx, worktree, log_path) if commands else (None, None)
         with Heartbeat(ctx, self.claim) if commands else contextlib.nullcontext():
-            before_verify(ctx, self.claim, story, worktree)  # record or restore (verify_record.py)
+            # Record or restore (verify_record.py); a retry starts from the record again.
+            kept = before_verify(ctx, self.claim, story, worktree)
             result = run_verify(
                 commands, VerifySite(worktree, log_path, env, box, ctx.run_id, self.key),
                 Limits(timeout_s=self.policy.verify.timeout_s, thaw_after_s=self.policy.leases.ttl_s,
                        max_log_bytes=self.policy.limits.max_log_bytes),
-                stop_event=self.claim.stop_event)
+                stop_event=self.claim.stop_event, retry=self._retry(worktree, kept))
         if box is not None:
             settle_after_box(ctx.git, worktree, story.branch, ctx.scratch)
         if result.interrupted:
@@ -171,8 +178,10 @@ class StoryWorker:
         event = result.event()
         human_fix = story.human_fix
         if result.ok:
-            return self._verified(story, event)
+            return replace(self._verified(story, event), flakes=result.flakes)
         feedback = {"verify_output": result.output, "verify_command": result.failed_command}
+        if in_repair(story):
+            return self.repair.verify_failed(story, event, feedback)
         if human_fix:
             return Outcome(escalate=f"verify failed on the human-fixed branch: {result.failed_command}",
                            evidence={"output": result.output[-4000:]}, events=[event],
@@ -185,6 +194,14 @@ class StoryWorker:
                            evidence={"output": result.output[-4000:]}, events=[event],
                            feedback=feedback)
         return Outcome(Phase.DEV, events=[event], feedback=feedback)
+
+    def _retry(self, worktree: Path, kept: str | None) -> Retry:
+        """How a failed story verify is tried again: on the agent's recorded output (in a
+        person's checkout, where nothing is recorded, on the tree as it is)."""
+        if kept is None:
+            return Retry(self.policy.verify.retries, lambda: None)
+        return Retry(self.policy.verify.retries,
+                     lambda: back_to_record(self.ctx, self.key, worktree, kept))
 
     def _verified(self, story: Story, event: tuple) -> Outcome:
         nxt = Phase.COMMIT if story.human_fix or not self.policy.review.enabled else Phase.REVIEW
@@ -212,9 +229,15 @@ class StoryWorker:
     def phase_fix(self) -> Outcome:
         story = self._story()
         result = self.session(Phase.FIX, story.review_cycles)
+        repairing = in_repair(story)  # a fix round of a repair counts like a dev attempt
         if result.ok:
-            return Outcome(Phase.VERIFY, session=result, values={"after_phase": Phase.FIX})
+            return Outcome(Phase.VERIFY, session=result, values={"after_phase": Phase.FIX},
+                           counters={"dev_attempts": 1} if repairing else {})
         used = story.dev_attempts + 1
+        if repairing and used >= self.policy.limits.max_dev_attempts:
+            return self.repair.failed(story, f"fix round {used - 1} of the repair failed: "
+                                      f"{result.summary}", session=result,
+                                      counters={"dev_attempts": 1})
         if used >= self.policy.limits.max_dev_attempts:
             return Outcome(escalate=f"fix session failed and dev attempts are exhausted: "
                                     f"{result.summary}", counters={"dev_attempts": 1}, session=result)
@@ -228,7 +251,8 @@ class StoryWorker:
         ctx = self.ctx
         story = self._story()
         revert = list(self.policy.scm.lane_owned) + ([ctx.board_rel] if ctx.board_rel else [])
-        head, reverted = ctx.workspace.commit(story, self._commit_message(story), revert)
+        merge = self.repair.merge_parents(story)  # a repaired story: the two-parent merge
+        head, reverted = ctx.workspace.commit(story, self._commit_message(story), revert, merge)
         delay_point("worker.in_commit")
         crash_point("worker.after_commit")
         changed = changed_paths(self.git, story.base_sha, head)
@@ -249,6 +273,8 @@ class StoryWorker:
         except GitError as exc:
             return Outcome(escalate=f"cannot push the story branch: {exc}", events=events,
                            values={"head_sha": head})
+        if merge:
+            events += self.repair.ready_events(story)
         events.append(("story.ready", {"head_sha": head, "changed": len(changed)}))
         return Outcome(ready=True, events=events, values=values)
 
@@ -269,6 +295,7 @@ class StoryWorker:
                 self._close_attempt(s, outcome.session)
             for kind, data in outcome.events:
                 record(s, ctx.run_id, kind, self.key, **data)
+            record_flakes(s, ctx.run_id, self.key, "story", outcome.flakes)
             if outcome.escalate:
                 self.claim.drop_lease_in(s)
                 record(s, ctx.run_id, "story.escalated", self.key, reason=outcome.escalate,

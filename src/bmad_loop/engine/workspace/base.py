@@ -58,8 +58,10 @@ class Workspace(ABC):
         """Put the story's branch where the agent will work; `base_sha` is the target now."""
 
     @abstractmethod
-    def commit(self, story, message: str, revert: list[str]) -> tuple[str, list[str]]:
-        """Commit what the agent left (files matching `revert` restored first): (head, reverted)."""
+    def commit(self, story, message: str, revert: list[str],
+               merge: list[str] | None = None) -> tuple[str, list[str]]:
+        """Commit what the agent left (files matching `revert` restored first): (head, reverted).
+        `merge`: a repair's merge commit, with exactly these parents (its head, the target)."""
 
     @abstractmethod
     def leave(self, story, *, rollback: bool, pause_on_escalation: bool) -> str | None:

@@ -48,7 +48,10 @@ class InPlaceWorkspace(Workspace):
             touched.append(rel)
         return touched
 
-    def commit(self, story, message: str, revert: list[str]) -> tuple[str, list[str]]:
+    def commit(self, story, message: str, revert: list[str],
+               merge: list[str] | None = None) -> tuple[str, list[str]]:
+        if merge:  # the lane repairs only stories of their own worktree (outcomes.py)
+            raise ValueError("a repair merge is made only in a story's own worktree")
         paths = self.agent_paths(story)
         reverted = [p for p in paths if matches_any(p, revert)]
         for rel in reverted:

@@ -63,9 +63,10 @@ class WorktreeWorkspace(Workspace):
         self._seed(worktree)
         return Prepared(worktree, base_sha)
 
-    def commit(self, story, message: str, revert: list[str]) -> tuple[str, list[str]]:
+    def commit(self, story, message: str, revert: list[str],
+               merge: list[str] | None = None) -> tuple[str, list[str]]:
         return commit_worktree(self.git, Path(story.worktree), message, story.base_sha, revert,
-                               exclude=self.seeds)
+                               exclude=self.seeds, merge=merge)
 
     def leave(self, story, *, rollback: bool, pause_on_escalation: bool) -> str | None:
         if story.worktree and Path(story.worktree).exists():

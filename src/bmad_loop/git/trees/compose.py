@@ -113,6 +113,7 @@ def commit_worktree(
     base_sha: str,
     revert_globs: Sequence[str] = (),
     exclude: Sequence[str] = (),
+    merge: Sequence[str] | None = None,
 ) -> tuple[str, list[str]]:
     """Commit what the agent left in `worktree`, after reverting lane-owned files.
 
@@ -122,6 +123,9 @@ def commit_worktree(
     everything else is staged (``add -A``; repository-relative `exclude` paths, e.g.
     seeded untracked files, are left out) and committed with `git.identity`, without hooks that
     could refuse it and unsigned — if anything is staged. Returns (HEAD sha, reverted paths).
+
+    `merge` (a repair): the commit is made with plumbing as a merge whose parents are exactly
+    `merge` (the story's head, then the target), dated from its inputs, whatever is staged.
     """
     worktree = Path(worktree)
     clear_flags(git, worktree)  # an edit hidden behind an index flag is an edit (indexflags.py)
@@ -138,6 +142,9 @@ def commit_worktree(
                            returncode=proc.returncode, stderr=proc.stderr)
         staged = proc.returncode == 1
     date = None
+    if merge:
+        head = _commit_merge(git, worktree, message, list(merge))
+        return head, reverted
     if staged:
         date = _now()  # what git would take; known here, the lane need not read it back
         git.run(
@@ -157,6 +164,20 @@ def commit_worktree(
         remember_diff(git, base_sha, head,
                        {p: letter for p, letter in changes.items() if p not in put_back})
     return head, reverted
+
+
+def _commit_merge(git: Git, worktree: Path, message: str, parents: list[str]) -> str:
+    """The index as a commit with exactly `parents`, the branch moved to it from the first
+    (compare-and-swap); its date is the later of its parents' (reproducible from its inputs)."""
+    current = git.rev("HEAD", cwd=worktree)
+    if current != parents[0] and git.commit_header(current)["parents"] == parents:
+        return current  # made before a crash cut the step short: not made twice
+    tree = git.out("write-tree", cwd=worktree)
+    date = max((git.commit_date(p) for p in parents),
+               key=lambda d: int(d.split()[0].lstrip("@")))
+    head = commit_tree(git, tree, parents, _lane_text(message), git.identity_env(date))
+    git.run("update-ref", "-m", "bmad-loop: repair merge", "HEAD", head, parents[0], cwd=worktree)
+    return head
 
 
 def _revert_lane_owned(git: Git, worktree: Path, base_sha: str, revert_globs: Sequence[str]):
