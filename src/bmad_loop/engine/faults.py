@@ -18,7 +18,7 @@ import signal
 import time
 from pathlib import Path
 
-__all__ = ["crash_point", "CRASH_POINTS", "CRASH_ENV", "ONCE_ENV", "delay_point", "DELAY_POINTS",
+__all__ = ["crash_point", "CRASH_POINTS", "REPAIR_CRASH_POINTS", "CRASH_ENV", "ONCE_ENV", "delay_point", "DELAY_POINTS",
            "DELAY_ENV", "DELAY_DIR_ENV"]
 
 CRASH_ENV = "BMAD_LOOP_CRASH_AT"
@@ -44,6 +44,17 @@ CRASH_POINTS = (
     "lane.after_cas",          # the target moved; its checkout and the row not yet
     "lane.after_sync",         # the target and its checkout moved, the row does not say so yet
     "lane.during_cleanup",     # integrated; worktree/branch clean-up half done
+)
+
+# The points of the repair path: a sprint that needs a flake retry, a target check and a repair
+# reaches them (tests/test_repairs.py holds each), the plain matrix above does not.
+REPAIR_CRASH_POINTS = (
+    "verify.before_retry",       # a verify command failed; its retry not yet started
+    "lane.before_blame",         # a candidate failed; nothing decided about its story yet
+    "lane.in_target_check",      # the target check's row says running; the check not run yet
+    "worker.after_repair_merge", # the repair's merge is recorded in the row, not yet checked out
+    "worker.in_repair",          # the repair session is running
+    "worker.after_repair_commit",  # the two-parent merge is committed, the story not yet ready
 )
 
 

@@ -35,6 +35,7 @@ from ...db.models import Candidate, Story
 from ...git.trees.compose import changed_paths
 from ...states import CandidateState, StoryState
 from ..escalation import Cause, failure_cause
+from ..faults import crash_point
 from ..journal import record
 from ..transitions import transition_story
 from . import targetcheck
@@ -93,6 +94,7 @@ class Blame:
             return row.state
         if self.checks is None:  # here and now (a row left running: a dead lane's, run again)
             targetcheck.begin(integrator.db, integrator.run_id, key, story.key)
+            crash_point("lane.in_target_check")
             result = targetcheck.run_check(integrator, key, integrator.verify_env())
             return targetcheck.finish(integrator.db, integrator.run_id, key, result)
         job_key = ("target", key.target_sha, key.command)

@@ -448,7 +448,8 @@ class Integrator:
             return None
         if cand.state in (CandidateState.VERIFY_FAILED, CandidateState.CONFLICT):
             # It failed on the target as it still is, and died before deciding what follows.
-            if story.state == StoryState.INTEGRATING and cand.target_sha == self.target.sha():
+            if (story.state == StoryState.INTEGRATING and cand.branch_sha == story.head_sha
+                    and cand.target_sha == self.target.sha()):
                 return self.blame.decide(story, cand.id)
             return None
         if cand.state not in CANDIDATE_OPEN:

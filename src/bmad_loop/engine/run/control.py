@@ -32,7 +32,7 @@ from ..repairs import in_repair
 from ..escalation import ENVIRONMENTAL, integration_cause
 from ..journal import record
 from .ownership import save_run, target_check
-from ..redo import retry_story, to_dev, to_ready
+from ..redo import retry_story, to_dev, to_ready, to_repair
 from ..reverify import drop_verified, reverify_reason
 from ..recovery import ever_spawned, recover_orphans
 from ..runs import run_policy, stories_of

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ...git.trees.compose import Settling, compose
 from ...states import Phase
+from ..faults import crash_point
 from ..mergerules import run_merge_rules
 from ..journal import record
 from ..outcome import Outcome
@@ -202,6 +203,7 @@ class Repair:
                    cause=request.get("cause"), target_sha=target_sha, head_sha=head,
                    old_base=story.base_sha, new_base=target_sha, conflicts=list(conflicts),
                    record=sha)
+        crash_point("worker.after_repair_merge")
         restore(git, worktree, ref, sha, ctx.layout.scratch(story.key),
                 seeds=ctx.workspace.seeds, keep_folders=keep)
         ctx.workspace.reseed(worktree)

@@ -119,6 +119,7 @@ class _Launch:
     guard_log: Path
     guard_offset: int
     timeout: float
+    phase: str = ""
 
 
 def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResult:
@@ -198,7 +199,7 @@ def _launch(ctx, story, phase: str, number: int) -> _Launch:
         argv = [sys.executable, "-m", "bmad_loop.agents.tmux_session", session, str(log_path), "--", *argv]
     return _Launch(argv, agent_env(call, child_env(policy)), journaled_argv, box, session, worktree,
                    log_path, usage_path, guard_log, guard_offset,
-                   policy.adapter.timeout_for(phase, tier_name))
+                   policy.adapter.timeout_for(phase, tier_name), phase)
 
 
 def _write_session_prompt(ctx, story, phase: str, number: int, worktree: Path) -> Path:
@@ -244,7 +245,7 @@ def _supervised(ctx, claim, attempt_id: int, launch: _Launch):
     def started(pid: int) -> None:
         with ctx.db.transaction() as s:
             s.connection().execute(_SET_PID, {"attempt_id": attempt_id, "pid": pid})
-        crash_point("worker.in_agent")
+        crash_point("worker.in_repair" if launch.phase == Phase.REPAIR else "worker.in_agent")
 
     policy = ctx.policy
     limits = Limits(timeout_s=launch.timeout, stall_s=policy.adapter.stall_s or None,

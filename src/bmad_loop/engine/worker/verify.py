@@ -29,6 +29,7 @@ from typing import Callable, Mapping, Sequence
 from ...agents.adapter import read_tail
 from ...agents.process import Command, Limits, LogCut, supervise
 from ...sandbox import SANDBOX_VAR, Box
+from ..faults import crash_point
 
 __all__ = ["VerifyResult", "Flaky", "Retry", "run_verify", "verify_tags", "retry_log",
            "OUTPUT_TAIL_CHARS", "NOTHING_TO_RUN"]
@@ -135,6 +136,7 @@ def run_verify(commands: Sequence[str], site: VerifySite, limits: Limits, *,
     for n in range(1, (retry.times if retry else 0) + 1):
         if result.ok or result.timed_out or result.interrupted:
             break
+        crash_point("verify.before_retry")
         retry.reset()
         result = _run_once(commands, replace(site, log_path=retry_log(site.log_path, n)), limits,
                            stop_event, started)

@@ -254,7 +254,7 @@ class StoryWorker:
         merge = self.repair.merge_parents(story)  # a repaired story: the two-parent merge
         head, reverted = ctx.workspace.commit(story, self._commit_message(story), revert, merge)
         delay_point("worker.in_commit")
-        crash_point("worker.after_commit")
+        crash_point("worker.after_repair_commit" if merge else "worker.after_commit")
         changed = changed_paths(self.git, story.base_sha, head)
         drift = footprint_drift(self.git, story, changed, ctx.board_rel, self.ledgers.rules)
         values = {"head_sha": head, **self.ledgers.captured(story.worktree)}  # before it is parked
