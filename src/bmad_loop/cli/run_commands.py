@@ -355,6 +355,7 @@ def _write_html_report(project, run_id, path) -> None:
 
 def _print_outcome(project, run_id):
     from ..db.models import Run
+    from ..engine.run.status import night_notes
     from ..engine.runs import stories_of
     from ..operator.stop_notice import resume_command
     from ..states import RunState
@@ -368,6 +369,8 @@ def _print_outcome(project, run_id):
         for story in stories:
             extra = f" ({story.reason})" if story.reason else ""
             click.echo(f"  {story.seq:>3} {story.key:<40} {story.state}{extra}")
+        for line in night_notes(s, run_id):  # what the run got past on its own
+            click.echo(f"  {line}")
 
 
 def _write_reports(project, run_id, code, report_path, junit_path):

@@ -22,6 +22,25 @@ def _consumer_lines(data: dict) -> list[str]:
     return lines
 
 
+def _repair_lines(data: dict) -> list[str]:
+    """Flakes, target checks that failed, and stories that needed repairs."""
+    lines = []
+    flakes = data.get("flakes") or []
+    if flakes:
+        lines.append(f"flakes: {len(flakes)} (failed, then passed on a retry of the same tree)")
+        for f in flakes:
+            lines.append(f"  {f['site']:<9} {f['story'] or '-':<36} `{f['command']}` "
+                         f"failed log {f['failed_log']}")
+    for check in data.get("target_checks") or []:
+        if check["state"] == "failed":
+            lines.append(f"target red: `{check['command']}` fails on "
+                         f"{short_sha(check['target_sha'], '')} itself (log {check['log']})")
+    repaired = [s for s in data["stories"] if s.get("repairs")]
+    if repaired:
+        lines.append("repairs: " + ", ".join(f"{s['key']} ({s['repairs']})" for s in repaired))
+    return lines
+
+
 def render_status(data: dict) -> str:
     run = data["run"]
     lines = [
@@ -48,6 +67,7 @@ def render_status(data: dict) -> str:
     lines.append("stories:")
     for s in data["stories"]:
         lines.append(f"  {s['seq']:>3} {s['key']:<36} {s['state']:<11} {story_note(s)}".rstrip())
+    lines.extend(_repair_lines(data))
     kept = preserved(data["candidates"])
     if kept:
         lines.append("preserved candidates:")

@@ -116,6 +116,9 @@ class Integrator:
             known = self._known(s, story)
         # A ready story that nothing will wait on (no verify commands, no sign-off, nothing to
         # resume) enters `integrating` in the transaction that records its composition.
+        # A failed candidate is decided on again only for a story a lane left integrating (it
+        # died deciding); a ready one (a red target sent it back) is composed and verified anew.
+        was_integrating = story.state == StoryState.INTEGRATING
         quick = (story.state == StoryState.READY and not self._keeps_candidate(story)
                  and (known.latest is None or known.latest.state not in CANDIDATE_OPEN))
         if story.state == StoryState.READY and not quick:
@@ -123,7 +126,7 @@ class Integrator:
                 if not self.outcomes.enter_integrating(s, story):
                     return s.get(Story, story_id).state
                 story = s.get(Story, story_id)
-        resumed = self._resume_candidate(story, known.latest)
+        resumed = self._resume_candidate(story, known.latest, decide=was_integrating)
         if resumed:
             return resumed
         while True:
@@ -442,13 +445,14 @@ class Integrator:
         self.landed.append((story, attempt))
         return StoryState.INTEGRATED
 
-    def _resume_candidate(self, story: Story, cand: Candidate | None) -> str | None:
+    def _resume_candidate(self, story: Story, cand: Candidate | None, *,
+                          decide: bool = True) -> str | None:
         """A lane that died mid-integration: pick up its last candidate (`cand`) where it stopped."""
         if cand is None:
             return None
         if cand.state in (CandidateState.VERIFY_FAILED, CandidateState.CONFLICT):
             # It failed on the target as it still is, and died before deciding what follows.
-            if (story.state == StoryState.INTEGRATING and cand.branch_sha == story.head_sha
+            if (decide and cand.branch_sha == story.head_sha
                     and cand.target_sha == self.target.sha()):
                 return self.blame.decide(story, cand.id)
             return None

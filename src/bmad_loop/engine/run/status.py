@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from ...db.models import Attempt, Candidate, Event, Run, Story, utcnow
+from ...db.models import Attempt, Candidate, Event, Flake, Run, Story, TargetCheck, utcnow
 from ...agents.stallwatch import last_output_at
-from ...states import RUN_LIVE, StoryState
+from ...states import RUN_LIVE, Phase, StoryState
 from .heartbeats import live_run_view, workers_alive
 from ..journal import event_json, events_after
 from ..runs import stories_of
 from ..usage import empty_usage, usage_by_story
 
-__all__ = ["run_status", "run_json", "story_json", "candidate_json", "journal_lines"]
+__all__ = ["run_status", "run_json", "story_json", "candidate_json", "journal_lines",
+           "night_notes"]
 
 
 def _iso(value):
@@ -90,6 +91,9 @@ def story_json(story: Story, now=None, usage: dict | None = None,
         # Paths a merge rule settled in its latest candidate ([integration] merge).
         "settled": settled or [],
         "boxed": boxed,
+        # Repair sessions in its current budget ([limits] max_repairs), and its flakes.
+        "repairs": story.repairs,
+        "flakes": 0,
     }
 
 
@@ -148,13 +152,54 @@ def run_status(session, run: Run, target_now: str | None = None) -> dict:
     alive = workers_alive(session, working, now)
     for row, story in zip(stories, shown):  # from the story's lease, as recovery decides
         story["alive"] = alive.get(row.id)
+    flakes = _flakes(session, run.id)
+    for story in shown:
+        story["flakes"] = sum(1 for f in flakes if f["story"] == story["key"])
     return {
+        "flakes": flakes,
+        "target_checks": _target_checks(session, run.id),
         "run": run_json(run, target_now),
         "stories": shown,
         "candidates": [candidate_json(c, keys.get(c.story_id, "?"), _on(c, by_id, keys))
                        for c in candidates],
         **live_run_view(session, run, now),
     }
+
+
+def _flakes(session, run_id: str) -> list[dict]:
+    rows = session.scalars(select(Flake).where(Flake.run_id == run_id).order_by(Flake.id))
+    return [{"story": f.story, "site": f.site, "attempt": f.attempt, "command": f.command,
+             "tree": f.tree, "retry": f.retry, "failed_log": f.failed_log,
+             "passed_log": f.passed_log, "at": _iso(f.at)} for f in rows]
+
+
+def _target_checks(session, run_id: str) -> list[dict]:
+    rows = session.scalars(select(TargetCheck).where(TargetCheck.run_id == run_id)
+                           .order_by(TargetCheck.id))
+    return [{"target_sha": c.target_sha, "command": c.command, "state": c.state,
+             "story": c.story, "log": c.log} for c in rows]
+
+
+def night_notes(session, run_id: str) -> list[str]:
+    """What the run got past without a person, one line each: flaky commands (with their
+    counts) and repaired stories (with their repair sessions)."""
+    lines = []
+    counts: dict[str, list[str]] = {}
+    for flake in _flakes(session, run_id):
+        counts.setdefault(flake["command"], []).append(f"{flake['site']} {flake['story'] or 'target'}")
+    for command, where in counts.items():
+        lines.append(f"flaky: `{command}` failed then passed on a retry {len(where)}x "
+                     f"({', '.join(where)})")
+    repaired = session.execute(
+        select(Story.key, Story.state).join(Attempt, Attempt.story_id == Story.id)
+        .where(Attempt.run_id == run_id, Attempt.phase == Phase.REPAIR, Attempt.counted)
+        .order_by(Story.seq)).all()
+    sessions: dict[str, tuple[str, int]] = {}
+    for key, state in repaired:
+        sessions[key] = (state, sessions.get(key, (state, 0))[1] + 1)
+    for key, (state, n) in sessions.items():
+        lines.append(f"repaired: {key} ({n} repair session{'s' if n != 1 else ''}, now {state})")
+    return lines
 
 
 def _on(candidate: Candidate, by_id: dict, keys: dict) -> dict | None:
