@@ -36,6 +36,7 @@ __all__ = [
     "match_story",
     "check_dependencies",
     "dependency_problems",
+    "resolve_story_ref",
     "resolve_dependencies",
     "resolve_dependency",
     "current_epic",
@@ -124,6 +125,28 @@ def match_story(stories: Sequence[StorySpec], query: str, board_path) -> list[St
     if not matches:
         raise ConfigError(f"{board_path}: no story matches '{q}'")
     return matches
+
+
+def resolve_story_ref(stories: Sequence, ref: str, where: str) -> str:
+    """The full key `ref` names among `stories` (anything with `key` and `epic`: specs or a
+    run's rows), the same way in every command that takes a story: the full key; else an
+    `E-S` / `E.S` / `E-Sa` short key (`5-1` names `5-1-login`, and both halves `5-1a-…`,
+    `5-1b-…`: ambiguous); else a unique key prefix or fragment. NotFound or Ambiguous (exit 2,
+    one line starting with `where`) otherwise."""
+    from ..errors import Ambiguous, NotFound
+
+    q = ref.strip()
+    exact = [s for s in stories if s.key == q]
+    if exact or not q:
+        matches = exact
+    else:
+        matches = _number_matches(stories, q) or [s for s in stories if s.key.startswith(q)] \
+            or [s for s in stories if q.lower() in s.key.lower()]
+    if len(matches) == 1:
+        return matches[0].key
+    if not matches:
+        raise NotFound(f"{where}: no story '{ref}'")
+    raise Ambiguous(f"{where}: story '{ref}' is ambiguous: " + ", ".join(s.key for s in matches))
 
 
 def select_stories(

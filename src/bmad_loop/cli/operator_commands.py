@@ -107,11 +107,14 @@ def _watch(project, run_ref, interval):
 def journal(project_dir, run_ref, kinds, story, follow, as_json):
     """The run's journal, in order (one JSON object per line with --json)."""
     from ..engine.run.control import find_run
-    from ..operator.follow import follow_journal, format_event
+    from ..engine.runs import stories_of
+    from ..operator.follow import follow_journal, format_event, story_ref
 
     project, reader = _open_reader(project_dir, run_ref)
     with reader.session() as s:
         run_id = find_run(s, project, run_ref).id
+        if story is not None:  # `5-1` as in attach and retry; unknown or ambiguous: exit 2
+            story = story_ref(stories_of(s, run_id), story, run_id)
 
     def emit(line):
         click.echo(json.dumps(line, sort_keys=True) if as_json else format_event(line))
