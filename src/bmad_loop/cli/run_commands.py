@@ -112,18 +112,11 @@ def _enqueue(project_dir, parallel, gates, epic, stories, max_stories):
 
 
 def _progress_printer(ci: bool = False):
-    """One plain line per event (CI logs and terminals alike: no colour, no cursor tricks)."""
-    from ..operator.style import short_value
+    """One plain line per event (CI logs and terminals alike: no colour, no cursor tricks),
+    the waits of one moment grouped by reason (`progress.py`)."""
+    from .progress import ProgressPrinter
 
-    def show(event):
-        ts = event.ts.strftime("%H:%M:%S")
-        story = f" {event.story}" if event.story else ""
-        data = event.data or {}
-        detail = " ".join(f"{k}={short_value(v)}" for k, v in data.items()
-                          if k in ("phase", "attempt", "state", "reason", "new", "sha", "paths",
-                                   "command", "exit_code", "plan", "strategy", "candidate_sha"))
-        click.echo(f"{ts} {event.kind}{story} {detail}".rstrip(), color=False if ci else None)
-    return show
+    return ProgressPrinter(ci)
 
 
 # ---------------------------------------------------------------------------- set-up
@@ -335,12 +328,23 @@ def _drive_and_report(project, tasks, run_id, workers, progress, reports: Report
         click.echo(interrupt_notice(project, run_id, count), color=False)
         sys.stdout.flush()
 
+    progress.not_created = _stories_to_create(project, run_id)
+
     code = drive(project, tasks, run_id, workers=workers, progress=progress, since_seq=since_seq,
                  notice=notice)
     _print_outcome(project, run_id)
     _write_reports(project, run_id, code, reports.json, reports.junit)
     _write_html_report(project, run_id, reports.html)
     sys.exit(code)
+
+
+def _stories_to_create(project, run_id) -> set[str]:
+    from sqlalchemy import select
+
+    from ..db.models import Story
+
+    with project.db.transaction() as s:
+        return set(s.scalars(select(Story.key).where(Story.run_id == run_id, Story.to_create)))
 
 
 def _write_html_report(project, run_id, path) -> None:
