@@ -37,6 +37,8 @@ class ProgressPrinter:
         self.waiting: dict[str, str] = {}  # story -> its newest wait reason, in arrival order
         self.uncreated: list[str] = []
         self.held_ts = ""
+        # story key -> the lines that say where its kept output is and how to go on (or []).
+        self.evidence: Callable[[str], list[str]] = lambda _key: []
 
     def __call__(self, event) -> None:
         data = event.data or {}
@@ -57,6 +59,9 @@ class ProgressPrinter:
         story = f" {event.story}" if event.story else ""
         detail = " ".join(f"{k}={short_value(v)}" for k, v in data.items() if k in _DETAIL_KEYS)
         self.echo(f"{ts} {event.kind}{story} {detail}".rstrip(), color=self.color)
+        if event.kind == "story.escalated" and event.story:
+            for line in self.evidence(event.story):
+                self.echo(f"         {line}", color=self.color)
 
     def flush(self) -> None:
         """The held-back lines: one per wait reason (its stories listed), one for the stories

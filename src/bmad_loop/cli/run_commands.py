@@ -329,6 +329,7 @@ def _drive_and_report(project, tasks, run_id, workers, progress, reports: Report
         sys.stdout.flush()
 
     progress.not_created = _stories_to_create(project, run_id)
+    progress.evidence = lambda key: _evidence_lines(project, run_id, key)
 
     code = drive(project, tasks, run_id, workers=workers, progress=progress, since_seq=since_seq,
                  notice=notice)
@@ -336,6 +337,20 @@ def _drive_and_report(project, tasks, run_id, workers, progress, reports: Report
     _write_reports(project, run_id, code, reports.json, reports.junit)
     _write_html_report(project, run_id, reports.html)
     sys.exit(code)
+
+
+def _evidence_lines(project, run_id: str, key: str) -> list[str]:
+    """Where an escalated story's last output is kept and how to continue from it ([] when its
+    verify did not fail: nothing is kept)."""
+    from ..db.models import Story
+    from ..engine.worker.verify_record import continue_lines, kept_evidence
+
+    ref = kept_evidence(project.git(), run_id, key)
+    if ref is None:
+        return []
+    with project.db.read() as s:
+        worktree = s.query(Story.worktree).filter(Story.run_id == run_id, Story.key == key).scalar()
+    return continue_lines(run_id, key, ref, worktree)
 
 
 def _stories_to_create(project, run_id) -> set[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .style import current_candidate, preserved, short_sha, story_note
+from ..engine.worker.verify_record import continue_lines
 from ..states import RUN_LIVE, STORY_IN_FLIGHT, StoryState
 
 __all__ = ["render_status"]
@@ -48,6 +49,10 @@ def render_status(data: dict) -> str:
     lines.append("stories:")
     for s in data["stories"]:
         lines.append(f"  {s['seq']:>3} {s['key']:<36} {s['state']:<11} {story_note(s)}".rstrip())
+    for s in data["stories"]:
+        if s.get("evidence_ref"):
+            lines.extend("  " + line for line in continue_lines(
+                data["run"]["id"], s["key"], s["evidence_ref"], s.get("worktree")))
     kept = preserved(data["candidates"])
     if kept:
         lines.append("preserved candidates:")
