@@ -376,6 +376,7 @@ def _print_outcome(project, run_id):
     from ..db.models import Run
     from ..engine.runs import stories_of
     from ..operator.stop_notice import resume_command
+    from ..operator.style import key_width
     from ..states import RunState
 
     with project.db.transaction() as s:
@@ -384,9 +385,10 @@ def _print_outcome(project, run_id):
         resumable = run.state in (RunState.STOPPED, RunState.FAILED)
         click.echo(f"run {run.id} {run.state}" + (f": {run.reason}" if run.reason else "")
                    + (f"; `{resume_command(project, run.id)}` continues it" if resumable else ""))
+        width = key_width(stories)
         for story in stories:
             extra = f" ({story.reason})" if story.reason else ""
-            click.echo(f"  {story.seq:>3} {story.key:<40} {story.state}{extra}")
+            click.echo(f"  {story.seq:>3} {story.key:<{width}} {story.state:<11}{extra}".rstrip())
 
 
 def _write_reports(project, run_id, code, report_path, junit_path):
