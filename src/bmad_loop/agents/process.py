@@ -54,6 +54,11 @@ class Command:
     cwd: Path
     env: Mapping[str, str]
     label: str | None = None
+    # The log's header: `shown`, what the user configured (the agent's or verify's own command
+    # line; default `argv`), then `note` on a line of its own (the box it runs in). The argv a
+    # box wraps it in is kilobytes of mounts: the journal has it, the header does not.
+    shown: str | None = None
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,10 @@ def supervise(command: Command, log_path: Path, limits: Limits, *,
     label = command.label or _label_from_env(env)
 
     with CappedLog(log_path, limits.max_log_bytes) as log:
-        log.write(f"=== bmad-loop {label} started {_utc_now()}: {_show_argv(command.argv)} ===\n".encode())
+        shown = _short_line(command.shown) if command.shown is not None else _show_argv(command.argv)
+        log.write(f"=== bmad-loop {label} started {_utc_now()}: {shown} ===\n".encode())
+        if command.note:
+            log.write(f"=== {_short_line(command.note)} ===\n".encode())
         log_start = log.tell()
         started = time.monotonic()
         # The thaw helper is up before the child starts (a child that stops bmad-loop at once
@@ -281,5 +289,9 @@ def _utc_now() -> str:
 
 
 def _show_argv(argv: Iterable[str]) -> str:
-    shown = shlex.join(str(a) for a in argv).replace("\n", " ")
+    return _short_line(shlex.join(str(a) for a in argv))
+
+
+def _short_line(text: str) -> str:
+    shown = text.replace("\n", " ")
     return shown if len(shown) <= _HEADER_ARGV_MAX else shown[:_HEADER_ARGV_MAX] + " …"
