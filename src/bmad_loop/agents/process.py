@@ -135,10 +135,7 @@ def supervise(command: Command, log_path: Path, limits: Limits, *,
     label = command.label or _label_from_env(env)
 
     with CappedLog(log_path, limits.max_log_bytes) as log:
-        shown = _short_line(command.shown) if command.shown is not None else _show_argv(command.argv)
-        log.write(f"=== bmad-loop {label} started {_utc_now()}: {shown} ===\n".encode())
-        if command.note:
-            log.write(f"=== {_short_line(command.note)} ===\n".encode())
+        log.write(_header(command, label))
         log_start = log.tell()
         started = time.monotonic()
         # The thaw helper is up before the child starts (a child that stops bmad-loop at once
@@ -286,6 +283,15 @@ def _last_byte(path: Path) -> bytes:
 
 def _utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _header(command: Command, label: str) -> bytes:
+    """The log's header: the command as configured, then the box on a line of its own."""
+    shown = _short_line(command.shown) if command.shown is not None else _show_argv(command.argv)
+    header = f"=== bmad-loop {label} started {_utc_now()}: {shown} ===\n"
+    if command.note:
+        header += f"=== {_short_line(command.note)} ===\n"
+    return header.encode()
 
 
 def _show_argv(argv: Iterable[str]) -> str:
