@@ -225,7 +225,8 @@ def _story_file_or_problem(tree: TreeView, folder: str | None, entry: BoardEntry
         if problems is None:
             raise
         problems.append(str(exc))
-        return None
+        # Checked on as its first match: the later checks should not call it missing.
+        return story_file_matches(tree, folder, entry)[0]
 
 
 def _story_meta(story_file: Path, data: bytes, problems: list[str] | None):

@@ -98,10 +98,9 @@ def _check_sprint(add, project, policy, sha, branch, found: dict) -> None:
         add("board", "ok", f"{sprint.source.rel or sprint.source.path} ({sprint.source.reason}); "
             f"story files in {sprint.folder.rel or '.'} ({sprint.folder.reason}); read from "
             f"{sprint.where}")
-        add("stories", "error" if problems else "ok",
-            f"{board.path}: {len(stories)} stories, {len(actionable)} actionable, "
-            f"{sum(1 for s in actionable if s.story_file)} with a story file"
-            + (f"; {len(problems)} problem(s), each on its own line" if problems else ""))
+        if not problems:  # else each problem is its own FAIL line above
+            add("stories", "ok", f"{board.path}: {len(stories)} stories, {len(actionable)} "
+                f"actionable, {sum(1 for s in actionable if s.story_file)} with a story file")
         for warning in sprint.warnings:  # a story_location that had to be guessed
             add("stories", "warn", warning)
         found.update(_found(sprint, actionable))
