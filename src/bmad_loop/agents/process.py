@@ -54,6 +54,11 @@ class Command:
     cwd: Path
     env: Mapping[str, str]
     label: str | None = None
+    # The log's header: `shown`, what the user configured (the agent's or verify's own command
+    # line; default `argv`), then `note` on a line of its own (the box it runs in). The argv a
+    # box wraps it in is kilobytes of mounts: the journal has it, the header does not.
+    shown: str | None = None
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,7 @@ def supervise(command: Command, log_path: Path, limits: Limits, *,
     label = command.label or _label_from_env(env)
 
     with CappedLog(log_path, limits.max_log_bytes) as log:
-        log.write(f"=== bmad-loop {label} started {_utc_now()}: {_show_argv(command.argv)} ===\n".encode())
+        log.write(_header(command, label))
         log_start = log.tell()
         started = time.monotonic()
         # The thaw helper is up before the child starts (a child that stops bmad-loop at once
@@ -280,6 +285,19 @@ def _utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _header(command: Command, label: str) -> bytes:
+    """The log's header: the command as configured, then the box on a line of its own."""
+    shown = _short_line(command.shown) if command.shown is not None else _show_argv(command.argv)
+    header = f"=== bmad-loop {label} started {_utc_now()}: {shown} ===\n"
+    if command.note:
+        header += f"=== {_short_line(command.note)} ===\n"
+    return header.encode()
+
+
 def _show_argv(argv: Iterable[str]) -> str:
-    shown = shlex.join(str(a) for a in argv).replace("\n", " ")
+    return _short_line(shlex.join(str(a) for a in argv))
+
+
+def _short_line(text: str) -> str:
+    shown = text.replace("\n", " ")
     return shown if len(shown) <= _HEADER_ARGV_MAX else shown[:_HEADER_ARGV_MAX] + " …"

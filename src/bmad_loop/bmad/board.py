@@ -39,11 +39,12 @@ from pathlib import Path
 
 import yaml
 
-from .board_status import ACTIONABLE, STORY_STATUSES, is_known, read_status
+from .board_status import ACTIONABLE, KNOWN_BY_KIND, STORY_STATUSES, is_known, read_status
 from .board_yaml import BoardYaml, Scalar, read_board_yaml
 from ..errors import ConfigError
 from ..git.refnames import branch_name_ok, branch_name_problem  # re-exported
 from ..caches import CACHES
+from ..policy.validate import did_you_mean
 
 __all__ = [
     "ACTIONABLE",
@@ -141,7 +142,9 @@ class Board:
         """One line per entry `validate` should warn about, in file order: a status bmad-loop
         does not know, a key outside the grammar that is not run."""
         found = [(e.line, f"{e.kind} {_q(e.key)} has status {_q(written or '(empty)')}, which "
-                  "bmad-loop does not know; it is not run") for e, written in self.unknown_statuses()
+                  "bmad-loop does not know; it is not run"
+                  + did_you_mean(e.status, KNOWN_BY_KIND.get(e.kind, ()), _STATUS_CUTOFF))
+                 for e, written in self.unknown_statuses()
                  if e.kind != "extra" or self.extra_keys == "run"]
         if self.extra_keys != "run":
             found += [(e.line, f"key {_q(e.key)} is not an epic, retrospective or story key; it is "
@@ -188,6 +191,10 @@ def _classify(key: str, epics) -> tuple[str, str | None, tuple[str, int, str, st
     if parts := parse_story_key(key, epics):
         return "story", parts[0], parts
     return "extra", None, None
+
+
+# Stricter than for policy keys: a status is a word a person chose (`doing` is not `done`).
+_STATUS_CUTOFF = 0.75
 
 
 def _q(text: str) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..globs import globs_may_overlap, pattern_problem
+from ..policy.validate import did_you_mean
 
 __all__ = ["Footprint", "footprint_from_mapping", "footprints_conflict"]
 
@@ -84,7 +85,8 @@ def footprint_from_mapping(data: object) -> Footprint:
         return Footprint(reason="invalid: footprint must be a mapping of files, shared, resources")
     unknown = [str(k) for k in data if k not in _FOOTPRINT_KEYS]
     if unknown:
-        return Footprint(reason=f"invalid: unknown key {', '.join(map(repr, unknown))}")
+        hint = did_you_mean(unknown[0], _FOOTPRINT_KEYS) if len(unknown) == 1 else ""
+        return Footprint(reason=f"invalid: unknown key {', '.join(map(repr, unknown))}{hint}")
     try:
         files = _string_list(data, "files")
         shared = _string_list(data, "shared")

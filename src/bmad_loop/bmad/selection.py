@@ -35,6 +35,8 @@ __all__ = [
     "select_stories",
     "match_story",
     "check_dependencies",
+    "dependency_problems",
+    "resolve_story_ref",
     "resolve_dependencies",
     "resolve_dependency",
     "current_epic",
@@ -125,6 +127,28 @@ def match_story(stories: Sequence[StorySpec], query: str, board_path) -> list[St
     return matches
 
 
+def resolve_story_ref(stories: Sequence, ref: str, where: str) -> str:
+    """The full key `ref` names among `stories` (anything with `key` and `epic`: specs or a
+    run's rows), the same way in every command that takes a story: the full key; else an
+    `E-S` / `E.S` / `E-Sa` short key (`5-1` names `5-1-login`, and both halves `5-1a-…`,
+    `5-1b-…`: ambiguous); else a unique key prefix or fragment. NotFound or Ambiguous (exit 2,
+    one line starting with `where`) otherwise."""
+    from ..errors import Ambiguous, NotFound
+
+    q = ref.strip()
+    exact = [s for s in stories if s.key == q]
+    if exact or not q:
+        matches = exact
+    else:
+        matches = _number_matches(stories, q) or [s for s in stories if s.key.startswith(q)] \
+            or [s for s in stories if q.lower() in s.key.lower()]
+    if len(matches) == 1:
+        return matches[0].key
+    if not matches:
+        raise NotFound(f"{where}: no story '{ref}'")
+    raise Ambiguous(f"{where}: story '{ref}' is ambiguous: " + ", ".join(s.key for s in matches))
+
+
 def select_stories(
     stories: list[StorySpec],
     board: Board,
@@ -206,17 +230,39 @@ def resolve_dependencies(all_stories: Sequence[StorySpec],
 
 
 def check_dependencies(all_stories: Sequence[StorySpec], selected: Sequence[StorySpec]) -> None:
-    """ConfigError for a selected story whose `depends_on` names an unknown story, for a
-    dependency cycle among the selected stories, and for a selected story that depends on a
-    story neither selected (earlier in the plan) nor `done` on the board.
+    """ConfigError for the first of `dependency_problems`."""
+    problems = dependency_problems(all_stories, selected)
+    if problems:
+        raise ConfigError(problems[0])
+
+
+def dependency_problems(all_stories: Sequence[StorySpec], selected: Sequence[StorySpec]) -> list[str]:
+    """One line per problem, in plan order: a selected story whose `depends_on` names an
+    unknown or ambiguous story, a dependency cycle among the selected stories, a selected
+    story that depends on a story neither selected (earlier in the plan) nor `done`.
 
     Only the selected stories are checked: a `done` dependency is satisfied whatever it depends
     on, and any other dependency must be selected, so a cycle can only run through the plan."""
-    selected = resolve_dependencies(all_stories, selected)
-    by_key = {s.key: s for s in all_stories}
-    plan = {s.key: s for s in selected}
+    problems: list[str] = []
+    resolved = []
+    for spec in selected:  # each unresolvable entry is a problem; the others are checked on
+        deps = []
+        for dep in spec.depends_on:
+            try:
+                deps.append(resolve_dependency(all_stories, spec, dep))
+            except ConfigError as exc:
+                problems.append(str(exc))
+        deps_t = tuple(dict.fromkeys(deps))
+        resolved.append(spec if deps_t == spec.depends_on else replace(spec, depends_on=deps_t))
+    cycle = _first_cycle(resolved)
+    if cycle is not None:
+        problems.append(cycle)
+    return problems + _order_problems(all_stories, resolved)
 
-    # cycles: depth-first over the plan, in plan order, so the reported cycle is deterministic
+
+def _first_cycle(selected: Sequence[StorySpec]) -> str | None:
+    """The first dependency cycle, depth-first over the plan in plan order (deterministic)."""
+    plan = {s.key: s for s in selected}
     state: dict[str, int] = {}  # 1 on the path, 2 finished
     for root in selected:
         if root.key in state:
@@ -233,22 +279,25 @@ def check_dependencies(all_stories: Sequence[StorySpec], selected: Sequence[Stor
                 continue
             elif state.get(dep) == 1:
                 cycle = path[path.index(dep):] + [dep]
-                raise ConfigError(f"{_where(plan[dep])}: dependency cycle: {' -> '.join(cycle)}")
+                return f"{_where(plan[dep])}: dependency cycle: {' -> '.join(cycle)}"
             elif dep not in state:
                 state[dep] = 1
                 path.append(dep)
                 pending.append(iter(plan[dep].depends_on))
+    return None
 
+
+def _order_problems(all_stories: Sequence[StorySpec], selected: Sequence[StorySpec]) -> list[str]:
+    by_key = {s.key: s for s in all_stories}
     plan_index = {s.key: i for i, s in enumerate(selected)}
+    problems = []
     for s in selected:
         for dep in s.depends_on:
             if dep in plan_index:
                 if plan_index[dep] > plan_index[s.key]:
-                    raise ConfigError(
-                        f"{_where(s)}: story {s.key} depends on {dep}, which comes later in the plan"
-                    )
+                    problems.append(f"{_where(s)}: story {s.key} depends on {dep}, which comes "
+                                    "later in the plan")
             elif by_key[dep].status != DONE:
-                raise ConfigError(
-                    f"{_where(s)}: story {s.key} depends on {dep}, which is"
-                    f" {by_key[dep].status} and not selected"
-                )
+                problems.append(f"{_where(s)}: story {s.key} depends on {dep}, which is"
+                                f" {by_key[dep].status} and not selected")
+    return problems

@@ -171,6 +171,7 @@ def load_stories(
     overrides: Mapping[str, Mapping] | None = None,
     *,
     tree: TreeView | None = None,
+    problems: list[str] | None = None,
 ) -> list[StorySpec]:
     """Every story of the board, in file order, with its story file's metadata.
 
@@ -178,14 +179,16 @@ def load_stories(
     read (default: the folder on disk). A policy override (`overrides[key]`, a `{files,
     shared, resources}` mapping) replaces the story's own footprint. The story file's own path
     is always added to `footprint.files`. A metadata error in a story file is a ConfigError
-    naming the file.
+    naming the file; given a `problems` list, each one is appended there instead (one line,
+    naming the file) and the story read as if it had no metadata, its footprint invalid, so
+    `validate` reports every problem in one pass.
     """
     project_dir = Path(project_dir)
     tree = tree if tree is not None else FolderTree(project_dir)
     folder = _folder_rel(project_dir, story_dir)
     overrides = overrides or {}
     entries = board.stories()
-    found = {e.key: find_story_file(tree, folder, e, project_dir) if folder is not None else None
+    found = {e.key: _story_file_or_problem(tree, folder, e, project_dir, problems)
              for e in entries}
     texts = tree.read_many([rel for rel in found.values() if rel])
     specs: list[StorySpec] = []
@@ -193,15 +196,9 @@ def load_stories(
         rel = found[entry.key]
         story_path = rel or (posixpath.join(folder, f"{entry.key}.md") if folder is not None else None)
         story_file = project_dir / rel if rel else None
-        meta = None
-        if rel:
-            try:
-                meta = parse_story_text(texts[rel].decode("utf-8"))
-            except UnicodeDecodeError:
-                raise ConfigError(f"{story_file}: story file is not UTF-8 text") from None
-            if meta.errors:
-                raise ConfigError(f"{story_file}: {'; '.join(meta.errors)}")
-        footprint = meta.footprint if meta else Footprint(reason="missing")
+        meta, failed = _story_meta(story_file, texts[rel], problems) if rel else (None, False)
+        footprint = meta.footprint if meta else \
+            Footprint(reason="invalid: the story file's metadata" if failed else "missing")
         if entry.key in overrides:
             footprint = footprint_from_mapping(overrides[entry.key])
         if story_path is not None:
@@ -216,6 +213,36 @@ def load_stories(
             done_checkpoint=meta.done_checkpoint if meta else False, position=position,
         ))
     return specs
+
+
+def _story_file_or_problem(tree: TreeView, folder: str | None, entry: BoardEntry, root: Path,
+                           problems: list[str] | None) -> str | None:
+    if folder is None:
+        return None
+    try:
+        return find_story_file(tree, folder, entry, root)
+    except ConfigError as exc:
+        if problems is None:
+            raise
+        problems.append(str(exc))
+        # Checked on as its first match: the later checks should not call it missing.
+        return story_file_matches(tree, folder, entry)[0]
+
+
+def _story_meta(story_file: Path, data: bytes, problems: list[str] | None):
+    """(metadata or None, whether it was refused): a ConfigError naming the file, or without
+    `problems` to collect them, one line per problem appended there."""
+    try:
+        meta = parse_story_text(data.decode("utf-8"))
+        errors = list(meta.errors)
+    except UnicodeDecodeError:
+        meta, errors = None, ["story file is not UTF-8 text"]
+    if not errors:
+        return meta, False
+    if problems is None:
+        raise ConfigError(f"{story_file}: {'; '.join(errors)}")
+    problems.extend(f"{story_file}: {error}" for error in errors)
+    return None, True
 
 
 class _PathSet(TreeView):

@@ -126,9 +126,12 @@ def reconcile(project_dir, run_ref, as_json):
         click.echo(json.dumps(report, indent=2))
     else:
         click.echo(f"run {report['run']} {report['state']}")
+        from ..operator.style import key_width
+
+        width = key_width(report["stories"])
         for row in report["stories"]:
             extra = f" ({row['reason']})" if row["reason"] else ""
-            click.echo(f"  {row['seq']:>3} {row['key']:<40} {row['verdict']:<10} {row['state']}{extra}")
+            click.echo(f"  {row['seq']:>3} {row['key']:<{width}} {row['verdict']:<10} {row['state']}{extra}")
     sys.exit(code)
 
 

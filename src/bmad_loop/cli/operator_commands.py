@@ -68,12 +68,32 @@ def status(project_dir, run_ref, as_json, watch, interval):
     with project.db.transaction() as s:
         run = find_run(s, project, run_ref)
         data = run_status(s, run, target_now=_target_now(project, run.target_branch))
+    _add_evidence(project, data)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
     from ..operator.render import render_status
 
     click.echo(render_status(data))
+
+
+def _add_evidence(project, data: dict) -> None:
+    """Each escalated story whose verify failed: the ref that keeps the agent's last output and
+    the commands that continue from it (`evidence_ref`, `continue`; None when there is none)."""
+    from ..engine.worker.verify_record import continue_commands, kept_evidence
+    from ..states import StoryState
+
+    run_id = data["run"]["id"]
+    for story in data["stories"]:
+        ref = None
+        if story["state"] == StoryState.ESCALATED:
+            try:
+                ref = kept_evidence(project.git(), run_id, story["key"])
+            except Exception:  # a status must show even when git cannot answer
+                ref = None
+        story["evidence_ref"] = ref
+        story["continue"] = continue_commands(run_id, story["key"], ref, story.get("worktree")) \
+            if ref else None
 
 
 def _target_now(project, branch: str) -> str | None:
@@ -107,11 +127,14 @@ def _watch(project, run_ref, interval):
 def journal(project_dir, run_ref, kinds, story, follow, as_json):
     """The run's journal, in order (one JSON object per line with --json)."""
     from ..engine.run.control import find_run
-    from ..operator.follow import follow_journal, format_event
+    from ..engine.runs import stories_of
+    from ..operator.follow import follow_journal, format_event, story_ref
 
     project, reader = _open_reader(project_dir, run_ref)
     with reader.session() as s:
         run_id = find_run(s, project, run_ref).id
+        if story is not None:  # `5-1` as in attach and retry; unknown or ambiguous: exit 2
+            story = story_ref(stories_of(s, run_id), story, run_id)
 
     def emit(line):
         click.echo(json.dumps(line, sort_keys=True) if as_json else format_event(line))

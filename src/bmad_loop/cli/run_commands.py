@@ -112,18 +112,11 @@ def _enqueue(project_dir, parallel, gates, epic, stories, max_stories):
 
 
 def _progress_printer(ci: bool = False):
-    """One plain line per event (CI logs and terminals alike: no colour, no cursor tricks)."""
-    from ..operator.style import short_value
+    """One plain line per event (CI logs and terminals alike: no colour, no cursor tricks),
+    the waits of one moment grouped by reason (`progress.py`)."""
+    from .progress import ProgressPrinter
 
-    def show(event):
-        ts = event.ts.strftime("%H:%M:%S")
-        story = f" {event.story}" if event.story else ""
-        data = event.data or {}
-        detail = " ".join(f"{k}={short_value(v)}" for k, v in data.items()
-                          if k in ("phase", "attempt", "state", "reason", "new", "sha", "paths",
-                                   "command", "exit_code", "plan", "strategy", "candidate_sha"))
-        click.echo(f"{ts} {event.kind}{story} {detail}".rstrip(), color=False if ci else None)
-    return show
+    return ProgressPrinter(ci)
 
 
 # ---------------------------------------------------------------------------- set-up
@@ -335,12 +328,38 @@ def _drive_and_report(project, tasks, run_id, workers, progress, reports: Report
         click.echo(interrupt_notice(project, run_id, count), color=False)
         sys.stdout.flush()
 
+    progress.not_created = _stories_to_create(project, run_id)
+    progress.evidence = lambda key: _evidence_lines(project, run_id, key)
+
     code = drive(project, tasks, run_id, workers=workers, progress=progress, since_seq=since_seq,
                  notice=notice)
     _print_outcome(project, run_id)
     _write_reports(project, run_id, code, reports.json, reports.junit)
     _write_html_report(project, run_id, reports.html)
     sys.exit(code)
+
+
+def _evidence_lines(project, run_id: str, key: str) -> list[str]:
+    """Where an escalated story's last output is kept and how to continue from it ([] when its
+    verify did not fail: nothing is kept)."""
+    from ..db.models import Story
+    from ..engine.worker.verify_record import continue_lines, kept_evidence
+
+    ref = kept_evidence(project.git(), run_id, key)
+    if ref is None:
+        return []
+    with project.db.read() as s:
+        worktree = s.query(Story.worktree).filter(Story.run_id == run_id, Story.key == key).scalar()
+    return continue_lines(run_id, key, ref, worktree)
+
+
+def _stories_to_create(project, run_id) -> set[str]:
+    from sqlalchemy import select
+
+    from ..db.models import Story
+
+    with project.db.transaction() as s:
+        return set(s.scalars(select(Story.key).where(Story.run_id == run_id, Story.to_create)))
 
 
 def _write_html_report(project, run_id, path) -> None:
@@ -358,6 +377,7 @@ def _print_outcome(project, run_id):
     from ..engine.run.status import night_notes
     from ..engine.runs import stories_of
     from ..operator.stop_notice import resume_command
+    from ..operator.style import key_width
     from ..states import RunState
 
     with project.db.transaction() as s:
@@ -366,9 +386,10 @@ def _print_outcome(project, run_id):
         resumable = run.state in (RunState.STOPPED, RunState.FAILED)
         click.echo(f"run {run.id} {run.state}" + (f": {run.reason}" if run.reason else "")
                    + (f"; `{resume_command(project, run.id)}` continues it" if resumable else ""))
+        width = key_width(stories)
         for story in stories:
             extra = f" ({story.reason})" if story.reason else ""
-            click.echo(f"  {story.seq:>3} {story.key:<40} {story.state}{extra}")
+            click.echo(f"  {story.seq:>3} {story.key:<{width}} {story.state:<11}{extra}".rstrip())
         for line in night_notes(s, run_id):  # what the run got past on its own
             click.echo(f"  {line}")
 

@@ -27,6 +27,7 @@ from ..states import (
 from .style import (
     composed_on,
     current_candidate,
+    elapsed_text,
     format_duration,
     preserved,
     short_sha,
@@ -225,7 +226,7 @@ def _workers(stories: list, marks: _Marks, now: dt.datetime, stale_after_s: floa
                                                          is_stale))
         workers.add_row(marks.mark(flag), story["key"], state_text(story["state"]),
                         story.get("host") or "-", story.get("phase") or "-",
-                        format_duration(story.get("elapsed_s")), short_sha(story.get("base_sha")),
+                        elapsed_text(story.get("elapsed_s")), short_sha(story.get("base_sha")),
                         story.get("session") or "-", beat_text, _output_age(story, now))
     if not workers.row_count:
         workers.add_row("", Text("no worker in flight", style="dim"), "", "", "", "", "", "", "", "")

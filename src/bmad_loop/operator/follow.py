@@ -17,14 +17,15 @@ from sqlalchemy import select
 from ..db.models import Attempt, Run, Story
 from ..engine.journal import event_json, events_after
 from ..engine.runs import stories_of
-from ..errors import ConfigError, NotFound
+from ..bmad.selection import resolve_story_ref
+from ..errors import Ambiguous, ConfigError, NotFound
 from ..agents.logcap import CutState, read_cut
 from ..states import RUN_SETTLED, STORY_IN_FLIGHT, StoryState
 from .style import short_value
 
 _CHUNK = 1 << 20  # what one read of a log holds in memory
 
-__all__ = ["follow_journal", "format_event", "pick_story", "follow_log", "AttachChoice",
+__all__ = ["follow_journal", "format_event", "pick_story", "story_ref", "follow_log", "AttachChoice",
            "live_tmux_session", "not_started", "wait_for_start", "LogTail"]
 
 # A story in these states has no session yet: `attach` waits for it, like `tail -F`.
@@ -87,16 +88,9 @@ def pick_story(reader, run_id: str, ref: str | None) -> str:
     with a session log. Ambiguity is AttachChoice naming the candidates."""
     with reader.session() as s:
         stories = stories_of(s, run_id)
+        if ref is not None:
+            return story_ref(stories, ref, run_id)
         rows = [(st.key, st.state, st.phase, st.session, st.log) for st in stories]
-    if ref is not None:
-        exact = [r for r in rows if r[0] == ref]
-        loose = exact or [r for r in rows if r[0].startswith(ref + "-") or ref in r[0]]
-        if len(loose) == 1:
-            return loose[0][0]
-        if not loose:
-            raise NotFound(f"run {run_id}: no story '{ref}'")
-        raise AttachChoice(f"run {run_id}: story '{ref}' is ambiguous: "
-                           + ", ".join(r[0] for r in loose))
     flying = [r for r in rows if r[1] in STORY_IN_FLIGHT]
     pool = flying or [r for r in rows if r[4]]
     if len(pool) == 1:
@@ -107,6 +101,14 @@ def pick_story(reader, run_id: str, ref: str | None) -> str:
     listing = "; ".join(f"{r[0]} ({r[1]}{', ' + r[2] if r[2] else ''}"
                         f"{', session ' + r[3] if r[3] else ''})" for r in pool)
     raise AttachChoice(f"run {run_id}: {len(pool)} stories {what}, name one: {listing}")
+
+
+def story_ref(stories, ref: str, run_id: str) -> str:
+    """The full key `ref` names (`resolve_story_ref`); an ambiguous one is an AttachChoice."""
+    try:
+        return resolve_story_ref(stories, ref, f"run {run_id}")
+    except Ambiguous as exc:
+        raise AttachChoice(str(exc)) from None
 
 
 def not_started(reader, run_id: str, story_key: str) -> str | None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .style import current_candidate, preserved, short_sha, story_note
+from .style import current_candidate, elapsed_text, key_width, preserved, short_sha, story_note
+from ..engine.worker.verify_record import continue_lines
 from ..states import RUN_LIVE, STORY_IN_FLIGHT, StoryState
 
 __all__ = ["render_status"]
@@ -51,14 +52,15 @@ def render_status(data: dict) -> str:
         lines.append(f"  reason: {run['reason']}")
     lines.extend(_consumer_lines(data))
     workers = [s for s in data["stories"] if s["state"] in STORY_IN_FLIGHT]
+    width = key_width(data["stories"])
     if workers:
         lines.append("workers:")
         for s in workers:
-            lines.append(f"  {s['key']:<36} {s['state']:<8} phase={s['phase'] or '-':<8} "
+            lines.append(f"  {s['key']:<{width}} {s['state']:<8} phase={s['phase'] or '-':<8} "
                          f"host={s.get('host') or '-'} base={short_sha(s['base_sha'], '')} "
-                         f"elapsed={s['elapsed_s'] or 0}s session={s['session'] or '-'}")
+                         f"elapsed={elapsed_text(s.get('elapsed_s'))} session={s['session'] or '-'}")
             if s.get("worktree") or s.get("branch"):
-                lines.append(f"  {'':<36} worktree={s.get('worktree') or '-'} branch={s.get('branch') or '-'}")
+                lines.append(f"  {'':<{width}} worktree={s.get('worktree') or '-'} branch={s.get('branch') or '-'}")
     current = current_candidate(data["candidates"])
     waiting = [s["key"] for s in data["stories"] if s["state"] == StoryState.READY]
     lines.append("lane: " + (f"{current['story']} candidate {current['attempt']} {current['state']}"
@@ -66,7 +68,11 @@ def render_status(data: dict) -> str:
                  + (f"; waiting: {', '.join(waiting)}" if waiting else ""))
     lines.append("stories:")
     for s in data["stories"]:
-        lines.append(f"  {s['seq']:>3} {s['key']:<36} {s['state']:<11} {story_note(s)}".rstrip())
+        lines.append(f"  {s['seq']:>3} {s['key']:<{width}} {s['state']:<11} {story_note(s)}".rstrip())
+    for s in data["stories"]:
+        if s.get("evidence_ref"):
+            lines.extend("  " + line for line in continue_lines(
+                data["run"]["id"], s["key"], s["evidence_ref"], s.get("worktree")))
     lines.extend(_repair_lines(data))
     kept = preserved(data["candidates"])
     if kept:

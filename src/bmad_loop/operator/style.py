@@ -5,13 +5,17 @@ surfaces cannot drift apart.
 
 from __future__ import annotations
 
+import math
+
 from rich.text import Text
 
 from ..states import CANDIDATE_ENDED, CandidateState, RunState, StoryState
 
 __all__ = ["CANDIDATE_ACTIVE", "CANDIDATE_PRESERVED", "stack_of", "composed_on", "state_style", "state_text",
            "format_duration", "short_sha", "short_value", "current_candidate", "preserved",
-           "story_note"]
+           "story_note", "elapsed_text", "key_width", "NO_TIME"]
+
+NO_TIME = "—"  # a story with no time in a worker (not started, or back in line)
 
 # The lane is busy with a candidate in one of these states.
 CANDIDATE_ACTIVE = frozenset(CandidateState) - CANDIDATE_ENDED
@@ -47,17 +51,28 @@ def state_text(state: str) -> Text:
 
 
 def format_duration(seconds) -> str:
-    """`-`, `42s`, `3m07s`, `2h05m`."""
+    """`-`, `42s`, `3m07s`, `2h05m`: whole seconds, half up (`0.5s` is `1s`, `59.5s` is
+    `1m00s`), the same in every terminal table and in the HTML report."""
     if seconds is None:
         return "-"
-    seconds = float(seconds)
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    minutes, secs = divmod(int(seconds), 60)
+    whole = math.floor(float(seconds) + 0.5)
+    if whole < 60:
+        return f"{whole}s"
+    minutes, secs = divmod(whole, 60)
     if minutes < 60:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m"
+
+
+def elapsed_text(seconds) -> str:
+    """A story's time in a worker: `NO_TIME` when it has none yet."""
+    return NO_TIME if seconds is None else format_duration(seconds)
+
+
+def key_width(stories, least: int = 10) -> int:
+    """The width of a story-key column that holds every key whole (tables stay aligned)."""
+    return max([least, *(len(s["key"] if isinstance(s, dict) else s.key) for s in stories)])
 
 
 def short_sha(value, empty: str = "-") -> str:

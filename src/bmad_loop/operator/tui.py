@@ -4,7 +4,8 @@ An observer and a launcher, never the engine. It reads rows through a read-only 
 its keys call the same code as the CLI: `s`/`S` call `engine.control.stop` (graceful / now),
 `r` starts `bmad-loop resume RUN` as a detached process (so the run keeps going when the TUI
 exits), `c` runs `bmad-loop cleanup`, `a` attaches the tail pane to the selected story's
-session log, `j` switches it back to the journal. Needs the `tui` extra (textual).
+session log (the cursor starts on the first story in flight), `j` switches it back to the
+journal. Needs the `tui` extra (textual).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from textual.widgets import DataTable, Footer, Header, RichLog, Static
 from ..db.models import Run
 from ..engine.journal import event_json, events_after
 from ..engine.run.status import run_status
+from ..states import STORY_IN_FLIGHT
 from .board_view import held_back, lane_queue
 from .follow import LogTail, format_event
 from .history import run_history
@@ -31,7 +33,7 @@ from .reader import Reader
 from .style import (
     composed_on,
     current_candidate,
-    format_duration,
+    elapsed_text,
     short_sha,
     stack_of,
     state_text,
@@ -83,6 +85,8 @@ class BoardApp(App):
         self.reader: Reader | None = None
         self.mode = "journal"  # or "attach"
         self.attached: str | None = None
+        self.in_flight: list[str] = []  # the shown run's stories in flight, in plan order
+        self._auto_row: int | None = None  # where the board put the stories' cursor
         self.tail_lines: list[str] = []  # what the tail pane shows, as plain text
         self.launched: list[subprocess.Popen] = []
         self.last_cleanup: tuple[int, str] | None = None
@@ -175,17 +179,30 @@ class BoardApp(App):
         rows = []
         for story in status["stories"]:
             rows.append((str(story["seq"]), story["key"], story["state"], story.get("phase") or "",
-                         format_duration(story.get("elapsed_s")), str(story.get("attempt") or 0),
+                         elapsed_text(story.get("elapsed_s")), str(story.get("attempt") or 0),
                          story_note(story)))
         if not self._changed("stories", (status["run"]["id"], tuple(rows))):
             return
         table = self.query_one("#stories", DataTable)
+        picked = self.story_picked()
         cursor = table.cursor_row
+        self.in_flight = [s["key"] for s in status["stories"] if s["state"] in STORY_IN_FLIGHT]
         table.clear()
         for row in rows:
             table.add_row(row[0], row[1], state_text(row[2]), *row[3:], key=row[1])
         if rows:
-            table.move_cursor(row=min(max(cursor, 0), len(rows) - 1))
+            if picked:  # the person's row stays theirs
+                table.move_cursor(row=min(max(cursor, 0), len(rows) - 1))
+            else:  # else the first story in flight, so `a` attaches to live work
+                keys = [row[1] for row in rows]
+                self._auto_row = keys.index(self.in_flight[0]) if self.in_flight else 0
+                table.move_cursor(row=self._auto_row)
+
+    def story_picked(self) -> bool:
+        """Has the person moved the stories' cursor off the row the board put it on?"""
+        if self._auto_row is None:
+            return False
+        return self.query_one("#stories", DataTable).cursor_row != self._auto_row
 
     def _show_lane(self, status) -> None:
         text = lane_text(status, self.project.root)
@@ -222,6 +239,7 @@ class BoardApp(App):
             self.mode, self._tail, self.attached = "journal", None, None
             self._reset_tail("journal")
             self._signatures.pop("stories", None)
+            self._auto_row = None  # a new run: its first story in flight again
             self.refresh_data()
 
     def selected_story(self) -> str | None:
@@ -241,6 +259,10 @@ class BoardApp(App):
     def action_attach(self) -> None:
         key = self.selected_story()
         if key is None or self.run_id is None:
+            return
+        if not self.in_flight and not self.story_picked():
+            self.notify("nothing in flight: no story is being worked on (move to a story to "
+                        "read its last log)", severity="warning")
             return
         with self.reader.session() as s:
             from ..engine.runs import stories_of

@@ -79,8 +79,8 @@ def where(path: tuple[str, ...]) -> str:
     return f"[{'.'.join(map(name, path[:-1]))}] {name(path[-1])}"
 
 
-def did_you_mean(key: str, candidates) -> str:
-    close = difflib.get_close_matches(str(key).lower(), list(candidates), n=1)
+def did_you_mean(key: str, candidates, cutoff: float = 0.6) -> str:
+    close = difflib.get_close_matches(str(key).lower(), list(candidates), n=1, cutoff=cutoff)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

@@ -36,6 +36,11 @@ class Box:
     cwd: str
     env: dict = field(default_factory=dict)  # added to the boxed process's environment
 
+    def summary(self) -> str:
+        """The box in one line for a log's header: its backend and what it may write."""
+        writable = [str(m.path) for m in self.mounts if m.kind == "rw"]
+        return f"boxed ({self.backend}): writable {', '.join(writable) or 'nothing'}"
+
     def wrap(self, argv: Sequence[str]) -> list[str]:
         if self.backend == "bwrap":
             return bwrap_argv(self.program, self.mounts, argv, self.cwd)

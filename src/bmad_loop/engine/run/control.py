@@ -25,6 +25,7 @@ from ...states import (
     StopMode,
     StoryState,
 )
+from ...bmad.selection import resolve_story_ref
 from ...policy import identity_keys, load_policy, policy_from_dict
 from .. import leases
 from ..lane.targetcheck import forget_failed
@@ -353,12 +354,5 @@ def reconcile(project, ref: str | None) -> tuple[dict, int]:
 
 def _story_by_key(session, run: Run, key: str) -> Story:
     stories = stories_of(session, run.id)
-    exact = [s for s in stories if s.key == key]
-    if exact:
-        return exact[0]
-    loose = [s for s in stories if s.key.startswith(key + "-") or key in s.key]
-    if len(loose) == 1:
-        return loose[0]
-    if not loose:
-        raise NotFound(f"run {run.id}: no story '{key}'")
-    raise Ambiguous(f"run {run.id}: story '{key}' is ambiguous: " + ", ".join(s.key for s in loose))
+    found = resolve_story_ref(stories, key, f"run {run.id}")
+    return next(s for s in stories if s.key == found)

@@ -78,6 +78,8 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
                     for event in event_rows_after(s, run_id, last_seq):
                         last_seq = event.seq
                         progress(event)
+                    # A printer that groups what one read brought (`cli/progress.py`) prints it.
+                    getattr(progress, "flush", lambda: None)()
                 state = s.connection().execute(RUN_STATE, {"of_run": run_id}).scalar()
                 settled = state in RUN_SETTLED
                 if settled:  # one snapshot: every event up to the settling one was shown

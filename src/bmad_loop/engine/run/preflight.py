@@ -10,7 +10,7 @@ from ...db.database import check_driver, check_reachable
 from ...db.sqlitefile import check_folder_writable, check_sqlite_file
 from ...errors import BmadLoopError
 from ...policy.advice import verify_advice
-from ...bmad.selection import check_dependencies
+from ...bmad.selection import dependency_problems
 from ...policy import env_override, load_policy
 from ...agents.profiles import custom_command_warnings
 from ...sandbox import startup_notes
@@ -84,17 +84,23 @@ def _check_policy(add, checks: list, root: Path):
 
 
 def _check_sprint(add, project, policy, sha, branch, found: dict) -> None:
-    """The board, its stories and their files, footprints, creation and merge rules."""
+    """The board, its stories and their files, footprints, creation and merge rules. Every
+    problem of a story file, a dependency or an override is its own line, and the checks after
+    them still run: one pass shows them all."""
     try:
-        sprint = load_sprint(project, policy, sha, branch or "")
+        problems: list[str] = []
+        sprint = load_sprint(project, policy, sha, branch or "", problems=problems)
         board, stories = sprint.board, sprint.stories
-        check_dependencies(stories, [s for s in stories if s.status in ACTIONABLE])
         actionable = [s for s in stories if s.status in ACTIONABLE]
+        problems += dependency_problems(stories, actionable)
+        for problem in problems:
+            add("stories", "error", problem)
         add("board", "ok", f"{sprint.source.rel or sprint.source.path} ({sprint.source.reason}); "
             f"story files in {sprint.folder.rel or '.'} ({sprint.folder.reason}); read from "
             f"{sprint.where}")
-        add("stories", "ok", f"{board.path}: {len(stories)} stories, {len(actionable)} actionable, "
-            f"{sum(1 for s in actionable if s.story_file)} with a story file")
+        if not problems:  # else each problem is its own FAIL line above
+            add("stories", "ok", f"{board.path}: {len(stories)} stories, {len(actionable)} "
+                f"actionable, {sum(1 for s in actionable if s.story_file)} with a story file")
         for warning in sprint.warnings:  # a story_location that had to be guessed
             add("stories", "warn", warning)
         found.update(_found(sprint, actionable))
@@ -104,7 +110,8 @@ def _check_sprint(add, project, policy, sha, branch, found: dict) -> None:
         for spec in actionable:
             # A story still to be created declares its footprint in the file create writes:
             # the `create` line speaks for it.
-            if spec.footprint.reason and spec.story_file is not None:
+            refused = any(p.startswith(f"{spec.story_file}:") for p in problems)  # said above
+            if spec.footprint.reason and spec.story_file is not None and not refused:
                 add("footprint", "warn", f"story {spec.key}: footprint {spec.footprint.reason} "
                     "(treated as exclusive)")
         for status, detail in creation_checks(policy, actionable):

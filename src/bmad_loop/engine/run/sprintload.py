@@ -49,21 +49,30 @@ def _read_board(project, tree, source: BoardSource, branch: str) -> Board:
     return parse_board(tree.text(source.rel, "sprint status file", source.path), source.path)
 
 
-def _overrides(policy, board: Board) -> dict:
+def _overrides(policy, board: Board, problems: list[str] | None = None) -> dict:
     overrides = {k: {"files": list(v.files), "shared": list(v.shared), "resources": list(v.resources)}
                  for k, v in policy.footprints.overrides.items()}
-    for key in overrides:
+    for key in list(overrides):
+        problem = None
         if board.entry(key) is None:
-            raise ConfigError(f"{policy.source}: [footprints.\"{key}\"]: no such story on {board.path}")
-        fp = footprint_from_mapping(overrides[key])
-        if fp.reason and fp.reason.startswith("invalid"):
-            raise ConfigError(f"{policy.source}: [footprints.\"{key}\"]: {fp.reason}")
+            problem = f"{policy.source}: [footprints.\"{key}\"]: no such story on {board.path}"
+        else:
+            fp = footprint_from_mapping(overrides[key])
+            if fp.reason and fp.reason.startswith("invalid"):
+                problem = f"{policy.source}: [footprints.\"{key}\"]: {fp.reason}"
+        if problem is not None:
+            if problems is None:
+                raise ConfigError(problem)
+            problems.append(problem)
+            del overrides[key]
     return overrides
 
 
-def load_sprint(project, policy, target_sha: str | None = None, branch: str = "") -> Sprint:
+def load_sprint(project, policy, target_sha: str | None = None, branch: str = "",
+                problems: list[str] | None = None) -> Sprint:
     """The board and every story of it, read from the target commit `target_sha` (the folder
-    on disk when None)."""
+    on disk when None). A story file's or a footprint override's problem is a ConfigError, or
+    with a `problems` list, a line appended to it (`validate`: every problem in one pass)."""
     if target_sha:
         tree = CommittedTree(project.git(policy), target_sha, branch)
     else:
@@ -76,7 +85,7 @@ def load_sprint(project, policy, target_sha: str | None = None, branch: str = ""
                           config_root=project.home)
     check_story_dir(project, policy, folder.path)
     stories = load_stories(project.root, board, folder.rel if folder.rel is not None else folder.path,
-                           _overrides(policy, board), tree=tree)
+                           _overrides(policy, board, problems), tree=tree, problems=problems)
     return Sprint(board, source, folder, stories, tree.where, list(folder.warnings))
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 from ...db.models import Attempt, Candidate, Event, Flake, Run, Story, TargetCheck, utcnow
 from ...agents.stallwatch import last_output_at
@@ -13,7 +13,13 @@ from ..runs import stories_of
 from ..usage import empty_usage, usage_by_story
 
 __all__ = ["run_status", "run_json", "story_json", "candidate_json", "journal_lines",
-           "night_notes"]
+           "LEAVES_WORKER", "worker_seconds", "night_notes"]
+
+# A story leaves its worker slot with these (from its `story.phase` on, it was in one).
+LEAVES_WORKER = {"story.ready": "ready", "story.escalated": "escalated", "story.failed": "failed",
+                 "story.interrupted": "interrupted", "story.restacked": "restacked",
+                 "story.recovered": "recovered", "story.skipped": "skipped"}
+_NOT_IN_A_WORKER_YET = (StoryState.PENDING, StoryState.QUEUED)
 
 
 def _iso(value):
@@ -41,15 +47,11 @@ def run_json(run: Run, target_now: str | None = None) -> dict:
 
 
 def story_json(story: Story, now=None, usage: dict | None = None,
-               settled: list | None = None, boxed: bool | None = None) -> dict:
+               settled: list | None = None, boxed: bool | None = None,
+               elapsed: float | None = None) -> dict:
     """`boxed`: whether its latest agent session ran in the OS sandbox (None: no session, or
-    recorded before that was known)."""
+    recorded before that was known). `elapsed`: its time in a worker (`worker_seconds`)."""
     now = now or utcnow()
-    start = story.started_at
-    end = story.ended_at or (story.ready_at if story.state in (StoryState.READY,) else None)
-    elapsed = None
-    if start is not None:
-        elapsed = round(((end or now) - start).total_seconds(), 1)
     fp = story.footprint or {}
     return {
         "key": story.key,
@@ -132,6 +134,36 @@ def candidate_json(candidate: Candidate, story_key: str, on: dict | None = None)
     }
 
 
+_WORKER_EVENTS = (select(Event.story, Event.kind, Event.ts)
+                  .where(Event.run_id == bindparam("run_id"), Event.story.is_not(None),
+                         Event.kind.in_(("story.phase", *LEAVES_WORKER)))
+                  .order_by(Event.seq))
+
+
+def worker_seconds(session, run_id: str, stories, now) -> dict[str, float | None]:
+    """Story key -> its time in a worker slot, from the journal: each `story.phase` after it
+    left one opens a span, leaving (`LEAVES_WORKER`) closes it; a working story's open span
+    runs to `now`. Paused, stopped and waiting time never counts. None for a story back in line
+    (pending or queued: an interrupted one too, until it runs again) or never in a worker."""
+    opened: dict[str, object] = {}
+    total: dict[str, float] = {}
+    for key, kind, ts in session.execute(_WORKER_EVENTS, {"run_id": run_id}):
+        if kind == "story.phase":
+            opened.setdefault(key, ts)
+        elif key in opened:
+            total[key] = total.get(key, 0.0) + (ts - opened.pop(key)).total_seconds()
+    out: dict[str, float | None] = {}
+    for story in stories:
+        if story.state in _NOT_IN_A_WORKER_YET:
+            out[story.key] = None
+            continue
+        seconds = total.get(story.key)
+        if story.state == StoryState.WORKING and story.key in opened:
+            seconds = (seconds or 0.0) + max(0.0, (now - opened[story.key]).total_seconds())
+        out[story.key] = round(seconds, 1) if seconds is not None else None
+    return out
+
+
 def run_status(session, run: Run, target_now: str | None = None) -> dict:
     stories = stories_of(session, run.id)
     keys = {s.id: s.key for s in stories}
@@ -143,7 +175,8 @@ def run_status(session, run: Run, target_now: str | None = None) -> dict:
     settled = settled_by_story(session, run.id)
     boxed = dict(session.execute(select(Attempt.story_id, Attempt.boxed)
                                  .where(Attempt.run_id == run.id).order_by(Attempt.id)).all())
-    shown = [story_json(s, now, usage.get(s.id), settled.get(s.key), boxed.get(s.id))
+    elapsed = worker_seconds(session, run.id, stories, now)
+    shown = [story_json(s, now, usage.get(s.id), settled.get(s.key), boxed.get(s.id), elapsed[s.key])
              for s in stories]
     if run.state not in RUN_LIVE:
         for story in shown:  # nothing is admitted until it runs again: no stale wait reason

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shlex
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -237,7 +238,8 @@ def _open_attempt(ctx, claim, story, phase: str, number: int, launch: _Launch) -
             host=ctx.host, heartbeat_at=utcnow(), boxed=launch.box is not None))
         record(s, ctx.run_id, "attempt.started", ctx.key, phase=phase, attempt=number,
                argv=launch.journaled_argv, log=str(launch.log_path), tier=story.tier or None,
-               boxed=launch.box is not None)
+               boxed=launch.box is not None,
+               **({"box_argv": launch.argv} if launch.box is not None else {}))
     return attempt_id
 
 
@@ -252,7 +254,10 @@ def _supervised(ctx, claim, attempt_id: int, launch: _Launch):
                     max_log_bytes=policy.limits.max_log_bytes,
                     thaw_after_s=policy.leases.ttl_s)  # an agent that SIGSTOPs us
     with Heartbeat(ctx, claim, attempt_id):
-        return supervise(Command(launch.argv, launch.worktree, launch.env), launch.log_path,
+        command = Command(launch.argv, launch.worktree, launch.env,
+                          shown=shlex.join(launch.journaled_argv),
+                          note=launch.box.summary() if launch.box is not None else None)
+        return supervise(command, launch.log_path,
                          limits, stop_event=claim.stop_event, on_start=started)
 
 

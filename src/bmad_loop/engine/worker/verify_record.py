@@ -42,7 +42,8 @@ from ...states import Phase
 from ..journal import record
 
 __all__ = ["RECORD_KEY", "VERIFY_RECORD_NAMESPACE", "record_ref", "verify_record_refs",
-           "before_verify", "back_to_record", "forget_record", "keep", "restore", "drop_records"]
+           "before_verify", "back_to_record", "forget_record", "keep", "restore", "drop_records",
+           "kept_evidence", "continue_commands", "continue_lines"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,32 @@ _SESSION_FOLDER = "/.bmad-loop-session/"  # prompts of the story's sessions (ign
 
 def record_ref(run_id: str, story_key: str) -> str:
     return f"{VERIFY_RECORD_NAMESPACE}{run_id}/{story_key}"
+
+
+def kept_evidence(git, run_id: str, story_key: str) -> str | None:
+    """The record ref of an escalated story when it holds the agent's last output (its
+    verify failed), else None. The story branch is never moved to it: `resume` would read a
+    moved branch as a person's fix and ship the failing work."""
+    ref = record_ref(run_id, story_key)
+    return ref if git.rev(ref) else None
+
+
+def continue_commands(run_id: str, story_key: str, ref: str, worktree: str | None) -> list[str]:
+    """What a person runs to continue from the kept output, in order: its files into the
+    story's worktree (staged); after their fix, one commit of theirs on the story branch;
+    resume (which verifies and integrates it as a person's fix)."""
+    where = f"git -C {worktree}" if worktree else "git"
+    return [f"{where} checkout {ref} -- .",
+            f"{where} add -A && {where} commit -m '{story_key}: fix'",
+            f"bmad-loop resume {run_id}"]
+
+
+def continue_lines(run_id: str, story_key: str, ref: str, worktree: str | None) -> list[str]:
+    """`continue_commands` for people: what the ref holds, then each step on its own line."""
+    checkout, commit, resume = continue_commands(run_id, story_key, ref, worktree)
+    return [f"{story_key}: the agent's last output is kept at {ref} (the story branch is not "
+            "moved); to continue from it:",
+            f"  1. {checkout}", f"  2. fix what failed, then: {commit}", f"  3. {resume}"]
 
 
 def verify_record_refs(run_id: str, story_key: str) -> tuple[str, str]:

@@ -24,7 +24,7 @@ from ...engine.usage import USAGE_COLUMNS, usage_by_story_phase
 from ...states import RUN_SETTLED
 from ..history import outcome_of
 from .failures import failures
-from .night import lower_bound, phase_times, story_times
+from .night import active_seconds, in_worker, lower_bound, phase_times, story_times
 from .timeline import build_timeline, parse_ts
 from ..reports import usage_total, summary
 
@@ -34,8 +34,8 @@ REPORT_FORMAT = 1
 _VERIFY_KINDS = ("verify.passed", "verify.failed")
 
 
-def _attempt_rows(session, run_id: str) -> dict[int, list[dict]]:
-    """Story id -> its sessions, oldest first."""
+def _attempt_rows(session, run_id: str, origin) -> dict[int, list[dict]]:
+    """Story id -> its sessions, oldest first (`start`: seconds from `origin`)."""
     out: dict[int, list[dict]] = {}
     query = select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.id)
     for a in session.scalars(query):
@@ -44,6 +44,7 @@ def _attempt_rows(session, run_id: str) -> dict[int, list[dict]]:
             duration = (a.ended_at - a.started_at).total_seconds()
         out.setdefault(a.story_id, []).append({
             "phase": a.phase, "number": a.number, "state": a.state, "duration_s": duration,
+            "start": (a.started_at - origin).total_seconds() if a.started_at else None,
             "exit_code": a.exit_code, "reason": a.reason, "host": a.host, "log": a.log,
             **{name: getattr(a, name) for name in USAGE_COLUMNS}})
     return out
@@ -85,7 +86,7 @@ def gather_report(session, run: Run, state_dir: Path) -> dict:
     rows = {s.key: s for s in session.scalars(select(Story).where(Story.run_id == run.id))}
     timeline = build_timeline(events, [s["key"] for s in status["stories"]], origin,
                               max(0.0, (end - origin).total_seconds()))
-    attempts = _attempt_rows(session, run.id)
+    attempts = _attempt_rows(session, run.id, origin)
     verifies = _verify_seconds(events)
     usage = _usage_by_story(usage_by_story_phase(session, run.id))
     layout = Layout(state_dir, run.id)
@@ -94,6 +95,8 @@ def gather_report(session, run: Run, state_dir: Path) -> dict:
         track = timeline.stories.get(story["key"], {"segments": [], "marks": []})
         row = rows[story["key"]]
         mine = attempts.get(row.id, [])
+        for attempt in mine:  # its agent time: the part inside the story's worker segments
+            attempt["agent_s"] = in_worker(track, attempt["start"], attempt["duration_s"])
         stories.append({**_story_fields(story), **track,
                         **story_times(track, mine, verifies.get(story["key"], [])),
                         "usage_by_phase": usage.get(row.id, {}),
@@ -102,13 +105,18 @@ def gather_report(session, run: Run, state_dir: Path) -> dict:
     every_attempt = [a for rows_ in attempts.values() for a in rows_]
     times = [(parse_ts(e["ts"]) - origin).total_seconds() for e in events]
     outcome, code = outcome_of(run, list(rows.values()))
+    spans = _makespan(stories, timeline.pauses)
+    bound = lower_bound(stories, work, run.max_parallel)
+    # Active time against the bound: a stop of 36 minutes is nobody's work.
+    bound["ratio"] = round(spans["active_s"] / bound["lower_bound_s"], 2) \
+        if bound["lower_bound_s"] else None
     return {
         "format": REPORT_FORMAT,
         "run": {**status["run"], "outcome": outcome, "exit_code": code,
                 "created_at": _iso(origin), "report_end": _iso(end),
                 "silent_s": _silence(run, end)},
         "span_s": round(timeline.end, 3),
-        "makespan_s": _makespan(stories),
+        **spans,
         "summary": summary(status),
         "usage": usage_total(status["stories"]),
         "stories": stories,
@@ -116,7 +124,7 @@ def gather_report(session, run: Run, state_dir: Path) -> dict:
         "slots": {"n": run.max_parallel, "steps": timeline.slots},
         "pauses": timeline.pauses,
         "phases": phase_times({s["key"]: s for s in stories}, every_attempt),
-        "bound": lower_bound(stories, work, run.max_parallel),
+        "bound": bound,
         "failures": failures(events, times, {s["key"]: s for s in stories},
                              {s["key"]: Path(s["log_dir"]) for s in stories}),
         "commits": timeline.commits,
@@ -145,13 +153,20 @@ def _silence(run: Run, end: dt.datetime) -> float | None:
     return round(quiet, 1) if quiet > max(30.0, 2 * ttl) else None
 
 
-def _makespan(stories: list[dict]) -> float:
-    """The first story's start (its first phase) to the last story's end (its last segment
-    or mark): parallel stories are not added up, waits before the first start not counted."""
+def _makespan(stories: list[dict], pauses) -> dict:
+    """`makespan_s`: the first story's start (its first phase) to the last story's end (its
+    last segment or mark), parallel stories not added up, waits before the first start not
+    counted; `active_s`: that span less the time the run was paused or stopped
+    (`paused_s`)."""
     starts = [seg["start"] for s in stories for seg in s["segments"] if seg["kind"] != "wait"]
     ends = [seg["end"] for s in stories for seg in s["segments"]]
     ends += [m["at"] for s in stories for m in s["marks"]]
-    return round(max(ends) - min(starts), 3) if starts and ends else 0.0
+    if not (starts and ends):
+        return {"makespan_s": 0.0, "active_s": 0.0, "paused_s": 0.0}
+    start, end = min(starts), max(ends)
+    active = active_seconds(start, end, pauses)
+    return {"makespan_s": round(end - start, 3), "active_s": round(active, 3),
+            "paused_s": round(end - start - active, 3)}
 
 
 def _iso(value) -> str | None:

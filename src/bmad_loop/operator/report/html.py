@@ -16,6 +16,7 @@ from pathlib import Path
 from ...engine.usage import USAGE_COLUMNS
 from .layout import layout_report
 from .svg import format_seconds, timeline_svg
+from .text import sessions_text
 
 __all__ = ["render_report", "page", "CSS"]
 
@@ -73,7 +74,9 @@ def _header(report: dict) -> str:
     facts = [("state", run["state"]), ("outcome", run["outcome"]),
              ("target", run["target_branch"]), ("N", run["max_parallel"]),
              ("strategy", run.get("merge_strategy")), ("created", run["created_at"]),
-             ("report ends", run["report_end"]), ("makespan", format_seconds(report["makespan_s"]))]
+             ("report ends", run["report_end"]), ("makespan", format_seconds(report["makespan_s"])),
+             ("active", format_seconds(report["active_s"])),
+             ("paused or stopped", format_seconds(report["paused_s"]) if report["paused_s"] else None)]
     line = " · ".join(f"{escape(k)} <b>{escape(str(v))}</b>" for k, v in facts if v is not None)
     reason = f'<p class="why">{escape(run["reason"])}</p>' if run.get("reason") else ""
     if run.get("silent_s"):
@@ -97,9 +100,11 @@ def _timeline(report: dict) -> str:
 
 def _night(report: dict) -> str:
     bound = report["bound"]
-    ratio = (report["makespan_s"] / bound["lower_bound_s"]) if bound["lower_bound_s"] else None
-    head = (f'<p class="bound">makespan <b>{format_seconds(report["makespan_s"])}</b> against a '
-            f'lower bound of <b>{format_seconds(bound["lower_bound_s"])}</b>'
+    ratio = bound.get("ratio")  # active time to the bound: paused time is nobody's work
+    paused = (f' (makespan {format_seconds(report["makespan_s"])}, of which paused or stopped '
+              f'{format_seconds(report["paused_s"])})') if report["paused_s"] else ""
+    head = (f'<p class="bound">active time <b>{format_seconds(report["active_s"])}</b>{paused} '
+            f'against a lower bound of <b>{format_seconds(bound["lower_bound_s"])}</b>'
             + (f" ({ratio:.2f}×)" if ratio else "") + f' = max(longest chain '
             f'{format_seconds(bound["chain_s"])}, total work {format_seconds(bound["work_s"])} '
             f'÷ N={bound["slots"]} = {format_seconds(bound["work_per_slot_s"])}); '
@@ -109,10 +114,11 @@ def _night(report: dict) -> str:
                     [[escape(p), str(v["stories"]), format_seconds(v["wall_s"]),
                       format_seconds(v["agent_s"])] for p, v in report["phases"].items()],
                     {1, 2, 3}, "phases")
-    rows = [[escape(s["key"]), escape(s["state"]), format_seconds(s["work_s"]),
+    rows = [[f'<span title="{escape(s["key"])}">{escape(s["key"])}</span>', escape(s["state"]),
+             format_seconds(s["work_s"]),
              format_seconds(s["agent_s"]), format_seconds(s["verify_s"]),
              format_seconds(s["wait_s"]), format_seconds(s["integrating_s"]),
-             f'{s["sessions"]} ({s["failed_sessions"]} failed)'] for s in report["stories"]]
+             escape(sessions_text(s))] for s in report["stories"]]
     stories = _table(["story", "state", "in a worker", "agent", "verify", "waiting",
                       "integrating", "sessions"], rows, {2, 3, 4, 5, 6}, "night")
     return f'<h2 id="night">Where the night went</h2>{head}{phases}{stories}'

@@ -13,8 +13,10 @@ import math
 from dataclasses import dataclass, field
 
 from ...states import CandidateState
+from ..style import format_duration
 
-__all__ = ["Scale", "Box", "Block", "Layout", "layout_report", "EPIC_GROUP_AT", "ticks"]
+__all__ = ["Scale", "Box", "Block", "Layout", "layout_report", "EPIC_GROUP_AT", "ticks", "gaps_within",
+           "GAP_W"]
 
 EPIC_GROUP_AT = 300  # stories; from here on the timeline groups rows by epic
 LABEL_W = 220  # the story keys' column
@@ -24,21 +26,49 @@ ROW_GAP = 4
 LANE_ROW_H = 14
 SLOTS_H = 64
 MIN_BAR_W = 0.75  # a bar shorter than this is drawn this wide (still visible)
+GAP_W = 12  # a paused or stopped span, whatever its length
 
 
 @dataclass(frozen=True)
 class Scale:
+    """Seconds from the origin to pixels. The run's paused and stopped spans (`gaps`: sorted,
+    apart, inside the span) are collapsed to `GAP_W` pixels each, so the work fills the width:
+    a 36-minute stop no longer crams the night into a sliver. Between gaps a bar's width is
+    its duration times `px_per_s` everywhere."""
+
     span_s: float
+    gaps: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def active_s(self) -> float:
+        return max(0.0, self.span_s - sum(b - a for a, b in self.gaps))
 
     @property
     def px_per_s(self) -> float:
-        return CHART_W / self.span_s if self.span_s > 0 else 0.0
+        room = CHART_W - GAP_W * len(self.gaps)
+        return room / self.active_s if self.active_s > 0 else 0.0
 
     def x(self, t: float) -> float:
-        return LABEL_W + max(0.0, t) * self.px_per_s
+        t = max(0.0, t)
+        active, gap_px = t, 0.0
+        for a, b in self.gaps:
+            if t <= a:
+                break
+            inside = min(t, b) - a
+            active -= inside
+            gap_px += GAP_W * inside / (b - a)
+        return LABEL_W + active * self.px_per_s + gap_px
+
+    def wall(self, active: float) -> float:
+        """The time (from the origin) at `active` seconds of active time."""
+        t = active
+        for a, b in self.gaps:
+            if a < t or (a == t and active > 0):
+                t += b - a
+        return t
 
     def width(self, start: float, end: float) -> float:
-        return max(MIN_BAR_W, (end - start) * self.px_per_s)
+        return max(MIN_BAR_W, self.x(end) - self.x(start))
 
     @property
     def decimals(self) -> int:
@@ -47,6 +77,23 @@ class Scale:
 
     def seconds(self, t: float) -> str:
         return f"{t:.{self.decimals}f}"
+
+    def ticks(self) -> list[tuple[float, float]]:
+        """(time from the origin, active seconds) of each tick: round numbers of active time."""
+        return [(self.wall(a), a) for a in ticks(self.active_s)]
+
+
+def gaps_within(pauses, span_s: float) -> tuple[tuple[float, float], ...]:
+    """The paused and stopped spans clipped to the report's span, sorted, merged."""
+    out: list[list[float]] = []
+    for a, b in sorted((max(0.0, a), min(span_s, b)) for a, b in pauses):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return tuple((a, b) for a, b in out)
 
 
 @dataclass(frozen=True)
@@ -81,7 +128,7 @@ class Layout:
     slot_points: list[tuple[float, float]]  # the occupancy's step path, in pixels
     slot_n_y: float  # y of the N line in the slot chart
     grouped: bool
-    pauses: list[tuple[float, float]]  # x ranges
+    pauses: list[tuple[float, float, float]]  # x ranges of the collapsed gaps, and their seconds
 
 
 def ticks(span_s: float) -> list[float]:
@@ -102,7 +149,7 @@ def ticks(span_s: float) -> list[float]:
 def _segment_box(scale: Scale, y: float, key: str, segment: dict) -> Box:
     start, end = segment["start"], segment["end"]
     note = segment.get("note")
-    title = f"{segment['kind']} {end - start:.{scale.decimals}f}s" + (f" ({note})" if note else "")
+    title = f"{segment['kind']} {format_duration(end - start)}" + (f" ({note})" if note else "")
     data = {"story": key, "start": scale.seconds(start), "end": scale.seconds(end)}
     if segment.get("open"):
         data["open"] = "1"
@@ -135,7 +182,7 @@ def _epic_blocks(scale: Scale, stories: list[dict]) -> list[Block]:
         if spans:
             start, end = min(a for a, _ in spans), max(b for _, b in spans)
             block.summary = Box(scale.x(start), 0, scale.width(start, end), ROW_H, "epic",
-                                f"epic {epic}: {len(members)} stories, {end - start:.1f}s",
+                                f"epic {epic}: {len(members)} stories, {format_duration(end - start)}",
                                 {"epic": epic, "start": f"{start:.3f}", "end": f"{end:.3f}"})
         blocks.append(block)
     return blocks
@@ -157,7 +204,7 @@ def _lane_block(scale: Scale, lane: list[dict]) -> Block:
             parts.append(("advance", cand["verify"][1], cand["end"]))
         for kind, start, end in parts:
             block.boxes.append(Box(scale.x(start), y, scale.width(start, end), LANE_ROW_H, kind,
-                                   f"{who} {kind}: {end - start:.2f}s, {cand['outcome']}",
+                                   f"{who} {kind}: {format_duration(end - start)}, {cand['outcome']}",
                                    {"story": cand["story"], "attempt": str(cand["attempt"]),
                                     "stack": str(cand["stack"]), "row": str(cand["row"]),
                                     "start": scale.seconds(start), "end": scale.seconds(end)}))
@@ -179,11 +226,12 @@ def _slot_points(scale: Scale, steps: list[list[float]], n: int, end: float):
 
 
 def layout_report(report: dict) -> Layout:
-    scale = Scale(report["span_s"] or 1.0)
+    span = report["span_s"] or 1.0
+    scale = Scale(span, gaps_within(report["pauses"], span))
     stories = report["stories"]
     grouped = len(stories) >= EPIC_GROUP_AT
     blocks = _epic_blocks(scale, stories) if grouped else [_story_rows(scale, stories, "stories")]
     points, n_y = _slot_points(scale, report["slots"]["steps"], report["slots"]["n"],
                                report["span_s"])
-    pauses = [(scale.x(a), scale.x(b)) for a, b in report["pauses"] if b > a]
+    pauses = [(scale.x(a), scale.x(b), b - a) for a, b in scale.gaps]
     return Layout(scale, blocks, _lane_block(scale, report["lane"]), points, n_y, grouped, pauses)

@@ -19,26 +19,41 @@ from ...bmad.footprint import Footprint
 from ...states import AttemptState
 from .timeline import PHASES
 
-__all__ = ["story_times", "phase_times", "lower_bound"]
+__all__ = ["story_times", "phase_times", "lower_bound", "in_worker", "active_seconds"]
 
 _WAITS = ("wait", "lane-wait")
+# A session that did not fail: it succeeded, runs still, or was interrupted (not counted).
+_NOT_FAILED = (AttemptState.SUCCEEDED, AttemptState.RUNNING, AttemptState.INTERRUPTED)
 
 
 def _seconds(segments, kinds) -> float:
     return sum(s["end"] - s["start"] for s in segments if s["kind"] in kinds)
 
 
+def in_worker(track: dict, start: float | None, duration: float | None) -> float:
+    """The part of a session (from `start`, seconds from the origin, lasting `duration`) that
+    lies in the story's worker segments: a session's row may say it lasted past the worker
+    (ended only when a crash or a stop was recovered), its agent time never does."""
+    if start is None or not duration:
+        return 0.0
+    end = start + duration
+    return sum(max(0.0, min(end, s["end"]) - max(start, s["start"]))
+               for s in track["segments"] if s["kind"] in PHASES)
+
+
 def story_times(track: dict, attempts: list[dict], verifies: list[float]) -> dict:
-    """One story's totals: wall in a worker (`work_s`), agent sessions, verify runs, waiting."""
+    """One story's totals: wall in a worker (`work_s`), agent sessions (within it), verify
+    runs, waiting. An interrupted session (a stop, Ctrl+C) is counted apart, not failed."""
     segments = track["segments"]
     return {
         "work_s": round(_seconds(segments, PHASES), 3),
-        "agent_s": round(sum(a["duration_s"] or 0.0 for a in attempts), 3),
+        "agent_s": round(sum(a["agent_s"] for a in attempts), 3),
         "verify_s": round(sum(verifies), 3),
         "wait_s": round(_seconds(segments, _WAITS), 3),
         "integrating_s": round(_seconds(segments, ("integrating",)), 3),
         "sessions": len(attempts),
-        "failed_sessions": sum(1 for a in attempts if a["state"] not in (AttemptState.SUCCEEDED, AttemptState.RUNNING)),
+        "failed_sessions": sum(1 for a in attempts if a["state"] not in _NOT_FAILED),
+        "interrupted_sessions": sum(1 for a in attempts if a["state"] == AttemptState.INTERRUPTED),
     }
 
 
@@ -55,7 +70,7 @@ def phase_times(tracks: dict[str, dict], attempts: list[dict]) -> dict[str, dict
             out[phase]["stories"] += 1
     for attempt in attempts:
         if attempt["phase"] in out:
-            out[attempt["phase"]]["agent_s"] += attempt["duration_s"] or 0.0
+            out[attempt["phase"]]["agent_s"] += attempt["agent_s"]
     return {phase: {k: round(v, 3) for k, v in row.items()} for phase, row in out.items()
             if row["stories"] or row["agent_s"]}
 
@@ -107,3 +122,10 @@ def lower_bound(stories: list[dict], work: dict[str, float], slots: int) -> dict
             "slots": slots, "work_per_slot_s": round(share, 3),
             "lower_bound_s": round(max(chain_s, share), 3),
             "bound_by": "chain" if chain_s >= share else "work ÷ N"}
+
+
+def active_seconds(start: float, end: float, pauses) -> float:
+    """Seconds of [start, end] outside the paused and stopped spans: the time the run was
+    running (or pausing: its running stories finish then), the work's own time."""
+    paused = sum(max(0.0, min(end, b) - max(start, a)) for a, b in pauses)
+    return max(0.0, end - start - paused)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from html import escape
 from itertools import groupby
 
-from .layout import CHART_W, LABEL_W, SLOTS_H, Block, Box, Layout, ticks
+from ..style import format_duration
+from .layout import CHART_W, LABEL_W, SLOTS_H, Block, Box, Layout
 
 __all__ = ["timeline_svg", "format_seconds"]
 
@@ -24,18 +25,9 @@ _MARK_PATHS = {  # a small glyph per mark, centred on (0, 0), drawn at the mark'
 
 
 def format_seconds(seconds: float | None) -> str:
-    """`0.42s`, `7.5s`, `3m07s`, `2h05m` (short runs keep their fractions)."""
-    if seconds is None:
-        return "-"
-    if seconds < 10:
-        return f"{seconds:.2f}s"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
+    """`-`, `7s`, `3m07s`, `2h05m`: whole seconds, half up, as every terminal table shows them
+    (`style.format_duration`), so the page and the terminal agree."""
+    return format_duration(seconds)
 
 
 def _fit(label: str, room: int = 34) -> str:
@@ -69,9 +61,11 @@ def _box(box: Box, dy: float = 0.0, skip: str = "") -> str:
 
 def _grid(layout: Layout, height: float) -> str:
     lines = [f'<line class="grid" x1="{_n(layout.scale.x(t))}" x2="{_n(layout.scale.x(t))}" '
-             f'y1="0" y2="{_n(height)}"/>' for t in ticks(layout.scale.span_s)]
-    pauses = [f'<rect class="paused" x="{_n(a)}" y="0" width="{_n(b - a)}" height="{_n(height)}">'
-              f'<title>the run was paused or stopped</title></rect>' for a, b in layout.pauses]
+             f'y1="0" y2="{_n(height)}"/>' for t, _active in layout.scale.ticks()]
+    pauses = [f'<rect class="paused" x="{_n(a)}" y="0" width="{_n(b - a)}" height="{_n(height)}" '
+              f'data-seconds="{_n(seconds)}"><title>paused or stopped for '
+              f'{escape(format_duration(seconds))} (collapsed: not active time)</title></rect>'
+              for a, b, seconds in layout.pauses]
     return "".join(lines + pauses)
 
 
@@ -83,16 +77,16 @@ def _svg(css_class: str, height: float, body: str, extra: str = "") -> str:
 
 def _axis(layout: Layout) -> str:
     parts = []
-    for t in ticks(layout.scale.span_s):
+    for t, active in layout.scale.ticks():  # labelled in active time: gaps do not count
         x = _n(layout.scale.x(t))
         parts.append(f'<line class="tick" x1="{x}" x2="{x}" y1="16" y2="22"/>'
-                     f'<text class="tick" x="{x}" y="12">{escape(format_seconds(t))}</text>')
+                     f'<text class="tick" x="{x}" y="12">{escape(format_seconds(active))}</text>')
     return _svg("axis", 24, "".join(parts))
 
 
 def _block(layout: Layout, block: Block, row_class: str) -> str:
-    labels = "".join(f'<text class="label" x="4" y="{_n(y)}" data-label="{escape(text)}">'
-                     f'<title>{escape(title)}</title>{escape(_fit(text))}</text>'
+    labels = "".join(f'<text class="label" x="4" y="{_n(y)}" data-label="{escape(text)}" '
+                     f'title="{escape(title)}"><title>{escape(title)}</title>{escape(_fit(text))}</text>'
                      for y, text, title in block.labels)
     if row_class == "rows":  # one <g data-story> per story: its bars need not repeat the key
         boxes = "".join(f'<g class="story" data-story="{escape(key)}">'

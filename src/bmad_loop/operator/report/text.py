@@ -4,24 +4,36 @@ from __future__ import annotations
 
 from .svg import format_seconds
 
-__all__ = ["format_report"]
+__all__ = ["format_report", "sessions_text"]
+
+
+def sessions_text(story: dict) -> str:
+    """`3 (1 failed, 1 interrupted)`: an interrupted session (a stop, Ctrl+C) is not a failure."""
+    parts = [f"{story['failed_sessions']} failed"]
+    if story.get("interrupted_sessions"):
+        parts.append(f"{story['interrupted_sessions']} interrupted")
+    return f"{story['sessions']} ({', '.join(parts)})"
 
 
 def format_report(report: dict) -> str:
     run, bound = report["run"], report["bound"]
     lines = [f"run {run['id']} {run['state']} ({run['outcome']}): "
              f"{report['summary']['stories']} stories, N = {run['max_parallel']}",
-             f"makespan {format_seconds(report['makespan_s'])}, lower bound "
-             f"{format_seconds(bound['lower_bound_s'])} (chain {format_seconds(bound['chain_s'])}: "
+             f"makespan {format_seconds(report['makespan_s'])} (active "
+             f"{format_seconds(report['active_s'])}, paused or stopped "
+             f"{format_seconds(report['paused_s'])}), lower bound "
+             f"{format_seconds(bound['lower_bound_s'])}"
+             + (f" ({bound['ratio']:.2f}× active)" if bound.get("ratio") else "")
+             + f" (chain {format_seconds(bound['chain_s'])}: "
              f"{' -> '.join(bound['chain']) or '-'}; work {format_seconds(bound['work_s'])} "
              f"/ {bound['slots']} = {format_seconds(bound['work_per_slot_s'])})"]
     width = max([len(s["key"]) for s in report["stories"]] + [5])
     lines.append(f"  {'STORY':<{width}}  {'STATE':<11} {'WORKER':>8} {'AGENT':>8} {'VERIFY':>8} "
-                 f"{'WAITING':>8}")
+                 f"{'WAITING':>8}  SESSIONS")
     for s in report["stories"]:
         lines.append(f"  {s['key']:<{width}}  {s['state']:<11} {format_seconds(s['work_s']):>8} "
                      f"{format_seconds(s['agent_s']):>8} {format_seconds(s['verify_s']):>8} "
-                     f"{format_seconds(s['wait_s']):>8}")
+                     f"{format_seconds(s['wait_s']):>8}  {sessions_text(s)}")
     for failure in report["failures"]:
         lines.append(f"  {failure['story']}: {failure['kind']}: {failure['reason']}")
     return "\n".join(lines)
