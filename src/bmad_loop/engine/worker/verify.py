@@ -101,8 +101,9 @@ def run_verify(commands: Sequence[str], site: VerifySite, limits: Limits, *,
     for command in commands:
         argv = ["/bin/sh", "-c", command]
         label = f"verify{' story ' + story_key if story_key else ''}"
-        result = supervise(Command(box.wrap(argv) if box else argv, cwd, base_env, label), log_path,
-                           limits, stop_event=stop_event)
+        boxed = box.wrap(argv, str(Path(cwd).resolve())) if box else argv  # in cwd, as unboxed
+        result = supervise(Command(boxed, cwd, base_env, label), log_path, limits,
+                           stop_event=stop_event)
         cuts += [result.log_cut] if result.log_cut else []
         if result.exit_code != 0 or result.timed_out or result.interrupted:
             return VerifyResult(

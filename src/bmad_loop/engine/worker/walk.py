@@ -21,6 +21,7 @@ from pathlib import Path
 from ...git.trees.compose import changed_paths, commit_message
 from ...db.models import Attempt, Run, Story, utcnow
 from ...errors import GitError, StopRequested
+from ...git.trees.sessionfolder import SessionFolderStaged
 from ...git.config_guard import CONFIG_CHANGED_PREFIX, changed_files
 from ...states import AttemptState, Phase, RunState, StoryState
 from .boxing import settle_after_box, story_verify_setup
@@ -228,7 +229,10 @@ class StoryWorker:
         ctx = self.ctx
         story = self._story()
         revert = list(self.policy.scm.lane_owned) + ([ctx.board_rel] if ctx.board_rel else [])
-        head, reverted = ctx.workspace.commit(story, self._commit_message(story), revert)
+        try:
+            head, reverted = ctx.workspace.commit(story, self._commit_message(story), revert)
+        except SessionFolderStaged as exc:  # a planted symlink, `add -f`: never lands
+            return Outcome(escalate=str(exc))
         delay_point("worker.in_commit")
         crash_point("worker.after_commit")
         changed = changed_paths(self.git, story.base_sha, head)
