@@ -215,7 +215,8 @@ def test_a_hostile_agent_and_verify_command_in_the_box_change_nothing_as_an_ordi
         proc = subprocess.run(["runuser", "-u", USER, "--", "env", "-i",
                                *[f"{k}={v}" for k, v in env.items()],
                                *cli_argv("run", "--project", str(repo.root))],
-                              capture_output=True, text=True, timeout=300, cwd=str(user_folder))
+                              # (`python -m` puts its cwd on sys.path: read-only in every box)
+                              capture_output=True, text=True, timeout=300, cwd=str(repo.root))
     finally:
         subprocess.run(["chown", "-R", "0:0", str(user_folder)], check=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -87,6 +87,7 @@ def _literal_path(glob: str) -> str | None:
 def seed_ledgers(root: Path, worktree: Path, scratch: Path, paths: list[str]) -> None:
     """Copy the checkout's copy of each ledger into the worktree, and keep it as the seed.
     Nothing is written through a link (a ledger, or a folder on its way, made a symlink)."""
+    Path(scratch).mkdir(parents=True, exist_ok=True)  # bmad-loop's own (its parents hidden)
     for path in paths:
         source = Path(root) / path
         text = source.read_bytes() if source.is_file() else b""

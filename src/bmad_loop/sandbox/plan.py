@@ -66,11 +66,18 @@ class BoxRequest:
 
 
 def plan_mounts(req: BoxRequest) -> list[Mount]:
-    mounts = [Mount("rw", p) for p in _general_writable(req)]
+    general = _general_writable(req)
+    code = [p for p in req.outside_code if p not in general]  # the home itself stays writable
+    # Code around a writable folder (`python -m` run from the folder that holds the home) is
+    # read-only first and the writable folders inside it open again; the rest is read-only
+    # after them. A mount covers what was mounted inside it before, so ancestors go first.
+    around = [p for p in code if any(g.is_relative_to(p) for g in general)]
+    mounts = sorted([Mount("rw", p) for p in general] + [Mount("ro", p) for p in around],
+                    key=lambda m: len(m.path.parts))
     user_home = _home(req.env)
     if user_home is not None and any(m.path == user_home for m in mounts):
         mounts += [Mount("ro", p) for p in home_git_files(req.env)]
-    mounts += [Mount("ro", p) for p in req.outside_code]
+    mounts += [Mount("ro", p) for p in code if p not in around]
     mounts.append(Mount("rw" if req.checkout_tree else "ro", req.project_root))
     if req.checkout_tree:  # the checkout is writable again: bmad-loop's code in it is not
         mounts += [Mount("ro", p) for p in req.outside_code if p.is_relative_to(req.project_root)

@@ -28,22 +28,27 @@ from ..caches import CACHES
 __all__ = ["trusted_program", "untrusted_reason", "outside_code", "per_user_bins",
            "placeholder_folders", "box_search_path"]
 
-_FOUND: dict[str, str] = {}  # program name -> its trusted path
-CACHES.register("sandbox.programs", _FOUND.clear, bound="one per program name (git, bwrap)",
-                holds="name -> the trusted executable this process runs for it")
+_FOUND: dict[tuple[str, str], str] = {}  # (program name, PATH) -> its trusted path
+CACHES.register("sandbox.programs", _FOUND.clear, bound="one per program name and PATH seen (17 at most)",
+                holds="(name, PATH) -> the trusted executable this process runs for it")
 _PACKAGE = Path(__file__).resolve().parent.parent
 
 
 def trusted_program(name: str) -> str:
     """The absolute path of the first `name` on PATH that `untrusted_reason` passes ("" when
-    none), looked up once for the life of the process: a program planted later is never
-    picked up by a process already running (a miss is looked up again: nothing to keep)."""
-    found = _FOUND.get(name)
+    none), looked up once for the life of the process (once per PATH: bmad-loop never changes
+    its own, tests do): a program planted later, even in a folder before the one it was found
+    in, is never picked up by a process already running. A miss is looked up again."""
+    search = os.environ.get("PATH", "")
+    found = _FOUND.get((name, search))
     if found is None:
-        for folder in _absolute_folders(os.environ.get("PATH", "")):
+        for folder in _absolute_folders(search):
             candidate = shutil.which(name, path=folder)
             if candidate and untrusted_reason(candidate) is None:
-                found = _FOUND[name] = os.path.realpath(candidate)
+                found = os.path.realpath(candidate)
+                if len(_FOUND) > 16:
+                    _FOUND.clear()
+                _FOUND[(name, search)] = found
                 break
     return found or ""
 
@@ -88,7 +93,7 @@ def outside_code(env: Mapping[str, str]) -> list[Path]:
     if getattr(sys, "pycache_prefix", None):
         paths.append(Path(sys.pycache_prefix))
     paths.append(_PACKAGE)
-    paths += [Path(p).parent for p in (_FOUND.get("git"), _FOUND.get("bwrap")) if p]
+    paths += [Path(p).parent for p in _FOUND.values()]
     real = (Path(os.path.realpath(p)) for p in paths)
     return [p for p in dict.fromkeys(real) if p != Path("/")]
 
