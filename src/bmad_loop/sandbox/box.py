@@ -83,7 +83,7 @@ def _folder_placeholders(mounts: list[Mount], folders: list[Path]) -> None:
     stays empty for the box."""
     for folder in folders:
         real = Path(os.path.realpath(folder))
-        if os.path.lexists(folder) or not writable_in(mounts, real):
+        if os.path.lexists(folder) or not writable_in(mounts, real.parent):
             continue
         try:
             real.mkdir(parents=True, exist_ok=True)
