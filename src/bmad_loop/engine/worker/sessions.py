@@ -396,9 +396,10 @@ class Heartbeat:
 
 
 def _exclude_session_dir(git) -> None:
-    """Keep the per-worktree session folder (prompt files) out of every `git add -A`."""
+    """Keep the per-worktree session folder (prompt files) out of every `git add -A`, in any
+    form: no trailing slash, so a symlink or a file of that name is ignored too."""
     exclude = git.common_dir() / "info" / "exclude"
-    line = f"/{SESSION_DIR}/"
+    line = f"/{SESSION_DIR}"
     try:
         current = exclude.read_text() if exclude.exists() else ""
     except OSError:
