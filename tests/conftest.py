@@ -54,6 +54,22 @@ def unboxed(monkeypatch):
 
 
 @pytest.fixture
+def fresh_programs():
+    """git and bwrap looked up again, for a test that changes PATH: bmad-loop resolves them once
+    per process (sandbox/programs.py), so the test starts cold and leaves nothing behind."""
+    from bmad_loop.caches import CACHES
+
+    def forget():
+        for entry in CACHES.entries():
+            if entry.name in ("sandbox.programs", "sandbox.probes"):
+                entry.clear()
+
+    forget()
+    yield forget
+    forget()
+
+
+@pytest.fixture
 def make_repo(tmp_path):
     """Build real git repositories with a BMAD board, story files and a scripted agent
     (`support.build_repo`); whatever they spawned is killed after the test."""

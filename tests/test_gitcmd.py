@@ -206,28 +206,38 @@ def test_repo_lock_held_by_a_killed_process_is_released_by_the_kernel(git, tmp_p
         child.wait()
 
 
-def test_the_git_on_path_is_the_one_run_and_a_changed_path_is_followed(git, tmp_path, monkeypatch):
-    """The git executable is looked up once per search path, not once per process: a git put
-    first on PATH is run, and taking it off PATH again is followed at the next step."""
+def test_git_is_looked_up_once_and_a_git_planted_later_or_writable_by_others_is_never_run(
+        git, tmp_path, monkeypatch):
+    """The git executable is looked up once (issue 45, planted programs): a git planted
+    afterwards in a folder that comes first on PATH (an agent writing ~/.local/bin/git) is never
+    run by a process already running; a git in a folder others may write is passed over; with
+    no git at all, a clear error."""
     import os
     import shutil
+    from pathlib import Path
 
     real = shutil.which("git")
-    shim_dir = tmp_path / "shim"
-    shim_dir.mkdir()
-    calls = tmp_path / "calls.log"
-    shim = shim_dir / "git"
-    shim.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {real} "$@"\n')
-    shim.chmod(0o755)
+
+    def shim(folder: Path, calls: Path) -> None:
+        (folder / "git").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {real} "$@"\n')
+        (folder / "git").chmod(0o755)
+
     original = os.environ["PATH"]
-
-    monkeypatch.setenv("PATH", f"{shim_dir}{os.pathsep}{original}")
+    early, planted = tmp_path / "early", tmp_path / "planted.log"
+    early.mkdir()
+    monkeypatch.setenv("PATH", f"{early}{os.pathsep}{original}")
+    assert git.out("rev-parse", "--abbrev-ref", "HEAD") == "main"  # the real git, found once
+    shim(early, planted)
     assert git.out("rev-parse", "--abbrev-ref", "HEAD") == "main"
-    assert calls.read_text().count("rev-parse --abbrev-ref HEAD") == 1
+    assert not planted.exists()  # planted after the lookup: never run
 
-    monkeypatch.setenv("PATH", original)
+    open_folder, others = tmp_path / "open", tmp_path / "others.log"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    shim(open_folder, others)
+    monkeypatch.setenv("PATH", f"{open_folder}{os.pathsep}{original}")
     assert git.out("rev-parse", "--abbrev-ref", "HEAD") == "main"
-    assert calls.read_text().count("rev-parse --abbrev-ref HEAD") == 1  # the shim was not run
+    assert not others.exists()  # anyone could have written it: passed over
 
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # no git at all: a clear error
     with pytest.raises(GitError, match="cannot run git"):

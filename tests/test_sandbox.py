@@ -43,9 +43,8 @@ def linked_worktree(tmp_path) -> BoxRequest:
     home.mkdir()
     scratch = root / ".bmad-loop" / "scratch" / "r1" / "1-1-a"
     scratch.mkdir(parents=True)
-    log = root / ".bmad-loop" / "logs" / "dev-1.log"
     return BoxRequest(project_root=root, state_dir=root / ".bmad-loop", git_dir=root / ".git",
-                      tree=tree, scratch=scratch, files=(log,), env={"HOME": str(home)})
+                      tree=tree, scratch=scratch, env={"HOME": str(home)})
 
 
 def test_the_writable_set_is_ordered_so_that_each_narrower_rule_wins(tmp_path):
@@ -54,7 +53,7 @@ def test_the_writable_set_is_ordered_so_that_each_narrower_rule_wins(tmp_path):
     root, home, admin = req.project_root, Path(req.env["HOME"]), req.git_dir / "worktrees" / "1-1-a"
     order = [("rw", home), ("ro", home / ".gitconfig"), ("ro", root), ("ro", req.git_dir),
              ("hide", req.state_dir), ("rw", req.tree), ("rw", admin), ("rw", req.scratch),
-             ("rw", req.files[0]), ("ro", admin / "gitdir"), ("ro", admin / "commondir"),
+             ("ro", admin / "gitdir"), ("ro", admin / "commondir"),
              ("ro", req.tree / ".git")]
     positions = [mounts.index(step) for step in order]
     assert positions == sorted(positions), mounts
@@ -62,8 +61,8 @@ def test_the_writable_set_is_ordered_so_that_each_narrower_rule_wins(tmp_path):
     # Nothing else in the git directory or the state folder is writable.
     writable = [p for kind, p in mounts if kind == "rw"]
     assert [p for p in writable if p.is_relative_to(req.git_dir)] == [admin]
-    assert {p for p in writable if p.is_relative_to(req.state_dir)} == {
-        req.tree, req.scratch, req.files[0]}
+    # (the session's log is not: its output reaches it through the pump's pipe only)
+    assert {p for p in writable if p.is_relative_to(req.state_dir)} == {req.tree, req.scratch}
 
 
 def test_in_place_the_checkout_is_writable_but_not_its_git_directory_nor_the_state(tmp_path):

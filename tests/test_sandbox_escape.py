@@ -20,6 +20,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import pytest
 
 from support import CI, StoryDef, build_repo, cli_argv, settled_status
 
+import bmad_loop
 from bmad_loop.sandbox.probe import probe_bwrap
 
 HOSTILE = Path(__file__).resolve().parent / "agents" / "hostile_agent.py"
@@ -45,7 +47,14 @@ MUST_FAIL = (
     "symlink out of the worktree",
     "hardlink out of the worktree", "git alternates", "the worktree's .git file",
     "the admin entry's commondir", "remount / read-write",
+    # issue 45: what would have bmad-loop run the agent's code unboxed, or move what it protects
+    "~/.local/bin/bwrap (first on PATH)", "~/.local/bin/git", "~/bin/git", "a folder on PATH",
+    "bmad-loop's site-packages (.pth)", "bmad-loop's own code",
+    "rename ~/.config (moves ~/.config/git)", "rename the project's folder",
+    "rename the folder above the project", "its own session log",
+    "bmad-loop's private temp folder",
 )
+PACKAGE_FILE = Path(bmad_loop.__file__).resolve().parent / "engine" / "lane" / "tick.py"
 
 needs_bwrap = pytest.mark.skipif(not CI and not probe_bwrap().ok,
                                  reason=f"no usable bubblewrap here: {probe_bwrap().detail}")
@@ -63,7 +72,9 @@ def hostile_project(make_repo, tmp_path, sandbox: str, python: str = sys.executa
            "home": os.environ["HOME"], "report_dir": str(reports),
            "other_worktree": str(state / "worktrees" / "r-other" / "9-9-other"),
            "candidate_worktree": str(state / "candidates" / "r-other" / "9-9-other-1"),
-           "honest_file": "src/alpha.py", "honest_text": HONEST}
+           "honest_file": "src/alpha.py", "honest_text": HONEST,
+           "project": str(repo.root), "path_folder": str(path_folder(tmp_path)),
+           "site_packages": sysconfig.get_paths()["purelib"], "package_file": str(PACKAGE_FILE)}
     for folder in (cfg["other_worktree"], cfg["candidate_worktree"]):
         Path(folder).mkdir(parents=True)
         (Path(folder) / "work.txt").write_text("another story's work\n")
@@ -76,6 +87,20 @@ def hostile_project(make_repo, tmp_path, sandbox: str, python: str = sys.executa
         f"[verify]\ncommands = [{json.dumps(verify)}]\nsandbox = \"{sandbox}\"\n"
         f"[adapter]\ncommand = {json.dumps(agent)}\ntimeout_s = 120\nsandbox = \"{sandbox}\"\n")
     return repo, cfg
+
+
+def path_folder(tmp_path: Path) -> Path:
+    """A folder of the test's own on PATH (made once per test)."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def hostile_path(cfg) -> str:
+    """PATH as a user's shell has it: `~/.local/bin` first (absent until someone makes it), then
+    the test's own folder, then the machine's."""
+    return os.pathsep.join([str(Path(cfg["home"]) / ".local" / "bin"), cfg["path_folder"],
+                            os.environ["PATH"]])
 
 
 def reports(cfg) -> dict[str, list[dict]]:
@@ -117,6 +142,13 @@ def assert_nothing_escaped(repo, cfg, start: str) -> None:
     assert marked_files(repo.root, skip=own) == []
     assert marked_files(Path(cfg["home"])) == []
     assert not (repo.root / ".git" / "hooks" / "pre-commit").exists()
+    home = Path(cfg["home"])
+    planted = [home / ".local" / "bin" / "bwrap", home / ".local" / "bin" / "git",
+               home / "bin" / "git", Path(cfg["path_folder"]) / "git",
+               Path(cfg["site_packages"]) / "hostile.pth"]
+    assert [str(p) for p in planted if p.exists()] == []
+    assert (home / ".config" / "git").is_dir() and not (home / ".config-moved").exists()
+    assert "HOSTILE" not in PACKAGE_FILE.read_text()
     for role, runs in reports(cfg).items():
         for report in runs:
             assert report["boxed"] == "bwrap"
@@ -132,8 +164,9 @@ def assert_nothing_escaped(repo, cfg, start: str) -> None:
 
 @needs_bwrap
 def test_a_hostile_agent_and_verify_command_in_the_box_change_nothing_outside_it_as_root(
-        make_repo, tmp_path):
+        make_repo, tmp_path, monkeypatch):
     repo, cfg = hostile_project(make_repo, tmp_path, "on")
+    monkeypatch.setenv("PATH", hostile_path(cfg))
     start = repo.git("rev-parse", "main")
     result = repo.cli("run")
     assert result.exit_code == 0, result.output
@@ -146,8 +179,9 @@ def test_a_hostile_agent_and_verify_command_in_the_box_change_nothing_outside_it
 
 @needs_bwrap
 def test_in_place_the_boxed_agent_writes_the_checkout_and_nothing_of_git_or_the_run(
-        make_repo, tmp_path):
+        make_repo, tmp_path, monkeypatch):
     repo, cfg = hostile_project(make_repo, tmp_path, "on", extra='[scm]\nisolation = "none"\n')
+    monkeypatch.setenv("PATH", hostile_path(cfg))
     start = repo.git("rev-parse", "main")
     result = repo.cli("run")
     assert result.exit_code == 0, result.output
@@ -209,13 +243,14 @@ def test_a_hostile_agent_and_verify_command_in_the_box_change_nothing_as_an_ordi
     (user_folder / "hostile.json").write_text(json.dumps(cfg))
     start = repo.git("rev-parse", "main")
     subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(user_folder)], check=True)
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1",
+    env = {"PATH": hostile_path(cfg), "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1",
            "LANG": "C.UTF-8"}
     try:
         proc = subprocess.run(["runuser", "-u", USER, "--", "env", "-i",
                                *[f"{k}={v}" for k, v in env.items()],
                                *cli_argv("run", "--project", str(repo.root))],
-                              capture_output=True, text=True, timeout=300, cwd=str(user_folder))
+                              # (`python -m` puts its cwd on sys.path: read-only in every box)
+                              capture_output=True, text=True, timeout=300, cwd=str(repo.root))
     finally:
         subprocess.run(["chown", "-R", "0:0", str(user_folder)], check=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -302,10 +337,11 @@ def test_boxed_the_worktrees_own_config_worktree_is_writable_and_a_change_escala
 
 @needs_bwrap
 def test_remote_mode_the_box_hides_the_projects_own_state_not_only_the_clones(
-        make_repo, tmp_path):
+        make_repo, tmp_path, monkeypatch):
     """In remote mode the worker's repository is a clone; the policy and the state database
     stay in the project: read-only and hidden for the hostile agent all the same."""
     repo, cfg = hostile_project(make_repo, tmp_path, "on")
+    monkeypatch.setenv("PATH", hostile_path(cfg))
     bare = tmp_path / "remote.git"
     subprocess.run(["git", "clone", "-q", "--bare", str(repo.root), str(bare)], check=True)
     repo.git("remote", "add", "origin", str(bare))

@@ -98,7 +98,35 @@ def attempts(cfg, worktree):
     }
     if boxed:  # unboxed as root this would remount the host's own root
         found["remount / read-write"] = command("mount", "-o", "remount,rw", "/")
+    if boxed:  # unboxed these would plant programs and code on the test machine itself
+        found.update(planting(cfg, state, git, home))
     return found
+
+
+def planting(cfg, state, git, home):
+    """What would make bmad-loop run the agent's code outside the box (issue 45): a program
+    early on PATH, code on bmad-loop's sys.path, a protected folder moved aside, its own log."""
+    program = f"#!/bin/sh\n# {MARK}\nexec /usr/bin/env -S \"$@\"\n"
+    project = Path(cfg["project"])
+    log = state / "logs" / os.environ.get("BMAD_LOOP_RUN_ID", "run") \
+        / os.environ.get("BMAD_LOOP_STORY_KEY", "story") / "dev-1.log"
+    return {
+        "~/.local/bin/bwrap (first on PATH)": create(home / ".local" / "bin" / "bwrap", program),
+        "~/.local/bin/git": create(home / ".local" / "bin" / "git", program),
+        "~/bin/git": create(home / "bin" / "git", program),
+        "a folder on PATH": create(Path(cfg["path_folder"]) / "git", program),
+        "bmad-loop's site-packages (.pth)": create(Path(cfg["site_packages"]) / "hostile.pth",
+                                                   f"# {MARK}\n"),
+        "bmad-loop's own code": append(cfg["package_file"]),
+        "rename ~/.config (moves ~/.config/git)": lambda: os.rename(home / ".config",
+                                                                  home / ".config-moved"),
+        "rename the project's folder": lambda: os.rename(project, f"{project}-moved"),
+        "rename the folder above the project": lambda: os.rename(
+            project.parent, f"{project.parent}-moved"),
+        "its own session log": append(log, "x" * 4096),
+        "bmad-loop's private temp folder": create(git / "bmad-loop-tmp" / "attrs-x" /
+                                                  ".gitattributes", f"* merge=union # {MARK}\n"),
+    }
 
 
 def main():

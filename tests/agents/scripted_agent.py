@@ -19,6 +19,7 @@ so tests can count sessions and check what each one saw.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -67,6 +68,13 @@ def main():
             handle.write(text)
     for rel in step.get("delete") or []:
         (worktree / rel).unlink()
+    for rel, target in (step.get("symlink") or {}).items():  # rel made a link to target
+        path = worktree / rel
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            path.unlink()
+        os.symlink(target, path)
     identity = ["-c", "user.name=agent", "-c", "user.email=agent@localhost"]
     if step.get("commit"):
         subprocess.run(["git", "add", "-A"], cwd=worktree, check=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,7 +51,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m bmad_loop.agents.tmux_session SESSION LOG -- ARGV…", file=sys.stderr)
         return 2
     name, command = argv[0], argv[3:]  # argv[1], the log, is written by bmad-loop from our output
-    exit_file = Path(tempfile.mkdtemp(prefix="bmad-tmux-")) / "exit"
+    # Beside the log, in the state folder no box can see (a sibling agent could write a
+    # shared /tmp folder: a false exit status, a fake pane).
+    exit_file = Path(tempfile.mkdtemp(prefix="tmux-", dir=Path(argv[1]).parent)) / "exit"
     ready = exit_file.with_name("ready")
     # The command waits until the pane is mirrored into the log, so no output is lost.
     script = (f"while [ ! -f {shlex.quote(str(ready))} ]; do sleep 0.02; done; "
@@ -87,6 +90,7 @@ def main(argv: list[str]) -> int:
     subprocess.run([*TMUX, "kill-session", "-t", name], check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     copier.join(timeout=5)  # the pane's last output, once its mirror ends with the session
+    shutil.rmtree(exit_file.parent, ignore_errors=True)
     return code
 
 

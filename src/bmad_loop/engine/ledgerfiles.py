@@ -22,16 +22,19 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import logging
 import os
 from pathlib import Path
 
-from ..fileio import write_atomic
+from ..fileio import LinkRefused, read_beneath, write_atomic, write_beneath
 from ..git.trees.settle import MergeRules
 from ..policy.mergerule import UNION
 from .mergerules import run_merge_rules
 
 __all__ = ["StoryLedgers", "append_ledger_lines", "captured_lines", "ignored_ledgers",
            "seed_ledgers"]
+
+log = logging.getLogger(__name__)
 
 _SEEDS = "ledger-seeds"
 _RECORDS = "ledgers"
@@ -82,26 +85,35 @@ def _literal_path(glob: str) -> str | None:
 
 
 def seed_ledgers(root: Path, worktree: Path, scratch: Path, paths: list[str]) -> None:
-    """Copy the checkout's copy of each ledger into the worktree, and keep it as the seed."""
+    """Copy the checkout's copy of each ledger into the worktree, and keep it as the seed.
+    Nothing is written through a link (a ledger, or a folder on its way, made a symlink)."""
+    Path(scratch).mkdir(parents=True, exist_ok=True)  # bmad-loop's own (its parents hidden)
     for path in paths:
         source = Path(root) / path
         text = source.read_bytes() if source.is_file() else b""
-        for dest in (Path(worktree) / path, Path(scratch) / _SEEDS / path):
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(text)
+        try:
+            write_beneath(Path(worktree), path, text)
+            write_beneath(Path(scratch), f"{_SEEDS}/{path}", text)
+        except LinkRefused as exc:
+            log.warning("ledger %s not seeded in %s: %s", path, worktree, exc)
 
 
 def captured_lines(worktree: Path, scratch: Path, paths: list[str]) -> dict[str, str]:
-    """{path: the text the story added against its seed}, for the ledgers it added to."""
+    """{path: the text the story added against its seed}, for the ledgers it added to. The
+    worktree and the scratch are the box's to write: a ledger (or its seed) that is a symlink
+    is never read (it could name the policy), and yields nothing."""
     captured = {}
     for path in paths:
-        seed_file = Path(scratch) / _SEEDS / path
-        if not seed_file.is_file():
-            continue  # seeded by an older bmad-loop, or not a story of this kind
-        now = Path(worktree) / path
-        added = _added(seed_file.read_text(encoding="utf-8", errors="surrogateescape"),
-                       now.read_text(encoding="utf-8", errors="surrogateescape")
-                       if now.is_file() else "")
+        try:
+            seed = read_beneath(Path(scratch), f"{_SEEDS}/{path}")
+            if seed is None:
+                continue  # seeded by an older bmad-loop, or not a story of this kind
+            now = read_beneath(Path(worktree), path) or b""
+        except LinkRefused as exc:
+            log.warning("ledger %s of %s not captured: %s", path, worktree, exc)
+            continue
+        added = _added(seed.decode("utf-8", errors="surrogateescape"),
+                       now.decode("utf-8", errors="surrogateescape"))
         if added:
             captured[path] = added
     return captured

@@ -2,8 +2,7 @@
 
 The environment is the caller's without the variables that would point git somewhere else (a
 repository, an index, a work tree, configuration), plus fixed settings (no prompts, no optional
-locks, the C locale). The executable is the git the search path finds, looked up once per
-search path instead of by every process start.
+locks, the C locale). The executable is the trusted git of this process (looked up once).
 """
 
 from __future__ import annotations
@@ -11,7 +10,9 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping
-from ..caches import CACHES
+
+from ..errors import GitError
+from ..sandbox.programs import trusted_program, untrusted_reason
 
 __all__ = ["clean_env", "git_program"]
 
@@ -24,22 +25,14 @@ _KEEP_GIT_VARS = frozenset({
 })
 
 
-_PROGRAMS: dict[str | None, str] = {}  # PATH -> the git it finds there ("git" when none)
-CACHES.register("git.programs", _PROGRAMS.clear, bound="one per PATH seen",
-               holds="PATH -> the git it finds there")
-
-
-def git_program(path: str | None) -> str:
-    """The git executable the search path `path` finds, looked up once per search path. Spares
-    every git step the search itself (an exec tried in each folder of PATH before git's)."""
-    found = _PROGRAMS.get(path)
-    if found is None:
-        found = shutil.which("git", path=path) or ""
-        if not os.path.isabs(found):  # none, or in a relative folder of PATH: let exec search
-            found = "git"
-        if len(_PROGRAMS) > 16:
-            _PROGRAMS.clear()
-        _PROGRAMS[path] = found
+def git_program(path: str | None = None) -> str:
+    """The git executable bmad-loop runs: the trusted one (`sandbox.programs`), looked up once
+    per process on its PATH, never a git planted later in a folder the box writes; `path` is
+    not searched (kept for callers). GitError when PATH has no git, or none it can trust."""
+    found = trusted_program("git")
+    if not found:
+        planted = shutil.which("git")
+        raise GitError(f"cannot run git: {untrusted_reason(planted) if planted else 'not on PATH'}")
     return found
 
 

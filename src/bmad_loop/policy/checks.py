@@ -22,6 +22,7 @@ __all__ = [
     "choice",
     "COMMIT_PLACEHOLDERS",
     "MAX_PARALLEL",
+    "MAX_VERIFY_PARALLEL",
     "MAX_SECONDS",
     "Check",
     "argv_template",
@@ -72,6 +73,9 @@ def at_most(high: int, why: str = "") -> Check:
 
 # Parallel slots: each is a consumer thread, a worktree and an agent process.
 MAX_PARALLEL = 1024
+# Speculative candidates verified at once (`[verify] parallel`, and its default): each is a
+# candidate worktree and a verification; the one bound the key, its default and the docs share.
+MAX_VERIFY_PARALLEL = 64
 
 # Durations: far beyond any real timeout, and still within what datetime arithmetic and the
 # platform's timed waits accept (a larger value would overflow later, deep in a run).

@@ -64,7 +64,7 @@ def read_merge_rule(ctx: Context, path: tuple[str, ...], value: Any) -> MergeRul
         raise ctx.error(path, "a table rule needs regenerate = [argv] or \"shell command\"")
     return MergeRule(REGENERATE, _command(ctx, path + ("regenerate",), value["regenerate"]),
                      timeout_s=_timeout(ctx, path + ("timeout_s",), value.get("timeout_s", 600)),
-                     cwd=_cwd(ctx, path + ("cwd",), value.get("cwd", "")),
+                     cwd=_cwd(ctx, path + ("cwd",), value.get("cwd", ""), glob=path[-1]),
                      always=_flag(ctx, path + ("always",), value.get("always", False)))
 
 
@@ -86,14 +86,30 @@ def _timeout(ctx: Context, path, raw: Any) -> int:
     return raw
 
 
-def _cwd(ctx: Context, path, raw: Any) -> str:
+def _cwd(ctx: Context, path, raw: Any, glob: str) -> str:
     if not isinstance(raw, str):
         raise ctx.error(path, f"expected a string, got {describe(raw)}")
-    # Relative to the matched file's folder; where it leads outside the repository is
-    # refused when the rule runs (the folder is known only then).
     if PurePosixPath(raw).is_absolute() or raw.startswith("~"):
         raise ctx.error(path, f"{raw!r} must be relative to the matched file's folder")
+    # Relative to the matched file's folder: refused here when it climbs above the repository
+    # from the shallowest folder the glob can match (the lane checks the real folder again).
+    level = _least_depth(glob)
+    for part in raw.split("/"):
+        if part in ("", "."):
+            continue
+        level += -1 if part == ".." else 1
+        if level < 0:
+            raise ctx.error(path, f"{raw!r} leads outside the repository from the folder of "
+                                  f"{glob!r} (at least {_least_depth(glob)} deep)")
     return raw
+
+
+def _least_depth(glob: str) -> int:
+    """How many folders deep, at least, the folder of a file `glob` matches is (`**` may
+    match none; a glob ending in "/" names a folder, whose files lie inside it)."""
+    parts = [p for p in glob.strip("/").split("/") if p]
+    folders = parts if glob.endswith("/") else parts[:-1]
+    return sum(1 for p in folders if p != "**")
 
 
 def _flag(ctx: Context, path, raw: Any) -> bool:

@@ -17,6 +17,7 @@ from ..states import AGENT_PHASES
 from ..agents.logcap import MIN_CAP
 from .checks import (
     MAX_PARALLEL,
+    MAX_VERIFY_PARALLEL,
     argv_template,
     at_least,
     at_most,
@@ -128,8 +129,9 @@ class VerifyPolicy:
     # A failing command runs again on the very same (reset) tree this many times before it
     # counts; a pass on a retry is a flake (journaled `verify.flaky`). 0: no retries.
     retries: int = setting(1, checks=(at_least(0), at_most(5)))
-    # How many speculative candidates the lane verifies at once; None: the run's max_parallel.
-    parallel: int | None = setting(None, checks=(at_least(1), at_most(MAX_PARALLEL)))
+    # How many speculative candidates the lane verifies at once; None: the run's max_parallel
+    # (at most MAX_VERIFY_PARALLEL either way).
+    parallel: int | None = setting(None, checks=(at_least(1), at_most(MAX_VERIFY_PARALLEL)))
     # Run each command in the OS sandbox (bmad_loop.sandbox): "auto" where it works, "on", "off".
     sandbox: Sandbox = choice(Sandbox.AUTO)
 
@@ -139,7 +141,7 @@ class VerifyPolicy:
         predecessor's integrated result, so nothing could be ready to stack on a candidate."""
         if not self.commands or max_parallel <= 1:
             return 1
-        return self.parallel if self.parallel is not None else max_parallel
+        return self.parallel if self.parallel is not None else min(max_parallel, MAX_VERIFY_PARALLEL)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from typing import Sequence
 
 from .bwrap import bwrap_argv
 from .mode import BoxDecision
-from .plan import BoxRequest, Mount, home_git_files, plan_mounts
+from .plan import BoxRequest, Mount, home_git_files, plan_mounts, writable_in
+from .programs import box_search_path, placeholder_folders
 from .seatbelt import sandbox_exec_argv
 
 __all__ = ["Box", "make_box", "quarantine_has_objects", "clear_quarantine", "QUARANTINE",
@@ -41,9 +42,11 @@ class Box:
         writable = [str(m.path) for m in self.mounts if m.kind == "rw"]
         return f"boxed ({self.backend}): writable {', '.join(writable) or 'nothing'}"
 
-    def wrap(self, argv: Sequence[str]) -> list[str]:
+    def wrap(self, argv: Sequence[str], cwd: str | None = None) -> list[str]:
+        """`argv` in the box, started in `cwd` (a folder of the tree; default: the tree), so
+        a command runs where it would unboxed (a merge rule's `cwd`)."""
         if self.backend == "bwrap":
-            return bwrap_argv(self.program, self.mounts, argv, self.cwd)
+            return bwrap_argv(self.program, self.mounts, argv, cwd or self.cwd)
         return sandbox_exec_argv(self.program, self.mounts, argv)
 
 
@@ -56,10 +59,13 @@ def make_box(decision: BoxDecision, req: BoxRequest) -> Box | None:
     quarantine = req.scratch / QUARANTINE
     for sub in ("info", "pack"):
         (quarantine / sub).mkdir(parents=True, exist_ok=True)
-    mounts = plan_mounts(req)
+    _folder_placeholders(plan_mounts(req), placeholder_folders(req.env))
+    mounts = plan_mounts(req)  # again: the placeholders may need pins of their own
     _placeholders([m.path for m in mounts if m.kind == "ro"], home_git_files(req.env))
     env = {"GIT_OBJECT_DIRECTORY": str(quarantine),
            "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(Path(req.git_dir) / "objects")}
+    if req.env.get("PATH"):
+        env["PATH"] = box_search_path(req.env)
     return Box(decision.backend, decision.program, tuple(mounts), str(req.tree), env)
 
 
@@ -74,6 +80,20 @@ def quarantine_has_objects(scratch: Path) -> bool:
 
 def clear_quarantine(scratch: Path) -> None:
     shutil.rmtree(scratch / QUARANTINE, ignore_errors=True)
+
+
+def _folder_placeholders(mounts: list[Mount], folders: list[Path]) -> None:
+    """An empty folder for each absent one of `folders` the box could otherwise create (under
+    a writable mount): a folder on PATH, `~/.local/bin`, the user site. Bound read-only, it
+    stays empty for the box."""
+    for folder in folders:
+        real = Path(os.path.realpath(folder))
+        if os.path.lexists(folder) or not writable_in(mounts, real.parent):
+            continue
+        try:
+            real.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass  # a folder we cannot make: the box cannot either
 
 
 def _placeholders(read_only: list[Path], home_files: list[Path]) -> None:

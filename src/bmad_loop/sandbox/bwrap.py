@@ -9,7 +9,7 @@ from .probe import BWRAP_ALWAYS
 
 __all__ = ["bwrap_argv"]
 
-_FLAG = {"rw": "--bind", "ro": "--ro-bind"}
+_FLAG = {"rw": "--bind", "ro": "--ro-bind", "pin": "--bind"}  # a pin: bound onto itself
 
 
 def bwrap_argv(program: str, mounts: Sequence[Mount], argv: Sequence[str], cwd: str) -> list[str]:

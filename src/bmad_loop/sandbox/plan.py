@@ -2,17 +2,26 @@
 
 Everything is readable and nothing writable, then, in this order:
 1. writable: the system temp folders, the user's home, `[adapter] sandbox_writable`;
-2. read-only again: git's configuration and credential stores in the home;
+2. read-only again: git's configuration and credential stores in the home, and what bmad-loop
+   runs outside the box (`programs.outside_code`: every folder on PATH, its interpreter, its
+   packages, every `sys.path` entry);
 3. the project: read-only (worktree isolation) or writable (in place, the checkout is the tree);
    its git directory read-only either way (remote mode: the project the policy lives in too);
-4. bmad-loop's state folder hidden (an empty tmpfs): databases, queue, policy, other stories
-   (remote mode: the project's and the clone's);
+   in place, what of step 2 lies inside the checkout read-only again;
+4. bmad-loop's state folder hidden (an empty tmpfs): databases, queue, policy, logs, other
+   stories (remote mode: the project's and the clone's);
 5. shown again inside it: the guard hooks (read-only), then writable: the process's own tree
    (story worktree or candidate worktree), its worktree admin entry in the git directory (index,
-   HEAD), its scratch folder (temp files, the git object quarantine) and its log file;
+   HEAD) and its scratch folder (temp files, the git object quarantine). Its log is not: the
+   output reaches the log through a pipe only;
 6. read-only again: what would redirect bmad-loop's own git afterwards (the tree's `.git` file,
    the admin entry's `gitdir` and `commondir`).
 No ref is writable: refs live in the git directory, outside every writable folder.
+
+A protected path is only as safe as its folders: moving `~/.config` aside would move the
+read-only `~/.config/git` with it. So every folder between a writable mount and a read-only or
+hidden path inside it is pinned (`pin`: bound onto itself, writable as before, but a mount point,
+which nobody can rename or remove); `unpinned_ancestors` checks a plan for any it missed.
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-__all__ = ["BoxRequest", "Mount", "plan_mounts", "home_git_files", "REDIRECTING_FILES"]
+__all__ = ["BoxRequest", "Mount", "plan_mounts", "home_git_files", "REDIRECTING_FILES",
+           "unpinned_ancestors", "writable_in"]
 
 # In a worktree admin entry: the files that say where the repository is.
 REDIRECTING_FILES = ("gitdir", "commondir")
@@ -31,7 +41,7 @@ REDIRECTING_FILES = ("gitdir", "commondir")
 
 @dataclass(frozen=True)
 class Mount:
-    kind: str  # "rw" | "ro" | "hide"
+    kind: str  # "rw" | "ro" | "hide" | "pin" (as writable as before, but not renameable)
     path: Path
 
 
@@ -45,7 +55,8 @@ class BoxRequest:
     tree: Path  # the folder it works in: writable
     scratch: Path  # its scratch folder: writable
     checkout_tree: bool = False  # the tree is the project's own checkout (isolation "none")
-    files: tuple[Path, ...] = ()  # its own files inside the state folder (the log): writable
+    # What bmad-loop runs outside the box (programs.outside_code): read-only.
+    outside_code: tuple[Path, ...] = ()
     shown: tuple[Path, ...] = ()  # folders inside the state folder it may read (guard hooks)
     extra_writable: tuple[str, ...] = ()  # [adapter] sandbox_writable
     # Remote mode: the project the policy and the state database live in, when the tree's
@@ -55,11 +66,22 @@ class BoxRequest:
 
 
 def plan_mounts(req: BoxRequest) -> list[Mount]:
-    mounts = [Mount("rw", p) for p in _general_writable(req)]
+    general = _general_writable(req)
+    code = [p for p in req.outside_code if p not in general]  # the home itself stays writable
+    # Code around a writable folder (`python -m` run from the folder that holds the home) is
+    # read-only first and the writable folders inside it open again; the rest is read-only
+    # after them. A mount covers what was mounted inside it before, so ancestors go first.
+    around = [p for p in code if any(g.is_relative_to(p) for g in general)]
+    mounts = sorted([Mount("rw", p) for p in general] + [Mount("ro", p) for p in around],
+                    key=lambda m: len(m.path.parts))
     user_home = _home(req.env)
     if user_home is not None and any(m.path == user_home for m in mounts):
         mounts += [Mount("ro", p) for p in home_git_files(req.env)]
+    mounts += [Mount("ro", p) for p in code if p not in around]
     mounts.append(Mount("rw" if req.checkout_tree else "ro", req.project_root))
+    if req.checkout_tree:  # the checkout is writable again: bmad-loop's code in it is not
+        mounts += [Mount("ro", p) for p in req.outside_code if p.is_relative_to(req.project_root)
+                   and p != req.project_root]
     mounts.append(Mount("ro", req.git_dir))
     home = req.home_project
     if home is not None and home != req.project_root:
@@ -72,12 +94,57 @@ def plan_mounts(req: BoxRequest) -> list[Mount]:
     if admin is not None:
         mounts.append(Mount("rw", admin))
     mounts.append(Mount("rw", req.scratch))
-    mounts += [Mount("rw", f) for f in req.files]
     if admin is not None:
         mounts += [Mount("ro", admin / name) for name in REDIRECTING_FILES
                    if (admin / name).exists()]
         mounts.append(Mount("ro", req.tree / ".git"))
-    return mounts
+    return _pinned(mounts)
+
+
+def _covering(mounts: list[Mount], path: Path) -> int | None:
+    """The index of the last mount in `mounts` that shows `path` (it or a folder above it)."""
+    for i in range(len(mounts) - 1, -1, -1):
+        if path == mounts[i].path or path.is_relative_to(mounts[i].path):
+            return i
+    return None
+
+
+def _pinned(mounts: list[Mount]) -> list[Mount]:
+    """`mounts` with every folder between a writable mount and a protected path inside it
+    pinned, right after that writable mount (before anything mounted inside the folder, which
+    a later bind of it would cover)."""
+    out = list(mounts)
+    i = 0
+    while i < len(out):
+        if out[i].kind in ("ro", "hide"):
+            for folder in reversed(out[i].path.parents):
+                at = _covering(out[:i], folder)
+                if at is not None and out[at].kind in ("rw", "pin") and out[at].path != folder:
+                    out.insert(at + 1, Mount("pin", folder))
+                    i += 1
+        i += 1
+    return out
+
+
+def writable_in(mounts: list[Mount], path: Path) -> bool:
+    """Would a process in a box of `mounts` be able to write `path`?"""
+    at = _covering(mounts, path)
+    return at is not None and mounts[at].kind in ("rw", "pin")
+
+
+def unpinned_ancestors(mounts: list[Mount]) -> list[tuple[Path, Path]]:
+    """(folder, protected path) for each folder a boxed process could rename to move a
+    read-only or hidden path: writable where the protected path is mounted, and not itself a
+    mount point laid before it. Empty for every plan `plan_mounts` makes."""
+    found = []
+    for i, mount in enumerate(mounts):
+        if mount.kind not in ("ro", "hide"):
+            continue
+        for folder in mount.path.parents:
+            at = _covering(mounts[:i], folder)
+            if at is not None and mounts[at].kind in ("rw", "pin") and mounts[at].path != folder:
+                found.append((folder, mount.path))
+    return found
 
 
 def home_git_files(env: Mapping[str, str]) -> list[Path]:

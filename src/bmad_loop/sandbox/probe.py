@@ -2,8 +2,9 @@
 
 bubblewrap is often installed but refused (Ubuntu 24.04+'s AppArmor rule on user namespaces,
 Docker's default seccomp profile), so being on PATH proves nothing: the probe starts a trivial
-box with the same namespace options every session uses. The answer is kept per executable for
-the life of the process (one probe per run, not one per session).
+box with the same namespace options every session uses. The executable is the trusted one
+(`programs.trusted_program`: looked up once per process, never a file others may write), and
+the answer is kept for the life of the process (one probe per run, not one per session).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+
 from ..caches import CACHES
+from .programs import trusted_program, untrusted_reason
 
 __all__ = ["BWRAP_ALWAYS", "Probe", "probe_bwrap", "probe_sandbox_exec"]
 
@@ -23,9 +26,9 @@ __all__ = ["BWRAP_ALWAYS", "Probe", "probe_bwrap", "probe_sandbox_exec"]
 BWRAP_ALWAYS = ("--unshare-user", "--unshare-pid", "--new-session", "--die-with-parent",
                 "--disable-userns", "--cap-drop", "ALL")
 _PROBE_TIMEOUT_S = 20
-_cache: dict[tuple, "Probe"] = {}
+_cache: dict[str, "Probe"] = {}
 CACHES.register("sandbox.probes", _cache.clear, bound="one per kind of box asked for",
-               holds="(backend, program, …) -> whether that sandbox starts on this machine")
+               holds="program -> whether that sandbox starts on this machine")
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,12 @@ class Probe:
 
 
 def probe_bwrap() -> Probe:
-    program = shutil.which("bwrap") or ""
+    program = trusted_program("bwrap")  # once per process; never one planted in the home
     if not program:
+        planted = shutil.which("bwrap")
+        if planted:
+            return Probe(False, "", f"no trusted bubblewrap (bwrap) on PATH: "
+                                    f"{untrusted_reason(planted)}")
         return Probe(False, "", "bubblewrap (bwrap) is not installed")
     argv = [program, *BWRAP_ALWAYS, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "true"]
@@ -52,14 +59,9 @@ def probe_sandbox_exec() -> Probe:
 
 
 def _cached(program: str, argv: list[str]) -> Probe:
-    try:
-        stamp = os.stat(program).st_mtime_ns
-    except OSError:
-        stamp = 0
-    key = (program, stamp)
-    if key not in _cache:
-        _cache[key] = _run(program, argv)
-    return _cache[key]
+    if program not in _cache:
+        _cache[program] = _run(program, argv)
+    return _cache[program]
 
 
 def _run(program: str, argv: list[str]) -> Probe:

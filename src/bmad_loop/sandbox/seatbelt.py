@@ -3,7 +3,8 @@
 Not run here: CI has no Mac. The profile is generated from the same mounts as the Linux box and
 unit-tested as text. SBPL applies the last rule that matches, so the mounts' order carries over:
 writes are denied everywhere, then allowed or denied again folder by folder; a hidden folder
-denies reads too. Unlike the Linux box there is no pid or user namespace: the agent sees the
+denies reads too; a pinned folder denies writes of the folder itself (renaming or removing
+it), not of what is inside. Unlike the Linux box there is no pid or user namespace: the agent sees the
 host's processes, and a nested sandbox-exec is refused by macOS itself.
 """
 
@@ -23,6 +24,8 @@ def seatbelt_profile(mounts: Sequence[Mount]) -> str:
         path = _quote(str(mount.path))
         if mount.kind == "rw":
             lines.append(f"(allow file-read* file-write* (subpath {path}))")
+        elif mount.kind == "pin":  # the folder itself (a rename, a removal), not what is in it
+            lines.append(f"(deny file-write* (literal {path}))")
         elif mount.kind == "ro":
             lines.append(f"(deny file-write* (subpath {path}))")
         else:

@@ -15,6 +15,7 @@ from pathlib import Path
 from ...errors import GitError
 from ...sandbox import Box, BoxRequest, decide, make_box, quarantine_has_objects
 from ...sandbox.box import clear_quarantine
+from ...sandbox.programs import outside_code
 from .childenv import story_verify_env
 
 __all__ = ["BoxSite", "agent_box", "verify_box", "story_verify_setup", "settle_after_box"]
@@ -25,7 +26,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class BoxSite:
-    """Where one boxed process works: its tree, its scratch folder, its log file."""
+    """Where one boxed process works: its tree, its scratch folder, and the log its output
+    goes to (outside the box)."""
 
     tree: Path
     scratch: Path
@@ -61,17 +63,19 @@ def story_verify_setup(ctx, worktree: Path, log_path: Path) -> tuple[dict, Box |
 
 
 def _request(git, state_dir, home_state, site: BoxSite, policy, env) -> BoxRequest:
-    site.log_path.parent.mkdir(parents=True, exist_ok=True)
-    site.log_path.touch(exist_ok=True)  # a mount needs the file to be there
+    # The log stays outside the box (hidden with the state folder): the output reaches it
+    # through the pipe bmad-loop reads, capped, and nothing else.
     site.scratch.mkdir(parents=True, exist_ok=True)
     root, tree = Path(git.repo_dir).resolve(), Path(site.tree).resolve()
+    box_env = {k: env.get(k, os.environ.get(k, ""))
+               for k in ("HOME", "TMPDIR", "XDG_CONFIG_HOME", "PATH")}
     return BoxRequest(
         project_root=root, state_dir=Path(state_dir).resolve(), git_dir=git.common_dir(),
         tree=tree, scratch=site.scratch.resolve(),
         checkout_tree=tree == root,  # isolation "none" (a candidate worktree never is)
-        files=(site.log_path.resolve(),),
+        outside_code=tuple(outside_code(box_env)),
         extra_writable=tuple(policy.adapter.sandbox_writable),
-        env={k: env.get(k, os.environ.get(k, "")) for k in ("HOME", "TMPDIR", "XDG_CONFIG_HOME")},
+        env=box_env,
         home_project=Path(home_state).resolve().parent if home_state else None,
     )
 

@@ -32,6 +32,7 @@ import json
 import os
 from pathlib import Path
 
+from ...fileio import write_beneath
 from ...git.trees.compose import Settling, compose
 from ...states import Phase
 from ..faults import crash_point
@@ -72,21 +73,19 @@ def repair_prompt_text(story, target_branch: str) -> str:
     return repair_markdown(feedback.get(REPAIR_KEY) or {}, target_branch, merge.get("conflicts") or ())
 
 
-def repair_env(ctx, story, number: int, session_folder: Path) -> dict[str, str]:
+def repair_env(ctx, story, number: int, worktree: Path, session_dir: str) -> dict[str, str]:
     """A repair session's own variables: the cause and the evidence file, written now into the
-    session's folder in the worktree (where a boxed agent can read it)."""
+    session's folder in the worktree (where a boxed agent can read it), through no link."""
     feedback = story.feedback or {}
     request, merge = feedback.get(REPAIR_KEY) or {}, feedback.get(MERGE_KEY) or {}
     evidence = {**request, "number": number, "conflicts": merge.get("conflicts")
                 or request.get("conflicts") or [], "base_sha": story.base_sha,
                 "previous_failure": feedback.get("verify_output") or None}
-    path = session_folder / f"repair-{number}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink():  # never write through a link bmad-loop did not make
-        path.unlink()
-    path.write_text(json.dumps(evidence, indent=2, sort_keys=True))
-    ctx.layout.repair_evidence(ctx.key, number).parent.mkdir(parents=True, exist_ok=True)
-    ctx.layout.repair_evidence(ctx.key, number).write_text(path.read_text())  # kept after the run
+    text = json.dumps(evidence, indent=2, sort_keys=True)
+    path = write_beneath(worktree, f"{session_dir}/repair-{number}.json", text.encode(), own=True)
+    kept = ctx.layout.repair_evidence(ctx.key, number)  # stays after the worktree goes
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text(text)
     return {CAUSE_VAR: str(request.get("cause") or ""), EVIDENCE_VAR: os.fspath(path)}
 
 

@@ -32,8 +32,10 @@ from ...agents.output import SessionReport, Usage, parse_output
 from ...agents.process import Command, Limits, supervise
 from ...db.database import insert_now
 from ...db.models import Attempt, Run, utcnow
+from ...fileio import LinkRefused, read_beneath, unlink_beneath, write_beneath
 from ...git.config_guard import ConfigWatch
-from ...agents.prompts import PHASE_INSTRUCTIONS, PromptSpec, build_prompt, write_prompt
+from ...git.trees.sessionfolder import SESSION_FOLDER
+from ...agents.prompts import PHASE_INSTRUCTIONS, PromptSpec, build_prompt
 from ...agents.profiles import resolve_command
 from ...agents.tmux_session import session_name, tmux_available
 from ...states import AttemptState, Phase, RunState, StopMode
@@ -57,7 +59,7 @@ _SET_PID = (update(Attempt.__table__).where(Attempt.__table__.c.id == bindparam(
 # A running session's look for `stop --now`, twice a second.
 _STOP_ASKED = select(Run.state, Run.stop_mode).where(Run.id == bindparam("run_id"))
 
-SESSION_DIR = ".bmad-loop-session"
+SESSION_DIR = SESSION_FOLDER  # prompt files, in the worktree (never followed through a link)
 
 
 @dataclass
@@ -171,9 +173,10 @@ def _launch(ctx, story, phase: str, number: int) -> _Launch:
     prompt_path = _write_session_prompt(ctx, story, phase, number, worktree)
     extra_env, box = _session_env(ctx, phase_over, worktree, log_path)
     if phase == Phase.REPAIR:  # the cause, and what failed as a file (repair.py)
-        extra_env.update(repair_env(ctx, story, number, prompt_path.parent))
+        extra_env.update(repair_env(ctx, story, number, worktree, SESSION_DIR))
     usage_path = usage_file(ctx.scratch, phase, number)
-    usage_path.unlink(missing_ok=True)  # a killed earlier run of this session may have left one
+    # A killed earlier run of this session may have left one (the box writes the scratch).
+    unlink_beneath(ctx.scratch, str(usage_path.relative_to(ctx.scratch)))
     extra_env[USAGE_FILE_VAR] = str(usage_path)
     guard_log = ctx.scratch / "guard.log"
     guard_offset = guard_log.stat().st_size if guard_log.exists() else 0
@@ -208,12 +211,12 @@ def _write_session_prompt(ctx, story, phase: str, number: int, worktree: Path) -
     prompt_path = worktree / SESSION_DIR / f"{phase}-{number}.md"
     _exclude_session_dir(ctx.git)
     source = ctx.target.story_source(worktree)
-    story_text = _read(source / story.story_path) if story.story_path else ""
+    story_text = _read(source, story.story_path) if story.story_path else ""
     instructions = (ctx.profile.instructions.get(phase) if ctx.profile else None) \
         or PHASE_INSTRUCTIONS[phase]
     if ctx.profile and profile_in_use(ctx.policy, ctx.profile, phase):
-        _write_session_files(prompt_path.parent, ctx.profile.session_files)
-    write_prompt(prompt_path, build_prompt(PromptSpec(
+        _write_session_files(worktree, ctx.profile.session_files)
+    prompt = build_prompt(PromptSpec(
         phase=phase, story_key=ctx.key, story_title=story.title, story_text=story_text,
         instructions=instructions, attempt=number,
         verify_output=story.feedback.get("verify_output", ""),
@@ -222,7 +225,9 @@ def _write_session_prompt(ctx, story, phase: str, number: int, worktree: Path) -
         story_file=str(worktree / story.story_path) if story.story_path else "", epic=str(story.epic),
         bmad=detect_bmad(ctx.workspace.root).guidance(phase),
         repair=repair_prompt_text(story, ctx.target_branch) if phase == Phase.REPAIR else "",
-    )))
+    ))
+    # The agent may have made the session folder a symlink: it is replaced, never followed.
+    write_beneath(worktree, f"{SESSION_DIR}/{prompt_path.name}", prompt.encode(), own=True)
     return prompt_path
 
 
@@ -308,7 +313,7 @@ def _with_usage(ctx, phase: str, number: int, report: SessionReport, usage_path:
     """The report with a custom command's usage file read into it (`usage_path`; a bad file is
     journaled, not recorded); a session that reported nothing under a budget is journaled."""
     if usage_path is not None:
-        usage, problem = read_usage_file(usage_path)
+        usage, problem = read_usage_file(usage_path, ctx.scratch)
         report = dataclasses.replace(report, usage=usage)
         if problem is not None:
             with ctx.db.transaction() as s:
@@ -401,9 +406,10 @@ class Heartbeat:
 
 
 def _exclude_session_dir(git) -> None:
-    """Keep the per-worktree session folder (prompt files) out of every `git add -A`."""
+    """Keep the per-worktree session folder (prompt files) out of every `git add -A`, in any
+    form: no trailing slash, so a symlink or a file of that name is ignored too."""
     exclude = git.common_dir() / "info" / "exclude"
-    line = f"/{SESSION_DIR}/"
+    line = f"/{SESSION_DIR}"
     try:
         current = exclude.read_text() if exclude.exists() else ""
     except OSError:
@@ -415,17 +421,20 @@ def _exclude_session_dir(git) -> None:
                          + f"# bmad-loop prompt files\n{line}\n")
 
 
-def _write_session_files(folder: Path, files) -> None:
+def _write_session_files(worktree: Path, files) -> None:
     """A profile's own files beside the prompt (gemini: the ignore rule that lets its file tools
     read the git-ignored session folder in place)."""
     for name, text in files.items():
-        path = folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_beneath(worktree, f"{SESSION_DIR}/{name}", text.encode(), own=True)
 
 
-def _read(path: Path) -> str:
+def _read(root: Path, rel: str) -> str:
+    """The story file's text; a symlink (to the policy, say) is never read into a prompt."""
     try:
-        return path.read_text()
+        data = read_beneath(root, rel)
+    except LinkRefused:
+        log.warning("story file %s in %s is a symlink: not read into the prompt", rel, root)
+        return ""
     except OSError:
         return ""
+    return data.decode("utf-8", errors="replace") if data is not None else ""

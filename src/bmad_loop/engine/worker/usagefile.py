@@ -16,9 +16,9 @@ is set is journaled too (`usage.missing`).
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
+
+from ...fileio import LinkRefused, read_beneath
 
 from ...agents.output import USAGE_COLUMNS, Usage
 
@@ -35,22 +35,20 @@ def usage_file(scratch: Path, phase: str, number: int) -> Path:
     return scratch / "state" / f"usage-{phase}-{number}.json"
 
 
-def read_usage_file(path: Path) -> tuple[Usage, str | None]:
+def read_usage_file(path: Path, scratch: Path | None = None) -> tuple[Usage, str | None]:
     """(the usage the file reports, None) or (nothing, why the file was refused). A missing file
-    is (nothing, None): the command reported no usage."""
+    is (nothing, None): the command reported no usage. `scratch`: the folder `path` is in,
+    which bmad-loop trusts; no link below it is followed (the box writes the scratch)."""
+    root, rel = (Path(scratch), Path(path).relative_to(scratch)) if scratch is not None \
+        else (Path(path).parent, Path(Path(path).name))
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        return Usage(), None
+        data = read_beneath(root, str(rel), limit=MAX_BYTES)
+    except LinkRefused as exc:
+        return Usage(), f"cannot be read ({exc}; a symlink is refused)"
     except OSError as exc:
-        return Usage(), f"cannot be read ({exc.strerror}; a symlink is refused)"
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            return Usage(), "is not a regular file"
-        try:
-            data = handle.read(MAX_BYTES + 1)
-        except OSError as exc:
-            return Usage(), f"cannot be read ({exc.strerror})"
+        return Usage(), f"cannot be read ({exc.strerror})"
+    if data is None:
+        return Usage(), None
     if len(data) > MAX_BYTES:
         return Usage(), f"is larger than {MAX_BYTES} bytes"
     try:

@@ -159,10 +159,10 @@ def _run_once(commands: Sequence[str], site: VerifySite, limits: Limits,
     for command in commands:
         argv = ["/bin/sh", "-c", command]
         label = f"verify{' story ' + story_key if story_key else ''}"
-        shown = Command(box.wrap(argv) if box else argv, cwd, base_env, label, shown=command,
+        boxed = box.wrap(argv, str(Path(cwd).resolve())) if box else argv  # in cwd, as unboxed
+        shown = Command(boxed, cwd, base_env, label, shown=command,
                         note=box.summary() if box else None)
-        result = supervise(shown, log_path,
-                           limits, stop_event=stop_event)
+        result = supervise(shown, log_path, limits, stop_event=stop_event)
         cuts += [result.log_cut] if result.log_cut else []
         if result.exit_code != 0 or result.timed_out or result.interrupted:
             return VerifyResult(

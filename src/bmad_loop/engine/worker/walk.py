@@ -22,6 +22,7 @@ from pathlib import Path
 from ...git.trees.compose import changed_paths, commit_message
 from ...db.models import Attempt, Run, Story, utcnow
 from ...errors import GitError, StopRequested
+from ...git.trees.sessionfolder import SessionFolderStaged
 from ...git.config_guard import CONFIG_CHANGED_PREFIX, changed_files
 from ...states import AttemptState, Phase, RunState, StoryState
 from .boxing import settle_after_box, story_verify_setup
@@ -252,7 +253,11 @@ class StoryWorker:
         story = self._story()
         revert = list(self.policy.scm.lane_owned) + ([ctx.board_rel] if ctx.board_rel else [])
         merge = self.repair.merge_parents(story)  # a repaired story: the two-parent merge
-        head, reverted = ctx.workspace.commit(story, self._commit_message(story), revert, merge)
+        try:
+            head, reverted = ctx.workspace.commit(story, self._commit_message(story), revert,
+                                                  merge)
+        except SessionFolderStaged as exc:  # a planted symlink, `add -f`: never lands
+            return Outcome(escalate=str(exc))
         delay_point("worker.in_commit")
         crash_point("worker.after_repair_commit" if merge else "worker.after_commit")
         changed = changed_paths(self.git, story.base_sha, head)

@@ -31,6 +31,7 @@ from ..runner import Git, is_full_sha
 from ..indexflags import clear_flags
 from ..maintenance import NO_AUTO_MAINTENANCE
 from .mergeattrs import committed_attributes
+from .sessionfolder import refuse_session_folder
 from .settle import MergeRules, Regeneration, Settled, Sides, settle
 from .merge import commit_tree, merge_base, merge_trees, replay_commits, tree_of
 from ...caches import CACHES
@@ -134,6 +135,7 @@ def commit_worktree(
     git.run("add", "-A", *spec, cwd=worktree)
     reverted, changes, staged = ([], {}, None) if not revert_globs else \
         _revert_lane_owned(git, worktree, base_sha, revert_globs)
+    refuse_session_folder(git, worktree)  # what is staged is what the commit holds
     if staged is None:
         proc = git.run("diff-index", "--cached", "--quiet", "HEAD", "--", cwd=worktree,
                        check=False)

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import zlib
 from collections.abc import Sequence
 
 from ...errors import GitError
+from ..privatetmp import private_temp
 from ..runner import Git, is_full_sha
 from ...caches import CACHES
 
@@ -127,7 +127,7 @@ def _through_index(git: Git, tree: str, contents: dict[str, bytes | None]) -> st
         if kind == "tree" and name in contents:
             raise GitError(f"{name} is a folder in tree {tree}, not a file")
         modes[name] = old_mode
-    with tempfile.TemporaryDirectory(prefix="bmad-loop-index-") as tmp:
+    with private_temp(git, "index-") as tmp:  # never the shared /tmp, which boxes write
         env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
         git.run("read-tree", tree, env=env)
         written = [p for p, c in contents.items() if c is not None]

@@ -13,11 +13,11 @@ drivers in ``.git/config`` are).
 from __future__ import annotations
 
 import os
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from ..privatetmp import private_temp
 from ..runner import Git
 from .edit import read_objects
 
@@ -38,8 +38,8 @@ def committed_attributes(git: Git, tree: str) -> Iterator[AttributeRoot]:
     """A folder holding `tree`'s `.gitattributes` files (commit or tree), removed afterwards."""
     listing = git.out("ls-tree", "-r", "-z", "--name-only", tree).split("\0")
     names = [p for p in listing if p == ATTRIBUTES or p.endswith("/" + ATTRIBUTES)]
-    with tempfile.TemporaryDirectory(prefix="bmad-loop-attrs-") as folder:
-        root = Path(folder)
+    with private_temp(git, "attrs-") as root:  # never the shared /tmp, which boxes write
+        folder = os.fspath(root)
         for name, obj in zip(names, read_objects(git, [f"{tree}:{n}" for n in names])):
             if obj is None or obj[1] != "blob":
                 continue
