@@ -15,11 +15,15 @@ base), never sleeps. Repairs use the scripted agent (tests/agents/scripted_agent
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 
 import pytest
 
-from support import StoryDef, query
+from bmad_loop.engine.faults import CRASH_ENV, ONCE_ENV, REPAIR_CRASH_POINTS
+from support import StoryDef, project_argv, query, stop_processes, wait_for_exit, wait_until
 
 A = StoryDef("1-1-rename", files=["app/core.py", "app/main.py"])
 B = StoryDef("1-2-caller", files=["app/b.py", "app/b-notes.txt"])
@@ -195,3 +199,53 @@ def test_later_stories_wait_ready_while_an_earlier_one_repairs_and_land_after_it
     assert result.exit_code == 0, result.output
     landed = [e["story"] for e in repo.journal() if e["kind"] == "story.integrated"]
     assert landed == [A.key, B.key, c.key]
+
+
+# ------------------------------------------------------------------------------ kill -9 at each step
+def crash_sprint(make_repo, bar, name: str):
+    """The semantic pair with story A's first candidate check flaking: a sprint that reaches
+    every point of `REPAIR_CRASH_POINTS` (the lane one candidate at a time, checks unboxed so
+    the flake's memory can live outside the tree)."""
+    bar.mkdir(exist_ok=True)
+    flaky = (f'case "$PWD" in */candidates/*/1-1-rename-*) if [ ! -e {bar}/fa ]; then : > {bar}/fa; '
+             f'exit 1; fi;; esac; {sys.executable} check.py')
+    verify = f"commands = ['{flaky}']\nsandbox = \"off\"\nparallel = 1\n"
+    body = (f'[scm]\nmax_parallel = 2\n[gates]\nmode = "none"\n[review]\nenabled = false\n'
+            f"[verify]\n{verify}")
+    return make_repo([A, B], script=semantic_script(bar), files=FILES, policy=body, name=name)
+
+
+@pytest.mark.parametrize("point", REPAIR_CRASH_POINTS)
+def test_a_kill_9_at_each_step_of_a_repair_resumes_without_losing_or_doubling_it(
+        make_repo, tmp_path, point):
+    reference = crash_sprint(make_repo, tmp_path / "bar-reference", "reference")
+    assert reference.cli("run").exit_code == 0
+    repo = crash_sprint(make_repo, tmp_path / "bar-crash", "repo")
+    log = tmp_path / "worker.log"
+    marker = tmp_path / "crashed.marker"
+    env = dict(os.environ, **{CRASH_ENV: point, ONCE_ENV: str(marker)})
+    enqueued = repo.cli("enqueue")
+    assert enqueued.exit_code == 0, enqueued.output
+    run_id = enqueued.output.strip().splitlines()[-1]
+    argv = project_argv(repo, "worker", "--queue", "all", "-w", "2")
+    with open(log, "ab") as out:
+        first = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    assert wait_for_exit(first, 90, log) == -signal.SIGKILL, log.read_text()[-3000:]
+    assert marker.read_text() == point
+    with open(log, "ab") as out:
+        second = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: query(repo, "SELECT state FROM runs WHERE id = ?", run_id)[0][0]
+                   in ("completed", "paused", "failed"), timeout=120, interval=0.2,
+                   what="the resumed run to settle")
+    finally:
+        stop_processes(second)
+    status = repo.status(run_id)
+    assert status["run"]["state"] == "completed", (status["run"], log.read_text()[-3000:])
+    trees = [c["tree"] for c in repo.first_parent_trees("main")]
+    assert trees == [c["tree"] for c in reference.first_parent_trees("main")]
+    assert repo.git("show", "main:app/b-notes.txt") == "followed the rename"  # once, not twice
+    counted = query(repo, "SELECT COUNT(*) FROM attempts a JOIN stories s ON s.id = a.story_id "
+                          "WHERE s.key = ? AND a.phase = 'repair' AND a.counted", B.key)
+    assert counted == [(1,)]
+    assert repo.git("for-each-ref", "refs/bmad-loop/repair") == ""

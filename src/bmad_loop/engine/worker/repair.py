@@ -163,9 +163,10 @@ class Repair:
 
     def drop_ref(self) -> None:
         """The story is ready again: its repair's record goes."""
-        ref = repair_ref(self.ctx.run_id, self.ctx.key)
-        if self.ctx.git.rev(ref) is not None:
-            self.ctx.git.run("update-ref", "-d", ref)
+        ref, git = repair_ref(self.ctx.run_id, self.ctx.key), self.ctx.git
+        found = git.out("for-each-ref", "--format=%(refname)", ref, f"{ref}.replaced").split()
+        if found:  # the merge's record, and what a restore of it replaced
+            git.run("update-ref", "--stdin", input="".join(f"delete {r}\n" for r in found))
 
     # ----------------------------------------------------------------- the merge
     def _merged(self, story) -> dict:
