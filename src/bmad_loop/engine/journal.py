@@ -65,6 +65,8 @@ class EventKind(str, Enum):
     VERIFY_FAILED = "verify.failed", "verification in the story worktree failed"
     VERIFY_RESTORED = ("verify.restored",
         "a repeated verify put the worktree back to the agent's recorded output")
+    SESSION_RESTORED = ("session.restored",
+        "an agent session re-run after a crash or a stop started from its first run's start tree")
     REVIEW_APPROVED = "review.approved", "a review approved"
     REVIEW_CHANGES_REQUESTED = "review.changes_requested", "a review asked for changes"
     STORY_LEDGER_REVERTED = ("story.ledger_reverted",

@@ -26,6 +26,7 @@ from ..retry import FaultPersisted, pause_for_fault, retrying
 from ..runs import run_policy
 from ..transitions import transition_story
 from .verify_record import drop_records
+from .session_record import drop_session_records
 from .walk import StoryWorker, quietly
 from ..workspace.landed import sweep_landed
 from ..workspace.pool import announce_park
@@ -59,6 +60,7 @@ def work(project, tasks, run_id: str, story_id: int, on_claim=None) -> None:
             # Its work is committed: the verify record goes, whatever the lane has made of the
             # story meanwhile (it may have integrated or escalated it already).
             quietly(drop_records, ctx)
+            quietly(drop_session_records, ctx)
             # Beside the lane's work (which may park it first).
             _release_if_ready(ctx, claim, tries[-1].last_row)
     finally:

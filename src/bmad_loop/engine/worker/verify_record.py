@@ -99,22 +99,22 @@ def before_verify(ctx, claim, story, worktree: Path) -> None:
         claim.write(s, story, feedback={**(story.feedback or {}), RECORD_KEY: sha})
 
 
-def keep(git, worktree: Path, ref: str, scratch: Path, seeds=()) -> str:
-    """Record `worktree` as it is at `ref`; the record's SHA."""
-    sha = _snapshot(git, worktree, scratch, seeds, "verify record")
+def keep(git, worktree: Path, ref: str, scratch: Path, seeds=(), *, what: str = "verify record") -> str:
+    """Record `worktree` as it is at `ref`; the record's SHA (`what`: its commit message)."""
+    sha = _snapshot(git, worktree, scratch, seeds, what)
     git.run("update-ref", ref, sha)
     return sha
 
 
 def restore(git, worktree: Path, ref: str, sha: str, scratch: Path, *, seeds=(),
-            keep_folders=()) -> str | None:
+            keep_folders=(), aside: str | None = None) -> str | None:
     """Put `worktree` back to the record `sha` (the row names it, `ref` holds it). What the
-    worktree held before is kept at ``<ref>.replaced``; its SHA is returned (None: git could
+    worktree held before is kept at `aside` [``<ref>.replaced``]; its SHA is returned (None: git could
     not record it, e.g. the killed verify left a nested repository with no commit, which
     ``add`` refuses; the restore goes on, since the record is what counts)."""
     try:
         replaced = _snapshot(git, worktree, scratch, seeds, "what a repeated verify replaced")
-        git.run("update-ref", f"{ref}.replaced", replaced)
+        git.run("update-ref", aside or f"{ref}.replaced", replaced)
     except GitError as exc:
         log.warning("could not keep what %s held before its restore (%s)", worktree, exc)
         replaced = None
