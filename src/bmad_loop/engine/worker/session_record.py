@@ -30,15 +30,24 @@ from pathlib import Path
 from ..journal import record
 from .verify_record import keep, restore
 
-__all__ = ["SESSION_RECORD_KEY", "session_ref", "before_session", "forget_session_record",
-           "drop_session_records"]
+__all__ = ["SESSION_RECORD_KEY", "SESSION_REF_PATTERN", "session_ref", "session_ref_owner",
+           "before_session", "forget_session_record", "drop_session_records"]
 
 SESSION_RECORD_KEY = "session_record"  # the story row's feedback entry naming the record
 CUT_SUFFIX = ".cut"
+SESSION_REF_PATTERN = "refs/bmad-loop/*/sessions/*/*"  # every run's, for `for-each-ref`
 
 
 def session_ref(run_id: str, story_key: str, phase: str, number: int) -> str:
     return f"refs/bmad-loop/{run_id}/sessions/{story_key}/{phase}-{number}"
+
+
+def session_ref_owner(ref: str) -> tuple[str, str, bool] | None:
+    """(run, story, is it a cut-short run's evidence) of a session ref; None for another ref."""
+    parts = ref.split("/")
+    if len(parts) != 6 or parts[:2] != ["refs", "bmad-loop"] or parts[3] != "sessions":
+        return None
+    return parts[2], parts[4], parts[5].endswith(CUT_SUFFIX)
 
 
 def before_session(ctx, claim, story, phase: str, number: int) -> None:
