@@ -124,13 +124,20 @@ def agent_source(base: str) -> str:
     return head + TRICKS + call + sep + tail
 
 
-LOCK = "# the lock script: writes nothing (every story's lock output is its own .extra)\n"
+# The honest lock script: composition leaves the rule's paths at the target's version, so it
+# writes each landed story's `.extra` again from its `.txt` (run at the root: `cwd = ".."`).
+LOCK = """from pathlib import Path
+for txt in Path("work").glob("*.txt"):
+    text = txt.read_text()
+    if text.startswith("story "):
+        txt.with_suffix(".extra").write_text("extra " + text.split(" ", 1)[1])
+"""
 
 
 def policy_lines(python: str) -> list[str]:
     """The regenerate rule both runs get (item 5's stage): honest, it changes nothing."""
     return ["[integration.merge]",
-            f'"work/*.extra" = {{ regenerate = [{json.dumps(python)}, "tools/lock.py"], always = true }}',
+            f'"work/*.extra" = {{ regenerate = [{json.dumps(python)}, "tools/lock.py"], cwd = "..", always = true }}',
             ""]
 
 
@@ -196,6 +203,12 @@ def breaks(root: Path, calls: list[dict], result: dict, git) -> dict:
             text = git(root, "show", f"main:{path}")
             if POLICY_MARK in text:
                 found[8].append(f"the policy's text on the target in {path}")
+    reason = result.get("run_reason") or ""
+    if result.get("run_state") != "completed" and reason:
+        by_story = {row["key"]: row["hostile"]["item"] for row in calls
+                    if row.get("hostile") and row["hostile"].get("ok") and row["key"] in reason}
+        for key, item in by_story.items():
+            found[item].append(f"held only by pausing the run ({key}): {reason[:160]}")
     if result.get("edits_lost") or result.get("history_matches") is False:
         tried = sorted(i for i, (n, ok) in tries.items() if ok)
         found[0].append(f"history differs or edits lost ({len(result.get('edits_lost') or [])}); "

@@ -62,8 +62,8 @@ def before_session(ctx, claim, story, phase: str, number: int) -> None:
     scratch = ctx.layout.scratch(story.key)
     if (named.get("phase"), named.get("number")) == (phase, number) and sha \
             and ctx.git.rev(ref) == sha:
-        cut = restore(ctx.git, worktree, ref, sha, scratch, seeds=ctx.workspace.seeds,
-                      keep_folders=ctx.policy.scm.reuse_keep, aside=f"{ref}{CUT_SUFFIX}")
+        cut = restore(ctx.git, worktree, sha, scratch, aside=f"{ref}{CUT_SUFFIX}",
+                      seeds=ctx.workspace.seeds, keep_folders=ctx.policy.scm.reuse_keep)
         ctx.workspace.reseed(worktree)
         with ctx.db.transaction() as s:
             claim.own(s)

@@ -86,8 +86,8 @@ def before_verify(ctx, claim, story, worktree: Path) -> None:
     named = (story.feedback or {}).get(RECORD_KEY)
     scratch = ctx.layout.scratch(story.key)
     if named and ctx.git.rev(ref) == named:
-        replaced = restore(ctx.git, worktree, ref, named, scratch, seeds=ctx.workspace.seeds,
-                           keep_folders=ctx.policy.scm.reuse_keep)
+        replaced = restore(ctx.git, worktree, named, scratch, aside=f"{ref}.replaced",
+                           seeds=ctx.workspace.seeds, keep_folders=ctx.policy.scm.reuse_keep)
         ctx.workspace.reseed(worktree)
         with ctx.db.transaction() as s:
             claim.own(s)
@@ -106,15 +106,15 @@ def keep(git, worktree: Path, ref: str, scratch: Path, seeds=(), *, what: str = 
     return sha
 
 
-def restore(git, worktree: Path, ref: str, sha: str, scratch: Path, *, seeds=(),
-            keep_folders=(), aside: str | None = None) -> str | None:
-    """Put `worktree` back to the record `sha` (the row names it, `ref` holds it). What the
-    worktree held before is kept at `aside` [``<ref>.replaced``]; its SHA is returned (None: git could
+def restore(git, worktree: Path, sha: str, scratch: Path, *, aside: str, seeds=(),
+            keep_folders=()) -> str | None:
+    """Put `worktree` back to the record `sha` (the row names it). What the worktree held
+    before is kept at the ref `aside` (``<record ref>.replaced``); its SHA is returned (None: git could
     not record it, e.g. the killed verify left a nested repository with no commit, which
     ``add`` refuses; the restore goes on, since the record is what counts)."""
     try:
         replaced = _snapshot(git, worktree, scratch, seeds, "what a repeated verify replaced")
-        git.run("update-ref", aside or f"{ref}.replaced", replaced)
+        git.run("update-ref", aside, replaced)
     except GitError as exc:
         log.warning("could not keep what %s held before its restore (%s)", worktree, exc)
         replaced = None
