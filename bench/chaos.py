@@ -170,7 +170,7 @@ def story_keys(count: int) -> list[str]:
 
 
 def build_repo(root: Path, keys: list[str], *, parallel: int, agent: Path, seed: int,
-               calls: Path, hostile: float | None = None) -> None:
+               calls: Path, hostile: float | None = None, items: str = "1,2,3,4,5,6,7,8") -> None:
     """`hostile` (--hostile): both runs get the regenerate rule item 5 needs; a chance > 0 makes
     this repository's agents try the tricks (chaos_hostile.py)."""
     root.mkdir(parents=True)
@@ -205,7 +205,7 @@ def build_repo(root: Path, keys: list[str], *, parallel: int, agent: Path, seed:
     if hostile is not None:
         hostile_mod.prepare_repo(root)
         if hostile > 0:
-            argv += [str(hostile_mod.marks_dir(root)), str(hostile)]
+            argv += [str(hostile_mod.marks_dir(root)), str(hostile), items]
     (state / "policy.toml").write_text("\n".join([
         "# written by bench/chaos.py",
         "[scm]",
@@ -784,6 +784,8 @@ def main(argv=None) -> int:
                         help="each dev session of the chaos run tries one of issue 45's breaks "
                              "(items 1-8) with probability P, and half the kills land during "
                              "agent sessions (bench/chaos_hostile.py); its own HOME")
+    parser.add_argument("--hostile-items", default="1,2,3,4,5,6,7,8",
+                        help="the items of issue 45 the hostile agents draw from (comma-separated)")
     parser.add_argument("--freeze-s", type=float, default=0.0,
                         help="also freeze consumers: half the faults become SIGSTOP for this many "
                              "seconds, then SIGCONT (a stalled process whose pid stays alive: its "
@@ -827,7 +829,7 @@ def main(argv=None) -> int:
         root = work / "chaos"
         calls = work / "chaos.calls"
         build_repo(root, keys, parallel=args.parallel, agent=agent, seed=args.seed, calls=calls,
-                   hostile=args.hostile)
+                   hostile=args.hostile, items=args.hostile_items)
         say(f"chaos: {len(keys)} stories, SIGKILL every {args.min_kill_s:g}-{args.max_kill_s:g} s ...")
         soak = drive(Soak("chaos", root), parallel=args.parallel,
                      story_consumers=args.story_consumers, deadline_s=args.deadline_s,

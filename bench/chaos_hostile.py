@@ -43,12 +43,12 @@ POLICY_MARK = "# written by bench/chaos.py"
 
 # Appended to the agent (its `key`, `phase`, `attempt`, `rng`, `name`, `calls` are defined).
 TRICKS = r'''
-def _hostile(marks, chance):
+def _hostile(marks, chance, items):
     import glob, shutil, site, subprocess, sys, time
     hrng = random.Random(f"{seed}:{key}:{attempt}:hostile")
     if phase != "dev" or hrng.random() >= chance:
         return None
-    item = hrng.randint(1, 8)
+    item = hrng.choice(items)
     home = Path(os.path.expanduser("~"))
     ok = False
     try:
@@ -118,7 +118,8 @@ def _hostile(marks, chance):
 def agent_source(base: str) -> str:
     """The chaos agent with the tricks: argv gains the marks folder and the chance."""
     head, sep, tail = base.partition("start = time.time()\n")
-    call = ("hostile = _hostile(sys.argv[3], float(sys.argv[4])) if len(sys.argv) > 4 else None\n"
+    call = ("hostile = _hostile(sys.argv[3], float(sys.argv[4]), [int(i) for i in sys.argv[5].split(',')])"
+            " if len(sys.argv) > 5 else None\n"
             "Path('build').mkdir(exist_ok=True)\n")
     tail = tail.replace('"foreign": foreign}', '"foreign": foreign, "hostile": hostile}', 1)
     return head + TRICKS + call + sep + tail
@@ -207,6 +208,8 @@ def breaks(root: Path, calls: list[dict], result: dict, git) -> dict:
     if result.get("run_state") != "completed" and reason:
         by_story = {row["key"]: row["hostile"]["item"] for row in calls
                     if row.get("hostile") and row["hostile"].get("ok") and row["key"] in reason}
+        if "git configuration changed" in reason:  # the config is in the home every box shares
+            by_story = {"a session after the move": 2}
         for key, item in by_story.items():
             found[item].append(f"held only by pausing the run ({key}): {reason[:160]}")
     if result.get("edits_lost") or result.get("history_matches") is False:
