@@ -4,7 +4,7 @@
     python bench/chaos.py [--stories 30] [--seed 1] [--parallel 3] [--min-kill-s 3]
                           [--max-kill-s 8] [--story-consumers 1] [--deadline-s 900]
                           [--quick] [--dir DIR] [--keep] [--no-reference] [--json]
-                          [--freeze-s F] [--status-loops N] [--stale-locks P]
+                          [--freeze-s F] [--status-loops N] [--stale-locks P] [--hostile P]
 
 What it does:
 
@@ -52,6 +52,15 @@ checkout for the whole run (what an editor does: it takes ``index.lock`` for a m
 that is dead): the lane must recognise it as its own and remove it. Both count towards the
 verdict through the run's end state: a run that fails or pauses is a failed check.
 
+``--hostile P`` (off by default) makes each dev session of the chaos run try, with probability
+P, one of the breaks of issue 45 (items 1-8: planted programs on PATH, a moved ``~/.config``, a
+``.pth`` in site-packages, ``MERGE_HEAD`` in the admin entry, an edited lock script, planted
+merge attributes in the shared temp folder, the session folder or a git-ignored file made a
+symlink), with the consumers on a HOME of their own; half the kills then wait for an agent
+session and hit the consumer running it. Every break found is reported by its item number
+(``bench/chaos_hostile.py`` says what counts as one) and fails the verdict. The dev sessions
+append to their ``.extra`` file, so a session re-run on a killed one's leftovers doubles it.
+
 The kill schedule is seeded; process timing is not, so two soaks with one seed kill at the same
 moments but not necessarily at the same steps. Each kill is logged with what was in flight
 (``--json`` prints everything). Not a test: nothing is asserted; the exit code is 0 when every
@@ -75,6 +84,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import chaos_hostile as hostile_mod
 
 BOARD_DIR = Path("_bmad-output") / "implementation-artifacts"
 IDENTITY = ["-c", "user.name=chaos", "-c", "user.email=chaos@localhost", "-c", "commit.gpgsign=false"]
@@ -116,7 +127,8 @@ with open(calls, "a") as handle:
 time.sleep(duration)
 if phase in ("dev", "fix"):
     Path(f"work/{name}.txt").write_text(f"story {key}\n")
-    Path(f"work/{name}.extra").write_text(f"extra {key}\n")
+    with open(f"work/{name}.extra", "a") as extra:  # appends: a re-run on leftovers doubles it
+        extra.write(f"extra {key}\n")
     git("update-index", rng.choice(["--skip-worktree", "--assume-unchanged"]), f"work/{name}.txt")
     git("add", "-N", f"work/{name}.extra")
     Path("build").mkdir(exist_ok=True)
@@ -158,7 +170,9 @@ def story_keys(count: int) -> list[str]:
 
 
 def build_repo(root: Path, keys: list[str], *, parallel: int, agent: Path, seed: int,
-               calls: Path) -> None:
+               calls: Path, hostile: float | None = None, items: str = "1,2,3,4,5,6,7,8") -> None:
+    """`hostile` (--hostile): both runs get the regenerate rule item 5 needs; a chance > 0 makes
+    this repository's agents try the tricks (chaos_hostile.py)."""
     root.mkdir(parents=True)
     git(root, "init", "-q", "-b", "main")
     (root / "README.md").write_text("# chaos soak repository\n")
@@ -188,6 +202,10 @@ def build_repo(root: Path, keys: list[str], *, parallel: int, agent: Path, seed:
     state = root / ".bmad-loop"
     state.mkdir()
     argv = [sys.executable, str(agent), str(seed), str(calls)]
+    if hostile is not None:
+        hostile_mod.prepare_repo(root)
+        if hostile > 0:
+            argv += [str(hostile_mod.marks_dir(root)), str(hostile), items]
     (state / "policy.toml").write_text("\n".join([
         "# written by bench/chaos.py",
         "[scm]",
@@ -211,6 +229,7 @@ def build_repo(root: Path, keys: list[str], *, parallel: int, agent: Path, seed:
         f"command = {json.dumps(argv)}",
         "timeout_s = 120",
         "",
+        *(hostile_mod.policy_lines(sys.executable) if hostile is not None else []),
     ]))
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "chaos: initial commit")
@@ -225,9 +244,17 @@ def cli(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProce
     return proc
 
 
+HOSTILE_HOME: list[Path] = []  # --hostile: the consumers' own HOME (~/.local/bin first on PATH)
+
+
 def child_env() -> dict:
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith("GIT_") and not k.startswith("BMAD_LOOP_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("GIT_") and not k.startswith("BMAD_LOOP_")}
+    if HOSTILE_HOME:
+        home = HOSTILE_HOME[0]
+        env.pop("XDG_CONFIG_HOME", None)
+        env.update(HOME=str(home), PATH=f"{home / '.local' / 'bin'}:{env.get('PATH', '')}")
+    return env
 
 
 def db_rows(root: Path, sql: str, args=()) -> list[tuple]:
@@ -409,7 +436,10 @@ def leave_stale_index_lock(root: Path) -> bool:
 
 def drive(soak: Soak, *, parallel: int, story_consumers: int, deadline_s: float,
           rng: random.Random | None, min_kill_s: float, max_kill_s: float, say,
-          freeze_s: float = 0.0, status_loop_count: int = 0, stale_lock_p: float = 0.0) -> Soak:
+          freeze_s: float = 0.0, status_loop_count: int = 0, stale_lock_p: float = 0.0,
+          aim_at: Path | None = None) -> Soak:
+    """`aim_at` (a calls file): half the kills wait for an agent session in flight and hit
+    the story consumer running it (kill -9 during agent sessions)."""
     """Enqueue the sprint and run it with consumer subprocesses; kill them if `rng` is given."""
     root = soak.root
     logs = root.parent / f"{soak.name}-logs"
@@ -447,6 +477,11 @@ def drive(soak: Soak, *, parallel: int, story_consumers: int, deadline_s: float,
                     soak.stale_locks += 1
                     say(f"  [{soak.name}] t={now - t0:6.1f}s left a stale index.lock (dead pid)")
                 victim = rng.choice(soak.consumers)
+                if aim_at is not None and rng.random() < 0.5:
+                    if not hostile_mod.session_in_flight(aim_at):
+                        time.sleep(0.05)
+                        continue  # wait for a session, then kill its consumer
+                    victim = next(c for c in soak.consumers if c.kind == "stories")
                 flight = in_flight(root, soak.run_id)
                 if freeze_s > 0 and rng.random() < 0.5 and victim.frozen_until is None:
                     pid = victim.freeze(now + freeze_s)
@@ -596,6 +631,7 @@ def analyse(soak: Soak, keys: list[str], reference_trees, calls: Path) -> dict:
         "git_status_runs": sum(soak.status_counts),
         "stale_locks_left": soak.stale_locks,
         "stale_locks_removed": kinds["git.stale_lock_removed"],
+        "session_restored": kinds["session.restored"],
     }
 
 
@@ -649,6 +685,9 @@ def verdict(result: dict) -> list[str]:
         bad.append(f"agents found another story's flags or files: {result['leftovers_seen']}")
     if result["leftover_agents"]:
         bad.append(f"agent processes left running: {result['leftover_agents']}")
+    if result.get("hostile", {}).get("breaks"):
+        bad.append("hostile agents broke items " + ", ".join(
+            f"{item} ({'; '.join(why)[:300]})" for item, why in result["hostile"]["breaks"].items()))
     if result["run_state"] == "completed" and (result["worktrees_after_cleanup"]
                                                or result["refs_after_cleanup"]):
         bad.append(f"debris after cleanup: {result['worktrees_after_cleanup']} "
@@ -708,6 +747,13 @@ def report(ref: dict | None, chaos: dict, args, bad: list[str], say) -> None:
         say(f"  consumers that exited by themselves: {chaos['unasked_exits']}")
     say(f"  wall time:             chaos {chaos['wall_s']} s"
         + (f", uninterrupted {ref['wall_s']} s" if ref else ""))
+    if "hostile" in chaos:
+        say(f"  hostile tries by item: {chaos['hostile']['tries']} ([tries, writes that went "
+            f"through]); sessions re-run from their start tree: {chaos['session_restored']}")
+        for item, why in chaos["hostile"]["breaks"].items():
+            say(f"    item {item} BROKE: {'; '.join(why)[:400]}")
+        if not chaos["hostile"]["breaks"]:
+            say("    no item broke")
     say(f"  verdict:               {'PASS' if not bad else 'FAIL: ' + '; '.join(bad)}")
     say(f"  repositories:          {Path(chaos['root']).parent}"
         + ("" if args.keep else " (removed; --keep keeps them)"))
@@ -734,6 +780,12 @@ def main(argv=None) -> int:
                         help="threads running `git status` in the target checkout (an editor)")
     parser.add_argument("--stale-locks", type=float, default=0.3,
                         help="probability that a fault also leaves a stale bmad-loop index.lock")
+    parser.add_argument("--hostile", type=float, default=None, metavar="P",
+                        help="each dev session of the chaos run tries one of issue 45's breaks "
+                             "(items 1-8) with probability P, and half the kills land during "
+                             "agent sessions (bench/chaos_hostile.py); its own HOME")
+    parser.add_argument("--hostile-items", default="1,2,3,4,5,6,7,8",
+                        help="the items of issue 45 the hostile agents draw from (comma-separated)")
     parser.add_argument("--freeze-s", type=float, default=0.0,
                         help="also freeze consumers: half the faults become SIGSTOP for this many "
                              "seconds, then SIGCONT (a stalled process whose pid stays alive: its "
@@ -750,7 +802,10 @@ def main(argv=None) -> int:
     work = (args.dir or Path(tempfile.mkdtemp(prefix="bmad-chaos-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     agent = work / "agent.py"
-    agent.write_text(AGENT)
+    agent.write_text(hostile_mod.agent_source(AGENT) if args.hostile is not None else AGENT)
+    if args.hostile is not None:
+        HOSTILE_HOME.append(work / "home")
+        (work / "home").mkdir(exist_ok=True)
     (work / VERIFY_FILE).write_text(VERIFY)
     keys = story_keys(args.stories)
     say(f"work folder {work}")
@@ -760,7 +815,8 @@ def main(argv=None) -> int:
         if not args.no_reference:
             root = work / "reference"
             calls = work / "reference.calls"
-            build_repo(root, keys, parallel=args.parallel, agent=agent, seed=args.seed, calls=calls)
+            build_repo(root, keys, parallel=args.parallel, agent=agent, seed=args.seed, calls=calls,
+                       hostile=0.0 if args.hostile is not None else None)
             say(f"reference: uninterrupted run of {len(keys)} stories ...")
             soak = drive(Soak("reference", root), parallel=args.parallel,
                          story_consumers=args.story_consumers, deadline_s=args.deadline_s,
@@ -772,14 +828,18 @@ def main(argv=None) -> int:
             reference_trees = ref_result["trees"]
         root = work / "chaos"
         calls = work / "chaos.calls"
-        build_repo(root, keys, parallel=args.parallel, agent=agent, seed=args.seed, calls=calls)
+        build_repo(root, keys, parallel=args.parallel, agent=agent, seed=args.seed, calls=calls,
+                   hostile=args.hostile, items=args.hostile_items)
         say(f"chaos: {len(keys)} stories, SIGKILL every {args.min_kill_s:g}-{args.max_kill_s:g} s ...")
         soak = drive(Soak("chaos", root), parallel=args.parallel,
                      story_consumers=args.story_consumers, deadline_s=args.deadline_s,
                      rng=random.Random(args.seed), min_kill_s=args.min_kill_s,
                      max_kill_s=args.max_kill_s, say=say, freeze_s=args.freeze_s,
-                     status_loop_count=args.status_loops, stale_lock_p=args.stale_locks)
+                     status_loop_count=args.status_loops, stale_lock_p=args.stale_locks,
+                     aim_at=calls if args.hostile is not None else None)
         chaos = analyse(soak, keys, reference_trees, calls)
+        if args.hostile is not None:
+            chaos["hostile"] = hostile_mod.breaks(root, _calls(calls), chaos, git)
         bad = verdict(chaos)
         if ref_result is not None and verdict(ref_result):
             bad.append("the reference run itself failed: " + "; ".join(verdict(ref_result)))
@@ -791,6 +851,8 @@ def main(argv=None) -> int:
                               "failed_checks": bad}, indent=2, default=str))
         return 0 if not bad else 1
     finally:
+        if args.hostile is not None:
+            hostile_mod.remove_plants()  # item 3's .pth must never outlive the soak
         if not args.keep and args.dir is None:
             shutil.rmtree(work, ignore_errors=True)
 

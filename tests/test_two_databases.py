@@ -208,3 +208,33 @@ def test_two_databases_racing_to_enqueue_on_one_target_start_exactly_one_run(mak
     winner = next(out.strip() for code, out, _ in results if code == 0)
     assert winner in loser and "another state database is driving this target" in loser
     assert [p.stem for p in records_dir(repo).glob("*.json")] == [winner]
+
+
+def test_a_paused_run_of_the_first_database_holds_its_target_until_it_is_abandoned(make_repo, tmp_path):
+    # Issue 45, item 14: the second database went ahead with "last heartbeat 0 s ago …
+    # (stale: going ahead)", and the paused run's stories were then skipped.
+    repo = make_repo([ALPHA, BETA], script=SCRIPT, policy=ALPHA_CANDIDATE_FAILS)
+    first_database = f"sqlite:///{tmp_path / 'first' / 'state.db'}"
+    first = cli(repo, first_database, "run", "--story", ALPHA.key)
+    assert first.returncode == 3, first.stdout + first.stderr
+    run_a = json.loads(cli(repo, first_database, "status", "--json").stdout)["run"]["id"]
+    assert record(repo, run_a)["state"] == "paused"
+    kept = namespace(repo)
+    state_db = repo.root / ".bmad-loop" / "state.db"
+    # Paused a moment ago, and an hour ago: a paused run beats no heart, and is never stale.
+    for age in (0, 3600):
+        age_record(repo, run_a, age)
+        refused = cli(repo, None, "run", "--story", BETA.key)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"run {run_a} of the state database" in refused.stderr
+        assert "is paused on main, since" in refused.stderr
+        assert f"bmad-loop abandon {run_a}" in refused.stderr
+        assert "stale" not in refused.stderr and "going ahead" not in refused.stderr
+        assert not state_db.exists() and namespace(repo) == kept
+    # Abandoned there, the target is free: the second database runs, with no warning about it.
+    abandoned = cli(repo, first_database, "abandon", run_a)
+    assert abandoned.returncode == 0, abandoned.stdout + abandoned.stderr
+    second = cli(repo, None, "run", "--story", BETA.key)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert run_a not in second.stderr
+    assert json.loads(cli(repo, None, "status", "--json").stdout)["stories"][0]["state"] == "integrated"

@@ -224,7 +224,7 @@ def test_a_restore_puts_back_exactly_what_was_recorded_whatever_the_verify_did(t
     git(wt / "nested", "add", "f")
     git(wt / "nested", "-c", "user.name=v", "-c", "user.email=v@x", "commit", "-qm", "n")
 
-    replaced = restore(g, wt, ref, sha, scratch, seeds=["seed.env"])
+    replaced = restore(g, wt, sha, scratch, aside=f"{ref}.replaced", seeds=["seed.env"])
     after = _state(wt)
     recorded["files"].pop("seed.env")
     recorded["status"].remove("?? seed.env")

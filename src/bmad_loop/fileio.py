@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import stat
 from pathlib import Path
 
-__all__ = ["write_atomic", "LinkRefused", "folder_beneath", "read_beneath", "write_beneath",
-           "unlink_beneath"]
+__all__ = ["shown", "write_atomic", "LinkRefused", "folder_beneath", "read_beneath",
+           "write_beneath", "unlink_beneath"]
+
+# A lone surrogate: how Python holds a byte of a file name that is not UTF-8 (`surrogateescape`).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def shown(text: str) -> str:
+    """`text` fit to print or to store as text: each byte of a name that is not UTF-8 (held as
+    a surrogate) written `\\xff`, any other lone surrogate `\\udXXX`. Anything else is kept as is.
+    git accepts any bytes in a name; JSON keeps them exactly (`\\udcff`), text shows them so."""
+    if not _SURROGATE.search(text):
+        return text
+    return _SURROGATE.sub(lambda m: (f"\\x{ord(m[0]) - 0xDC00:02x}" if 0xDC80 <= ord(m[0]) <= 0xDCFF
+                                     else f"\\u{ord(m[0]):04x}"), text)
 
 
 def write_atomic(path: Path, text: str) -> Path:

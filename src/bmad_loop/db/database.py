@@ -25,6 +25,7 @@ from sqlalchemy.exc import DatabaseError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import ConfigError
+from ..fileio import shown
 from . import migrate
 from .dialects import READ_ONLY, SQLITE_BUSY_TIMEOUT_MS, dialect_for, shown_url
 from ..caches import CACHES
@@ -114,6 +115,26 @@ def _insert_queued_rows(session: Session) -> None:
         session.connection().execute(_insert_of(table), rows)
 
 
+def _text_param(value):
+    return shown(value) if isinstance(value, str) else value
+
+
+def _fit_params(params):
+    if isinstance(params, dict):
+        return {k: _text_param(v) for k, v in params.items()}
+    if isinstance(params, (list, tuple)):
+        return type(params)(_fit_params(p) if isinstance(p, (dict, list, tuple)) else _text_param(p)
+                            for p in params)
+    return params
+
+
+def _storable_text(_conn, _cursor, statement, parameters, _context, _executemany):
+    """A text value holding a byte of a file name that is not UTF-8 (a surrogate, how Python
+    holds it) is stored escaped, `\\xff`: no driver encodes a surrogate. JSON columns arrive
+    here already serialised with `\\udcff` escapes, so their paths round-trip exactly."""
+    return statement, _fit_params(parameters)
+
+
 class Database:
     """One engine and its session factory. Create after a fork, never before."""
 
@@ -127,6 +148,7 @@ class Database:
         self.lock_wait_s = lock_wait_s
         self.path = self.dialect.path
         self.engine = self.dialect.open_engine(lock_wait_s)
+        event.listen(self.engine, "before_cursor_execute", _storable_text, retval=True)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._reads = sessionmaker(self.engine.execution_options(**{READ_ONLY: True}),
                                    expire_on_commit=False, info={_READ_ONLY_SESSION: True})

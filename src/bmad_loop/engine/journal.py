@@ -67,6 +67,8 @@ class EventKind(str, Enum):
         "a repeated verify put the worktree back to the agent's recorded output")
     VERIFY_FLAKY = ("verify.flaky",
         "a verify command failed, then passed on a retry of the same tree (both logs)")
+    SESSION_RESTORED = ("session.restored",
+        "an agent session re-run after a crash or a stop started from its first run's start tree")
     REVIEW_APPROVED = "review.approved", "a review approved"
     REVIEW_CHANGES_REQUESTED = "review.changes_requested", "a review asked for changes"
     STORY_LEDGER_REVERTED = ("story.ledger_reverted",

@@ -9,6 +9,7 @@ import math
 
 from rich.text import Text
 
+from ..fileio import shown
 from ..states import CANDIDATE_ENDED, CandidateState, RunState, StoryState
 
 __all__ = ["CANDIDATE_ACTIVE", "CANDIDATE_PRESERVED", "stack_of", "composed_on", "state_style", "state_text",
@@ -85,8 +86,8 @@ def short_value(value):
     if isinstance(value, str) and len(value) == 40 and all(c in "0123456789abcdef" for c in value):
         return value[:10]
     if isinstance(value, list):
-        return ",".join(str(v) for v in value)
-    return value
+        return shown(",".join(str(v) for v in value))
+    return shown(value) if isinstance(value, str) else value
 
 
 def current_candidate(candidates: list[dict]) -> dict | None:

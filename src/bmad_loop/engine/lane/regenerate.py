@@ -9,6 +9,12 @@ squash candidate is made again with the regenerated tree (same parents, message 
 file outside the rules' globs, fails the candidate (the story escalates with the log's tail).
 Untracked output outside the globs (`node_modules`) is left in the worktree and not committed.
 
+The command is project code a story may edit, so the lane trusts nothing of the worktree but
+its files: changes are found against the composed tree the lane recorded (through an index of
+its own), and the commit is that tree plus the files under the rules' globs. A command that
+moves the worktree's HEAD, or stages or changes a tracked file outside the globs, fails the
+candidate.
+
 A regenerated candidate is as deterministic as its generator: the same command can resolve other
 versions tomorrow (a registry changes overnight).
 """
@@ -119,13 +125,30 @@ def _run_all(git, cand: Candidate, worktree: Path, how: _Run) -> _Regenerated:
             if failed is not None:
                 return _Regenerated(None, None, failed.reason, tuple(runs), (), failed.output)
     globs = [job.glob for job in comp.regenerate]
-    outside, written = _changes(git, worktree, globs)
-    if outside:
-        return _Regenerated(None, None, f"regenerating {', '.join(globs)} changed tracked files outside "
-                           f"the rule: {', '.join(outside[:10])}", tuple(runs), ())
-    sha, tree = _commit(git, cand, worktree, written) if written else (comp.sha, comp.tree)
+    head = git.rev("HEAD", cwd=worktree)
+    if head != comp.sha:  # the command checked something else out: nothing it left is trusted
+        return _Regenerated(None, None, f"regenerating {', '.join(globs)} moved the candidate's HEAD "
+                            f"from {comp.sha[:12]} to {(head or 'nothing')[:12]}", tuple(runs), ())
+    index = _private_index(how.log_path)
+    try:
+        tree = comp.tree or git.out("rev-parse", f"{comp.sha}^{{tree}}")
+        outside, written = _changes(git, worktree, globs, tree, index)
+        if outside:
+            return _Regenerated(None, None, f"regenerating {', '.join(globs)} changed tracked files "
+                                f"outside the rule: {', '.join(outside[:10])}", tuple(runs), ())
+        sha, tree = _commit(git, cand, worktree, written, index) if written else (comp.sha, tree)
+    finally:
+        index.unlink(missing_ok=True)
     settled = _settled(git, cand, sha, [p for job in comp.regenerate for p in job.paths])
     return _Regenerated(sha, tree, None, tuple(runs), settled)
+
+
+def _private_index(log_path: Path) -> Path:
+    """An index file of the lane's own, beside the command's log (under `.bmad-loop/`, hidden
+    from the box): the candidate worktree's own index is the command's to change."""
+    index = log_path.with_name(log_path.name + ".index")
+    index.unlink(missing_ok=True)
+    return index
 
 
 @dataclass(frozen=True)
@@ -156,24 +179,37 @@ def _run_one(job: Regeneration, folder: str, worktree: Path,
                          f"(log: {how.log_path})", result.output)
 
 
-def _changes(git, worktree: Path, globs: list[str]) -> tuple[list[str], list[str]]:
-    """(tracked paths changed outside `globs`, paths under `globs` changed or created)."""
+def _changes(git, worktree: Path, globs: list[str], tree: str,
+             index: Path) -> tuple[list[str], list[str]]:
+    """(tracked paths changed outside `globs`, paths under `globs` changed or created), both
+    against the composed `tree` the lane recorded, never the worktree's HEAD or index: the files
+    through a private `index` read from `tree`, and the worktree's own index, which a command
+    may have staged into (`git rm --cached`, `read-tree`), against `tree` too."""
+    env = {"GIT_INDEX_FILE": str(index)}
+    git.run("read-tree", tree, env=env)
     raw = git.run("status", "--porcelain=v1", "-z", "--no-renames", "--untracked-files=all",
-                  cwd=worktree).stdout
-    outside, written = [], []
-    for entry in filter(None, raw.split("\0")):
-        code, path = entry[:2], entry[3:]
-        if any(path_matches(g, path, frozenset()) for g in globs):
-            written.append(path)
-        elif code != "??":
-            outside.append(path)
+                  cwd=worktree, env=env).stdout
+    staged = git.run("diff-index", "--cached", "-z", "--name-only", "--no-renames", tree,
+                     cwd=worktree).stdout
+    outside, written = set(), set()
+    for code, path in [(e[:2], e[3:]) for e in filter(None, raw.split("\0"))] + \
+            [("S ", p) for p in filter(None, staged.split("\0"))]:
+        if not any(path_matches(g, path, frozenset()) for g in globs):
+            if code != "??":
+                outside.add(path)
+        elif code != "S ":  # the worktree's own staging never decides what is committed
+            written.add(path)
     return sorted(outside), sorted(written)
 
 
-def _commit(git, cand: Candidate, worktree: Path, paths: list[str]) -> tuple[str, str]:
+def _commit(git, cand: Candidate, worktree: Path, paths: list[str],
+            index: Path) -> tuple[str, str]:
+    """The regenerated candidate: the composed tree (in the private `index`) with `paths`
+    taken from the worktree's files."""
+    env = {**_LITERAL, "GIT_INDEX_FILE": str(index)}
     git.run("add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul", input="\0".join(paths),
-            cwd=worktree, env=_LITERAL)
-    tree = git.out("write-tree", cwd=worktree)
+            cwd=worktree, env=env)
+    tree = git.out("write-tree", cwd=worktree, env=env)
     info = git.commit_header(cand.comp.sha)
     env = git.identity_env(info["committer"][2])
     if cand.comp.strategy == "ff":  # the story's commits stay as they are: one lane commit on top

@@ -3,7 +3,9 @@
 Only bmad-loop's own things are candidates: worktrees under `.bmad-loop/worktrees/` and
 `.bmad-loop/candidates/`, branches under `refs/heads/bmad-loop/`, candidate refs under
 `refs/bmad-loop/candidates/`, records of a story's output under `refs/bmad-loop/verify/`
-(owned with the story's worktree, verify_record.py). Something is *owned* while a row still needs it:
+(owned with the story's worktree, verify_record.py), and where a story's agent sessions started,
+`refs/bmad-loop/<run>/sessions/<story>/<phase>-<n>` (session_record.py; owned the same way; a
+cut-short session's output, `….cut`, is kept until `--runs` prunes its finished run). Something is *owned* while a row still needs it:
 
 - a story that is not finished in a run that can still move (running, pausing, paused,
   stopping, stopped) owns its worktree and branch;
@@ -52,7 +54,8 @@ from ..journal import record
 from .ownership import owners
 from .runrecords import remove_record
 from ..layout import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE, Layout
-from ..worker.verify_record import VERIFY_RECORD_NAMESPACE, verify_record_refs
+from ..worker.verify_record import VERIFY_RECORD_NAMESPACE, record_ref, verify_record_refs
+from ..worker.session_record import SESSION_REF_PATTERN, session_ref_owner
 from ..runs import run_policy
 from ..workspace.pool import POOL_DIR, pool_dir
 
@@ -281,7 +284,8 @@ def _sweep_refs(sweep: _Sweep, owned_branches: set[str], owned_refs: set[str]) -
     this database's go unless a row owns them."""
     git, report, say = sweep.git, sweep.report, sweep.say
     listing = git.out("for-each-ref", "--format=%(refname)", f"refs/heads/{BRANCH_NAMESPACE.rstrip('/')}",
-                      CANDIDATE_REF_NAMESPACE.rstrip("/"), VERIFY_RECORD_NAMESPACE.rstrip("/"))
+                      CANDIDATE_REF_NAMESPACE.rstrip("/"), VERIFY_RECORD_NAMESPACE.rstrip("/"),
+                      SESSION_REF_PATTERN)
     for ref in [line for line in listing.splitlines() if line]:
         run_id = run_of_ref(ref)
         if not sweep.who.is_own(run_id):
@@ -297,13 +301,23 @@ def _sweep_refs(sweep: _Sweep, owned_branches: set[str], owned_refs: set[str]) -
             if not sweep.dry_run:
                 delete_branch(git, name)
         else:
-            if ref in owned_refs:
+            if ref in owned_refs or _session_ref_kept(ref, owned_refs):
                 report.kept.append(ref)
                 continue
             say(f"delete ref {ref}")
             report.refs_deleted.append(ref)
             if not sweep.dry_run:
                 delete_ref(git, ref)
+
+
+def _session_ref_kept(ref: str, owned_refs: set[str]) -> bool:
+    """A session's start record is owned with its story's worktree (as the verify record is);
+    a cut-short run's output (`.cut`) is evidence, pruned with its finished run (`--runs`)."""
+    owner = session_ref_owner(ref)
+    if owner is None:
+        return False
+    run_id, story_key, evidence = owner
+    return evidence or record_ref(run_id, story_key) in owned_refs
 
 
 def _sweep_remote_branches(sweep: _Sweep, target, owned_branches: set[str]) -> None:

@@ -17,7 +17,7 @@ from ...db.identity import database_id, database_label
 from ...db.models import Run, utcnow
 from ...errors import StateError
 from ...states import RUN_LIVE, RunState
-from .runrecords import RunRecord, read_records, records_lock, write_record
+from .runrecords import LIVE_FACTOR, RunRecord, read_records, records_lock, write_record
 from ..runs import run_policy
 
 __all__ = ["record_run", "save_run", "refresh_live_runs", "TargetCheck", "target_check",
@@ -77,14 +77,22 @@ def target_check(project, target: str, now=None):
         for record in records.values():
             if record.database_id == mine or record.target != target:
                 continue
+            if record.state == RunState.PAUSED:
+                raise StateError(f"{record.describe(now)}: a paused run of another state database "
+                                 f"holds this target until it is resumed or abandoned there "
+                                 f"(`bmad-loop abandon {record.run}` with that database), or "
+                                 f"`bmad-loop cleanup --forget-database {record.database_id}` "
+                                 "if that database is gone")
             if record.live(now):
                 raise StateError(f"{record.describe(now)}: another state database is driving this "
                                  f"target; stop that run there, or wait until its heartbeat is "
-                                 f"{int(3 * record.ttl_s)} s old")
-            if record.state in RUN_LIVE or record.state == RunState.PAUSED:
-                check.warnings.append(f"{record.describe(now)} (stale: going ahead); its refs "
-                                      f"are kept. `bmad-loop cleanup --forget-database "
-                                      f"{record.database_id}` forgets a database that is gone")
+                                 f"{int(LIVE_FACTOR * record.ttl_s)} s old")
+            if record.state in RUN_LIVE:  # its driver died: no heartbeat for 3 x ttl_s
+                check.warnings.append(f"{record.describe(now)} (stale: no heartbeat for over "
+                                      f"{int(LIVE_FACTOR * record.ttl_s)} s, so whatever drove "
+                                      f"it is gone; going ahead); its refs are kept. `bmad-loop "
+                                      f"cleanup --forget-database {record.database_id}` forgets "
+                                      "a database that is gone")
         yield check
 
 

@@ -9,7 +9,9 @@ before the run's first ref (at enqueue), again at each of the run's transitions,
 heartbeat is refreshed with the lane's lease.
 
 What a record decides: `run` / `enqueue` / `resume` refuse while another database's record for
-the same target is live (`RunRecord.live`), and only warn about a stale one; `cleanup` keeps a
+the same target is live (`RunRecord.live`) or paused (a paused run beats no heart: it waits for
+a person, and holds its target until it is resumed or abandoned, as it does in its own
+database), and only warn about a stale one (a live state, no heartbeat: its driver died); `cleanup` keeps a
 run's refs and worktrees unless this database holds the run's rows. A record that cannot be read
 (damaged, planted, half-written by hand) counts as no record: the refs it would describe stay
 foreign, so the worst a bad file can do is keep things or refuse a run, never delete work.
@@ -28,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...db.models import utcnow
-from ...states import RUN_LIVE
+from ...states import RUN_LIVE, RunState
 
 __all__ = ["RECORDS_DIRNAME", "RunRecord", "records_dir", "read_records", "write_record",
            "remove_record", "records_lock", "LIVE_FACTOR", "MAX_TTL_S"]
@@ -62,8 +64,10 @@ class RunRecord:
 
     def describe(self, now: dt.datetime | None = None) -> str:
         age = self.age_s(now or utcnow())
+        since = (f"since {_ago(age)}" if self.state == RunState.PAUSED
+                 else f"last heartbeat {_ago(age)}")
         return (f"run {self.run} of the state database {self.database} (id {self.database_id}) "
-                f"is {self.state} on {self.target}, last heartbeat {_ago(age)} from host {self.host}")
+                f"is {self.state} on {self.target}, {since} from host {self.host}")
 
     def to_json(self) -> dict:
         data = asdict(self)

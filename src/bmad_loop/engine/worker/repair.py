@@ -178,7 +178,8 @@ class Repair:
         merge = (story.feedback or {}).get(MERGE_KEY)
         keep = self.policy.scm.reuse_keep
         if merge and git.rev(ref) == merge["record"]:
-            replaced = restore(git, worktree, ref, merge["record"], ctx.layout.scratch(story.key),
+            replaced = restore(git, worktree, merge["record"], ctx.layout.scratch(story.key),
+                               aside=f"{ref}.replaced",
                                seeds=ctx.workspace.seeds, keep_folders=keep)
             ctx.workspace.reseed(worktree)
             with ctx.db.transaction() as s:
@@ -204,7 +205,7 @@ class Repair:
                    old_base=story.base_sha, new_base=target_sha, conflicts=list(conflicts),
                    record=sha)
         crash_point("worker.after_repair_merge")
-        restore(git, worktree, ref, sha, ctx.layout.scratch(story.key),
+        restore(git, worktree, sha, ctx.layout.scratch(story.key), aside=f"{ref}.replaced",
                 seeds=ctx.workspace.seeds, keep_folders=keep)
         ctx.workspace.reseed(worktree)
         return merge

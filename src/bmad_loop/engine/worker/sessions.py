@@ -47,6 +47,7 @@ from ..workspace.guard import read_guard_log
 from ..journal import record
 from .repair import repair_env, repair_prompt_text
 from .sessionchanges import changed_paths_between, snapshot
+from .session_record import before_session
 from .usagefile import USAGE_FILE_VAR, budget_set, read_usage_file, usage_file
 
 __all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "verdict_mode"]
@@ -130,6 +131,7 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
     `story`: the row as the caller just read it (else it is read here)."""
     story = story if story is not None else claim.load()
     policy = ctx.policy
+    before_session(ctx, claim, story, phase, number)  # a re-run starts where the first began
     launch = _launch(ctx, story, phase, number)
     # What the story's work is before the session, to tell an empty dev or fix session. Only a
     # profile's CLI is judged so: for a custom command exit 0 is success (the contract).

@@ -26,6 +26,7 @@ from ..retry import FaultPersisted, pause_for_fault, retrying
 from ..runs import run_policy
 from ..transitions import transition_story
 from .verify_record import drop_records
+from .session_record import drop_session_records
 from .walk import StoryWorker, quietly
 from ..workspace.landed import sweep_landed
 from ..workspace.pool import announce_park
@@ -61,6 +62,7 @@ def work(project, tasks, run_id: str, story_id: int, on_claim=None) -> None:
             quietly(drop_records, ctx)
             if tries[-1].repair.finished:
                 quietly(tries[-1].repair.drop_ref)
+            quietly(drop_session_records, ctx)
             # Beside the lane's work (which may park it first).
             _release_if_ready(ctx, claim, tries[-1].last_row)
     finally:

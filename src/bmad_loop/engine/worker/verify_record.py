@@ -113,8 +113,8 @@ def before_verify(ctx, claim, story, worktree: Path) -> str | None:
     named = (story.feedback or {}).get(RECORD_KEY)
     scratch = ctx.layout.scratch(story.key)
     if named and ctx.git.rev(ref) == named:
-        replaced = restore(ctx.git, worktree, ref, named, scratch, seeds=ctx.workspace.seeds,
-                           keep_folders=ctx.policy.scm.reuse_keep)
+        replaced = restore(ctx.git, worktree, named, scratch, aside=f"{ref}.replaced",
+                           seeds=ctx.workspace.seeds, keep_folders=ctx.policy.scm.reuse_keep)
         ctx.workspace.reseed(worktree)
         with ctx.db.transaction() as s:
             claim.own(s)
@@ -131,27 +131,28 @@ def back_to_record(ctx, key: str, worktree: Path, sha: str) -> None:
     """A retry of the story's verify (`[verify] retries`) starts from exactly what the agent
     left, as a repeated verify does: the worktree put back to its record `sha`."""
     ref = record_ref(ctx.run_id, key)
-    restore(ctx.git, worktree, ref, sha, ctx.layout.scratch(key), seeds=ctx.workspace.seeds,
+    restore(ctx.git, worktree, sha, ctx.layout.scratch(key), aside=f"{ref}.replaced",
+            seeds=ctx.workspace.seeds,
             keep_folders=ctx.policy.scm.reuse_keep)
     ctx.workspace.reseed(worktree)
 
 
-def keep(git, worktree: Path, ref: str, scratch: Path, seeds=()) -> str:
-    """Record `worktree` as it is at `ref`; the record's SHA."""
-    sha = _snapshot(git, worktree, scratch, seeds, "verify record")
+def keep(git, worktree: Path, ref: str, scratch: Path, seeds=(), *, what: str = "verify record") -> str:
+    """Record `worktree` as it is at `ref`; the record's SHA (`what`: its commit message)."""
+    sha = _snapshot(git, worktree, scratch, seeds, what)
     git.run("update-ref", ref, sha)
     return sha
 
 
-def restore(git, worktree: Path, ref: str, sha: str, scratch: Path, *, seeds=(),
+def restore(git, worktree: Path, sha: str, scratch: Path, *, aside: str, seeds=(),
             keep_folders=()) -> str | None:
-    """Put `worktree` back to the record `sha` (the row names it, `ref` holds it). What the
-    worktree held before is kept at ``<ref>.replaced``; its SHA is returned (None: git could
+    """Put `worktree` back to the record `sha` (the row names it). What the worktree held
+    before is kept at the ref `aside` (``<record ref>.replaced``); its SHA is returned (None: git could
     not record it, e.g. the killed verify left a nested repository with no commit, which
     ``add`` refuses; the restore goes on, since the record is what counts)."""
     try:
         replaced = _snapshot(git, worktree, scratch, seeds, "what a repeated verify replaced")
-        git.run("update-ref", f"{ref}.replaced", replaced)
+        git.run("update-ref", aside, replaced)
     except GitError as exc:
         log.warning("could not keep what %s held before its restore (%s)", worktree, exc)
         replaced = None

@@ -44,6 +44,7 @@ from ..transitions import transition_attempt, transition_run
 from ...agents.process import Limits
 from .verify import NOTHING_TO_RUN, Retry, VerifySite, run_verify
 from .verify_record import back_to_record, before_verify, forget_record
+from .session_record import forget_session_record
 
 __all__ = ["StoryWorker"]
 
@@ -333,6 +334,8 @@ class StoryWorker:
         if outcome.feedback:
             values["feedback"] = {**(known.feedback or {}), **outcome.feedback}
         forget_record(known, values)  # a verify's verdict: its record is done with
+        if outcome.session is not None:  # a session's outcome: where it started is done with
+            forget_session_record(known, values)
         values.update(outcome.values)
         passed = None  # verify with no command to run passes as it is entered
         if outcome.escalate:
