@@ -108,6 +108,11 @@ def test_a_caller_of_a_renamed_function_is_repaired_by_its_agent_and_lands(make_
     assert repair_call["env"]["BMAD_LOOP_PHASE"] == "repair"
     assert repair_call["env"]["BMAD_LOOP_REPAIR_CAUSE"] == "verify-failed"
     assert repair_call["env"]["BMAD_LOOP_BASE_SHA"] == a_sha
+    # The report and plain status say what the run got past on its own.
+    report = repo.cli("report")
+    assert report.exit_code == 0, report.output
+    assert f"repair 1 of {B.key} (verify-failed): ready" in report.output
+    assert f"repairs: {B.key} (1)" in repo.cli("status").output
     # The board on the target marks both stories done: nothing lane-owned was reverted.
     assert repo.board_status(A.key) == "done" and repo.board_status(B.key) == "done"
 

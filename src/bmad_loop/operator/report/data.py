@@ -128,12 +128,24 @@ def gather_report(session, run: Run, state_dir: Path) -> dict:
         "failures": failures(events, times, {s["key"]: s for s in stories},
                              {s["key"]: Path(s["log_dir"]) for s in stories}),
         "commits": timeline.commits,
+        # What the run got past without a person: flaky commands, target checks, repairs.
+        "flakes": status.get("flakes", []),
+        "target_checks": status.get("target_checks", []),
+        "repairs": _repairs(events),
     }
+
+
+def _repairs(events: list[dict]) -> list[dict]:
+    """Each repair that ended: story, number, cause, outcome, reason (from `repair.finished`)."""
+    return [{"story": e["story"], "number": e["data"].get("number"), "cause": e["data"].get("cause"),
+             "outcome": e["data"].get("outcome"), "reason": e["data"].get("reason")}
+            for e in events if e["kind"] == "repair.finished"]
 
 
 _STORY_KEYS = ("key", "seq", "epic", "title", "state", "phase", "reason", "host", "branch",
                "head_sha", "integrated_sha", "started_at", "ended_at", "attempt", "review_cycles",
-               "depends_on", "footprint", "footprint_reason", "usage", "log")
+               "depends_on", "footprint", "footprint_reason", "usage", "log", "repairs",
+               "flakes")
 
 
 def _story_fields(story: dict) -> dict:

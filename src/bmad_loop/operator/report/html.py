@@ -16,7 +16,7 @@ from pathlib import Path
 from ...engine.usage import USAGE_COLUMNS
 from .layout import layout_report
 from .svg import format_seconds, timeline_svg
-from .text import sessions_text
+from .text import recovered_lines, sessions_text
 
 __all__ = ["render_report", "page", "CSS"]
 
@@ -170,6 +170,14 @@ def _failures(report: dict, out_dir: Path) -> str:
     return f'<h2 id="failures">Escalations and failures ({len(entries)})</h2>{body}'
 
 
+def _recovered(report: dict) -> str:
+    """Flakes, red targets and repairs: what the run got past without a person."""
+    lines = recovered_lines(report)
+    body = ("<ul>" + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>") if lines \
+        else "<p class=meta>No flaky command, no red target, no repair.</p>"
+    return f'<h2 id="recovered">Flakes and repairs ({len(lines)})</h2>{body}'
+
+
 def _commits(report: dict) -> str:
     rows = [[f'<code>{escape((c["sha"] or "-")[:10])}</code>',
              escape(c["story"] or "(moved by someone else; adopted)"),
@@ -182,5 +190,5 @@ def _commits(report: dict) -> str:
 def render_report(report: dict, out_dir: Path) -> str:
     """The page; links to logs are relative to `out_dir`, the folder the page is written to."""
     body = (_header(report) + _timeline(report) + _night(report) + _cost(report)
-            + _failures(report, out_dir) + _commits(report))
+            + _failures(report, out_dir) + _recovered(report) + _commits(report))
     return page(f"bmad-loop run {report['run']['id']}", body)

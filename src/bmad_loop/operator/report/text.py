@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .svg import format_seconds
 
-__all__ = ["format_report", "sessions_text"]
+__all__ = ["format_report", "sessions_text", "recovered_lines"]
 
 
 def sessions_text(story: dict) -> str:
@@ -36,4 +36,17 @@ def format_report(report: dict) -> str:
                      f"{format_seconds(s['wait_s']):>8}  {sessions_text(s)}")
     for failure in report["failures"]:
         lines.append(f"  {failure['story']}: {failure['kind']}: {failure['reason']}")
+    lines.extend(f"  {line}" for line in recovered_lines(report))
     return "\n".join(lines)
+
+
+def recovered_lines(report: dict) -> list[str]:
+    """What the run got past on its own: each flake, red target check and repair, a line each."""
+    lines = [f"flaky: {f['site']} {f['story'] or 'target'}: `{f['command']}` failed, then passed "
+             f"on retry {f['retry']} (logs {f['failed_log']}, {f['passed_log']})"
+             for f in report.get("flakes", [])]
+    lines += [f"target red: `{c['command']}` failed on {c['target_sha'][:12]} itself (log {c['log']})"
+              for c in report.get("target_checks", []) if c["state"] == "failed"]
+    lines += [f"repair {r['number']} of {r['story']} ({r['cause']}): {r['outcome']}"
+              + (f": {r['reason']}" if r.get("reason") else "") for r in report.get("repairs", [])]
+    return lines
