@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 from sqlalchemy import bindparam, func, select, update
 
+from ...caches import CACHES
+from ...git.trees.ancestry import foreign_parents
 from ...git.trees.compose import Composition, overlapping_dirty
 from ...db.database import insert_now
 from ...db.models import Candidate, Run, Story, utcnow
@@ -54,6 +56,12 @@ _CANDIDATES_OF = (select(Candidate).where(Candidate.story_id == bindparam("story
 _RUN_HEAD = select(Run.__table__.c.head_sha).where(Run.__table__.c.id == bindparam("run_id"))
 _SET_RUN_HEAD = (update(Run.__table__).where(Run.__table__.c.id == bindparam("run_id"))
                  .values(head_sha=bindparam("head")))
+
+
+# (repository, base, head) -> the foreign (commit, parent) pairs of a story's commits: a
+# recomposition after a stale target asks again, and commits never change.
+_PARENTS_CHECKED = CACHES.memo("lane.parents_checked", 256,
+                               holds="(repository, base, head) -> a story's foreign parents")
 
 
 @dataclass(frozen=True)
@@ -284,7 +292,7 @@ class Integrator:
         where = self.target.location
         now = self.target.story_head(story.branch)
         if now == story.head_sha:
-            return None
+            return self.foreign_parent(story)
         with self.db.transaction() as s:
             record(s, self.run_id, "story.branch_mismatch", story.key, branch=story.branch,
                    recorded=story.head_sha, found=now)
@@ -292,6 +300,24 @@ class Integrator:
             return f"the story branch {story.branch} is not on {where}"
         return (f"the story branch {story.branch} on {where} is at {now[:12]}, "
                 f"not at the {story.head_sha[:12]} its worker recorded")
+
+    def foreign_parent(self, story: Story) -> str | None:
+        """Why the story's commits are not all its own: one of them has a parent that is
+        neither another of them nor in its base's history (git/trees/ancestry.py), e.g. a
+        sibling's tip that a planted MERGE_HEAD or an agent's merge made a parent. None: fine."""
+        if not story.base_sha or not story.head_sha:
+            return None
+        key = (str(self.git.repo_dir), story.base_sha, story.head_sha)
+        bad = _PARENTS_CHECKED.get(key)
+        if bad is None:
+            bad = foreign_parents(self.git, story.base_sha, story.head_sha)
+            _PARENTS_CHECKED.put(key, bad)
+        if not bad:
+            return None
+        commit, parent = bad[0]
+        return (f"commit {commit[:12]} of the story branch {story.branch} has a parent "
+                f"{parent[:12]} that is neither the story's own commit nor on its base "
+                f"{story.base_sha[:12]}")
 
     def _needs_sign_off(self, story: Story) -> bool:
         if story.merge_class != "operator":
