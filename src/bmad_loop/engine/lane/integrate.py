@@ -16,7 +16,6 @@ from typing import NamedTuple
 
 from sqlalchemy import bindparam, func, select, update
 
-from ...caches import CACHES
 from ...git.trees.ancestry import foreign_parents
 from ...git.trees.compose import Composition, overlapping_dirty
 from ...db.database import insert_now
@@ -56,12 +55,6 @@ _CANDIDATES_OF = (select(Candidate).where(Candidate.story_id == bindparam("story
 _RUN_HEAD = select(Run.__table__.c.head_sha).where(Run.__table__.c.id == bindparam("run_id"))
 _SET_RUN_HEAD = (update(Run.__table__).where(Run.__table__.c.id == bindparam("run_id"))
                  .values(head_sha=bindparam("head")))
-
-
-# (repository, base, head) -> the foreign (commit, parent) pairs of a story's commits: a
-# recomposition after a stale target asks again, and commits never change.
-_PARENTS_CHECKED = CACHES.memo("lane.parents_checked", 256,
-                               holds="(repository, base, head) -> a story's foreign parents")
 
 
 @dataclass(frozen=True)
@@ -302,16 +295,10 @@ class Integrator:
                 f"not at the {story.head_sha[:12]} its worker recorded")
 
     def foreign_parent(self, story: Story) -> str | None:
-        """Why the story's commits are not all its own: one of them has a parent that is
-        neither another of them nor in its base's history (git/trees/ancestry.py), e.g. a
-        sibling's tip that a planted MERGE_HEAD or an agent's merge made a parent. None: fine."""
-        if not story.base_sha or not story.head_sha:
-            return None
-        key = (str(self.git.repo_dir), story.base_sha, story.head_sha)
-        bad = _PARENTS_CHECKED.get(key)
-        if bad is None:
-            bad = foreign_parents(self.git, story.base_sha, story.head_sha)
-            _PARENTS_CHECKED.put(key, bad)
+        """Why the story's commits are not all its own (git/trees/ancestry.py): e.g. a planted
+        MERGE_HEAD or an agent's merge made a sibling's tip a parent. None: they are."""
+        bad = story.base_sha and story.head_sha and \
+            foreign_parents(self.git, story.base_sha, story.head_sha)
         if not bad:
             return None
         commit, parent = bad[0]

@@ -15,8 +15,10 @@ merge it made itself — does not, since the sibling's work is on no base of thi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from ...caches import CACHES
 from ..runner import Git
 
 __all__ = ["current_base", "foreign_parents"]
@@ -33,9 +35,24 @@ def current_base(git: Git, base: str, head: str, target: str, cwd: Path | None =
     return found if git.is_ancestor(base, found) else base
 
 
+# (repository, base, head) -> `foreign_parents`: the lane asks again at each recomposition, and
+# commits never change.
+_CHECKED = CACHES.memo("git.trees.foreign_parents", 256,
+                       holds="(repository, base, head) -> a story's commits whose parents are not its own")
+
+
 def foreign_parents(git: Git, base: str, head: str) -> list[tuple[str, str]]:
     """(commit, parent) for each parent of the story's commits (`base..head` along first
     parents) that is neither one of them nor in `base`'s history; [] when all are."""
+    key = (os.fspath(git.repo_dir), base, head)
+    known = _CHECKED.get(key)
+    if known is None:
+        known = _foreign_parents(git, base, head)
+        _CHECKED.put(key, known)
+    return list(known)
+
+
+def _foreign_parents(git: Git, base: str, head: str) -> tuple[tuple[str, str], ...]:
     out = git.out("rev-list", "--first-parent", "--parents", f"{base}..{head}")
     rows = [line.split() for line in out.splitlines() if line.strip()]
     own = {row[0] for row in rows}
@@ -46,4 +63,4 @@ def foreign_parents(git: Git, base: str, head: str) -> list[tuple[str, str]]:
                 continue
             if not git.is_ancestor(parent, base):
                 bad.append((commit, parent))
-    return bad
+    return tuple(bad)
