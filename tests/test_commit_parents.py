@@ -164,3 +164,22 @@ def test_a_story_commit_with_a_siblings_tip_as_parent_escalates_naming_both(make
     escalated = [e for e in repo.journal() if e["kind"] == "story.escalated" and e["story"] == A.key]
     assert escalated[-1]["data"]["cause"] == "branch"
     assert repo.git("rev-parse", "main") == main_before  # nothing landed
+
+
+def test_in_place_a_planted_merge_head_names_no_parent_either(make_repo, unboxed):
+    # isolation = "none": the agent works in the project's own checkout, whose MERGE_HEAD is
+    # `.git/MERGE_HEAD`; it names an unrelated branch's tip.
+    repo = make_repo([A], policy='[scm]\nisolation = "none"\n[gates]\nmode = "none"\n')
+    repo.git("switch", "-q", "-c", "other")
+    (repo.root / "other.txt").write_text("not the story's\n")
+    other = repo.commit_all("someone else's work")
+    repo.git("switch", "-q", "main")
+    repo.write_script({A.key: {"dev": [{"write": {"src/a.py": "NAME = '1-1-a'\n",
+                                                  ".git/MERGE_HEAD": f"{other}\n"}}]}})
+    result = repo.cli("run")
+    assert result.exit_code == 0, result.output
+    head = repo.story(A.key)["head_sha"]
+    assert _parents(Git(repo.root), head) == [repo.story(A.key)["base_sha"]]  # before: + other
+    assert repo.git("show", "main:src/a.py") == "NAME = '1-1-a'"
+    assert "other.txt" not in repo.git("ls-tree", "-r", "--name-only", "main")
+    assert not (repo.root / ".git" / "MERGE_HEAD").exists()

@@ -51,6 +51,7 @@ __all__ = [
     "blobs_at",
     "path_matches",
     "commit_worktree",
+    "clear_operation_state",
     "commit_message",
     "integration_message",
     "compose",
@@ -131,7 +132,7 @@ def commit_worktree(
     HEAD's, or when `parents` is not just HEAD (a merge, e.g. a repair's, whatever its tree).
     """
     worktree = Path(worktree)
-    head, head_tree = _clear_operation_state(git, worktree)
+    head, head_tree = clear_operation_state(git, worktree)
     clear_flags(git, worktree)  # an edit hidden behind an index flag is an edit (indexflags.py)
     exclude = _not_ignored(git, worktree, exclude)
     spec = (["--", "."] + [f":(exclude,literal){p}" for p in exclude]) if exclude else []
@@ -162,7 +163,7 @@ def commit_worktree(
 _OPERATION_STATE = ("MERGE_HEAD", "MERGE_MSG", "MERGE_MODE", "CHERRY_PICK_HEAD", "REVERT_HEAD")
 
 
-def _clear_operation_state(git: Git, worktree: Path) -> tuple[str, str]:
+def clear_operation_state(git: Git, worktree: Path) -> tuple[str, str]:
     """Remove `_OPERATION_STATE` from `worktree`'s own admin entry; (HEAD, HEAD's tree)."""
     argv = ["rev-parse"]
     for name in _OPERATION_STATE:
