@@ -53,20 +53,20 @@ def _plant(g: Git, worktree: Path, sha: str) -> list[Path]:
 
 @pytest.fixture
 def repo(tmp_path) -> Git:
-    """A repository on `main` (a board, a source) with a sibling story branch one commit on."""
+    """A repository on `main` (a board, a source) with a sibling story branch one commit on,
+    and a story branch at main."""
     g = git_repo(tmp_path / "repo", {BOARD: "1-1-a: ready-for-dev\n1-2-b: ready-for-dev\n",
                                      "src/a.py": "a = 0\n"})
-    sibling = tmp_path / "sibling"
-    ensure_worktree(g, sibling, "sibling", g.rev("main"))
-    _commit(g, sibling, {"src/b.py": "b = 1\n"}, "1-2-b: the sibling's work")
+    for name in ("sibling", "story"):  # worktrees of both, on main
+        ensure_worktree(g, tmp_path / name, name, g.rev("main"))
+    _commit(g, tmp_path / "sibling", {"src/b.py": "b = 1\n"}, "1-2-b: the sibling's work")
     return g
 
 
 @pytest.fixture
 def story(repo, tmp_path) -> Path:
-    wt = tmp_path / "story"
-    ensure_worktree(repo, wt, "story", repo.rev("main"))
-    return wt
+    """The worktree of branch `story` (made by `repo`)."""
+    return tmp_path / "story"
 
 
 def test_a_planted_merge_head_names_no_parent_of_the_workers_commit(repo, story):
