@@ -124,3 +124,21 @@ def test_retry_from_integrate_takes_a_hand_fixed_branch_through_verify_to_the_la
     assert len(_kinds(repo, "verify.passed", B.key)) == verified_before + 1
     assert [c for c in repo.calls() if c["key"] == B.key][2:] == []  # dev + review of run 1
     repo.git("merge-base", "--is-ancestor", fixed, "main")  # the person's very commit landed
+
+
+def test_a_target_that_moves_again_after_the_persons_merge_keeps_the_board_too(make_repo, bar):
+    repo, story = _escalated_second_story(make_repo, bar)
+    story["target_main"] = repo.git("rev-parse", "main")
+    wt = story["worktree"]
+    git(repo.root, "-C", wt, "merge", "-q", "main", check=False)
+    (repo.root / wt / "README.md").write_text("# by a and b\n")
+    git(repo.root, "-C", wt, "add", "README.md")
+    git(repo.root, "-C", wt, "commit", "-q", "--no-edit")
+    # Someone else commits on main before the resume (adopted as the new baseline).
+    (repo.root / "NOTES.md").write_text("a colleague's note\n")
+    repo.commit_all("a colleague's commit")
+    repo.write_script({})
+    result = repo.cli("resume")
+    assert result.exit_code == 0, result.output
+    _after_landing(repo, story)  # the base is the target the person merged, not the newest
+    assert repo.git("show", "main:NOTES.md") == "a colleague's note"
