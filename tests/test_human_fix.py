@@ -50,6 +50,15 @@ def _escalated_second_story(make_repo, bar):
     return repo, story
 
 
+def _merge_the_target_by_hand(repo, wt: str) -> None:
+    """docs/operations.md, "Fixing a story's branch by hand", steps 2 and 3: in the story's
+    worktree merge the target, resolve what git could not merge (README.md), commit."""
+    git(repo.root, "-C", wt, "merge", "-q", "main", check=False)  # conflicts in README.md
+    (repo.root / wt / "README.md").write_text("# by a and b\n")
+    git(repo.root, "-C", wt, "add", "README.md")
+    git(repo.root, "-C", wt, "commit", "-q", "--no-edit")
+
+
 def _after_landing(repo, story_before: dict) -> None:
     """What the person's fix must give: both stories done on main's board, B's work landed,
     the conflict resolved as they resolved it, no agent session for B again, no board revert."""
@@ -72,10 +81,7 @@ def test_merging_the_target_into_an_escalated_branch_then_resume_keeps_the_board
     repo, story = _escalated_second_story(make_repo, bar)
     story["target_main"] = repo.git("rev-parse", "main")
     wt = story["worktree"]
-    git(repo.root, "-C", wt, "merge", "-q", "main", check=False)  # conflicts in README.md
-    (repo.root / wt / "README.md").write_text("# by a and b\n")
-    git(repo.root, "-C", wt, "add", "README.md")
-    git(repo.root, "-C", wt, "commit", "-q", "--no-edit")
+    _merge_the_target_by_hand(repo, wt)
     # The person's merge brought main's board (1-1-a: done) into the branch.
     assert repo.board_status(A.key, ref=story["branch"]) == "done"
     repo.write_script({})  # no agent may run again
@@ -104,10 +110,7 @@ def test_retry_from_integrate_takes_a_hand_fixed_branch_through_verify_to_the_la
     repo, story = _escalated_second_story(make_repo, bar)
     story["target_main"] = repo.git("rev-parse", "main")
     wt = story["worktree"]
-    git(repo.root, "-C", wt, "merge", "-q", "main", check=False)
-    (repo.root / wt / "README.md").write_text("# by a and b\n")
-    git(repo.root, "-C", wt, "add", "README.md")
-    git(repo.root, "-C", wt, "commit", "-q", "--no-edit")
+    _merge_the_target_by_hand(repo, wt)
     fixed = repo.git("rev-parse", story["branch"])
     verified_before = len(_kinds(repo, "verify.passed", B.key))
     result = repo.cli("retry", B.key, "--from", "integrate")
@@ -130,10 +133,7 @@ def test_a_target_that_moves_again_after_the_persons_merge_keeps_the_board_too(m
     repo, story = _escalated_second_story(make_repo, bar)
     story["target_main"] = repo.git("rev-parse", "main")
     wt = story["worktree"]
-    git(repo.root, "-C", wt, "merge", "-q", "main", check=False)
-    (repo.root / wt / "README.md").write_text("# by a and b\n")
-    git(repo.root, "-C", wt, "add", "README.md")
-    git(repo.root, "-C", wt, "commit", "-q", "--no-edit")
+    _merge_the_target_by_hand(repo, wt)
     # Someone else commits on main before the resume (adopted as the new baseline).
     (repo.root / "NOTES.md").write_text("a colleague's note\n")
     repo.commit_all("a colleague's commit")
