@@ -156,14 +156,14 @@ def test_retry_from_dev_runs_dev_again_with_a_fresh_budget(make_repo):
     assert _sessions(repo, A.key, "dev") == 2 and repo.story(A.key)["state"] == "integrated"
 
 
+# (`--from integrate` on a branch a person moved is no longer refused: it is taken as their fix,
+# tests/test_human_fix.py.)
 @pytest.mark.parametrize("args,words", [
     (("no-such-story", "--from", "dev"), "no story"),
-    ((A.key, "--from", "integrate"), "not at the"),
     ((A.key, "--from", "sideways"), "Invalid value"),
 ])
 def test_a_refused_retry_is_exit_2_and_changes_nothing(make_repo, args, words):
     repo, story = _escalate_on_a_dirty_checkout(make_repo)
-    # A person commits on the story branch: integrating the recorded commit is refused.
     git(repo.root, "-C", story["worktree"], "commit", "-q", "--allow-empty", "-m", "a person")
     before = _rows(repo)
     result = repo.cli("retry", *args)

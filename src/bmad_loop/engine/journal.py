@@ -121,6 +121,8 @@ class EventKind(str, Enum):
     STORY_RECOVERED = "story.recovered", "orphan recovery took the story back"
     STORY_RETRY = "story.retry", "the story is tried again (`resume` or `retry`)"
     STORY_HUMAN_FIX = "story.human_fix", "a human's fix on the story branch is taken"
+    STORY_BASE_MOVED = ("story.base_moved",
+        "the story's branch took in a newer target: its base moved to their merge base")
     STORY_WORKTREE_MISSING = ("story.worktree_missing",
         "the story's worktree is made again from its branch")
     FAULT_RETRY = "fault.retry", "a step met a transient fault and is tried again"

@@ -2,7 +2,9 @@
 (`bmad-loop retry STORY --from dev|review|integrate`).
 
 - `integrate`: the commit its worker recorded (`head_sha`) goes back to `ready`; the lane
-  composes, verifies and integrates it again. No agent session.
+  composes, verifies and integrates it again. No agent session. A branch a person moved (they
+  committed a fix on it, merged or rebased the target into it) is taken as their fix, as
+  `resume` takes it (`to_human_fix`): its worktree verify runs, then the lane; no agent.
 - `review`: back to `pending`; its worker verifies the branch as it is, then runs a review
   session (and fix cycles, as usual). No dev session.
 - `dev`: back to `pending` with a fresh attempt budget; dev runs on the branch as it is.
@@ -24,7 +26,7 @@ from .repairs import REPAIR_KEY
 from .transitions import transition_story
 
 __all__ = ["FROM_STEPS", "RECOMPOSE_FLOOR", "RETRY_FROM", "to_ready", "to_review", "to_dev",
-           "to_repair", "retry_story"]
+           "to_repair", "to_human_fix", "retry_story"]
 
 FROM_STEPS = (Phase.DEV, Phase.REVIEW, Phase.INTEGRATE)
 # Story feedback entries: stale compositions up to this candidate attempt were before the
@@ -59,6 +61,17 @@ def to_ready(session, run_id: str, story: Story, *, by: str, **data) -> None:
     story.repairs = 0  # a fresh repair budget, as every redo gives
     record(session, run_id, "story.retry", story.key, **{"from": Phase.INTEGRATE.value, "by": by,
                                                            "head_sha": story.head_sha, **data})
+
+
+def to_human_fix(session, run_id: str, story: Story, branch_head: str, *, by: str) -> None:
+    """A person changed the story's branch (now at `branch_head`): it is verified in its
+    worktree and integrated as their fix, with no agent session (`story.human_fix`)."""
+    floor = _give_up_candidates(session, run_id, story, f"{by}: a person's fix is taken")
+    story.state, story.phase = StoryState.PENDING, Phase.PREPARE
+    story.feedback, story.human_fix, story.after_phase = {RECOMPOSE_FLOOR: floor}, True, None
+    story.signed_off, story.head_sha = False, branch_head
+    story.reason, story.ended_at = None, None
+    record(session, run_id, "story.human_fix", story.key, head_sha=branch_head, by=by)
 
 
 def to_review(session, run_id: str, story: Story, *, by: str, **data) -> None:
@@ -131,7 +144,13 @@ def retry_story(session, target, run: Run, story: Story, start: str) -> bool:
             raise StateError(f"run {run.id}: story {story.key} is {story.state}: it has no "
                              "finished work waiting to integrate; use --from dev or review")
         _check_recorded_head(run, story, now)
-        to_ready(session, run.id, story, by="retry")
+        if now != story.head_sha:  # a person's fix on the branch: verified, then integrated
+            record(session, run.id, "story.retry", story.key,
+                   **{"from": Phase.INTEGRATE.value, "by": "retry", "head_sha": now,
+                      "human_fix": True})
+            to_human_fix(session, run.id, story, now, by="retry")
+        else:
+            to_ready(session, run.id, story, by="retry")
     elif start == Phase.REVIEW:
         if now is None:
             raise StateError(f"run {run.id}: story {story.key} has no branch to review: use --from dev")
@@ -145,7 +164,3 @@ def _check_recorded_head(run: Run, story: Story, now: str | None) -> None:
     if not story.head_sha or now is None:
         raise StateError(f"run {run.id}: story {story.key} has no finished commit on its branch "
                          f"{story.branch or '(none)'}: use --from dev")
-    if now != story.head_sha:
-        raise StateError(f"run {run.id}: story {story.key}'s branch {story.branch} is at "
-                         f"{now[:12]}, not at the {story.head_sha[:12]} its worker finished: "
-                         "`resume` verifies a person's change, or use --from review")

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from sqlalchemy import bindparam, func, select, update
 
+from ...git.trees.ancestry import foreign_parents
 from ...git.trees.compose import Composition, overlapping_dirty
 from ...db.database import insert_now
 from ...db.models import Candidate, Run, Story, utcnow
@@ -293,7 +294,7 @@ class Integrator:
         where = self.target.location
         now = self.target.story_head(story.branch)
         if now == story.head_sha:
-            return None
+            return self.foreign_parent(story)
         with self.db.transaction() as s:
             record(s, self.run_id, "story.branch_mismatch", story.key, branch=story.branch,
                    recorded=story.head_sha, found=now)
@@ -301,6 +302,18 @@ class Integrator:
             return f"the story branch {story.branch} is not on {where}"
         return (f"the story branch {story.branch} on {where} is at {now[:12]}, "
                 f"not at the {story.head_sha[:12]} its worker recorded")
+
+    def foreign_parent(self, story: Story) -> str | None:
+        """Why the story's commits are not all its own (git/trees/ancestry.py): e.g. a planted
+        MERGE_HEAD or an agent's merge made a sibling's tip a parent. None: they are."""
+        bad = story.base_sha and story.head_sha and \
+            foreign_parents(self.git, story.base_sha, story.head_sha)
+        if not bad:
+            return None
+        commit, parent = bad[0]
+        return (f"commit {commit[:12]} of the story branch {story.branch} has a parent "
+                f"{parent[:12]} that is neither the story's own commit nor on its base "
+                f"{story.base_sha[:12]}")
 
     def _needs_sign_off(self, story: Story) -> bool:
         if story.merge_class != "operator":

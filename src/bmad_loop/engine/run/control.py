@@ -20,7 +20,6 @@ from ...states import (
     RUN_TERMINAL,
     STORY_DONE,
     CandidateState,
-    Phase,
     RunState,
     StopMode,
     StoryState,
@@ -33,7 +32,7 @@ from ..repairs import in_repair
 from ..escalation import ENVIRONMENTAL, integration_cause
 from ..journal import record
 from .ownership import save_run, target_check
-from ..redo import retry_story, to_dev, to_ready, to_repair
+from ..redo import retry_story, to_dev, to_human_fix, to_ready, to_repair
 from ..reverify import drop_verified, reverify_reason
 from ..recovery import ever_spawned, recover_orphans
 from ..runs import run_policy, stories_of
@@ -173,11 +172,7 @@ def _reset_for_resume(session, branch_head_of, run: Run, story: Story) -> None:
                  if story.state == StoryState.ESCALATED else None)
         if human_fix:
             # A human changed the branch: verify and integrate it without the agent.
-            story.state, story.phase = StoryState.PENDING, Phase.PREPARE
-            story.feedback, story.human_fix, story.after_phase = {}, True, None
-            story.head_sha = branch_head
-            record(session, run.id, "story.human_fix", story.key, head_sha=branch_head)
-            story.reason, story.ended_at = None, None
+            to_human_fix(session, run.id, story, branch_head, by="resume")
         elif cause in ENVIRONMENTAL and branch_head and branch_head == story.head_sha:
             # Nothing of the story failed: the same commit is integrated again, no agent.
             to_ready(session, run.id, story, by="resume", cause=cause, reason=story.reason)

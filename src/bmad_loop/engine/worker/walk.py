@@ -19,6 +19,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+from ...git.trees.ancestry import current_base
 from ...git.trees.compose import changed_paths, commit_message
 from ...db.models import Attempt, Run, Story, utcnow
 from ...errors import GitError, StopRequested
@@ -119,6 +120,10 @@ class StoryWorker:
             adopt_pushed_branch(ctx, story, branch)
         prepared = carry_forward(ctx, story, ctx.workspace.prepare(story, branch, base_sha), base_sha)
         self.ledgers.seed(prepared.worktree)  # git-ignored union ledgers, from the checkout
+        # A human's fix or a retry from review goes on from the branch as it is: no dev.
+        as_is = story.human_fix or (story.feedback or {}).get(RETRY_FROM) == Phase.REVIEW
+        moved = as_is and story.base_sha and current_base(ctx.git, story.base_sha, "HEAD",
+                                                          base_sha, cwd=prepared.worktree)
         delay_point("worker.in_prepare")
         crash_point("worker.after_worktree")
         with ctx.db.transaction() as s:
@@ -126,10 +131,12 @@ class StoryWorker:
                       "heartbeat_at": utcnow()}
             if prepared.feedback:
                 values["feedback"] = {**(story.feedback or {}), **prepared.feedback}
-            # A human's fix or a retry from review goes on from the branch as it is: no dev.
-            as_is = story.human_fix or (story.feedback or {}).get(RETRY_FROM) == Phase.REVIEW
             if not (as_is and story.base_sha):
                 values["base_sha"] = prepared.base_sha
+            elif moved != story.base_sha:  # a person merged or rebased the target into it
+                values["base_sha"] = moved
+                record(s, ctx.run_id, "story.base_moved", self.key, old=story.base_sha,
+                       new=moved, phase=Phase.PREPARE.value)
             # The next phase is entered here, as `_enter_phase` would (a stop asked for ends
             # the walk once this is written).
             values["phase"] = (Phase.CREATE if story.to_create
@@ -252,6 +259,7 @@ class StoryWorker:
     def _phase_commit(self) -> Outcome:
         ctx = self.ctx
         story = self._story()
+        self._follow_target(story)
         revert = list(self.policy.scm.lane_owned) + ([ctx.board_rel] if ctx.board_rel else [])
         merge = self.repair.merge_parents(story)  # a repaired story: the two-parent merge
         try:
@@ -283,6 +291,21 @@ class StoryWorker:
             events += self.repair.ready_events(story)
         events.append(("story.ready", {"head_sha": head, "changed": len(changed)}))
         return Outcome(ready=True, events=events, values=values)
+
+    def _follow_target(self, story: Story) -> None:
+        """The story's branch took in a newer target (a person's or bmad-loop's merge, or a
+        rebase): its base moves there, so the ledger guard, drift and composition measure its
+        changes from there and never revert the target's own board marks."""
+        if not story.base_sha or not story.worktree:
+            return
+        moved = current_base(self.git, story.base_sha, "HEAD", self.ctx.target.ref,
+                             cwd=Path(story.worktree))
+        if moved != story.base_sha:
+            with self.ctx.db.transaction() as s:
+                old = story.base_sha
+                self.claim.write(s, story, base_sha=moved)
+                record(s, self.ctx.run_id, "story.base_moved", self.key, old=old, new=moved,
+                       phase=Phase.COMMIT.value)
 
     # ----------------------------------------------------------------- persistence
     def _apply(self, outcome: Outcome) -> str | None:

@@ -8,7 +8,7 @@ that edits one of them escalates the story instead of mixing its work with a hum
 
 from __future__ import annotations
 
-from ...git.trees.compose import dirty_paths
+from ...git.trees.compose import clear_operation_state, dirty_paths
 from ...git.maintenance import NO_AUTO_MAINTENANCE
 from ..outcome import Escalate
 from .base import Prepared, Workspace, matches_any
@@ -94,6 +94,9 @@ class InPlaceWorkspace(Workspace):
             self.target.delete_story_branch(story.branch)
 
     def _commit(self, paths: list[str], message: str) -> None:
+        # A MERGE_HEAD (or CHERRY_PICK_HEAD...) the agent left would make this a merge of
+        # whatever it names: removed first, as the worktree commit does.
+        clear_operation_state(self.git, self.root)
         self.git.run("add", "-A", "--", *paths)
         self.git.run("-c", "commit.gpgsign=false", *NO_AUTO_MAINTENANCE, "commit", "-q",
                      "--no-verify", "-m", message, env=self.git.identity_env())

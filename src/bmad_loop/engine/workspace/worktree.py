@@ -66,7 +66,7 @@ class WorktreeWorkspace(Workspace):
     def commit(self, story, message: str, revert: list[str],
                merge: list[str] | None = None) -> tuple[str, list[str]]:
         return commit_worktree(self.git, Path(story.worktree), message, story.base_sha, revert,
-                               exclude=self.seeds, merge=merge)
+                               exclude=self.seeds, parents=merge)
 
     def leave(self, story, *, rollback: bool, pause_on_escalation: bool) -> str | None:
         if story.worktree and Path(story.worktree).exists():

@@ -19,6 +19,7 @@ under it; ``\\`` escapes. ``!`` negation is not supported.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -29,7 +30,6 @@ from ...errors import GitError
 from ..repolock import repo_lock
 from ..runner import Git, is_full_sha
 from ..indexflags import clear_flags
-from ..maintenance import NO_AUTO_MAINTENANCE
 from .mergeattrs import committed_attributes
 from .sessionfolder import refuse_session_folder
 from .settle import MergeRules, Regeneration, Settled, Sides, settle
@@ -52,6 +52,7 @@ __all__ = [
     "blobs_at",
     "path_matches",
     "commit_worktree",
+    "clear_operation_state",
     "commit_message",
     "integration_message",
     "compose",
@@ -114,7 +115,7 @@ def commit_worktree(
     base_sha: str,
     revert_globs: Sequence[str] = (),
     exclude: Sequence[str] = (),
-    merge: Sequence[str] | None = None,
+    parents: Sequence[str] | None = None,
 ) -> tuple[str, list[str]]:
     """Commit what the agent left in `worktree`, after reverting lane-owned files.
 
@@ -122,70 +123,90 @@ def commit_worktree(
     commits or uncommitted) is restored to its `base_sha` content, or deleted if `base_sha` lacks
     it. Index flags that hide edits (skip-worktree, assume-unchanged) are taken off first. Then
     everything else is staged (``add -A``; repository-relative `exclude` paths, e.g.
-    seeded untracked files, are left out) and committed with `git.identity`, without hooks that
-    could refuse it and unsigned — if anything is staged. Returns (HEAD sha, reverted paths).
+    seeded untracked files, are left out) and committed with `git.identity`, unsigned and with
+    no hook run. Returns (HEAD sha, reverted paths).
 
-    `merge` (a repair): the commit is made with plumbing as a merge whose parents are exactly
-    `merge` (the story's head, then the target), dated from its inputs, whatever is staged.
+    The commit is plumbing (``write-tree``, ``commit-tree``, then ``update-ref`` of HEAD with
+    its old value expected): its parents are exactly `parents` (default: HEAD), never what a
+    ``MERGE_HEAD`` or ``CHERRY_PICK_HEAD`` in the worktree's admin entry says — the agent can
+    write there. Those files are removed first. A commit is made when the tree differs from
+    HEAD's, or when `parents` is not just HEAD (a merge, e.g. a repair's, whatever its tree).
     """
     worktree = Path(worktree)
+    head, head_tree = clear_operation_state(git, worktree)
     clear_flags(git, worktree)  # an edit hidden behind an index flag is an edit (indexflags.py)
     exclude = _not_ignored(git, worktree, exclude)
     spec = (["--", "."] + [f":(exclude,literal){p}" for p in exclude]) if exclude else []
     git.run("add", "-A", *spec, cwd=worktree)
-    reverted, changes, staged = ([], {}, None) if not revert_globs else \
+    reverted, changes = ([], {}) if not revert_globs else \
         _revert_lane_owned(git, worktree, base_sha, revert_globs)
     refuse_session_folder(git, worktree)  # what is staged is what the commit holds
-    if staged is None:
-        proc = git.run("diff-index", "--cached", "--quiet", "HEAD", "--", cwd=worktree,
-                       check=False)
-        if proc.returncode not in (0, 1):
-            raise GitError(f"cannot tell what is staged in {worktree}",
-                           returncode=proc.returncode, stderr=proc.stderr)
-        staged = proc.returncode == 1
-    date = None
-    if merge:
-        head = _commit_merge(git, worktree, message, list(merge))
-        return head, reverted
-    if staged:
-        date = _now()  # what git would take; known here, the lane need not read it back
-        git.run(
-            "-c", "commit.gpgsign=false", *NO_AUTO_MAINTENANCE, "commit", "--no-verify",
-            "--quiet", "-m", message,
-            cwd=worktree, env=git.identity_env(date),
-        )
-    head = git.rev("HEAD", cwd=worktree)
-    if head is None:
-        raise GitError(f"{worktree} has no HEAD commit")
-    if date is not None and not git.run_hooks:  # no post-commit hook can have amended it
-        _DATES.put((os.fspath(git.repo_dir), head), date)
+    tree = git.out("write-tree", cwd=worktree)
+    chosen = [head] if parents is None else list(parents)
+    if chosen != [head] and head != chosen[0] and git.commit_header(head)["parents"] == chosen:
+        return head, reverted  # made before a crash cut the step short: not made twice
+    if tree != head_tree or chosen != [head]:
+        # What git would take; a merge (a repair's) is dated from its inputs, the later of its
+        # parents', so that the same inputs make the same commit.
+        date = _now() if len(chosen) == 1 else max(
+            (git.commit_date(p) for p in chosen), key=lambda d: int(d.split()[0].lstrip("@")))
+        text = _cleaned(message)
+        made = commit_tree(git, tree, chosen, text, git.identity_env(date))
+        subject = text.split("\n", 1)[0]
+        git.run("update-ref", "-m", f"commit: {subject}", "HEAD", made, head, cwd=worktree)
+        _DATES.put((os.fspath(git.repo_dir), made), date)
+        head = made
     if revert_globs:
         # HEAD's tree is the index now, which differs from the base in what the one diff
         # named less what was put back: the story's changes (`changed_paths`) without git.
         put_back = set(reverted)
         remember_diff(git, base_sha, head,
-                       {p: letter for p, letter in changes.items() if p not in put_back})
+                      {p: letter for p, letter in changes.items() if p not in put_back})
     return head, reverted
 
 
-def _commit_merge(git: Git, worktree: Path, message: str, parents: list[str]) -> str:
-    """The index as a commit with exactly `parents`, the branch moved to it from the first
-    (compare-and-swap); its date is the later of its parents' (reproducible from its inputs)."""
-    current = git.rev("HEAD", cwd=worktree)
-    if current != parents[0] and git.commit_header(current)["parents"] == parents:
-        return current  # made before a crash cut the step short: not made twice
-    tree = git.out("write-tree", cwd=worktree)
-    date = max((git.commit_date(p) for p in parents),
-               key=lambda d: int(d.split()[0].lstrip("@")))
-    head = commit_tree(git, tree, parents, _lane_text(message), git.identity_env(date))
-    git.run("update-ref", "-m", "bmad-loop: repair merge", "HEAD", head, parents[0], cwd=worktree)
-    return head
+# What a half-done merge, cherry-pick or revert leaves in a worktree's admin entry: a porcelain
+# commit would take parents (and a message) from them.
+_OPERATION_STATE = ("MERGE_HEAD", "MERGE_MSG", "MERGE_MODE", "CHERRY_PICK_HEAD", "REVERT_HEAD")
+
+
+def clear_operation_state(git: Git, worktree: Path) -> tuple[str, str]:
+    """Remove `_OPERATION_STATE` from `worktree`'s own admin entry; (HEAD, HEAD's tree)."""
+    argv = ["rev-parse"]
+    for name in _OPERATION_STATE:
+        argv += ["--git-path", name]
+    proc = git.run(*argv, "HEAD", "HEAD^{tree}", cwd=worktree, check=False)
+    *paths, head, tree = proc.stdout.splitlines() or [""]
+    if proc.returncode != 0 or len(paths) != len(_OPERATION_STATE) \
+            or not (is_full_sha(head) and is_full_sha(tree)):
+        raise GitError(f"{worktree} has no HEAD commit", returncode=proc.returncode,
+                       stderr=proc.stderr)
+    for rel in paths:
+        path = worktree / rel  # `--git-path` answers relative to the worktree
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)  # planted as a folder: a person's `git commit` would fail
+        elif os.path.lexists(path):
+            os.unlink(path)
+    return head, tree
+
+
+def _cleaned(message: str) -> str:
+    """`message` as ``git commit -m`` stores it (its ``whitespace`` clean-up): trailing spaces
+    off each line, blank lines at both ends dropped and runs of them made one, one final
+    newline."""
+    out: list[str] = []
+    for line in message.splitlines():
+        line = line.rstrip()
+        if line or (out and out[-1]):
+            out.append(line)
+    while out and not out[-1]:
+        out.pop()
+    return "\n".join(out) + "\n"
 
 
 def _revert_lane_owned(git: Git, worktree: Path, base_sha: str, revert_globs: Sequence[str]):
     """Put the lane-owned paths the story changed back to `base_sha` (everything is staged):
-    (the reverted paths, the story's changes by path, whether anything else is staged — None
-    when git must be asked)."""
+    (the reverted paths, the story's changes by path)."""
     # Once everything is staged, one diff of the index against the base names every path the
     # story changed, in its own commits or not (and says which the base lacks).
     changes = _index_changes(git, worktree, base_sha)
@@ -203,12 +224,7 @@ def _revert_lane_owned(git: Git, worktree: Path, base_sha: str, revert_globs: Se
         for p in added:
             if os.path.lexists(worktree / p):
                 os.unlink(worktree / p)
-    staged = None
-    if is_full_sha(base_sha) and git.rev("HEAD", cwd=worktree) == base_sha:
-        # No commit of the agent's: the index now differs from HEAD exactly where it differs
-        # from the base, i.e. in what the diff named and nothing put back.
-        staged = bool(set(changes) - set(reverted))
-    return reverted, changes, staged
+    return reverted, changes
 
 
 # (repository, commit) -> "@<unix> <tz>" of commits `commit_worktree` made in this process:
