@@ -21,7 +21,8 @@ A = StoryDef("1-1-a", files=["src/a.py"])
 B = StoryDef("1-2-b", files=["src/b.py"])
 # Both stories' worktree verify runs this: the log shows it ran, and the candidate's too.
 VERIFY = 'test -f src/__init__.py && echo "verified in $PWD"'
-POLICY = MERGE_NONE.format(n=2, strategy="merge") + f"[verify]\ncommands = [{json.dumps(VERIFY)}]\n"
+POLICY = (MERGE_NONE.format(n=2, strategy="merge") + f"[verify]\ncommands = [{json.dumps(VERIFY)}]\n"
+          "[limits]\nmax_repairs = 0\n")  # the person's path: the story escalates at once
 
 
 def _kinds(repo, kind: str, key: str) -> list[dict]:

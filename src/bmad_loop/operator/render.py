@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..engine.lane.targetcheck import FAILED as CHECK_FAILED
 from .style import current_candidate, elapsed_text, key_width, preserved, short_sha, story_note
 from ..engine.worker.verify_record import continue_lines
 from ..states import RUN_LIVE, STORY_IN_FLIGHT, StoryState
@@ -33,7 +34,7 @@ def _repair_lines(data: dict) -> list[str]:
             lines.append(f"  {f['site']:<9} {f['story'] or '-':<36} `{f['command']}` "
                          f"failed log {f['failed_log']}")
     for check in data.get("target_checks") or []:
-        if check["state"] == "failed":
+        if check["state"] == CHECK_FAILED:
             lines.append(f"target red: `{check['command']}` fails on "
                          f"{short_sha(check['target_sha'], '')} itself (log {check['log']})")
     repaired = [s for s in data["stories"] if s.get("repairs")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...engine.lane.targetcheck import FAILED as CHECK_FAILED
 from .svg import format_seconds
 
 __all__ = ["format_report", "sessions_text", "recovered_lines"]
@@ -46,7 +47,7 @@ def recovered_lines(report: dict) -> list[str]:
              f"on retry {f['retry']} (logs {f['failed_log']}, {f['passed_log']})"
              for f in report.get("flakes", [])]
     lines += [f"target red: `{c['command']}` failed on {c['target_sha'][:12]} itself (log {c['log']})"
-              for c in report.get("target_checks", []) if c["state"] == "failed"]
+              for c in report.get("target_checks", []) if c["state"] == CHECK_FAILED]
     lines += [f"repair {r['number']} of {r['story']} ({r['cause']}): {r['outcome']}"
               + (f": {r['reason']}" if r.get("reason") else "") for r in report.get("repairs", [])]
     return lines
