@@ -70,6 +70,15 @@ def fresh_programs():
 
 
 @pytest.fixture
+def escalate_at_once(monkeypatch):
+    """The lane as it was before flakes, red targets and repairs (`[verify] retries = 0`,
+    `[limits] max_repairs = 0`): for the tests of what an escalation at integration keeps and
+    how a person goes on from it (tests/test_repairs.py and test_flakes.py test the new way)."""
+    monkeypatch.setenv("BMAD_LOOP_VERIFY_RETRIES", "0")
+    monkeypatch.setenv("BMAD_LOOP_LIMITS_MAX_REPAIRS", "0")
+
+
+@pytest.fixture
 def make_repo(tmp_path):
     """Build real git repositories with a BMAD board, story files and a scripted agent
     (`support.build_repo`); whatever they spawned is killed after the test."""

@@ -18,7 +18,7 @@ HEADER = re.compile(r"^==> (.+?) attempt (.+?), started (\d{4}-\d\d-\d\dT\d\d:\d
                     re.M)
 
 
-def test_attach_all_prints_the_storys_whole_history_in_order(make_repo):
+def test_attach_all_prints_the_storys_whole_history_in_order(make_repo, escalate_at_once):
     repo = make_repo([ALPHA], script=SCRIPT, policy=POLICY)
     assert repo.cli("run").exit_code == 0
     run_id = repo.status()["run"]["id"]

@@ -166,7 +166,7 @@ CANDIDATE_FAILS = ('[verify]\ncommands = ["case \\"$(pwd -P)\\" in */.bmad-loop/
 
 @pytest.mark.parametrize("keep_failed", [True, False])
 def test_an_escalated_story_keeps_branch_worktree_and_candidate_while_resumable_then_per_keep_failed(
-        make_repo, keep_failed):
+        make_repo, keep_failed, escalate_at_once):
     repo = make_repo([ALPHA], script={ALPHA.key: {"dev": [GOOD]}},
                      policy=CANDIDATE_FAILS + f"[scm]\nkeep_failed = {str(keep_failed).lower()}\n")
     result = repo.cli("run")

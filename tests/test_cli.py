@@ -142,7 +142,8 @@ def finished_repo(make_repo):
 
 def test_status_json_has_the_contract_fields_for_run_stories_and_candidates(finished_repo):
     status = finished_repo.status()
-    assert set(status) == {"run", "stories", "candidates", "consumers", "warnings"}
+    assert set(status) == {"run", "stories", "candidates", "consumers", "warnings", "flakes",
+                           "target_checks"}
     run = status["run"]
     assert RUN_FIELDS <= set(run), RUN_FIELDS - set(run)
     assert run["state"] == "completed" and run["target_branch"] == "main"

@@ -15,7 +15,7 @@ POLICY = ('[scm]\nmax_parallel = 2\n[gates]\nmode = "none"\n[verify]\ncommands =
           'if grep -q bad src/beta.py; then echo DIAGNOSIS: beta.py says bad; exit 1; fi"]\n')
 
 
-def test_a_failed_storys_junit_body_ends_with_its_failing_logs_tail(make_repo, tmp_path):
+def test_a_failed_storys_junit_body_ends_with_its_failing_logs_tail(make_repo, tmp_path, escalate_at_once):
     repo = make_repo(ALPHA_BETA, script=SCRIPT, policy=POLICY)
     junit = tmp_path / "junit.xml"
     assert repo.cli("run", "--ci", "--junit", str(junit)).exit_code == 3

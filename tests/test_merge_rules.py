@@ -148,7 +148,7 @@ def test_a_rewrite_earlier_in_plan_order_and_a_later_append_both_land_exactly(ma
     assert _ledger(repo) == expected  # the rewritten line never comes back
 
 
-def test_a_deletion_after_an_append_that_git_cannot_merge_escalates_with_todays_message(make_repo, bar):
+def test_a_deletion_after_an_append_that_git_cannot_merge_escalates_with_todays_message(make_repo, bar, escalate_at_once):
     base = LEDGER_BASE + "- old finding\n"
     a, b = StoryDef("1-1-a", files=["src/a.py"]), StoryDef("1-2-b", files=["src/b.py"])
     script = barrier_script([a, b], bar, {

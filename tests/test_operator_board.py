@@ -118,7 +118,7 @@ def test_a_worker_whose_heartbeat_stopped_is_shown_as_stale(recorded_frames):
         assert "STALE" in row and MARK in row
 
 
-def test_status_watch_on_a_settled_run_draws_one_board_and_exits(recorded_frames):
+def test_status_watch_on_a_settled_run_draws_one_board_and_exits(recorded_frames, escalate_at_once):
     repo, _ = recorded_frames
     result = repo.cli("status", "--watch", "--interval", "0.1")
     assert result.exit_code == 0, result.output
@@ -127,7 +127,8 @@ def test_status_watch_on_a_settled_run_draws_one_board_and_exits(recorded_frames
     assert result.exit_code == 2 and "--watch" in result.output
     # status --json is unchanged by the move: the contract's keys are all there.
     data = json.loads(repo.cli("status", "--json").output)
-    assert set(data) == {"run", "stories", "candidates", "consumers", "warnings"}
+    assert set(data) == {"run", "stories", "candidates", "consumers", "warnings", "flakes",
+                         "target_checks"}
 
 
 def test_status_watch_rerenders_in_a_terminal_until_the_run_settles(make_repo, tmp_path):

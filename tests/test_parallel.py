@@ -256,7 +256,7 @@ def test_a_target_that_keeps_moving_escalates_after_max_recompose(make_repo):
     assert "src/a.py" not in repo.git("ls-tree", "-r", "--name-only", "main")
 
 
-def test_a_merge_conflict_is_preserved_and_resume_after_a_human_fix_integrates_it(make_repo, bar):
+def test_a_merge_conflict_is_preserved_and_resume_after_a_human_fix_integrates_it(make_repo, bar, escalate_at_once):
     # Both stories claim disjoint footprints but edit the same line (drift is only a warning).
     a, b = StoryDef("1-1-a", files=["src/a.py"]), StoryDef("1-2-b", files=["src/b.py"])
     script = barrier_script([a, b], bar)

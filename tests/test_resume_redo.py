@@ -98,7 +98,7 @@ def test_a_deleted_branch_gets_a_fresh_attempt_as_before(make_repo):
     assert _kinds(repo, "story.retry", A.key)[-1]["data"]["from"] == "dev"
 
 
-def test_a_failed_candidate_verification_still_gets_a_fresh_attempt_with_the_failure(make_repo, tmp_path):
+def test_a_failed_candidate_verification_still_gets_a_fresh_attempt_with_the_failure(make_repo, tmp_path, escalate_at_once):
     # The verify command passes in the story worktree and fails in the candidate worktree.
     verify = 'case "$PWD" in */candidates/*) echo combined-check-failed; exit 1;; esac'
     policy = MERGE_NONE.format(n=1, strategy="merge") + f"[verify]\ncommands = [{json.dumps(verify)}]\n"

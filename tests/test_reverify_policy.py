@@ -68,7 +68,7 @@ def _reverified(repo) -> list[str]:
 
 
 def test_a_reload_with_stricter_verify_commands_verifies_the_kept_candidates_again(make_repo, bar,
-                                                                                  backend):
+                                                                                  backend, escalate_at_once):
     repo, run_id = _three_verified_then_stopped(make_repo, bar, backend)
     repo.write_policy(_commands(bar, ("gate.py", GATE), ("strict.py", STRICT)) + backend.policy_toml())
     result = repo.cli("resume", run_id, "--reload-policy")

@@ -174,7 +174,7 @@ def test_three_candidates_verify_at_once_and_the_target_advances_in_order(make_r
 
 
 @pytest.mark.parametrize("mode", ["continue", "pause"])
-def test_a_failed_middle_candidate_gives_up_the_one_above_it(make_repo, bar, mode):
+def test_a_failed_middle_candidate_gives_up_the_one_above_it(make_repo, bar, mode, escalate_at_once):
     extra = f'[parallel]\non_escalation = "{mode}"\n'
     repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar, extra=extra))
     proc = _spawn_until_three_verify(repo, bar)

@@ -133,7 +133,7 @@ ONE_TRY = "[limits]\nmax_dev_attempts = 1\n"
 
 
 def test_a_story_verify_repeated_after_kill_9_starts_from_the_agents_output_exactly(
-        make_repo, tmp_path):
+        make_repo, tmp_path, escalate_at_once):
     """Fails before the fix: the repeated verify found the killed one's stamp and passed, and
     the story's commit took the verify's leftovers; an uninterrupted run escalates."""
     calm = tmp_path / "calm-bar"

@@ -73,7 +73,7 @@ class Blame:
         cause = failure_cause(cand.state, cand.reason)
         if cause == Cause.CONFLICT and details.get("kind") != Cause.CONFLICT:
             cause = None  # a generator failed: not a conflict an agent resolves
-        if cause == Cause.VERIFY:
+        if cause == Cause.VERIFY and self.integrator.policy.verify.retries:  # 0: as before
             key = CheckKey(cand.target_sha, details.get("command") or "")
             state = self._target_state(story, key)
             if state is None:
