@@ -115,5 +115,10 @@ def preserved(candidates: list[dict]) -> list[dict]:
 
 
 def story_note(story: dict) -> str:
-    """Why a story stands where it does: its reason, else what it waits for."""
-    return story.get("reason") or story.get("waiting_for") or ""
+    """Why a story stands where it does: its reason, else what it waits for; and the repairs
+    and flakes it needed (status, the live board, the TUI)."""
+    note = story.get("reason") or story.get("waiting_for") or ""
+    extra = [f"{story[name]} {label}" for name, label in (("repairs", "repair(s)"),
+                                                         ("flakes", "flake(s)"))
+             if story.get(name)]
+    return "; ".join([note] + extra if note else extra)
