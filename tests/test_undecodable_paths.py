@@ -34,7 +34,7 @@ def _conflicting(make_repo, bar):
 
 
 def test_two_stories_conflicting_on_a_name_that_is_not_utf8_escalate_and_resume_gets_as_far(
-        make_repo, bar):
+        make_repo, bar, escalate_at_once):
     repo = _conflicting(make_repo, bar)
     proc = repo.spawn("run")
     wait_until(lambda: len(inside(bar)) == 2, what="both inside")
