@@ -334,7 +334,7 @@ class Integrator:
 
     def _verify(self, story, cand_id, attempt, sha, target_sha, branch_sha) -> str:
         worktree = self.candidate_checkout(story.key, attempt, sha)
-        result = self.run_candidate_verify(story.key, attempt, worktree, self.verify_env())
+        result = self.run_candidate_verify(story.key, attempt, worktree, sha, self.verify_env())
         if self.outcomes.record_verdict(story, cand_id, attempt, result, worktree,
                                CandidateShas(target_sha, branch_sha, sha)):
             return CandidateState.VERIFIED
@@ -352,12 +352,12 @@ class Integrator:
         ensure_detached_worktree(self.git, worktree, sha)
         return worktree
 
-    def run_candidate_verify(self, key: str, attempt: int, worktree: Path | None, env: dict,
-                             stop_event=None):
+    def run_candidate_verify(self, key: str, attempt: int, worktree: Path | None, sha: str,
+                             env: dict, stop_event=None):
+        """Verify candidate `sha`, checked out in `worktree`; a retry runs on its tree made
+        exact again, so nothing the failed run left (nor a HEAD it moved) is seen."""
         if worktree is None:  # no commands: nothing runs
             return NOTHING_TO_RUN
-        # A retry runs on the candidate's tree made exact again: nothing the failed run left.
-        sha = self.git.rev("HEAD", cwd=worktree)
         return self.verify_tree(self.policy.verify.commands, worktree,
                                 self.layout.verify_log(key, f"candidate-{attempt}"),
                                 self.layout.scratch(key) / f"candidate-{attempt}", env,

@@ -283,7 +283,7 @@ class Stack:
 
         def verify() -> None:
             try:
-                result = integrator.run_candidate_verify(story.key, attempt, worktree, env,
+                result = integrator.run_candidate_verify(story.key, attempt, worktree, sha, env,
                                                          stop_event=job.stop)
                 if not job.stop.is_set():
                     integrator.outcomes.record_verdict(story, cand_id, attempt, result, worktree,

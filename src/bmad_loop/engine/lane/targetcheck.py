@@ -51,19 +51,21 @@ def commands_through(commands: Sequence[str], failed: str) -> tuple[str, ...]:
     return commands[: commands.index(failed) + 1] if failed in commands else commands
 
 
+def _row(session, run_id: str, key: CheckKey) -> TargetCheck | None:
+    return session.scalars(select(TargetCheck).where(
+        TargetCheck.run_id == run_id, TargetCheck.target_sha == key.target_sha,
+        TargetCheck.command == key.command)).first()
+
+
 def recorded(db, run_id: str, key: CheckKey) -> TargetCheck | None:
     with db.read() as s:
-        return s.scalars(select(TargetCheck).where(
-            TargetCheck.run_id == run_id, TargetCheck.target_sha == key.target_sha,
-            TargetCheck.command == key.command)).first()
+        return _row(s, run_id, key)
 
 
 def begin(db, run_id: str, key: CheckKey, story: str) -> None:
     """The check's row, `running` (a row a dead lane left running is taken over)."""
     with db.transaction() as s:
-        row = s.scalars(select(TargetCheck).where(
-            TargetCheck.run_id == run_id, TargetCheck.target_sha == key.target_sha,
-            TargetCheck.command == key.command)).first()
+        row = _row(s, run_id, key)
         if row is None:
             s.add(TargetCheck(run_id=run_id, target_sha=key.target_sha, command=key.command,
                               state=RUNNING, story=story, started_at=utcnow()))
@@ -94,9 +96,7 @@ def finish(db, run_id: str, key: CheckKey, result: VerifyResult) -> str:
     """Write the check's verdict (and its flakes); `passed` or `failed`."""
     state = PASSED if result.ok else FAILED
     with db.transaction() as s:
-        row = s.scalars(select(TargetCheck).where(
-            TargetCheck.run_id == run_id, TargetCheck.target_sha == key.target_sha,
-            TargetCheck.command == key.command)).first()
+        row = _row(s, run_id, key)
         if row is None:  # dropped meanwhile (a resume): write it again
             row = TargetCheck(run_id=run_id, target_sha=key.target_sha, command=key.command,
                               started_at=utcnow())
