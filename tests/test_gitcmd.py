@@ -242,3 +242,33 @@ def test_git_is_looked_up_once_and_a_git_planted_later_or_writable_by_others_is_
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # no git at all: a clear error
     with pytest.raises(GitError, match="cannot run git"):
         git.run("status")
+
+
+def test_a_folder_on_path_reached_through_a_symlink_a_box_could_repoint_is_never_searched(
+        git, tmp_path, monkeypatch):
+    """`~/bin -> ~/tools/bin` on PATH: the box binds the target read-only but not the link, so
+    an agent could point the link at a folder of its own for the next bmad-loop process. Such a
+    folder (a link in the home or a temp folder) is passed over for git and bwrap; the same
+    folder reached without a link is searched."""
+    import os
+    import shutil
+
+    from bmad_loop.sandbox.programs import redirectable_folder, trusted_program
+
+    real = shutil.which("git")
+    home = tmp_path / "home"
+    tools = home / "tools" / "bin"
+    tools.mkdir(parents=True)
+    calls = tmp_path / "calls.log"
+    (tools / "git").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {real} "$@"\n')
+    (tools / "git").chmod(0o755)
+    (home / "bin").symlink_to(tools)
+    monkeypatch.setenv("HOME", str(home))
+    original = os.environ["PATH"]
+    monkeypatch.setenv("PATH", f"{home / 'bin'}{os.pathsep}{original}")
+    assert redirectable_folder(str(home / "bin")) == str(home / "bin")
+    assert trusted_program("git") == os.path.realpath(real)
+    assert git.out("rev-parse", "--abbrev-ref", "HEAD") == "main" and not calls.exists()
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{original}")  # no link on the way
+    assert redirectable_folder(str(tools)) is None
+    assert trusted_program("git") == str(tools / "git")

@@ -53,6 +53,9 @@ MUST_FAIL = (
     "rename ~/.config (moves ~/.config/git)", "rename the project's folder",
     "rename the folder above the project", "its own session log",
     "bmad-loop's private temp folder",
+    # servers outside the box reached through their Unix sockets
+    "socket: the runtime folder (D-Bus, systemd --user)", "socket: the SSH agent",
+    "tmux: another of the user's servers",
 )
 PACKAGE_FILE = Path(bmad_loop.__file__).resolve().parent / "engine" / "lane" / "tick.py"
 
@@ -61,7 +64,7 @@ needs_bwrap = pytest.mark.skipif(not CI and not probe_bwrap().ok,
 
 
 def hostile_project(make_repo, tmp_path, sandbox: str, python: str = sys.executable,
-                    extra: str = ""):
+                    extra: str = "", servers: "OutsideServers | None" = None, adapter: str = ""):
     """A project whose agent and verify command are the hostile script (run by `python`);
     returns (repo, cfg)."""
     reports = tmp_path / "reports"
@@ -74,7 +77,8 @@ def hostile_project(make_repo, tmp_path, sandbox: str, python: str = sys.executa
            "candidate_worktree": str(state / "candidates" / "r-other" / "9-9-other-1"),
            "honest_file": "src/alpha.py", "honest_text": HONEST,
            "project": str(repo.root), "path_folder": str(path_folder(tmp_path)),
-           "site_packages": sysconfig.get_paths()["purelib"], "package_file": str(PACKAGE_FILE)}
+           "site_packages": sysconfig.get_paths()["purelib"], "package_file": str(PACKAGE_FILE),
+           "sockets": servers.sockets if servers else {}, "tmux": servers.tmux if servers else {}}
     for folder in (cfg["other_worktree"], cfg["candidate_worktree"]):
         Path(folder).mkdir(parents=True)
         (Path(folder) / "work.txt").write_text("another story's work\n")
@@ -85,8 +89,72 @@ def hostile_project(make_repo, tmp_path, sandbox: str, python: str = sys.executa
     repo.write_policy(
         f'{extra}[gates]\nmode = "none"\n[review]\nenabled = false\n'
         f"[verify]\ncommands = [{json.dumps(verify)}]\nsandbox = \"{sandbox}\"\n"
-        f"[adapter]\ncommand = {json.dumps(agent)}\ntimeout_s = 120\nsandbox = \"{sandbox}\"\n")
+        f"[adapter]\ncommand = {json.dumps(agent)}\ntimeout_s = 120\nsandbox = \"{sandbox}\"\n"
+        f"{adapter}")
     return repo, cfg
+
+
+class OutsideServers:
+    """Servers a user's machine runs outside any box, each able to run a command or sign for
+    whoever connects: a listener in the runtime folder (as D-Bus and `systemd --user` are), an
+    SSH agent's socket, and a tmux server of the user's. Each is reachable from outside (checked
+    on start), so a refusal in the box is the box's doing."""
+
+    def __init__(self, folder: Path, user: pwd.struct_passwd | None = None):
+        import socket
+        import threading
+
+        self.folder, self.user, self.listeners = folder, user, []
+        runtime, agent = folder / "runtime", folder / "ssh-agent"
+        for sub in (runtime, agent):
+            sub.mkdir(mode=0o755, parents=True)
+        self.sockets = {"the runtime folder (D-Bus, systemd --user)": str(runtime / "bus"),
+                        "the SSH agent": str(agent / "agent.1")}
+        self.env = {"XDG_RUNTIME_DIR": str(runtime), "SSH_AUTH_SOCK": self.sockets["the SSH agent"]}
+        for path in self.sockets.values():
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.bind(path)
+            os.chmod(path, 0o777)  # the ordinary user's box may connect, as to its own agent
+            server.listen()
+            self.listeners.append(server)
+            threading.Thread(target=self._serve, args=(server,), daemon=True).start()
+        self.name = f"bmad-loop-hostile-{os.getpid()}"
+        self._tmux("new-session", "-d", "-s", "user", "sleep", "600")
+        uid = user.pw_uid if user else os.geteuid()
+        self.tmux = {"another of the user's servers": f"/tmp/tmux-{uid}/{self.name}"}
+        for path in self.sockets.values():  # reachable from outside
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                client.connect(path)
+        self._tmux("has-session", "-t", "user")
+
+    def _tmux(self, *args: str) -> None:
+        prefix = ["runuser", "-u", self.user.pw_name, "--"] if self.user else []
+        subprocess.run([*prefix, "tmux", "-L", self.name, *args], check=True, cwd="/",
+                       env={**os.environ, "TMUX": ""}, capture_output=True)
+
+    @staticmethod
+    def _serve(server) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            client.close()
+
+    def close(self) -> None:
+        for server in self.listeners:
+            server.close()
+        subprocess.run(["tmux", "-L", self.name, "kill-server"], capture_output=True, cwd="/")
+        if self.user:
+            subprocess.run(["runuser", "-u", self.user.pw_name, "--", "tmux", "-L", self.name,
+                            "kill-server"], capture_output=True, cwd="/")
+
+
+@pytest.fixture
+def outside_servers(tmp_path):
+    servers = OutsideServers(tmp_path / "servers-root")
+    yield servers
+    servers.close()
 
 
 def path_folder(tmp_path: Path) -> Path:
@@ -148,6 +216,7 @@ def assert_nothing_escaped(repo, cfg, start: str) -> None:
                Path(cfg["site_packages"]) / "hostile.pth"]
     assert [str(p) for p in planted if p.exists()] == []
     assert (home / ".config" / "git").is_dir() and not (home / ".config-moved").exists()
+    assert not (home / "tmux-HOSTILE").exists()  # no tmux server ran the agent's command
     assert "HOSTILE" not in PACKAGE_FILE.read_text()
     for role, runs in reports(cfg).items():
         for report in runs:
@@ -164,9 +233,11 @@ def assert_nothing_escaped(repo, cfg, start: str) -> None:
 
 @needs_bwrap
 def test_a_hostile_agent_and_verify_command_in_the_box_change_nothing_outside_it_as_root(
-        make_repo, tmp_path, monkeypatch):
-    repo, cfg = hostile_project(make_repo, tmp_path, "on")
+        make_repo, tmp_path, monkeypatch, outside_servers):
+    repo, cfg = hostile_project(make_repo, tmp_path, "on", servers=outside_servers)
     monkeypatch.setenv("PATH", hostile_path(cfg))
+    for name, value in outside_servers.env.items():
+        monkeypatch.setenv(name, value)
     start = repo.git("rev-parse", "main")
     result = repo.cli("run")
     assert result.exit_code == 0, result.output
@@ -175,6 +246,26 @@ def test_a_hostile_agent_and_verify_command_in_the_box_change_nothing_outside_it
     # The agent, the story's verify and the candidate's verify each tried everything once.
     assert len(roles["agent"]) == 1 and len(roles["verify"]) == 2
     assert set(MUST_FAIL) <= set(roles["agent"][0]["results"])
+
+
+@needs_bwrap
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_with_tmux_the_boxed_agent_cannot_reach_the_tmux_server_its_pane_lives_in(
+        make_repo, tmp_path, monkeypatch, outside_servers):
+    """`[adapter] tmux = true`: the agent runs in a pane of bmad-loop's own tmux server, which
+    runs unboxed; $TMUX names its socket. Connecting to it (or to any tmux server) fails."""
+    repo, cfg = hostile_project(make_repo, tmp_path, "on", servers=outside_servers,
+                                adapter="tmux = true\n")
+    monkeypatch.setenv("PATH", hostile_path(cfg))
+    for name, value in outside_servers.env.items():
+        monkeypatch.setenv(name, value)
+    start = repo.git("rev-parse", "main")
+    result = repo.cli("run")
+    assert result.exit_code == 0, result.output
+    assert_nothing_escaped(repo, cfg, start)
+    tried = reports(cfg)["agent"][0]["results"]
+    # The key is there only when $TMUX was set: the agent did run in a tmux pane.
+    assert tried["tmux: the tmux server it runs in"].startswith("refused"), tried
 
 
 @needs_bwrap
@@ -236,7 +327,8 @@ def test_a_hostile_agent_and_verify_command_in_the_box_change_nothing_as_an_ordi
         built.append(build_repo(user_folder, stories, **options))
         return built[-1]
 
-    repo, cfg = hostile_project(make_repo, user_folder, "on")
+    servers = OutsideServers(user_folder / "servers", user)
+    repo, cfg = hostile_project(make_repo, user_folder, "on", servers=servers)
     home = user_folder / "home"
     home.mkdir()
     cfg["home"] = str(home)
@@ -244,7 +336,7 @@ def test_a_hostile_agent_and_verify_command_in_the_box_change_nothing_as_an_ordi
     start = repo.git("rev-parse", "main")
     subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(user_folder)], check=True)
     env = {"PATH": hostile_path(cfg), "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1",
-           "LANG": "C.UTF-8"}
+           "LANG": "C.UTF-8", **servers.env}
     try:
         proc = subprocess.run(["runuser", "-u", USER, "--", "env", "-i",
                                *[f"{k}={v}" for k, v in env.items()],
@@ -252,6 +344,7 @@ def test_a_hostile_agent_and_verify_command_in_the_box_change_nothing_as_an_ordi
                               # (`python -m` puts its cwd on sys.path: read-only in every box)
                               capture_output=True, text=True, timeout=300, cwd=str(repo.root))
     finally:
+        servers.close()
         subprocess.run(["chown", "-R", "0:0", str(user_folder)], check=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert_nothing_escaped(repo, cfg, start)

@@ -220,3 +220,31 @@ def test_verify_parallel_has_one_bound_the_docs_say(make_repo, value, ok):
     row = next(line for line in (DOCS / "configuration.md").read_text().splitlines()
                if line.startswith("| `parallel` |"))
     assert f"integer 1–{MAX_VERIFY_PARALLEL} " in row
+
+
+def test_the_sockets_of_servers_outside_the_box_are_hidden_or_masked_in_the_plan(tmp_path):
+    """A read-only mount still lets a process connect to a socket in it: the runtime folder and
+    tmux's socket folder are hidden, the SSH agent's socket masked, and none of them can be
+    moved aside (the folders above are pinned), in both box back ends' plans."""
+    import socket
+
+    from bmad_loop.sandbox.plan import tmux_socket_folder
+    from bmad_loop.sandbox.seatbelt import seatbelt_profile
+
+    req = linked_worktree(tmp_path)
+    runtime, agent_dir = tmp_path / "run-user", tmp_path / "ssh-x"
+    runtime.mkdir()
+    agent_dir.mkdir()
+    agent = agent_dir / "agent.1"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(agent))
+        tmux_socket_folder().mkdir(mode=0o700, exist_ok=True)
+        env = {**req.env, "XDG_RUNTIME_DIR": str(runtime), "SSH_AUTH_SOCK": str(agent)}
+        mounts = plan_mounts(BoxRequest(**{**req.__dict__, "env": env}))
+    kinds = {(m.kind, m.path) for m in mounts}
+    assert ("hide", runtime) in kinds and ("mask", agent) in kinds
+    assert ("hide", tmux_socket_folder()) in kinds
+    assert unpinned_ancestors(mounts) == []
+    assert ("pin", agent_dir) in kinds  # a mount point: the socket's folder is not renamed
+    profile = seatbelt_profile(mounts)
+    assert f'(deny network-outbound (subpath "{agent}"))' in profile

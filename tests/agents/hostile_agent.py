@@ -47,6 +47,18 @@ def command(*argv, env=None):
     return attempt
 
 
+def connect(path):
+    """Reach a server outside the box through its Unix socket."""
+    def attempt():
+        import socket
+
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(5)
+            client.connect(str(path))
+            client.sendall(f"{MARK}\n".encode())
+    return attempt
+
+
 def through_link(kind, target, link):
     def attempt():
         if os.path.lexists(link):
@@ -126,7 +138,22 @@ def planting(cfg, state, git, home):
         "its own session log": append(log, "x" * 4096),
         "bmad-loop's private temp folder": create(git / "bmad-loop-tmp" / "attrs-x" /
                                                   ".gitattributes", f"* merge=union # {MARK}\n"),
+        **servers(cfg, home),
     }
+
+
+def servers(cfg, home):
+    """Servers outside the box that would run a command or sign for the agent: tmux's (the one
+    whose pane it runs in, named by $TMUX, and another of the user's), and whatever listens in the
+    runtime folder or as the SSH agent. Each command would leave the mark in the home."""
+    found = {f"socket: {label}": connect(path) for label, path in cfg.get("sockets", {}).items()}
+    tmux_servers = dict(cfg.get("tmux", {}))
+    if os.environ.get("TMUX"):  # set by tmux in its panes: "socket,pid,window"
+        tmux_servers["the tmux server it runs in"] = os.environ["TMUX"].split(",")[0]
+    for label, socket_path in tmux_servers.items():
+        found[f"tmux: {label}"] = command("tmux", "-S", socket_path, "run-shell",
+                                          f"echo {MARK} > {home}/tmux-{MARK}")
+    return found
 
 
 def main():

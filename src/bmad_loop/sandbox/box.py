@@ -16,7 +16,7 @@ from typing import Sequence
 
 from .bwrap import bwrap_argv
 from .mode import BoxDecision
-from .plan import BoxRequest, Mount, home_git_files, plan_mounts, writable_in
+from .plan import BoxRequest, Mount, home_git_files, plan_mounts, tmux_socket_folder, writable_in
 from .programs import box_search_path, placeholder_folders
 from .seatbelt import sandbox_exec_argv
 
@@ -56,6 +56,7 @@ def make_box(decision: BoxDecision, req: BoxRequest) -> Box | None:
     that do not exist yet (a mount needs something to cover; an empty file means no setting)."""
     if not decision.boxed:
         return None
+    _own_tmux_folder()
     quarantine = req.scratch / QUARANTINE
     for sub in ("info", "pack"):
         (quarantine / sub).mkdir(parents=True, exist_ok=True)
@@ -80,6 +81,16 @@ def quarantine_has_objects(scratch: Path) -> bool:
 
 def clear_quarantine(scratch: Path) -> None:
     shutil.rmtree(scratch / QUARANTINE, ignore_errors=True)
+
+
+def _own_tmux_folder() -> None:
+    """tmux's socket folder, made as tmux makes it (0700) when absent, so the box hides it: a
+    box that made it first could keep bmad-loop's `[adapter] tmux` server from starting."""
+    folder = tmux_socket_folder()
+    try:
+        folder.mkdir(mode=0o700)
+    except OSError:
+        pass  # there already (or a /tmp we cannot write: nor can the box)
 
 
 def _folder_placeholders(mounts: list[Mount], folders: list[Path]) -> None:

@@ -21,6 +21,8 @@ def bwrap_argv(program: str, mounts: Sequence[Mount], argv: Sequence[str], cwd: 
         path = str(mount.path)
         if mount.kind == "hide":
             out += ["--tmpfs", path]
+        elif mount.kind == "mask":  # a socket: connecting to /dev/null is refused
+            out += ["--ro-bind-try", "/dev/null", path]
         else:
             out += [_FLAG[mount.kind] + "-try", path, path]
     # A hidden folder is an empty, read-only tmpfs once everything shown inside it is mounted:

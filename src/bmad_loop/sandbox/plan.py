@@ -15,7 +15,12 @@ Everything is readable and nothing writable, then, in this order:
    HEAD) and its scratch folder (temp files, the git object quarantine). Its log is not: the
    output reaches the log through a pipe only;
 6. read-only again: what would redirect bmad-loop's own git afterwards (the tree's `.git` file,
-   the admin entry's `gitdir` and `commondir`).
+   the admin entry's `gitdir` and `commondir`);
+7. out of reach: the Unix sockets of servers that run commands or hold keys outside the box
+   (`server_sockets`): tmux's socket folder (bmad-loop's own `[adapter] tmux` server and the
+   user's), the user's runtime folder (D-Bus, `systemd --user`, gpg-agent), the X11 socket
+   folder, screen's, hidden; the Docker socket and the SSH agent's masked (`/dev/null` over
+   them). A socket is a file a read-only mount still connects to, so read-only is not enough.
 No ref is writable: refs live in the git directory, outside every writable folder.
 
 A protected path is only as safe as its folders: moving `~/.config` aside would move the
@@ -33,15 +38,20 @@ from pathlib import Path
 from typing import Mapping
 
 __all__ = ["BoxRequest", "Mount", "plan_mounts", "home_git_files", "REDIRECTING_FILES",
-           "unpinned_ancestors", "writable_in"]
+           "unpinned_ancestors", "writable_in", "server_sockets", "tmux_socket_folder"]
 
+PROTECTED = ("ro", "hide", "mask")  # kinds whose folders above must not be renameable
+# The Docker daemon's socket: whoever connects runs containers as root.
+DOCKER_SOCKETS = (Path("/var/run/docker.sock"), Path("/run/docker.sock"))
 # In a worktree admin entry: the files that say where the repository is.
 REDIRECTING_FILES = ("gitdir", "commondir")
 
 
 @dataclass(frozen=True)
 class Mount:
-    kind: str  # "rw" | "ro" | "hide" | "pin" (as writable as before, but not renameable)
+    # "rw" | "ro" | "hide" (an empty read-only folder) | "pin" (as writable as before, but not
+    # renameable) | "mask" (a socket or file covered by /dev/null)
+    kind: str
     path: Path
 
 
@@ -98,6 +108,8 @@ def plan_mounts(req: BoxRequest) -> list[Mount]:
         mounts += [Mount("ro", admin / name) for name in REDIRECTING_FILES
                    if (admin / name).exists()]
         mounts.append(Mount("ro", req.tree / ".git"))
+    folders, sockets = server_sockets(req.env)
+    mounts += [Mount("hide", p) for p in folders] + [Mount("mask", p) for p in sockets]
     return _pinned(mounts)
 
 
@@ -116,7 +128,7 @@ def _pinned(mounts: list[Mount]) -> list[Mount]:
     out = list(mounts)
     i = 0
     while i < len(out):
-        if out[i].kind in ("ro", "hide"):
+        if out[i].kind in PROTECTED:
             for folder in reversed(out[i].path.parents):
                 at = _covering(out[:i], folder)
                 if at is not None and out[at].kind in ("rw", "pin") and out[at].path != folder:
@@ -138,13 +150,41 @@ def unpinned_ancestors(mounts: list[Mount]) -> list[tuple[Path, Path]]:
     mount point laid before it. Empty for every plan `plan_mounts` makes."""
     found = []
     for i, mount in enumerate(mounts):
-        if mount.kind not in ("ro", "hide"):
+        if mount.kind not in PROTECTED:
             continue
         for folder in mount.path.parents:
             at = _covering(mounts[:i], folder)
             if at is not None and mounts[at].kind in ("rw", "pin") and mounts[at].path != folder:
                 found.append((folder, mount.path))
     return found
+
+
+def tmux_socket_folder(env: Mapping[str, str] = os.environ) -> Path:
+    """Where tmux keeps its servers' sockets for this user (`-L NAME` is a socket in it)."""
+    uid = os.geteuid() if hasattr(os, "geteuid") else 0
+    base = env.get("TMUX_TMPDIR") or "/tmp"
+    return Path(os.path.realpath(base)) / f"tmux-{uid}"
+
+
+def server_sockets(env: Mapping[str, str]) -> tuple[list[Path], list[Path]]:
+    """(folders to hide, sockets to mask): every place a server outside the box listens that
+    exists now. `env`: the boxed process's; bmad-loop's own environment counts too (its tmux
+    server, the user's SSH agent)."""
+    uid = os.geteuid() if hasattr(os, "geteuid") else 0
+    folders = [tmux_socket_folder(env), tmux_socket_folder(os.environ), Path("/tmp/.X11-unix"),
+               Path("/run/screen"), Path(f"/run/user/{uid}")]
+    sockets = list(DOCKER_SOCKETS)
+    for source in (env, os.environ):
+        runtime = source.get("XDG_RUNTIME_DIR") or ""
+        if os.path.isabs(runtime):
+            folders.append(Path(runtime))
+        agent = source.get("SSH_AUTH_SOCK") or ""
+        if os.path.isabs(agent):
+            sockets.append(Path(agent))
+    real_folders = [Path(os.path.realpath(p)) for p in folders]
+    real_sockets = [Path(os.path.realpath(p)) for p in sockets]
+    return ([p for p in dict.fromkeys(real_folders) if p.is_dir() and p != Path("/")],
+            [p for p in dict.fromkeys(real_sockets) if p.exists() and not p.is_dir()])
 
 
 def home_git_files(env: Mapping[str, str]) -> list[Path]:

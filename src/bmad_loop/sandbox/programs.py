@@ -6,7 +6,10 @@ site-packages, and have bmad-loop run it unboxed. Two things close that:
 
 - `trusted_program` looks each program up once per process, on `PATH`'s absolute folders,
   and takes the first whose file and every folder above it (links resolved) belong to root or
-  to this user and are writable by nobody else (a sticky folder such as `/tmp` excepted);
+  to this user and are writable by nobody else (a sticky folder such as `/tmp` excepted). A
+  folder reached through a symlink that lies in the home or a temp folder is skipped: the box
+  binds the link's target read-only but cannot bind the link itself, so a box could point it
+  elsewhere for the next bmad-loop process;
 - `outside_code` names what every box binds read-only: each folder on `PATH` (bmad-loop's
   and the box's own, and the usual per-user ones, `~/.local/bin` and `~/bin`, even when
   absent), the interpreter's prefixes, every `sys.path` entry, the user site folder, the
@@ -25,7 +28,7 @@ from typing import Mapping
 
 from ..caches import CACHES
 
-__all__ = ["trusted_program", "untrusted_reason", "outside_code", "per_user_bins",
+__all__ = ["trusted_program", "untrusted_reason", "redirectable_folder", "outside_code", "per_user_bins",
            "placeholder_folders", "box_search_path"]
 
 _FOUND: dict[tuple[str, str], str] = {}  # (program name, PATH) -> its trusted path
@@ -43,6 +46,8 @@ def trusted_program(name: str) -> str:
     found = _FOUND.get((name, search))
     if found is None:
         for folder in _absolute_folders(search):
+            if redirectable_folder(folder):
+                continue
             candidate = shutil.which(name, path=folder)
             if candidate and untrusted_reason(candidate) is None:
                 found = os.path.realpath(candidate)
@@ -69,6 +74,30 @@ def untrusted_reason(program: str) -> str | None:
         if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_folder:
             return f"{part} is writable by others"
     return None
+
+
+def redirectable_folder(folder: str) -> str | None:
+    """The symlink on the way to `folder` that a box could re-point (one in the home or a temp
+    folder, which every box writes), or None."""
+    reach = [Path(os.path.realpath(p)) for p in _box_writable_roots() if os.path.isabs(p)]
+    path = Path(folder)
+    for depth in range(2, len(path.parts) + 1):
+        step = Path(*path.parts[:depth])
+        if not step.is_symlink():
+            continue
+        parent = Path(os.path.realpath(step.parent))
+        if any(parent == root or parent.is_relative_to(root) for root in reach):
+            return str(step)
+    return None
+
+
+def _box_writable_roots() -> list[str]:
+    """The folders every box may write, as far as this process can tell: the temp folders and
+    the home (`[adapter] sandbox_writable` is a project's, not known here)."""
+    import tempfile
+
+    return [tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm", os.environ.get("TMPDIR", ""),
+            os.environ.get("HOME", "")]
 
 
 def per_user_bins(env: Mapping[str, str]) -> list[Path]:

@@ -28,8 +28,9 @@ def seatbelt_profile(mounts: Sequence[Mount]) -> str:
             lines.append(f"(deny file-write* (literal {path}))")
         elif mount.kind == "ro":
             lines.append(f"(deny file-write* (subpath {path}))")
-        else:
+        else:  # hidden or masked: not read, not written, no socket in it connected to
             lines.append(f"(deny file-read* file-write* (subpath {path}))")
+            lines.append(f"(deny network-outbound (subpath {path}))")
     return "\n".join(lines) + "\n"
 
 
