@@ -63,3 +63,29 @@ def test_two_stories_conflicting_on_a_name_that_is_not_utf8_escalate_and_resume_
         assert result.exit_code == 3, result.output
         assert repo.story(B.key)["state"] == "escalated"
         assert repo.story(B.key)["reason"] == f"merge conflict with the target in {SHOWN}"
+
+
+def test_a_repair_of_a_conflict_on_a_name_that_is_not_utf8_gets_the_name_and_lands(make_repo, bar):
+    """With repairs on (the default), the same conflict goes back to story B's agent: its request,
+    its evidence file and its prompt name the file (escaped where text, exact in JSON), it
+    resolves the markers, and both stories land."""
+    repo = _conflicting(make_repo, bar)
+    script = json.loads(repo.script_path.read_text())
+    script[B.key]["repair"] = [{"write": {BAD: "from a\nfrom b\n"}, "exit": 0}]
+    repo.script_path.write_text(json.dumps(script))
+    proc = repo.spawn("run")
+    wait_until(lambda: len(inside(bar)) == 2, what="both inside")
+    go(bar, A.key)
+    wait_until(lambda: repo.story(A.key)["state"] == "integrated", what="a landed")
+    go(bar, B.key)
+    assert proc.wait(timeout=120) == 0, repo.spawned_logs()
+    assert "surrogates" not in repo.spawned_logs()
+    assert repo.git("show", f"main:{BAD}") == "from a\nfrom b"
+    assert repo.story(B.key)["state"] == "integrated"
+    started = [e for e in repo.journal() if e["kind"] == "repair.started"]
+    assert [e["story"] for e in started] == [B.key]
+    assert started[0]["data"]["conflicts"] == [BAD]  # the journal's JSON holds the bytes
+    call = [c for c in repo.calls() if c["phase"] == "repair"][0]
+    assert SHOWN in call["prompt"]  # the prompt shows the name escaped
+    evidence = json.loads(call["evidence"])
+    assert os.fsencode(evidence["conflicts"][0]) == b"src/\xff\xfe-bad.txt"

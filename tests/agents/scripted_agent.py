@@ -54,6 +54,9 @@ def main():
             "key": key, "phase": phase, "attempt": attempt, "cwd": os.getcwd(),
             "env": {k: v for k, v in os.environ.items() if k.startswith("BMAD_LOOP_") or k == "TMPDIR"},
             "prompt": prompt, "argv": sys.argv[1:],
+            # a repair's evidence lives in the session folder, gone once the story lands
+            "evidence": (Path(os.environ["BMAD_LOOP_REPAIR_EVIDENCE"]).read_text()
+                         if os.environ.get("BMAD_LOOP_REPAIR_EVIDENCE") else None),
         }) + "\n")
     steps = script.get(key, {}).get(phase) or script.get("*", {}).get(phase) or [{"exit": 0}]
     step = steps[min(attempt, len(steps)) - 1]

@@ -32,7 +32,7 @@ from ...agents.output import SessionReport, Usage, parse_output
 from ...agents.process import Command, Limits, supervise
 from ...db.database import insert_now
 from ...db.models import Attempt, Run, utcnow
-from ...fileio import LinkRefused, read_beneath, unlink_beneath, write_beneath
+from ...fileio import LinkRefused, read_beneath, shown, unlink_beneath, write_beneath
 from ...git.config_guard import ConfigWatch
 from ...git.trees.sessionfolder import SESSION_FOLDER
 from ...agents.prompts import PHASE_INSTRUCTIONS, PromptSpec, build_prompt
@@ -228,8 +228,9 @@ def _write_session_prompt(ctx, story, phase: str, number: int, worktree: Path) -
         bmad=detect_bmad(ctx.workspace.root).guidance(phase),
         repair=repair_prompt_text(story, ctx.target_branch) if phase == Phase.REPAIR else "",
     ))
-    # The agent may have made the session folder a symlink: it is replaced, never followed.
-    write_beneath(worktree, f"{SESSION_DIR}/{prompt_path.name}", prompt.encode(), own=True)
+    # The agent may have made the session folder a symlink: it is replaced, never followed. A
+    # file name that is not UTF-8 (a repair's conflict) is written escaped, as every text shows it.
+    write_beneath(worktree, f"{SESSION_DIR}/{prompt_path.name}", shown(prompt).encode(), own=True)
     return prompt_path
 
 
