@@ -235,7 +235,8 @@ def test_two_stories_adding_a_dependency_integrate_with_a_regenerated_lockfile(m
     ('"exit 3"', "exited 3"),
     ('"echo broken > src/__init__.py"', "changed tracked files outside the rule: src/__init__.py"),
 ])
-def test_a_failing_generator_escalates_naming_its_log(make_repo, bar, command, why):
+def test_a_failing_generator_escalates_naming_its_log(make_repo, bar, command, why,
+                                                    escalate_at_once):
     a, b = StoryDef("1-1-a", files=["src/a.py"]), StoryDef("1-2-b", files=["src/b.py"])
     files = {"src/__init__.py": "", "package.json": _package(*BASE_DEPS),
              "package-lock.json": _lock(*BASE_DEPS)}

@@ -71,7 +71,7 @@ def _run_a_first(repo, bar) -> int:
 @pytest.mark.parametrize("sandbox", ["off", "auto"])
 @pytest.mark.parametrize("trick", sorted(HOSTILE_BEFORE))
 def test_a_lock_script_that_moves_the_candidate_escalates_and_the_target_keeps_the_earlier_story(
-        make_repo, bar, trick, sandbox):
+        make_repo, bar, trick, sandbox, escalate_at_once):
     repo = _project(make_repo, bar, HOSTILE_BEFORE[trick], sandbox)
     code = _run_a_first(repo, bar)
     main_files = repo.git("ls-tree", "-r", "--name-only", "main").splitlines()
@@ -92,3 +92,26 @@ def test_an_honest_lock_script_still_lands_both_with_the_lock_regenerated(make_r
                                                            "zulu"]
     files = repo.git("ls-tree", "-r", "--name-only", "main").splitlines()
     assert {"src/a.py", "src/b.py"} <= set(files)
+
+
+@pytest.mark.parametrize("trick", ["checkout", "stage-other"])
+def test_a_lock_script_the_story_broke_goes_back_to_its_agent_and_both_land_once_it_is_mended(
+        make_repo, bar, trick):
+    """With repairs on (the default), the failed regeneration is b's own fault: b's agent gets
+    the generator, why it failed and its output, puts the lock script back, and both land
+    with the lock regenerated from both stories' dependencies."""
+    repo = _project(make_repo, bar, HOSTILE_BEFORE[trick], "off")
+    script = json.loads(repo.script_path.read_text())
+    script[B.key]["repair"] = [{"write": {"tools/lock.py": LOCKER.format(before="")}, "exit": 0}]
+    repo.script_path.write_text(json.dumps(script))
+    assert _run_a_first(repo, bar) == 0, repo.spawned_logs()
+    files = repo.git("ls-tree", "-r", "--name-only", "main").splitlines()
+    assert {"src/a.py", "src/b.py"} <= set(files)
+    assert json.loads(repo.git("show", "main:app.lock")) == ["alpha", "kilo", "lima", "mike",
+                                                           "zulu"]
+    assert repo.git("show", "main:tools/lock.py") + "\n" == LOCKER.format(before="")
+    requested = [e for e in repo.journal() if e["kind"] == "repair.requested"]
+    assert [e["story"] for e in requested] == [B.key]
+    assert WHY[trick] in requested[0]["data"]["reason"]
+    call = [c for c in repo.calls() if c["phase"] == "repair"][0]
+    assert "tools/lock.py" in call["prompt"] and WHY[trick] in call["prompt"]

@@ -53,6 +53,15 @@ class TargetRed(Exception):
     """The target itself fails a verify command: the run pauses (tick.py's `landing`)."""
 
 
+def generator_failure(evidence: dict) -> dict:
+    """A regenerate failure's evidence as a repair's details: the generator that ran last (the
+    one that failed), its log, and why it failed with its output."""
+    runs = evidence.get("regenerated") or [{}]
+    return {**evidence, "command": runs[-1].get("command") or "the regenerate command",
+            "log": runs[-1].get("log"),
+            "output": f"{evidence.get('reason') or ''}\n{evidence.get('output') or ''}".strip()}
+
+
 class Blame:
     """Decides for the `integrator` (integrate.py). `checks`: the run's `Verifications`, to run
     a target check in a thread of its own (the stack); None: in the caller's thread. `wake`:
@@ -72,8 +81,11 @@ class Blame:
         details = _evidence_of(cand)
         cause = failure_cause(cand.state, cand.reason)
         if cause == Cause.CONFLICT and details.get("kind") != Cause.CONFLICT:
-            cause = None  # a generator failed: not a conflict an agent resolves
-        if cause == Cause.VERIFY and self.integrator.policy.verify.retries:  # 0: as before
+            # A generator failed on the composition (a lock script the story broke, a manifest
+            # that no longer resolves): the story's agent gets its output, as for a failed
+            # check. Not a verify command, so no target check.
+            cause, details = Cause.VERIFY, generator_failure(details)
+        elif cause == Cause.VERIFY and self.integrator.policy.verify.retries:  # 0: as before
             key = CheckKey(cand.target_sha, details.get("command") or "")
             state = self._target_state(story, key)
             if state is None:

@@ -46,7 +46,10 @@ class Composer:
             rules = type(rules)()  # the replay settled the story's own change
         comp = compose(git, strategy, target_sha, branch_sha, self._message(story, strategy),
                        edit=LaneEdit(self._board_edit(story), f"bmad-loop: mark {story.key} done"),
-                       settling=Settling(rules, None if story.stacked_on else story.base_sha))
+                       # A repaired story's branch holds its own version of a generator's
+                       # paths (the repair merge kept it): regenerate them whatever conflicts.
+                       settling=Settling(rules, None if story.stacked_on else story.base_sha,
+                                         regenerate_changed=bool(story.repairs)))
         if settled is not None:
             comp = replace(comp, settled=settled.settled, regenerate=settled.regenerate)
         if comp.ok and comp.regenerate:

@@ -215,5 +215,6 @@ class Repair:
         ctx = self.ctx
         rules = run_merge_rules(self.policy, ctx.workspace.root, ctx.board_rel)
         comp = compose(ctx.git, "merge", target_sha, head, f"repair merge of {story.key}",
-                       settling=Settling(rules, None if story.stacked_on else story.base_sha))
+                       settling=Settling(rules, None if story.stacked_on else story.base_sha,
+                                         keep_story_for_generators=True))
         return comp.tree, comp.conflicts

@@ -302,10 +302,15 @@ class LaneEdit:
 @dataclass(frozen=True)
 class Settling:
     """How a merge settles the paths its rules cover: the `rules`, and the story's own `base`
-    (None: the merge base)."""
+    (None: the merge base). `keep_story_for_generators`: a generator's paths keep the story's
+    version and nothing is regenerated (a repair's merge: the candidate regenerates them later);
+    `regenerate_changed`: every generator whose paths the story changed runs, conflict or not,
+    as with `always` (the candidate of a story whose repair merge kept its version)."""
 
     rules: MergeRules
     base: str | None = None
+    keep_story_for_generators: bool = False
+    regenerate_changed: bool = False
 
 
 def compose(
@@ -351,7 +356,9 @@ def _merged(git: Git, strategy: str, shas: tuple[str, str], message: str, edit, 
     settled = None
     if rules:
         sides = Sides(settling.base or merge_base(git, target, branch), target, branch)
-        settled = settle(git, rules, sides, tree, conflicts)
+        settled = settle(git, rules, sides, tree, conflicts,
+                         keep_story=settling.keep_story_for_generators,
+                         every_generator=settling.regenerate_changed)
     if settled is not None:
         tree, conflicts = settled.tree, settled.conflicts
     done = (settled.settled, settled.regenerate) if settled is not None else ((), ())

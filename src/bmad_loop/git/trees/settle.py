@@ -125,9 +125,12 @@ class Sides:
 
 
 def settle(git: Git, rules: MergeRules, sides: Sides, tree: str, conflicts: tuple[str, ...],
-           changed: Iterable[str] | None = None) -> Settlement:
+           changed: Iterable[str] | None = None, *, keep_story: bool = False,
+           every_generator: bool = False) -> Settlement:
     """Apply `rules` to git's merge of `sides`, which gave `tree` and `conflicts`; `changed`:
-    the paths the story changed against the base, when known."""
+    the paths the story changed against the base, when known. `keep_story`: a generator's
+    paths take the story's version and no generator is asked for; `every_generator`: each
+    generator whose paths the story changed runs, as if `always`."""
     base, target, story = sides.base, sides.target, sides.story
     if not rules:
         return Settlement(tree, conflicts)
@@ -147,13 +150,18 @@ def settle(git: Git, rules: MergeRules, sides: Sides, tree: str, conflicts: tupl
             contents[path] = text
             settled.append(Settled(path, UNION, glob, b_sha, t_sha, s_sha, None))
     left = tuple(c for c in conflicts if c not in contents)
-    regenerate = _regenerations(ruled, left)
+    regenerate = _regenerations(ruled, left, every_generator or keep_story)
     if regenerate is None:  # a conflict no generator settles: the story escalates
         return Settlement(_write(git, tree, contents), left, tuple(settled))
+    side = 2 if keep_story else 1
     for job in regenerate:
         for path in job.paths:
-            contents[path] = blobs[path][1][1]  # the target's version; the command redoes it
+            # The target's version, which the command redoes; a repair's merge keeps the
+            # story's, so the story's intent is still a change when its candidate regenerates.
+            contents[path] = blobs[path][side][1]
     left = tuple(c for c in left if not any(c in job.paths for job in regenerate))
+    if keep_story:
+        regenerate = []
     new_tree = _write(git, tree, contents)
     results = _result_shas(git, new_tree, [s.path for s in settled])
     settled = [Settled(s.path, s.rule, s.glob, s.base, s.target, s.story, results.get(s.path))
@@ -161,8 +169,10 @@ def settle(git: Git, rules: MergeRules, sides: Sides, tree: str, conflicts: tupl
     return Settlement(new_tree, left, tuple(settled), tuple(regenerate))
 
 
-def _regenerations(ruled: dict, conflicts: tuple[str, ...]) -> list[Regeneration] | None:
-    """The generators to run, or None when a conflict lies outside every generator's paths."""
+def _regenerations(ruled: dict, conflicts: tuple[str, ...],
+                   every: bool = False) -> list[Regeneration] | None:
+    """The generators to run (`every`: each one whose paths the story changed), or None when a
+    conflict lies outside every generator's paths."""
     by_glob: dict[str, tuple[MergeRule, list[str]]] = {}
     for path, (glob, rule) in ruled.items():
         if rule.kind == REGENERATE:
@@ -171,7 +181,7 @@ def _regenerations(ruled: dict, conflicts: tuple[str, ...]) -> list[Regeneration
     if any(c not in regen_paths for c in conflicts):
         return None
     return [Regeneration(glob, rule, tuple(sorted(ps))) for glob, (rule, ps) in by_glob.items()
-            if rule.always or any(p in conflicts for p in ps)]
+            if every or rule.always or any(p in conflicts for p in ps)]
 
 
 def _blobs(git: Git, revs: tuple[str, str, str], paths: list[str]) -> dict:
