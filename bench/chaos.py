@@ -545,7 +545,10 @@ def analyse(soak: Soak, keys: list[str], reference_trees, calls: Path) -> dict:
     agents_left = leftover_agents(run_id)
     cleanup = json.loads(cli(root, "cleanup", "--json").stdout)
     left_worktrees = [w for w in worktrees(root) if Path(w).resolve() != root.resolve()]
-    left_refs = namespace_refs(root)
+    # A cut-short session's output (`…/sessions/<story>/<phase>-<n>.cut`) is evidence kept
+    # until the finished run is pruned (`cleanup --runs`): not debris.
+    left_refs = [r for r in namespace_refs(root) if not r.endswith(".cut")]
+    evidence_refs = [r for r in namespace_refs(root) if r.endswith(".cut")]
     sessions = collections.Counter()
     spans: dict[tuple, dict] = {}
     if calls.exists():
@@ -607,6 +610,7 @@ def analyse(soak: Soak, keys: list[str], reference_trees, calls: Path) -> dict:
         "cleanup_report": cleanup,
         "worktrees_after_cleanup": left_worktrees,
         "refs_after_cleanup": left_refs,
+        "evidence_refs": evidence_refs,
         "kills": dict(kills),
         "kills_total": sum(kills.values()),
         "freezes": dict(freezes),

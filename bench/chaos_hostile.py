@@ -115,12 +115,21 @@ def _hostile(marks, chance, items):
 '''
 
 
+# An honest repair (the lane sent the story back): the lock script its trick broke is put back
+# as the target has it (the repair's base is the target it merged in).
+MEND = r'''
+if phase == "repair" and os.environ.get("BMAD_LOOP_BASE_SHA"):
+    subprocess.run(["git", "checkout", os.environ["BMAD_LOOP_BASE_SHA"], "--", "tools/lock.py"],
+                   capture_output=True)
+'''
+
+
 def agent_source(base: str) -> str:
     """The chaos agent with the tricks: argv gains the marks folder and the chance."""
     head, sep, tail = base.partition("start = time.time()\n")
     call = ("hostile = _hostile(sys.argv[3], float(sys.argv[4]), [int(i) for i in sys.argv[5].split(',')])"
             " if len(sys.argv) > 5 else None\n"
-            "Path('build').mkdir(exist_ok=True)\n")
+            "Path('build').mkdir(exist_ok=True)\n" + MEND)
     tail = tail.replace('"foreign": foreign}', '"foreign": foreign, "hostile": hostile}', 1)
     return head + TRICKS + call + sep + tail
 
@@ -165,13 +174,18 @@ def remove_plants() -> list[str]:
 
 
 def _story_commits_with_extra_parents(root: Path, git) -> list[str]:
-    """Story heads merged into the target whose own commit has more than one parent."""
+    """Story heads merged into the target whose own commit has a parent bmad-loop did not
+    choose: any but a repair's, which is the story's head and a commit of the target's own
+    first-parent history (the target it merged in)."""
     found = []
+    first_parent = set(git(root, "rev-list", "--first-parent", "main").split())
     for line in git(root, "rev-list", "--first-parent", "--parents", "main").splitlines():
         shas = line.split()
         if len(shas) == 3:
             head = shas[2]
-            if len(git(root, "rev-list", "--parents", "-n", "1", head).split()) > 2:
+            parents = git(root, "rev-list", "--parents", "-n", "1", head).split()[1:]
+            repair = len(parents) == 2 and parents[1] in first_parent
+            if len(parents) > 1 and not repair:
                 found.append(head[:12])
     return found
 
