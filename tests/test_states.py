@@ -1,5 +1,5 @@
 """The states module is the one vocabulary: its transition tables are enforced, documented
-exactly as docs/architecture.md draws them, and no module spells a state as a literal."""
+exactly as docs/state-machines.md draws them, and no module spells a state as a literal."""
 
 from __future__ import annotations
 
@@ -44,9 +44,9 @@ MACHINES = {
 
 
 def documented_transitions(section: str) -> tuple[set[str], set[tuple[str, str]]]:
-    """(initial states, (from, to) pairs) from the markdown table under `### section`."""
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    body = text.split(f"### {section}\n", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    """(initial states, (from, to) pairs) from the markdown table under `## section`."""
+    text = (ROOT / "docs" / "state-machines.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     initial, edges = set(), set()
     for line in body.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
