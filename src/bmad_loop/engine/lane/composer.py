@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from ...git.trees.compose import (Composition, LaneEdit, Settling, commit_message, compose,
                                   integration_message)
+from ...git.trees.settle import Generators
 from ...db.models import Story
 from ...git.worktrees import ensure_detached_worktree
 from ..worker.boxing import BoxSite, settle_after_box, verify_box
@@ -49,7 +50,8 @@ class Composer:
                        # A repaired story's branch holds its own version of a generator's
                        # paths (the repair merge kept it): regenerate them whatever conflicts.
                        settling=Settling(rules, None if story.stacked_on else story.base_sha,
-                                         regenerate_changed=bool(story.repairs)))
+                                         Generators.EVERY if story.repairs
+                                         else Generators.AS_RULED))
         if settled is not None:
             comp = replace(comp, settled=settled.settled, regenerate=settled.regenerate)
         if comp.ok and comp.regenerate:

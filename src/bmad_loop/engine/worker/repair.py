@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ...fileio import write_beneath
 from ...git.trees.compose import Settling, compose
+from ...git.trees.settle import Generators
 from ...states import Phase
 from ..faults import crash_point
 from ..mergerules import run_merge_rules
@@ -216,5 +217,5 @@ class Repair:
         rules = run_merge_rules(self.policy, ctx.workspace.root, ctx.board_rel)
         comp = compose(ctx.git, "merge", target_sha, head, f"repair merge of {story.key}",
                        settling=Settling(rules, None if story.stacked_on else story.base_sha,
-                                         keep_story_for_generators=True))
+                                         Generators.KEEP_STORY))
         return comp.tree, comp.conflicts

@@ -32,7 +32,7 @@ from ..runner import Git, is_full_sha
 from ..indexflags import clear_flags
 from .mergeattrs import committed_attributes
 from .sessionfolder import refuse_session_folder
-from .settle import MergeRules, Regeneration, Settled, Sides, settle
+from .settle import Generators, MergeRules, Regeneration, Settled, Sides, settle
 from .merge import commit_tree, merge_base, merge_trees, replay_commits, tree_of
 from ...caches import CACHES
 from .diff import changed_paths, changed_status, dirty_paths, remember_diff  # noqa: F401 (re-exported)
@@ -302,15 +302,11 @@ class LaneEdit:
 @dataclass(frozen=True)
 class Settling:
     """How a merge settles the paths its rules cover: the `rules`, and the story's own `base`
-    (None: the merge base). `keep_story_for_generators`: a generator's paths keep the story's
-    version and nothing is regenerated (a repair's merge: the candidate regenerates them later);
-    `regenerate_changed`: every generator whose paths the story changed runs, conflict or not,
-    as with `always` (the candidate of a story whose repair merge kept its version)."""
+    (None: the merge base), and which `generators` run (settle.Generators)."""
 
     rules: MergeRules
     base: str | None = None
-    keep_story_for_generators: bool = False
-    regenerate_changed: bool = False
+    generators: Generators = Generators.AS_RULED
 
 
 def compose(
@@ -356,9 +352,7 @@ def _merged(git: Git, strategy: str, shas: tuple[str, str], message: str, edit, 
     settled = None
     if rules:
         sides = Sides(settling.base or merge_base(git, target, branch), target, branch)
-        settled = settle(git, rules, sides, tree, conflicts,
-                         keep_story=settling.keep_story_for_generators,
-                         every_generator=settling.regenerate_changed)
+        settled = settle(git, rules, sides, tree, conflicts, generators=settling.generators)
     if settled is not None:
         tree, conflicts = settled.tree, settled.conflicts
     done = (settled.settled, settled.regenerate) if settled is not None else ((), ())

@@ -21,6 +21,7 @@ The most specific glob wins (the longest literal prefix); the policy refuses tie
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Iterable, Mapping
 
 from ..runner import Git
@@ -29,7 +30,8 @@ from ...policy.mergerule import REGENERATE, UNION, MergeRule
 from .diff import changed_status
 from .edit import read_objects, replace_blobs
 
-__all__ = ["MergeRules", "Sides", "Settled", "Regeneration", "Settlement", "settle", "union_text"]
+__all__ = ["MergeRules", "Sides", "Settled", "Regeneration", "Settlement", "Generators", "settle",
+           "union_text"]
 
 
 @dataclass(frozen=True)
@@ -124,13 +126,21 @@ class Sides:
     story: str
 
 
+class Generators(Enum):
+    """Which generators a settlement asks for, and which version their paths take meanwhile."""
+
+    AS_RULED = "as ruled"  # on a conflict in their paths, or `always`; the target's version
+    # A repair's merge: none runs, the paths keep the story's version (its candidate redoes them).
+    KEEP_STORY = "keep the story's version"
+    # A repaired story's candidate: each one whose paths the story changed, as if `always`.
+    EVERY = "every one the story's changes reach"
+
+
 def settle(git: Git, rules: MergeRules, sides: Sides, tree: str, conflicts: tuple[str, ...],
-           changed: Iterable[str] | None = None, *, keep_story: bool = False,
-           every_generator: bool = False) -> Settlement:
+           changed: Iterable[str] | None = None, *,
+           generators: Generators = Generators.AS_RULED) -> Settlement:
     """Apply `rules` to git's merge of `sides`, which gave `tree` and `conflicts`; `changed`:
-    the paths the story changed against the base, when known. `keep_story`: a generator's
-    paths take the story's version and no generator is asked for; `every_generator`: each
-    generator whose paths the story changed runs, as if `always`."""
+    the paths the story changed against the base, when known."""
     base, target, story = sides.base, sides.target, sides.story
     if not rules:
         return Settlement(tree, conflicts)
@@ -150,7 +160,8 @@ def settle(git: Git, rules: MergeRules, sides: Sides, tree: str, conflicts: tupl
             contents[path] = text
             settled.append(Settled(path, UNION, glob, b_sha, t_sha, s_sha, None))
     left = tuple(c for c in conflicts if c not in contents)
-    regenerate = _regenerations(ruled, left, every_generator or keep_story)
+    keep_story = generators is Generators.KEEP_STORY
+    regenerate = _regenerations(ruled, left, generators is not Generators.AS_RULED)
     if regenerate is None:  # a conflict no generator settles: the story escalates
         return Settlement(_write(git, tree, contents), left, tuple(settled))
     side = 2 if keep_story else 1
