@@ -3,7 +3,7 @@ call and runs the real one (no tracing of git itself, no wrapper around the proj
 
 Numbers are per story of a plain run (max_parallel 1, merge, review off, no verify commands),
 whole run included (enqueue, start-up clean-up, the last settle). Every read and write of refs,
-worktrees and commits is a git command (docs/architecture.md, "What bmad-loop touches under
+worktrees and commits is a git command (docs/recovery.md, "What bmad-loop touches under
 .git"); the bound sits a third above what a story costs so, and the timing lives in
 bench/overhead.py.
 """
