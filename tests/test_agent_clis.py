@@ -189,7 +189,7 @@ def test_validate_warns_about_a_custom_command_running_claude_with_exit_verdicts
 
 
 def test_the_usage_views_are_documented_column_by_column(make_repo):
-    from bmad_loop.operator.sqlquery import run_query
+    from bmad_loop.operator.readonly import run_query
 
     repo = make_repo([ALPHA])
     repo.cli("init")

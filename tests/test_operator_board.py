@@ -13,7 +13,7 @@ import subprocess
 import pytest
 from rich.console import Console
 
-from bmad_loop.operator.board_view import MARK, render_board
+from bmad_loop.operator.status_view import MARK, render_board
 from support import StoryDef, cli_argv, spawn_cli, status_when, wait_for_files, wait_until
 
 STORIES = [

@@ -98,8 +98,7 @@ def _views(status: dict) -> tuple[str, str]:
 
     from rich.console import Console
 
-    from bmad_loop.operator.board_view import render_board
-    from bmad_loop.operator.tui import lane_text
+    from bmad_loop.operator.status_view import lane_text, render_board
 
     console = Console(width=160, record=True, color_system=None)
     console.print(render_board(status, None, dt.datetime.now(dt.timezone.utc)).renderable)
