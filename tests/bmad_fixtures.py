@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from support import SprintRepo, git, write
+from support import SprintRepo, init_repo, write
 
 IMPL = "_bmad-output/implementation-artifacts"
 
@@ -144,7 +144,7 @@ def build_layout(parent: Path, layout: BmadLayout, *, policy: str = "", script: 
     """The repository of `layout` under `parent`, committed on main, with the scripted agent."""
     root = parent / (name or layout.name)
     root.mkdir()
-    git(root, "init", "-q", "-b", "main")
+    init_repo(root)
     for rel, text in layout.committed.items():
         write(root / rel, text)
     write(root / ".gitignore", ".bmad-loop/\n")

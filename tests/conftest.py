@@ -1,5 +1,6 @@
-"""Shared fixtures: real git repositories shaped like BMAD projects, a HOME without git config,
-file barriers, and (from backends.py) the PostgreSQL and Redis services.
+"""Shared fixtures: real git repositories shaped like BMAD projects, a migrated state database,
+a HOME without git config, file barriers, and (from backends.py) the PostgreSQL and Redis
+services.
 
 Plain helpers and constants live in support.py; test modules import them from there, never
 from this file or from another test module.
@@ -22,7 +23,7 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from support import build_repo  # noqa: E402
+from support import build_repo, migrated_database  # noqa: E402
 
 pytest_plugins = ["backends"]  # postgres_url, redis_namespace, backend, ... for every module
 
@@ -92,6 +93,16 @@ def make_repo(tmp_path):
     yield build
     for repo in built:  # never leave consumer processes behind
         repo.kill_spawned()
+
+
+@pytest.fixture
+def db(tmp_path):
+    """A fresh, migrated state database with no rows (a real SQLite file in the test's folder,
+    `support.migrated_database`), disposed of after the test. A module that needs rows in it
+    overrides `db` with a fixture that takes this one and adds them (`support.add_runs`)."""
+    database = migrated_database(tmp_path)
+    yield database
+    database.dispose()
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 
 from bmad_loop.engine.project import Project
-from bmad_loop.operator.board_view import render_board
+from bmad_loop.operator.status_view import render_board
 from bmad_loop.operator.tui import BoardApp
 from browser import chromium  # noqa: F401  (the fixture)
 from support import (StoryDef, everything_run, git, run_everything, spawn_cli, status_when,

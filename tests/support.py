@@ -281,6 +281,21 @@ def git(cwd: Path, *args: str, check: bool = True) -> str:
     return proc.stdout.strip()
 
 
+def init_repo(root: Path, files: dict[str, str] | None = None, *, branch: str = "main",
+              message: str = "base") -> Path:
+    """A plain repository at `root` (made if absent) on `branch`, as a person makes one: the
+    machine's git, no config of its own. With `files`, they are written and committed as one
+    commit `message` by the test identity (`git`). Returns `root`."""
+    root.mkdir(parents=True, exist_ok=True)
+    git(root, "init", "-q", "-b", branch)
+    if files:
+        for rel, text in files.items():
+            write(root / rel, text)
+        git(root, "add", "-A")
+        git(root, "commit", "-q", "-m", message)
+    return root
+
+
 def git_repo(root: Path, files: dict[str, str] | None = None):
     """A real repository on `main` as bmad-loop's own `Git` sees it: a clean environment and
     `user.useConfigOnly`, so it never guesses an identity. With `files`, one commit "base"."""
@@ -506,6 +521,12 @@ class SprintRepo:
         assert result.exit_code == 0, result.output
         return [json.loads(line) for line in result.output.splitlines() if line.strip()]
 
+    def events(self, kind: str, story: str | None = None, run: str | None = None) -> list[dict]:
+        """The journal's events of `kind` (of `story`, when given) in the run `run` (newest by
+        default), in order: what `journal --json` prints."""
+        return [e for e in self.journal(run)
+                if e["kind"] == kind and (story is None or e["story"] == story)]
+
     def bmad_branches(self) -> list[str]:
         out = self.git("for-each-ref", "--format=%(refname)", "refs/heads/bmad-loop", "refs/bmad-loop")
         return [line for line in out.splitlines() if line]
@@ -542,7 +563,7 @@ def build_repo(parent: Path, stories: list[StoryDef], *, policy: str = "",
     what the repository spawned."""
     root = parent / name
     root.mkdir()
-    git(root, "init", "-q", "-b", "main")
+    init_repo(root)
     artifacts = root / STORY_DIR
     artifacts.mkdir(parents=True)
     (root / "README.md").write_text("# test repo\n")
@@ -636,20 +657,32 @@ def status_changes(before: str, after: str) -> dict[str, tuple[str, str]]:
     return changes
 
 
-def state_database(folder: Path, runs=("r1",), *, max_parallel: int = 1):
-    """A migrated state database (a real SQLite file in `folder`) holding one running run per
-    id in `runs`, for tests of the engine's row writes without a repository."""
+def migrated_database(folder: Path):
+    """A fresh, migrated state database with no rows: a real SQLite file `state.db` in
+    `folder`. Tests take it as the `db` fixture (conftest.py), which also disposes of it."""
     from bmad_loop.db.database import Database
-    from bmad_loop.db.models import Run
 
     database = Database(f"sqlite:///{folder / 'state.db'}", lock_wait_s=2.0)
     database.migrate()
+    return database
+
+
+def add_runs(database, runs=("r1",), *, max_parallel: int = 1):
+    """One running run per id in `runs`, as the engine's rows would hold it (no repository
+    behind it), for tests of the engine's row writes. Returns `database`."""
+    from bmad_loop.db.models import Run
+
     with database.transaction() as s:
         for run_id in runs:
             s.add(Run(id=run_id, project="p", target_branch="main", target_sha="0" * 40,
                       state="running", max_parallel=max_parallel, merge_strategy="merge",
                       isolation="worktree", board_path="b", policy={}))
     return database
+
+
+def state_database(folder: Path, runs=("r1",), *, max_parallel: int = 1):
+    """A migrated state database in `folder` holding one running run per id in `runs`."""
+    return add_runs(migrated_database(folder), runs, max_parallel=max_parallel)
 
 
 def fill_disk(disk: Path) -> Path:

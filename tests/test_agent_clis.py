@@ -42,10 +42,6 @@ def profile_policy(profile: str, extra: str = "") -> str:
     return f'[limits]\nmax_dev_attempts = 1\n{extra}\n[adapter]\nprofile = "{profile}"\ntimeout_s = 60\n'
 
 
-def events(repo, kind: str) -> list[dict]:
-    return [e for e in repo.journal() if e["kind"] == kind]
-
-
 def test_a_rate_limited_claude_session_pauses_the_run_charging_nothing_and_resume_integrates(
         make_repo, clis):
     clis({"1-1-alpha": {"dev": [{"fault": "rate-limit"}, {"write": {"src/alpha.py": "A = 1\n"}}]}})
@@ -59,7 +55,7 @@ def test_a_rate_limited_claude_session_pauses_the_run_charging_nothing_and_resum
     assert story["state"] == "pending" and story["attempt"] == 0  # not escalated, nothing charged
     assert "rate-limit" in status["run"]["reason"]
     assert "API Error: Rate limit reached" in status["run"]["reason"]
-    (unavailable,) = events(repo, "agent.unavailable")
+    (unavailable,) = repo.events("agent.unavailable")
     assert unavailable["story"] == "1-1-alpha"
     assert unavailable["data"]["category"] == "rate-limit" and unavailable["data"]["action"] == "pause"
     assert unavailable["data"]["words"] == "API Error: Rate limit reached"
@@ -79,7 +75,7 @@ def test_a_claude_usage_limit_exits_1_and_pauses_with_its_reset_time_in_the_jour
     clis({"1-1-alpha": {"dev": [{"fault": "usage-limit"}]}})
     repo = make_repo([ALPHA], policy=profile_policy("claude"))
     assert repo.cli("run").exit_code == 3
-    (unavailable,) = events(repo, "agent.unavailable")
+    (unavailable,) = repo.events("agent.unavailable")
     assert unavailable["data"]["category"] == "usage-limit"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:00:00Z", unavailable["data"]["reset_at"])
     assert repo.story("1-1-alpha")["state"] == "pending"
@@ -93,9 +89,9 @@ def test_on_limit_wait_waits_for_the_reset_the_cli_printed_and_goes_on(make_repo
         "[adapter]\n", '[adapter]\non_limit = "wait"\n'))
     result = repo.cli("run")
     assert result.exit_code == 0, result.output
-    (unavailable,) = events(repo, "agent.unavailable")
+    (unavailable,) = repo.events("agent.unavailable")
     assert unavailable["data"]["action"] == "wait" and unavailable["data"]["category"] == "rate-limit"
-    (waiting,) = events(repo, "agent.waiting")
+    (waiting,) = repo.events("agent.waiting")
     assert waiting["data"]["until"] is not None
     assert repo.story("1-1-alpha")["state"] == "integrated"
     states = query(repo, "SELECT state, counted FROM attempts WHERE phase = 'dev' ORDER BY id")
@@ -189,7 +185,7 @@ def test_validate_warns_about_a_custom_command_running_claude_with_exit_verdicts
 
 
 def test_the_usage_views_are_documented_column_by_column(make_repo):
-    from bmad_loop.operator.sqlquery import run_query
+    from bmad_loop.operator.readonly import run_query
 
     repo = make_repo([ALPHA])
     repo.cli("init")

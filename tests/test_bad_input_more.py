@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from support import StoryDef, agent_command, cli_argv, git
+from support import StoryDef, agent_command, cli_argv, git, init_repo
 
 TWO = [
     StoryDef("1-1-alpha", files=["src/alpha.py"]),
@@ -490,9 +490,7 @@ def test_a_bare_repository_is_refused_naming_it_as_bare(make_repo, tmp_path, com
 @pytest.mark.parametrize("command", WITH_VALIDATE)
 def test_an_empty_repository_is_refused_naming_it_as_empty(make_repo, tmp_path, command):
     repo = make_repo(TWO)
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    git(empty, "init", "-q", "-b", "main")
+    empty = init_repo(tmp_path / "empty")
     for path in repo.root.rglob("*"):  # the same board, stories and policy, never committed
         rel = path.relative_to(repo.root)
         if rel.parts[0] == ".git" or path.is_dir():

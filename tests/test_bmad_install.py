@@ -8,7 +8,7 @@ import pytest
 
 from bmad_loop.bmad.install import bmad_seeds, detect_bmad
 from bmad_loop.git.runner import Git
-from support import StoryDef, barrier_script, git, go, wait_for_files, wait_for_exit
+from support import StoryDef, barrier_script, go, init_repo, wait_for_files, wait_for_exit
 
 
 def _files(root: Path, *paths: str) -> Path:
@@ -67,12 +67,8 @@ def test_v4_and_nothing(tmp_path):
 
 
 def test_seeds_are_the_untracked_part_of_the_install_ignored_files_included(tmp_path):
-    root = tmp_path / "repo"
-    root.mkdir()
-    git(root, "init", "-q")
-    _files(root, ".agents/skills/bmad-code-review/SKILL.md", "src/app.py")
-    git(root, "add", "-A")
-    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tracked part")
+    root = init_repo(tmp_path / "repo", {rel: f"{rel}\n" for rel in (
+        ".agents/skills/bmad-code-review/SKILL.md", "src/app.py")}, message="tracked part")
     _files(root, "_bmad/bmm/config.yaml", ".claude/skills/bmad-dev-story/SKILL.md",
            ".claude/skills/not-bmad/SKILL.md", ".agents/skills/bmad-code-review/local.md")
     (root / ".gitignore").write_text("_bmad/\n.claude/\n")

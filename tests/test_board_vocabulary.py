@@ -16,7 +16,7 @@ from bmad_loop.engine.lane.admission import StoryView, admit
 from bmad_loop.engine.run.gatepoints import gate_epics
 from bmad_loop.errors import ConfigError
 from bmad_loop.bmad.footprint import Footprint
-from bmad_loop.operator.reports import junit_tree
+from bmad_loop.operator.report.ci_summary import junit_tree
 from bmad_loop.bmad.selection import (
     StorySpec,
     check_dependencies,

@@ -16,18 +16,19 @@ from bmad_loop.engine.worker.context import Claim, Fenced
 from bmad_loop.engine.journal import record
 from bmad_loop.states import IllegalTransition, Phase, RunState, StoryState
 
-from support import state_database
+from support import add_runs
 
 
 @pytest.fixture
-def db(tmp_path):
-    database = state_database(tmp_path, max_parallel=2)
-    with database.transaction() as s:
+def db(db):
+    """The shared database (conftest.py) with a running run and a story a worker holds."""
+    add_runs(db, max_parallel=2)
+    with db.transaction() as s:
         # Mid-walk, as no new row may start: written as a worker's claim left it.
         s.execute(insert(Story.__table__).values(
             run_id="r1", key="1-1-a", seq=1, epic="1", title="a", story_path="a.md",
             state=StoryState.WORKING, claim=3, phase=Phase.DEV, dev_attempts=1))
-    return database
+    return db
 
 
 def _claim(db, generation=3) -> Claim:

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from bmad_loop.cli import cli
 from bmad_loop.policy import default_policy_text
-from support import StoryDef, git, write_each
+from support import StoryDef, init_repo, write_each
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLI_DOC = REPO_ROOT / "docs" / "cli.md"
@@ -80,9 +80,7 @@ def test_init_twice_keeps_an_existing_policy_and_force_rewrites_it(make_repo):
 
 
 def test_init_in_a_fresh_repository_writes_the_default_policy_and_a_state_database(tmp_path):
-    root = tmp_path / "fresh"
-    root.mkdir()
-    git(root, "init", "-q", "-b", "main")
+    root = init_repo(tmp_path / "fresh")
     result = CliRunner().invoke(cli, ["init", "--project", str(root)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert (root / ".bmad-loop" / "policy.toml").read_text() == default_policy_text()

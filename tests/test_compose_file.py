@@ -30,7 +30,7 @@ from sqlalchemy.engine import make_url
 
 from bmad_loop import policy as policy_module
 from bmad_loop.cli import cli
-from support import SETTLED, wait_until
+from support import SETTLED, init_repo, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -396,12 +396,7 @@ def test_init_repo_without_a_seed_builds_the_demo_once_and_keeps_it_on_a_second_
 
 
 def test_init_repo_clones_a_seed_repository_into_the_bare_repository_and_the_checkout(tmp_path):
-    seed = tmp_path / "seed"
-    seed.mkdir()
-    _git("init", "-q", "-b", "trunk", cwd=seed)
-    (seed / "README.md").write_text("seed\n")
-    _git("add", "-A", cwd=seed)
-    _git("-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-q", "-m", "seed", cwd=seed)
+    init_repo(tmp_path / "seed", {"README.md": "seed\n"}, branch="trunk", message="seed")
     env = _script_env(tmp_path)
     result = subprocess.run([str(ENTRYPOINT), "init-repo"], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -13,7 +13,6 @@ import textwrap
 import pytest
 from sqlalchemy import func, select
 
-from bmad_loop.db.database import Database
 from bmad_loop.db.models import Lease, utcnow
 
 WRITER = textwrap.dedent("""
@@ -27,13 +26,6 @@ WRITER = textwrap.dedent("""
     conn.execute("COMMIT")
     print("committed", flush=True)
 """)
-
-
-@pytest.fixture
-def db(tmp_path):
-    database = Database(f"sqlite:///{tmp_path / 'state.db'}", lock_wait_s=2.0)
-    database.migrate()
-    return database
 
 
 def _leases(session) -> int:

@@ -61,10 +61,6 @@ def running(pid: int) -> bool:
         return False
 
 
-def kinds(repo, run_id: str, kind: str) -> list[dict]:
-    return [e for e in repo.journal(run_id) if e["kind"] == kind]
-
-
 def script(path: Path, body: str) -> Path:
     path.write_text(textwrap.dedent(body))
     return path
@@ -124,7 +120,7 @@ def test_an_agent_that_kills_its_bmad_loop_every_time_escalates_after_max_recove
     assert [s["previous_alive"] for s in sessions] == [False] * 4
     assert not any(running(s["pid"]) for s in sessions)
 
-    recovered = kinds(repo, run_id, "story.recovered")
+    recovered = repo.events("story.recovered", run=run_id)
     assert [e["data"]["recovery"] for e in recovered] == [1, 2, 3]
     assert all(e["data"]["max_recoveries"] == 3 for e in recovered)
     status = repo.status(run_id)
@@ -132,7 +128,7 @@ def test_an_agent_that_kills_its_bmad_loop_every_time_escalates_after_max_recove
     story = status["stories"][0]
     assert story["state"] == "escalated"
     assert "max_recoveries = 3" in story["reason"] and "recovered 3 time(s)" in story["reason"]
-    escalated = kinds(repo, run_id, "story.escalated")
+    escalated = repo.events("story.escalated", run=run_id)
     assert len(escalated) == 1 and escalated[0]["data"]["recoveries"] == 3
     attempts = query(repo, "SELECT state, counted FROM attempts ORDER BY id")
     assert attempts == [("interrupted", 0)] * 4  # recoveries never use up dev attempts
@@ -143,7 +139,7 @@ def test_an_agent_that_kills_its_bmad_loop_every_time_escalates_after_max_recove
     assert json.loads((bar / "session-5").read_text())["previous_alive"] is False
     proc = start(repo, log, "resume", run_id)
     assert wait_for_exit(proc, 90, log) == -signal.SIGKILL
-    assert kinds(repo, run_id, "story.recovered")[-1]["data"]["recovery"] == 1
+    assert repo.events("story.recovered", run=run_id)[-1]["data"]["recovery"] == 1
     proc = start(repo, log, "stop", run_id)  # end it here; the agent of session 6 is ours to end
     assert wait_for_exit(proc, 60, log) == 0
     session = json.loads((bar / "session-6").read_text())
@@ -306,7 +302,7 @@ def test_a_verify_grandchild_left_by_a_killed_worker_is_dead_before_the_story_is
     # The story's retried verify (and the candidate's) ran with the grandchild already dead.
     assert retries and [r["grandchild_alive"] for r in retries] == [False] * len(retries)
     assert not running(grandchild)
-    recovered = kinds(repo, run_id, "story.recovered")
+    recovered = repo.events("story.recovered", run=run_id)
     assert len(recovered) == 1 and recovered[0]["data"]["phase"] == "verify"
     assert grandchild in recovered[0]["data"]["killed"]
     assert repo.status(run_id)["stories"][0]["state"] == "integrated"
@@ -355,7 +351,7 @@ def hold_past_the_ttl(repo, run_id: str, story_id: int, bar: Path, point: str) -
     _, expires = lease_times(repo, story_id)
 
     def renewed_well_past_expiry():
-        if kinds(repo, run_id, "story.recovered"):
+        if repo.events("story.recovered", run=run_id):
             pytest.fail(f"the live worker was recovered as an orphan during {point}")
         times = lease_times(repo, story_id)
         if times is None:
@@ -382,6 +378,6 @@ def test_a_live_worker_is_never_recovered_during_slow_prepare_and_commit_steps(m
         for point in ("worker.in_prepare", "worker.in_commit"):
             (bar / f"{point}.go").write_text("go")
     assert wait_for_exit(proc, 120, log) == 0, log.read_text()[-3000:]
-    assert kinds(repo, run_id, "story.recovered") == []
+    assert repo.events("story.recovered", run=run_id) == []
     assert repo.status(run_id)["stories"][0]["state"] == "integrated"
     assert query(repo, "SELECT COUNT(*) FROM attempts WHERE phase = 'dev'") == [(1,)]

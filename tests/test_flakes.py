@@ -36,10 +36,6 @@ def policy(command: str, *, n: int = 2, parallel: int | None = None, retries: in
             f"[verify]\n{verify}")
 
 
-def events(repo, kind: str) -> list[dict]:
-    return [e for e in repo.journal() if e["kind"] == kind]
-
-
 def phases(repo, key: str) -> list[str]:
     return [c["phase"] for c in repo.calls() if c["key"] == key]
 
@@ -48,7 +44,7 @@ def test_a_flake_in_a_story_verify_charges_no_dev_attempt_and_runs_no_fix(make_r
     repo = make_repo([S1, S2], script=SCRIPT, policy=policy(once(bar, "*/worktrees/*/1-1-one", "s1")))
     result = repo.cli("run")
     assert result.exit_code == 0, result.output
-    flaky = events(repo, "verify.flaky")
+    flaky = repo.events("verify.flaky")
     assert [(e["story"], e["data"]["site"], e["data"]["retry"]) for e in flaky] == [(S1.key, "story", 1)]
     data = flaky[0]["data"]
     assert "flaked" in open(data["failed_log"]).read()  # both logs are there to read
@@ -67,9 +63,9 @@ def test_a_flake_in_a_candidate_verify_passes_on_its_retry_and_blames_nobody(mak
     repo = make_repo([S1, S2], script=SCRIPT, policy=policy(check, parallel=parallel))
     result = repo.cli("run")
     assert result.exit_code == 0, result.output
-    assert [(e["story"], e["data"]["site"]) for e in events(repo, "verify.flaky")] == [(S2.key, "candidate")]
+    assert [(e["story"], e["data"]["site"]) for e in repo.events("verify.flaky")] == [(S2.key, "candidate")]
     assert query(repo, "SELECT site, attempt FROM flakes") == [("candidate", 1)]
-    assert not events(repo, "target.checked") and not events(repo, "repair.requested")
+    assert not repo.events("target.checked") and not repo.events("repair.requested")
     assert phases(repo, S2.key) == ["dev"]
     status = repo.status()
     assert {s["key"]: s["flakes"] for s in status["stories"]} == {S1.key: 0, S2.key: 1}
@@ -80,7 +76,7 @@ def test_retries_zero_counts_the_first_failure_as_before(make_repo, bar):
                      policy=policy(once(bar, "*/worktrees/*", "s1"), n=1, retries=0))
     result = repo.cli("run")
     assert result.exit_code == 0, result.output
-    assert not events(repo, "verify.flaky")
+    assert not repo.events("verify.flaky")
     assert phases(repo, S1.key) == ["dev", "dev"]  # the failure counted: a second dev attempt
 
 
@@ -93,8 +89,8 @@ def test_a_command_that_passes_on_its_own_leftovers_does_not_pass_a_retry(make_r
                      policy=policy(stamp, n=1) + "[limits]\nmax_dev_attempts = 1\n")
     result = repo.cli("run")
     assert result.exit_code == 3, result.output
-    assert not events(repo, "verify.flaky")
-    failed = [e for e in events(repo, "verify.failed") if e["story"] == S1.key]
+    assert not repo.events("verify.flaky")
+    failed = [e for e in repo.events("verify.failed") if e["story"] == S1.key]
     assert len(failed) == 1 and failed[0]["data"]["log"].endswith("-retry1.log")
 
 
@@ -118,11 +114,11 @@ def test_a_red_target_blames_no_story_pauses_and_resume_lands_once_it_is_fixed(m
     target = repo.git("rev-parse", "main")
     assert "the target is red" in run["reason"] and target[:12] in run["reason"]
     assert "fix the target first" in run["reason"]
-    reds = events(repo, "target.red")
+    reds = repo.events("target.red")
     assert [(e["story"], e["data"]["target_sha"]) for e in reds] == [(S2.key, target)]
     assert repo.story(S2.key)["state"] == "ready"
     assert query(repo, "SELECT state FROM target_checks") == [("failed",)]
-    assert not events(repo, "repair.requested") and not events(repo, "story.escalated")
+    assert not repo.events("repair.requested") and not repo.events("story.escalated")
     assert query(repo, "SELECT dev_attempts, repairs FROM stories WHERE key = ?", S2.key) == [(1, 0)]
     red.unlink()  # the person fixes what turned the target red
     result = repo.cli("resume")

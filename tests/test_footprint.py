@@ -10,7 +10,7 @@ import pytest
 from bmad_loop.bmad.footprint import Footprint, footprint_from_mapping, footprints_conflict
 from bmad_loop.globs import globs_may_overlap, path_matches, pattern_problem
 from bmad_loop.bmad.story_meta import parse_story_text
-from support import SAMPLE_STORY
+from support import SAMPLE_STORY, init_repo
 
 
 def block_story(block: str, heading: str = "## Footprint") -> str:
@@ -328,7 +328,7 @@ def test_overlap_is_sound_for_random_patterns_and_paths():
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 def test_the_reference_matcher_agrees_with_git_check_ignore(tmp_path):
     """The soundness test is only as good as its matcher, so check the matcher against git."""
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    init_repo(tmp_path)
     rng = random.Random(7)
     patterns = sorted({random_pattern(rng) for _ in range(40)}) + ["docs/", "/README.md", "a/**", "**/b"]
     paths = all_paths(2) + ["/".join(rng.choice(PATH_SEGMENTS) for _ in range(3)) for _ in range(60)]

@@ -247,7 +247,7 @@ def _synthetic_run(folder, stories: int, epics: int, n: int = 4):
 
 def _synthetic_page(tmp_path, stories: int, epics: int):
     from bmad_loop.db.models import Run
-    from bmad_loop.operator.report.files import write_run_report
+    from bmad_loop.operator.report.html import write_run_report
 
     database = _synthetic_run(tmp_path, stories, epics)
     page = tmp_path / "report.html"
@@ -340,7 +340,7 @@ def test_what_a_run_says_is_shown_as_text_never_as_markup(tmp_path, chromium):  
     from sqlalchemy import insert, update
 
     from bmad_loop.db.models import Event, Run, Story
-    from bmad_loop.operator.report.files import write_run_report
+    from bmad_loop.operator.report.html import write_run_report
 
     database = _synthetic_run(tmp_path, 3, 1)
     hostile = '<script>document.title="owned"</script><img src=x onerror=alert(1)>'
@@ -360,7 +360,7 @@ def test_what_a_run_says_is_shown_as_text_never_as_markup(tmp_path, chromium):  
 
 def test_a_run_without_any_story_event_still_renders(tmp_path, chromium):  # noqa: F811
     from bmad_loop.db.models import Run
-    from bmad_loop.operator.report.files import write_run_report
+    from bmad_loop.operator.report.html import write_run_report
 
     database = _synthetic_run(tmp_path, 0, 1)
     page = tmp_path / "report.html"
@@ -390,7 +390,7 @@ def test_a_run_silent_for_long_though_not_settled_is_called_crashed(tmp_path, ch
     from sqlalchemy import update
 
     from bmad_loop.db.models import Run
-    from bmad_loop.operator.report.files import write_run_report
+    from bmad_loop.operator.report.html import write_run_report
 
     database = _synthetic_run(tmp_path, 3, 1)
     with database.transaction() as s:

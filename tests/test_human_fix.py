@@ -25,10 +25,6 @@ POLICY = (MERGE_NONE.format(n=2, strategy="merge") + f"[verify]\ncommands = [{js
           "[limits]\nmax_repairs = 0\n")  # the person's path: the story escalates at once
 
 
-def _kinds(repo, kind: str, key: str) -> list[dict]:
-    return [e for e in repo.journal() if e["kind"] == kind and e["story"] == key]
-
-
 def _sessions(repo, key: str, phase: str) -> int:
     return len([c for c in repo.calls() if c["key"] == key and c["phase"] == phase])
 
@@ -70,8 +66,8 @@ def _after_landing(repo, story_before: dict) -> None:
     assert repo.git("show", "main:src/b.py") == "B = 1"
     assert repo.git("show", "main:README.md") == "# by a and b"
     assert _sessions(repo, B.key, "dev") == 1
-    assert not _kinds(repo, "story.ledger_reverted", B.key)[1:]  # only the agent's, if any
-    moved = _kinds(repo, "story.base_moved", B.key)
+    assert not repo.events("story.ledger_reverted", B.key)[1:]  # only the agent's, if any
+    moved = repo.events("story.base_moved", B.key)
     assert moved and moved[0]["data"]["old"] == story_before["base_sha"]
     assert moved[0]["data"]["new"] == story_before["target_main"]
     assert repo.story(B.key)["base_sha"] == story_before["target_main"]
@@ -89,7 +85,7 @@ def test_merging_the_target_into_an_escalated_branch_then_resume_keeps_the_board
     result = repo.cli("resume")
     assert result.exit_code == 0, result.output
     _after_landing(repo, story)
-    assert _kinds(repo, "story.human_fix", B.key)
+    assert repo.events("story.human_fix", B.key)
 
 
 def test_rebasing_the_branch_onto_the_target_then_resume_keeps_the_board(make_repo, bar):
@@ -113,19 +109,19 @@ def test_retry_from_integrate_takes_a_hand_fixed_branch_through_verify_to_the_la
     wt = story["worktree"]
     _merge_the_target_by_hand(repo, wt)
     fixed = repo.git("rev-parse", story["branch"])
-    verified_before = len(_kinds(repo, "verify.passed", B.key))
+    verified_before = len(repo.events("verify.passed", B.key))
     result = repo.cli("retry", B.key, "--from", "integrate")
     assert result.exit_code == 0, result.output  # before: exit 2, "moved"
     row = repo.story(B.key)
     assert (row["state"], row["phase"]) == ("pending", "prepare")
-    retry = _kinds(repo, "story.retry", B.key)[-1]["data"]
+    retry = repo.events("story.retry", B.key)[-1]["data"]
     assert (retry["from"], retry["by"], retry["head_sha"]) == ("integrate", "retry", fixed)
     repo.write_script({})
     result = repo.cli("resume")
     assert result.exit_code == 0, result.output
     _after_landing(repo, story)
     # Its worktree verify ran on the person's commit; no agent session of any phase did.
-    assert len(_kinds(repo, "verify.passed", B.key)) == verified_before + 1
+    assert len(repo.events("verify.passed", B.key)) == verified_before + 1
     assert [c for c in repo.calls() if c["key"] == B.key][2:] == []  # dev + review of run 1
     repo.git("merge-base", "--is-ancestor", fixed, "main")  # the person's very commit landed
 

@@ -6,17 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event, select
 
-from bmad_loop.db.database import Database
 from bmad_loop.db.models import Event, Lease, utcnow
 from bmad_loop.engine.journal import event_rows_after, events_after, record
-
-
-@pytest.fixture
-def db(tmp_path):
-    database = Database(f"sqlite:///{tmp_path / 'state.db'}", lock_wait_s=2.0)
-    database.migrate()
-    yield database
-    database.dispose()
 
 
 def _kinds(db) -> list[str]:

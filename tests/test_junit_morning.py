@@ -3,7 +3,7 @@
 
 import xml.etree.ElementTree as ET
 
-from bmad_loop.operator.reports import junit_tree, wall_time
+from bmad_loop.operator.report.ci_summary import junit_tree, wall_time
 from support import ALPHA_BETA, write
 
 # alpha integrates; beta's verify prints a diagnosis on its last line and fails every attempt.

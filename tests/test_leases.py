@@ -23,15 +23,6 @@ ALICE = "elsewhere-a:101:lane"
 BOB = "elsewhere-b:202:lane"
 
 
-@pytest.fixture
-def db(tmp_path):
-    """A fresh, migrated state database: leases live in a real `leases` table."""
-    database = Database(f"sqlite:///{tmp_path / 'state.db'}", lock_dir=tmp_path)
-    database.migrate()
-    yield database
-    database.dispose()
-
-
 def lease_row(db, name=NAME):
     from bmad_loop.db.models import Lease
 

@@ -20,9 +20,9 @@ from bmad_loop.engine.faults import CRASH_ENV, ONCE_ENV
 from bmad_loop.git.runner import Git
 from bmad_loop.git.trees.settle import MergeRules, union_text
 from bmad_loop.policy.mergerule import MergeRule
-from support import (MERGE_NONE, STORY_DIR, StoryDef, barrier_script, git, go, inside,
-                     project_argv, query, states, stop_processes, wait_for_exit, wait_until,
-                     write_each)
+from support import (MERGE_NONE, STORY_DIR, StoryDef, barrier_script, git, go, init_repo,
+                     inside, project_argv, query, states, stop_processes, wait_for_exit,
+                     wait_until, write_each)
 
 LEDGER = f"{STORY_DIR}/deferred-work.md"
 LEDGER_BASE = "# Deferred Work\n\nFindings deferred by reviews, newest last.\n"
@@ -327,12 +327,7 @@ def test_a_kill_9_during_composition_leaves_the_same_ledger(make_repo, bar, tmp_
 # ------------------------------------------------------------------------------ attributes
 def _diverged(tmp_path) -> tuple[Path, Git, str, str]:
     """A repository whose `notes.txt` two branches append to differently: git conflicts."""
-    root = tmp_path / "attrs"
-    root.mkdir()
-    git(root, "init", "-q", "-b", "main")
-    (root / "notes.txt").write_text("a\n")
-    git(root, "add", "-A")
-    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    root = init_repo(tmp_path / "attrs", {"notes.txt": "a\n"})
     for branch, line in (("one", "b\n"), ("two", "c\n")):
         git(root, "checkout", "-q", "-b", branch, "main")
         (root / "notes.txt").write_text("a\n" + line)

@@ -34,10 +34,6 @@ def attempt_rows(repo) -> list[dict]:
     return [dict(row) for row in rows]
 
 
-def events(repo, kind: str) -> list[dict]:
-    return [e for e in repo.journal() if e["kind"] == kind]
-
-
 # ------------------------------------------------------------------------------ agents
 @pytest.mark.usefixtures("unboxed")  # its pids and orphans: unboxed
 def test_an_agent_that_hangs_past_its_timeout_is_killed_with_its_tree_and_uses_an_attempt(
@@ -61,7 +57,7 @@ def test_an_agent_that_hangs_past_its_timeout_is_killed_with_its_tree_and_uses_a
     rows = [r for r in attempt_rows(repo) if r["phase"] == "dev"]
     assert len(rows) == 1
     assert rows[0]["state"] == "timed-out" and rows[0]["counted"] == 1
-    finished = [e for e in events(repo, "attempt.finished") if e["data"]["phase"] == "dev"]
+    finished = [e for e in repo.events("attempt.finished") if e["data"]["phase"] == "dev"]
     assert [e["data"]["state"] for e in finished] == ["timed-out"]
     assert len([c for c in repo.calls() if c["phase"] == "dev"]) == 1
 
@@ -70,7 +66,7 @@ def test_an_agent_that_hangs_past_its_timeout_is_killed_with_its_tree_and_uses_a
     story = status["stories"][0]
     assert story["state"] == "escalated" and story["attempt"] == 1
     assert "dev attempts exhausted" in story["reason"] and "timed out" in story["reason"]
-    escalated = events(repo, "story.escalated")
+    escalated = repo.events("story.escalated")
     assert [e["story"] for e in escalated] == ["1-1-alpha"]
     # Nothing already done is lost: branch, worktree and the agent's half-done file are kept.
     assert f"refs/heads/{story['branch']}" in repo.bmad_branches()
@@ -115,7 +111,7 @@ def test_local_changes_overlapping_the_story_escalate_it_before_the_target_moves
     story = repo.status()["stories"][0]
     assert story["state"] == "escalated"
     assert "src/alpha.py" in story["reason"]
-    escalation = events(repo, "story.escalated")[-1]
+    escalation = repo.events("story.escalated")[-1]
     assert escalation["data"].get("phase") == "integrate"
     assert "src/alpha.py" in escalation["data"]["reason"]
     # The target did not move, the local change is intact, the story's work is kept.
@@ -124,7 +120,7 @@ def test_local_changes_overlapping_the_story_escalate_it_before_the_target_moves
     assert (repo.root / "src/alpha.py").read_text() == "my local edit\n"
     assert repo.git("show", f"{story['head_sha']}:src/alpha.py") == "v1"
     assert f"refs/heads/{story['branch']}" in repo.bmad_branches()
-    assert events(repo, "target.advanced") == []
+    assert repo.events("target.advanced") == []
 
 
 def test_unrelated_local_changes_survive_a_normal_integration_untouched(make_repo):
@@ -160,7 +156,7 @@ def test_an_agent_editing_the_sprint_board_is_reverted_and_only_the_lane_marks_i
     result = repo.cli("run", "--story", "1-1-alpha")
     assert result.exit_code == 0, result.output
 
-    reverted = events(repo, "story.ledger_reverted")
+    reverted = repo.events("story.ledger_reverted")
     assert [e["story"] for e in reverted] == ["1-1-alpha"]
     assert repo.board_rel in reverted[0]["data"]["paths"]
     story = repo.status()["stories"][0]
@@ -181,7 +177,7 @@ def test_a_failing_notifier_is_journaled_and_the_run_still_completes(make_repo):
     result = repo.cli("run")
     assert result.exit_code == 0, result.output
     assert repo.status()["run"]["state"] == "completed"
-    failed = events(repo, "notify.failed")
+    failed = repo.events("notify.failed")
     assert failed, "a failing notifier left no notify.failed event"
     assert failed[-1]["data"]["event"] == "run.completed"
     assert failed[-1]["data"]["channel"] == "command"
@@ -197,7 +193,7 @@ def test_a_hanging_notifier_is_cut_off_at_its_timeout_journaled_and_the_run_comp
     assert result.exit_code == 0, result.output
     assert time.monotonic() - started < 25  # the notifier did not hold the run for 30 s
     assert repo.status()["run"]["state"] == "completed"
-    failed = events(repo, "notify.failed")
+    failed = repo.events("notify.failed")
     assert failed, "a hanging notifier left no notify.failed event"
     assert failed[-1]["data"]["event"] == "run.completed"
     assert "timed out" in failed[-1]["data"]["error"]

@@ -9,11 +9,12 @@ import pty
 import re
 import select
 import subprocess
+import sys
 
 import pytest
 from rich.console import Console
 
-from bmad_loop.operator.board_view import MARK, render_board
+from bmad_loop.operator.status_view import MARK, render_board
 from support import StoryDef, cli_argv, spawn_cli, status_when, wait_for_files, wait_until
 
 STORIES = [
@@ -174,3 +175,13 @@ def test_status_watch_rerenders_in_a_terminal_until_the_run_settles(make_repo, t
             watcher.kill()
         run.kill()
         os.close(master)
+
+
+def test_the_board_and_the_tuis_lane_panel_are_drawn_without_textual():
+    """Only `bmad-loop tui` needs the `tui` extra: the live board, the lane panel the TUI shows
+    (read by tests/test_speculation.py) and the whole command line import without textual."""
+    code = ("import sys; sys.modules['textual'] = None\n"
+            "from bmad_loop.operator.status_view import lane_text, render_board\n"
+            "import bmad_loop.cli\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

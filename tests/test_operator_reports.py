@@ -3,7 +3,7 @@
 import json
 import xml.etree.ElementTree as ET
 
-from bmad_loop.operator.reports import write_json_report, write_junit
+from bmad_loop.operator.report.ci_summary import write_json_report, write_junit
 from support import StoryDef, BAD_BETA_SCRIPT as SCRIPT, REJECT_BAD_POLICY as POLICY
 
 STORIES = [

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bmad_loop.db.models import Base
-from bmad_loop.operator.sqlquery import run_query
+from bmad_loop.operator.readonly import run_query
 from backends import fresh_postgres_database
 from support import VIEWS, ALPHA_BETA as STORIES, BAD_BETA_SCRIPT as SCRIPT, REJECT_BAD_POLICY as POLICY
 

@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, inspect
 
 from bmad_loop.db import migrate
 from bmad_loop.db.models import Base
-from bmad_loop.operator.sqlquery import SqlRefused, run_query
+from bmad_loop.operator.readonly import SqlRefused, run_query
 from backends import fresh_postgres_database
 from support import ALPHA_BETA as STORIES, BAD_BETA_SCRIPT as SCRIPT, REJECT_BAD_POLICY as POLICY
 from support import VIEWS as VIEW_NAMES

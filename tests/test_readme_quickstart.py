@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from support import STORY_DIR, agent_command, git
+from support import STORY_DIR, agent_command, git, init_repo
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 README = (REPO_ROOT / "README.md").read_text()
@@ -46,16 +46,11 @@ def _fresh_shell_env(home: Path) -> dict:
 
 
 def _bmad_project(root: Path) -> Path:
-    project = root / "project"
-    (project / STORY_DIR).mkdir(parents=True)
-    (project / STORY_DIR / "sprint-status.yaml").write_text(
-        "development_status:\n  epic-1: in-progress\n  1-1-hello: ready-for-dev\n")
-    (project / STORY_DIR / "1-1-hello.md").write_text(
-        '---\nfootprint:\n  files: ["hello.txt"]\n---\n# Story 1.1: Hello\n')
-    git(project, "init", "-q", "-b", "main")
-    git(project, "add", "-A")
-    git(project, "-c", "user.name=u", "-c", "user.email=u@example.com", "commit", "-qm", "board")
-    return project
+    return init_repo(root / "project", {
+        f"{STORY_DIR}/sprint-status.yaml":
+            "development_status:\n  epic-1: in-progress\n  1-1-hello: ready-for-dev\n",
+        f"{STORY_DIR}/1-1-hello.md": '---\nfootprint:\n  files: ["hello.txt"]\n---\n# Story 1.1: Hello\n',
+    }, message="board")
 
 
 def test_the_readme_set_up_and_quick_start_run_as_written_in_a_fresh_shell(tmp_path):

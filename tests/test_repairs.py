@@ -61,10 +61,6 @@ def policy(n: int = 2, *, parallel: int | None = None, strategy: str = "merge", 
             f"[review]\nenabled = false\n[verify]\n{verify}{extra}")
 
 
-def kinds(repo, kind: str) -> list[dict]:
-    return [e for e in repo.journal() if e["kind"] == kind]
-
-
 def sessions(repo, key: str) -> list[str]:
     return [c["phase"] for c in repo.calls() if c["key"] == key]
 
@@ -83,15 +79,15 @@ def test_a_caller_of_a_renamed_function_is_repaired_by_its_agent_and_lands(make_
     assert subprocess.run([sys.executable, "check.py"], cwd=repo.root).returncode == 0
 
     assert sessions(repo, B.key) == ["dev", "repair"]
-    asked = kinds(repo, "repair.requested")
+    asked = repo.events("repair.requested")
     assert [(e["story"], e["data"]["cause"], e["data"]["landed"]) for e in asked] == [
         (B.key, "verify-failed", [A.key])]
-    checked = kinds(repo, "target.checked")
+    checked = repo.events("target.checked")
     assert [(e["story"], e["data"]["state"]) for e in checked] == [(B.key, "passed")]
-    started = kinds(repo, "repair.started")
+    started = repo.events("repair.started")
     a_sha = repo.story(A.key)["integrated_sha"]
     assert started[-1]["data"]["new_base"] == a_sha
-    assert [e["data"]["outcome"] for e in kinds(repo, "repair.finished")] == ["ready"]
+    assert [e["data"]["outcome"] for e in repo.events("repair.finished")] == ["ready"]
     # The repair's commit is the merge of the target into the story, with the parents bmad-loop
     # chose: the story's head and the target it merged in.
     story_b = repo.story(B.key)
@@ -144,9 +140,9 @@ def test_a_textual_conflict_is_resolved_by_the_agent_from_the_markers_bmad_loop_
     assert result.exit_code == 0, result.output
     assert repo.git("show", "main:conf/settings.txt") == "mode = left+right"
     assert "<<<<<<<" not in repo.git("show", "main:conf/settings.txt")
-    asked = kinds(repo, "repair.requested")
+    asked = repo.events("repair.requested")
     assert [(e["data"]["cause"]) for e in asked] == ["conflict"]
-    assert kinds(repo, "repair.started")[-1]["data"]["conflicts"] == ["conf/settings.txt"]
+    assert repo.events("repair.started")[-1]["data"]["conflicts"] == ["conf/settings.txt"]
     call = next(c for c in repo.calls() if c["phase"] == "repair")
     assert call["env"]["BMAD_LOOP_REPAIR_CAUSE"] == "conflict"
     assert call["env"]["BMAD_LOOP_REPAIR_EVIDENCE"].endswith("/.bmad-loop-session/repair-1.json")
@@ -157,7 +153,7 @@ def test_a_textual_conflict_is_resolved_by_the_agent_from_the_markers_bmad_loop_
     assert evidence["conflicts"] == ["conf/settings.txt"]
     assert [x["key"] for x in evidence["landed"]] == [CONFLICT_A.key]
     assert "conf/settings.txt" in call["prompt"]
-    assert not kinds(repo, "target.checked")  # a conflict needs no look at the target
+    assert not repo.events("target.checked")  # a conflict needs no look at the target
 
 
 def test_a_repair_that_leaves_markers_is_tried_until_max_repairs_then_escalates_and_resume_gives_a_fresh_budget(
@@ -171,7 +167,7 @@ def test_a_repair_that_leaves_markers_is_tried_until_max_repairs_then_escalates_
     assert "repairs used up (2 of max_repairs = 2)" in story["reason"]
     assert "conflict markers" in story["reason"]
     assert sessions(repo, CONFLICT_B.key) == ["dev", "repair", "repair"]
-    assert [e["data"]["outcome"] for e in kinds(repo, "repair.finished")] == ["again", "escalated"]
+    assert [e["data"]["outcome"] for e in repo.events("repair.finished")] == ["again", "escalated"]
     assert repo.story(CONFLICT_A.key)["state"] == "integrated"
     # Fixed agent, fresh budget: resume repairs it again, from a fresh merge.
     repo.write_script(conflict_script(bar, "mode = both\n"))
@@ -189,7 +185,7 @@ def test_max_repairs_zero_escalates_at_once_as_before_repairs_existed(make_repo,
     story = repo.story(CONFLICT_B.key)
     assert story["state"] == "escalated" and "merge conflict" in story["reason"]
     assert "repair" not in sessions(repo, CONFLICT_B.key)
-    assert not kinds(repo, "repair.requested")
+    assert not repo.events("repair.requested")
 
 
 def test_later_stories_wait_ready_while_an_earlier_one_repairs_and_land_after_it_in_plan_order(

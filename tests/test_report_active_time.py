@@ -9,7 +9,7 @@ from datetime import datetime
 
 import pytest
 
-from bmad_loop.operator.report.layout import LABEL_W, CHART_W
+from bmad_loop.operator.report.geometry import LABEL_W, CHART_W
 from bmad_loop.operator.style import format_duration
 from support import StoryDef, go, inside, wait_until
 
@@ -69,7 +69,7 @@ def test_an_interrupted_session_is_not_failed_and_agent_time_stays_inside_worker
 
 
 def test_the_stop_is_a_collapsed_gap_and_durations_round_alike(stopped_and_resumed, tmp_path):
-    from bmad_loop.operator.report.layout import GAP_W
+    from bmad_loop.operator.report.geometry import GAP_W
 
     repo = stopped_and_resumed
     page = tmp_path / "report.html"

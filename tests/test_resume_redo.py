@@ -25,10 +25,6 @@ def _sessions(repo, key: str, phase: str) -> int:
     return len([c for c in repo.calls() if c["key"] == key and c["phase"] == phase])
 
 
-def _kinds(repo, kind: str, key: str | None = None) -> list[dict]:
-    return [e for e in repo.journal() if e["kind"] == kind and (key is None or e["story"] == key)]
-
-
 def _escalate_on_a_dirty_checkout(make_repo, stories=(A,), policy: str = VERIFIED, backend=None):
     """A run whose first story escalates at its advance: an untracked src/a.py of a person's
     in the target checkout overlaps its candidate (which passed verification)."""
@@ -55,8 +51,8 @@ def test_resume_after_a_dirty_checkout_escalation_integrates_the_same_commit_wit
     assert repo.story(A.key)["state"] == "integrated"
     assert repo.git("show", "main:src/a.py") == f"NAME = '{A.key}'"
     repo.git("merge-base", "--is-ancestor", story["head_sha"], "main")  # that very commit
-    assert _kinds(repo, "story.escalated", A.key)[0]["data"]["cause"] == "checkout"
-    retry = _kinds(repo, "story.retry", A.key)[-1]["data"]
+    assert repo.events("story.escalated", A.key)[0]["data"]["cause"] == "checkout"
+    retry = repo.events("story.retry", A.key)[-1]["data"]
     assert (retry["from"], retry["by"], retry["cause"]) == ("integrate", "resume", "checkout")
     # Composed and verified again: a second candidate, and it advanced.
     states = [c["state"] for c in repo.status()["candidates"] if c["story"] == A.key]
@@ -71,7 +67,7 @@ def test_resume_twice_changes_nothing_more(make_repo):
     assert repo.cli("resume").exit_code == 3
     assert repo.cli("resume").exit_code == 3
     assert _sessions(repo, A.key, "dev") == 1
-    assert [e["data"]["cause"] for e in _kinds(repo, "story.escalated", A.key)] == ["checkout"] * 3
+    assert [e["data"]["cause"] for e in repo.events("story.escalated", A.key)] == ["checkout"] * 3
     (repo.root / "src/a.py").unlink()
     assert repo.cli("resume").exit_code == 0
     assert _sessions(repo, A.key, "dev") == 1
@@ -85,7 +81,7 @@ def test_a_branch_a_person_changed_is_verified_as_their_fix_not_integrated_as_re
     git(repo.root, "-C", wt, "commit", "-q", "-am", "a person's fix")
     assert repo.cli("resume").exit_code == 0
     assert repo.git("show", "main:src/a.py") == "NAME = 'fixed by a person'"
-    assert _kinds(repo, "story.human_fix", A.key) and _sessions(repo, A.key, "dev") == 1
+    assert repo.events("story.human_fix", A.key) and _sessions(repo, A.key, "dev") == 1
 
 
 def test_a_deleted_branch_gets_a_fresh_attempt_as_before(make_repo):
@@ -95,7 +91,7 @@ def test_a_deleted_branch_gets_a_fresh_attempt_as_before(make_repo):
     repo.git("branch", "-D", story["branch"])
     assert repo.cli("resume").exit_code == 0
     assert _sessions(repo, A.key, "dev") == 2  # its recorded commit is not on a branch any more
-    assert _kinds(repo, "story.retry", A.key)[-1]["data"]["from"] == "dev"
+    assert repo.events("story.retry", A.key)[-1]["data"]["from"] == "dev"
 
 
 def test_a_failed_candidate_verification_still_gets_a_fresh_attempt_with_the_failure(make_repo, tmp_path, escalate_at_once):
@@ -108,7 +104,7 @@ def test_a_failed_candidate_verification_still_gets_a_fresh_attempt_with_the_fai
     assert repo.cli("resume", "--reload-policy").exit_code == 0
     dev = [c for c in repo.calls() if c["key"] == A.key and c["phase"] == "dev"]
     assert len(dev) == 2 and "candidate verification failed" in dev[1]["prompt"]
-    assert _kinds(repo, "story.escalated", A.key)[0]["data"]["cause"] == "verify-failed"
+    assert repo.events("story.escalated", A.key)[0]["data"]["cause"] == "verify-failed"
 
 
 # ------------------------------------------------------------------ bmad-loop retry
@@ -128,7 +124,7 @@ def test_retry_from_integrate_sends_the_recorded_commit_back_without_an_agent(ma
     assert repo.story(A.key)["state"] == "ready"
     assert repo.cli("resume").exit_code == 0
     assert _sessions(repo, A.key, "dev") == 1 and repo.story(A.key)["state"] == "integrated"
-    assert _kinds(repo, "story.retry", A.key)[-1]["data"]["by"] == "retry"
+    assert repo.events("story.retry", A.key)[-1]["data"]["by"] == "retry"
 
 
 def test_retry_from_review_reviews_the_branch_as_it_is_and_from_dev_develops_it_again(make_repo):
@@ -216,7 +212,7 @@ def test_resume_after_the_target_kept_moving_integrates_the_same_commit_with_a_f
     states = [c["state"] for c in repo.status()["candidates"]]
     assert states == ["stale", "stale", "stale", "advanced"]
     assert repo.git("show", "main:src/a.py") == f"NAME = '{A.key}'"
-    assert _kinds(repo, "story.escalated", A.key)[0]["data"]["cause"] == "target-moving"
+    assert repo.events("story.escalated", A.key)[0]["data"]["cause"] == "target-moving"
 
 
 def test_a_worktree_a_person_removed_is_no_reason_to_run_an_agent(make_repo):

@@ -1,4 +1,4 @@
-"""The lane's rows-against-git check reads its rows in one statement (engine/rowcheck.py):
+"""The lane's rows-against-git check reads its rows in one statement (engine/lane/rowcheck.py):
 the latest integrated story and every one integrated without a commit, on a real SQLite file."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from bmad_loop.db.models import Story
 from bmad_loop.engine.lane.rowcheck import integrated_rows
 from bmad_loop.states import StoryState
 
-from support import state_database
+from support import add_runs
 
 
 @pytest.fixture
-def db(tmp_path):
-    return state_database(tmp_path, ("r1", "r2"))
+def db(db):
+    """The shared database (conftest.py) with two running runs."""
+    return add_runs(db, ("r1", "r2"))
 
 
 def _stories(db, run_id, rows) -> None:

@@ -10,12 +10,11 @@ import json
 import os
 import sqlite3
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from support import StoryDef, agent_command
+from support import StoryDef, agent_command, git, init_repo
 
 from bmad_loop.engine.worker.childenv import without_state_access
 from bmad_loop.errors import ConfigError
@@ -32,13 +31,10 @@ ALPHA = StoryDef("1-1-alpha", files=["src/alpha.py"])
 def linked_worktree(tmp_path) -> BoxRequest:
     """A project with a real linked worktree under its state folder, and the box of a session
     working in it."""
-    root = tmp_path / "project"
-    subprocess.run(["git", "init", "-q", "-b", "main", str(root)], check=True)
-    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t",
-                    "commit", "-q", "--allow-empty", "-m", "base"], check=True)
+    root = init_repo(tmp_path / "project")
+    git(root, "commit", "-q", "--allow-empty", "-m", "base")
     tree = root / ".bmad-loop" / "worktrees" / "r1" / "1-1-a"
-    subprocess.run(["git", "-C", str(root), "worktree", "add", "-q", "-b", "s", str(tree)],
-                   check=True)
+    git(root, "worktree", "add", "-q", "-b", "s", str(tree))
     home = tmp_path / "home"
     home.mkdir()
     scratch = root / ".bmad-loop" / "scratch" / "r1" / "1-1-a"

@@ -88,18 +88,13 @@ def _rules(bar: Path, *combinations: tuple[str, ...]) -> None:
     (bar / "rules").write_text("".join(" ".join(c) + "\n" for c in combinations))
 
 
-def _events(repo, kind: str) -> list[dict]:
-    return [e for e in repo.journal() if e["kind"] == kind]
-
-
 def _views(status: dict) -> tuple[str, str]:
     """The live board (`status --watch`) and the TUI's lane panel, as plain text."""
     import datetime as dt
 
     from rich.console import Console
 
-    from bmad_loop.operator.board_view import render_board
-    from bmad_loop.operator.tui import lane_text
+    from bmad_loop.operator.status_view import lane_text, render_board
 
     console = Console(width=160, record=True, color_system=None)
     console.print(render_board(status, None, dt.datetime.now(dt.timezone.utc)).renderable)
@@ -160,14 +155,14 @@ def test_three_candidates_verify_at_once_and_the_target_advances_in_order(make_r
         # The top passes first: nothing lands before the bottom has passed.
         _decide(bar, "1-3-c-1")
         _decide(bar, "1-2-b-1")
-        wait_until(lambda: len(_events(repo, "candidate.verified")) == 2, what="c and b verified")
-        assert _events(repo, "target.advanced") == []
+        wait_until(lambda: len(repo.events("candidate.verified")) == 2, what="c and b verified")
+        assert repo.events("target.advanced") == []
         _decide(bar, "1-1-a-1")
         assert proc.wait(timeout=120) == 0, repo.spawned_logs()
     finally:
         repo.kill_spawned()
-    assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, B.key, C.key]
-    advanced = _events(repo, "target.advanced")
+    assert [e["story"] for e in repo.events("target.advanced")] == [A.key, B.key, C.key]
+    advanced = repo.events("target.advanced")
     assert [e["data"]["old"] for e in advanced[1:]] == [e["data"]["new"] for e in advanced[:-1]]
     assert repo.git("rev-parse", "main") == cands[C.key]["candidate_sha"]
     assert repo.worktrees() == [str(repo.root)]
@@ -181,11 +176,11 @@ def test_a_failed_middle_candidate_gives_up_the_one_above_it(make_repo, bar, mod
     try:
         _decide(bar, "1-2-b-1", ok=False)
         # C3 was composed on C2: given up at once, its story back to ready, a still verifying.
-        wait_until(lambda: [e["story"] for e in _events(repo, "candidate.abandoned")] == [C.key],
+        wait_until(lambda: [e["story"] for e in repo.events("candidate.abandoned")] == [C.key],
                    what="c's candidate given up")
         now = {s["key"]: s["state"] for s in repo.status()["stories"]}
         assert now == {A.key: "integrating", B.key: "integrating", C.key: "ready"}
-        assert _events(repo, "story.escalated") == []  # b's verdict counts once a has landed
+        assert repo.events("story.escalated") == []  # b's verdict counts once a has landed
         _decide(bar, "1-1-a-1")
         if mode == "continue":
             wait_until(lambda: "1-3-c-2" in _verifying(bar), what="c recomposed without b")
@@ -194,7 +189,7 @@ def test_a_failed_middle_candidate_gives_up_the_one_above_it(make_repo, bar, mod
             assert "src/b.py" not in repo.git("ls-tree", "-r", "--name-only", c2["candidate_sha"])
             _decide(bar, "1-3-c-2")
             assert proc.wait(timeout=120) == 3, repo.spawned_logs()  # paused: b needs a human
-            assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, C.key]
+            assert [e["story"] for e in repo.events("target.advanced")] == [A.key, C.key]
             assert {s["key"]: s["state"] for s in repo.status()["stories"]} == {
                 A.key: "integrated", B.key: "escalated", C.key: "integrated"}
             return
@@ -214,7 +209,7 @@ def test_a_failed_middle_candidate_gives_up_the_one_above_it(make_repo, bar, mod
         assert resumed.wait(timeout=120) == 0, repo.spawned_logs()
     finally:
         repo.kill_spawned()
-    assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, B.key, C.key]
+    assert [e["story"] for e in repo.events("target.advanced")] == [A.key, B.key, C.key]
     assert _run_state(repo) == "completed"
 
 
@@ -282,7 +277,7 @@ def test_kill_9_during_stacked_verification_resumes_with_the_same_history(make_r
     proc = _spawn_until_three_verify(repo, bar)
     try:
         _decide(bar, "1-2-b-1")
-        wait_until(lambda: len(_events(repo, "candidate.verified")) == 1, what="b verified")
+        wait_until(lambda: len(repo.events("candidate.verified")) == 1, what="b verified")
         repo.kill_spawned()  # SIGKILL to the run's process group; verify commands have their own
         assert proc.returncode == -9
         orphans = {pid for what, _, pid, _ in _gate_log(bar) if what == "start"} - {
@@ -300,9 +295,9 @@ def test_kill_9_during_stacked_verification_resumes_with_the_same_history(make_r
         repo.kill_spawned()
     assert _run_state(repo) == "completed"
     # The verifications the kill cut short ran again; b's verdict was kept.
-    again = sorted(e["story"] for e in _events(repo, "candidate.reverifying"))
+    again = sorted(e["story"] for e in repo.events("candidate.reverifying"))
     assert again == [A.key, C.key]
-    assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, B.key, C.key]
+    assert [e["story"] for e in repo.events("target.advanced")] == [A.key, B.key, C.key]
     assert len(query(repo, "SELECT id FROM candidates")) == 3  # nothing composed twice
     # The dead lane's verify commands were ended before their candidates were verified again.
     assert not orphans & {pid for what, _, pid, _ in _gate_log(bar) if what == "end"}
@@ -332,7 +327,7 @@ def test_stop_now_ends_the_stacks_verifications_and_resume_composes_them_again(m
         assert repo.cli("resume", run_id).exit_code == 0
     finally:
         repo.kill_spawned()
-    assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, B.key, C.key]
+    assert [e["story"] for e in repo.events("target.advanced")] == [A.key, B.key, C.key]
     assert [c["attempt"] for c in repo.status()["candidates"] if c["state"] == "advanced"] == [2, 2, 2]
 
 
@@ -349,7 +344,7 @@ def test_nothing_is_stacked_on_a_story_waiting_for_sign_off(make_repo, bar):
     run_id = query(repo, "SELECT id FROM runs")[0][0]
     assert repo.cli("approve", run_id, B.key).exit_code == 0
     assert repo.cli("resume", run_id).exit_code == 0
-    assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, B.key, C.key]
+    assert [e["story"] for e in repo.events("target.advanced")] == [A.key, B.key, C.key]
     c = next(c for c in repo.status()["candidates"] if c["story"] == C.key)
     b_cand = next(x for x in repo.status()["candidates"] if x["story"] == B.key)
     assert c["target_sha"] == b_cand["candidate_sha"]
@@ -399,7 +394,7 @@ def test_at_max_parallel_1_each_story_still_starts_on_its_predecessors_result(ma
     _rules(bar)
     repo = make_repo(SPRINT, script=write_each(SPRINT), policy=_policy(bar, n=1, parallel=3))
     assert repo.cli("run").exit_code == 0
-    advanced = {e["story"]: e["data"]["new"] for e in _events(repo, "target.advanced")}
+    advanced = {e["story"]: e["data"]["new"] for e in repo.events("target.advanced")}
     assert repo.story(B.key)["base_sha"] == advanced[A.key]
     assert repo.story(C.key)["base_sha"] == advanced[B.key]
     assert {c["stack"] for c in repo.status()["candidates"]} == {1}
@@ -419,11 +414,11 @@ def test_a_target_moved_under_the_stack_pauses_and_resume_composes_the_stack_on_
         assert proc.wait(timeout=60) == 3, repo.spawned_logs()
         assert "target moved by someone else" in repo.status()["run"]["reason"]
         assert repo.git("rev-parse", "main") == hotfix  # never forced
-        assert _events(repo, "target.advanced") == []
+        assert repo.events("target.advanced") == []
         run_id = query(repo, "SELECT id FROM runs")[0][0]
         assert repo.cli("resume", run_id).exit_code == 0
     finally:
         repo.kill_spawned()
-    assert [e["story"] for e in _events(repo, "target.advanced")] == [A.key, B.key, C.key]
+    assert [e["story"] for e in repo.events("target.advanced")] == [A.key, B.key, C.key]
     assert repo.git("rev-list", "--first-parent", "-n", "4", "main").split()[-1] == hotfix
     assert "HOTFIX.md" in repo.git("ls-tree", "--name-only", "main")

@@ -137,7 +137,7 @@ def test_the_live_board_shows_how_long_ago_a_working_story_last_printed():
 
     from rich.console import Console
 
-    from bmad_loop.operator.board_view import render_board
+    from bmad_loop.operator.status_view import render_board
 
     def story(key, seq, state, last):
         return {"key": key, "seq": seq, "state": state, "phase": "dev" if state == "working" else None,

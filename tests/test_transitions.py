@@ -18,16 +18,17 @@ from bmad_loop.db.models import Attempt, Run, Story
 from bmad_loop.engine.transitions import transition_story
 from bmad_loop.states import IllegalTransition, StoryState
 
-from support import state_database
+from support import add_runs
 
 
 @pytest.fixture
-def db(tmp_path):
-    database = state_database(tmp_path)
-    with database.transaction() as s:
+def db(db):
+    """The shared database (conftest.py) with a running run and its pending story."""
+    add_runs(db)
+    with db.transaction() as s:
         s.add(Story(run_id="r1", key="1-1-a", seq=1, epic="1", title="a", story_path="a.md",
                     state=StoryState.PENDING))
-    return database
+    return db
 
 
 def _story_id(db) -> int:

@@ -28,10 +28,6 @@ def policy(repo_script, limits: str, reports: bool | None = True) -> str:
             f"{reports_line}")
 
 
-def events(repo, kind: str) -> list[dict]:
-    return [e for e in repo.journal() if e["kind"] == kind]
-
-
 def test_a_custom_command_reporting_tokens_trips_max_tokens_per_story(make_repo):
     repo = make_repo([ALPHA])
     repo.write_script({"*": {"dev": [{**WRITE_ALPHA, "usage": {"input_tokens": 700, "output_tokens": 500,
@@ -85,13 +81,13 @@ def test_a_bad_usage_file_is_journaled_and_records_nothing_and_the_run_goes_on(m
     repo.write_script({"*": {"dev": [{**WRITE_ALPHA, "usage": bad}]}})
     repo.write_policy(policy(repo.script_path, "max_tokens_per_story = 1000"), agent=False)
     assert repo.cli("run").exit_code == 0
-    invalid = events(repo, "usage.invalid")
+    invalid = repo.events("usage.invalid")
     assert [(e["story"], e["data"]["phase"]) for e in invalid] == [("1-1-alpha", "dev")]
     assert why in invalid[0]["data"]["reason"] and "BMAD_LOOP_USAGE_FILE" in invalid[0]["data"]["reason"]
     assert query(repo, "SELECT input_tokens, output_tokens, cost_usd FROM attempts "
                        "WHERE phase = 'dev'") == [(None, None, None)]
     # dev's report was refused and review wrote none: both are sessions that reported nothing
-    assert [e["data"]["phase"] for e in events(repo, "usage.missing")] == ["dev", "review"]
+    assert [e["data"]["phase"] for e in repo.events("usage.missing")] == ["dev", "review"]
 
 
 def test_a_usage_file_that_is_a_symlink_is_refused(make_repo, tmp_path):
@@ -105,7 +101,7 @@ def test_a_usage_file_that_is_a_symlink_is_refused(make_repo, tmp_path):
         json.dumps(["/bin/sh", "-c", f'ln -s {secret} "$BMAD_LOOP_USAGE_FILE"; exec "$0" "$@"',
                     *agent_command(repo.script_path)])), agent=False)
     assert repo.cli("run").exit_code == 0
-    reasons = [e["data"]["reason"] for e in events(repo, "usage.invalid")]
+    reasons = [e["data"]["reason"] for e in repo.events("usage.invalid")]
     assert len(reasons) == 2 and all("symlink" in r for r in reasons)
     assert query(repo, "SELECT DISTINCT input_tokens FROM attempts") == [(None,)]
 
@@ -124,8 +120,8 @@ def test_a_budget_for_a_command_that_reports_nothing_is_warned_about_naming_both
     result = repo.cli("run")
     assert result.exit_code == 0, result.output  # inert budgets: nothing trips
     assert "[adapter] reports_usage" in result.stderr and "max_tokens_per_story" in result.stderr
-    assert [e["data"]["message"] for e in events(repo, "run.warning")][0].startswith("[limits]")
-    missing = events(repo, "usage.missing")
+    assert [e["data"]["message"] for e in repo.events("run.warning")][0].startswith("[limits]")
+    missing = repo.events("usage.missing")
     assert [(e["story"], e["data"]["phase"]) for e in missing] == [("1-1-alpha", "dev"),
                                                                    ("1-1-alpha", "review")]
 
@@ -138,7 +134,7 @@ def test_no_warning_and_no_note_without_a_budget_or_when_the_command_reports(mak
     assert "reports_usage" not in repo.cli("validate").output
     result = repo.cli("run")
     assert result.exit_code == 0 and "reports_usage" not in result.stderr
-    assert events(repo, "usage.missing") == [] and events(repo, "run.warning") == []
+    assert repo.events("usage.missing") == [] and repo.events("run.warning") == []
     repo2 = make_repo([ALPHA], name="plain")
     repo2.write_policy(policy(repo2.script_path, "", reports=None), agent=False)
     assert "reports_usage" not in repo2.cli("validate").output

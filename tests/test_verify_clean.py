@@ -67,10 +67,6 @@ def _kill_9_at_the_barrier_then_resume(repo, bar: Path, held) -> None:
         repo.kill_spawned()
 
 
-def _events(repo, kind: str) -> list[dict]:
-    return [e for e in repo.journal() if e["kind"] == kind]
-
-
 def test_a_stacked_candidate_verified_again_after_kill_9_sees_none_of_the_killed_verify(
         make_repo, tmp_path):
     """Fails before the fix: the resumed lane verified b's candidate again in the worktree the
@@ -93,7 +89,7 @@ def test_a_stacked_candidate_verified_again_after_kill_9_sees_none_of_the_killed
     stacked = {f"{s.key}-1" for s in sprint}
     _kill_9_at_the_barrier_then_resume(
         repo, bar, lambda: {p.name[len("verifying-"):] for p in bar.glob("verifying-*")} >= stacked)
-    assert sorted(e["story"] for e in _events(repo, "candidate.reverifying")) == [
+    assert sorted(e["story"] for e in repo.events("candidate.reverifying")) == [
         A.key, B.key, C.key]
     b = repo.story(B.key)
     assert b["state"] == "escalated" and "candidate verification failed" in b["reason"], b
@@ -154,7 +150,7 @@ def test_a_story_verify_repeated_after_kill_9_starts_from_the_agents_output_exac
     # The repeat saw exactly what the first try saw: the agent's output and nothing else.
     assert first == again == {"readme": "# test repo\nagent\n", "a": "bad\n", "leftover": False,
                               "stamp": False, "flags": []}
-    restored = _events(repo, "verify.restored")
+    restored = repo.events("verify.restored")
     assert len(restored) == 1
     # What the killed verify left is kept, not lost: its leftover is in the replaced snapshot.
     ref = restored[0]["data"]["ref"]

@@ -317,7 +317,7 @@ V4_STORIES = {
 
 
 def test_a_v4_run_sets_each_integrated_story_file_from_approved_to_done(tmp_path):
-    from support import SprintRepo, git
+    from support import SprintRepo, init_repo
 
     root = tmp_path / "v4"
     (root / ".bmad-core").mkdir(parents=True)
@@ -328,7 +328,7 @@ def test_a_v4_run_sets_each_integrated_story_file_from_approved_to_done(tmp_path
     (root / "src").mkdir()
     (root / "src" / "__init__.py").write_text("")
     (root / ".gitignore").write_text(".bmad-loop/\n")
-    git(tmp_path, "init", "-q", "-b", "main", str(root))
+    init_repo(root)
     repo = SprintRepo(root=root, script_path=tmp_path / "v4-script.json")
     repo.write_script({k: {"dev": [{"write": {f"src/{k.split('.')[2]}.py": f"NAME = '{k}'\n"}}]}
                        for k in V4_STORIES})

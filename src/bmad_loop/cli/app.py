@@ -1,8 +1,8 @@
 """The `bmad-loop` click group and what every command shares: the --project and --json
 options, one-line errors with their exit code, and opening the project.
 
-The commands live in `run_commands` and `operator_commands`, which import this module and
-register themselves on `cli`; `bmad_loop.cli` imports all three.
+The commands live in `run_commands`, `control_commands` and `operator_commands`, which import
+this module and register themselves on `cli`; `bmad_loop.cli` imports them all.
 """
 
 from __future__ import annotations

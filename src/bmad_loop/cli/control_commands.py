@@ -133,7 +133,3 @@ def reconcile(project_dir, run_ref, as_json):
             extra = f" ({row['reason']})" if row["reason"] else ""
             click.echo(f"  {row['seq']:>3} {row['key']:<{width}} {row['verdict']:<10} {row['state']}{extra}")
     sys.exit(code)
-
-
-# ---------------------------------------------------------------------------- demo, cleanup
-# The read commands (status, journal, attach, history, sql, tui) are in operator_commands.py.

@@ -1,5 +1,5 @@
-"""Operator commands: status (and --watch), journal (and --follow), attach, history, sql, tui.
-Registered on `cli` when `bmad_loop.cli` imports this module.
+"""Operator commands: status (and --watch), journal (and --follow), attach, history, report,
+sql, tui. Registered on `cli` when `bmad_loop.cli` imports this module.
 
 Each command parses options, calls one function of `bmad_loop.operator`, prints.
 """
@@ -30,7 +30,7 @@ __all__ = ["status", "journal", "attach", "history", "report", "sql", "tui"]
 
 def _open_reader(project_dir, run_ref=None):
     """The project and a read-only `Reader` on its rows (which must exist already)."""
-    from ..operator.reader import Reader
+    from ..operator.readonly import Reader
 
     project = open_project_to_read(project_dir, need_runs=True, run_ref=run_ref)
     return project, Reader(project)
@@ -72,7 +72,7 @@ def status(project_dir, run_ref, as_json, watch, interval):
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    from ..operator.render import render_status
+    from ..operator.status_view import render_status
 
     click.echo(render_status(data))
 
@@ -105,7 +105,7 @@ def _target_now(project, branch: str) -> str | None:
 
 
 def _watch(project, run_ref, interval):
-    from ..operator.watch import BoardWatch
+    from ..operator.status_view import BoardWatch
 
     board = BoardWatch(project, run_ref)
     try:
@@ -246,7 +246,7 @@ def _attach_tmux(session: str) -> None:
 def history(project_dir, limit, html_dir, as_json):
     """The project's runs, newest first: story counts per state, duration, outcome."""
     from ..operator.history import format_history, run_history
-    from ..operator.reader import Reader
+    from ..operator.readonly import Reader
 
     project = open_project_to_read(project_dir, need_runs=False)
     if html_dir is not None and html_dir.is_file() and html_dir.suffix.lower() not in (".html", ".htm"):
@@ -270,7 +270,7 @@ def _history_html(session, project, entries, target) -> None:
     from sqlalchemy import select
 
     from ..db.models import Run
-    from ..operator.report.files import write_history_reports
+    from ..operator.report.html import write_history_reports
 
     ids = [e["id"] for e in entries]
     runs = list(session.scalars(select(Run).where(Run.id.in_(ids)))) if ids else []
@@ -292,7 +292,7 @@ def report(project_dir, run_ref, html_path, as_json):
     paused, stopped and crashed runs."""
     from ..engine.run.control import find_run
     from ..operator.report.data import gather_report
-    from ..operator.report.files import write_run_report
+    from ..operator.report.html import write_run_report
     from ..operator.report.text import format_report
 
     project, reader = _open_reader(project_dir, run_ref)
@@ -317,7 +317,7 @@ def report(project_dir, run_ref, html_path, as_json):
 def sql(project_dir, statement, as_json):
     """Run one read-only SQL statement over the state database (tables and views in
     docs/schema.md). Writes (INSERT, UPDATE, DELETE, DDL, ATTACH, PRAGMA writes) are refused."""
-    from ..operator.sqlquery import format_table, run_query
+    from ..operator.readonly import format_table, run_query
 
     project = open_project_to_read(project_dir, need_runs=True)
     project.db  # migrated (views included), like every command

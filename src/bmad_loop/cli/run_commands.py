@@ -1,5 +1,5 @@
-"""Set-up and running commands: init, validate, enqueue, worker, run, resume, stop, approve,
-reject, reconcile, demo, cleanup. Registered on `cli` when `bmad_loop.cli` imports this module.
+"""Set-up and running commands: init, validate, enqueue, worker, run, resume, demo, cleanup.
+Registered on `cli` when `bmad_loop.cli` imports this module.
 
 Each command parses options, calls one service, prints.
 """
@@ -10,6 +10,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -24,7 +25,9 @@ from .app import (
     project_option,
     run_ref_argument,
 )
-from .ownership_output import echo_new_warnings, forget_command
+
+if TYPE_CHECKING:
+    from ..engine.project import Project
 
 __all__ = ["init", "validate", "enqueue", "worker", "run", "resume", "demo", "cleanup"]
 
@@ -113,7 +116,7 @@ def _enqueue(project_dir, parallel, gates, epic, stories, max_stories):
 
 def _progress_printer(ci: bool = False):
     """One plain line per event (CI logs and terminals alike: no colour, no cursor tricks),
-    the waits of one moment grouped by reason (`progress.py`)."""
+    the waits of one moment grouped by reason (`progress`)."""
     from .progress import ProgressPrinter
 
     return ProgressPrinter(ci)
@@ -283,7 +286,7 @@ def resume(project_dir, run_ref, enqueue_only, reload_policy, report_path, junit
     seen = _journal_end(project, run_ref)
     run = do_resume(project, tasks, run_ref, reload_policy=reload_policy)
     click.echo(f"run {run.id} resumed")
-    echo_new_warnings(project, run.id, seen.get(run.id, 0))
+    _echo_new_warnings(project, run.id, seen.get(run.id, 0))
     if enqueue_only:
         return
     # Only what is new: the journal up to the resume was printed by the run that wrote it.
@@ -312,17 +315,17 @@ def _journal_end(project, run_ref) -> dict[str, int]:
 class ReportFiles:
     """Where `--report`, `--junit` and `--report-html` write once the run settles (None: not)."""
 
-    json: str | None
-    junit: str | None
-    html: str | None
+    json: Path | None
+    junit: Path | None
+    html: Path | None
 
 
 def _drive_and_report(project, tasks, run_id, workers, progress, reports: ReportFiles,
                       since_seq: int = 0):
     """Drive the run here until it settles, print its outcome, write the reports, exit with
-    the run's exit code. Each Ctrl+C acted on is explained (`stop_notice`)."""
+    the run's exit code. Each Ctrl+C acted on is explained (`progress.interrupt_notice`)."""
     from ..engine.run.driver import drive
-    from ..operator.stop_notice import interrupt_notice
+    from .progress import interrupt_notice
 
     def notice(count: int) -> None:
         click.echo(interrupt_notice(project, run_id, count), color=False)
@@ -366,7 +369,7 @@ def _write_html_report(project, run_id, path) -> None:
     if path is None:
         return
     from ..db.models import Run
-    from ..operator.report.files import write_run_report
+    from ..operator.report.html import write_run_report
 
     with project.db.transaction() as s:
         click.echo(f"html: {write_run_report(s, s.get(Run, run_id), project.state_dir, path)}")
@@ -376,7 +379,7 @@ def _print_outcome(project, run_id):
     from ..db.models import Run
     from ..engine.run.status import night_notes
     from ..engine.runs import stories_of
-    from ..operator.stop_notice import resume_command
+    from .progress import resume_command
     from ..operator.style import key_width
     from ..states import RunState
 
@@ -399,7 +402,7 @@ def _write_reports(project, run_id, code, report_path, junit_path):
         return
     from ..db.models import Run
     from ..engine.run.status import run_status
-    from ..operator.reports import nothing_to_do, write_json_report, write_junit
+    from ..operator.report.ci_summary import nothing_to_do, write_json_report, write_junit
 
     if run_id is None:  # still both files: a CI step publishing them must find them
         status = nothing_to_do("no actionable story matches the selection")
@@ -458,7 +461,7 @@ def cleanup(project_dir, dry_run, runs, purge, forget_id, force, clone_dir, host
     _set_host(host)
     project = open_project(project_dir, clone_dir)
     if forget_id is not None:
-        return forget_command(project, forget_id, force, dry_run, as_json)
+        return _forget_database(project, forget_id, force, dry_run, as_json)
     report = do_cleanup(project, dry_run=dry_run, runs=runs, purge=purge, has_rows=has_state(project),
                         progress=None if as_json else (lambda m: click.echo(("would " if dry_run else "") + m)))
     if as_json:
@@ -472,3 +475,33 @@ def cleanup(project_dir, dry_run, runs, purge, forget_id, force, clone_dir, host
                       if report.foreign else ""))
         for _run_id, entry in sorted(report.kept_because.items()):
             click.echo(f"  kept {entry['count']}: {entry['why']}")
+
+
+# ---------------------------------------------------------------------------- other databases' runs
+def _forget_database(project: Project, forget_id: str, force: bool, dry_run: bool,
+                   as_json: bool) -> None:
+    """`cleanup --forget-database ID`: forget the run records of another state database."""
+    from ..engine.run.forget import forget_database
+
+    report = forget_database(project, forget_id.strip(), force=force, dry_run=dry_run,
+                             has_rows=has_state(project),
+                             say=None if as_json else (lambda m: click.echo(("would " if dry_run else "") + m)))
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    for run_id in report.kept_own:
+        click.echo(f"kept run {run_id}: this database holds its rows (its record is wrong)")
+    click.echo(f"{'would forget' if dry_run else 'forgot'} database {forget_id}: "
+               f"{len(report.records_removed)} records, {len(report.refs_deleted)} refs, "
+               f"{len(report.worktrees_removed)} worktrees"
+               + ("" if force else " (refs kept: add --force to delete them)"))
+
+
+def _echo_new_warnings(project: Project, run_id: str, after_seq: int) -> None:
+    """The `run.warning`s the resume journaled (another state database's stale run on the
+    target), on stderr: with --enqueue-only nothing else would show them."""
+    from ..engine.journal import events_after
+
+    with project.db.read() as s:
+        for event in events_after(s, run_id, after_seq, ("run.warning",), None):
+            click.echo(f"warning: {(event.data or {}).get('message')}", err=True)

@@ -1,7 +1,7 @@
 """`bmad-loop tui`: runs, stories, the lane and a tailing journal in one terminal screen.
 
 An observer and a launcher, never the engine. It reads rows through a read-only `Reader`, and
-its keys call the same code as the CLI: `s`/`S` call `engine.control.stop` (graceful / now),
+its keys call the same code as the CLI: `s`/`S` call `engine.run.control.stop` (graceful / now),
 `r` starts `bmad-loop resume RUN` as a detached process (so the run keeps going when the TUI
 exits), `c` runs `bmad-loop cleanup`, `a` attaches the tail pane to the selected story's
 session log (the cursor starts on the first story in flight), `j` switches it back to the
@@ -10,13 +10,12 @@ journal. Needs the `tui` extra (textual).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -26,19 +25,14 @@ from ..db.models import Run
 from ..engine.journal import event_json, events_after
 from ..engine.run.status import run_status
 from ..states import STORY_IN_FLIGHT
-from .board_view import held_back, lane_queue
 from .follow import LogTail, format_event
 from .history import run_history
-from .reader import Reader
-from .style import (
-    composed_on,
-    current_candidate,
-    elapsed_text,
-    short_sha,
-    stack_of,
-    state_text,
-    story_note,
-)
+from .readonly import Reader
+from .status_view import lane_text
+from .style import elapsed_text, state_text, story_note
+
+if TYPE_CHECKING:
+    from ..engine.project import Project
 
 __all__ = ["BoardApp", "cli_argv"]
 
@@ -76,7 +70,8 @@ class BoardApp(App):
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(self, project, *, run_ref: str | None = None, refresh_s: float = 1.0):
+    def __init__(self, project: Project, *, run_ref: str | None = None,
+                 refresh_s: float = 1.0) -> None:
         super().__init__()
         self.project = project
         self.run_ref = run_ref
@@ -327,61 +322,3 @@ class BoardApp(App):
         self.call_from_thread(self.notify, summary,
                               severity="information" if proc.returncode == 0 else "error")
         self.call_from_thread(self.refresh_data)
-
-
-def lane_text(status: dict, root: Path | None = None) -> Text:
-    """The lane panel: current candidate, the queue in plan order, candidates with evidence."""
-    text = Text()
-    candidates = status.get("candidates", [])
-    current = current_candidate(candidates)
-    stack = stack_of(candidates)
-    if len(stack) > 1:  # speculative candidates, verified at once; the bottom lands first
-        text.append(f"now: {len(stack)} candidates\n", style="bold")
-        for cand in stack:
-            text.append(f"  {cand.get('stack') or 1}. {cand['story']} #{cand['attempt']} ")
-            text.append(state_text(cand["state"]))
-            text.append(f" on {composed_on(cand)}\n")
-    elif current:
-        text.append(f"now: {current['story']} candidate #{current['attempt']} ", style="bold")
-        text.append(state_text(current["state"]))
-        text.append("\n")
-    else:
-        text.append("now: idle\n", style="bold")
-
-    def listing(label: str, items: list[str]) -> None:
-        if items:
-            text.append(label, style="bold")
-            text.append("; ".join(items) + "\n")
-
-    listing("waiting (plan order): ", [f"{s['key']} waits for {why}" for s, why in lane_queue(status)])
-    listing("held back: ", [f"{s['key']} ({s['state']}): {why}" for s, why in held_back(status)])
-    for cand in candidates:
-        text.append(f"#{cand['attempt']} {cand['story']} ", style="bold")
-        text.append(state_text(cand["state"]))
-        text.append(f" {cand.get('strategy') or ''} {short_sha(cand.get('target_sha'), '')}"
-                    f" -> {short_sha(cand.get('candidate_sha'))}")
-        if cand.get("verify_s") is not None:
-            text.append(f" verify {cand['verify_s']}s")
-        if cand.get("evidence"):
-            text.append(f"\n   evidence {cand['evidence']}: {_evidence_summary(cand['evidence'])}")
-        elif cand.get("reason"):
-            text.append(f": {cand['reason']}")
-        text.append("\n")
-    if not candidates:
-        text.append("no candidates yet\n", style="dim")
-    text.rstrip()
-    return text
-
-
-def _evidence_summary(path: str) -> str:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return "(unreadable)"
-    parts = [str(data.get("kind", "?"))]
-    for key in ("command", "exit_code", "conflicts", "paths"):
-        if data.get(key) not in (None, [], ""):
-            value = data[key]
-            parts.append(f"{key}={','.join(value) if isinstance(value, list) else value}")
-    return " ".join(parts)
-

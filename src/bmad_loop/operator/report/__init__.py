@@ -1,3 +1,3 @@
-"""The run report: its data (rows, journal, logs), its geometry, its drawing (SVG, HTML) and
-the files written.
+"""A run's reports: the run report (its data from the rows, the journal and the logs; its
+geometry; its drawing as SVG and HTML; its plain text) and the CI summaries (JSON and JUnit).
 """

@@ -23,10 +23,10 @@ from ...engine.run.status import journal_lines, run_status
 from ...engine.usage import USAGE_COLUMNS, usage_by_story_phase
 from ...states import RUN_SETTLED
 from ..history import outcome_of
+from .ci_summary import summary, usage_total
 from .failures import failures
 from .night import active_seconds, in_worker, lower_bound, phase_times, story_times
 from .timeline import build_timeline, parse_ts
-from ..reports import usage_total, summary
 
 __all__ = ["gather_report", "REPORT_FORMAT"]
 

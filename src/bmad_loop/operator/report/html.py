@@ -1,10 +1,16 @@
-"""The run report as one self-contained HTML page: inline CSS and SVG, no script, nothing fetched.
+"""The run report as HTML: one self-contained page per run (inline CSS and SVG, no script,
+nothing fetched), the `history --html` index of the runs, and the writing of both.
 
-Sections: the run; the timeline (`report_svg`); where the night went (makespan against the
-lower bound and its chain, per phase, per story); cost and tokens per story and phase; every
-escalation and failure with its log's last lines and relative links to the logs; the target's
-commits with their stories. Built with `html.escape` and f-strings: the page is a few fixed
-sections, and the standard library keeps the report dependency-free (docs/operator.md says why).
+A run's page has these sections: the run; the timeline (`svg.timeline_svg`); where the night
+went (makespan against the lower bound and its chain, per phase, per story); cost and tokens per
+story and phase; every escalation and failure with its log's last lines and relative links to
+the logs; the target's commits with their stories. Built with `html.escape` and f-strings: the
+page is a few fixed sections, and the standard library keeps the report dependency-free
+(docs/operator.md says why).
+
+The pages are read through the caller's session (a read-only `Reader` for the read commands,
+the engine's own database after `run`) and written whole (`write_atomic`), so a CI step never
+publishes half a page.
 """
 
 from __future__ import annotations
@@ -13,12 +19,21 @@ import os
 from html import escape
 from pathlib import Path
 
+from sqlalchemy.orm import Session
+
+from ...db.models import Run
 from ...engine.usage import USAGE_COLUMNS
-from .layout import layout_report
+from ...fileio import write_atomic
+from ..history import cost_cell, tokens_cell
+from .data import gather_report
+from .geometry import layout_report
 from .svg import format_seconds, timeline_svg
 from .text import recovered_lines, sessions_text
 
-__all__ = ["render_report", "page", "CSS"]
+__all__ = ["render_report", "page", "CSS", "render_index", "write_run_report",
+           "write_history_reports", "report_file_name", "INDEX_NAME"]
+
+INDEX_NAME = "index.html"
 
 CSS = """
 body{font:13px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:16px 24px;
@@ -54,6 +69,7 @@ _LEGEND = (("create", "#8e6cc6"), ("dev", "#3b82c4"), ("verify", "#e0a526"),
 
 
 def page(title: str, body: str) -> str:
+    """A whole HTML document around `body`, with the report's style sheet."""
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{CSS}</style></head>"
             f"<body>{body}</body></html>\n")
@@ -192,3 +208,53 @@ def render_report(report: dict, out_dir: Path) -> str:
     body = (_header(report) + _timeline(report) + _night(report) + _cost(report)
             + _failures(report, out_dir) + _recovered(report) + _commits(report))
     return page(f"bmad-loop run {report['run']['id']}", body)
+
+
+# ---------------------------------------------------------------------------- history --html
+def _index_row(entry: dict, link: str | None) -> str:
+    run_id = escape(entry["id"])
+    name = f'<a href="{escape(link)}">{run_id}</a>' if link else run_id
+    counts = ", ".join(f"{n} {escape(state)}" for state, n in entry["counts"].items())
+    cells = [name, escape(entry["state"]), escape(entry["outcome"]),
+             escape(entry["created_at"] or "-"), format_seconds(entry["duration_s"]),
+             str(entry["stories"]), escape(tokens_cell(entry["usage"])), escape(cost_cell(entry["usage"])),
+             counts, escape(entry["reason"] or "")]
+    return f'<tr data-run="{run_id}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+
+
+def render_index(entries: list[dict], links: dict[str, str]) -> str:
+    """`history --html`'s index page: one line per run (newest first) linking to its report."""
+    head = "".join(f"<th>{h}</th>" for h in ("run", "state", "outcome", "created", "duration",
+                                             "stories", "tokens", "cost", "counts", "reason"))
+    rows = "".join(_index_row(e, links.get(e["id"])) for e in entries)
+    body = (f"<h1>bmad-loop runs</h1><p class=meta>{len(entries)} run(s), newest first; each "
+            f"links to its report.</p><table class=runs><thead><tr>{head}</tr></thead>"
+            f"<tbody>{rows}</tbody></table>" if entries else
+            "<h1>bmad-loop runs</h1><p class=meta>No runs yet.</p>")
+    return page("bmad-loop runs", body)
+
+
+# ---------------------------------------------------------------------------- the files
+def report_file_name(run_id: str) -> str:
+    return f"run-{run_id}.html"
+
+
+def write_run_report(session: Session, run: Run, state_dir: Path, path: str | Path) -> Path:
+    """`run`'s page at `path`; log links relative to its folder."""
+    path = Path(path)
+    report = gather_report(session, run, state_dir)
+    return write_atomic(path, render_report(report, path.resolve().parent))
+
+
+def write_history_reports(session: Session | None, runs: list[Run], entries: list[dict],
+                          state_dir: Path, target: str | Path) -> Path:
+    """The index and each run's page. `target` is a folder (the index is `index.html` in it) or
+    a file ending in `.html` (the index; the pages go beside it). Returns the index's path."""
+    target = Path(target)
+    as_file = target.suffix.lower() in (".html", ".htm") and not target.is_dir()
+    index = target if as_file else target / INDEX_NAME
+    folder = index.parent
+    for run in runs:
+        write_run_report(session, run, state_dir, folder / report_file_name(run.id))
+    links = {e["id"]: report_file_name(e["id"]) for e in entries}
+    return write_atomic(index, render_index(entries, links))

@@ -1,5 +1,5 @@
 """The run report's timeline as inline SVG: the time axis, the story rows (or one block per
-epic), the lane row and the worker slots' occupancy, from the boxes `report_layout` placed.
+epic), the lane row and the worker slots' occupancy, from the boxes `geometry.layout_report` placed.
 
 Strings are built with `html.escape`; every number is rounded to 0.01 px. Each bar carries
 what it stands for as data-* attributes (story, start, end in seconds) and a <title> a browser
@@ -12,7 +12,7 @@ from html import escape
 from itertools import groupby
 
 from ..style import format_duration
-from .layout import CHART_W, LABEL_W, SLOTS_H, Block, Box, Layout
+from .geometry import CHART_W, LABEL_W, SLOTS_H, Block, Box, TimelineLayout
 
 __all__ = ["timeline_svg", "format_seconds"]
 
@@ -59,7 +59,7 @@ def _box(box: Box, dy: float = 0.0, skip: str = "") -> str:
             f'd="{glyph}"{_data(data)}>{title}</path>')
 
 
-def _grid(layout: Layout, height: float) -> str:
+def _grid(layout: TimelineLayout, height: float) -> str:
     lines = [f'<line class="grid" x1="{_n(layout.scale.x(t))}" x2="{_n(layout.scale.x(t))}" '
              f'y1="0" y2="{_n(height)}"/>' for t, _active in layout.scale.ticks()]
     pauses = [f'<rect class="paused" x="{_n(a)}" y="0" width="{_n(b - a)}" height="{_n(height)}" '
@@ -75,7 +75,7 @@ def _svg(css_class: str, height: float, body: str, extra: str = "") -> str:
             f'height="{_n(height)}" viewBox="0 0 {width} {_n(height)}"{extra}>{body}</svg>')
 
 
-def _axis(layout: Layout) -> str:
+def _axis(layout: TimelineLayout) -> str:
     parts = []
     for t, active in layout.scale.ticks():  # labelled in active time: gaps do not count
         x = _n(layout.scale.x(t))
@@ -84,7 +84,7 @@ def _axis(layout: Layout) -> str:
     return _svg("axis", 24, "".join(parts))
 
 
-def _block(layout: Layout, block: Block, row_class: str) -> str:
+def _block(layout: TimelineLayout, block: Block, row_class: str) -> str:
     labels = "".join(f'<text class="label" x="4" y="{_n(y)}" data-label="{escape(text)}" '
                      f'title="{escape(title)}"><title>{escape(title)}</title>{escape(_fit(text))}</text>'
                      for y, text, title in block.labels)
@@ -98,7 +98,7 @@ def _block(layout: Layout, block: Block, row_class: str) -> str:
                 f' data-block="{escape(block.name)}"')
 
 
-def _slots(layout: Layout, n: int) -> str:
+def _slots(layout: TimelineLayout, n: int) -> str:
     points = " ".join(f"{_n(x)},{_n(y)}" for x, y in layout.slot_points)
     first_x, last_x = layout.slot_points[0][0], layout.slot_points[-1][0]
     area = f"{_n(first_x)},{_n(SLOTS_H - 2)} {points} {_n(last_x)},{_n(SLOTS_H - 2)}"
@@ -111,7 +111,7 @@ def _slots(layout: Layout, n: int) -> str:
     return _svg("slots", SLOTS_H, body)
 
 
-def _epic_group(layout: Layout, block: Block) -> str:
+def _epic_group(layout: TimelineLayout, block: Block) -> str:
     summary = _svg("epic-summary", block.summary.h + 4 if block.summary else 22,
                    (_box(block.summary, 2) if block.summary else "")
                    + f'<text class="label" x="4" y="15">{escape(block.name)}</text>')
@@ -121,7 +121,7 @@ def _epic_group(layout: Layout, block: Block) -> str:
             f'{_block(layout, block, "rows")}</details>')
 
 
-def timeline_svg(layout: Layout, n: int) -> str:
+def timeline_svg(layout: TimelineLayout, n: int) -> str:
     """The axis, the story rows, the lane and the slots, as one HTML fragment."""
     if layout.grouped:
         rows = "".join(_epic_group(layout, block) for block in layout.blocks)

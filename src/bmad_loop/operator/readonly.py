@@ -1,6 +1,12 @@
-"""`bmad-loop sql`: one read-only statement over the state database.
+"""Reading the state database without ever writing it: the sessions the operator surfaces read
+through (`Reader`), and `bmad-loop sql`'s one statement (`run_query`).
 
-Read-only is enforced by the database, not by string matching alone:
+The engine's own sessions start every SQLite transaction with BEGIN IMMEDIATE (a write lock),
+which is right for the engine and wrong for a board that re-reads every second: a `Reader`
+opens the database file with `mode=ro` and never takes the write lock, so watching a run never
+slows it down. Other databases (PostgreSQL) use the project's engine as it is.
+
+For `bmad-loop sql`, read-only is enforced by the database, not by string matching alone:
 
 - SQLite: a separate connection opened with the `mode=ro` URI, `PRAGMA query_only = ON`, and an
   authorizer that allows only reads (SELECT, table reads, functions, recursive CTEs and
@@ -14,20 +20,51 @@ refused (`INSERT`, `ATTACH`, a `PRAGMA` write, …) before the database is touch
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import re
 import sqlite3
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
 from urllib.parse import quote
+
+from sqlalchemy.orm import Session, sessionmaker
 
 from ..db.dialects import dialect_for
 from ..errors import ConfigError
 
-__all__ = ["SqlRefused", "SqlFailed", "QueryResult", "screen", "run_query", "format_table",
-           "jsonable"]
+if TYPE_CHECKING:
+    from ..engine.project import Project
+
+__all__ = ["Reader", "SqlRefused", "SqlFailed", "QueryResult", "screen", "run_query",
+           "format_table", "jsonable"]
 
 
+class Reader:
+    """Read-only sessions on a project's state database, for the surfaces that read (watch,
+    follow, attach, the TUI, history, report)."""
+
+    def __init__(self, project: Project) -> None:
+        db = project.db  # created and migrated on first use, like every command
+        self._engine = db.dialect.read_only_engine()
+        self._sessions = sessionmaker(self._engine or db.engine, expire_on_commit=False)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        session = self._sessions()
+        try:
+            yield session
+        finally:
+            session.rollback()
+            session.close()
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+
+
+# ---------------------------------------------------------------------------- bmad-loop sql
 class SqlRefused(ConfigError):
     """A statement that would write (or attach, or change a setting): refused, exit 2."""
 
@@ -39,9 +76,9 @@ class SqlFailed(ConfigError):
 @dataclass(frozen=True)
 class QueryResult:
     columns: list[str]
-    rows: list[tuple]
+    rows: list[tuple[Any, ...]]
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[dict[str, Any]]:
         return [dict(zip(self.columns, (jsonable(v) for v in row))) for row in self.rows]
 
 
@@ -165,7 +202,7 @@ _DENIED_FUNCTIONS = {"load_extension", "writefile", "edit"}
 
 
 class _Authorizer:
-    def __init__(self):
+    def __init__(self) -> None:
         self.denied: str | None = None
 
     def __call__(self, action, arg1, arg2, _db, _trigger):
@@ -182,7 +219,7 @@ class _Authorizer:
             return self._deny(f"PRAGMA {name}" + (" write" if arg2 is not None else ""))
         return self._deny(_ACTION_NAMES.get(action, f"action {action}"))
 
-    def _deny(self, what: str):
+    def _deny(self, what: str) -> int:
         self.denied = self.denied or what
         return sqlite3.SQLITE_DENY
 
@@ -259,7 +296,7 @@ def _server_query(url: str, sql: str, max_rows: int | None) -> QueryResult:
 
 
 # ---------------------------------------------------------------------------- output
-def jsonable(value):
+def jsonable(value: Any) -> Any:
     if isinstance(value, decimal.Decimal):
         return float(value)
     if isinstance(value, dt.datetime):
@@ -273,7 +310,7 @@ def jsonable(value):
     return value
 
 
-def _cell(value) -> str:
+def _cell(value: Any) -> str:
     value = jsonable(value)
     if value is None:
         return ""

@@ -1,22 +1,31 @@
-"""The live board of `bmad-loop status --watch`: a pure function of (status, previous frame, now).
+"""`bmad-loop status` for a person: the plain text, the live board of `--watch`, and the TUI's
+lane panel, all drawn from the `status --json` dict (the JSON form is the contract).
 
-`render_board` takes the `status --json` dict, the frame it drew last time and the time, and
-returns the next frame: a rich renderable plus the signature of every row, so the rows that
-changed since the last frame carry a marker. Nothing here reads the database or the clock,
-so the board is tested on recorded frames.
+`render_board` takes the status dict, the frame it drew last time and the time, and returns the
+next frame: a rich renderable plus the signature of every row, so the rows that changed since
+the last frame carry a marker. It reads neither the database nor the clock, so the board is
+tested on recorded frames; `BoardWatch` does the reading (through a read-only `Reader`) and
+hands each frame to a rich `Live` display until the run settles.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import threading
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from ..engine.lane.targetcheck import FAILED as CHECK_FAILED
+from ..engine.worker.verify_record import continue_lines
 from ..states import (
+    RUN_LIVE,
     STORY_AWAITING_LANE,
     STORY_DONE,
     STORY_IN_FLIGHT,
@@ -29,14 +38,98 @@ from .style import (
     current_candidate,
     elapsed_text,
     format_duration,
+    key_width,
     preserved,
     short_sha,
     stack_of,
     state_text,
+    story_note,
 )
 
-__all__ = ["Frame", "render_board", "lane_queue", "held_back", "MARK"]
+if TYPE_CHECKING:
+    from ..engine.project import Project
 
+__all__ = ["render_status", "Frame", "render_board", "lane_queue", "held_back", "MARK",
+           "lane_text", "BoardWatch"]
+
+
+# ---------------------------------------------------------------------------- plain text
+def _consumer_lines(data: dict) -> list[str]:
+    """The live consumers (from their heartbeats) and what is missing for a live run."""
+    lines = [f"warning: {w}" for w in data.get("warnings", [])]
+    live = data.get("consumers", [])
+    if not live and data["run"]["state"] not in RUN_LIVE:
+        return lines  # a settled run: nobody is expected to be working on it
+    lines.append("consumers:" + ("" if live else " none alive"))
+    for c in live:
+        lane = f" lane={c['lane']}" if c.get("lane") else ""
+        lines.append(f"  {c['host']} pid {c['pid']} {c['role']} queues={','.join(c['queues'])}"
+                     f"{lane} heartbeat {c['heartbeat_at']}")
+    return lines
+
+
+def _repair_lines(data: dict) -> list[str]:
+    """Flakes, target checks that failed, and stories that needed repairs."""
+    lines = []
+    flakes = data.get("flakes") or []
+    if flakes:
+        lines.append(f"flakes: {len(flakes)} (failed, then passed on a retry of the same tree)")
+        for f in flakes:
+            lines.append(f"  {f['site']:<9} {f['story'] or '-':<36} `{f['command']}` "
+                         f"failed log {f['failed_log']}")
+    for check in data.get("target_checks") or []:
+        if check["state"] == CHECK_FAILED:
+            lines.append(f"target red: `{check['command']}` fails on "
+                         f"{short_sha(check['target_sha'], '')} itself (log {check['log']})")
+    repaired = [s for s in data["stories"] if s.get("repairs")]
+    if repaired:
+        lines.append("repairs: " + ", ".join(f"{s['key']} ({s['repairs']})" for s in repaired))
+    return lines
+
+
+def render_status(data: dict) -> str:
+    """`bmad-loop status` without --json or --watch: the run, its workers, the lane, every story."""
+    run = data["run"]
+    lines = [
+        f"run {run['id']}  {run['state']}  target {run['target_branch']} @ {short_sha(run['target_sha'], '')}"
+        f"  max_parallel={run['max_parallel']}  strategy={run['merge_strategy']}",
+    ]
+    if run.get("reason"):
+        lines.append(f"  reason: {run['reason']}")
+    lines.extend(_consumer_lines(data))
+    workers = [s for s in data["stories"] if s["state"] in STORY_IN_FLIGHT]
+    width = key_width(data["stories"])
+    if workers:
+        lines.append("workers:")
+        for s in workers:
+            lines.append(f"  {s['key']:<{width}} {s['state']:<8} phase={s['phase'] or '-':<8} "
+                         f"host={s.get('host') or '-'} base={short_sha(s['base_sha'], '')} "
+                         f"elapsed={elapsed_text(s.get('elapsed_s'))} session={s['session'] or '-'}")
+            if s.get("worktree") or s.get("branch"):
+                lines.append(f"  {'':<{width}} worktree={s.get('worktree') or '-'} branch={s.get('branch') or '-'}")
+    current = current_candidate(data["candidates"])
+    waiting = [s["key"] for s in data["stories"] if s["state"] == StoryState.READY]
+    lines.append("lane: " + (f"{current['story']} candidate {current['attempt']} {current['state']}"
+                             if current else "idle")
+                 + (f"; waiting: {', '.join(waiting)}" if waiting else ""))
+    lines.append("stories:")
+    for s in data["stories"]:
+        lines.append(f"  {s['seq']:>3} {s['key']:<{width}} {s['state']:<11} {story_note(s)}".rstrip())
+    for s in data["stories"]:
+        if s.get("evidence_ref"):
+            lines.extend("  " + line for line in continue_lines(
+                data["run"]["id"], s["key"], s["evidence_ref"], s.get("worktree")))
+    lines.extend(_repair_lines(data))
+    kept = preserved(data["candidates"])
+    if kept:
+        lines.append("preserved candidates:")
+        for c in kept:
+            lines.append(f"  {c['story']} #{c['attempt']} {c['state']} ref={c['ref'] or '-'} "
+                         f"worktree={c['worktree'] or '-'} evidence={c['evidence'] or '-'}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- the live board
 MARK = "●"
 # An escalated or blocked story holds the lane back only when escalation pauses the run.
 _PAUSES_LANE = frozenset({StoryState.ESCALATED, StoryState.BLOCKED})
@@ -44,13 +137,15 @@ _PAUSES_LANE = frozenset({StoryState.ESCALATED, StoryState.BLOCKED})
 
 @dataclass(frozen=True)
 class Frame:
-    rows: dict = field(default_factory=dict)  # row id -> signature (what "changed" compares)
-    changed: frozenset = frozenset()
-    renderable: object = None
-    stale: tuple = ()  # keys of workers whose heartbeat stopped
+    """One drawing of the board, and what the next one compares against."""
+
+    rows: dict[str, tuple] = field(default_factory=dict)  # row id -> signature
+    changed: frozenset[str] = frozenset()  # the row ids whose signature changed
+    renderable: RenderableType | None = None
+    stale: tuple[str, ...] = ()  # keys of workers whose heartbeat stopped
 
 
-def _parse(ts: str | None):
+def _parse(ts: str | None) -> dt.datetime | None:
     if not ts:
         return None
     return dt.datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
@@ -133,7 +228,7 @@ def _table(title: str, columns: tuple[str, ...], no_wrap: tuple[str, ...] = ("",
 class _Marks:
     """Each row's signature this frame, and whether it changed since `previous`."""
 
-    def __init__(self, previous: Frame | None):
+    def __init__(self, previous: Frame | None) -> None:
         self.previous = previous
         self.rows: dict[str, tuple] = {}
 
@@ -179,7 +274,7 @@ def render_board(status: dict, previous: Frame | None, now: dt.datetime, *,
     return Frame(rows=marks.rows, changed=marked, renderable=Group(*parts), stale=tuple(stale))
 
 
-def _run_header(run: dict, stories: list, marks: _Marks, now: dt.datetime) -> Text:
+def _run_header(run: dict, stories: list[dict], marks: _Marks, now: dt.datetime) -> Text:
     counts: dict[str, int] = {}
     for story in stories:
         counts[story["state"]] = counts.get(story["state"], 0) + 1
@@ -199,7 +294,8 @@ def _run_header(run: dict, stories: list, marks: _Marks, now: dt.datetime) -> Te
     return header
 
 
-def _workers(stories: list, marks: _Marks, now: dt.datetime, stale_after_s: float):
+def _workers(stories: list[dict], marks: _Marks, now: dt.datetime,
+             stale_after_s: float) -> tuple[Table, list[str]]:
     """The table of stories in flight, and the keys of those whose worker looks gone."""
     workers = _table("workers in flight",
                      ("", "story", "state", "host", "phase", "elapsed", "base", "session", "heartbeat",
@@ -233,7 +329,7 @@ def _workers(stories: list, marks: _Marks, now: dt.datetime, stale_after_s: floa
     return workers, stale
 
 
-def _lane_line(candidates: list, marks: _Marks) -> Text:
+def _lane_line(candidates: list[dict], marks: _Marks) -> Text:
     stack = stack_of(candidates)
     if len(stack) > 1:  # speculative candidates: several composed ahead, verified at once
         lane_line = Text()
@@ -260,7 +356,7 @@ def _lane_line(candidates: list, marks: _Marks) -> Text:
     return lane_line
 
 
-def _preserved(candidates: list, marks: _Marks) -> Table | None:
+def _preserved(candidates: list[dict], marks: _Marks) -> Table | None:
     kept_candidates = preserved(candidates)
     if not kept_candidates:
         return None
@@ -273,7 +369,7 @@ def _preserved(candidates: list, marks: _Marks) -> Table | None:
     return kept
 
 
-def _landed_summary(stories: list) -> Text | None:
+def _landed_summary(stories: list[dict]) -> Text | None:
     landed = [s["key"] for s in stories if s["state"] == StoryState.INTEGRATED]
     skipped = [s["key"] for s in stories if s["state"] == StoryState.SKIPPED]
     if not (landed or skipped):
@@ -286,3 +382,106 @@ def _landed_summary(stories: list) -> Text | None:
         summary.append("   skipped: ", style="bold")
         summary.append(", ".join(skipped))
     return summary
+
+
+# ---------------------------------------------------------------------------- the TUI's lane panel
+def lane_text(status: dict, root: Path | None = None) -> Text:
+    """The TUI's lane panel: current candidate, the queue in plan order, candidates with evidence."""
+    text = Text()
+    candidates = status.get("candidates", [])
+    current = current_candidate(candidates)
+    stack = stack_of(candidates)
+    if len(stack) > 1:  # speculative candidates, verified at once; the bottom lands first
+        text.append(f"now: {len(stack)} candidates\n", style="bold")
+        for cand in stack:
+            text.append(f"  {cand.get('stack') or 1}. {cand['story']} #{cand['attempt']} ")
+            text.append(state_text(cand["state"]))
+            text.append(f" on {composed_on(cand)}\n")
+    elif current:
+        text.append(f"now: {current['story']} candidate #{current['attempt']} ", style="bold")
+        text.append(state_text(current["state"]))
+        text.append("\n")
+    else:
+        text.append("now: idle\n", style="bold")
+
+    def listing(label: str, items: list[str]) -> None:
+        if items:
+            text.append(label, style="bold")
+            text.append("; ".join(items) + "\n")
+
+    listing("waiting (plan order): ", [f"{s['key']} waits for {why}" for s, why in lane_queue(status)])
+    listing("held back: ", [f"{s['key']} ({s['state']}): {why}" for s, why in held_back(status)])
+    for cand in candidates:
+        text.append(f"#{cand['attempt']} {cand['story']} ", style="bold")
+        text.append(state_text(cand["state"]))
+        text.append(f" {cand.get('strategy') or ''} {short_sha(cand.get('target_sha'), '')}"
+                    f" -> {short_sha(cand.get('candidate_sha'))}")
+        if cand.get("verify_s") is not None:
+            text.append(f" verify {cand['verify_s']}s")
+        if cand.get("evidence"):
+            text.append(f"\n   evidence {cand['evidence']}: {_evidence_summary(cand['evidence'])}")
+        elif cand.get("reason"):
+            text.append(f": {cand['reason']}")
+        text.append("\n")
+    if not candidates:
+        text.append("no candidates yet\n", style="dim")
+    text.rstrip()
+    return text
+
+
+def _evidence_summary(path: str) -> str:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return "(unreadable)"
+    parts = [str(data.get("kind", "?"))]
+    for key in ("command", "exit_code", "conflicts", "paths"):
+        if data.get(key) not in (None, [], ""):
+            value = data[key]
+            parts.append(f"{key}={','.join(value) if isinstance(value, list) else value}")
+    return " ".join(parts)
+
+
+# ---------------------------------------------------------------------------- status --watch
+class BoardWatch:
+    """The run `run_ref` names (newest by default), watched with the limits of its own policy."""
+
+    def __init__(self, project: Project, run_ref: str | None) -> None:
+        from ..engine.run.control import find_run
+        from ..engine.runs import run_policy
+        from .readonly import Reader
+
+        self.reader = Reader(project)
+        with self.reader.session() as s:
+            run = find_run(s, project, run_ref)
+            self.run_id: str = run.id
+            policy = run_policy(run)
+        self.stale_after = float(policy.leases.ttl_s)
+        self.escalation_blocks = policy.parallel.on_escalation == "pause"
+
+    def show(self, interval: float, stop: threading.Event) -> None:
+        """Draw a frame every `interval` seconds until the run settles or `stop` is set."""
+        from rich.console import Console
+        from rich.live import Live
+
+        from ..db.models import Run, utcnow
+        from ..engine.run.status import run_status
+        from ..states import RUN_SETTLED
+
+        previous = None
+        with Live(console=Console(), refresh_per_second=4, auto_refresh=False,
+                  redirect_stdout=False, redirect_stderr=False) as live:
+            while True:
+                with self.reader.session() as s:
+                    row = s.get(Run, self.run_id)
+                    data = run_status(s, row)
+                    settled = row.state in RUN_SETTLED
+                frame = render_board(data, previous, utcnow(), stale_after_s=self.stale_after,
+                                     escalation_blocks=self.escalation_blocks)
+                live.update(frame.renderable, refresh=True)
+                previous = frame
+                if settled or stop.wait(interval):
+                    return
+
+    def close(self) -> None:
+        self.reader.close()

@@ -16,9 +16,9 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from ..fileio import write_atomic
-from .story_logs import failing_log, log_tail
-from ..states import STORY_PARKED, StoryState
+from ...fileio import write_atomic
+from ...states import STORY_PARKED, StoryState
+from ..story_logs import failing_log, log_tail
 
 __all__ = ["summary", "write_json_report", "write_junit", "junit_tree", "wall_time", "FAILING",
            "PASSING", "nothing_to_do", "usage_total"]
@@ -35,6 +35,7 @@ def nothing_to_do(reason: str) -> dict:
 
 
 def summary(status: dict) -> dict:
+    """How many stories passed, failed and were skipped, and how many are in each state."""
     stories = status["stories"]
     counts: dict[str, int] = {}
     for story in stories:
@@ -48,17 +49,17 @@ def summary(status: dict) -> dict:
     }
 
 
-def usage_total(stories) -> dict:
+def usage_total(stories: list[dict]) -> dict:
     """Each usage field summed over the stories that report it; None when none does."""
     names = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd")
-    total = {}
+    total: dict[str, float | int | None] = {}
     for name in names:
         values = [s["usage"][name] for s in stories if (s.get("usage") or {}).get(name) is not None]
         total[name] = (round(sum(values), 6) if name == "cost_usd" else sum(values)) if values else None
     return total
 
 
-def write_json_report(status: dict, path, *, exit_code: int | None = None) -> Path:
+def write_json_report(status: dict, path: str | Path, *, exit_code: int | None = None) -> Path:
     """The whole status (run, stories, candidates) plus a summary and the exit code."""
     report = {
         "format": REPORT_FORMAT,
@@ -126,7 +127,7 @@ def _classname(story: dict) -> str:
     return f"bmad-loop.epic-{epic}" if epic not in (None, "") else "bmad-loop.no-epic"
 
 
-def write_junit(status: dict, path) -> Path:
+def write_junit(status: dict, path: str | Path) -> Path:
     tree = junit_tree(status)
     text = ET.tostring(tree.getroot(), encoding="unicode", xml_declaration=False)
     return write_atomic(Path(path), '<?xml version="1.0" encoding="UTF-8"?>\n' + text + "\n")

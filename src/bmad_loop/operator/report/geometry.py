@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Iterable, Sequence
 
 from ...states import CandidateState
 from ..style import format_duration
 
-__all__ = ["Scale", "Box", "Block", "Layout", "layout_report", "EPIC_GROUP_AT", "ticks", "gaps_within",
-           "GAP_W"]
+__all__ = ["Scale", "Box", "Block", "TimelineLayout", "layout_report", "EPIC_GROUP_AT", "ticks",
+           "gaps_within", "GAP_W"]
 
 EPIC_GROUP_AT = 300  # stories; from here on the timeline groups rows by epic
 LABEL_W = 220  # the story keys' column
@@ -83,7 +84,8 @@ class Scale:
         return [(self.wall(a), a) for a in ticks(self.active_s)]
 
 
-def gaps_within(pauses, span_s: float) -> tuple[tuple[float, float], ...]:
+def gaps_within(pauses: Iterable[Sequence[float]],
+                span_s: float) -> tuple[tuple[float, float], ...]:
     """The paused and stopped spans clipped to the report's span, sorted, merged."""
     out: list[list[float]] = []
     for a, b in sorted((max(0.0, a), min(span_s, b)) for a, b in pauses):
@@ -106,7 +108,7 @@ class Box:
     h: float
     kind: str  # a phase, wait, lane-wait, integrating, compose, verify, advance, or a mark's kind
     title: str
-    data: dict = field(default_factory=dict)  # data-* attributes (story, start, end ...)
+    data: dict[str, str] = field(default_factory=dict)  # data-* attributes (story, start, end ...)
 
 
 @dataclass
@@ -121,7 +123,9 @@ class Block:
 
 
 @dataclass
-class Layout:
+class TimelineLayout:
+    """Everything the timeline draws, placed: the story blocks, the lane, the slot chart."""
+
     scale: Scale
     blocks: list[Block]
     lane: Block
@@ -214,7 +218,8 @@ def _lane_block(scale: Scale, lane: list[dict]) -> Block:
     return block
 
 
-def _slot_points(scale: Scale, steps: list[list[float]], n: int, end: float):
+def _slot_points(scale: Scale, steps: list[list[float]], n: int,
+                 end: float) -> tuple[list[tuple[float, float]], float]:
     top = max([n, *(busy for _, busy in steps)], default=1) or 1
     y = lambda busy: SLOTS_H - 2 - (SLOTS_H - 6) * busy / top  # noqa: E731
     points, busy = [(scale.x(0), y(0))], 0
@@ -225,7 +230,7 @@ def _slot_points(scale: Scale, steps: list[list[float]], n: int, end: float):
     return points, y(n)
 
 
-def layout_report(report: dict) -> Layout:
+def layout_report(report: dict) -> TimelineLayout:
     span = report["span_s"] or 1.0
     scale = Scale(span, gaps_within(report["pauses"], span))
     stories = report["stories"]
@@ -234,4 +239,4 @@ def layout_report(report: dict) -> Layout:
     points, n_y = _slot_points(scale, report["slots"]["steps"], report["slots"]["n"],
                                report["span_s"])
     pauses = [(scale.x(a), scale.x(b), b - a) for a, b in scale.gaps]
-    return Layout(scale, blocks, _lane_block(scale, report["lane"]), points, n_y, grouped, pauses)
+    return TimelineLayout(scale, blocks, _lane_block(scale, report["lane"]), points, n_y, grouped, pauses)
