@@ -191,10 +191,16 @@ def stale_dotted(token: str) -> bool:
     return bool(rest) and rest[0] not in top_level_names(module)
 
 
+# File names of git's own that read like `module.attr`.
+GIT_FILES = frozenset({"index.lock", "HEAD.lock", "config.lock", "packed-refs.lock"})
+
+
 def stale_former_name(text: str, start: int, end: int, name: str) -> bool:
     after = text[end:end + 1]
     if after == "." and re.match(r"\.[A-Za-z_]", text[end:end + 2]):
         dotted = re.match(r"[\w.]*\w", text[start:]).group(0)
+        if dotted in GIT_FILES:  # git's own files, which share a word with a former module
+            return False
         return not any(dotted == k or dotted.startswith(k + ".") for k in event_kinds())
     backticked = text[start - 1:start] == "`" and after == "`"
     return backticked and name not in prose_words()
