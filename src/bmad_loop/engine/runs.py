@@ -60,7 +60,7 @@ _LANE_COLUMNS = (Story.id, Story.rev, Story.key, Story.seq, Story.epic, Story.st
                  Story.footprint, Story.footprint_reason, Story.depends_on, Story.approved,
                  Story.to_create, Story.wait_reason, Story.port_block, Story.reason,
                  Story.done_checkpoint, Story.phase,
-                 # stacked starts (stacking.py, restack.py)
+                 # stacked starts and restacking (lane/stacking.py)
                  Story.branch, Story.human_fix, Story.base_sha, Story.head_sha, Story.stacked_on,
                  Story.worktree)
 # The JSON columns are read as stored and decoded here, each distinct text once (`_decoded`):

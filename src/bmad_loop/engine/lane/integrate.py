@@ -5,25 +5,37 @@ candidate row: composing → verifying → verified → advancing → advanced. 
 between composition and advance is never force-moved: the candidate goes `stale` and the story
 is recomposed on the new target (up to `max_recompose`), then escalated. Conflicts and
 verification failures escalate with the candidate's ref, worktree and an evidence file kept.
+
+Each attempt's candidate is composed by `Composer`: git's merge, the merge rules, the lane's
+write-back, and the `regenerate` rules' commands run in the candidate (boxed as the lane's
+verify commands are); what happens to the candidate next (its verification, the CAS) is the
+`Integrator`'s.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
 from sqlalchemy import bindparam, func, select, update
 
 from ...git.trees.ancestry import foreign_parents
-from ...git.trees.compose import Composition, overlapping_dirty
+from ...git.trees.compose import (
+    Composition,
+    overlapping_dirty,
+    LaneEdit,
+    Settling,
+    commit_message,
+    compose,
+    integration_message,
+)
 from ...db.database import insert_now
 from ...db.models import Candidate, Run, Story, utcnow
 from ...git.worktrees import ensure_detached_worktree
 from ...states import CANDIDATE_OPEN, CandidateState, StoryState
 from ..worker.childenv import child_env
-from .composer import Composer
 from ..worker.context import make_workspace
 from ..faults import crash_point, delay_point
 from ..escalation import Cause
@@ -33,7 +45,7 @@ from ..ports import lane_block, lane_slot_block, port_env
 from ..layout import Layout
 from ..ledgerfiles import append_ledger_lines
 from ..redo import RECOMPOSE_FLOOR
-from .regenerate import settled_events
+from .regenerate import settled_events, GeneratorInput, regenerate
 from ..runs import board_rel
 from ..transitions import transition_candidate, transition_story
 from ..worker.boxing import BoxSite, settle_after_box, verify_box
@@ -41,8 +53,10 @@ from ...agents.process import Limits
 from ..worker.verify import NOTHING_TO_RUN, Retry, VerifySite, run_verify
 from ...git.exacttree import make_exact
 from .blame import Blame
-
-__all__ = ["Integrator", "LaneFenced", "TargetMoved"]
+from ..mergerules import run_merge_rules
+from .stacking import replay
+from .writeback import lane_tree_edit
+__all__ = ["Integrator", "LaneFenced", "TargetMoved", "Composer"]
 
 
 class LaneFenced(Exception):
@@ -493,3 +507,63 @@ class Integrator:
             if checkout is not None:
                 self.target.sync_checkout(checkout, cand.target_sha, cand.candidate_sha)
         return self._finish(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
+
+
+class Composer:
+    """Needs from the lane's integration (`lane`): git, policy, layout, run_id, board_rel, db,
+    and `verify_env()` (what a command run for the lane gets)."""
+
+    def __init__(self, lane, root):
+        self.lane = lane
+        self.rules = run_merge_rules(lane.policy, root, lane.board_rel)
+
+    def compose(self, story: Story, strategy: str, target_sha: str, branch_sha: str,
+                attempt: int) -> Composition:
+        """The candidate. A story that started on a stacked base brings only its own commits
+        (`base_sha..head`): they are replayed onto the target first, then composed as usual.
+        Merge rules settle what they cover (git/trees/settle.py); generators run last."""
+        git, rules, settled = self.lane.git, self.rules, None
+        if story.stacked_on:
+            replayed = replay(git, target_sha, story.base_sha, branch_sha, rules)
+            if replayed.tip is None:
+                return Composition(None, replayed.tree, replayed.conflicts, strategy, True,
+                                   replayed.settled, replayed.regenerate)
+            branch_sha, settled = replayed.tip, replayed
+            rules = type(rules)()  # the replay settled the story's own change
+        comp = compose(git, strategy, target_sha, branch_sha, self._message(story, strategy),
+                       edit=LaneEdit(self._board_edit(story), f"bmad-loop: mark {story.key} done"),
+                       settling=Settling(rules, None if story.stacked_on else story.base_sha))
+        if settled is not None:
+            comp = replace(comp, settled=settled.settled, regenerate=settled.regenerate)
+        if comp.ok and comp.regenerate:
+            comp = self._regenerate(story, attempt, comp, target_sha, branch_sha)
+        return comp
+
+    def _regenerate(self, story: Story, attempt: int, comp: Composition, target_sha: str,
+                    branch_sha: str) -> Composition:
+        lane = self.lane
+        base = story.base_sha or lane.git.out("merge-base", target_sha, branch_sha)
+        worktree = lane.layout.candidate_worktree(story.key, attempt)
+        log_path = lane.layout.verify_log(story.key, f"regenerate-{attempt}")
+        scratch = lane.layout.scratch(story.key) / f"regenerate-{attempt}"
+        ensure_detached_worktree(lane.git, worktree, comp.sha)
+        env = lane.verify_env()
+        box = verify_box(lane.policy, lane.git, lane.layout.state_dir,
+                         BoxSite(worktree, scratch, log_path), env, lane.db.lock_dir)
+        try:
+            return regenerate(lane.git, GeneratorInput(comp, base, target_sha, branch_sha, story.key),
+                              worktree=worktree, log_path=log_path, env=env, run_id=lane.run_id,
+                              box=box)
+        finally:
+            if box is not None:
+                settle_after_box(lane.git, worktree, None, scratch)
+
+    def _message(self, story: Story, strategy: str) -> str:
+        title = commit_message(self.lane.policy.scm.commit_message_template, story_key=story.key,
+                               story_title=story.title, run_id=self.lane.run_id, epic=story.epic)
+        return integration_message(title, strategy, story.branch)
+
+    def _board_edit(self, story: Story):
+        """The lane's BMAD write-back inside the candidate: board line, epic line, story file."""
+        return lane_tree_edit(self.lane.git, key=story.key, epic=story.epic,
+                              board_rel=self.lane.board_rel, story_path=story.story_path)

@@ -4,7 +4,7 @@ A `Lane` outlives its ticks. It holds what the lane learns about its run across 
 conflict relation, the target's board as last read, the rows as last read and their admission
 views, the wait reasons already written — and the candidate verifications its threads run
 (speculation.py). Each tick (`Lane.tick`) makes one `LanePass` (tick.py) with a fresh reading
-of the run's policy, and the pass asks a `LaneStrategy` (strategy.py) to integrate: `Sequential`
+of the run's policy, and the pass asks a `LaneStrategy` (tick.py) to integrate: `Sequential`
 or the speculative `Stack`.
 
 The consumer set (`engine/run/consumers.py`) makes a run's lane on its first tick and drops it
@@ -27,7 +27,7 @@ from ..transitions import transition_run
 from ..workspace.pool import drain_run_pool
 from .admission import ConflictIndex, StoryView, views_of
 from .integrate import LaneFenced
-from .rowcheck import integrated_rows
+from .tick import integrated_rows
 from .speculation import Verifications
 from .tick import LanePass
 
@@ -114,7 +114,7 @@ class Lane:
 
     def first_rows(self, s, run: Run) -> tuple:
         """What a tick's first pass reads, in one snapshot: the rows for the check against git
-        (rowcheck.py), the run, and the lane's rows of its stories."""
+        (tick.py), the run, and the lane's rows of its stories."""
         return integrated_rows(s, run.id), (run, lane_rows(s, run.id, self.memo.rows))
 
     def _fail(self, policy, exc: Exception) -> None:

@@ -36,7 +36,7 @@ from ...git.worktrees import ensure_detached_worktree
 from ...agents.process import Limits
 from ..worker.verify import VerifySite, run_verify
 
-__all__ = ["Candidate", "RegenerateRun", "regenerate", "settled_events"]
+__all__ = ["GeneratorInput", "RegenerateRun", "regenerate", "settled_events"]
 
 _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
 
@@ -68,7 +68,7 @@ class _Regenerated:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class GeneratorInput:
     """What the generators work on: the composed candidate and its three inputs."""
 
     comp: Composition
@@ -78,7 +78,7 @@ class Candidate:
     key: str
 
 
-def regenerate(git, cand: Candidate, *, worktree: Path, log_path: Path, env: dict,
+def regenerate(git, cand: GeneratorInput, *, worktree: Path, log_path: Path, env: dict,
                run_id: str, box=None) -> Composition:
     """The candidate with its generators run: regenerated, or failed (`sha` None, `failure`
     naming why, the rules' paths as its conflicts)."""
@@ -114,7 +114,7 @@ class _Run:
     box: object = None
 
 
-def _run_all(git, cand: Candidate, worktree: Path, how: _Run) -> _Regenerated:
+def _run_all(git, cand: GeneratorInput, worktree: Path, how: _Run) -> _Regenerated:
     comp = cand.comp
     ensure_detached_worktree(git, worktree, comp.sha)
     runs: list[RegenerateRun] = []
@@ -202,7 +202,7 @@ def _changes(git, worktree: Path, globs: list[str], tree: str,
     return sorted(outside), sorted(written)
 
 
-def _commit(git, cand: Candidate, worktree: Path, paths: list[str],
+def _commit(git, cand: GeneratorInput, worktree: Path, paths: list[str],
             index: Path) -> tuple[str, str]:
     """The regenerated candidate: the composed tree (in the private `index`) with `paths`
     taken from the worktree's files."""
@@ -223,7 +223,7 @@ def _commit(git, cand: Candidate, worktree: Path, paths: list[str],
     return git.out(*argv, input=message, env=env), tree
 
 
-def _settled(git, cand: Candidate, sha: str, paths: list[str]) -> tuple[Settled, ...]:
+def _settled(git, cand: GeneratorInput, sha: str, paths: list[str]) -> tuple[Settled, ...]:
     revs = (cand.base, cand.target, cand.story, sha)
     found = read_objects(git, [f"{rev}:{p}" for p in paths for rev in revs])
     out = []

@@ -107,7 +107,7 @@ class _Entry:
 
 
 class Stack:
-    """One lane tick's view of the run's stack (a `LaneStrategy`, strategy.py); `step` does
+    """One lane tick's view of the run's stack (a `LaneStrategy`, tick.py); `step` does
     one thing and says whether it did."""
 
     def __init__(self, lane_pass, depth: int):

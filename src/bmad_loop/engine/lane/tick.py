@@ -4,21 +4,45 @@ A tick's `LanePass` re-reads the rows and does whatever is due, in this order, u
 
 0. at `max_parallel > 1`, fill free worker slots first (see 3), so a slot freed while the lane
    integrates a batch of finished stories does not stay empty for the whole batch;
-1. integrate finished stories strictly in plan order, by the run's `LaneStrategy`
-   (strategy.py: `Sequential`, or the speculative `Stack`; a finished story waits for every earlier
-   one to be integrated or terminal; under `on_escalation = "pause"` an escalated story stops
-   the scan, so later finished stories wait as `ready`);
+1. integrate finished stories strictly in plan order, by the run's `LaneStrategy` (`Sequential`,
+   or the speculative `Stack` of speculation.py; a finished story waits for every earlier one to
+   be integrated or terminal; under `on_escalation = "pause"` an escalated story stops the
+   scan, so later finished stories wait as `ready`);
 2. turn an escalation into `pausing` (stop dispatching; running siblings finish their story);
-3. admit pending stories into free worker slots (see admission.py);
+3. admit pending stories into free worker slots (see admission.py), and write on the rows what
+   holds each of the others back;
 4. settle the run: pausing/stopping with nothing in flight becomes paused/stopped; all stories
    terminal becomes completed; a run that cannot move without a human pauses and says why.
 
 Ticks are idempotent: a duplicate or late tick finds nothing to do.
+
+**The rows against git.** The lane's first look at each tick: a story the rows call integrated
+must have its commit on the target (an agent may have edited the state database). Only what
+changed is looked at: integrations are in plan order, each on top of the last, so the latest
+one stands for all; it costs a git call only when it is not where the lane itself last advanced
+the target. A row marked integrated without a commit contradicts git whatever the target is.
+
+**Strategies.** Both sit behind `LaneStrategy`, asked by the pass at step 1. A strategy lives
+for one tick, like the pass that made it; what must outlast a tick (the verifications running
+in this process) belongs to the run's `Lane` (lane.py). The pass offers a strategy exactly
+this: `integrator`, `db`, `run_id`, `policy`, `tasks`, `pause_on_escalation`,
+`landing(story, action)` (run an integration step; a target someone else moved pauses the run
+and gives None), `after_integration(story, outcome)` (the notifications and the checkpoint
+pause an outcome calls for) and `may_land(run)`.
+
+**Wait reasons.** What holds each pending story back is written on its row, and a change is
+journaled (`story.waiting`) once: one UPDATE per distinct reason, built once (as the lane's
+reads). A pass may admit twice on the same rows (fill free slots first, then dispatch): `told`
+(story id -> (row rev, reason) the lane already wrote) keeps the second from journaling the
+same wait again.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Protocol
+
+from sqlalchemy import bindparam, func, or_, select, update
 
 from ...db.models import Run, Story, utcnow
 from ...git.config_guard import CONFIG_CHANGED_PREFIX
@@ -38,18 +62,16 @@ from .integrate import Integrator, TargetMoved
 from ..journal import record
 from ..notify import notify
 from ..recovery import recover_orphans
-from .restack import own_paths, restack_stale
+from .stacking import own_paths, restack_stale
 from .speculation import Stack, speculating
-from .rowcheck import rows_contradicting_git
 from ..runs import lane_rows, next_in_plan, stories_of
 from .stacking import stacked_bases
-from .strategy import LaneStrategy, Sequential
 from ..transitions import transition_run, transition_story
-from .waitreasons import reasons_told, write_wait_reasons
 from ..workspace.pool import drain_pool
 from .writeback import board_done_keys
 
-__all__ = ["LanePass"]
+__all__ = ["LanePass", "LaneStrategy", "Sequential", "integrated_rows", "rows_contradicting_git",
+           "write_wait_reasons", "reasons_told"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +79,7 @@ FOREIGN_MOVE_PREFIX = "target moved by someone else"
 
 class LanePass:
     """One tick's work for the run of `lane` (a `Lane`): its passes, until nothing is due.
-    What a `LaneStrategy` may use of it is listed in strategy.py."""
+    What a `LaneStrategy` may use of it is listed in the module's docstring."""
 
     def __init__(self, lane, run: Run, policy, holder=None):
         self.project = lane.project
@@ -447,3 +469,88 @@ class LanePass:
     def _story(self, story_id: int) -> Story:
         with self.db.transaction() as s:
             return s.get(Story, story_id)
+
+
+class LaneStrategy(Protocol):
+    def step(self, run: Run, stories) -> bool:
+        """Do the next integration step that is due; whether anything was done."""
+
+    def stop_now(self, reason: str) -> bool:
+        """`stop --now`: give up what is being integrated and can still be given up (its
+        stories wait as ready); whether anything changed."""
+
+
+class Sequential:
+    """The lane without speculation: the earliest open story in plan order is composed,
+    verified and landed, then the next; a finished story waits for every earlier one."""
+
+    def __init__(self, lane_pass):
+        self.lane = lane_pass
+
+    def step(self, run: Run, stories) -> bool:
+        lane = self.lane
+        story = next_in_plan(stories, lane.pause_on_escalation)
+        if story is None or story.state not in (StoryState.READY, StoryState.INTEGRATING):
+            return False  # the earliest open story is not finished: later ones wait
+        outcome = lane.landing(story, lambda: lane.integrator.integrate(story.id))
+        if outcome is not None:
+            lane.after_integration(story, outcome)
+        return True
+
+    def stop_now(self, reason: str) -> bool:
+        return False  # one candidate at a time: the story in hand finishes (or is stopped)
+
+
+def _integrated_statement():
+    integrated = (Story.run_id == bindparam("run_id"), Story.state == StoryState.INTEGRATED)
+    latest_seq = select(func.max(Story.seq)).where(*integrated).scalar_subquery()
+    return (select(Story.key, Story.integrated_sha, Story.seq)
+            .where(*integrated, or_(Story.integrated_sha.is_(None), Story.seq == latest_seq))
+            .order_by(Story.seq))
+
+
+_INTEGRATED = _integrated_statement()  # built once: the lane reads it every tick
+
+
+def integrated_rows(session, run_id: str) -> tuple:
+    """(the latest integrated story, those integrated without a commit), as (key,
+    integrated_sha) rows, in one statement."""
+    rows = list(session.connection().execute(_INTEGRATED, {"run_id": run_id}))
+    if not rows:
+        return None, []
+    return rows[-1], [row for row in rows if row.integrated_sha is None]
+
+
+def rows_contradicting_git(git, target, head_sha: str | None, latest, bad: list) -> list:
+    """The stories whose rows contradict git (see the module's docstring). `head_sha`: where
+    the lane last advanced the target (the run's row); `target`: the run's target."""
+    if latest is None:
+        return []
+    if not bad and latest.integrated_sha != head_sha:
+        target_now = target.sha(fetch=False)
+        if target_now and (git.rev(f"{latest.integrated_sha}^{{commit}}") is None
+                           or not git.is_ancestor(latest.integrated_sha, target_now)):
+            bad = [latest]
+    return bad
+
+
+_STORIES = Story.__table__
+_SET_WAIT_REASON = (update(_STORIES).where(_STORIES.c.id.in_(bindparam("ids", expanding=True)))
+                    .values(wait_reason=bindparam("why")))
+
+
+def write_wait_reasons(s, run_id: str, waiting: dict[str, str], by_key: dict, told: dict) -> None:
+    """Write and journal each waiting story's reason that changed (`waiting`: key -> reason)."""
+    changed: dict[str, list[int]] = {}  # reason -> ids: no row loaded
+    for key, why in waiting.items():
+        row = by_key[key]
+        if row.wait_reason != why and told.get(row.id) != (row.rev, why):
+            changed.setdefault(why, []).append(row.id)
+            record(s, run_id, "story.waiting", key, reason=why)
+    for why, ids in changed.items():
+        s.connection().execute(_SET_WAIT_REASON, {"ids": ids, "why": why})
+
+
+def reasons_told(waiting: dict[str, str], by_key: dict) -> dict[int, tuple[int, str]]:
+    """What `write_wait_reasons` wrote on these rows, for `told` once its transaction is in."""
+    return {by_key[key].id: (by_key[key].rev, why) for key, why in waiting.items()}

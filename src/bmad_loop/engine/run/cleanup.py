@@ -367,7 +367,7 @@ def _retention(project, report, *, dry_run, purge, say) -> None:
         say(f"prune finished run {run.id}")
         report.runs_pruned.append(run.id)
         # Work the run kept aside under its own ref namespace (a restacked story's branch head,
-        # engine/lane/restack.py) goes with the run's other files.
+        # engine/lane/stacking.py) goes with the run's other files.
         kept_refs = [r for r in git.out("for-each-ref", "--format=%(refname)",
                                         f"refs/bmad-loop/{run.id}").splitlines() if r]
         report.refs_deleted.extend(kept_refs)
