@@ -80,7 +80,7 @@ def status(project_dir, run_ref, as_json, watch, interval):
 def _add_evidence(project, data: dict) -> None:
     """Each escalated story whose verify failed: the ref that keeps the agent's last output and
     the commands that continue from it (`evidence_ref`, `continue`; None when there is none)."""
-    from ..engine.worker.verify_record import continue_commands, kept_evidence
+    from ..engine.verification.record import continue_commands, kept_evidence
     from ..states import StoryState
 
     run_id = data["run"]["id"]

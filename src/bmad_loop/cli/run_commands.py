@@ -343,7 +343,7 @@ def _evidence_lines(project, run_id: str, key: str) -> list[str]:
     """Where an escalated story's last output is kept and how to continue from it ([] when its
     verify did not fail: nothing is kept)."""
     from ..db.models import Story
-    from ..engine.worker.verify_record import continue_lines, kept_evidence
+    from ..engine.verification.record import continue_lines, kept_evidence
 
     ref = kept_evidence(project.git(), run_id, key)
     if ref is None:

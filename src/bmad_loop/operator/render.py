@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..engine.lane.targetcheck import FAILED as CHECK_FAILED
+from ..engine.verification.targetcheck import FAILED as CHECK_FAILED
 from .style import current_candidate, elapsed_text, key_width, preserved, short_sha, story_note
-from ..engine.worker.verify_record import continue_lines
+from ..engine.verification.record import continue_lines
 from ..states import RUN_LIVE, STORY_IN_FLIGHT, StoryState
 
 __all__ = ["render_status"]

@@ -5,7 +5,7 @@ counts (a speculative candidate higher up is given up when one under it fails, a
 again). When it failed:
 
 - **verification** (after `[verify] retries`): the failing command runs on the target's own
-  commit first (targetcheck.py). If the target fails too, the target is *red*: no story is
+  commit first (engine/verification/targetcheck.py). If the target fails too, the target is *red*: no story is
   blamed or charged, the story goes back to `ready`, `target.red` is journaled and the run
   pauses (whatever `[parallel] on_escalation` says) until a person fixes the target and resumes.
   If the target passes, the failure is the story's own.
@@ -38,8 +38,8 @@ from ..escalation import Cause, failure_cause
 from ..faults import crash_point
 from ..journal import record
 from ..transitions import transition_story
-from . import targetcheck
-from .targetcheck import CheckKey
+from ..verification import targetcheck
+from ..verification.targetcheck import CheckKey
 
 __all__ = ["Blame", "TargetRed", "RED_PREFIX", "CHECKING", "landed_since"]
 
@@ -95,7 +95,7 @@ class Blame:
         if self.checks is None:  # here and now (a row left running: a dead lane's, run again)
             targetcheck.begin(integrator.db, integrator.run_id, key, story.key)
             crash_point("lane.in_target_check")
-            result = targetcheck.run_check(integrator, key, integrator.verify_env())
+            result = targetcheck.run_check(integrator.verifier, key, integrator.verifier.env())
             return targetcheck.finish(integrator.db, integrator.run_id, key, result)
         job_key = ("target", key.target_sha, key.command)
         job = self.checks.claim(job_key)
@@ -111,11 +111,11 @@ class Blame:
 
     def _launch(self, key: CheckKey, job_key, job) -> None:
         integrator, checks, wake = self.integrator, self.checks, self.wake
-        env = integrator.verify_env(slot=job.slot)
+        env = integrator.verifier.env(slot=job.slot)
 
         def check() -> None:
             try:
-                result = targetcheck.run_check(integrator, key, env, stop_event=job.stop)
+                result = targetcheck.run_check(integrator.verifier, key, env, stop_event=job.stop)
                 if not job.stop.is_set():
                     targetcheck.finish(integrator.db, integrator.run_id, key, result)
             except Exception:  # the row stays running: the next tick runs it again

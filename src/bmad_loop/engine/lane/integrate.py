@@ -35,24 +35,20 @@ from ...db.database import insert_now
 from ...db.models import Candidate, Run, Story, utcnow
 from ...git.worktrees import ensure_detached_worktree
 from ...states import CANDIDATE_OPEN, CandidateState, StoryState
-from ..worker.childenv import child_env
-from ..worker.context import make_workspace
+from ..workspace import make_workspace
 from ..faults import crash_point, delay_point
 from ..escalation import Cause
 from .outcomes import LaneSite, Outcomes, TargetMoved
 from ..journal import journal_git_locks, record
-from ..ports import lane_block, lane_slot_block, port_env
 from ..layout import Layout
 from ..ledgerfiles import append_ledger_lines
 from ..redo import RECOMPOSE_FLOOR
 from .regenerate import settled_events, GeneratorInput, regenerate
 from ..runs import board_rel
 from ..transitions import transition_candidate, transition_story
-from ..worker.boxing import BoxSite, settle_after_box, verify_box
-from ...agents.process import Limits
-from ..worker.verify import NOTHING_TO_RUN, Retry, VerifySite, run_verify
-from ...git.exacttree import make_exact
 from .blame import Blame
+from ..verification.childenv import BoxSite, settle_after_box
+from ..verification.runner import LaneVerifier
 from ..mergerules import run_merge_rules
 from .stacking import replay
 from .writeback import lane_tree_edit
@@ -107,7 +103,10 @@ class Integrator:
         self.board_rel = board_rel(run, project.root)
         self.composer = Composer(self, project.root)  # the candidate of each attempt
         self.fence = fence  # () -> bool: does this lane still hold its lease?
-        self.max_parallel = run.max_parallel
+        # The lane's verifications (candidates, the target itself, generators), sized by the
+        # run's max_parallel (its snapshot) when the stack shares out the lane's ports.
+        self.verifier = LaneVerifier(policy, self.git, self.layout, self.run_id, run.max_parallel,
+                                     home_state=self.db.lock_dir)
         # Whose fault a failed candidate is (target check, repair, escalation); the pass gives
         # the speculative stack one that checks the target in a thread (tick.py).
         self.blame = Blame(self)
@@ -347,8 +346,9 @@ class Integrator:
         return StoryState.HELD
 
     def _verify(self, story, cand_id, attempt, sha, target_sha, branch_sha) -> str:
-        worktree = self.candidate_checkout(story.key, attempt, sha)
-        result = self.run_candidate_verify(story.key, attempt, worktree, sha, self.verify_env())
+        verifier = self.verifier
+        worktree = verifier.candidate_checkout(story.key, attempt, sha)
+        result = verifier.verify_candidate(story.key, attempt, worktree, sha, verifier.env())
         if self.outcomes.record_verdict(story, cand_id, attempt, result, worktree,
                                CandidateShas(target_sha, branch_sha, sha)):
             return CandidateState.VERIFIED
@@ -357,51 +357,6 @@ class Integrator:
                 return s.get(Story, story.id).state  # given up meanwhile: nothing to decide
         crash_point("lane.before_blame")
         return self.blame.decide(story, cand_id)  # the target checked, then a repair
-
-    def candidate_checkout(self, key: str, attempt: int, sha: str) -> Path | None:
-        """The detached worktree verification runs in (none without verify commands)."""
-        if not self.policy.verify.commands:
-            return None
-        worktree = self.layout.candidate_worktree(key, attempt)
-        ensure_detached_worktree(self.git, worktree, sha)
-        return worktree
-
-    def run_candidate_verify(self, key: str, attempt: int, worktree: Path | None, sha: str,
-                             env: dict, stop_event=None):
-        """Verify candidate `sha`, checked out in `worktree`; a retry runs on its tree made
-        exact again, so nothing the failed run left (nor a HEAD it moved) is seen."""
-        if worktree is None:  # no commands: nothing runs
-            return NOTHING_TO_RUN
-        return self.verify_tree(self.policy.verify.commands, worktree,
-                                self.layout.verify_log(key, f"candidate-{attempt}"),
-                                self.layout.scratch(key) / f"candidate-{attempt}", env,
-                                stop_event=stop_event,
-                                retry=Retry(self.policy.verify.retries,
-                                            lambda: make_exact(self.git, worktree, sha)))
-
-    def verify_tree(self, commands, worktree: Path, log_path: Path, scratch: Path, env: dict, *,
-                    stop_event=None, retry: Retry | None = None):
-        """Run `commands` in the detached `worktree` for the lane (a candidate, or the target
-        itself), boxed as `[verify] sandbox` says: the worktree is the box's writable tree."""
-        box = verify_box(self.policy, self.git, self.layout.state_dir,
-                         BoxSite(worktree, scratch, log_path), env, self.db.lock_dir)
-        result = run_verify(
-            commands, VerifySite(worktree, log_path, env, box, self.run_id),
-            Limits(timeout_s=self.policy.verify.timeout_s, thaw_after_s=self.policy.leases.ttl_s,
-                   max_log_bytes=self.policy.limits.max_log_bytes),
-            stop_event=stop_event, retry=retry)
-        if box is not None:
-            settle_after_box(self.git, worktree, None, scratch)
-        return result
-
-    def verify_env(self, slot: int | None = None) -> dict:
-        """What a command the lane runs gets: the lane's ports, or verification `slot`'s share
-        of them when the stack verifies several at once."""
-        env = child_env(self.policy)
-        block = (lane_block(self.policy) if slot is None else
-                 lane_slot_block(self.policy, slot, self.policy.verify.depth(self.max_parallel)))
-        env.update(port_env(block))
-        return env
 
     def _advance(self, story, cand_id, attempt, sha, target_sha, *, advancing: bool = False) -> str:
         # The target checkout's index is held from before the CAS until it follows the new
@@ -510,8 +465,8 @@ class Integrator:
 
 
 class Composer:
-    """Needs from the lane's integration (`lane`): git, policy, layout, run_id, board_rel, db,
-    and `verify_env()` (what a command run for the lane gets)."""
+    """Needs from the lane's integration (`lane`): git, policy, layout, run_id, board_rel, and
+    its `verifier` (the environment and the box of a command run for the lane)."""
 
     def __init__(self, lane, root):
         self.lane = lane
@@ -547,9 +502,8 @@ class Composer:
         log_path = lane.layout.verify_log(story.key, f"regenerate-{attempt}")
         scratch = lane.layout.scratch(story.key) / f"regenerate-{attempt}"
         ensure_detached_worktree(lane.git, worktree, comp.sha)
-        env = lane.verify_env()
-        box = verify_box(lane.policy, lane.git, lane.layout.state_dir,
-                         BoxSite(worktree, scratch, log_path), env, lane.db.lock_dir)
+        env = lane.verifier.env()
+        box = lane.verifier.box(BoxSite(worktree, scratch, log_path), env)
         try:
             return regenerate(lane.git, GeneratorInput(comp, base, target_sha, branch_sha, story.key),
                               worktree=worktree, log_path=log_path, env=env, run_id=lane.run_id,

@@ -21,7 +21,7 @@ from ..escalation import Cause
 from ..faults import crash_point
 from ..journal import record
 from ..repairs import REPAIR_KEY
-from ..worker.flakes import record_flakes
+from ..verification.runner import record_flakes
 from ..runs import RUN_STATE
 from ..transitions import transition_story
 

@@ -34,7 +34,7 @@ from ...git.trees.settle import Regeneration, Settled
 from ...git.trees.edit import read_objects
 from ...git.worktrees import ensure_detached_worktree
 from ...agents.process import Limits
-from ..worker.verify import VerifySite, run_verify
+from ..verification.runner import VerifySite, run_verify
 
 __all__ = ["GeneratorInput", "RegenerateRun", "regenerate", "settled_events"]
 

@@ -34,11 +34,9 @@ from ...db.models import Candidate, Run, Story, utcnow
 from ...states import CANDIDATE_OPEN, CandidateState, StoryState
 from ..escalation import COULD_NOT_RUN, Cause
 from ..journal import record
-from ..ports import lane_slot_block, port_env
 from ..runs import next_in_plan
-from ..worker.childenv import child_env
 from ..transitions import transition_story
-from ..worker.verify import VerifyResult
+from ..verification.runner import VerifyResult
 from .blame import CHECKING
 from .integrate import CandidateShas
 
@@ -260,7 +258,8 @@ class Stack:
                     self._start(entry.story, entry.cand)
 
     def _start(self, story: Story, cand: Candidate) -> None:
-        worktree = self.integrator.candidate_checkout(story.key, cand.attempt, cand.candidate_sha)
+        worktree = self.integrator.verifier.candidate_checkout(story.key, cand.attempt,
+                                                               cand.candidate_sha)
         with self.db.transaction() as s:  # where it is being verified, for status and evidence
             s.get(Candidate, cand.id).worktree = str(worktree) if worktree else None
         job = self.verifications.claim(cand.id)
@@ -275,15 +274,14 @@ class Stack:
     def _launch(self, story: Story, cand: Candidate, job: _Verification, worktree) -> None:
         """The verification's thread: run the commands, write the verdict, wake the lane."""
         integrator = self.integrator
-        env = child_env(self.policy)
-        env.update(port_env(lane_slot_block(self.policy, job.slot, self.depth)))
+        env = integrator.verifier.env(slot=job.slot)
         tasks, run_id, verifications = self.lane.tasks, self.run_id, self.verifications
         cand_id, attempt = cand.id, cand.attempt
         target_sha, branch_sha, sha = cand.target_sha, cand.branch_sha, cand.candidate_sha
 
         def verify() -> None:
             try:
-                result = integrator.run_candidate_verify(story.key, attempt, worktree, sha, env,
+                result = integrator.verifier.verify_candidate(story.key, attempt, worktree, sha, env,
                                                          stop_event=job.stop)
                 if not job.stop.is_set():
                     integrator.outcomes.record_verdict(story, cand_id, attempt, result, worktree,

@@ -54,7 +54,7 @@ from ..journal import record
 from .ownership import owners
 from .runrecords import remove_record
 from ..layout import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE, Layout
-from ..worker.verify_record import VERIFY_RECORD_NAMESPACE, record_ref, verify_record_refs
+from ..verification.record import VERIFY_RECORD_NAMESPACE, record_ref, verify_record_refs
 from ..worker.session_record import SESSION_REF_PATTERN, session_ref_owner
 from ..runs import run_policy
 from ..workspace.pool import POOL_DIR, pool_dir

@@ -27,7 +27,7 @@ from ...states import (
 from ...bmad.selection import resolve_story_ref
 from ...policy import identity_keys, load_policy, policy_from_dict
 from .. import leases
-from ..lane.targetcheck import forget_failed
+from ..verification.targetcheck import forget_failed
 from ..repairs import in_repair
 from ..escalation import ENVIRONMENTAL, integration_cause
 from ..journal import record

@@ -22,7 +22,7 @@ from ...states import RUN_LIVE, RUN_ONE_PER_TARGET, Phase, RunState, StoryState
 from .creation import journal_skipped, plan_creation
 from ..journal import record
 from ..layout import Layout
-from ..ports import check_port_range
+from ..verification.childenv import check_port_range
 from .repocheck import check_agent, check_has_commits, not_a_checkout
 from .ownership import record_run, target_check
 from .runrecords import remove_record, write_record

@@ -16,22 +16,19 @@ from pathlib import Path
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm.attributes import set_committed_value
 
-from ...bmad.install import bmad_seeds
 from ...db.models import Attempt, Story, utcnow
 from ...errors import StopRequested
 from ...states import StoryState
 from ...agents.profiles import load_profile
 from .. import leases
-from ..workspace.inplace import InPlaceWorkspace
 from ..journal import journal_git_locks
 from ..layout import Layout
-from ..ports import worker_block
+from ..verification.childenv import worker_block
 from ..runs import RUN_STATE, board_rel
 from ..transitions import transition_story_reading
-from ..workspace.base import Workspace
-from ..workspace.worktree import WorktreeWorkspace
+from ..workspace import make_workspace
 
-__all__ = ["StoryContext", "Claim", "Fenced", "make_workspace", "story_context"]
+__all__ = ["StoryContext", "Claim", "Fenced", "story_context"]
 
 log = logging.getLogger(__name__)
 
@@ -137,22 +134,6 @@ class Claim:
             # the lease, so say loudly that it may take the story back.
             log.warning("story %s: lease renewal refused (owner %s, token %s)",
                         self.story_id, self.owner, self.token)
-
-
-def make_workspace(policy, git, layout, target, *, root: Path, profile=None) -> Workspace:
-    """The workspace the policy's `[scm] isolation` asks for."""
-    scm = policy.scm
-    fixed = list(scm.worktree_seed)
-    if scm.seed_adapter_defaults and profile is not None:
-        fixed += list(profile.seed_files)
-
-    def seeds() -> list[str]:  # listed on first use: it costs a git process
-        if not scm.seed_bmad or scm.isolation == "none":
-            return fixed
-        return fixed + [p for p in bmad_seeds(git, root) if p not in fixed]
-
-    kind = InPlaceWorkspace if scm.isolation == "none" else WorktreeWorkspace
-    return kind(git, layout, target, scm, root=root, seeds=seeds)
 
 
 def story_context(project, run, story, policy) -> StoryContext:

@@ -40,7 +40,7 @@ from ..mergerules import run_merge_rules
 from ..journal import record
 from ..outcome import Outcome
 from ..repairs import MERGE_KEY, REPAIR_KEY, in_repair, repair_markdown, repair_ref
-from .verify_record import restore
+from ..verification.record import restore
 
 __all__ = ["Repair", "markers_left", "repair_env", "repair_prompt_text", "EVIDENCE_VAR",
            "CAUSE_VAR"]

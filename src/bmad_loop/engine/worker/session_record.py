@@ -28,7 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..journal import record
-from .verify_record import keep, restore
+from ..verification.record import keep, restore
 
 __all__ = ["SESSION_RECORD_KEY", "SESSION_REF_PATTERN", "session_ref", "session_ref_owner",
            "before_session", "forget_session_record", "drop_session_records"]

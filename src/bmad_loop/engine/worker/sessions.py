@@ -41,8 +41,8 @@ from ...agents.tmux_session import session_name, tmux_available
 from ...states import AttemptState, Phase, RunState, StopMode
 from ..faults import crash_point
 from ...sandbox import SANDBOX_VAR, Box
-from .boxing import agent_box, settle_after_box
-from .childenv import child_env, sandbox_vars
+from ..verification.childenv import agent_box, settle_after_box
+from ..verification.childenv import child_env, sandbox_vars
 from ..workspace.guard import read_guard_log
 from ..journal import record
 from .repair import repair_env, repair_prompt_text

@@ -25,7 +25,7 @@ from ..notify import notify
 from ..retry import FaultPersisted, pause_for_fault, retrying
 from ..runs import run_policy
 from ..transitions import transition_story
-from .verify_record import drop_records
+from ..verification.record import drop_records
 from .session_record import drop_session_records
 from .walk import StoryWorker, quietly
 from ..workspace.landed import sweep_landed

@@ -26,14 +26,14 @@ from ...errors import GitError, StopRequested
 from ...git.trees.sessionfolder import SessionFolderStaged
 from ...git.config_guard import CONFIG_CHANGED_PREFIX, changed_files
 from ...states import AttemptState, Phase, RunState, StoryState
-from .boxing import settle_after_box, story_verify_setup
+from ..verification.childenv import settle_after_box, story_verify_setup
 from .agentpause import check_budget, settle_unavailable
 from .context import Claim, Fenced, StoryContext  # noqa: F401 (Fenced: re-exported)
 from .create_step import carry_forward, phase_create
 from .drift import footprint_drift
 from ..ledgerfiles import StoryLedgers
 from ..faults import crash_point, delay_point
-from .flakes import record_flakes
+from ..verification.runner import record_flakes
 from ..journal import record
 from .pushed_branch import adopt_pushed_branch
 from ..repairs import in_repair
@@ -43,8 +43,8 @@ from ..outcome import Escalate, Outcome
 from .sessions import Heartbeat, run_session
 from ..transitions import transition_attempt, transition_run
 from ...agents.process import Limits
-from .verify import NOTHING_TO_RUN, Retry, VerifySite, run_verify
-from .verify_record import back_to_record, before_verify, forget_record
+from ..verification.runner import NOTHING_TO_RUN, Retry, VerifySite, run_verify
+from ..verification.record import back_to_record, before_verify, forget_record
 from .session_record import forget_session_record
 
 __all__ = ["StoryWorker"]
