@@ -55,7 +55,7 @@ from .ownership import owners
 from .runrecords import remove_record
 from ..layout import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE, Layout
 from ..verification.record import VERIFY_RECORD_NAMESPACE, record_ref, verify_record_refs
-from ..worker.session_record import SESSION_REF_PATTERN, session_ref_owner
+from ..worker.sessions import SESSION_REF_PATTERN, session_ref_owner
 from ..runs import run_policy
 from ..workspace.pool import POOL_DIR, pool_dir
 

@@ -42,7 +42,6 @@ __all__ = ["find_run", "driver_of", "refuse_if_driven", "resume", "stop", "appro
            "retry", "reconcile", "recover_live_runs", "requeue_run"]
 
 
-
 def find_run(session, project, ref: str | None) -> Run:
     """A run by id, unique prefix or unique suffix; the newest run when ref is None."""
     query = select(Run).where(Run.project == project.key)

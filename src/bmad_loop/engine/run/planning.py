@@ -29,7 +29,7 @@ from .runrecords import remove_record, write_record
 from ..runs import path_inside
 from ..mergerules import check_merge_rules
 from .sprintload import check_committed, load_sprint
-from ..worker.usagefile import budget_warnings
+from ..usage import budget_warnings
 
 __all__ = ["Plan", "Selection", "build_plan", "enqueue", "new_run_id"]
 

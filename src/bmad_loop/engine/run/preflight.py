@@ -21,7 +21,7 @@ from ..mergerules import merge_rule_checks
 from .planning import agent_command, target_branch_of
 from ..project import Project
 from .sprintload import Sprint, check_committed, load_sprint
-from ..worker.usagefile import budget_warnings
+from ..usage import budget_warnings
 
 __all__ = ["preflight"]
 

@@ -137,8 +137,6 @@ def port_env(block: dict | None) -> dict:
     return {"BMAD_LOOP_PORT_BASE": str(block["base"]), "BMAD_LOOP_PORT_COUNT": str(block["count"])}
 
 
-
-
 @dataclass(frozen=True)
 class BoxSite:
     """Where one boxed process works: its tree, its scratch folder, and the log its output

@@ -1,11 +1,45 @@
-"""One agent session (create, dev, review, fix or repair) of one story: prompt, argv, environment, run.
+"""One agent session (create, dev, review, fix or repair) of one story: prompt, argv, environment,
+run; whether it changed anything; and where a re-run of it starts.
 
 The session opens its `attempts` row as `running` before the agent starts; the caller closes
 it in the same transaction that records what the session's outcome means for the story (see
-worker.py), so a crash either re-runs an unfinished session (not counted) or never re-runs a
+walk.py), so a crash either re-runs an unfinished session (not counted) or never re-runs a
 finished one.
-"""
 
+**The empty session.** An agent that printed an error and exited 0 must not pass as a finished
+story. Before a dev or fix session the worker takes a `snapshot` of the story's work: every
+path that differs from the story's base commit — committed by the agent or not, tracked or new —
+with the id of its content. The same snapshot after the session tells whether the session
+changed anything; changes to lane-owned files (the board, ledgers) and the prompt folder do not
+count, since the worker reverts or ignores them. The snapshot asks git, never the agent (in a
+story's worktree, index flags that hide edits are taken off first, `git/indexflags.py`):
+`diff --name-only <base>` (the worktree against the base, committed and uncommitted),
+`ls-files --others --exclude-standard` (new files), and `hash-object --stdin-paths` for their
+contents.
+
+**A re-run starts from the tree its cut-short run started from.** A session (any phase) killed
+half way — a kill -9 of bmad-loop, a lost lease, ``stop --now``, an agent fault that charges
+nothing — is run again with the same phase and number. Its first run may have left files
+behind (an appending agent appended), and the re-run must not start from them, or the story's
+commit takes the work twice.
+
+- **Keep** (before the agent starts): the worktree as it is becomes one commit, made the way a
+  story verify records the agent's output (engine/verification/record.py: tracked and untracked
+  files, seeds and ignored files left out, parent HEAD), at
+  ``refs/bmad-loop/<run>/sessions/<story>/<phase>-<number>``; the story row names it (its
+  feedback's ``session_record``: phase, number, sha) until the session's outcome is written,
+  in that same transaction (`forget_session_record`).
+- **Restore** (a session that starts while the row names its own record, same phase and
+  number, whose ref still holds it): the worktree as the cut-short run left it is kept at
+  ``<ref>.cut`` (the evidence: what that run wrote), then put back to exactly the record (and
+  HEAD where the record's parent is, should that run have committed), seeds copied in again,
+  and ``session.restored`` journaled.
+
+The start records go when the story is ready (`drop_session_records`); the ``.cut`` refs stay,
+under the run's own ref namespace, until ``cleanup --runs`` prunes the finished run. Only a
+story's own worktree is recorded and restored, never a person's checkout (``isolation =
+"none"``), as for verify.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -19,13 +53,7 @@ from pathlib import Path
 
 from sqlalchemy import bindparam, select, update
 
-from ...agents.adapter import (
-    AgentCall,
-    agent_env,
-    render_argv,
-    review_approved,
-    session_output,
-)
+from ...agents.adapter import AgentCall, agent_env, render_argv, review_approved, session_output
 from ...bmad.install import detect_bmad
 from ...agents.faults import AgentFault, classify
 from ...agents.output import SessionReport, Usage, parse_output
@@ -41,16 +69,19 @@ from ...agents.tmux_session import session_name, tmux_available
 from ...states import AttemptState, Phase, RunState, StopMode
 from ..faults import crash_point
 from ...sandbox import SANDBOX_VAR, Box
-from ..verification.childenv import agent_box, settle_after_box
-from ..verification.childenv import child_env, sandbox_vars
+from ..verification.childenv import agent_box, settle_after_box, child_env, sandbox_vars
 from ..workspace.guard import read_guard_log
 from ..journal import record
 from .repair import repair_env, repair_prompt_text
-from .sessionchanges import changed_paths_between, snapshot
-from .session_record import before_session
-from .usagefile import USAGE_FILE_VAR, budget_set, read_usage_file, usage_file
+from ..usage import USAGE_FILE_VAR, budget_set, read_usage_file, usage_file
+from ...git.indexflags import clear_flags
+from ..workspace.base import matches_any
+from ..verification.record import keep, restore
 
-__all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "verdict_mode"]
+__all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "verdict_mode", "snapshot",
+           "changed_paths_between", "SESSION_RECORD_KEY", "SESSION_REF_PATTERN", "session_ref",
+           "session_ref_owner", "before_session", "forget_session_record", "drop_session_records"]
+
 
 log = logging.getLogger(__name__)
 
@@ -440,3 +471,93 @@ def _read(root: Path, rel: str) -> str:
     except OSError:
         return ""
     return data.decode("utf-8", errors="replace") if data is not None else ""
+
+
+_GONE = "-"  # a path that differs from the base by not being there
+
+
+def snapshot(git, worktree: Path, base_sha: str, *, unflag: bool = False) -> dict[str, str]:
+    """Path -> content id of each path of `worktree` that differs from `base_sha`. With
+    `unflag` (a story's own worktree, never a person's checkout) index flags are taken off
+    first: an edit hidden behind one is a change all the same."""
+    if unflag:
+        clear_flags(git, worktree)
+    tracked = git.run("diff", "--name-only", "-z", "--no-renames", base_sha, "--", cwd=worktree).stdout
+    new = git.run("ls-files", "--others", "--exclude-standard", "-z", cwd=worktree).stdout
+    paths = sorted({p for p in (tracked + "\0" + new).split("\0") if p})
+    present = [p for p in paths if (worktree / p).is_file()]
+    ids = []
+    if present:
+        out = git.run("hash-object", "--stdin-paths", cwd=worktree, input="\n".join(present) + "\n").stdout
+        ids = out.split()
+    found = dict(zip(present, ids))
+    return {p: found.get(p, _GONE) for p in paths}
+
+
+def changed_paths_between(before: dict[str, str], after: dict[str, str], ignore) -> list[str]:
+    """The paths whose content differs between two snapshots, except those matching `ignore`."""
+    paths = set(before) | set(after)
+    return sorted(p for p in paths
+                  if before.get(p) != after.get(p) and not matches_any(p, list(ignore)))
+
+
+SESSION_RECORD_KEY = "session_record"  # the story row's feedback entry naming the record
+CUT_SUFFIX = ".cut"
+SESSION_REF_PATTERN = "refs/bmad-loop/*/sessions/*/*"  # every run's, for `for-each-ref`
+
+
+def session_ref(run_id: str, story_key: str, phase: str, number: int) -> str:
+    return f"refs/bmad-loop/{run_id}/sessions/{story_key}/{phase}-{number}"
+
+
+def session_ref_owner(ref: str) -> tuple[str, str, bool] | None:
+    """(run, story, is it a cut-short run's evidence) of a session ref; None for another ref."""
+    parts = ref.split("/")
+    if len(parts) != 6 or parts[:2] != ["refs", "bmad-loop"] or parts[3] != "sessions":
+        return None
+    return parts[2], parts[4], parts[5].endswith(CUT_SUFFIX)
+
+
+def before_session(ctx, claim, story, phase: str, number: int) -> None:
+    """Before an agent session of the claimed story: record where it starts, or, when the row
+    names this very session's record (it is a re-run), put the worktree back to it first."""
+    if not ctx.workspace.story_worktrees or not story.worktree:
+        return
+    worktree = Path(story.worktree)
+    ref = session_ref(ctx.run_id, story.key, phase, number)
+    named = (story.feedback or {}).get(SESSION_RECORD_KEY) or {}
+    sha = named.get("sha")
+    scratch = ctx.layout.scratch(story.key)
+    if (named.get("phase"), named.get("number")) == (phase, number) and sha \
+            and ctx.git.rev(ref) == sha:
+        cut = restore(ctx.git, worktree, sha, scratch, aside=f"{ref}{CUT_SUFFIX}",
+                      seeds=ctx.workspace.seeds, keep_folders=ctx.policy.scm.reuse_keep)
+        ctx.workspace.reseed(worktree)
+        with ctx.db.transaction() as s:
+            claim.own(s)
+            record(s, ctx.run_id, "session.restored", story.key, phase=phase, attempt=number,
+                   record=sha, ref=ref, cut=cut, cut_ref=f"{ref}{CUT_SUFFIX}" if cut else None)
+        return
+    sha = keep(ctx.git, worktree, ref, scratch, ctx.workspace.seeds, what="session start")
+    with ctx.db.transaction() as s:
+        claim.write(s, story, feedback={**(story.feedback or {}), SESSION_RECORD_KEY:
+                                        {"phase": phase, "number": number, "sha": sha}})
+
+
+def forget_session_record(known, values: dict) -> None:
+    """A session's outcome is written (for the row `known`): the row stops naming its record
+    in that same write."""
+    if (known.feedback or {}).get(SESSION_RECORD_KEY):
+        values["feedback"] = {**values.get("feedback", known.feedback), SESSION_RECORD_KEY: None}
+
+
+def drop_session_records(ctx) -> None:
+    """The story is ready (its work is committed): its start records go; what a cut-short
+    session left (``.cut``) stays as evidence until the run is pruned."""
+    if not ctx.workspace.story_worktrees:
+        return
+    prefix = f"refs/bmad-loop/{ctx.run_id}/sessions/{ctx.key}/"
+    refs = [r for r in ctx.git.out("for-each-ref", "--format=%(refname)", prefix).splitlines()
+            if r and not r.endswith(CUT_SUFFIX)]
+    if refs:
+        ctx.git.run("update-ref", "--stdin", input="".join(f"delete {r}\n" for r in refs))

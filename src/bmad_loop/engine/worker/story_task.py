@@ -1,37 +1,39 @@
-"""The body of one `stories` task: claim the story row and its lease, walk its worker
-(worker.py) from the row's phase, then wake the lane and give the worktree back.
+"""The body of one `stories` task: claim the story row and its lease, walk its worker (walk.py)
+from the row's phase, then wake the lane and give the worktree back.
 
 A duplicate message finds the story claimed and returns. What ends the walk decides what
 follows: escalated (a notification), a fault that persisted or an agent that cannot work (the
 story back in line, the run paused), taken back while stalled (nothing more is written), a stop
-(back in line), anything else (escalated as an internal error, the work kept).
+(back in line), anything else (escalated as an internal error, the work kept). A walk cut short
+hands the story back and closes the sessions left marked running as interrupted (uncounted).
 """
-
 from __future__ import annotations
 
 import logging
 import traceback
 
-from ...db.models import Run, Story, utcnow
+from sqlalchemy import select
+
+from ...db.models import Run, Story, utcnow, Attempt
 from ...errors import StopRequested
-from ...states import Phase, RunState, StoryState
+from ...states import Phase, RunState, StoryState, AttemptState
 from .. import leases
 from .agentpause import PauseRun, pause_run
 from .context import Claim, Fenced, story_context
 from ..faults import crash_point
-from .interruptions import close_running_attempts, interrupt_open_attempts, release_after_stop
 from ..journal import record
 from ..notify import notify
 from ..retry import FaultPersisted, pause_for_fault, retrying
 from ..runs import run_policy
 from ..transitions import transition_story
 from ..verification.record import drop_records
-from .session_record import drop_session_records
+from .sessions import drop_session_records
 from .walk import StoryWorker, quietly
 from ..workspace.landed import sweep_landed
 from ..workspace.pool import announce_park
 
-__all__ = ["work"]
+__all__ = ["work", "release_after_stop", "interrupt_open_attempts", "close_running_attempts"]
+
 
 log = logging.getLogger(__name__)
 
@@ -172,3 +174,30 @@ def _sweep(project, run_id: str) -> None:
         sweep_landed(project, run_id)
     except Exception:  # debris only: `cleanup` on this host removes what is left
         log.warning("could not remove landed worktrees of run %s", run_id, exc_info=True)
+
+
+def release_after_stop(db, run_id: str, story_id: int, generation: int, fault: str | None = None) -> None:
+    """A stop (or a persistent fault) reached this story: hand it back as pending, its phase
+    and worktree kept."""
+    with db.transaction() as s:
+        story = s.get(Story, story_id)
+        if story.claim == generation and transition_story(s, story_id, StoryState.WORKING,
+                                                          state=StoryState.PENDING,
+                                                          heartbeat_at=None):
+            data = {"fault": fault} if fault else {}
+            record(s, run_id, "story.interrupted", story.key, phase=story.phase, **data)
+
+
+def interrupt_open_attempts(claim) -> None:
+    """Close this story's sessions still marked running (uncounted): only ours can be, since we
+    hold its claim, and a retried step starts a new one."""
+    with claim.db.transaction() as s:
+        close_running_attempts(s, claim.run_id, claim.own(s))
+
+
+def close_running_attempts(s, run_id: str, row: Story) -> None:
+    for att in s.scalars(select(Attempt).where(Attempt.story_id == row.id,
+                                               Attempt.state == AttemptState.RUNNING)):
+        att.state, att.counted, att.ended_at = AttemptState.INTERRUPTED, False, utcnow()
+        record(s, run_id, "attempt.finished", row.key, phase=att.phase, attempt=att.number,
+               state=AttemptState.INTERRUPTED, counted=False, why="retried after a fault")
