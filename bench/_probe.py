@@ -77,7 +77,7 @@ def install() -> None:
 
     from bmad_loop.git import repolock, runner as gitcmd
     from bmad_loop.db import database
-    from bmad_loop.engine.lane import integrate, lane, outcomes, tick
+    from bmad_loop.engine.lane import aftermath, integrate, lane, tick
     from bmad_loop.engine.run import consumers
     from bmad_loop.engine.worker import walk as worker
 
@@ -132,8 +132,8 @@ def install() -> None:
     tick.LanePass._load = _step("lane: load rows")(tick.LanePass._load)
     integrate.Integrator._one_composition = _step("lane: compose+verify+advance")(
         integrate.Integrator._one_composition)
-    outcomes.Outcomes.clean_after_integration = _step("lane: clean-up")(
-        outcomes.Outcomes.clean_after_integration)
+    aftermath.Aftermath.clean_after_integration = _step("lane: clean-up")(
+        aftermath.Aftermath.clean_after_integration)
     consumers.work = _step("worker: work (all)")(consumers.work)  # the name the consumers call
     worker.StoryWorker.prepare = _step("worker: prepare")(worker.StoryWorker.prepare)
     worker.StoryWorker.phase_dev = _step("worker: dev")(worker.StoryWorker.phase_dev)

@@ -1,6 +1,6 @@
 """The crash matrix: kill -9 at every named crash point, restart, and nothing is lost or doubled.
 
-For each point of `engine.faults.CRASH_POINTS`, a three-story sprint (disjoint files, strategy
+For each point of `engine.crashpoints.CRASH_POINTS`, a three-story sprint (disjoint files, strategy
 `merge`) is driven by a real `bmad-loop worker --queue all -w 1` subprocess with
 `BMAD_LOOP_CRASH_AT=<point>`. The process SIGKILLs itself at that point (once: the marker file),
 is started again with the same environment, and must finish the run. Then:
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.engine.faults import CRASH_ENV, CRASH_POINTS, ONCE_ENV
+from bmad_loop.engine.crashpoints import CRASH_ENV, CRASH_POINTS, ONCE_ENV
 from support import (
     ALPHA_BETA_GAMMA,
     SETTLED,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.engine.layout import Layout
+from bmad_loop.engine.runpaths import Layout
 from bmad_loop.engine.workspace import pool as worktree_pool
 from bmad_loop.engine.workspace.pool import (
     POOL_ENV,

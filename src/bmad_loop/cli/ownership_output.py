@@ -13,7 +13,7 @@ __all__ = ["forget_command", "echo_new_warnings"]
 
 
 def forget_command(project, forget_id, force, dry_run, as_json):
-    from ..engine.run.forget import forget_database
+    from ..engine.run.cleanup import forget_database
 
     report = forget_database(project, forget_id.strip(), force=force, dry_run=dry_run,
                              has_rows=has_state(project),

@@ -130,7 +130,7 @@ def init(project_dir, force):
     import tomllib
 
     from ..engine.project import Project, ensure_state_dir
-    from ..engine.run.repocheck import check_checkout
+    from ..engine.run.planning import check_checkout
     from ..policy import default_policy_text, load_policy, policy_from_dict, policy_path
 
     root = project_dir.resolve()
@@ -241,8 +241,8 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
     """
     # First: a Ctrl+C during start-up stops the run once it is driven.
     click.get_current_context().call_on_close(Interrupts.counting().release)
-    from ..engine.faults import delay_point
-    from ..engine.run.gatepoints import pause_summary
+    from ..engine.crashpoints import delay_point
+    from ..engine.run.planning import pause_summary
 
     project, policy, tasks, run_id, plan = _enqueue(project_dir, parallel, gates, epic, stories,
                                                     max_stories)
@@ -375,7 +375,7 @@ def _write_html_report(project, run_id, path) -> None:
 def _print_outcome(project, run_id):
     from ..db.models import Run
     from ..engine.run.status import night_notes
-    from ..engine.runs import stories_of
+    from ..engine.runrows import stories_of
     from ..operator.stop_notice import resume_command
     from ..operator.style import key_width
     from ..states import RunState

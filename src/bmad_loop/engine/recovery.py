@@ -39,7 +39,7 @@ from ..hostid import host_name
 from ..states import AttemptState, StoryState
 from . import leases
 from .journal import record
-from .runs import run_policy
+from .runrows import run_policy
 from ..caches import CACHES
 
 __all__ = ["find_orphans", "recover_orphans", "recoveries_so_far", "end_story_processes",

@@ -15,7 +15,7 @@ from ..db.models import Run
 from ..states import STORY_IN_FLIGHT, RunState
 from ..transient import Fault, transient_fault
 from .journal import record
-from .runs import stories_of
+from .runrows import stories_of
 from .transitions import transition_run
 
 __all__ = ["retrying", "pause_for_fault", "FaultPersisted", "BACKOFF_S"]

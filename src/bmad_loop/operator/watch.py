@@ -16,7 +16,7 @@ class BoardWatch:
 
     def __init__(self, project, run_ref: str | None):
         from ..engine.run.control import find_run
-        from ..engine.runs import run_policy
+        from ..engine.runrows import run_policy
         from .reader import Reader
 
         self.reader = Reader(project)

@@ -35,7 +35,7 @@ from ...db.models import Candidate, Story
 from ...git.trees.compose import changed_paths
 from ...states import CandidateState, StoryState
 from ..escalation import Cause, failure_cause
-from ..faults import crash_point
+from ..crashpoints import crash_point
 from ..journal import record
 from ..transitions import transition_story
 from ..verification import targetcheck
@@ -81,9 +81,9 @@ class Blame:
             if state == targetcheck.FAILED:
                 self._red(story, cand, key)
         if cause in (Cause.CONFLICT, Cause.VERIFY):
-            return self.integrator.outcomes.repair_or_escalate(
+            return self.integrator.aftermath.repair_or_escalate(
                 story, cand, cause, details, landed_since(self.integrator, story.id))
-        return self.integrator.outcomes.escalate(story, cand.id, cand.reason or "candidate failed",
+        return self.integrator.aftermath.escalate(story, cand.id, cand.reason or "candidate failed",
                                                  failure_cause(cand.state, cand.reason))
 
     # ------------------------------------------------------------------ the target check

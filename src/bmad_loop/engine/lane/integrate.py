@@ -36,15 +36,15 @@ from ...db.models import Candidate, Run, Story, utcnow
 from ...git.worktrees import ensure_detached_worktree
 from ...states import CANDIDATE_OPEN, CandidateState, StoryState
 from ..workspace import make_workspace
-from ..faults import crash_point, delay_point
+from ..crashpoints import crash_point, delay_point
 from ..escalation import Cause
-from .outcomes import LaneSite, Outcomes, TargetMoved
+from .aftermath import LaneSite, Aftermath, TargetMoved
 from ..journal import journal_git_locks, record
-from ..layout import Layout
-from ..ledgerfiles import append_ledger_lines
+from ..runpaths import Layout
+from ..mergerules import append_ledger_lines
 from ..redo import RECOMPOSE_FLOOR
 from .regenerate import settled_events, GeneratorInput, regenerate
-from ..runs import board_rel
+from ..runrows import board_rel
 from ..transitions import transition_candidate, transition_story
 from .blame import Blame
 from ..verification.childenv import BoxSite, settle_after_box
@@ -98,7 +98,7 @@ class Integrator:
         self.target = project.target(self.git, run.target_branch)
         self.layout = Layout(project.state_dir, run.id)
         self.workspace = make_workspace(policy, self.git, self.layout, self.target, root=project.root)
-        self.outcomes = Outcomes(LaneSite(self.db, self.run_id, self.git, self.layout, self.target,
+        self.aftermath = Aftermath(LaneSite(self.db, self.run_id, self.git, self.layout, self.target,
                                           self.workspace, policy))
         self.board_rel = board_rel(run, project.root)
         self.composer = Composer(self, project.root)  # the candidate of each attempt
@@ -118,7 +118,7 @@ class Integrator:
         before it leaves worktrees and refs no row owns; `cleanup` removes those."""
         while self.landed:
             story, attempt = self.landed.pop(0)
-            self.outcomes.clean_after_integration(story, attempt)
+            self.aftermath.clean_after_integration(story, attempt)
 
     def integrate(self, story_id: int) -> str:
         """The story's state afterwards: integrated, held (waiting for sign-off), escalated, or the
@@ -137,7 +137,7 @@ class Integrator:
                  and (known.latest is None or known.latest.state not in CANDIDATE_OPEN))
         if story.state == StoryState.READY and not quick:
             with self.db.transaction() as s:
-                if not self.outcomes.enter_integrating(s, story):
+                if not self.aftermath.enter_integrating(s, story):
                     return s.get(Story, story_id).state
                 story = s.get(Story, story_id)
         resumed = self._resume_candidate(story, known.latest, decide=was_integrating)
@@ -192,14 +192,14 @@ class Integrator:
                 known = self._known(s, story)
         stale = known.stale
         if stale > self.policy.limits.max_recompose:
-            return self.outcomes.escalate(story, None, f"target kept moving: {stale} stale compositions "
+            return self.aftermath.escalate(story, None, f"target kept moving: {stale} stale compositions "
                                   f"(max_recompose = {self.policy.limits.max_recompose})",
                                   Cause.TARGET_MOVING)
         target_sha = self.target.sha()
-        self.outcomes.check_foreign_move(story, target_sha, known.baseline)
+        self.aftermath.check_foreign_move(story, target_sha, known.baseline)
         missing = self.fetch_story(story)
         if missing:
-            return self.outcomes.escalate(story, None, missing, Cause.BRANCH)
+            return self.aftermath.escalate(story, None, missing, Cause.BRANCH)
         if not row:
             return None, known.attempts + 1, target_sha, story.head_sha
         cand_id, attempt = self.new_candidate(story, target_sha, stack=1, on_id=None)
@@ -220,7 +220,7 @@ class Integrator:
         delay_point("lane.in_compose")
         with self.db.transaction() as s:
             if story.state == StoryState.READY:
-                if not self.outcomes.enter_integrating(s, story):  # stopped meanwhile, or not ours
+                if not self.aftermath.enter_integrating(s, story):  # stopped meanwhile, or not ours
                     return s.get(Story, story.id).state
                 story.state = StoryState.INTEGRATING
             cand = Candidate(run_id=self.run_id, story_id=story.id, attempt=attempt,
@@ -237,7 +237,7 @@ class Integrator:
             cand_id = insert_now(s, cand)  # nobody reads the object back
         if comp.conflicts:
             ref = self.layout.candidate_ref(story.key, attempt)
-            self.outcomes.record_conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)
+            self.aftermath.record_conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)
             return self.blame.decide(story, cand_id)  # a repair, or an escalation
         crash_point("lane.after_verify")
         if self.between is not None:
@@ -266,7 +266,7 @@ class Integrator:
         comp = self.composer.compose(story, strategy, on_sha, branch_sha, attempt)
         ref = self.layout.candidate_ref(story.key, attempt)
         if comp.conflicts:
-            self.outcomes.record_conflict(story, cand_id, attempt, comp, on_sha, branch_sha, ref)
+            self.aftermath.record_conflict(story, cand_id, attempt, comp, on_sha, branch_sha, ref)
             return None
         keep = self._keeps_candidate(story)  # else the CAS follows at once and the target keeps it
         if keep:
@@ -292,7 +292,7 @@ class Integrator:
         events, evidence = settled_events(comp)
         for data in events:
             record(s, self.run_id, "candidate.settled", story.key, attempt=cand.attempt, **data)
-        cand.evidence = str(self.outcomes.write_evidence(story.key, cand.attempt, {
+        cand.evidence = str(self.aftermath.write_evidence(story.key, cand.attempt, {
             **evidence, "story": story.key, "attempt": cand.attempt}))
 
     def candidate_reason(self, cand_id: int) -> str:
@@ -349,7 +349,7 @@ class Integrator:
         verifier = self.verifier
         worktree = verifier.candidate_checkout(story.key, attempt, sha)
         result = verifier.verify_candidate(story.key, attempt, worktree, sha, verifier.env())
-        if self.outcomes.record_verdict(story, cand_id, attempt, result, worktree,
+        if self.aftermath.record_verdict(story, cand_id, attempt, result, worktree,
                                CandidateShas(target_sha, branch_sha, sha)):
             return CandidateState.VERIFIED
         with self.db.read() as s:
@@ -365,7 +365,7 @@ class Integrator:
             if checkout is not None:
                 overlap = overlapping_dirty(self.git, checkout, target_sha, sha)
                 if overlap:
-                    return self.outcomes.dirty_checkout(story, cand_id, attempt, checkout, overlap,
+                    return self.aftermath.dirty_checkout(story, cand_id, attempt, checkout, overlap,
                                                 target_sha, sha)
             if not advancing:
                 with self.db.transaction() as s:
@@ -385,8 +385,8 @@ class Integrator:
                 now_at = self.target.sha(fetch=False)
                 record(s, self.run_id, "candidate.stale", story.key, attempt=attempt,
                        composed_on=target_sha, target_now=now_at)
-            self.outcomes.drop_candidate(story.key, attempt)
-            self.outcomes.check_foreign_move(story, now_at)  # pause, or accept and recompose
+            self.aftermath.drop_candidate(story.key, attempt)
+            self.aftermath.check_foreign_move(story, now_at)  # pause, or accept and recompose
             return CandidateState.STALE
         return self._finish(story, cand_id, attempt, sha, target_sha)
 

@@ -22,7 +22,7 @@ from ...states import RUN_LIVE, RunState
 from ..journal import record
 from ..notify import notify
 from ..retry import FaultPersisted, pause_for_fault, retrying
-from ..runs import lane_rows, run_policy
+from ..runrows import lane_rows, run_policy
 from ..transitions import transition_run
 from ..workspace.pool import drain_run_pool
 from .admission import ConflictIndex, StoryView, views_of

@@ -34,7 +34,7 @@ from ...db.models import Candidate, Run, Story, utcnow
 from ...states import CANDIDATE_OPEN, CandidateState, StoryState
 from ..escalation import COULD_NOT_RUN, Cause
 from ..journal import record
-from ..runs import next_in_plan
+from ..runrows import next_in_plan
 from ..transitions import transition_story
 from ..verification.runner import VerifyResult
 from .blame import CHECKING
@@ -205,7 +205,7 @@ class Stack:
     def _evidence(self, story: Story, cand: Candidate, was: str, reason: str):
         """What a given-up candidate was: its ref, worktree and verify log stay for a look."""
         layout = self.integrator.layout
-        return self.integrator.outcomes.write_evidence(story.key, cand.attempt, {
+        return self.integrator.aftermath.write_evidence(story.key, cand.attempt, {
             "kind": "abandoned", "story": story.key, "attempt": cand.attempt, "was": was,
             "reason": reason, "stack": cand.stack, "target_sha": cand.target_sha,
             "branch_sha": cand.branch_sha, "candidate_sha": cand.candidate_sha,
@@ -284,14 +284,14 @@ class Stack:
                 result = integrator.verifier.verify_candidate(story.key, attempt, worktree, sha, env,
                                                          stop_event=job.stop)
                 if not job.stop.is_set():
-                    integrator.outcomes.record_verdict(story, cand_id, attempt, result, worktree,
+                    integrator.aftermath.record_verdict(story, cand_id, attempt, result, worktree,
                                               CandidateShas(target_sha, branch_sha, sha))
             except Exception as exc:  # counts as a failed verification, never a silent retry loop
                 log.exception("verification of candidate %s (%s) failed to run", cand_id, story.key)
                 failed = VerifyResult(ok=False, failed_command=f"{COULD_NOT_RUN}: {exc})",
                                       exit_code=None, timed_out=False, output=str(exc),
                                       duration_s=0.0, log=None)
-                integrator.outcomes.record_verdict(story, cand_id, attempt, failed, worktree,
+                integrator.aftermath.record_verdict(story, cand_id, attempt, failed, worktree,
                                           CandidateShas(target_sha, branch_sha, sha))
             finally:
                 verifications.release(cand_id)
@@ -337,7 +337,7 @@ class Stack:
         else:
             missing = integrator.fetch_story(story)
             if missing:
-                outcome = integrator.outcomes.escalate(story, None, missing, Cause.BRANCH)
+                outcome = integrator.aftermath.escalate(story, None, missing, Cause.BRANCH)
                 self.lane.after_integration(story, outcome)
                 return True
             on_sha, branch_sha = top.cand.candidate_sha, story.head_sha

@@ -64,7 +64,7 @@ from ..notify import notify
 from ..recovery import recover_orphans
 from .stacking import own_paths, restack_stale
 from .speculation import Stack, speculating
-from ..runs import lane_rows, next_in_plan, stories_of
+from ..runrows import lane_rows, next_in_plan, stories_of
 from .stacking import stacked_bases
 from ..transitions import transition_run, transition_story
 from ..workspace.pool import drain_pool

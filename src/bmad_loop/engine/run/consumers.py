@@ -24,12 +24,12 @@ from ...queue.queues import BackgroundConsumer
 from ...queue.tasks import Tasks
 from ...states import RUN_LIVE, RunState
 from .. import leases
-from .heartbeats import consumer_lease_name, prune_lapsed
+from ..leases import consumer_lease_name, prune_lapsed
 from .control import recover_live_runs
 from ..journal import record
 from .ownership import refresh_live_runs, save_run
 from ..lane.lane import Lane
-from ..runs import RUN_STATE
+from ..runrows import RUN_STATE
 from ..worker.story_task import work
 
 __all__ = ["ConsumerSet", "QUEUES"]
@@ -77,7 +77,7 @@ class ConsumerSet:
         self._lanes: dict[str, Lane] = {}  # run id -> its lane, while the run is live
         self._lanes_lock = threading.Lock()
         self.holder: leases.LeaseHolder | None = None
-        self.beat: leases.LeaseHolder | None = None  # this set's consumer heartbeat (heartbeats.py)
+        self.beat: leases.LeaseHolder | None = None  # this set's consumer heartbeat (leases.py)
         self._watchdog_stop = threading.Event()
         self._watchdog: threading.Thread | None = None
 

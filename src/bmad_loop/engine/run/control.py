@@ -2,6 +2,15 @@
 
 Recovery never runs work directly: it puts rows back into a claimable state and sends the
 wake-up messages, and the normal claim takes it from there.
+
+**Verdicts that no longer hold** are dropped on `resume` when the checks or the target changed.
+A `verified` candidate waiting to advance (or for sign-off) was verified by the run's checks as
+they were, on the target as it was. When `resume --reload-policy` changes what verification
+runs (`reverify_reason`), or `resume` adopts a target someone else moved, such a verdict says
+nothing any more: every candidate still `verified` is given up (`abandoned`, journaled
+`candidate.reverify_policy`) and its story goes back to `ready`, so the lane composes and
+verifies it again under the checks in force. An `advancing` candidate is left alone (its
+advance may have happened); a `verifying` one is verified again anyway, by the new checks.
 """
 
 from __future__ import annotations
@@ -10,7 +19,7 @@ import datetime as dt
 
 from sqlalchemy import or_, select
 
-from ...db.models import Run, Story, utcnow
+from ...db.models import Run, Story, utcnow, Candidate
 from ...errors import Ambiguous, NotFound, StateError
 from ...states import (
     RUN_ABANDONABLE,
@@ -33,13 +42,13 @@ from ..escalation import ENVIRONMENTAL, integration_cause
 from ..journal import record
 from .ownership import save_run, target_check
 from ..redo import retry_story, to_dev, to_human_fix, to_ready, to_repair
-from ..reverify import drop_verified, reverify_reason
 from ..recovery import ever_spawned, recover_orphans
-from ..runs import run_policy, stories_of
+from ..runrows import run_policy, stories_of
 from ..transitions import transition_run, transition_story
 
 __all__ = ["find_run", "driver_of", "refuse_if_driven", "resume", "stop", "approve", "reject",
-           "retry", "reconcile", "recover_live_runs", "requeue_run"]
+           "retry", "reconcile", "recover_live_runs", "requeue_run", "reverify_reason",
+           "drop_verified"]
 
 
 def find_run(session, project, ref: str | None) -> Run:
@@ -350,3 +359,37 @@ def _story_by_key(session, run: Run, key: str) -> Story:
     stories = stories_of(session, run.id)
     found = resolve_story_ref(stories, key, f"run {run.id}")
     return next(s for s in stories if s.key == found)
+
+
+# Reloaded keys that change what a candidate's verification runs or sees (`verify.parallel`
+# only says how many run at once).
+_VERIFY_SECTIONS = ("verify.", "resources.ports")
+_NOT_A_CHECK = ("verify.parallel",)
+
+
+def reverify_reason(changed: list[str]) -> str | None:
+    """Why verdicts given before a policy reload that changed `changed` no longer hold."""
+    keys = [k for k in changed if k.startswith(_VERIFY_SECTIONS) and k not in _NOT_A_CHECK]
+    return f"the reloaded policy changed {', '.join(keys)}" if keys else None
+
+
+def drop_verified(session, run_id: str, reason: str, target_now: str | None) -> list[str]:
+    """Give up the run's `verified` candidates; their stories back to `ready`. Their keys.
+    One the target points at already (advanced, its row not written: a crash) is kept."""
+    keys = []
+    cands = list(session.scalars(select(Candidate).where(
+        Candidate.run_id == run_id, Candidate.state == CandidateState.VERIFIED)
+        .order_by(Candidate.id)))
+    for cand in cands:
+        if target_now is not None and cand.candidate_sha == target_now:
+            continue
+        story = session.get(Story, cand.story_id)
+        cand.state, cand.ended_at = CandidateState.ABANDONED, utcnow()
+        cand.reason = f"verified before {reason}: verified again"
+        transition_story(session, story.id, (StoryState.INTEGRATING, StoryState.HELD,
+                                             StoryState.READY),
+                         state=StoryState.READY, signed_off=False)
+        record(session, run_id, "candidate.reverify_policy", story.key, attempt=cand.attempt,
+               candidate_sha=cand.candidate_sha, reason=reason)
+        keys.append(story.key)
+    return keys

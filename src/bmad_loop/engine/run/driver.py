@@ -26,7 +26,7 @@ from .consumers import ConsumerSet
 from .control import stop
 from ..journal import event_rows_after
 from .presses import Interrupts
-from ..runs import RUN_STATE, stories_of
+from ..runrows import RUN_STATE, stories_of
 
 __all__ = ["drive", "exit_code_for"]
 

@@ -1,8 +1,18 @@
-"""`bmad-loop validate`: every check enqueue would make, reported one by one instead of failing fast."""
+"""`bmad-loop validate`: every check enqueue would make, reported one by one instead of failing fast.
+
+It also looks at the agent CLI and the BMAD install the sessions will meet. A profile's flags
+were checked against one release of its CLI (`checked_version`); an older CLI may lack a flag
+and fail every story, so `validate` asks the binary for its version (one short `--version`
+call) and says how it compares. It also says which BMAD the project has and what is seeded
+into each worktree (bmad/install.py).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+import re
+import shutil
+import subprocess
 
 from ...bmad.board import ACTIONABLE
 from ...git.trees.compose import dirty_paths
@@ -12,18 +22,18 @@ from ...errors import BmadLoopError
 from ...policy.advice import verify_advice
 from ...bmad.selection import dependency_problems
 from ...policy import env_override, load_policy
-from ...agents.profiles import custom_command_warnings
+from ...agents.profiles import custom_command_warnings, load_profile
 from ...sandbox import startup_notes
 from ...queue.tasks import check_queue, queue_config
-from .agentcheck import bmad_checks, version_checks
-from .creation import creation_checks
+from .planning import creation_checks
 from ..mergerules import merge_rule_checks
 from .planning import agent_command, target_branch_of
 from ..project import Project
-from .sprintload import Sprint, check_committed, load_sprint
+from .planning import Sprint, check_committed, load_sprint
 from ..usage import budget_warnings
+from ...bmad.install import bmad_seeds, detect_bmad
 
-__all__ = ["preflight"]
+__all__ = ["preflight", "cli_version", "version_checks", "bmad_checks"]
 
 
 def preflight(root: Path) -> dict:
@@ -204,3 +214,76 @@ def _check_sandbox(add, policy) -> None:
         modes = {policy.adapter.sandbox, policy.verify.sandbox}
         add("sandbox", "ok", "off" if modes == {"off"} else "agents and verify commands run boxed"
             if "off" not in modes else "boxed where the policy asks for it")
+
+
+_VERSION_RE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def cli_version(binary: str, timeout_s: float = 10.0) -> str | None:
+    """The first line `binary --version` prints, or None when it cannot tell."""
+    try:
+        proc = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = (proc.stdout or proc.stderr).strip().splitlines()
+    return lines[0].strip() if proc.returncode == 0 and lines else None
+
+
+def _number(text: str) -> tuple[int, int, int] | None:
+    m = _VERSION_RE.search(text)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
+def version_checks(policy) -> list[dict]:
+    """One check for the profile's CLI: ok, or a warning when it is older than the release its
+    flags were checked against, or when it will not say its version. None without a profile."""
+    adapter = policy.adapter
+    if not adapter.profile or adapter.command:
+        return []
+    profile = load_profile(adapter.profile)
+    binary = profile.command[0]
+    if shutil.which(binary) is None:
+        return []  # the agent check says so, as an error
+    shown = cli_version(binary)
+    checked = profile.checked_version
+    if shown is None:
+        return [_check("warn", f"{binary} --version printed no version; the {profile.name} "
+                               f"profile was checked against {checked or 'a recent release'}")]
+    have, want = _number(shown), _number(checked) if checked else None
+    if have and want and have < want:
+        return [_check("warn", f"{binary} {shown} is older than {checked}, the release the "
+                               f"{profile.name} profile's flags were checked against: update it, "
+                               "or a flag it lacks fails every session")]
+    against = f" (profile checked against {checked})" if checked else ""
+    return [_check("ok", f"{binary} {shown}{against}")]
+
+
+def bmad_checks(project) -> tuple[list[dict], dict]:
+    """What BMAD the project has, and what is seeded into worktrees: (checks, the --json part)."""
+    root = project.root
+    install = detect_bmad(root)
+    scm = project.policy.scm
+    seeds = bmad_seeds(project.git(), root) if scm.seed_bmad else []
+    if install.kind == "skills":
+        names = sorted({path.rsplit("/", 1)[-1] for path in install.skills.values()})
+        detail = f"BMAD skills: {', '.join(names)}"
+    elif install.kind == "workflows":
+        folders = sorted({path.rsplit("/", 1)[0] for path in install.workflows.values()})
+        detail = f"BMAD workflow folders in {', '.join(folders)}"
+    elif install.kind == "v4":
+        detail = "BMAD v4 (.bmad-core/)"
+    else:
+        # Not a warning: a board kept by hand is a fine way to use bmad-loop.
+        return ([_check("ok", "no BMAD install found (no bmad-* skills, no workflow folders, no "
+                              ".bmad-core/): agents are told to work by hand", name="bmad")],
+                {"bmad": {"kind": "none", "skills": {}, "workflows": {}, "seeded": []}})
+    if seeds:
+        detail += f"; untracked, so seeded into each worktree: {', '.join(seeds)}"
+    return ([_check("ok", detail, name="bmad")],
+            {"bmad": {"kind": install.kind, "skills": dict(install.skills),
+                      "workflows": dict(install.workflows), "seeded": seeds}})
+
+
+def _check(status: str, detail: str, name: str = "agent") -> dict:
+    return {"name": name, "status": status, "detail": detail}

@@ -7,9 +7,9 @@ from sqlalchemy import bindparam, select
 from ...db.models import Attempt, Candidate, Event, Flake, Run, Story, TargetCheck, utcnow
 from ...agents.stallwatch import last_output_at
 from ...states import RUN_LIVE, Phase, StoryState
-from .heartbeats import live_run_view, workers_alive
+from ..leases import live_run_view, workers_alive
 from ..journal import event_json, events_after
-from ..runs import stories_of
+from ..runrows import stories_of
 from ..usage import empty_usage, usage_by_story
 
 __all__ = ["run_status", "run_json", "story_json", "candidate_json", "journal_lines",

@@ -45,9 +45,9 @@ from ...git.runner import Git
 from ...git.worktrees import ensure_detached_worktree
 from ...policy import Policy
 from ...sandbox import SANDBOX_VAR, Box
-from ..faults import crash_point
+from ..crashpoints import crash_point
 from ..journal import record
-from ..layout import Layout
+from ..runpaths import Layout
 from .childenv import (BoxSite, child_env, lane_block, lane_slot_block, port_env, settle_after_box,
                        verify_box)
 

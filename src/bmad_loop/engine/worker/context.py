@@ -22,9 +22,9 @@ from ...states import StoryState
 from ...agents.profiles import load_profile
 from .. import leases
 from ..journal import journal_git_locks
-from ..layout import Layout
+from ..runpaths import Layout
 from ..verification.childenv import worker_block
-from ..runs import RUN_STATE, board_rel
+from ..runrows import RUN_STATE, board_rel
 from ..transitions import transition_story_reading
 from ..workspace import make_workspace
 

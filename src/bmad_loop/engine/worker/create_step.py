@@ -36,11 +36,11 @@ from ...errors import GitError, ConfigError
 from ...bmad.footprint import footprint_from_mapping, Footprint
 from ...states import AttemptState, Phase
 from ...bmad.story_meta import parse_story_text
-from ..outcome import Outcome
+from ..stepoutcome import Outcome
 from ..workspace.base import Prepared
 from ...bmad.board import parse_board
 from ...bmad.selection import StorySpec, check_dependencies, resolve_dependencies
-from ..runs import stories_of
+from ..runrows import stories_of
 
 __all__ = ["phase_create", "carry_forward", "CREATED_KEY", "check_created"]
 

@@ -35,10 +35,10 @@ from pathlib import Path
 from ...fileio import write_beneath
 from ...git.trees.compose import Settling, compose
 from ...states import Phase
-from ..faults import crash_point
+from ..crashpoints import crash_point
 from ..mergerules import run_merge_rules
 from ..journal import record
-from ..outcome import Outcome
+from ..stepoutcome import Outcome
 from ..repairs import MERGE_KEY, REPAIR_KEY, in_repair, repair_markdown, repair_ref
 from ..verification.record import restore
 

@@ -67,7 +67,7 @@ from ...agents.prompts import PHASE_INSTRUCTIONS, PromptSpec, build_prompt
 from ...agents.profiles import resolve_command
 from ...agents.tmux_session import session_name, tmux_available
 from ...states import AttemptState, Phase, RunState, StopMode
-from ..faults import crash_point
+from ..crashpoints import crash_point
 from ...sandbox import SANDBOX_VAR, Box
 from ..verification.childenv import agent_box, settle_after_box, child_env, sandbox_vars
 from ..workspace.guard import read_guard_log

@@ -20,11 +20,11 @@ from ...states import Phase, RunState, StoryState, AttemptState
 from .. import leases
 from .agentpause import PauseRun, pause_run
 from .context import Claim, Fenced, story_context
-from ..faults import crash_point
+from ..crashpoints import crash_point
 from ..journal import record
 from ..notify import notify
 from ..retry import FaultPersisted, pause_for_fault, retrying
-from ..runs import run_policy
+from ..runrows import run_policy
 from ..transitions import transition_story
 from ..verification.record import drop_records
 from .sessions import drop_session_records

@@ -36,14 +36,14 @@ from ..verification.childenv import settle_after_box, story_verify_setup
 from .agentpause import check_budget, settle_unavailable
 from .context import Claim, Fenced, StoryContext
 from .create_step import carry_forward, phase_create
-from ..ledgerfiles import StoryLedgers
-from ..faults import crash_point, delay_point
+from ..mergerules import StoryLedgers
+from ..crashpoints import crash_point, delay_point
 from ..verification.runner import record_flakes, NOTHING_TO_RUN, Retry, VerifySite, run_verify
 from ..journal import record
 from ..repairs import in_repair
 from .repair import Repair
 from ..redo import RETRY_FROM
-from ..outcome import Escalate, Outcome
+from ..stepoutcome import Escalate, Outcome
 from .sessions import Heartbeat, run_session, forget_session_record
 from ..transitions import transition_attempt, transition_run
 from ...agents.process import Limits

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ...git.trees.compose import clear_operation_state, dirty_paths
 from ...git.maintenance import NO_AUTO_MAINTENANCE
-from ..outcome import Escalate
+from ..stepoutcome import Escalate
 from .base import Prepared, Workspace, matches_any
 
 __all__ = ["InPlaceWorkspace"]

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from ...db.models import Run, Story
 from ...git.worktrees import delete_branch, remove_worktree
 from ...states import StoryState
-from ..runs import run_policy
+from ..runrows import run_policy
 
 __all__ = ["sweep_landed"]
 

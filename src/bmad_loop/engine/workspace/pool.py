@@ -371,7 +371,7 @@ def _quietly_remove(git, path: Path) -> bool:
 
 def drain_run_pool(project, run_id: str, policy) -> list[str]:
     """`drain_pool` for a run known by id (the lane's error path, which has no lane object)."""
-    from ..layout import Layout
+    from ..runpaths import Layout
 
     try:
         git = project.git(policy)

@@ -1,4 +1,5 @@
-"""Where a run keeps things: branch names, worktree folders, logs, prompts, evidence.
+"""Where a run keeps things (its `Layout`): branch names, ref namespaces, worktree folders,
+logs, prompts, evidence.
 
 One module so the naming scheme that `cleanup` relies on is written down exactly once.
 """

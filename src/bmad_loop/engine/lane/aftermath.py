@@ -1,6 +1,6 @@
 """What an integration leaves behind when it does not simply advance, and after it lands.
 
-`Outcomes` works for the `Integrator` (integrate.py) and the speculative stack on one
+`Aftermath` works for the `Integrator` (integrate.py) and the speculative stack on one
 `LaneSite`: a conflict or a dirty target checkout keeps its evidence (a JSON file, the
 conflicted tree as a commit and a worktree) and escalates the story; a landed story's
 candidates, worktree and branch are cleaned up.
@@ -18,11 +18,11 @@ from ...db.models import Candidate, Run, Story, utcnow
 from ...states import CandidateState, Phase, RunState, StoryState
 from ...git.worktrees import delete_ref, ensure_detached_worktree, remove_worktree
 from ..escalation import Cause
-from ..faults import crash_point
+from ..crashpoints import crash_point
 from ..journal import record
 from ..repairs import REPAIR_KEY
 from ..verification.runner import record_flakes
-from ..runs import RUN_STATE
+from ..runrows import RUN_STATE
 from ..transitions import transition_story
 
 # ready -> integrating only while the run may still land it: checked in the UPDATE itself
@@ -31,7 +31,7 @@ _RUN_MAY_LAND = RUN_STATE.scalar_subquery().in_((RunState.RUNNING, RunState.PAUS
 _CANDIDATE_REFS = select(Candidate.attempt, Candidate.ref, Candidate.state).where(
     Candidate.story_id == bindparam("story_id"))
 
-__all__ = ["LaneSite", "Outcomes", "TargetMoved"]
+__all__ = ["LaneSite", "Aftermath", "TargetMoved"]
 
 
 class TargetMoved(Exception):
@@ -57,7 +57,7 @@ class LaneSite:
     policy: object
 
 
-class Outcomes:
+class Aftermath:
     """The ends of an integration other than the advance itself, on one `LaneSite`."""
 
     def __init__(self, site: LaneSite):

@@ -1,4 +1,7 @@
-"""What a story step decides: a phase's `Outcome`, or `Escalate` to hand the story to a human."""
+"""What a story step decides: a phase's `Outcome`, or `Escalate` to hand the story to a human.
+
+(What an integration leaves behind is the lane's `Aftermath`, engine/lane/aftermath.py.)
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ from dataclasses import dataclass, field
 from ..states import Phase
 
 __all__ = ["Outcome", "Escalate"]
-
 
 
 class Escalate(Exception):
