@@ -194,7 +194,8 @@ def enqueue(project_dir, parallel, gates, epic, stories, max_stories):
 @click.option("--queue", "queue", type=click.Choice(["stories", "integration", "all"]),
               default="all", show_default=True)
 @click.option("-w", "--workers", type=int, default=None,
-              help="Story consumer threads [default: [scm] max_parallel].")
+              help="Story consumer threads [default: the live runs' max_parallel, else "
+                   "[scm] max_parallel].")
 @clone_option
 @host_option
 @handle_errors
@@ -203,12 +204,12 @@ def worker(project_dir, queue, workers, clone_dir, host):
     import signal
     import threading
 
-    from ..engine.run.consumers import ConsumerSet
+    from ..engine.run.consumers import ConsumerSet, story_workers
 
     _set_host(host)
     project = open_project(project_dir, clone_dir)
     if workers is None:
-        workers = 1 if queue == "integration" else project.policy.scm.max_parallel
+        workers = story_workers(project, queue)
     consumers = ConsumerSet(project, queue=queue, workers=workers,
                             announce=lambda line: click.echo(f"bmad-loop worker: {line}", err=True))
     done = threading.Event()

@@ -16,7 +16,7 @@ import gc
 import logging
 import threading
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from ...db.models import Run, Story
 from ...errors import ConfigError
@@ -32,7 +32,7 @@ from ..lane.lane import Lane
 from ..runrows import RUN_STATE
 from ..worker.story_task import work
 
-__all__ = ["ConsumerSet", "QUEUES"]
+__all__ = ["ConsumerSet", "QUEUES", "story_workers"]
 
 log = logging.getLogger(__name__)
 
@@ -247,3 +247,16 @@ class ConsumerSet:
                     self.tasks.enqueue_lane(run_id)
             except Exception:  # the watchdog must outlive a passing database hiccup
                 log.warning("watchdog: could not wake the lanes; retrying", exc_info=True)
+
+
+def story_workers(project, queue: str) -> int:
+    """How many story consumer threads `bmad-loop worker` starts without `-w`: as many as the
+    widest of the project's live runs, each sized by its own snapshot (the `runs` row); before
+    any run exists (or once none is live), `[scm] max_parallel` of the policy, which is what
+    the next run is planned with. The lane alone needs one."""
+    if queue == "integration":
+        return 1
+    with project.db.read() as s:
+        widest = s.scalar(select(func.max(Run.max_parallel)).where(
+            Run.project == project.key, Run.state.in_(RUN_LIVE)))
+    return widest or project.policy.scm.max_parallel
