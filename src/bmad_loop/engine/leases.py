@@ -26,11 +26,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import bindparam, case, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from ..db.dialects import upsert_for
 from ..db.models import Event, Lease, utcnow
 from ..hostid import host_name
 from ..caches import CACHES
+from ..db.database import Database
 
 __all__ = ["lane_lease_name", "story_lease_name", "acquire", "take", "take_in", "renew", "release",
            "release_in", "holds", "holds_in", "owner_id", "LeaseHolder", "pid_alive", "is_live",
@@ -93,7 +95,7 @@ class Holder:
         return f"{self.host} pid {self.pid}"
 
 
-def holder_of(session, name: str, now: dt.datetime | None = None) -> Holder | None:
+def holder_of(session: Session, name: str, now: dt.datetime | None = None) -> Holder | None:
     """The live holder of lease `name`, or None when it is free or expired."""
     row = session.get(Lease, name)
     if row is None or not is_live(row.owner, row.expires_at, now or utcnow()):
@@ -102,7 +104,8 @@ def holder_of(session, name: str, now: dt.datetime | None = None) -> Holder | No
     return Holder(row.owner, parts[0], parts[1] if len(parts) > 1 else "?", row.renewed_at)
 
 
-def acquire(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int | None:
+def acquire(db: Database, name: str, owner: str, ttl_s: float,
+            now: dt.datetime | None = None) -> int | None:
     """Take or renew the lease; returns the fencing token, or None while someone else holds it."""
     now = now or utcnow()
     expires = now + dt.timedelta(seconds=ttl_s)
@@ -159,13 +162,14 @@ def _take_statement(dialect):
     return stmt
 
 
-def take(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int:
+def take(db: Database, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int:
     """Take the lease whoever holds it (the caller already won the row it guards); the token."""
     with db.transaction() as s:
         return take_in(s, name, owner, ttl_s, now)
 
 
-def take_in(session, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int:
+def take_in(session: Session, name: str, owner: str, ttl_s: float,
+            now: dt.datetime | None = None) -> int:
     """`take` inside the caller's transaction: a story worker takes its lease in the one that
     claims the story row. The row's claim generation fences the previous worker, and a new
     token fences its lease."""
@@ -196,7 +200,8 @@ def take_in(session, name: str, owner: str, ttl_s: float, now: dt.datetime | Non
     raise RuntimeError(f"lease {name}: could not be taken after three races")
 
 
-def renew(db, name: str, owner: str, token: int, ttl_s: float, now: dt.datetime | None = None) -> bool:
+def renew(db: Database, name: str, owner: str, token: int, ttl_s: float,
+          now: dt.datetime | None = None) -> bool:
     now = now or utcnow()
     with db.transaction() as s:
         result = s.execute(update(Lease).where(Lease.name == name, Lease.owner == owner,
@@ -205,25 +210,26 @@ def renew(db, name: str, owner: str, token: int, ttl_s: float, now: dt.datetime 
         return result.rowcount == 1
 
 
-def holds(db, name: str, owner: str, token: int, now: dt.datetime | None = None) -> bool:
+def holds(db: Database, name: str, owner: str, token: int, now: dt.datetime | None = None) -> bool:
     """The fencing check: is this (owner, token) still the unexpired holder?"""
     with db.read() as s:
         return holds_in(s, name, owner, token, now)
 
 
-def holds_in(session, name: str, owner: str, token: int, now: dt.datetime | None = None) -> bool:
+def holds_in(session: Session, name: str, owner: str, token: int,
+             now: dt.datetime | None = None) -> bool:
     """`holds` inside the caller's read (the lane's tick asks it with the run's row)."""
     now = now or utcnow()
     row = session.connection().execute(_HOLDER, {"name": name}).first()
     return bool(row and row.owner == owner and row.token == token and row.expires_at > now)
 
 
-def release(db, name: str, owner: str) -> None:
+def release(db: Database, name: str, owner: str) -> None:
     with db.transaction() as s:
         release_in(s, name, owner)
 
 
-def release_in(session, name: str, owner: str) -> None:
+def release_in(session: Session, name: str, owner: str) -> None:
     """`release` inside the caller's transaction."""
     session.connection().execute(_RELEASE, {"name": name, "owner": owner})
 
@@ -231,7 +237,8 @@ def release_in(session, name: str, owner: str) -> None:
 class LeaseHolder:
     """Keeps one lease renewed from a thread; calls on_acquired / on_lost as it comes and goes."""
 
-    def __init__(self, db, name: str, owner: str, ttl_s: float, *, on_acquired=None, on_lost=None,
+    def __init__(self, db: Database, name: str, owner: str, ttl_s: float, *, on_acquired=None,
+                 on_lost=None,
                  clock=utcnow):
         self.db, self.name, self.owner, self.ttl_s = db, name, owner, ttl_s
         self.on_acquired, self.on_lost, self.clock = on_acquired, on_lost, clock
@@ -244,7 +251,7 @@ class LeaseHolder:
     def held(self) -> bool:
         return self.token is not None
 
-    def still_holds(self, session=None) -> bool:
+    def still_holds(self, session: Session | None = None) -> bool:
         """Is the lease still ours? In `session` (a read the caller has open) if given."""
         if self.token is None:
             return False
@@ -320,7 +327,8 @@ class ConsumerRow:
                 "heartbeat_at": _iso(self.heartbeat_at), "lane": self.lane}
 
 
-def consumers(session, project_key: str, lane_lease: str, now: dt.datetime | None = None) -> list[ConsumerRow]:
+def consumers(session: Session, project_key: str, lane_lease: str,
+              now: dt.datetime | None = None) -> list[ConsumerRow]:
     """Every consumer row of the project, live or lapsed (a graceful stop leaves none)."""
     now = now or utcnow()
     prefix = f"{CONSUMER_PREFIX}{project_key}|"
@@ -340,7 +348,7 @@ def consumers(session, project_key: str, lane_lease: str, now: dt.datetime | Non
     return rows
 
 
-def prune_lapsed(db, project_key: str, now: dt.datetime | None = None) -> None:
+def prune_lapsed(db: Database, project_key: str, now: dt.datetime | None = None) -> None:
     """Forget consumer rows lapsed for over a day (killed consumers'): `status` reads the rest."""
     cutoff = (now or utcnow()) - dt.timedelta(days=1)
     with db.transaction() as s:
@@ -349,7 +357,7 @@ def prune_lapsed(db, project_key: str, now: dt.datetime | None = None) -> None:
                                       Lease.expires_at < cutoff))
 
 
-def live_run_view(session, run, now: dt.datetime | None = None) -> dict:
+def live_run_view(session: Session, run, now: dt.datetime | None = None) -> dict:
     """What `status` shows of the run's consumers: {"consumers": [...live], "warnings": [...]}."""
     from ..states import RUN_LIVE
     from .runrows import run_policy
@@ -368,7 +376,8 @@ def live_run_view(session, run, now: dt.datetime | None = None) -> dict:
     return {"consumers": [r.to_json() for r in rows if r.live], "warnings": warnings}
 
 
-def workers_alive(session, story_ids: list[int], now: dt.datetime | None = None) -> dict[int, bool]:
+def workers_alive(session: Session, story_ids: list[int],
+                  now: dt.datetime | None = None) -> dict[int, bool]:
     """For working stories: is the worker holding each one's lease alive (`is_live`)?"""
     now = now or utcnow()
     names = {story_lease_name(i): i for i in story_ids}
@@ -384,7 +393,8 @@ def idle_after_s(ttl_s: float) -> float:
     return max(30.0, 2 * ttl_s)
 
 
-def idle_warnings(session, run_id: str, rows: list[ConsumerRow], lane_alive: bool, ttl_s: float,
+def idle_warnings(session: Session, run_id: str, rows: list[ConsumerRow], lane_alive: bool,
+                  ttl_s: float,
                   now: dt.datetime | None = None) -> list[str]:
     """For a live run: a line for each kind of consumer (story, lane) none of which has been
     alive for longer than `idle_after_s`, counted from the later of the run's last journal

@@ -41,6 +41,8 @@ from ..globs import globs_may_overlap, is_literal, path_matches
 from ..git.trees.settle import MergeRules
 from ..policy.mergerule import UNION, MergeRule
 from ..fileio import LinkRefused, read_beneath, write_atomic, write_beneath
+from ..git.runner import Git
+from ..policy import Policy
 
 __all__ = ["LEDGER_NAME", "bmad_ledger", "check_merge_rules", "merge_rule_checks",
            "run_merge_rules", "StoryLedgers", "append_ledger_lines", "captured_lines",
@@ -64,14 +66,14 @@ def bmad_ledger(root: Path, board_rel: str | None) -> str | None:
     return posixpath.join(folder, LEDGER_NAME) if folder else LEDGER_NAME
 
 
-def run_merge_rules(policy, root: Path, board_rel: str | None) -> MergeRules:
+def run_merge_rules(policy: Policy, root: Path, board_rel: str | None) -> MergeRules:
     """The policy's rules plus the built-in `union` for BMAD's ledger (anchored at its path)."""
     ledger = bmad_ledger(root, board_rel)
     builtin = [("/" + ledger, MergeRule(UNION))] if ledger is not None else []
     return MergeRules.of(policy.integration.merge, builtin)
 
 
-def check_merge_rules(policy, board_rel: str | None) -> None:
+def check_merge_rules(policy: Policy, board_rel: str | None) -> None:
     """A rule may not cover the board or a `lane_owned` path: the lane writes those itself."""
     for glob in policy.integration.merge:
         where = f"{policy.source}: [integration] merge: {glob!r}"
@@ -84,7 +86,8 @@ def check_merge_rules(policy, board_rel: str | None) -> None:
                                   "([scm] lane_owned): narrow one of them")
 
 
-def merge_rule_checks(project, policy, board_rel: str | None, target_sha: str | None) -> list[tuple[str, str]]:
+def merge_rule_checks(project, policy: Policy, board_rel: str | None,
+                      target_sha: str | None) -> list[tuple[str, str]]:
     """`validate`'s lines: each rule in force, a configured glob that matches nothing on the
     target (the built-in ledger is created lazily by BMAD: never warned about), and a union
     ledger in the checkout that is neither committed nor ignored."""
@@ -164,7 +167,7 @@ class StoryLedgers:
         return {"ledger_lines": lines} if lines else {}
 
 
-def ignored_ledgers(git, root: Path, rules: MergeRules) -> list[str]:
+def ignored_ledgers(git: Git, root: Path, rules: MergeRules) -> list[str]:
     """The `union` ledgers (rules naming one file) that git ignores in the checkout at `root`."""
     paths = [_literal_path(glob) for glob, rule in rules.rules if rule.kind == UNION]
     paths = [p for p in paths if p is not None]

@@ -24,10 +24,12 @@ import json
 from pathlib import Path
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from ..agents.output import USAGE_COLUMNS, Usage
 from ..db.models import Attempt
 from ..fileio import LinkRefused, read_beneath
+from ..policy import Policy
 
 __all__ = ["USAGE_COLUMNS", "empty_usage", "usage_by_story", "usage_by_run", "usage_by_story_phase",
            "USAGE_FILE_VAR", "MAX_BYTES", "usage_file", "read_usage_file", "budget_warnings",
@@ -54,14 +56,14 @@ def _row(values) -> dict:
     return out
 
 
-def usage_by_story(session, run_id: str) -> dict[int, dict]:
+def usage_by_story(session: Session, run_id: str) -> dict[int, dict]:
     """Story id -> its summed usage, for one run."""
     rows = session.execute(select(Attempt.story_id, *_sums()).where(Attempt.run_id == run_id)
                            .group_by(Attempt.story_id)).all()
     return {row[0]: _row(row[1:]) for row in rows}
 
 
-def usage_by_run(session, run_ids) -> dict[str, dict]:
+def usage_by_run(session: Session, run_ids) -> dict[str, dict]:
     """Run id -> its summed usage."""
     ids = list(run_ids)
     if not ids:
@@ -71,7 +73,7 @@ def usage_by_run(session, run_ids) -> dict[str, dict]:
     return {row[0]: _row(row[1:]) for row in rows}
 
 
-def usage_by_story_phase(session, run_id: str) -> dict[tuple[int, str], dict]:
+def usage_by_story_phase(session: Session, run_id: str) -> dict[tuple[int, str], dict]:
     """(story id, phase) -> the summed usage of that story's sessions of that phase."""
     rows = session.execute(select(Attempt.story_id, Attempt.phase, *_sums())
                            .where(Attempt.run_id == run_id)
@@ -131,12 +133,12 @@ def _usage_of(report: dict) -> tuple[Usage, str | None]:
     return Usage(**values), None
 
 
-def budget_set(policy) -> bool:
+def budget_set(policy: Policy) -> bool:
     limits = policy.limits
     return limits.max_cost_per_run is not None or limits.max_tokens_per_story is not None
 
 
-def budget_warnings(policy) -> list[str]:
+def budget_warnings(policy: Policy) -> list[str]:
     """A budget set for an agent that does not report usage can never trip: say so, naming
     both keys. The agent reports when every phase runs a profile's CLI, or the custom
     command declares `[adapter] reports_usage`."""

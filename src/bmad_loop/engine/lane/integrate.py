@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.orm import Session
 
 from ...git.trees.ancestry import foreign_parents
 from ...git.trees.compose import (
@@ -52,6 +53,7 @@ from ..verification.runner import LaneVerifier
 from ..mergerules import run_merge_rules
 from .stacking import replay
 from .writeback import lane_tree_edit
+from ...policy import Policy
 __all__ = ["Integrator", "LaneFenced", "TargetMoved", "Composer"]
 
 
@@ -89,7 +91,7 @@ class CandidateShas(NamedTuple):
 
 
 class Integrator:
-    def __init__(self, project, run: Run, policy, fence=None):
+    def __init__(self, project, run: Run, policy: Policy, fence=None):
         self.project = project
         self.db = project.db
         self.run_id = run.id
@@ -149,7 +151,7 @@ class Integrator:
             if outcome != CandidateState.STALE:
                 return outcome
 
-    def _known(self, s, story: Story) -> "_Known":
+    def _known(self, s: Session, story: Story) -> "_Known":
         cands = list(s.scalars(_CANDIDATES_OF, {"story_id": story.id}))
         floor = (story.feedback or {}).get(RECOMPOSE_FLOOR, 0)  # stale before a retry: spent
         return _Known(cands[0] if cands else None, len(cands),
@@ -210,7 +212,8 @@ class Integrator:
         sign-off): it gets a ref and a row at each step. Otherwise the CAS follows at once."""
         return bool(self.policy.verify.commands) or story.merge_class == "operator"
 
-    def _compose_and_land(self, story: Story, attempt: int, target_sha: str, branch_sha: str) -> str:
+    def _compose_and_land(self, story: Story, attempt: int, target_sha: str,
+                          branch_sha: str) -> str:
         """Nothing waits on this candidate: its row is written once it is composed, and steps
         through `verifying` and `verified` (by no command) to `advancing` in that transaction.
         A crash before it leaves no row to resume: the story is simply composed again."""
@@ -244,7 +247,8 @@ class Integrator:
             self.between()
         return self._advance(story, cand_id, attempt, comp.sha, target_sha, advancing=True)
 
-    def new_candidate(self, story: Story, on_sha: str, *, stack: int, on_id: int | None) -> tuple[int, int]:
+    def new_candidate(self, story: Story, on_sha: str, *, stack: int,
+                      on_id: int | None) -> tuple[int, int]:
         """A `composing` row for the story's next attempt, composed on `on_sha`."""
         with self.db.transaction() as s:
             attempts = s.scalar(select(func.count()).select_from(Candidate)
@@ -278,7 +282,8 @@ class Integrator:
             self._record_composed(s, story, cand, comp, on_sha, branch_sha)
         return comp.sha
 
-    def _record_composed(self, s, story: Story, cand: Candidate, comp: Composition, on_sha: str,
+    def _record_composed(self, s: Session, story: Story, cand: Candidate, comp: Composition,
+                         on_sha: str,
                          branch_sha: str) -> None:
         record(s, self.run_id, "candidate.composed", story.key, attempt=cand.attempt,
                strategy=cand.strategy, target_sha=on_sha, branch_sha=branch_sha,
@@ -287,7 +292,7 @@ class Integrator:
         if comp.settled:
             self._record_settled(s, story, cand, comp)
 
-    def _record_settled(self, s, story: Story, cand: Candidate, comp: Composition) -> None:
+    def _record_settled(self, s: Session, story: Story, cand: Candidate, comp: Composition) -> None:
         """Each path a merge rule settled: journaled, and kept in the candidate's evidence."""
         events, evidence = settled_events(comp)
         for data in events:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from sqlalchemy.orm import Session
+
 from ...db.models import Run, utcnow
 from ...states import RUN_LIVE, RunState
 from ..journal import record
@@ -30,6 +32,7 @@ from .integrate import LaneFenced
 from .tick import integrated_rows
 from .speculation import Verifications
 from .tick import LanePass
+from ...policy import Policy
 
 __all__ = ["Lane", "LaneMemo", "tick_once"]
 
@@ -112,12 +115,12 @@ class Lane:
         except Exception as exc:  # no retry can fix it: failed, and `resume` once it is fixed
             self._fail(policy, exc)
 
-    def first_rows(self, s, run: Run) -> tuple:
+    def first_rows(self, s: Session, run: Run) -> tuple:
         """What a tick's first pass reads, in one snapshot: the rows for the check against git
         (tick.py), the run, and the lane's rows of its stories."""
         return integrated_rows(s, run.id), (run, lane_rows(s, run.id, self.memo.rows))
 
-    def _fail(self, policy, exc: Exception) -> None:
+    def _fail(self, policy: Policy, exc: Exception) -> None:
         log.exception("lane tick failed for run %s", self.run_id)
         db = self.project.db
         with db.transaction() as s:

@@ -39,6 +39,7 @@ from ..transitions import transition_story
 from ..verification.runner import VerifyResult
 from .blame import CHECKING
 from .integrate import CandidateShas
+from ...policy import Policy
 
 __all__ = ["Stack", "Verifications", "speculating"]
 
@@ -93,7 +94,7 @@ class Verifications:
             job.stop.set()  # its process group is ended; the verdict is not written
 
 
-def speculating(policy, max_parallel: int) -> bool:
+def speculating(policy: Policy, max_parallel: int) -> bool:
     """Does this run's lane keep a stack? (`VerifyPolicy.depth` says when it is deeper than 1.)"""
     return policy.verify.depth(max_parallel) > 1
 

@@ -48,6 +48,9 @@ from ...db.models import Story
 from ...git.worktrees import delete_branch, remove_worktree
 from ..journal import record
 from ..transitions import transition_story
+from ...db.database import Database
+from ...git.runner import Git
+from ..runpaths import Layout
 
 __all__ = ["Layer", "Replayed", "replay", "stack", "layers_under", "stacked_bases", "stale_layer",
            "LAYER_OK", "restack_stale", "restacked_ref_prefix", "own_paths"]
@@ -66,7 +69,7 @@ class Layer:
     head: str
 
 
-def replay(git, onto: str, base: str, head: str, rules: MergeRules = MergeRules()) -> Replayed:
+def replay(git: Git, onto: str, base: str, head: str, rules: MergeRules = MergeRules()) -> Replayed:
     """The commits of `base..head` replayed onto `onto` (`compose.replay_commits`: the replay
     the lane's `ff` composition uses too), merge `rules` settling what they cover. On a
     conflict, `tip` is None and `tree` holds the conflicted tree."""
@@ -74,7 +77,8 @@ def replay(git, onto: str, base: str, head: str, rules: MergeRules = MergeRules(
     return replace(replayed, tip=None) if replayed.conflicts else replayed
 
 
-def stack(git, onto: str, layers: Iterable[Layer], rules: MergeRules = MergeRules()) -> Replayed:
+def stack(git: Git, onto: str, layers: Iterable[Layer],
+          rules: MergeRules = MergeRules()) -> Replayed:
     """`onto` with each layer's own commits replayed on top, in the order given. Only `union`
     rules apply: a stacked start runs no generator (a regenerated path stays a conflict)."""
     rules = rules.unions_only()
@@ -103,7 +107,7 @@ def layers_under(blockers: Sequence[str], rows: Mapping[str, object]) -> list[La
     return [Layer(row.key, row.base_sha, row.head_sha) for row in ordered]
 
 
-def stacked_bases(git, target_sha: str, decision, rows: Mapping[str, object],
+def stacked_bases(git: Git, target_sha: str, decision, rows: Mapping[str, object],
                   rules: MergeRules = MergeRules()) -> dict:
     """key -> (stacked base SHA, stacked_on entries) for each story admission put on a stacked
     base (`decision.stacked`); a story whose base does not compose cleanly is taken out of
@@ -145,7 +149,7 @@ def restacked_ref_prefix(run_id: str, key: str) -> str:
     return f"refs/bmad-loop/{run_id}/restacked/{key}/"
 
 
-def own_paths(layout, scm):
+def own_paths(layout: Layout, scm):
     """`made_at` for `restack_stale`: a story's own worktree and branch, by its key (None when
     the run shares one branch, which is never a story's to remove)."""
     if scm.branch_per != "story":
@@ -153,7 +157,7 @@ def own_paths(layout, scm):
     return lambda key: (layout.story_worktree(key, "story"), layout.story_branch(key, "story"))
 
 
-def restack_stale(db, git, run_id: str, stories: list[Story], made_at=None) -> bool:
+def restack_stale(db: Database, git: Git, run_id: str, stories: list[Story], made_at=None) -> bool:
     """Restack every stacked story whose base no longer stands; True when one was.
     `made_at(key)`: (worktree, branch) a story's prepare makes, for one the row does not name
     yet (a worker died between making them and writing the row)."""
@@ -168,7 +172,7 @@ def restack_stale(db, git, run_id: str, stories: list[Story], made_at=None) -> b
     return changed
 
 
-def _restack(db, git, run_id: str, story: Story, why: str, made_at=None) -> bool:
+def _restack(db: Database, git: Git, run_id: str, story: Story, why: str, made_at=None) -> bool:
     kept = None
     worktree, branch = story.worktree, story.branch
     made = made_at(story.key) if not branch and made_at is not None else None
@@ -201,7 +205,7 @@ def _restack(db, git, run_id: str, story: Story, why: str, made_at=None) -> bool
     return True
 
 
-def _keep(git, run_id: str, key: str, head: str) -> str:
+def _keep(git: Git, run_id: str, key: str, head: str) -> str:
     prefix = restacked_ref_prefix(run_id, key)
     listed = git.out("for-each-ref", "--format=%(objectname) %(refname)", prefix).splitlines()
     for line in listed:

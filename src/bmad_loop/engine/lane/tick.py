@@ -43,6 +43,7 @@ import logging
 from typing import Protocol
 
 from sqlalchemy import bindparam, func, or_, select, update
+from sqlalchemy.orm import Session
 
 from ...db.models import Run, Story, utcnow
 from ...git.config_guard import CONFIG_CHANGED_PREFIX
@@ -69,6 +70,9 @@ from .stacking import stacked_bases
 from ..transitions import transition_run, transition_story
 from ..workspace.pool import drain_pool
 from .writeback import board_done_keys
+from ...git.runner import Git
+from ...policy import Policy
+from ...git.targets import Target
 
 __all__ = ["LanePass", "LaneStrategy", "Sequential", "integrated_rows", "rows_contradicting_git",
            "write_wait_reasons", "reasons_told"]
@@ -81,7 +85,7 @@ class LanePass:
     """One tick's work for the run of `lane` (a `Lane`): its passes, until nothing is due.
     What a `LaneStrategy` may use of it is listed in the module's docstring."""
 
-    def __init__(self, lane, run: Run, policy, holder=None):
+    def __init__(self, lane, run: Run, policy: Policy, holder=None):
         self.project = lane.project
         self.tasks = lane.tasks
         self.db = lane.project.db
@@ -512,7 +516,7 @@ def _integrated_statement():
 _INTEGRATED = _integrated_statement()  # built once: the lane reads it every tick
 
 
-def integrated_rows(session, run_id: str) -> tuple:
+def integrated_rows(session: Session, run_id: str) -> tuple:
     """(the latest integrated story, those integrated without a commit), as (key,
     integrated_sha) rows, in one statement."""
     rows = list(session.connection().execute(_INTEGRATED, {"run_id": run_id}))
@@ -521,7 +525,8 @@ def integrated_rows(session, run_id: str) -> tuple:
     return rows[-1], [row for row in rows if row.integrated_sha is None]
 
 
-def rows_contradicting_git(git, target, head_sha: str | None, latest, bad: list) -> list:
+def rows_contradicting_git(git: Git, target: Target, head_sha: str | None, latest,
+                           bad: list) -> list:
     """The stories whose rows contradict git (see the module's docstring). `head_sha`: where
     the lane last advanced the target (the run's row); `target`: the run's target."""
     if latest is None:
@@ -539,7 +544,8 @@ _SET_WAIT_REASON = (update(_STORIES).where(_STORIES.c.id.in_(bindparam("ids", ex
                     .values(wait_reason=bindparam("why")))
 
 
-def write_wait_reasons(s, run_id: str, waiting: dict[str, str], by_key: dict, told: dict) -> None:
+def write_wait_reasons(s: Session, run_id: str, waiting: dict[str, str], by_key: dict,
+                       told: dict) -> None:
     """Write and journal each waiting story's reason that changed (`waiting`: key -> reason)."""
     changed: dict[str, list[int]] = {}  # reason -> ids: no row loaded
     for key, why in waiting.items():

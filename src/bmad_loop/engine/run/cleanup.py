@@ -45,10 +45,12 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from sqlalchemy import and_, delete, or_, select
 
 from ...db.models import Attempt, Candidate, Event, Run, Story, utcnow
+from ...git.runner import Git
 from ...git.worktrees import delete_branch, delete_ref, list_worktrees, prune, remove_worktree
 from ...states import (
     RUN_LIVE,
@@ -60,7 +62,7 @@ from ...states import (
     StoryState,
 )
 from ..journal import record
-from .ownership import owners, remove_record, read_records, records_lock
+from .ownership import Owners, owners, remove_record, read_records, records_lock
 from ..runpaths import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE, Layout
 from ..verification.record import VERIFY_RECORD_NAMESPACE, record_ref, verify_record_refs
 from ..worker.sessions import SESSION_REF_PATTERN, session_ref_owner
@@ -68,6 +70,7 @@ from ..runrows import run_policy
 from ..workspace.pool import POOL_DIR, pool_dir
 from ...db.identity import database_id
 from ...errors import NotFound, StateError
+from ...git.targets import Target
 
 __all__ = ["CleanupReport", "cleanup", "run_of_ref", "run_of_path", "worktree_leaves", "UNRECORDED",
            "ForgetReport", "forget_database"]
@@ -284,11 +287,11 @@ def _mark_vanished(project, worktree_rows, report: CleanupReport, dry_run: bool)
 class _Sweep:
     """What the ref sweeps share: the repository, who owns which run, the report, the mode."""
 
-    git: object
-    who: object  # ownership.Owners
+    git: Git
+    who: Owners
     report: CleanupReport
     dry_run: bool
-    say: object
+    say: Callable[[str], None]
 
 
 def _sweep_refs(sweep: _Sweep, owned_branches: set[str], owned_refs: set[str]) -> None:
@@ -332,7 +335,7 @@ def _session_ref_kept(ref: str, owned_refs: set[str]) -> bool:
     return evidence or record_ref(run_id, story_key) in owned_refs
 
 
-def _sweep_remote_branches(sweep: _Sweep, target, owned_branches: set[str]) -> None:
+def _sweep_remote_branches(sweep: _Sweep, target: Target, owned_branches: set[str]) -> None:
     """Remote mode: story branches on the remote that no row of this database owns."""
     for name in sorted(target.foreign_story_branches(BRANCH_NAMESPACE)):
         if name in owned_branches:
@@ -507,13 +510,13 @@ def forget_database(project, db_id: str, *, force: bool = False, dry_run: bool =
     return report
 
 
-def _namespace_refs(git) -> list[str]:
+def _namespace_refs(git: Git) -> list[str]:
     out = git.out("for-each-ref", "--format=%(refname)", f"refs/heads/{BRANCH_NAMESPACE.rstrip('/')}",
                   "refs/bmad-loop")
     return [line for line in out.splitlines() if line]
 
 
-def _remove_work(project, git, runs: set[str], refs: list[str], report, say) -> None:
+def _remove_work(project, git: Git, runs: set[str], refs: list[str], report, say) -> None:
     state = project.state_dir.resolve()
     bases = (state / "worktrees", state / "candidates")
     found = [info.path.resolve() for info in list_worktrees(git)]

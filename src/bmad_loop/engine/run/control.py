@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 
 from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
 
 from ...db.models import Run, Story, utcnow, Candidate
 from ...errors import Ambiguous, NotFound, StateError
@@ -51,7 +52,7 @@ __all__ = ["find_run", "driver_of", "refuse_if_driven", "resume", "stop", "appro
            "drop_verified"]
 
 
-def find_run(session, project, ref: str | None) -> Run:
+def find_run(session: Session, project, ref: str | None) -> Run:
     """A run by id, unique prefix or unique suffix; the newest run when ref is None."""
     query = select(Run).where(Run.project == project.key)
     if ref is None:
@@ -140,7 +141,7 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         return s.get(Run, run_id)
 
 
-def driver_of(session, project, run: Run):
+def driver_of(session: Session, project, run: Run):
     """The live holder of the project's lane lease (`leases.Holder`) while `run` is live and
     another process holds it; None otherwise. The same heartbeats `status` lists."""
     if run.state not in RUN_LIVE:
@@ -151,7 +152,7 @@ def driver_of(session, project, run: Run):
     return holder
 
 
-def refuse_if_driven(session, project, run: Run) -> None:
+def refuse_if_driven(session: Session, project, run: Run) -> None:
     """`resume` of a run another process drives would make two drivers of one run."""
     holder = driver_of(session, project, run)
     if holder is not None:
@@ -161,7 +162,7 @@ def refuse_if_driven(session, project, run: Run) -> None:
                          f"`bmad-loop stop {run.id}` first")
 
 
-def _adopt_target(session, run: Run, target_now: str | None) -> bool:
+def _adopt_target(session: Session, run: Run, target_now: str | None) -> bool:
     """Resuming accepts the target as it is now: a move someone else made while the run was
     parked (the lane paused on it, or a human fixed something) becomes the lane's baseline.
     True when it had moved."""
@@ -172,7 +173,7 @@ def _adopt_target(session, run: Run, target_now: str | None) -> bool:
     return False
 
 
-def _reset_for_resume(session, branch_head_of, run: Run, story: Story) -> None:
+def _reset_for_resume(session: Session, branch_head_of, run: Run, story: Story) -> None:
     if story.state in (StoryState.ESCALATED, StoryState.BLOCKED):
         branch_head = branch_head_of(story.branch) if story.branch else None
         human_fix = bool(branch_head and story.head_sha and branch_head != story.head_sha)
@@ -246,7 +247,7 @@ def stop(project, tasks, ref: str | None, now: bool = False) -> Run:
         return s.get(Run, run_id)
 
 
-def _settle_idle_stop(session, run_id: str) -> bool:
+def _settle_idle_stop(session: Session, run_id: str) -> bool:
     """A stopping run that nothing is working on stops at once: no lane tick needed (none may
     be running: `enqueue` then `stop` with no consumer). Stories queued but not yet claimed go
     back in line; a worker that claims one first keeps the run stopping until it is done."""
@@ -355,7 +356,7 @@ def reconcile(project, ref: str | None) -> tuple[dict, int]:
     return report, code
 
 
-def _story_by_key(session, run: Run, key: str) -> Story:
+def _story_by_key(session: Session, run: Run, key: str) -> Story:
     stories = stories_of(session, run.id)
     found = resolve_story_ref(stories, key, f"run {run.id}")
     return next(s for s in stories if s.key == found)
@@ -373,7 +374,7 @@ def reverify_reason(changed: list[str]) -> str | None:
     return f"the reloaded policy changed {', '.join(keys)}" if keys else None
 
 
-def drop_verified(session, run_id: str, reason: str, target_now: str | None) -> list[str]:
+def drop_verified(session: Session, run_id: str, reason: str, target_now: str | None) -> list[str]:
     """Give up the run's `verified` candidates; their stories back to `ready`. Their keys.
     One the target points at already (advanced, its row not written: a crash) is kept."""
     keys = []

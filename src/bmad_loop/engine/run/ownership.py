@@ -43,6 +43,7 @@ from ...db.models import Run, utcnow
 from ...errors import StateError
 from ...states import RUN_LIVE, RunState
 from ..runrows import run_policy
+from ...git.runner import Git
 
 __all__ = ["record_run", "save_run", "refresh_live_runs", "TargetCheck", "target_check", "Owners",
            "owners", "RECORDS_DIRNAME", "RunRecord", "records_dir", "read_records", "write_record",
@@ -219,11 +220,11 @@ def _ago(age_s: float) -> str:
     return f"{int(age_s)} s ago" if age_s >= 0 else f"{int(-age_s)} s in the future"
 
 
-def records_dir(git) -> Path:
+def records_dir(git: Git) -> Path:
     return git.common_dir() / RECORDS_DIRNAME
 
 
-def read_records(git) -> tuple[dict[str, RunRecord], list[str]]:
+def read_records(git: Git) -> tuple[dict[str, RunRecord], list[str]]:
     """{run id: its record} and a line for each file that is not a readable record (those
     count as no record). Reading creates nothing."""
     folder = records_dir(git)
@@ -246,7 +247,7 @@ def read_records(git) -> tuple[dict[str, RunRecord], list[str]]:
     return records, unreadable
 
 
-def write_record(git, record: RunRecord) -> None:
+def write_record(git: Git, record: RunRecord) -> None:
     """Atomically (a temporary file renamed over the old): a reader sees the old or the new."""
     folder = records_dir(git)
     folder.mkdir(exist_ok=True)
@@ -256,7 +257,7 @@ def write_record(git, record: RunRecord) -> None:
     os.replace(temp, final)
 
 
-def remove_record(git, run_id: str) -> bool:
+def remove_record(git: Git, run_id: str) -> bool:
     try:
         (records_dir(git) / f"{run_id}.json").unlink()
         return True
@@ -265,7 +266,7 @@ def remove_record(git, run_id: str) -> bool:
 
 
 @contextlib.contextmanager
-def records_lock(git):
+def records_lock(git: Git):
     """Serialise check-then-write of the records across processes and databases (two runs
     racing to enqueue on one target). A lock on the git common dir itself: taking it writes
     nothing, so a command refused under it leaves no file behind."""

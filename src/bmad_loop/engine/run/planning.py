@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from ...agents.adapter import check_binary
 from ...agents.profiles import resolve_command
@@ -75,6 +76,8 @@ from ..runrows import path_inside
 from ..usage import budget_warnings
 from ..verification.childenv import check_port_range
 from .ownership import record_run, remove_record, target_check, write_record
+from ...git.runner import Git
+from ...policy import Policy
 
 __all__ = ["Plan", "Selection", "build_plan", "enqueue", "new_run_id", "CREATE_STATUS",
            "needs_creation", "plan_creation", "creation_checks", "journal_skipped", "gate_epics",
@@ -100,7 +103,7 @@ def new_run_id(now=None) -> str:
     return now.strftime("%Y%m%d-%H%M%S-") + f"{random.getrandbits(16):04x}"
 
 
-def target_branch_of(project, policy) -> tuple[str, str]:
+def target_branch_of(project, policy: Policy) -> tuple[str, str]:
     git = project.git(policy)
     if git.toplevel() is None:
         raise not_a_checkout(project.root, git)
@@ -118,13 +121,14 @@ def target_branch_of(project, policy) -> tuple[str, str]:
     return branch, sha
 
 
-def load_board_and_stories(project, policy, target_sha: str | None = None, branch: str = ""):
+def load_board_and_stories(project, policy: Policy, target_sha: str | None = None,
+                           branch: str = ""):
     """(board, every story of it), read from the target commit (see `sprintload`)."""
     sprint = load_sprint(project, policy, target_sha, branch)
     return sprint.board, sprint.stories
 
 
-def agent_command(policy, project=None, target_sha: str | None = None) -> list[str]:
+def agent_command(policy: Policy, project=None, target_sha: str | None = None) -> list[str]:
     """The dev-phase argv template, with its binary checked: a missing agent is bad input
     (a relative path: where each story's worktree will have it, see `repocheck.check_agent`)."""
     adapter = policy.adapter
@@ -150,7 +154,8 @@ def agent_command(policy, project=None, target_sha: str | None = None) -> list[s
     return dev
 
 
-def build_plan(project, policy, selection: Selection, run_id_for_checks: str = "20000101-000000-0000") -> Plan:
+def build_plan(project, policy: Policy, selection: Selection,
+               run_id_for_checks: str = "20000101-000000-0000") -> Plan:
     target_branch, target_sha = target_branch_of(project, policy)
     sprint = load_sprint(project, policy, target_sha, target_branch)
     check_merge_rules(policy, sprint.source.rel)
@@ -177,7 +182,7 @@ def build_plan(project, policy, selection: Selection, run_id_for_checks: str = "
     return Plan(target_branch, target_sha, board, chosen, all_stories, argv, warnings, skipped)
 
 
-def one_run_per_target(session, project, live: Run) -> str:
+def one_run_per_target(session: Session, project, live: Run) -> str:
     """Why a second run on the target is refused, and what to do: `stop` a run a process is
     driving (`control.driver_of`, from the lane's heartbeat), `resume` one nobody drives."""
     from .control import driver_of
@@ -192,7 +197,7 @@ def one_run_per_target(session, project, live: Run) -> str:
             f"{live.id}` continues it (or `bmad-loop {end} {live.id}` ends it)")
 
 
-def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, Plan]:
+def enqueue(project, tasks, policy: Policy, selection: Selection) -> tuple[str | None, Plan]:
     """Create the run and its plan; returns (run id or None when there is nothing to do, plan)."""
     plan = build_plan(project, policy, selection)
     if not plan.stories:
@@ -206,7 +211,7 @@ def enqueue(project, tasks, policy, selection: Selection) -> tuple[str | None, P
     return run_id, plan
 
 
-def _create_run(project, policy, selection: Selection, plan: Plan, run_id: str) -> None:
+def _create_run(project, policy: Policy, selection: Selection, plan: Plan, run_id: str) -> None:
     """The run's rows, and its record in the repository (written before the rows commit, so
     before any ref of the run can exist; taken back if they do not)."""
     git = project.git(policy)
@@ -218,7 +223,7 @@ def _create_run(project, policy, selection: Selection, plan: Plan, run_id: str) 
         raise
 
 
-def _insert_run(project, policy, selection, plan, run_id, git) -> None:
+def _insert_run(project, policy: Policy, selection, plan, run_id, git: Git) -> None:
     with project.db.transaction() as s:
         live = s.scalars(select(Run).where(Run.target_branch == plan.target_branch,
                                            Run.project == project.key,
@@ -280,7 +285,7 @@ def _missing_files(chosen: Sequence) -> None:
                               "but its story file does not exist")
 
 
-def _refusals(policy, uncreated: Sequence) -> str | None:
+def _refusals(policy: Policy, uncreated: Sequence) -> str | None:
     """Why the create phase cannot run for these stories under this policy, or None."""
     if not uncreated:
         return None
@@ -305,7 +310,7 @@ def _refusals(policy, uncreated: Sequence) -> str | None:
     return None
 
 
-def plan_creation(policy, chosen: Sequence) -> tuple[list, list]:
+def plan_creation(policy: Policy, chosen: Sequence) -> tuple[list, list]:
     """(the stories to plan, the stories skipped for want of a file). ConfigError when the
     policy refuses them or a story past the backlog has no file. Planned stories without a
     file are the ones whose rows get `to_create`."""
@@ -319,7 +324,7 @@ def plan_creation(policy, chosen: Sequence) -> tuple[list, list]:
     return list(chosen), []
 
 
-def creation_checks(policy, actionable: Sequence) -> list[tuple[str, str]]:
+def creation_checks(policy: Policy, actionable: Sequence) -> list[tuple[str, str]]:
     """`validate`'s lines about story files still to be written: (status, detail)."""
     try:
         _missing_files(actionable)
@@ -339,7 +344,7 @@ def creation_checks(policy, actionable: Sequence) -> list[tuple[str, str]]:
                    f"phase first: {keys}")]
 
 
-def journal_skipped(session, run_id: str, skipped: Sequence) -> None:
+def journal_skipped(session: Session, run_id: str, skipped: Sequence) -> None:
     """One `story.skipped` per story left out of the plan for want of a file (no row: unplanned)."""
     for spec in skipped:
         record(session, run_id, "story.skipped", spec.key, reason=SKIP_REASON,
@@ -383,7 +388,7 @@ def pause_summary(plan: Sequence, gates_mode: str, on_escalation: str) -> str:
 _EXECUTABLE_MODES = ("100755", "120000")  # an executable file, or a symlink
 
 
-def not_a_checkout(root: Path, git) -> ConfigError:
+def not_a_checkout(root: Path, git: Git) -> ConfigError:
     """The error for a folder where git finds no working tree."""
     proc = git.run("rev-parse", "--is-bare-repository", check=False)
     if proc.returncode == 0 and proc.stdout.strip() == "true":
@@ -400,7 +405,7 @@ def check_checkout(project) -> None:
                           "repository) first, then `bmad-loop init` in it")
 
 
-def check_has_commits(root: Path, git, branch: str) -> None:
+def check_has_commits(root: Path, git: Git, branch: str) -> None:
     """Refuse an empty repository by name; a missing branch is the caller's message."""
     proc = git.run("for-each-ref", "--count=1", "--format=%(refname)", "refs/heads", check=False)
     if proc.returncode == 0 and not proc.stdout.strip() and git.rev("HEAD") is None:
@@ -408,7 +413,7 @@ def check_has_commits(root: Path, git, branch: str) -> None:
                           "unborn); commit the sprint board and story files first")
 
 
-def check_story_dir(project, policy, story_dir: Path) -> None:
+def check_story_dir(project, policy: Policy, story_dir: Path) -> None:
     value = policy.stories.story_dir
     if value and path_inside(story_dir, project.root) is None:
         raise ConfigError(f"{policy.source}: [stories] story_dir: {value!r} is outside the "
@@ -420,7 +425,7 @@ def _seeded(rel: str, seeds) -> bool:
     return any(path == PurePosixPath(seed) or PurePosixPath(seed) in path.parents for seed in seeds)
 
 
-def check_agent(argv0: str, source: str, *, project=None, policy=None,
+def check_agent(argv0: str, source: str, *, project=None, policy: Policy | None = None,
                 target_sha: str | None = None, from_checkout: bool = False) -> None:
     """Check the agent binary where it will run (see the module docstring). `from_checkout`:
     the agent runs in the project's own checkout, not in worktrees."""
@@ -473,7 +478,7 @@ def _read_board(project, tree, source: BoardSource, branch: str) -> Board:
     return parse_board(tree.text(source.rel, "sprint status file", source.path), source.path)
 
 
-def _overrides(policy, board: Board, problems: list[str] | None = None) -> dict:
+def _overrides(policy: Policy, board: Board, problems: list[str] | None = None) -> dict:
     overrides = {k: {"files": list(v.files), "shared": list(v.shared), "resources": list(v.resources)}
                  for k, v in policy.footprints.overrides.items()}
     for key in list(overrides):
@@ -492,7 +497,7 @@ def _overrides(policy, board: Board, problems: list[str] | None = None) -> dict:
     return overrides
 
 
-def load_sprint(project, policy, target_sha: str | None = None, branch: str = "",
+def load_sprint(project, policy: Policy, target_sha: str | None = None, branch: str = "",
                 problems: list[str] | None = None) -> Sprint:
     """The board and every story of it, read from the target commit `target_sha` (the folder
     on disk when None). A story file's or a footprint override's problem is a ConfigError, or
@@ -513,7 +518,7 @@ def load_sprint(project, policy, target_sha: str | None = None, branch: str = ""
     return Sprint(board, source, folder, stories, tree.where, list(folder.warnings))
 
 
-def check_committed(project, policy, sprint: Sprint, chosen, branch: str) -> None:
+def check_committed(project, policy: Policy, sprint: Sprint, chosen, branch: str) -> None:
     """ConfigError naming the board and chosen story files the checkout changed but the target
     does not hold. Only when the checkout has the target branch checked out: on another
     branch, its files are simply not the plan's."""

@@ -32,6 +32,7 @@ from ..project import Project
 from .planning import Sprint, check_committed, load_sprint
 from ..usage import budget_warnings
 from ...bmad.install import bmad_seeds, detect_bmad
+from ...policy import Policy
 
 __all__ = ["preflight", "cli_version", "version_checks", "bmad_checks"]
 
@@ -93,7 +94,7 @@ def _check_policy(add, checks: list, root: Path):
     return policy
 
 
-def _check_sprint(add, project, policy, sha, branch, found: dict) -> None:
+def _check_sprint(add, project, policy: Policy, sha, branch, found: dict) -> None:
     """The board, its stories and their files, footprints, creation and merge rules. Every
     problem of a story file, a dependency or an override is its own line, and the checks after
     them still run: one pass shows them all."""
@@ -132,7 +133,7 @@ def _check_sprint(add, project, policy, sha, branch, found: dict) -> None:
         add("stories", "error", str(exc))
 
 
-def _check_checkout(add, project, policy, branch: str) -> None:
+def _check_checkout(add, project, policy: Policy, branch: str) -> None:
     """A warning for local changes in the checkout of the target: a story whose candidate
     touches one of them escalates before the target moves (bmad-loop's own folder aside)."""
     git = project.git(policy)
@@ -149,7 +150,7 @@ def _check_checkout(add, project, policy, branch: str) -> None:
             "commit or stash them first")
 
 
-def _check_state(project, policy) -> None:
+def _check_state(project, policy: Policy) -> None:
     """What opening the state would refuse, without opening (or creating) anything: a missing
     driver, a damaged state.db or queue.db, a state folder that cannot be written."""
     key = _database_key(policy)
@@ -161,12 +162,12 @@ def _check_state(project, policy) -> None:
         check_sqlite_file(project.home_state_dir / "state.db", "state database")
 
 
-def _database_key(policy) -> str:
+def _database_key(policy: Policy) -> str:
     """Where `[database] url` came from: its environment variable wins over the file."""
     return env_override("database", "url") or f"{policy.source}: [database] url"
 
 
-def _state_detail(project, policy) -> str:
+def _state_detail(project, policy: Policy) -> str:
     url = policy.database.url  # its scheme only: a URL may hold a password
     database = url.split("://", 1)[0] if url else f"sqlite {project.home_state_dir / 'state.db'}"
     return f"database {database}, queue {policy.queue.backend}"
@@ -186,7 +187,7 @@ def _found(sprint: Sprint, actionable) -> dict:
     }
 
 
-def _check_committed(add, project, policy, sprint: Sprint, actionable, branch) -> None:
+def _check_committed(add, project, policy: Policy, sprint: Sprint, actionable, branch) -> None:
     """The board and the actionable stories' files must be committed (`sprintload`)."""
     if branch is None:
         return  # no target commit to compare with: the git check failed already
@@ -201,7 +202,7 @@ def _report(checks, **found):
     return {"ok": all(c["status"] != "error" for c in checks), "checks": checks, **found}
 
 
-def _check_sandbox(add, policy) -> None:
+def _check_sandbox(add, policy: Policy) -> None:
     """The OS sandbox the policy asks for: ok, unboxed with a warning, or refused ("on")."""
     try:
         notes = startup_notes(policy)
@@ -235,7 +236,7 @@ def _number(text: str) -> tuple[int, int, int] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
 
 
-def version_checks(policy) -> list[dict]:
+def version_checks(policy: Policy) -> list[dict]:
     """One check for the profile's CLI: ok, or a warning when it is older than the release its
     flags were checked against, or when it will not say its version. None without a profile."""
     adapter = policy.adapter

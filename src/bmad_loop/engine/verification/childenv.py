@@ -24,18 +24,22 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from ...errors import ConfigError, GitError
+from ...git.runner import Git
+from ...policy import Policy
 from ...sandbox import Box, BoxRequest, decide, make_box, quarantine_has_objects
 from ...sandbox.box import clear_quarantine
 from ...sandbox.programs import outside_code
 
-__all__ = ["child_env", "sandbox_vars", "story_verify_env", "without_state_access", "block_size",
-           "worker_block", "lane_block", "lane_slot_block", "port_env", "check_port_range",
-           "BoxSite", "agent_box", "verify_box", "story_verify_setup", "settle_after_box"]
+__all__ = ["PortBlock", "child_env", "sandbox_vars", "story_verify_env", "without_state_access",
+           "block_size", "worker_block", "lane_block", "lane_slot_block", "port_env",
+           "check_port_range", "BoxSite", "agent_box", "verify_box", "story_verify_setup",
+           "settle_after_box"]
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +48,12 @@ _STATE_PREFIXES = ("BMAD_LOOP_DATABASE_", "BMAD_LOOP_QUEUE_")
 _SHORTEST_SECRET = 4  # a password shorter than this would match unrelated values
 
 
-def child_env(policy) -> dict:
+def child_env(policy: Policy) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     return without_state_access(env, policy)
 
 
-def without_state_access(env: dict, policy) -> dict:
+def without_state_access(env: dict[str, str], policy: Policy) -> dict[str, str]:
     """`env` without any variable that holds the state database's or the queue's URL or
     password, nor bmad-loop's own overrides of them."""
     secrets = [u for u in (policy.database.url, policy.queue.url) if u]
@@ -83,11 +87,19 @@ def story_verify_env(ctx) -> dict:
     return env
 
 
-def _range(policy):
+class PortBlock(TypedDict):
+    """One block of `[resources] ports`: `count` ports from `base`; `index` is its slot."""
+
+    base: int
+    count: int
+    index: int
+
+
+def _range(policy: Policy) -> tuple[int, int] | None:
     return policy.resources.port_range if policy.resources.ports else None
 
 
-def block_size(policy) -> int:
+def block_size(policy: Policy) -> int:
     bounds = _range(policy)
     if bounds is None:
         return 0
@@ -95,7 +107,7 @@ def block_size(policy) -> int:
     return (high - low + 1) // (policy.scm.max_parallel + 1)
 
 
-def check_port_range(policy) -> None:
+def check_port_range(policy: Policy) -> None:
     if _range(policy) is not None and block_size(policy) < 1:
         raise ConfigError(
             f"{policy.source}: [resources] ports = \"{policy.resources.ports}\" is too small for "
@@ -109,18 +121,18 @@ def check_port_range(policy) -> None:
             f"{block_size(policy)} port(s) cannot give each one")
 
 
-def worker_block(policy, index: int | None) -> dict | None:
+def worker_block(policy: Policy, index: int | None) -> PortBlock | None:
     if index is None or _range(policy) is None:
         return None
     size = block_size(policy)
     return {"base": _range(policy)[0] + index * size, "count": size, "index": index}
 
 
-def lane_block(policy) -> dict | None:
+def lane_block(policy: Policy) -> PortBlock | None:
     return worker_block(policy, policy.scm.max_parallel)
 
 
-def lane_slot_block(policy, slot: int, depth: int) -> dict | None:
+def lane_slot_block(policy: Policy, slot: int, depth: int) -> PortBlock | None:
     """The lane's port block shared out among the `depth` verifications it runs at once
     (speculative candidates, a target check): slot `slot`'s share."""
     block = lane_block(policy)
@@ -131,7 +143,7 @@ def lane_slot_block(policy, slot: int, depth: int) -> dict | None:
     return {"base": block["base"] + slot * size, "count": size, "index": block["index"]}
 
 
-def port_env(block: dict | None) -> dict:
+def port_env(block: PortBlock | None) -> dict[str, str]:
     if not block:
         return {}
     return {"BMAD_LOOP_PORT_BASE": str(block["base"]), "BMAD_LOOP_PORT_COUNT": str(block["count"])}
@@ -155,7 +167,7 @@ def agent_box(ctx, worktree: Path, log_path: Path, env: dict) -> Box | None:
                                        ctx.policy, env))
 
 
-def verify_box(policy, git, state_dir: Path, site: BoxSite, env: dict,
+def verify_box(policy: Policy, git: Git, state_dir: Path, site: BoxSite, env: dict,
                home_state: Path | None = None) -> Box | None:
     """The box of a verify command run in `site.tree` (story or candidate worktree);
     `home_state`: the project's own state folder, when the repository is a clone elsewhere
@@ -175,7 +187,7 @@ def story_verify_setup(ctx, worktree: Path, log_path: Path) -> tuple[dict, Box |
     return env, box
 
 
-def _request(git, state_dir, home_state, site: BoxSite, policy, env) -> BoxRequest:
+def _request(git: Git, state_dir, home_state, site: BoxSite, policy: Policy, env) -> BoxRequest:
     # The log stays outside the box (hidden with the state folder): the output reaches it
     # through the pipe bmad-loop reads, capped, and nothing else.
     site.scratch.mkdir(parents=True, exist_ok=True)
@@ -193,7 +205,7 @@ def _request(git, state_dir, home_state, site: BoxSite, policy, env) -> BoxReque
     )
 
 
-def settle_after_box(git, worktree: Path, branch: str | None, scratch: Path) -> None:
+def settle_after_box(git: Git, worktree: Path, branch: str | None, scratch: Path) -> None:
     """After a boxed session in a linked worktree: HEAD back on the story branch (the agent
     may have detached it or pointed it elsewhere: its admin entry is writable), and the index
     read again from HEAD when the agent's git wrote objects (the index may name objects that

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
 
 from ...db.models import TargetCheck, utcnow
 from ...git.worktrees import ensure_detached_worktree, remove_worktree
 from ..journal import record
 from .runner import LaneVerifier, VerifyResult, record_flakes
+from ...db.database import Database
 
 __all__ = ["RUNNING", "PASSED", "FAILED", "CheckKey", "commands_through", "recorded", "begin",
            "run_check", "finish", "forget_failed"]
@@ -51,18 +53,18 @@ def commands_through(commands: Sequence[str], failed: str) -> tuple[str, ...]:
     return commands[: commands.index(failed) + 1] if failed in commands else commands
 
 
-def _row(session, run_id: str, key: CheckKey) -> TargetCheck | None:
+def _row(session: Session, run_id: str, key: CheckKey) -> TargetCheck | None:
     return session.scalars(select(TargetCheck).where(
         TargetCheck.run_id == run_id, TargetCheck.target_sha == key.target_sha,
         TargetCheck.command == key.command)).first()
 
 
-def recorded(db, run_id: str, key: CheckKey) -> TargetCheck | None:
+def recorded(db: Database, run_id: str, key: CheckKey) -> TargetCheck | None:
     with db.read() as s:
         return _row(s, run_id, key)
 
 
-def begin(db, run_id: str, key: CheckKey, story: str) -> None:
+def begin(db: Database, run_id: str, key: CheckKey, story: str) -> None:
     """The check's row, `running` (a row a dead lane left running is taken over)."""
     with db.transaction() as s:
         row = _row(s, run_id, key)
@@ -92,7 +94,7 @@ def run_check(verifier: LaneVerifier, key: CheckKey, env: dict[str, str],
             log.warning("could not remove the target check's worktree %s", worktree, exc_info=True)
 
 
-def finish(db, run_id: str, key: CheckKey, result: VerifyResult) -> str:
+def finish(db: Database, run_id: str, key: CheckKey, result: VerifyResult) -> str:
     """Write the check's verdict (and its flakes); `passed` or `failed`."""
     state = PASSED if result.ok else FAILED
     with db.transaction() as s:
@@ -109,7 +111,7 @@ def finish(db, run_id: str, key: CheckKey, result: VerifyResult) -> str:
     return state
 
 
-def forget_failed(session, run_id: str) -> int:
+def forget_failed(session: Session, run_id: str) -> int:
     """`resume`: the run's failed target checks are dropped, so a red target is checked again."""
     return session.execute(delete(TargetCheck).where(
         TargetCheck.run_id == run_id, TargetCheck.state == FAILED)).rowcount or 0

@@ -36,11 +36,13 @@ from ...errors import GitError, ConfigError
 from ...bmad.footprint import footprint_from_mapping, Footprint
 from ...states import AttemptState, Phase
 from ...bmad.story_meta import parse_story_text
-from ..stepoutcome import Outcome
+from .context import Outcome
 from ..workspace.base import Prepared
 from ...bmad.board import parse_board
 from ...bmad.selection import StorySpec, check_dependencies, resolve_dependencies
 from ..runrows import stories_of
+from ...git.runner import Git
+from .context import StoryContext
 
 __all__ = ["phase_create", "carry_forward", "CREATED_KEY", "check_created"]
 
@@ -85,7 +87,7 @@ def phase_create(worker) -> Outcome:
     return _created(worker, story, head, meta, result)
 
 
-def _read_written(ctx, story, written: Path):
+def _read_written(ctx: StoryContext, story, written: Path):
     """(metadata, None) of a usable story file, else (None, why not)."""
     if not written.is_file():
         return None, f"the agent exited 0 but wrote no story file at {story.story_path}"
@@ -133,7 +135,7 @@ def _created(worker, story, head: str, meta, result) -> Outcome:
                    feedback={"verify_output": "", CREATED_KEY: head})
 
 
-def _row_values(ctx, story, meta) -> dict:
+def _row_values(ctx: StoryContext, story, meta) -> dict:
     """What the committed story file says, as the row's columns (a policy override of the
     footprint still wins, and the story file itself is always part of it)."""
     policy = ctx.policy
@@ -151,14 +153,15 @@ def _row_values(ctx, story, meta) -> dict:
             "done_checkpoint": meta.done_checkpoint}
 
 
-def _commit_file(git, parent: str, path: str, content: bytes, message: str, date: str | None = None) -> str:
+def _commit_file(git: Git, parent: str, path: str, content: bytes, message: str,
+                 date: str | None = None) -> str:
     """A commit on `parent` that adds (or replaces) `path` and nothing else."""
     tree = replace_blob(git, git.out("rev-parse", f"{parent}^{{tree}}"), path, content)
     return git.out("commit-tree", "--no-gpg-sign", tree, "-p", parent, input=message,
                    env=git.identity_env(date))
 
 
-def _reset(git, worktree: Path, to: str, seeds, keep: str | None) -> list[str]:
+def _reset(git: Git, worktree: Path, to: str, seeds, keep: str | None) -> list[str]:
     """Put the worktree (and its branch) exactly at `to`; return what the agent changed that is
     thereby discarded (`keep`, the committed story file, is not listed)."""
     head = git.rev("HEAD", cwd=worktree)
@@ -173,7 +176,7 @@ def _reset(git, worktree: Path, to: str, seeds, keep: str | None) -> list[str]:
                   and not any(p == seed or p.startswith(f"{seed}/") for seed in seeded))
 
 
-def carry_forward(ctx, story, prepared: Prepared, target_sha: str) -> Prepared:
+def carry_forward(ctx: StoryContext, story, prepared: Prepared, target_sha: str) -> Prepared:
     """Dev of a story created in this run starts from the target as it is now: its one-file
     create commit is made again on top of the target (same file, same message and date, so a
     repeated prepare gives the same commit). Anything else on the branch is left alone."""
@@ -194,7 +197,8 @@ def carry_forward(ctx, story, prepared: Prepared, target_sha: str) -> Prepared:
     return Prepared(prepared.worktree, target_sha, feedback=done)
 
 
-def check_created(ctx, story, meta, written: Path) -> tuple[tuple[str, ...], str | None]:
+def check_created(ctx: StoryContext, story, meta,
+                  written: Path) -> tuple[tuple[str, ...], str | None]:
     """(the file's `depends_on` resolved to full keys, or the problem in one line naming
     `written` and the story)."""
     if meta.errors:
@@ -222,7 +226,7 @@ def check_created(ctx, story, meta, written: Path) -> tuple[tuple[str, ...], str
     return resolved, None
 
 
-def _board_statuses(ctx, worktree: Path) -> list[tuple[str, str, str]]:
+def _board_statuses(ctx: StoryContext, worktree: Path) -> list[tuple[str, str, str]]:
     """(key, epic, status) of every story on the board in the story's worktree."""
     if not ctx.board_rel:
         return []

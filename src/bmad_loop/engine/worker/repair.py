@@ -38,7 +38,7 @@ from ...states import Phase
 from ..crashpoints import crash_point
 from ..mergerules import run_merge_rules
 from ..journal import record
-from ..stepoutcome import Outcome
+from .context import Outcome
 from ..repairs import MERGE_KEY, REPAIR_KEY, in_repair, repair_markdown, repair_ref
 from ..verification.record import restore
 

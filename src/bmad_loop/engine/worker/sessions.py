@@ -77,6 +77,10 @@ from ..usage import USAGE_FILE_VAR, budget_set, read_usage_file, usage_file
 from ...git.indexflags import clear_flags
 from ..workspace.base import matches_any
 from ..verification.record import keep, restore
+from .context import Claim
+from ...git.runner import Git
+from ...policy import Policy
+from .context import StoryContext
 
 __all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "verdict_mode", "snapshot",
            "changed_paths_between", "SESSION_RECORD_KEY", "SESSION_REF_PATTERN", "session_ref",
@@ -119,7 +123,7 @@ class SessionResult:
                 "head_sha": self.head_sha, "reason": self.reason, **self.usage.columns()}
 
 
-def verdict_mode(policy, profile) -> str:
+def verdict_mode(policy: Policy, profile) -> str:
     """`[adapter] verdict` when set; else profiles whose CLI always exits 0 mark their verdict in
     the output, and custom commands use exit codes (the contract)."""
     adapter = policy.adapter
@@ -130,7 +134,7 @@ def verdict_mode(policy, profile) -> str:
     return "exit"
 
 
-def profile_in_use(policy, profile, phase: str):
+def profile_in_use(policy: Policy, profile, phase: str):
     """The profile whose CLI this phase runs (its output format and fault words), or None for a
     custom command."""
     adapter = policy.adapter
@@ -157,7 +161,8 @@ class _Launch:
     phase: str = ""
 
 
-def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResult:
+def run_session(ctx: StoryContext, claim: Claim, phase: str, number: int,
+                story=None) -> SessionResult:
     """Run one agent session of the claimed story; its attempt row is left for the caller to close.
     `story`: the row as the caller just read it (else it is read here)."""
     story = story if story is not None else claim.load()
@@ -195,7 +200,7 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
                          verdict.reason, verdict.usage, verdict.fault)
 
 
-def _launch(ctx, story, phase: str, number: int) -> _Launch:
+def _launch(ctx: StoryContext, story, phase: str, number: int) -> _Launch:
     """The prompt written, the argv and environment rendered, the box chosen."""
     policy = ctx.policy
     tier_name = story.tier or ""
@@ -239,7 +244,8 @@ def _launch(ctx, story, phase: str, number: int) -> _Launch:
                    policy.adapter.timeout_for(phase, tier_name), phase)
 
 
-def _write_session_prompt(ctx, story, phase: str, number: int, worktree: Path) -> Path:
+def _write_session_prompt(ctx: StoryContext, story, phase: str, number: int,
+                          worktree: Path) -> Path:
     # Inside the worktree: headless agents may not read files outside their folder.
     prompt_path = worktree / SESSION_DIR / f"{phase}-{number}.md"
     _exclude_session_dir(ctx.git)
@@ -264,7 +270,8 @@ def _write_session_prompt(ctx, story, phase: str, number: int, worktree: Path) -
     return prompt_path
 
 
-def _open_attempt(ctx, claim, story, phase: str, number: int, launch: _Launch) -> int:
+def _open_attempt(ctx: StoryContext, claim: Claim, story, phase: str, number: int,
+                  launch: _Launch) -> int:
     """The attempt row and its journal line, written under the claim: no session starts for a
     worker that lost its story."""
     with ctx.db.transaction() as s:
@@ -281,7 +288,7 @@ def _open_attempt(ctx, claim, story, phase: str, number: int, launch: _Launch) -
     return attempt_id
 
 
-def _supervised(ctx, claim, attempt_id: int, launch: _Launch):
+def _supervised(ctx: StoryContext, claim: Claim, attempt_id: int, launch: _Launch):
     def started(pid: int) -> None:
         with ctx.db.transaction() as s:
             s.connection().execute(_SET_PID, {"attempt_id": attempt_id, "pid": pid})
@@ -310,7 +317,7 @@ class _Verdict:
     fault: AgentFault | None
 
 
-def _verdict(ctx, phase: str, number: int, launch: _Launch, result) -> _Verdict:
+def _verdict(ctx: StoryContext, phase: str, number: int, launch: _Launch, result) -> _Verdict:
     """How the session went: its attempt state, the summary and reason, its words, its usage and
     any environment fault of the CLI."""
     policy, timeout = ctx.policy, launch.timeout
@@ -341,7 +348,8 @@ def _verdict(ctx, phase: str, number: int, launch: _Launch, result) -> _Verdict:
     return _Verdict(state, ok, summary, reason, text, report.usage, fault)
 
 
-def _with_usage(ctx, phase: str, number: int, report: SessionReport, usage_path: Path | None,
+def _with_usage(ctx: StoryContext, phase: str, number: int, report: SessionReport,
+                usage_path: Path | None,
                 result) -> SessionReport:
     """The report with a custom command's usage file read into it (`usage_path`; a bad file is
     journaled, not recorded); a session that reported nothing under a budget is journaled."""
@@ -359,7 +367,7 @@ def _with_usage(ctx, phase: str, number: int, report: SessionReport, usage_path:
     return report
 
 
-def _journal_log_cut(ctx, phase: str, number: int, log_path: Path, result) -> None:
+def _journal_log_cut(ctx: StoryContext, phase: str, number: int, log_path: Path, result) -> None:
     """The session's log passed `[limits] max_log_bytes` (or could not be written): say so."""
     if result.log_cut is not None:
         with ctx.db.transaction() as s:
@@ -367,7 +375,8 @@ def _journal_log_cut(ctx, phase: str, number: int, log_path: Path, result) -> No
                    log=str(log_path), **result.log_cut.event_data())
 
 
-def _session_env(ctx, phase_over, worktree: Path, log_path: Path) -> tuple[dict, Box | None]:
+def _session_env(ctx: StoryContext, phase_over, worktree: Path,
+                 log_path: Path) -> tuple[dict, Box | None]:
     """The session's extra environment (profile, [adapter.env], the phase's, its scratch, its
     box's) and its box (None: unboxed). The box sees the HOME the agent will have."""
     policy = ctx.policy
@@ -382,7 +391,8 @@ def _session_env(ctx, phase_over, worktree: Path, log_path: Path) -> tuple[dict,
     return extra_env, box
 
 
-def _judge(state, summary, reason, fault: AgentFault | None, report: SessionReport, result, timeout):
+def _judge(state, summary, reason, fault: AgentFault | None, report: SessionReport, result,
+           timeout):
     """The attempt's state, summary and reason once the CLI's own report is read: an environment
     fault charges nothing (interrupted), an error the CLI reported with exit 0 fails."""
     words = report.error.strip().splitlines()[-1][:300] if report.error.strip() else ""
@@ -403,7 +413,7 @@ def _judge(state, summary, reason, fault: AgentFault | None, report: SessionRepo
 class Heartbeat:
     """Renews the story's lease while slow work runs, and turns `stop --now` into a kill."""
 
-    def __init__(self, ctx, claim, attempt_id: int | None = None):
+    def __init__(self, ctx: StoryContext, claim: Claim, attempt_id: int | None = None):
         self.ctx = ctx
         self.claim = claim
         self.attempt_id = attempt_id
@@ -438,7 +448,7 @@ class Heartbeat:
                 log.exception("heartbeat failed")
 
 
-def _exclude_session_dir(git) -> None:
+def _exclude_session_dir(git: Git) -> None:
     """Keep the per-worktree session folder (prompt files) out of every `git add -A`, in any
     form: no trailing slash, so a symlink or a file of that name is ignored too."""
     exclude = git.common_dir() / "info" / "exclude"
@@ -476,7 +486,7 @@ def _read(root: Path, rel: str) -> str:
 _GONE = "-"  # a path that differs from the base by not being there
 
 
-def snapshot(git, worktree: Path, base_sha: str, *, unflag: bool = False) -> dict[str, str]:
+def snapshot(git: Git, worktree: Path, base_sha: str, *, unflag: bool = False) -> dict[str, str]:
     """Path -> content id of each path of `worktree` that differs from `base_sha`. With
     `unflag` (a story's own worktree, never a person's checkout) index flags are taken off
     first: an edit hidden behind one is a change all the same."""
@@ -518,7 +528,7 @@ def session_ref_owner(ref: str) -> tuple[str, str, bool] | None:
     return parts[2], parts[4], parts[5].endswith(CUT_SUFFIX)
 
 
-def before_session(ctx, claim, story, phase: str, number: int) -> None:
+def before_session(ctx: StoryContext, claim: Claim, story, phase: str, number: int) -> None:
     """Before an agent session of the claimed story: record where it starts, or, when the row
     names this very session's record (it is a re-run), put the worktree back to it first."""
     if not ctx.workspace.story_worktrees or not story.worktree:
@@ -551,7 +561,7 @@ def forget_session_record(known, values: dict) -> None:
         values["feedback"] = {**values.get("feedback", known.feedback), SESSION_RECORD_KEY: None}
 
 
-def drop_session_records(ctx) -> None:
+def drop_session_records(ctx: StoryContext) -> None:
     """The story is ready (its work is committed): its start records go; what a cut-short
     session left (``.cut``) stays as evidence until the run is pruned."""
     if not ctx.workspace.story_worktrees:

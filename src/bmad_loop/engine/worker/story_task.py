@@ -13,6 +13,7 @@ import logging
 import traceback
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from ...db.models import Run, Story, utcnow, Attempt
 from ...errors import StopRequested
@@ -31,6 +32,8 @@ from .sessions import drop_session_records
 from .walk import StoryWorker, quietly
 from ..workspace.landed import sweep_landed
 from ..workspace.pool import announce_park
+from ...db.database import Database
+from .context import StoryContext
 
 __all__ = ["work", "release_after_stop", "interrupt_open_attempts", "close_running_attempts"]
 
@@ -109,7 +112,7 @@ def _claim(project, run_id: str, story_id: int, owner: str):
     return story, ctx, Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
 
 
-def _walk(ctx, claim, story, tries: list):
+def _walk(ctx: StoryContext, claim: Claim, story, tries: list):
     """Walk the story (retried over transient faults); (lease gone, finished, parked). A fault,
     a pause, a stop or a bug each leave the story and the run where a human can go on."""
     db, run_id, story_id, generation = ctx.db, ctx.run_id, claim.story_id, claim.generation
@@ -149,7 +152,8 @@ def _walk(ctx, claim, story, tries: list):
     return False, False, None
 
 
-def _escalate_internal_error(db, run_id: str, story_id: int, generation: int, exc: Exception) -> None:
+def _escalate_internal_error(db: Database, run_id: str, story_id: int, generation: int,
+                             exc: Exception) -> None:
     with db.transaction() as s:
         story = s.get(Story, story_id)
         if story.state == StoryState.WORKING and story.claim == generation:
@@ -159,7 +163,7 @@ def _escalate_internal_error(db, run_id: str, story_id: int, generation: int, ex
                    traceback=traceback.format_exc()[-4000:])
 
 
-def _release_if_ready(ctx, claim, known) -> None:
+def _release_if_ready(ctx: StoryContext, claim: Claim, known) -> None:
     """A ready story's work is all on its branch: its worktree goes to the pool, so a story
     dispatched into the freed slot takes it instead of checking out a new one. (Should its
     integration escalate, the lane gives it one back; should the lane get there first, it
@@ -176,7 +180,8 @@ def _sweep(project, run_id: str) -> None:
         log.warning("could not remove landed worktrees of run %s", run_id, exc_info=True)
 
 
-def release_after_stop(db, run_id: str, story_id: int, generation: int, fault: str | None = None) -> None:
+def release_after_stop(db: Database, run_id: str, story_id: int, generation: int,
+                       fault: str | None = None) -> None:
     """A stop (or a persistent fault) reached this story: hand it back as pending, its phase
     and worktree kept."""
     with db.transaction() as s:
@@ -188,14 +193,14 @@ def release_after_stop(db, run_id: str, story_id: int, generation: int, fault: s
             record(s, run_id, "story.interrupted", story.key, phase=story.phase, **data)
 
 
-def interrupt_open_attempts(claim) -> None:
+def interrupt_open_attempts(claim: Claim) -> None:
     """Close this story's sessions still marked running (uncounted): only ours can be, since we
     hold its claim, and a retried step starts a new one."""
     with claim.db.transaction() as s:
         close_running_attempts(s, claim.run_id, claim.own(s))
 
 
-def close_running_attempts(s, run_id: str, row: Story) -> None:
+def close_running_attempts(s: Session, run_id: str, row: Story) -> None:
     for att in s.scalars(select(Attempt).where(Attempt.story_id == row.id,
                                                Attempt.state == AttemptState.RUNNING)):
         att.state, att.counted, att.ended_at = AttemptState.INTERRUPTED, False, utcnow()

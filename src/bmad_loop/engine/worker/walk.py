@@ -25,6 +25,8 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+from sqlalchemy.orm import Session
+
 from ...git.trees.ancestry import current_base
 from ...git.trees.compose import changed_paths, commit_message
 from ...db.models import Attempt, Run, Story, utcnow
@@ -34,7 +36,7 @@ from ...git.config_guard import CONFIG_CHANGED_PREFIX, changed_files
 from ...states import AttemptState, Phase, RunState, StoryState
 from ..verification.childenv import settle_after_box, story_verify_setup
 from .agentpause import check_budget, settle_unavailable
-from .context import Claim, Fenced, StoryContext
+from .context import Claim, Fenced, Outcome, StoryContext
 from .create_step import carry_forward, phase_create
 from ..mergerules import StoryLedgers
 from ..crashpoints import crash_point, delay_point
@@ -43,13 +45,14 @@ from ..journal import record
 from ..repairs import in_repair
 from .repair import Repair
 from ..redo import RETRY_FROM
-from ..stepoutcome import Escalate, Outcome
+from ..escalation import Escalate
 from .sessions import Heartbeat, run_session, forget_session_record
 from ..transitions import transition_attempt, transition_run
 from ...agents.process import Limits
 from ..verification.record import back_to_record, before_verify, forget_record
 from ...bmad.footprint_dirs import tree_directories
 from ..workspace.base import matches_any
+from ...git.runner import Git
 
 __all__ = ["StoryWorker", "footprint_drift", "adopt_pushed_branch"]
 
@@ -383,7 +386,7 @@ class StoryWorker:
                 values["phase"] = passed.next_phase
         return values, passed
 
-    def _close_attempt(self, s, session) -> None:
+    def _close_attempt(self, s: Session, session: Session) -> None:
         ended = session.attempt_values()
         if not transition_attempt(s, session.attempt_id, AttemptState.RUNNING,
                                   **ended):  # not running: as the row's checks say
@@ -470,7 +473,8 @@ class StoryWorker:
                               story_title=story.title, run_id=self.ctx.run_id, epic=story.epic)
 
 
-def footprint_drift(git, story, changed: list[str], board_rel: str | None, settled=None) -> list[str]:
+def footprint_drift(git: Git, story, changed: list[str], board_rel: str | None,
+                    settled=None) -> list[str]:
     """`changed` paths outside `story`'s declared footprint (the board, which the lane writes,
     and the paths a merge rule settles, `settled`, aside). An exclusive footprint conflicts with
     everything already: it never drifts."""
@@ -490,7 +494,7 @@ def footprint_drift(git, story, changed: list[str], board_rel: str | None, settl
     return [p for p in unsure if not matches_any(p, declared, directories)]
 
 
-def adopt_pushed_branch(ctx, story, branch: str) -> None:
+def adopt_pushed_branch(ctx: StoryContext, story, branch: str) -> None:
     """The pushed story branch wins when this clone has none (the story began on a host that
     died after pushing) or a human pushed a fix to it."""
     git = ctx.git

@@ -10,11 +10,16 @@ from ...bmad.install import bmad_seeds
 from .base import Workspace
 from .inplace import InPlaceWorkspace
 from .worktree import WorktreeWorkspace
+from ...git.runner import Git
+from ..runpaths import Layout
+from ...policy import Policy
+from ...git.targets import Target
 
 __all__ = ["Workspace", "make_workspace"]
 
 
-def make_workspace(policy, git, layout, target, *, root: Path, profile=None) -> Workspace:
+def make_workspace(policy: Policy, git: Git, layout: Layout, target: Target, *, root: Path,
+                   profile=None) -> Workspace:
     """The workspace the policy's `[scm] isolation` asks for."""
     scm = policy.scm
     fixed = list(scm.worktree_seed)

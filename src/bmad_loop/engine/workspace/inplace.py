@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ...git.trees.compose import clear_operation_state, dirty_paths
 from ...git.maintenance import NO_AUTO_MAINTENANCE
-from ..stepoutcome import Escalate
+from ..escalation import Escalate
 from .base import Prepared, Workspace, matches_any
 
 __all__ = ["InPlaceWorkspace"]
