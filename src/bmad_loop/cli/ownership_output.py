@@ -1,5 +1,5 @@
 """What `cleanup --forget-database` and `resume` print about other state databases' runs
-(engine/run/forget.py, engine/run/ownership.py)."""
+(engine/run/cleanup.py, engine/run/ownership.py)."""
 
 from __future__ import annotations
 

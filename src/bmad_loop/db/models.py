@@ -351,7 +351,7 @@ class Lease(Base):
 
 class DatabaseIdentity(Base):
     """One row: this state database's random id, made at its first migration (0011). The
-    repository's run records name the database owning each run by it (engine/run/runrecords.py)."""
+    repository's run records name the database owning each run by it (engine/run/ownership.py)."""
 
     __tablename__ = "database_identity"
 

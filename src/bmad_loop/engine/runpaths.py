@@ -35,7 +35,7 @@ class Layout:
         return self.state_dir / "candidates" / self.run_id / f"{story_key}-{attempt}"
 
     def target_worktree(self) -> Path:
-        """The detached worktree the lane checks the target's own commit in (targetcheck.py)."""
+        """The detached worktree the lane checks the target's own commit in (verification/targetcheck.py)."""
         return self.state_dir / "candidates" / self.run_id / "target"
 
     def target_log(self, target_sha: str) -> Path:

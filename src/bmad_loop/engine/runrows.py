@@ -46,7 +46,7 @@ def run_policy(run: Run) -> Policy:
 
 
 # The run's state, by the parameter `of_run`, built once: the driver polls it after each lane
-# tick, and as a subquery it guards a story's transitions (context.py, integrate_outcomes.py).
+# tick, and as a subquery it guards a story's transitions (worker/context.py, lane/aftermath.py).
 # Not `run_id`: an UPDATE of stories refuses a parameter named like one of its columns.
 RUN_STATE = select(Run.state).where(Run.id == bindparam("of_run"))
 

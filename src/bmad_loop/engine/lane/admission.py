@@ -315,7 +315,7 @@ def _resources(story, used, capacity) -> str | None:
 def views_of(rows, stacking: bool = False, settled=None) -> list[StoryView]:
     """The admission's view of story rows (`Story` objects or the lane's read-only rows).
     `stacking`: a story may start on a stacked base when it has no branch yet and no human fix.
-    `settled`: the run's merge rules (mergesettle.MergeRules): the paths they cover never make
+    `settled`: the run's merge rules (git.trees.settle.MergeRules): the paths they cover never make
     two stories conflict."""
     return [StoryView(key=s.key, seq=s.seq, epic=s.epic, state=s.state,
                       footprint=_footprint_of(s, settled),

@@ -5,9 +5,10 @@ counts (a speculative candidate higher up is given up when one under it fails, a
 again). When it failed:
 
 - **verification** (after `[verify] retries`): the failing command runs on the target's own
-  commit first (engine/verification/targetcheck.py). If the target fails too, the target is *red*: no story is
-  blamed or charged, the story goes back to `ready`, `target.red` is journaled and the run
-  pauses (whatever `[parallel] on_escalation` says) until a person fixes the target and resumes.
+  commit first (the target check of engine/verification/targetcheck.py). If the target fails
+  too, the target is *red*: no story is blamed or charged, the story goes back to `ready`,
+  `target.red` is journaled and the run pauses (whatever `[parallel] on_escalation` says)
+  until a person fixes the target and resumes.
   If the target passes, the failure is the story's own.
 - **composition** (a merge conflict no merge rule settles): the story's own.
 

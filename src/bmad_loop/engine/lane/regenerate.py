@@ -1,4 +1,4 @@
-"""Derived files regenerated in a candidate: the `regenerate` merge rules (mergesettle.py).
+"""Derived files regenerated in a candidate: the `regenerate` merge rules (git/trees/settle.py).
 
 Composition left the rule's paths at the target's version. Here the lane checks the candidate
 out, runs each rule's command (as verify commands run: one shell, its own log, the timeout,

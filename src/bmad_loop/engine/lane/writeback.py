@@ -60,7 +60,7 @@ def mark_done_on_board(text: str, key: str, epic: str | None,
                        source: str = "sprint-status.yaml") -> str:
     """The board text with `key` done and its epic's line moved on; unchanged when there is
     nothing to change (the key is not on the board, or every value already says so). The board
-    is parsed once; the edits know the board they make (boardedit.py)."""
+    is parsed once; the edits know the board they make (bmad/board_edit.py)."""
     try:
         board = parse_board(text, Path(source))
     except ConfigError:  # a board the parser refuses: edit the story's line as before, no epic

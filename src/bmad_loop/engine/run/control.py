@@ -125,7 +125,7 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         target = project.target(git, run.target_branch)
         target_now = target.sha()
         adopted = _adopt_target(s, run, target_now)
-        forget_failed(s, run.id)  # a red target is checked again (targetcheck.py)
+        forget_failed(s, run.id)  # a red target is checked again (verification/targetcheck.py)
         for story in stories_of(s, run.id):
             _reset_for_resume(s, target.story_head, run, story)
         if stale_checks or adopted:  # verdicts given under other checks, or on another target

@@ -123,14 +123,14 @@ def target_branch_of(project, policy: Policy) -> tuple[str, str]:
 
 def load_board_and_stories(project, policy: Policy, target_sha: str | None = None,
                            branch: str = ""):
-    """(board, every story of it), read from the target commit (see `sprintload`)."""
+    """(board, every story of it), read from the target commit (see `load_sprint`)."""
     sprint = load_sprint(project, policy, target_sha, branch)
     return sprint.board, sprint.stories
 
 
 def agent_command(policy: Policy, project=None, target_sha: str | None = None) -> list[str]:
     """The dev-phase argv template, with its binary checked: a missing agent is bad input
-    (a relative path: where each story's worktree will have it, see `repocheck.check_agent`)."""
+    (a relative path: where each story's worktree will have it, see `check_agent`)."""
     adapter = policy.adapter
     if not adapter.profile and not adapter.command and not adapter.phase(Phase.DEV).command:
         raise ConfigError(f"{policy.source}: [adapter]: no agent configured "

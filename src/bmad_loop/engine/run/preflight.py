@@ -188,7 +188,7 @@ def _found(sprint: Sprint, actionable) -> dict:
 
 
 def _check_committed(add, project, policy: Policy, sprint: Sprint, actionable, branch) -> None:
-    """The board and the actionable stories' files must be committed (`sprintload`)."""
+    """The board and the actionable stories' files must be committed (`check_committed`, planning.py)."""
     if branch is None:
         return  # no target commit to compare with: the git check failed already
     try:

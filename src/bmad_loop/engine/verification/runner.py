@@ -7,7 +7,7 @@ group, its output straight into the log file, its whole process tree ended on ti
 `BMAD_LOOP_OWNER`. With `run_id` and `story_key` it also carries `BMAD_LOOP_RUN_ID` and
 `BMAD_LOOP_STORY_KEY`, so orphan recovery finds what a dead worker's verify left running and
 kills it before the story is retried; with `thaw_after_s` a command that stops bmad-loop is
-undone after that long (the process's thaw helper, `thaw.py`). Only a bounded tail of the
+undone after that long (the process's thaw helper, `agents/thaw.py`). Only a bounded tail of the
 output is read back.
 
 With `Retry` (`[verify] retries`), a run that fails is not believed at once: the tree is put

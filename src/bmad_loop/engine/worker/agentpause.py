@@ -1,7 +1,7 @@
 """When the agent cannot work, or the run has spent what it may: pause (or wait), charge nothing.
 
 - `settle_unavailable`: a session ended by an environment fault (rate or usage limit, auth,
-  trust, unknown model, network; `agentfaults`). Its attempt is closed `interrupted` and
+  trust, unknown model, network; `agents/faults.py`). Its attempt is closed `interrupted` and
   uncounted with the fault as its reason, and `agent.unavailable` is journaled with the category
   and the CLI's own words. With `[adapter] on_limit = "wait"` and a reset time the CLI printed,
   the worker waits until then (lease renewed, `stop` obeyed) and the caller runs the session

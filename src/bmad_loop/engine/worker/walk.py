@@ -181,7 +181,7 @@ class StoryWorker:
         log_path = ctx.layout.verify_log(self.key, label)
         env, box = story_verify_setup(ctx, worktree, log_path) if commands else (None, None)
         with Heartbeat(ctx, self.claim) if commands else contextlib.nullcontext():
-            # Record or restore (verify_record.py); a retry starts from the record again.
+            # Record or restore (engine/verification/record.py); a retry starts from the record again.
             kept = before_verify(ctx, self.claim, story, worktree)
             result = run_verify(
                 commands, VerifySite(worktree, log_path, env, box, ctx.run_id, self.key),

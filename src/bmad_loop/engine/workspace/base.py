@@ -5,7 +5,7 @@ branch (or, with `branch_per = "run"`, one shared run branch and worktree). `InP
 (`isolation = "none"`, in inplace.py): the project's own checkout, one story at a time. The
 worker prepares, commits and leaves a story through a `Workspace` only; the lane asks it to
 discard a landed story's worktree and branch. `context.make_workspace` chooses once, from the
-policy. (`WorktreeWorkspace` lives in worktree_workspace.py.)
+policy. (`WorktreeWorkspace` lives in worktree.py.)
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class Workspace(ABC):
 
     def reseed(self, worktree: Path) -> None:
         """Copy the seed files into `worktree` again where they are missing (a restored
-        worktree, verify_record.py). In place: nothing is seeded."""
+        worktree, engine/verification/record.py). In place: nothing is seeded."""
 
     def restore_worktree(self, story) -> None:
         """The lane, when the story's integration escalated: a worktree released at ready is
