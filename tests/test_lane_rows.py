@@ -104,7 +104,7 @@ def test_a_kept_row_keeps_its_admission_view_and_a_row_read_again_gets_a_new_one
     from support import state_database
 
     from bmad_loop.engine.lane.admission import views_of
-    from bmad_loop.engine.lane.lane import LaneMemo
+    from bmad_loop.engine.lane.tick import LaneMemo
 
     db = state_database(tmp_path)
     try:

@@ -26,7 +26,7 @@ import pytest
 from bmad_loop.db.models import Candidate, Run, Story
 from bmad_loop.engine import leases
 from bmad_loop.engine.lane.integrate import Integrator, LaneFenced
-from bmad_loop.engine.lane.lane import tick_once as tick
+from bmad_loop.engine.lane.tick import tick_once as tick
 from bmad_loop.engine.project import Project
 from bmad_loop.engine.runrows import run_policy
 from bmad_loop.engine.worker.story_task import work

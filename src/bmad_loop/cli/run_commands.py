@@ -322,7 +322,7 @@ def _drive_and_report(project, tasks, run_id, workers, progress, reports: Report
                       since_seq: int = 0):
     """Drive the run here until it settles, print its outcome, write the reports, exit with
     the run's exit code. Each Ctrl+C acted on is explained (`stop_notice`)."""
-    from ..engine.run.driver import drive
+    from ..engine.run.consumers import drive
     from ..operator.stop_notice import interrupt_notice
 
     def notice(count: int) -> None:

@@ -175,7 +175,7 @@ class Integrator:
             return verdict
         crash_point("lane.after_verify")
         if self.between is not None:
-            self.between()  # the lane starts what a worker freed meanwhile (see lane.py)
+            self.between()  # the lane starts what a worker freed meanwhile (see tick.py)
         return self.land(story, cand_id, attempt, sha, target_sha)
 
     def land(self, story: Story, cand_id: int, attempt: int, sha: str, target_sha: str) -> str:

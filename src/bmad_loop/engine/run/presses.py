@@ -1,7 +1,8 @@
-"""Ctrl+C presses, counted for `run` and `resume` (`driver.drive` acts on them).
+"""Ctrl+C presses, counted for `run` and `resume` (`consumers.drive` acts on them).
 
-Kept apart from the driver and free of heavy imports: the command installs the counter first
-thing, so a Ctrl+C during start-up (imports, planning, enqueue) is counted rather than raised.
+Kept apart from the driver (consumers.py) and free of heavy imports: the command installs the
+counter first thing, so a Ctrl+C during start-up (imports, planning, enqueue) is counted rather
+than raised.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from ..transitions import transition_story
 from ..verification.record import drop_records
 from .sessions import drop_session_records
 from .walk import StoryWorker, quietly
-from ..workspace.landed import sweep_landed
+from ..workspace.pool import sweep_landed
 from ..workspace.pool import announce_park
 from ...db.database import Database
 from .context import StoryContext

@@ -44,6 +44,10 @@ name component, so no story key (a branch name's last component) can ever be tha
 The pool holds at most ``[scm] max_parallel`` worktrees (at most that many stories start at
 once, so more would only wait); ``BMAD_LOOP_WORKTREE_POOL=<n>`` in the environment of the
 consumers sets another size, and 0 turns reuse off (as ``[scm] reuse_worktrees = false`` does).
+
+**Landed stories' worktrees on a story host** (remote mode): this host's worktrees of the
+stories that landed are removed by `sweep_landed`. The lane runs in another clone there and
+cannot reach them; the story host sweeps its own after each story task.
 """
 
 from __future__ import annotations
@@ -55,23 +59,35 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sqlalchemy import select
+
 from ...errors import GitError
 from ...git.repolock import repo_lock
 from ...git.maintenance import run_deferred_maintenance
 from ...git.indexflags import flagged
-from ...git.worktrees import (delete_branch, list_worktrees, move_worktree, remove_tree,
-                              remove_worktree, worktree_at)
+from ...git.worktrees import (
+    delete_branch,
+    list_worktrees,
+    move_worktree,
+    remove_tree,
+    remove_worktree,
+    worktree_at,
+)
 from ...git.runner import Git
 from ...policy import Policy
+from ...db.models import Run, Story
+from ...states import StoryState
+from ..runrows import run_policy
 
 __all__ = ["POOL_DIR", "POOL_ENV", "pool_dir", "pool_size", "parked", "park", "take",
-           "announce_park", "drain_pool", "drain_run_pool", "clear_interrupted_take"]
+           "announce_park", "drain_pool", "drain_run_pool", "clear_interrupted_take",
+           "sweep_landed"]
+
 
 log = logging.getLogger(__name__)
 
 POOL_DIR = ".pool"
 POOL_ENV = "BMAD_LOOP_WORKTREE_POOL"
-
 
 
 def pool_dir(layout: Layout) -> Path:
@@ -382,3 +398,34 @@ def drain_run_pool(project, run_id: str, policy: Policy) -> list[str]:
         log.warning("could not drain the worktree pool of run %s", run_id, exc_info=True)
         return []
     return drain_pool(git, Layout(project.state_dir, run_id))
+
+
+def sweep_landed(project, run_id: str) -> list[str]:
+    """Remote mode, on a story host: remove this host's worktrees of the run's stories that
+    landed (the lane, in another clone, cannot). Returns the paths removed."""
+    state = project.state_dir.resolve()
+    removed = []
+    with project.db.transaction() as s:
+        run = s.get(Run, run_id)
+        policy = run_policy(run)
+        rows = [(st.worktree, st.branch) for st in s.scalars(select(Story).where(
+            Story.run_id == run_id, Story.state.in_((StoryState.INTEGRATED, StoryState.SKIPPED)),
+            Story.host == project.host, Story.worktree.is_not(None)))]
+    git = project.git(policy)
+    for worktree, branch in rows:
+        path = Path(worktree)
+        if not path.is_dir() or not _under(path.resolve(), state):
+            continue
+        remove_worktree(git, path)
+        removed.append(str(path))
+        if policy.scm.delete_branch and branch:
+            delete_branch(git, branch)
+    return removed
+
+
+def _under(path: Path, base: Path) -> bool:
+    try:
+        path.relative_to(base.resolve())
+        return True
+    except ValueError:
+        return False
