@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bmad_loop.db.models import Attempt, Candidate, Run, Story
-from bmad_loop.engine.run.driver import drive
+from bmad_loop.engine.run.consumers import drive
 from bmad_loop.engine.journal import events_after
 from bmad_loop.engine.run.planning import Selection, enqueue
 from bmad_loop.engine.project import Project, ensure_state_dir

@@ -77,7 +77,7 @@ def install() -> None:
 
     from bmad_loop.git import repolock, runner as gitcmd
     from bmad_loop.db import database
-    from bmad_loop.engine.lane import integrate, lane, outcomes, tick
+    from bmad_loop.engine.lane import aftermath, integrate, tick
     from bmad_loop.engine.run import consumers
     from bmad_loop.engine.worker import walk as worker
 
@@ -127,13 +127,13 @@ def install() -> None:
                                          flock=flock)
 
     # Steps: the lane's and the worker's parts.
-    lane.Lane.tick = _step("lane: tick (all)")(lane.Lane.tick)
+    tick.Lane.tick = _step("lane: tick (all)")(tick.Lane.tick)
     tick.LanePass._dispatch = _step("lane: dispatch")(tick.LanePass._dispatch)
     tick.LanePass._load = _step("lane: load rows")(tick.LanePass._load)
     integrate.Integrator._one_composition = _step("lane: compose+verify+advance")(
         integrate.Integrator._one_composition)
-    outcomes.Outcomes.clean_after_integration = _step("lane: clean-up")(
-        outcomes.Outcomes.clean_after_integration)
+    aftermath.Aftermath.clean_after_integration = _step("lane: clean-up")(
+        aftermath.Aftermath.clean_after_integration)
     consumers.work = _step("worker: work (all)")(consumers.work)  # the name the consumers call
     worker.StoryWorker.prepare = _step("worker: prepare")(worker.StoryWorker.prepare)
     worker.StoryWorker.phase_dev = _step("worker: dev")(worker.StoryWorker.phase_dev)

@@ -13,7 +13,7 @@ import pytest
 from bmad_loop.bmad.board import parse_board, parse_story_key, set_status
 from bmad_loop.bmad.board_status import read_status
 from bmad_loop.engine.lane.admission import StoryView, admit
-from bmad_loop.engine.run.gatepoints import gate_epics
+from bmad_loop.engine.run.planning import gate_epics
 from bmad_loop.errors import ConfigError
 from bmad_loop.bmad.footprint import Footprint
 from bmad_loop.operator.report.ci_summary import junit_tree

@@ -72,7 +72,7 @@ def test_each_registered_cache_says_what_it_holds_and_how_far_it_grows():
 
 
 def test_clear_empties_every_cache():
-    from bmad_loop.engine.runs import _policies
+    from bmad_loop.engine.runrows import _policies
     from bmad_loop.git.trees.diff import _DIFFS
 
     _DIFFS.put(("repo", "a", "b"), ["x"])

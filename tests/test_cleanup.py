@@ -1,6 +1,6 @@
 """`bmad-loop cleanup`: orphans in bmad-loop's namespaces go, everything else stays.
 
-The rules tested are the ones in engine/cleanup.py's docstring: only worktrees under
+The rules tested are the ones in engine/run/cleanup.py's docstring: only worktrees under
 `.bmad-loop/worktrees/` and `.bmad-loop/candidates/`, branches under `bmad-loop/` and refs under
 `refs/bmad-loop/candidates/` are candidates for removal; a live row owns its things; a parked
 (escalated) story keeps its worktree, branch and preserved candidate while its run can resume,

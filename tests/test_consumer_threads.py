@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from bmad_loop.engine.run.consumers import ConsumerSet
+from bmad_loop.engine.run.consumers import ConsumerSet, story_workers
 from bmad_loop.engine.project import Project
 from support import ALPHA_BETA, MERGE_NONE, barrier_script, go, inside, wait_until
 
@@ -41,3 +41,36 @@ def test_the_lane_the_story_workers_and_each_heartbeat_are_named_apart(make_repo
     assert "bmad-stories-Worker-3" not in ours  # one thread per `-w`, no more
     assert len(ours) == len(set(ours)), names  # no two of ours alike
     assert not any(n.startswith("Worker-") for n in names), names
+
+
+def test_a_worker_is_sized_by_the_runs_snapshot_once_the_run_exists(make_repo, tmp_path):
+    """`worker` without `-w`: before any run, `[scm] max_parallel` of policy.toml; once a run is
+    enqueued, its snapshot (the runs row), whatever policy.toml says since."""
+    bar = tmp_path / "bar"
+    bar.mkdir()
+    repo = make_repo(ALPHA_BETA, script=barrier_script(ALPHA_BETA, bar),
+                     policy=MERGE_NONE.format(n=2, strategy="merge"))
+    before = Project.open(repo.root)
+    try:
+        assert story_workers(before, "all") == 2  # no run yet: the policy
+    finally:
+        before.close()
+    assert repo.cli("run", "--enqueue-only").exit_code == 0
+    repo.write_policy(MERGE_NONE.format(n=5, strategy="merge"))  # changed after enqueue
+    proc = repo.spawn("worker", log_name="worker")
+    try:
+        wait_until(lambda: "workers=" in repo.spawned_logs(), what="the worker's first line")
+        assert "queue=all workers=2 " in repo.spawned_logs(), repo.spawned_logs()
+        wait_until(lambda: inside(bar) == ["1-1-alpha", "1-2-beta"], what="both agents in dev")
+    finally:
+        for story in ALPHA_BETA:
+            go(bar, story.key)
+        repo.kill_spawned()
+    assert proc.poll() is not None
+    after = Project.open(repo.root)
+    try:
+        assert after.policy.scm.max_parallel == 5
+        assert story_workers(after, "all") == 2  # the run's, not the file's
+        assert story_workers(after, "integration") == 1
+    finally:
+        after.close()

@@ -1,6 +1,6 @@
 """The crash matrix: kill -9 at every named crash point, restart, and nothing is lost or doubled.
 
-For each point of `engine.faults.CRASH_POINTS`, a three-story sprint (disjoint files, strategy
+For each point of `engine.crashpoints.CRASH_POINTS`, a three-story sprint (disjoint files, strategy
 `merge`) is driven by a real `bmad-loop worker --queue all -w 1` subprocess with
 `BMAD_LOOP_CRASH_AT=<point>`. The process SIGKILLs itself at that point (once: the marker file),
 is started again with the same environment, and must finish the run. Then:
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.engine.faults import CRASH_ENV, CRASH_POINTS, ONCE_ENV
+from bmad_loop.engine.crashpoints import CRASH_ENV, CRASH_POINTS, ONCE_ENV
 from support import (
     ALPHA_BETA_GAMMA,
     SETTLED,
@@ -259,7 +259,7 @@ def test_a_kill_9_at_each_crash_point_loses_nothing_doubles_nothing_and_leaves_n
             assert worktree_at_crash and branch_at_crash
             assert not Path(worktree_at_crash).exists()
             assert not any(e["kind"] == "target.advanced" for e in ours)
-        else:  # a crash point added to faults.py needs its own expectation here
+        else:  # a crash point added to crashpoints.py needs its own expectation here
             pytest.fail(f"no expectation written for crash point {point}")
 
     # No debris once cleanup ran.
@@ -267,7 +267,7 @@ def test_a_kill_9_at_each_crash_point_loses_nothing_doubles_nothing_and_leaves_n
     assert result.exit_code == 0, result.output
     assert repo.worktrees() == [str(repo.root)]
     # What a cut-short agent session left is evidence, kept until `cleanup --runs` prunes the
-    # finished run (session_record.py); nothing else stays.
+    # finished run (engine/worker/sessions.py); nothing else stays.
     evidence = [r for r in repo.bmad_branches() if r.endswith(".cut")]
     assert [r for r in repo.bmad_branches() if r not in evidence] == []
     assert all("/sessions/1-1-alpha/dev-1.cut" in r for r in evidence)
@@ -301,7 +301,7 @@ def test_a_kill_9_after_composing_a_candidate_something_waits_on_abandons_its_ro
 
 
 def test_the_crash_matrix_covers_every_declared_point():
-    """A new point in faults.py must get an expectation in the matrix above."""
+    """A new point in crashpoints.py must get an expectation in the matrix above."""
     handled = {"worker.after_worktree", "worker.in_agent", "worker.after_agent",
                "worker.after_commit", "worker.after_ready", "lane.after_compose", "lane.after_verify",
                "lane.after_cas", "lane.after_sync", "lane.during_cleanup"}

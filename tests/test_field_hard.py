@@ -30,8 +30,8 @@ import psutil
 import pytest
 
 from bmad_loop.agents.process import OWNER_VAR, SESSION_TOKEN_VAR, Limits, owner_marker, parse_owner
-from bmad_loop.engine.faults import DELAY_DIR_ENV, DELAY_ENV
-from bmad_loop.engine.worker.verify import VerifySite, run_verify
+from bmad_loop.engine.crashpoints import DELAY_DIR_ENV, DELAY_ENV
+from bmad_loop.engine.verification.runner import VerifySite, run_verify
 from support import StoryDef, project_argv, query, wait_for_exit, wait_for_files, wait_until, write_each
 
 ALPHA = StoryDef("1-1-alpha", files=["src/alpha.py"])

@@ -92,14 +92,14 @@ def test_a_plain_run_costs_a_bounded_number_of_git_processes_per_story(make_repo
     # One checkout for the run: each later story takes the worktree the one before it parked
     # (engine/workspace/pool.py), and the pool is emptied when the run completes.
     # read-tree: the pool's take, and each agent session's start record (a temporary index,
-    # engine/worker/session_record.py) — one per story.
+    # engine/worker/sessions.py) — one per story.
     assert calls["read-tree"] <= 1 + len(STORIES) and calls["worktree remove"] == 1, calls
     assert calls["worktree add"] == 1, calls  # the run's one new worktree
     # Each park and take moves it (`worktree move`); the CASes, the parks' detaches and the
     # worker's commits (plumbing: compose.commit_worktree) are `update-ref`s.
     assert calls["worktree move"] <= 2 * len(STORIES), calls
     # update-ref: the candidate and its CAS, the plumbing commit, a session start record
-    # made and dropped (engine/worker/session_record.py).
+    # made and dropped (engine/worker/sessions.py).
     assert calls["update-ref"] <= 5 * len(STORIES), calls
     # The landed story branches go with `branch -D`; each worker commit and each candidate
     # commit is `commit-tree`'s, the candidate's board edit one pack.

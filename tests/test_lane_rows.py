@@ -11,7 +11,7 @@ from sqlalchemy import event, update
 
 from bmad_loop.db.models import Story
 from bmad_loop.engine.project import Project
-from bmad_loop.engine.runs import lane_rows
+from bmad_loop.engine.runrows import lane_rows
 from bmad_loop.policy import load_policy
 from support import ALPHA_BETA_GAMMA, MERGE_NONE, query, write_each
 
@@ -104,7 +104,7 @@ def test_a_kept_row_keeps_its_admission_view_and_a_row_read_again_gets_a_new_one
     from support import state_database
 
     from bmad_loop.engine.lane.admission import views_of
-    from bmad_loop.engine.lane.lane import LaneMemo
+    from bmad_loop.engine.lane.tick import LaneMemo
 
     db = state_database(tmp_path)
     try:
@@ -140,7 +140,7 @@ def test_run_policy_parses_each_snapshot_once_and_keeps_nothing_of_a_bad_one():
 
     from bmad_loop.db.models import Run
     from bmad_loop.errors import ConfigError
-    from bmad_loop.engine.runs import run_policy
+    from bmad_loop.engine.runrows import run_policy
 
     snapshot = {"scm": {"max_parallel": 3}, "gates": {"mode": "none"}}
     first = run_policy(Run(id="r-policy", policy=snapshot))

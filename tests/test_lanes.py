@@ -26,9 +26,9 @@ import pytest
 from bmad_loop.db.models import Candidate, Run, Story
 from bmad_loop.engine import leases
 from bmad_loop.engine.lane.integrate import Integrator, LaneFenced
-from bmad_loop.engine.lane.lane import tick_once as tick
+from bmad_loop.engine.lane.tick import tick_once as tick
 from bmad_loop.engine.project import Project
-from bmad_loop.engine.runs import run_policy
+from bmad_loop.engine.runrows import run_policy
 from bmad_loop.engine.worker.story_task import work
 from bmad_loop.queue.tasks import Tasks
 from support import ALPHA_BETA_GAMMA, project_argv, query, stop_processes, wait_until

@@ -1,4 +1,4 @@
-"""Who is alive, from one source: the consumers' and the lane's leases (engine/heartbeats.py).
+"""Who is alive, from one source: the consumers' and the lane's leases (engine/leases.py).
 
 `status` lists the live consumers and warns about a live run nobody works on; `resume` of a
 run another process drives is refused naming it; a second `run` says `stop` for a driven run

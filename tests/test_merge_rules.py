@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bmad_loop.git.trees.compose import compose
-from bmad_loop.engine.faults import CRASH_ENV, ONCE_ENV
+from bmad_loop.engine.crashpoints import CRASH_ENV, ONCE_ENV
 from bmad_loop.git.runner import Git
 from bmad_loop.git.trees.settle import MergeRules, union_text
 from bmad_loop.policy.mergerule import MergeRule
@@ -487,7 +487,7 @@ def test_a_kill_9_after_the_advance_neither_loses_nor_doubles_an_ignored_ledgers
 
 
 def test_the_append_is_written_once_whatever_point_a_kill_stopped_it_at(tmp_path):
-    from bmad_loop.engine.ledgerfiles import append_ledger_lines
+    from bmad_loop.engine.mergerules import append_ledger_lines
 
     root, state = tmp_path / "checkout", tmp_path / "state"
     ledger = root / "notes" / "deferred-work.md"

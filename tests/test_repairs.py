@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from bmad_loop.engine.faults import CRASH_ENV, ONCE_ENV, REPAIR_CRASH_POINTS
+from bmad_loop.engine.crashpoints import CRASH_ENV, ONCE_ENV, REPAIR_CRASH_POINTS
 from support import StoryDef, project_argv, query, stop_processes, wait_for_exit, wait_until
 
 A = StoryDef("1-1-rename", files=["app/core.py", "app/main.py"])

@@ -15,10 +15,10 @@ import json
 from sqlalchemy import update
 
 from bmad_loop.db.models import Story
-from bmad_loop.engine.layout import Layout
+from bmad_loop.engine.runpaths import Layout
 from bmad_loop.engine.project import Project
-from bmad_loop.engine.lane.restack import own_paths, restack_stale
-from bmad_loop.engine.runs import stories_of
+from bmad_loop.engine.lane.stacking import own_paths, restack_stale
+from bmad_loop.engine.runrows import stories_of
 from bmad_loop.policy import load_policy
 from bmad_loop.git.worktrees import ensure_worktree
 from support import ALPHA_BETA, MERGE_NONE, query, write_each

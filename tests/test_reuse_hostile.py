@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from bmad_loop.engine.layout import Layout
+from bmad_loop.engine.runpaths import Layout
 from bmad_loop.engine.workspace.pool import park, parked, take
 from bmad_loop.git.worktrees import delete_branch, ensure_worktree
 from support import StoryDef, git, git_repo, write

@@ -1,4 +1,4 @@
-"""The lane's rows-against-git check reads its rows in one statement (engine/lane/rowcheck.py):
+"""The lane's rows-against-git check reads its rows in one statement (engine/lane/tick.py):
 the latest integrated story and every one integrated without a commit, on a real SQLite file."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import insert
 
 from bmad_loop.db.models import Story
-from bmad_loop.engine.lane.rowcheck import integrated_rows
+from bmad_loop.engine.lane.tick import integrated_rows
 from bmad_loop.states import StoryState
 
 from support import add_runs

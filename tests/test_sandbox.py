@@ -16,7 +16,7 @@ import pytest
 
 from support import StoryDef, agent_command, git, init_repo
 
-from bmad_loop.engine.worker.childenv import without_state_access
+from bmad_loop.engine.verification.childenv import without_state_access
 from bmad_loop.errors import ConfigError
 from bmad_loop.policy import load_policy
 from bmad_loop.agents.profiles import resolve_command

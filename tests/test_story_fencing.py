@@ -11,7 +11,7 @@ from support import StoryDef
 from bmad_loop.db.models import Event, Run, Story
 from bmad_loop.engine.project import Project
 from bmad_loop.engine.worker.context import Claim, story_context
-from bmad_loop.engine.runs import run_policy
+from bmad_loop.engine.runrows import run_policy
 from bmad_loop.engine.worker.walk import Fenced, Outcome, StoryWorker
 
 

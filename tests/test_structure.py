@@ -98,11 +98,13 @@ def test_the_cycle_finder_finds_a_cycle():
 # The rooms of the package, lowest first: a room may import itself and the rooms before it,
 # never one after it. `base` is the package's own top-level modules (errors, states, ...);
 # `__main__` is the entry point. The flow: cli -> operator -> engine (run -> lane -> worker
-# -> workspace -> engine's shared rows) -> queue -> db -> bmad -> git -> policy -> agents.
+# -> verification -> workspace -> engine's shared rows) -> queue -> db -> bmad -> git -> policy
+# -> agents. Verification is a service below both the worker and the lane.
 LAYERS = [
     "base", "sandbox", "agents", "agents.profiles", "policy",
     "git", "git.trees", "git.targets", "bmad", "db", "queue",
-    "engine", "engine.workspace", "engine.worker", "engine.lane", "engine.run",
+    "engine", "engine.workspace", "engine.verification", "engine.worker", "engine.lane",
+    "engine.run",
     "operator", "operator.report", "cli", "__main__",
 ]
 
@@ -178,7 +180,7 @@ def test_the_engine_chooses_modes_only_inside_the_seams():
     `make_workspace`; the rest of the engine asks the seam."""
     engine = PACKAGE / "engine"
     # the factories; validation at enqueue
-    allowed = {"worker/context.py", "run/planning.py", "project.py"}
+    allowed = {"workspace/__init__.py", "run/planning.py", "project.py"}
     offenders = []
     for path in sorted(engine.rglob("*.py")):
         if str(path.relative_to(engine)) in allowed:
@@ -305,3 +307,12 @@ def test_the_private_check_finds_a_reach_and_spares_self_and_named_tuples(tmp_pa
         "        row._replace(x=1)\n"
         "        return other._theirs()\n")
     assert private_reaches(tmp_path) == ["a.py:1: import _hidden", "a.py:6: other._theirs"]
+
+
+def test_the_lane_uses_verification_as_a_service_not_the_worker():
+    """Verification (engine/verification/) sits below both the worker and the lane: the lane
+    runs its checks through it and never reaches into the worker."""
+    reaches = sorted(f"{module} imports {dep}" for module, deps in import_graph().items()
+                     if room_of(module) == "engine.lane"
+                     for dep in deps if room_of(dep) == "engine.worker")
+    assert reaches == []

@@ -1,5 +1,5 @@
 """One checkout, two state databases: neither deletes the other's work, and a live run of one
-refuses a second run on its target in the other (engine/runrecords.py, engine/ownership.py).
+refuses a second run on its target in the other (engine/run/ownership.py).
 
 Real processes (`bmad-loop` as a child, its database from `BMAD_LOOP_DATABASE_URL` or the SQLite
 default), a real repository, real PostgreSQL. The first database's run escalates a story whose

@@ -188,7 +188,7 @@ def test_a_restore_puts_back_exactly_what_was_recorded_whatever_the_verify_did(t
     plants ignored and untracked files and a nested repository; the restore gives back exactly
     the recorded worktree (the agent's index marks taken off, as its commit would), and keeps
     what it replaced."""
-    from bmad_loop.engine.worker.verify_record import keep, restore
+    from bmad_loop.engine.verification.record import keep, restore
     from support import git, git_repo, write
 
     g = git_repo(tmp_path / "repo", {"a.txt": "a\n", "b.txt": "b\n", "gone.txt": "g\n",

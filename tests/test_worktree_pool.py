@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.engine.layout import Layout
+from bmad_loop.engine.runpaths import Layout
 from bmad_loop.engine.workspace import pool as worktree_pool
 from bmad_loop.engine.workspace.pool import (
     POOL_ENV,
@@ -383,7 +383,7 @@ def test_a_take_cut_short_at_the_story_path_is_made_again_by_prepare(make_repo):
     at the story's path and no branch: the next prepare removes it and adds a fresh one."""
     from types import SimpleNamespace
 
-    from bmad_loop.engine.worker.context import make_workspace
+    from bmad_loop.engine.workspace import make_workspace
     from bmad_loop.engine.project import Project
     from bmad_loop.policy import load_policy
     from bmad_loop.git.worktrees import move_worktree

@@ -147,7 +147,7 @@ STORY_TRANSITIONS: dict[StoryState, frozenset[StoryState]] = {
     S.PENDING: frozenset({S.QUEUED, S.BLOCKED, S.SKIPPED}),
     S.QUEUED: frozenset({S.PENDING, S.WORKING}),
     S.WORKING: frozenset({S.PENDING, S.QUEUED, S.READY, S.ESCALATED}),
-    S.READY: frozenset({S.INTEGRATING, S.PENDING}),  # pending: restacked (restack.py)
+    S.READY: frozenset({S.INTEGRATING, S.PENDING}),  # pending: restacked (engine/lane/stacking.py)
     # ready: its speculative candidate was given up (one below it failed, or the run stopped),
     # or the target itself fails the check its candidate failed (red: no story blamed)
     # pending: sent back to its agent for a repair (phase `repair`), next in plan order

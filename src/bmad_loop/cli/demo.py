@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..engine.run.driver import drive
+from ..engine.run.consumers import drive
 from ..engine.run.planning import enqueue
 from ..engine.project import Project, ensure_state_dir
 from ..engine.run.status import run_status

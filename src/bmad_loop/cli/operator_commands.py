@@ -80,7 +80,7 @@ def status(project_dir, run_ref, as_json, watch, interval):
 def _add_evidence(project, data: dict) -> None:
     """Each escalated story whose verify failed: the ref that keeps the agent's last output and
     the commands that continue from it (`evidence_ref`, `continue`; None when there is none)."""
-    from ..engine.worker.verify_record import continue_commands, kept_evidence
+    from ..engine.verification.record import continue_commands, kept_evidence
     from ..states import StoryState
 
     run_id = data["run"]["id"]
@@ -127,7 +127,7 @@ def _watch(project, run_ref, interval):
 def journal(project_dir, run_ref, kinds, story, follow, as_json):
     """The run's journal, in order (one JSON object per line with --json)."""
     from ..engine.run.control import find_run
-    from ..engine.runs import stories_of
+    from ..engine.runrows import stories_of
     from ..operator.follow import follow_journal, format_event, story_ref
 
     project, reader = _open_reader(project_dir, run_ref)
@@ -212,7 +212,7 @@ def attach(project_dir, run_ref, story, no_follow, all_logs, no_wait):
 
 
 def _print_all_logs(project, reader, run_id: str, key: str) -> None:
-    from ..engine.layout import Layout
+    from ..engine.runpaths import Layout
     from ..operator.story_logs import print_story_logs, story_logs
 
     log_dir = Layout(project.state_dir, run_id).log(key, "dev", 1).parent

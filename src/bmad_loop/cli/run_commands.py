@@ -133,7 +133,7 @@ def init(project_dir, force):
     import tomllib
 
     from ..engine.project import Project, ensure_state_dir
-    from ..engine.run.repocheck import check_checkout
+    from ..engine.run.planning import check_checkout
     from ..policy import default_policy_text, load_policy, policy_from_dict, policy_path
 
     root = project_dir.resolve()
@@ -197,7 +197,8 @@ def enqueue(project_dir, parallel, gates, epic, stories, max_stories):
 @click.option("--queue", "queue", type=click.Choice(["stories", "integration", "all"]),
               default="all", show_default=True)
 @click.option("-w", "--workers", type=int, default=None,
-              help="Story consumer threads [default: [scm] max_parallel].")
+              help="Story consumer threads [default: the live runs' max_parallel, else "
+                   "[scm] max_parallel].")
 @clone_option
 @host_option
 @handle_errors
@@ -206,12 +207,12 @@ def worker(project_dir, queue, workers, clone_dir, host):
     import signal
     import threading
 
-    from ..engine.run.consumers import ConsumerSet
+    from ..engine.run.consumers import ConsumerSet, story_workers
 
     _set_host(host)
     project = open_project(project_dir, clone_dir)
     if workers is None:
-        workers = 1 if queue == "integration" else project.policy.scm.max_parallel
+        workers = story_workers(project, queue)
     consumers = ConsumerSet(project, queue=queue, workers=workers,
                             announce=lambda line: click.echo(f"bmad-loop worker: {line}", err=True))
     done = threading.Event()
@@ -244,8 +245,8 @@ def run(project_dir, parallel, gates, epic, stories, max_stories, enqueue_only, 
     """
     # First: a Ctrl+C during start-up stops the run once it is driven.
     click.get_current_context().call_on_close(Interrupts.counting().release)
-    from ..engine.faults import delay_point
-    from ..engine.run.gatepoints import pause_summary
+    from ..engine.crashpoints import delay_point
+    from ..engine.run.planning import pause_summary
 
     project, policy, tasks, run_id, plan = _enqueue(project_dir, parallel, gates, epic, stories,
                                                     max_stories)
@@ -324,7 +325,7 @@ def _drive_and_report(project, tasks, run_id, workers, progress, reports: Report
                       since_seq: int = 0):
     """Drive the run here until it settles, print its outcome, write the reports, exit with
     the run's exit code. Each Ctrl+C acted on is explained (`progress.interrupt_notice`)."""
-    from ..engine.run.driver import drive
+    from ..engine.run.consumers import drive
     from .progress import interrupt_notice
 
     def notice(count: int) -> None:
@@ -346,7 +347,7 @@ def _evidence_lines(project, run_id: str, key: str) -> list[str]:
     """Where an escalated story's last output is kept and how to continue from it ([] when its
     verify did not fail: nothing is kept)."""
     from ..db.models import Story
-    from ..engine.worker.verify_record import continue_lines, kept_evidence
+    from ..engine.verification.record import continue_lines, kept_evidence
 
     ref = kept_evidence(project.git(), run_id, key)
     if ref is None:
@@ -378,7 +379,7 @@ def _write_html_report(project, run_id, path) -> None:
 def _print_outcome(project, run_id):
     from ..db.models import Run
     from ..engine.run.status import night_notes
-    from ..engine.runs import stories_of
+    from ..engine.runrows import stories_of
     from .progress import resume_command
     from ..operator.style import key_width
     from ..states import RunState

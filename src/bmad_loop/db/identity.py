@@ -1,7 +1,7 @@
 """Who a state database is: its random id (made at its first migration, 0011) and a label a
 person can read (its URL without the password).
 
-The repository's run records (engine/run/runrecords.py) carry both, so a checkout driven from two
+The repository's run records (engine/run/ownership.py) carry both, so a checkout driven from two
 databases can tell its own runs' refs from another database's.
 """
 

@@ -159,7 +159,7 @@ class Story(Base):
     claim: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # The row's version: the database adds one on every UPDATE of the row, whoever runs it (a
     # trigger, migration 0010), so the lane keeps rows across passes and reads again only those
-    # whose `rev` moved (engine/runs.py). Never written by the code.
+    # whose `rev` moved (engine/runrows.py). Never written by the code.
     rev: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     worktree: Mapped[str | None] = mapped_column(Text)
     branch: Mapped[str | None] = mapped_column(String(255))
@@ -168,7 +168,7 @@ class Story(Base):
     # {"key", "head"} (the head its layer was composed from). None: started on the target.
     stacked_on: Mapped[list | None] = mapped_column(JSON)
     # {path: text} a story added to a git-ignored union ledger, captured at ready and appended
-    # to the checkout's copy once it lands (engine/ledgerfiles.py). Null: none.
+    # to the checkout's copy once it lands (engine/mergerules.py). Null: none.
     ledger_lines: Mapped[dict | None] = mapped_column(JSON)
     head_sha: Mapped[str | None] = mapped_column(String(64))
     integrated_sha: Mapped[str | None] = mapped_column(String(64))
@@ -351,7 +351,7 @@ class Lease(Base):
 
 class DatabaseIdentity(Base):
     """One row: this state database's random id, made at its first migration (0011). The
-    repository's run records name the database owning each run by it (engine/run/runrecords.py)."""
+    repository's run records name the database owning each run by it (engine/run/ownership.py)."""
 
     __tablename__ = "database_identity"
 

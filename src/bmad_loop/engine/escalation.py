@@ -1,4 +1,5 @@
-"""Why a story escalated at integration, as the lane records it and `resume` reads it.
+"""Escalations: a story step's `Escalate`, and why a story escalated at integration, as the
+lane records it and `resume` reads it.
 
 Every `story.escalated` the lane writes carries a `cause`. Some causes are the story's own
 work: a merge conflict with the target (`conflict`), a candidate whose verification failed
@@ -13,11 +14,23 @@ agent session — provided its branch still points at that commit.
 from __future__ import annotations
 
 from sqlalchemy import bindparam, select
+from sqlalchemy.orm import Session
 
 from ..db.models import Event
 from ..states import CandidateState, Phase
 
-__all__ = ["Cause", "ENVIRONMENTAL", "COULD_NOT_RUN", "failure_cause", "integration_cause"]
+__all__ = ["Escalate", "Cause", "ENVIRONMENTAL", "COULD_NOT_RUN", "failure_cause",
+           "integration_cause"]
+
+
+class Escalate(Exception):
+    """End this story's work as escalated, with a reason and evidence (and the session, if any)."""
+
+    def __init__(self, reason: str, *, result=None, **evidence):
+        super().__init__(reason)
+        self.reason = reason
+        self.evidence = evidence
+        self.result = result
 
 
 class Cause:
@@ -49,7 +62,7 @@ def failure_cause(state: str, reason: str | None) -> str:
     return Cause.VERIFY
 
 
-def integration_cause(session, run_id: str, key: str) -> str | None:
+def integration_cause(session: Session, run_id: str, key: str) -> str | None:
     """The cause of the story's last escalation when it happened at integration, else None."""
     data = session.execute(_LAST_ESCALATION, {"run_id": run_id, "key": key}).scalar()
     if not isinstance(data, dict) or data.get("phase") != Phase.INTEGRATE:

@@ -9,6 +9,8 @@ from sqlalchemy.orm import Session
 
 from ..db.database import insert_at_commit
 from ..db.models import Event, utcnow
+from ..db.database import Database
+from ..git.runner import Git
 
 __all__ = ["EventKind", "record", "events_after", "event_rows_after", "event_json"]
 
@@ -190,7 +192,7 @@ def _jsonable(value):
     return str(value)
 
 
-def journal_git_locks(git, db, run_id: str, story: str | None = None):
+def journal_git_locks(git: Git, db: Database, run_id: str, story: str | None = None):
     """Have `git` journal the locks it waits for (`git.lock_waited`) and the stale ones of
     ours it removes (`git.stale_lock_removed`) in this run. Returns `git`."""
     def told(kind):

@@ -1,10 +1,18 @@
-"""Leases with heartbeats and fencing tokens, kept in the `leases` table.
+"""Leases with heartbeats and fencing tokens, kept in the `leases` table, and who is alive by them.
 
 A lease is a row (name, owner, token, expires_at). Acquiring succeeds when the row is absent,
 expired, or already ours; a takeover from another owner increments the token, so a holder that
 lost its lease (it stalled past the TTL while someone else took over) is *fenced*: every
 renewal or fenced write compares the token it holds with the row's and fails when they differ.
 All decisions take `now` from the caller: tests step a clock instead of sleeping.
+
+**Which consumers are alive** is read from the same rows, the one source that decides it. Every
+consumer set (`bmad-loop worker`, or the consumers `run` and `resume` start in-process) keeps a
+lease named `consumer:<project>|<host>:<pid>:<queue>|<n>` renewed every third of
+`[leases] ttl_s`, exactly as the lane keeps the lane lease; a graceful stop deletes it, a killed
+consumer's lapses. Whether a consumer is alive, whether the lane is held, and whether a story's
+worker is gone are all `is_live` of such a row, so `status` never shows a consumer as alive
+that the lane would take over from, nor the reverse.
 """
 
 from __future__ import annotations
@@ -12,19 +20,25 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import itertools
 import threading
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, case, delete, select, update
+from sqlalchemy import bindparam, case, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from ..db.dialects import upsert_for
-from ..db.models import Lease, utcnow
+from ..db.models import Event, Lease, utcnow
 from ..hostid import host_name
 from ..caches import CACHES
+from ..db.database import Database
 
-__all__ = ["lane_lease_name", "story_lease_name", "acquire", "take", "take_in", "renew", "release", "release_in", "holds", "holds_in", "owner_id", "LeaseHolder", "pid_alive",
-           "is_live", "Holder", "holder_of"]
+__all__ = ["lane_lease_name", "story_lease_name", "acquire", "take", "take_in", "renew", "release",
+           "release_in", "holds", "holds_in", "owner_id", "LeaseHolder", "pid_alive", "is_live",
+           "Holder", "holder_of", "CONSUMER_PREFIX", "ConsumerRow", "consumer_lease_name",
+           "queues_of", "consumers", "idle_warnings", "idle_after_s", "prune_lapsed",
+           "live_run_view", "workers_alive"]
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +95,7 @@ class Holder:
         return f"{self.host} pid {self.pid}"
 
 
-def holder_of(session, name: str, now: dt.datetime | None = None) -> Holder | None:
+def holder_of(session: Session, name: str, now: dt.datetime | None = None) -> Holder | None:
     """The live holder of lease `name`, or None when it is free or expired."""
     row = session.get(Lease, name)
     if row is None or not is_live(row.owner, row.expires_at, now or utcnow()):
@@ -90,7 +104,8 @@ def holder_of(session, name: str, now: dt.datetime | None = None) -> Holder | No
     return Holder(row.owner, parts[0], parts[1] if len(parts) > 1 else "?", row.renewed_at)
 
 
-def acquire(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int | None:
+def acquire(db: Database, name: str, owner: str, ttl_s: float,
+            now: dt.datetime | None = None) -> int | None:
     """Take or renew the lease; returns the fencing token, or None while someone else holds it."""
     now = now or utcnow()
     expires = now + dt.timedelta(seconds=ttl_s)
@@ -147,13 +162,14 @@ def _take_statement(dialect):
     return stmt
 
 
-def take(db, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int:
+def take(db: Database, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int:
     """Take the lease whoever holds it (the caller already won the row it guards); the token."""
     with db.transaction() as s:
         return take_in(s, name, owner, ttl_s, now)
 
 
-def take_in(session, name: str, owner: str, ttl_s: float, now: dt.datetime | None = None) -> int:
+def take_in(session: Session, name: str, owner: str, ttl_s: float,
+            now: dt.datetime | None = None) -> int:
     """`take` inside the caller's transaction: a story worker takes its lease in the one that
     claims the story row. The row's claim generation fences the previous worker, and a new
     token fences its lease."""
@@ -184,7 +200,8 @@ def take_in(session, name: str, owner: str, ttl_s: float, now: dt.datetime | Non
     raise RuntimeError(f"lease {name}: could not be taken after three races")
 
 
-def renew(db, name: str, owner: str, token: int, ttl_s: float, now: dt.datetime | None = None) -> bool:
+def renew(db: Database, name: str, owner: str, token: int, ttl_s: float,
+          now: dt.datetime | None = None) -> bool:
     now = now or utcnow()
     with db.transaction() as s:
         result = s.execute(update(Lease).where(Lease.name == name, Lease.owner == owner,
@@ -193,25 +210,26 @@ def renew(db, name: str, owner: str, token: int, ttl_s: float, now: dt.datetime 
         return result.rowcount == 1
 
 
-def holds(db, name: str, owner: str, token: int, now: dt.datetime | None = None) -> bool:
+def holds(db: Database, name: str, owner: str, token: int, now: dt.datetime | None = None) -> bool:
     """The fencing check: is this (owner, token) still the unexpired holder?"""
     with db.read() as s:
         return holds_in(s, name, owner, token, now)
 
 
-def holds_in(session, name: str, owner: str, token: int, now: dt.datetime | None = None) -> bool:
+def holds_in(session: Session, name: str, owner: str, token: int,
+             now: dt.datetime | None = None) -> bool:
     """`holds` inside the caller's read (the lane's tick asks it with the run's row)."""
     now = now or utcnow()
     row = session.connection().execute(_HOLDER, {"name": name}).first()
     return bool(row and row.owner == owner and row.token == token and row.expires_at > now)
 
 
-def release(db, name: str, owner: str) -> None:
+def release(db: Database, name: str, owner: str) -> None:
     with db.transaction() as s:
         release_in(s, name, owner)
 
 
-def release_in(session, name: str, owner: str) -> None:
+def release_in(session: Session, name: str, owner: str) -> None:
     """`release` inside the caller's transaction."""
     session.connection().execute(_RELEASE, {"name": name, "owner": owner})
 
@@ -219,7 +237,8 @@ def release_in(session, name: str, owner: str) -> None:
 class LeaseHolder:
     """Keeps one lease renewed from a thread; calls on_acquired / on_lost as it comes and goes."""
 
-    def __init__(self, db, name: str, owner: str, ttl_s: float, *, on_acquired=None, on_lost=None,
+    def __init__(self, db: Database, name: str, owner: str, ttl_s: float, *, on_acquired=None,
+                 on_lost=None,
                  clock=utcnow):
         self.db, self.name, self.owner, self.ttl_s = db, name, owner, ttl_s
         self.on_acquired, self.on_lost, self.clock = on_acquired, on_lost, clock
@@ -232,7 +251,7 @@ class LeaseHolder:
     def held(self) -> bool:
         return self.token is not None
 
-    def still_holds(self, session=None) -> bool:
+    def still_holds(self, session: Session | None = None) -> bool:
         """Is the lease still ours? In `session` (a read the caller has open) if given."""
         if self.token is None:
             return False
@@ -278,3 +297,124 @@ class LeaseHolder:
         if release_lease and self.token is not None:
             release(self.db, self.name, self.owner)
             self.token = None
+
+
+CONSUMER_PREFIX = "consumer:"
+_instances = itertools.count(1)  # two consumer sets of one process keep two rows
+
+
+def consumer_lease_name(project_key: str, owner: str) -> str:
+    return f"{CONSUMER_PREFIX}{project_key}|{owner}|{next(_instances)}"
+
+
+def queues_of(queue: str) -> list[str]:
+    """The huey queues a consumer set started with `--queue queue` takes tasks from."""
+    return ["stories", "integration"] if queue == "all" else [queue]
+
+
+@dataclass(frozen=True)
+class ConsumerRow:
+    host: str
+    pid: int | None
+    role: str  # the --queue it was started with: stories, integration or all
+    queues: list[str]
+    heartbeat_at: dt.datetime
+    live: bool
+    lane: str | None  # "holds" the lane lease, "standby", or None (no integration queue)
+
+    def to_json(self) -> dict:
+        return {"host": self.host, "pid": self.pid, "role": self.role, "queues": self.queues,
+                "heartbeat_at": _iso(self.heartbeat_at), "lane": self.lane}
+
+
+def consumers(session: Session, project_key: str, lane_lease: str,
+              now: dt.datetime | None = None) -> list[ConsumerRow]:
+    """Every consumer row of the project, live or lapsed (a graceful stop leaves none)."""
+    now = now or utcnow()
+    prefix = f"{CONSUMER_PREFIX}{project_key}|"
+    lane = holder_of(session, lane_lease, now)
+    rows = []
+    for row in session.scalars(select(Lease).where(Lease.name.startswith(prefix, autoescape=True))
+                               .order_by(Lease.acquired_at)):
+        parts = row.owner.split(":")
+        role = parts[2] if len(parts) > 2 else "?"
+        queues = queues_of(role) if role in ("stories", "integration", "all") else []
+        live = is_live(row.owner, row.expires_at, now)
+        holds = lane is not None and lane.owner == f"{parts[0]}:{parts[1] if len(parts) > 1 else ''}:lane"
+        rows.append(ConsumerRow(
+            host=parts[0], pid=int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None,
+            role=role, queues=queues, heartbeat_at=row.renewed_at, live=live,
+            lane=("holds" if holds else "standby") if "integration" in queues else None))
+    return rows
+
+
+def prune_lapsed(db: Database, project_key: str, now: dt.datetime | None = None) -> None:
+    """Forget consumer rows lapsed for over a day (killed consumers'): `status` reads the rest."""
+    cutoff = (now or utcnow()) - dt.timedelta(days=1)
+    with db.transaction() as s:
+        s.execute(delete(Lease).where(Lease.name.startswith(f"{CONSUMER_PREFIX}{project_key}|",
+                                                            autoescape=True),
+                                      Lease.expires_at < cutoff))
+
+
+def live_run_view(session: Session, run, now: dt.datetime | None = None) -> dict:
+    """What `status` shows of the run's consumers: {"consumers": [...live], "warnings": [...]}."""
+    from ..states import RUN_LIVE
+    from .runrows import run_policy
+
+    now = now or utcnow()
+    lane = lane_lease_name(run.project)
+    rows = consumers(session, run.project, lane, now)
+    warnings = []
+    if run.state in RUN_LIVE:
+        alive = holder_of(session, lane, now) is not None
+        try:
+            ttl = run_policy(run).leases.ttl_s
+        except Exception:  # a snapshot that no longer validates: `status` still shows the run
+            ttl = 60.0
+        warnings = idle_warnings(session, run.id, rows, alive, ttl, now)
+    return {"consumers": [r.to_json() for r in rows if r.live], "warnings": warnings}
+
+
+def workers_alive(session: Session, story_ids: list[int],
+                  now: dt.datetime | None = None) -> dict[int, bool]:
+    """For working stories: is the worker holding each one's lease alive (`is_live`)?"""
+    now = now or utcnow()
+    names = {story_lease_name(i): i for i in story_ids}
+    alive = dict.fromkeys(story_ids, False)
+    if names:
+        for row in session.scalars(select(Lease).where(Lease.name.in_(list(names)))):
+            alive[names[row.name]] = is_live(row.owner, row.expires_at, now)
+    return alive
+
+
+def idle_after_s(ttl_s: float) -> float:
+    """How long a live run may go without a story or lane consumer before `status` warns."""
+    return max(30.0, 2 * ttl_s)
+
+
+def idle_warnings(session: Session, run_id: str, rows: list[ConsumerRow], lane_alive: bool,
+                  ttl_s: float,
+                  now: dt.datetime | None = None) -> list[str]:
+    """For a live run: a line for each kind of consumer (story, lane) none of which has been
+    alive for longer than `idle_after_s`, counted from the later of the run's last journal
+    event and the last heartbeat of a consumer of that kind."""
+    now = now or utcnow()
+    limit = idle_after_s(ttl_s)
+    last_event = session.scalar(select(func.max(Event.ts)).where(Event.run_id == run_id))
+    out = []
+    for kind, queue, alive in (("story", "stories", any(r.live and "stories" in r.queues for r in rows)),
+                               ("lane", "integration", lane_alive)):
+        if alive:
+            continue
+        beats = [r.heartbeat_at for r in rows if queue in r.queues] + [last_event]
+        since = max((b for b in beats if b is not None), default=None)
+        if since is None or (now - since).total_seconds() > limit:
+            ago = f" for {int((now - since).total_seconds())} s" if since else ""
+            out.append(f"no {kind} consumer alive{ago} (more than {limit:g} s): start one with "
+                       f"`bmad-loop worker --queue {queue}` or `bmad-loop resume {run_id}`")
+    return out
+
+
+def _iso(value):
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value else None

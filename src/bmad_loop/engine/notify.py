@@ -10,11 +10,13 @@ import subprocess
 import urllib.request
 
 from .journal import record
+from ..db.database import Database
+from ..policy import Policy
 
 __all__ = ["notify"]
 
 
-def notify(db, policy, run_id: str, event: str, **payload) -> None:
+def notify(db: Database, policy: Policy, run_id: str, event: str, **payload) -> None:
     cfg = policy.notify
     if not cfg.command and not cfg.webhook:
         return

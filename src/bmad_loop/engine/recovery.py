@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from .. import proctree
 from ..agents.process import OWNER_VAR, SESSION_TOKEN_VAR, parse_owner
@@ -39,8 +40,9 @@ from ..hostid import host_name
 from ..states import AttemptState, StoryState
 from . import leases
 from .journal import record
-from .runs import run_policy
+from .runrows import run_policy
 from ..caches import CACHES
+from ..db.database import Database
 
 __all__ = ["find_orphans", "recover_orphans", "recoveries_so_far", "end_story_processes",
            "sweep_dead_owners", "SWEEP_EVERY_S"]
@@ -54,7 +56,8 @@ CACHES.register("engine.recovery_sweeps", _swept.clear, bound="one per run",
                holds="run id -> when this process last swept its orphans (a sweep at most so often)")
 
 
-def find_orphans(session, run_id: str, ttl_s: float, now: dt.datetime | None = None) -> list[Story]:
+def find_orphans(session: Session, run_id: str, ttl_s: float,
+                 now: dt.datetime | None = None) -> list[Story]:
     now = now or utcnow()
     grace = dt.timedelta(seconds=ttl_s)
     orphans = []
@@ -70,7 +73,8 @@ def find_orphans(session, run_id: str, ttl_s: float, now: dt.datetime | None = N
     return orphans
 
 
-def recover_orphans(db, tasks, run_id: str, ttl_s: float, now: dt.datetime | None = None, *,
+def recover_orphans(db: Database, tasks, run_id: str, ttl_s: float, now: dt.datetime | None = None,
+                    *,
                     any_working: bool = True, spawned: bool = True) -> list[str]:
     """Re-queue (or, past `max_recoveries`, escalate) the run's orphaned stories; their keys.
     `any_working=False`: the caller's rows, just read, hold no working story, so none can be
@@ -118,7 +122,7 @@ def recover_orphans(db, tasks, run_id: str, ttl_s: float, now: dt.datetime | Non
     return keys
 
 
-def recoveries_so_far(session, run_id: str, key: str) -> int:
+def recoveries_so_far(session: Session, run_id: str, key: str) -> int:
     """`story.recovered` events of this story since its budget was last reset by resume."""
     reset = session.scalar(select(func.max(Event.seq)).where(
         Event.run_id == run_id, Event.story == key, Event.kind.in_(RESET_KINDS))) or 0
@@ -171,7 +175,7 @@ def _sweep_now_and_then(run_id: str, *, needed: bool = True) -> None:
         sweep_dead_owners(run_id)
 
 
-def ever_spawned(session, run_id: str) -> bool:
+def ever_spawned(session: Session, run_id: str) -> bool:
     """Did any process ever start for the run? Agents and story verify commands follow an
     attempt row, a candidate's verify commands its candidate row."""
     return (session.scalar(select(Attempt.id).where(Attempt.run_id == run_id).limit(1)) is not None
@@ -179,11 +183,11 @@ def ever_spawned(session, run_id: str) -> bool:
             is not None)
 
 
-def _max_recoveries(session, run_id: str) -> int:
+def _max_recoveries(session: Session, run_id: str) -> int:
     return run_policy(session.get(Run, run_id)).limits.max_recoveries
 
 
-def _escalate(session, run_id: str, story: Story, so_far: int, limit: int,
+def _escalate(session: Session, run_id: str, story: Story, so_far: int, limit: int,
               interrupted: list[int], killed: list[int]) -> None:
     reason = (f"recovered {so_far} time(s) already ([limits] max_recoveries = {limit}): its worker "
               "keeps dying or stalling while it runs (an agent that kills, stops or starves "

@@ -17,6 +17,7 @@ sign-off, a verified one not yet advanced) are given up first: what lands is ver
 from __future__ import annotations
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from ..db.models import Candidate, Run, Story, utcnow
 from ..errors import StateError
@@ -24,6 +25,7 @@ from ..states import CANDIDATE_OPEN, RUN_LIVE, RUN_RESUMABLE, CandidateState, Ph
 from .journal import record
 from .repairs import REPAIR_KEY
 from .transitions import transition_story
+from ..git.targets import Target
 
 __all__ = ["FROM_STEPS", "RECOMPOSE_FLOOR", "RETRY_FROM", "to_ready", "to_review", "to_dev",
            "to_repair", "to_human_fix", "retry_story"]
@@ -39,7 +41,7 @@ RETRYABLE = frozenset({StoryState.ESCALATED, StoryState.BLOCKED, StoryState.HELD
 _FEEDBACK_KEPT = ("verify_output", "review_notes", "pre_dirty")
 
 
-def _give_up_candidates(session, run_id: str, story: Story, why: str) -> int:
+def _give_up_candidates(session: Session, run_id: str, story: Story, why: str) -> int:
     """Abandon the story's open candidates; the highest candidate attempt so far (0: none)."""
     for cand in session.scalars(select(Candidate).where(Candidate.story_id == story.id,
                                                         Candidate.state.in_(CANDIDATE_OPEN))):
@@ -51,7 +53,7 @@ def _give_up_candidates(session, run_id: str, story: Story, why: str) -> int:
                           .where(Candidate.story_id == story.id)) or 0
 
 
-def to_ready(session, run_id: str, story: Story, *, by: str, **data) -> None:
+def to_ready(session: Session, run_id: str, story: Story, *, by: str, **data) -> None:
     """Its recorded commit is composed, verified and integrated again, with no agent."""
     floor = _give_up_candidates(session, run_id, story, f"{by}: composed again")
     story.state, story.phase = StoryState.READY, Phase.COMMIT
@@ -63,7 +65,7 @@ def to_ready(session, run_id: str, story: Story, *, by: str, **data) -> None:
                                                            "head_sha": story.head_sha, **data})
 
 
-def to_human_fix(session, run_id: str, story: Story, branch_head: str, *, by: str) -> None:
+def to_human_fix(session: Session, run_id: str, story: Story, branch_head: str, *, by: str) -> None:
     """A person changed the story's branch (now at `branch_head`): it is verified in its
     worktree and integrated as their fix, with no agent session (`story.human_fix`)."""
     floor = _give_up_candidates(session, run_id, story, f"{by}: a person's fix is taken")
@@ -74,7 +76,7 @@ def to_human_fix(session, run_id: str, story: Story, branch_head: str, *, by: st
     record(session, run_id, "story.human_fix", story.key, head_sha=branch_head, by=by)
 
 
-def to_review(session, run_id: str, story: Story, *, by: str, **data) -> None:
+def to_review(session: Session, run_id: str, story: Story, *, by: str, **data) -> None:
     """Its branch is verified as it is, then reviewed (fix cycles as usual): no dev session."""
     _give_up_candidates(session, run_id, story, f"{by}: reviewed again")
     story.state, story.phase = StoryState.PENDING, Phase.VERIFY
@@ -85,7 +87,7 @@ def to_review(session, run_id: str, story: Story, *, by: str, **data) -> None:
     record(session, run_id, "story.retry", story.key, **{"from": Phase.REVIEW.value, "by": by, **data})
 
 
-def to_dev(session, run_id: str, story: Story, *, by: str, **data) -> None:
+def to_dev(session: Session, run_id: str, story: Story, *, by: str, **data) -> None:
     """A fresh attempt budget; dev runs again on the branch as it is."""
     _give_up_candidates(session, run_id, story, f"{by}: developed again")
     if story.phase in (Phase.COMMIT, Phase.INTEGRATE, None) or not story.worktree:
@@ -100,7 +102,7 @@ def to_dev(session, run_id: str, story: Story, *, by: str, **data) -> None:
     record(session, run_id, "story.retry", story.key, **{"from": Phase.DEV.value, "by": by, **data})
 
 
-def to_repair(session, run_id: str, story: Story, target_sha: str | None, *, by: str,
+def to_repair(session: Session, run_id: str, story: Story, target_sha: str | None, *, by: str,
               **data) -> None:
     """Its repairs ran out: it is repaired again with a fresh budget, from a fresh merge of the
     target as the lane knows it now (`target_sha`)."""
@@ -121,7 +123,7 @@ def _kept(story: Story) -> dict:
     return {k: v for k, v in (story.feedback or {}).items() if k in _FEEDBACK_KEPT}
 
 
-def retry_story(session, target, run: Run, story: Story, start: str) -> bool:
+def retry_story(session: Session, target: Target, run: Run, story: Story, start: str) -> bool:
     """`bmad-loop retry`: send `story` (a row of `session`, in `run`) back to `start`;
     `target` tells where its branch is now. StateError (exit 2) for a story that is being
     worked on, has ended, or cannot start there. True when the run is live (wake its lane)."""

@@ -15,8 +15,9 @@ from ..db.models import Run
 from ..states import STORY_IN_FLIGHT, RunState
 from ..transient import Fault, transient_fault
 from .journal import record
-from .runs import stories_of
+from .runrows import stories_of
 from .transitions import transition_run
+from ..db.database import Database
 
 __all__ = ["retrying", "pause_for_fault", "FaultPersisted", "BACKOFF_S"]
 
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 BACKOFF_S = (0.5, 1.0, 2.0)
 
 
-def retrying(step, *, db, run_id: str, story: str | None, what: str, sleep=time.sleep):
+def retrying(step, *, db: Database, run_id: str, story: str | None, what: str, sleep=time.sleep):
     """Run `step()`; on a transient fault, journal it and run it again after a back-off.
     Returns step's result; raises `FaultPersisted` (carrying the fault) when it keeps failing.
     Any other exception propagates at once."""
@@ -52,7 +53,8 @@ class FaultPersisted(Exception):
         self.fault, self.attempts = fault, attempts
 
 
-def pause_for_fault(db, run_id: str, fault: Fault, attempts: int, *, story: str | None = None,
+def pause_for_fault(db: Database, run_id: str, fault: Fault, attempts: int, *,
+                    story: str | None = None,
                     reason: str | None = None) -> bool:
     """Park the run with the fault as its reason: `pausing` while stories are still in flight
     (they finish their step, then the lane settles it), else `paused` (a stopping run: stopped).
@@ -77,7 +79,7 @@ def pause_for_fault(db, run_id: str, fault: Fault, attempts: int, *, story: str 
         return False
 
 
-def _journal(db, run_id, story, event, **data) -> None:
+def _journal(db: Database, run_id, story, event, **data) -> None:
     try:
         with db.transaction() as s:
             record(s, run_id, event, story, **data)

@@ -10,11 +10,12 @@ models' validators; bulk UPDATEs bypass those, hence the check here.)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import bindparam, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
-from sqlalchemy.sql.elements import ClauseElement
+from sqlalchemy.sql.elements import ClauseElement, ColumnElement
 
 from ..db.models import Attempt, Candidate, Run, Story
 from ..states import check_transition
@@ -31,8 +32,8 @@ class _Extra:
     (so a clause built once serves every call: see `_statement`)."""
 
     when: ClauseElement | None = None
-    returning: object = None
-    params: dict | None = None
+    returning: ColumnElement[Any] | None = None
+    params: dict[str, Any] | None = None
 
 
 _PLAIN = _Extra()

@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from ..db.models import Attempt, Run, Story
 from ..engine.journal import event_json, events_after
-from ..engine.runs import stories_of
+from ..engine.runrows import stories_of
 from ..bmad.selection import resolve_story_ref
 from ..errors import Ambiguous, ConfigError, NotFound
 from ..agents.logcap import CutState, read_cut

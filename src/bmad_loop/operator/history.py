@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 
 from ..db.models import Event, Run, Story, utcnow
-from ..engine.run.driver import exit_code_for
+from ..engine.run.consumers import exit_code_for
 from ..engine.usage import empty_usage, usage_by_run
 from ..states import RUN_SETTLED, RunState, StoryState
 from .style import format_duration

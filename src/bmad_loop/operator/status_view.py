@@ -22,8 +22,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ..engine.lane.targetcheck import FAILED as CHECK_FAILED
-from ..engine.worker.verify_record import continue_lines
+from ..engine.verification.targetcheck import FAILED as CHECK_FAILED
+from ..engine.verification.record import continue_lines
 from ..states import (
     RUN_LIVE,
     STORY_AWAITING_LANE,
@@ -448,7 +448,7 @@ class BoardWatch:
 
     def __init__(self, project: Project, run_ref: str | None) -> None:
         from ..engine.run.control import find_run
-        from ..engine.runs import run_policy
+        from ..engine.runrows import run_policy
         from .readonly import Reader
 
         self.reader = Reader(project)

@@ -260,7 +260,7 @@ class BoardApp(App):
                         "read its last log)", severity="warning")
             return
         with self.reader.session() as s:
-            from ..engine.runs import stories_of
+            from ..engine.runrows import stories_of
 
             row = next((st for st in stories_of(s, self.run_id) if st.key == key), None)
             log = row.log if row else None

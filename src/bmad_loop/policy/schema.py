@@ -178,7 +178,7 @@ class AdapterPolicy:
     extra_args: tuple[str, ...] = setting((), checks=(argv_template,))  # added to the command
     # An environment fault with a reset time (a usage limit): pause the run, or wait and go on.
     on_limit: OnLimit = choice(OnLimit.PAUSE)
-    # A custom command writes its tokens and cost to $BMAD_LOOP_USAGE_FILE (engine/worker/usagefile.py).
+    # A custom command writes its tokens and cost to $BMAD_LOOP_USAGE_FILE (engine/usage.py).
     reports_usage: bool = False
     create: PhaseOverride = setting(factory=PhaseOverride)
     dev: PhaseOverride = setting(factory=PhaseOverride)

@@ -5,9 +5,10 @@ counts (a speculative candidate higher up is given up when one under it fails, a
 again). When it failed:
 
 - **verification** (after `[verify] retries`): the failing command runs on the target's own
-  commit first (targetcheck.py). If the target fails too, the target is *red*: no story is
-  blamed or charged, the story goes back to `ready`, `target.red` is journaled and the run
-  pauses (whatever `[parallel] on_escalation` says) until a person fixes the target and resumes.
+  commit first (the target check of engine/verification/targetcheck.py). If the target fails
+  too, the target is *red*: no story is blamed or charged, the story goes back to `ready`,
+  `target.red` is journaled and the run pauses (whatever `[parallel] on_escalation` says)
+  until a person fixes the target and resumes.
   If the target passes, the failure is the story's own.
 - **composition** (a merge conflict no merge rule settles): the story's own.
 
@@ -35,11 +36,11 @@ from ...db.models import Candidate, Story
 from ...git.trees.compose import changed_paths
 from ...states import CandidateState, StoryState
 from ..escalation import Cause, failure_cause
-from ..faults import crash_point
+from ..crashpoints import crash_point
 from ..journal import record
 from ..transitions import transition_story
-from . import targetcheck
-from .targetcheck import CheckKey
+from ..verification import targetcheck
+from ..verification.targetcheck import CheckKey
 
 __all__ = ["Blame", "TargetRed", "RED_PREFIX", "CHECKING", "landed_since"]
 
@@ -93,9 +94,9 @@ class Blame:
             if state == targetcheck.FAILED:
                 self._red(story, cand, key)
         if cause in (Cause.CONFLICT, Cause.VERIFY):
-            return self.integrator.outcomes.repair_or_escalate(
+            return self.integrator.aftermath.repair_or_escalate(
                 story, cand, cause, details, landed_since(self.integrator, story.id))
-        return self.integrator.outcomes.escalate(story, cand.id, cand.reason or "candidate failed",
+        return self.integrator.aftermath.escalate(story, cand.id, cand.reason or "candidate failed",
                                                  failure_cause(cand.state, cand.reason))
 
     # ------------------------------------------------------------------ the target check
@@ -107,7 +108,7 @@ class Blame:
         if self.checks is None:  # here and now (a row left running: a dead lane's, run again)
             targetcheck.begin(integrator.db, integrator.run_id, key, story.key)
             crash_point("lane.in_target_check")
-            result = targetcheck.run_check(integrator, key, integrator.verify_env())
+            result = targetcheck.run_check(integrator.verifier, key, integrator.verifier.env())
             return targetcheck.finish(integrator.db, integrator.run_id, key, result)
         job_key = ("target", key.target_sha, key.command)
         job = self.checks.claim(job_key)
@@ -123,11 +124,11 @@ class Blame:
 
     def _launch(self, key: CheckKey, job_key, job) -> None:
         integrator, checks, wake = self.integrator, self.checks, self.wake
-        env = integrator.verify_env(slot=job.slot)
+        env = integrator.verifier.env(slot=job.slot)
 
         def check() -> None:
             try:
-                result = targetcheck.run_check(integrator, key, env, stop_event=job.stop)
+                result = targetcheck.run_check(integrator.verifier, key, env, stop_event=job.stop)
                 if not job.stop.is_set():
                     targetcheck.finish(integrator.db, integrator.run_id, key, result)
             except Exception:  # the row stays running: the next tick runs it again

@@ -5,44 +5,57 @@ candidate row: composing → verifying → verified → advancing → advanced. 
 between composition and advance is never force-moved: the candidate goes `stale` and the story
 is recomposed on the new target (up to `max_recompose`), then escalated. Conflicts and
 verification failures escalate with the candidate's ref, worktree and an evidence file kept.
+
+Each attempt's candidate is composed by `Composer`: git's merge, the merge rules, the lane's
+write-back, and the `regenerate` rules' commands run in the candidate (boxed as the lane's
+verify commands are); what happens to the candidate next (its verification, the CAS) is the
+`Integrator`'s.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
 from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.orm import Session
 
 from ...git.trees.ancestry import foreign_parents
-from ...git.trees.compose import Composition, overlapping_dirty
+from ...git.trees.settle import Generators
+from ...git.trees.compose import (
+    Composition,
+    overlapping_dirty,
+    LaneEdit,
+    Settling,
+    commit_message,
+    compose,
+    integration_message,
+)
 from ...db.database import insert_now
 from ...db.models import Candidate, Run, Story, utcnow
 from ...git.worktrees import ensure_detached_worktree
 from ...states import CANDIDATE_OPEN, CandidateState, StoryState
-from ..worker.childenv import child_env
-from .composer import Composer
-from ..worker.context import make_workspace
-from ..faults import crash_point, delay_point
+from ..workspace import make_workspace
+from ..crashpoints import crash_point, delay_point
 from ..escalation import Cause
-from .outcomes import LaneSite, Outcomes, TargetMoved
+from .aftermath import LaneSite, Aftermath, TargetMoved
 from ..journal import journal_git_locks, record
-from ..ports import lane_block, lane_slot_block, port_env
-from ..layout import Layout
-from ..ledgerfiles import append_ledger_lines
+from ..runpaths import Layout
+from ..mergerules import append_ledger_lines
 from ..redo import RECOMPOSE_FLOOR
-from .regenerate import settled_events
-from ..runs import board_rel
+from .regenerate import settled_events, GeneratorInput, regenerate
+from ..runrows import board_rel
 from ..transitions import transition_candidate, transition_story
-from ..worker.boxing import BoxSite, settle_after_box, verify_box
-from ...agents.process import Limits
-from ..worker.verify import NOTHING_TO_RUN, Retry, VerifySite, run_verify
-from ...git.exacttree import make_exact
 from .blame import Blame
-
-__all__ = ["Integrator", "LaneFenced", "TargetMoved"]
+from ..verification.childenv import BoxSite, settle_after_box
+from ..verification.runner import LaneVerifier
+from ..mergerules import run_merge_rules
+from .stacking import replay
+from .writeback import lane_tree_edit
+from ...policy import Policy
+__all__ = ["Integrator", "LaneFenced", "TargetMoved", "Composer"]
 
 
 class LaneFenced(Exception):
@@ -79,7 +92,7 @@ class CandidateShas(NamedTuple):
 
 
 class Integrator:
-    def __init__(self, project, run: Run, policy, fence=None):
+    def __init__(self, project, run: Run, policy: Policy, fence=None):
         self.project = project
         self.db = project.db
         self.run_id = run.id
@@ -88,12 +101,15 @@ class Integrator:
         self.target = project.target(self.git, run.target_branch)
         self.layout = Layout(project.state_dir, run.id)
         self.workspace = make_workspace(policy, self.git, self.layout, self.target, root=project.root)
-        self.outcomes = Outcomes(LaneSite(self.db, self.run_id, self.git, self.layout, self.target,
+        self.aftermath = Aftermath(LaneSite(self.db, self.run_id, self.git, self.layout, self.target,
                                           self.workspace, policy))
         self.board_rel = board_rel(run, project.root)
         self.composer = Composer(self, project.root)  # the candidate of each attempt
         self.fence = fence  # () -> bool: does this lane still hold its lease?
-        self.max_parallel = run.max_parallel
+        # The lane's verifications (candidates, the target itself, generators), sized by the
+        # run's max_parallel (its snapshot) when the stack shares out the lane's ports.
+        self.verifier = LaneVerifier(policy, self.git, self.layout, self.run_id, run.max_parallel,
+                                     home_state=self.db.lock_dir)
         # Whose fault a failed candidate is (target check, repair, escalation); the pass gives
         # the speculative stack one that checks the target in a thread (tick.py).
         self.blame = Blame(self)
@@ -105,7 +121,7 @@ class Integrator:
         before it leaves worktrees and refs no row owns; `cleanup` removes those."""
         while self.landed:
             story, attempt = self.landed.pop(0)
-            self.outcomes.clean_after_integration(story, attempt)
+            self.aftermath.clean_after_integration(story, attempt)
 
     def integrate(self, story_id: int) -> str:
         """The story's state afterwards: integrated, held (waiting for sign-off), escalated, or the
@@ -124,7 +140,7 @@ class Integrator:
                  and (known.latest is None or known.latest.state not in CANDIDATE_OPEN))
         if story.state == StoryState.READY and not quick:
             with self.db.transaction() as s:
-                if not self.outcomes.enter_integrating(s, story):
+                if not self.aftermath.enter_integrating(s, story):
                     return s.get(Story, story_id).state
                 story = s.get(Story, story_id)
         resumed = self._resume_candidate(story, known.latest, decide=was_integrating)
@@ -136,7 +152,7 @@ class Integrator:
             if outcome != CandidateState.STALE:
                 return outcome
 
-    def _known(self, s, story: Story) -> "_Known":
+    def _known(self, s: Session, story: Story) -> "_Known":
         cands = list(s.scalars(_CANDIDATES_OF, {"story_id": story.id}))
         floor = (story.feedback or {}).get(RECOMPOSE_FLOOR, 0)  # stale before a retry: spent
         return _Known(cands[0] if cands else None, len(cands),
@@ -160,7 +176,7 @@ class Integrator:
             return verdict
         crash_point("lane.after_verify")
         if self.between is not None:
-            self.between()  # the lane starts what a worker freed meanwhile (see lane.py)
+            self.between()  # the lane starts what a worker freed meanwhile (see tick.py)
         return self.land(story, cand_id, attempt, sha, target_sha)
 
     def land(self, story: Story, cand_id: int, attempt: int, sha: str, target_sha: str) -> str:
@@ -179,14 +195,14 @@ class Integrator:
                 known = self._known(s, story)
         stale = known.stale
         if stale > self.policy.limits.max_recompose:
-            return self.outcomes.escalate(story, None, f"target kept moving: {stale} stale compositions "
+            return self.aftermath.escalate(story, None, f"target kept moving: {stale} stale compositions "
                                   f"(max_recompose = {self.policy.limits.max_recompose})",
                                   Cause.TARGET_MOVING)
         target_sha = self.target.sha()
-        self.outcomes.check_foreign_move(story, target_sha, known.baseline)
+        self.aftermath.check_foreign_move(story, target_sha, known.baseline)
         missing = self.fetch_story(story)
         if missing:
-            return self.outcomes.escalate(story, None, missing, Cause.BRANCH)
+            return self.aftermath.escalate(story, None, missing, Cause.BRANCH)
         if not row:
             return None, known.attempts + 1, target_sha, story.head_sha
         cand_id, attempt = self.new_candidate(story, target_sha, stack=1, on_id=None)
@@ -197,7 +213,8 @@ class Integrator:
         sign-off): it gets a ref and a row at each step. Otherwise the CAS follows at once."""
         return bool(self.policy.verify.commands) or story.merge_class == "operator"
 
-    def _compose_and_land(self, story: Story, attempt: int, target_sha: str, branch_sha: str) -> str:
+    def _compose_and_land(self, story: Story, attempt: int, target_sha: str,
+                          branch_sha: str) -> str:
         """Nothing waits on this candidate: its row is written once it is composed, and steps
         through `verifying` and `verified` (by no command) to `advancing` in that transaction.
         A crash before it leaves no row to resume: the story is simply composed again."""
@@ -207,7 +224,7 @@ class Integrator:
         delay_point("lane.in_compose")
         with self.db.transaction() as s:
             if story.state == StoryState.READY:
-                if not self.outcomes.enter_integrating(s, story):  # stopped meanwhile, or not ours
+                if not self.aftermath.enter_integrating(s, story):  # stopped meanwhile, or not ours
                     return s.get(Story, story.id).state
                 story.state = StoryState.INTEGRATING
             cand = Candidate(run_id=self.run_id, story_id=story.id, attempt=attempt,
@@ -224,14 +241,15 @@ class Integrator:
             cand_id = insert_now(s, cand)  # nobody reads the object back
         if comp.conflicts:
             ref = self.layout.candidate_ref(story.key, attempt)
-            self.outcomes.record_conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)
+            self.aftermath.record_conflict(story, cand_id, attempt, comp, target_sha, branch_sha, ref)
             return self.blame.decide(story, cand_id)  # a repair, or an escalation
         crash_point("lane.after_verify")
         if self.between is not None:
             self.between()
         return self._advance(story, cand_id, attempt, comp.sha, target_sha, advancing=True)
 
-    def new_candidate(self, story: Story, on_sha: str, *, stack: int, on_id: int | None) -> tuple[int, int]:
+    def new_candidate(self, story: Story, on_sha: str, *, stack: int,
+                      on_id: int | None) -> tuple[int, int]:
         """A `composing` row for the story's next attempt, composed on `on_sha`."""
         with self.db.transaction() as s:
             attempts = s.scalar(select(func.count()).select_from(Candidate)
@@ -253,7 +271,7 @@ class Integrator:
         comp = self.composer.compose(story, strategy, on_sha, branch_sha, attempt)
         ref = self.layout.candidate_ref(story.key, attempt)
         if comp.conflicts:
-            self.outcomes.record_conflict(story, cand_id, attempt, comp, on_sha, branch_sha, ref)
+            self.aftermath.record_conflict(story, cand_id, attempt, comp, on_sha, branch_sha, ref)
             return None
         keep = self._keeps_candidate(story)  # else the CAS follows at once and the target keeps it
         if keep:
@@ -265,7 +283,8 @@ class Integrator:
             self._record_composed(s, story, cand, comp, on_sha, branch_sha)
         return comp.sha
 
-    def _record_composed(self, s, story: Story, cand: Candidate, comp: Composition, on_sha: str,
+    def _record_composed(self, s: Session, story: Story, cand: Candidate, comp: Composition,
+                         on_sha: str,
                          branch_sha: str) -> None:
         record(s, self.run_id, "candidate.composed", story.key, attempt=cand.attempt,
                strategy=cand.strategy, target_sha=on_sha, branch_sha=branch_sha,
@@ -274,12 +293,12 @@ class Integrator:
         if comp.settled:
             self._record_settled(s, story, cand, comp)
 
-    def _record_settled(self, s, story: Story, cand: Candidate, comp: Composition) -> None:
+    def _record_settled(self, s: Session, story: Story, cand: Candidate, comp: Composition) -> None:
         """Each path a merge rule settled: journaled, and kept in the candidate's evidence."""
         events, evidence = settled_events(comp)
         for data in events:
             record(s, self.run_id, "candidate.settled", story.key, attempt=cand.attempt, **data)
-        cand.evidence = str(self.outcomes.write_evidence(story.key, cand.attempt, {
+        cand.evidence = str(self.aftermath.write_evidence(story.key, cand.attempt, {
             **evidence, "story": story.key, "attempt": cand.attempt}))
 
     def candidate_reason(self, cand_id: int) -> str:
@@ -333,9 +352,10 @@ class Integrator:
         return StoryState.HELD
 
     def _verify(self, story, cand_id, attempt, sha, target_sha, branch_sha) -> str:
-        worktree = self.candidate_checkout(story.key, attempt, sha)
-        result = self.run_candidate_verify(story.key, attempt, worktree, sha, self.verify_env())
-        if self.outcomes.record_verdict(story, cand_id, attempt, result, worktree,
+        verifier = self.verifier
+        worktree = verifier.candidate_checkout(story.key, attempt, sha)
+        result = verifier.verify_candidate(story.key, attempt, worktree, sha, verifier.env())
+        if self.aftermath.record_verdict(story, cand_id, attempt, result, worktree,
                                CandidateShas(target_sha, branch_sha, sha)):
             return CandidateState.VERIFIED
         with self.db.read() as s:
@@ -344,51 +364,6 @@ class Integrator:
         crash_point("lane.before_blame")
         return self.blame.decide(story, cand_id)  # the target checked, then a repair
 
-    def candidate_checkout(self, key: str, attempt: int, sha: str) -> Path | None:
-        """The detached worktree verification runs in (none without verify commands)."""
-        if not self.policy.verify.commands:
-            return None
-        worktree = self.layout.candidate_worktree(key, attempt)
-        ensure_detached_worktree(self.git, worktree, sha)
-        return worktree
-
-    def run_candidate_verify(self, key: str, attempt: int, worktree: Path | None, sha: str,
-                             env: dict, stop_event=None):
-        """Verify candidate `sha`, checked out in `worktree`; a retry runs on its tree made
-        exact again, so nothing the failed run left (nor a HEAD it moved) is seen."""
-        if worktree is None:  # no commands: nothing runs
-            return NOTHING_TO_RUN
-        return self.verify_tree(self.policy.verify.commands, worktree,
-                                self.layout.verify_log(key, f"candidate-{attempt}"),
-                                self.layout.scratch(key) / f"candidate-{attempt}", env,
-                                stop_event=stop_event,
-                                retry=Retry(self.policy.verify.retries,
-                                            lambda: make_exact(self.git, worktree, sha)))
-
-    def verify_tree(self, commands, worktree: Path, log_path: Path, scratch: Path, env: dict, *,
-                    stop_event=None, retry: Retry | None = None):
-        """Run `commands` in the detached `worktree` for the lane (a candidate, or the target
-        itself), boxed as `[verify] sandbox` says: the worktree is the box's writable tree."""
-        box = verify_box(self.policy, self.git, self.layout.state_dir,
-                         BoxSite(worktree, scratch, log_path), env, self.db.lock_dir)
-        result = run_verify(
-            commands, VerifySite(worktree, log_path, env, box, self.run_id),
-            Limits(timeout_s=self.policy.verify.timeout_s, thaw_after_s=self.policy.leases.ttl_s,
-                   max_log_bytes=self.policy.limits.max_log_bytes),
-            stop_event=stop_event, retry=retry)
-        if box is not None:
-            settle_after_box(self.git, worktree, None, scratch)
-        return result
-
-    def verify_env(self, slot: int | None = None) -> dict:
-        """What a command the lane runs gets: the lane's ports, or verification `slot`'s share
-        of them when the stack verifies several at once."""
-        env = child_env(self.policy)
-        block = (lane_block(self.policy) if slot is None else
-                 lane_slot_block(self.policy, slot, self.policy.verify.depth(self.max_parallel)))
-        env.update(port_env(block))
-        return env
-
     def _advance(self, story, cand_id, attempt, sha, target_sha, *, advancing: bool = False) -> str:
         # The target checkout's index is held from before the CAS until it follows the new
         # target (remote mode keeps none in step): nobody sees it half-way.
@@ -396,7 +371,7 @@ class Integrator:
             if checkout is not None:
                 overlap = overlapping_dirty(self.git, checkout, target_sha, sha)
                 if overlap:
-                    return self.outcomes.dirty_checkout(story, cand_id, attempt, checkout, overlap,
+                    return self.aftermath.dirty_checkout(story, cand_id, attempt, checkout, overlap,
                                                 target_sha, sha)
             if not advancing:
                 with self.db.transaction() as s:
@@ -416,8 +391,8 @@ class Integrator:
                 now_at = self.target.sha(fetch=False)
                 record(s, self.run_id, "candidate.stale", story.key, attempt=attempt,
                        composed_on=target_sha, target_now=now_at)
-            self.outcomes.drop_candidate(story.key, attempt)
-            self.outcomes.check_foreign_move(story, now_at)  # pause, or accept and recompose
+            self.aftermath.drop_candidate(story.key, attempt)
+            self.aftermath.check_foreign_move(story, now_at)  # pause, or accept and recompose
             return CandidateState.STALE
         return self._finish(story, cand_id, attempt, sha, target_sha)
 
@@ -493,3 +468,66 @@ class Integrator:
             if checkout is not None:
                 self.target.sync_checkout(checkout, cand.target_sha, cand.candidate_sha)
         return self._finish(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
+
+
+class Composer:
+    """Needs from the lane's integration (`lane`): git, policy, layout, run_id, board_rel, and
+    its `verifier` (the environment and the box of a command run for the lane)."""
+
+    def __init__(self, lane, root):
+        self.lane = lane
+        self.rules = run_merge_rules(lane.policy, root, lane.board_rel)
+
+    def compose(self, story: Story, strategy: str, target_sha: str, branch_sha: str,
+                attempt: int) -> Composition:
+        """The candidate. A story that started on a stacked base brings only its own commits
+        (`base_sha..head`): they are replayed onto the target first, then composed as usual.
+        Merge rules settle what they cover (git/trees/settle.py); generators run last."""
+        git, rules, settled = self.lane.git, self.rules, None
+        if story.stacked_on:
+            replayed = replay(git, target_sha, story.base_sha, branch_sha, rules)
+            if replayed.tip is None:
+                return Composition(None, replayed.tree, replayed.conflicts, strategy, True,
+                                   replayed.settled, replayed.regenerate)
+            branch_sha, settled = replayed.tip, replayed
+            rules = type(rules)()  # the replay settled the story's own change
+        comp = compose(git, strategy, target_sha, branch_sha, self._message(story, strategy),
+                       edit=LaneEdit(self._board_edit(story), f"bmad-loop: mark {story.key} done"),
+                       # A repaired story's branch holds its own version of a generator's
+                       # paths (the repair merge kept it): regenerate them whatever conflicts.
+                       settling=Settling(rules, None if story.stacked_on else story.base_sha,
+                                         Generators.EVERY if story.repairs
+                                         else Generators.AS_RULED))
+        if settled is not None:
+            comp = replace(comp, settled=settled.settled, regenerate=settled.regenerate)
+        if comp.ok and comp.regenerate:
+            comp = self._regenerate(story, attempt, comp, target_sha, branch_sha)
+        return comp
+
+    def _regenerate(self, story: Story, attempt: int, comp: Composition, target_sha: str,
+                    branch_sha: str) -> Composition:
+        lane = self.lane
+        base = story.base_sha or lane.git.out("merge-base", target_sha, branch_sha)
+        worktree = lane.layout.candidate_worktree(story.key, attempt)
+        log_path = lane.layout.verify_log(story.key, f"regenerate-{attempt}")
+        scratch = lane.layout.scratch(story.key) / f"regenerate-{attempt}"
+        ensure_detached_worktree(lane.git, worktree, comp.sha)
+        env = lane.verifier.env()
+        box = lane.verifier.box(BoxSite(worktree, scratch, log_path), env)
+        try:
+            return regenerate(lane.git, GeneratorInput(comp, base, target_sha, branch_sha, story.key),
+                              worktree=worktree, log_path=log_path, env=env, run_id=lane.run_id,
+                              box=box)
+        finally:
+            if box is not None:
+                settle_after_box(lane.git, worktree, None, scratch)
+
+    def _message(self, story: Story, strategy: str) -> str:
+        title = commit_message(self.lane.policy.scm.commit_message_template, story_key=story.key,
+                               story_title=story.title, run_id=self.lane.run_id, epic=story.epic)
+        return integration_message(title, strategy, story.branch)
+
+    def _board_edit(self, story: Story):
+        """The lane's BMAD write-back inside the candidate: board line, epic line, story file."""
+        return lane_tree_edit(self.lane.git, key=story.key, epic=story.epic,
+                              board_rel=self.lane.board_rel, story_path=story.story_path)

@@ -1,4 +1,4 @@
-"""Derived files regenerated in a candidate: the `regenerate` merge rules (mergesettle.py).
+"""Derived files regenerated in a candidate: the `regenerate` merge rules (git/trees/settle.py).
 
 Composition left the rule's paths at the target's version. Here the lane checks the candidate
 out, runs each rule's command (as verify commands run: one shell, its own log, the timeout,
@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dataclasses import replace
 
 from ...git.trees.compose import Composition
 from ...globs import path_matches
@@ -34,9 +33,11 @@ from ...git.trees.settle import Regeneration, Settled
 from ...git.trees.edit import read_objects
 from ...git.worktrees import ensure_detached_worktree
 from ...agents.process import Limits
-from ..worker.verify import VerifySite, run_verify
+from ...sandbox import Box
+from ..verification.runner import VerifySite, run_verify
+from ...git.runner import Git
 
-__all__ = ["Candidate", "RegenerateRun", "regenerate", "settled_events"]
+__all__ = ["GeneratorInput", "RegenerateRun", "regenerate", "settled_events"]
 
 _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
 
@@ -68,7 +69,7 @@ class _Regenerated:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class GeneratorInput:
     """What the generators work on: the composed candidate and its three inputs."""
 
     comp: Composition
@@ -78,7 +79,7 @@ class Candidate:
     key: str
 
 
-def regenerate(git, cand: Candidate, *, worktree: Path, log_path: Path, env: dict,
+def regenerate(git: Git, cand: GeneratorInput, *, worktree: Path, log_path: Path, env: dict,
                run_id: str, box=None) -> Composition:
     """The candidate with its generators run: regenerated, or failed (`sha` None, `failure`
     naming why, the rules' paths as its conflicts)."""
@@ -109,12 +110,12 @@ class _Run:
     """How each command runs: its log, environment, run and box (None: unboxed)."""
 
     log_path: Path
-    env: dict
+    env: dict[str, str]
     run_id: str
-    box: object = None
+    box: Box | None = None
 
 
-def _run_all(git, cand: Candidate, worktree: Path, how: _Run) -> _Regenerated:
+def _run_all(git: Git, cand: GeneratorInput, worktree: Path, how: _Run) -> _Regenerated:
     comp = cand.comp
     ensure_detached_worktree(git, worktree, comp.sha)
     runs: list[RegenerateRun] = []
@@ -179,7 +180,7 @@ def _run_one(job: Regeneration, folder: str, worktree: Path,
                          f"(log: {how.log_path})", result.output)
 
 
-def _changes(git, worktree: Path, globs: list[str], tree: str,
+def _changes(git: Git, worktree: Path, globs: list[str], tree: str,
              index: Path) -> tuple[list[str], list[str]]:
     """(tracked paths changed outside `globs`, paths under `globs` changed or created), both
     against the composed `tree` the lane recorded, never the worktree's HEAD or index: the files
@@ -202,7 +203,7 @@ def _changes(git, worktree: Path, globs: list[str], tree: str,
     return sorted(outside), sorted(written)
 
 
-def _commit(git, cand: Candidate, worktree: Path, paths: list[str],
+def _commit(git: Git, cand: GeneratorInput, worktree: Path, paths: list[str],
             index: Path) -> tuple[str, str]:
     """The regenerated candidate: the composed tree (in the private `index`) with `paths`
     taken from the worktree's files."""
@@ -223,7 +224,7 @@ def _commit(git, cand: Candidate, worktree: Path, paths: list[str],
     return git.out(*argv, input=message, env=env), tree
 
 
-def _settled(git, cand: Candidate, sha: str, paths: list[str]) -> tuple[Settled, ...]:
+def _settled(git: Git, cand: GeneratorInput, sha: str, paths: list[str]) -> tuple[Settled, ...]:
     revs = (cand.base, cand.target, cand.story, sha)
     found = read_objects(git, [f"{rev}:{p}" for p in paths for rev in revs])
     out = []

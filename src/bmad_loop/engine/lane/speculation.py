@@ -34,13 +34,12 @@ from ...db.models import Candidate, Run, Story, utcnow
 from ...states import CANDIDATE_OPEN, CandidateState, StoryState
 from ..escalation import COULD_NOT_RUN, Cause
 from ..journal import record
-from ..ports import lane_slot_block, port_env
-from ..runs import next_in_plan
-from ..worker.childenv import child_env
+from ..runrows import next_in_plan
 from ..transitions import transition_story
-from ..worker.verify import VerifyResult
+from ..verification.runner import VerifyResult
 from .blame import CHECKING
 from .integrate import CandidateShas
+from ...policy import Policy
 
 __all__ = ["Stack", "Verifications", "speculating"]
 
@@ -95,7 +94,7 @@ class Verifications:
             job.stop.set()  # its process group is ended; the verdict is not written
 
 
-def speculating(policy, max_parallel: int) -> bool:
+def speculating(policy: Policy, max_parallel: int) -> bool:
     """Does this run's lane keep a stack? (`VerifyPolicy.depth` says when it is deeper than 1.)"""
     return policy.verify.depth(max_parallel) > 1
 
@@ -107,7 +106,7 @@ class _Entry:
 
 
 class Stack:
-    """One lane tick's view of the run's stack (a `LaneStrategy`, strategy.py); `step` does
+    """One lane tick's view of the run's stack (a `LaneStrategy`, tick.py); `step` does
     one thing and says whether it did."""
 
     def __init__(self, lane_pass, depth: int):
@@ -207,7 +206,7 @@ class Stack:
     def _evidence(self, story: Story, cand: Candidate, was: str, reason: str):
         """What a given-up candidate was: its ref, worktree and verify log stay for a look."""
         layout = self.integrator.layout
-        return self.integrator.outcomes.write_evidence(story.key, cand.attempt, {
+        return self.integrator.aftermath.write_evidence(story.key, cand.attempt, {
             "kind": "abandoned", "story": story.key, "attempt": cand.attempt, "was": was,
             "reason": reason, "stack": cand.stack, "target_sha": cand.target_sha,
             "branch_sha": cand.branch_sha, "candidate_sha": cand.candidate_sha,
@@ -260,7 +259,8 @@ class Stack:
                     self._start(entry.story, entry.cand)
 
     def _start(self, story: Story, cand: Candidate) -> None:
-        worktree = self.integrator.candidate_checkout(story.key, cand.attempt, cand.candidate_sha)
+        worktree = self.integrator.verifier.candidate_checkout(story.key, cand.attempt,
+                                                               cand.candidate_sha)
         with self.db.transaction() as s:  # where it is being verified, for status and evidence
             s.get(Candidate, cand.id).worktree = str(worktree) if worktree else None
         job = self.verifications.claim(cand.id)
@@ -275,25 +275,24 @@ class Stack:
     def _launch(self, story: Story, cand: Candidate, job: _Verification, worktree) -> None:
         """The verification's thread: run the commands, write the verdict, wake the lane."""
         integrator = self.integrator
-        env = child_env(self.policy)
-        env.update(port_env(lane_slot_block(self.policy, job.slot, self.depth)))
+        env = integrator.verifier.env(slot=job.slot)
         tasks, run_id, verifications = self.lane.tasks, self.run_id, self.verifications
         cand_id, attempt = cand.id, cand.attempt
         target_sha, branch_sha, sha = cand.target_sha, cand.branch_sha, cand.candidate_sha
 
         def verify() -> None:
             try:
-                result = integrator.run_candidate_verify(story.key, attempt, worktree, sha, env,
+                result = integrator.verifier.verify_candidate(story.key, attempt, worktree, sha, env,
                                                          stop_event=job.stop)
                 if not job.stop.is_set():
-                    integrator.outcomes.record_verdict(story, cand_id, attempt, result, worktree,
+                    integrator.aftermath.record_verdict(story, cand_id, attempt, result, worktree,
                                               CandidateShas(target_sha, branch_sha, sha))
             except Exception as exc:  # counts as a failed verification, never a silent retry loop
                 log.exception("verification of candidate %s (%s) failed to run", cand_id, story.key)
                 failed = VerifyResult(ok=False, failed_command=f"{COULD_NOT_RUN}: {exc})",
                                       exit_code=None, timed_out=False, output=str(exc),
                                       duration_s=0.0, log=None)
-                integrator.outcomes.record_verdict(story, cand_id, attempt, failed, worktree,
+                integrator.aftermath.record_verdict(story, cand_id, attempt, failed, worktree,
                                           CandidateShas(target_sha, branch_sha, sha))
             finally:
                 verifications.release(cand_id)
@@ -339,7 +338,7 @@ class Stack:
         else:
             missing = integrator.fetch_story(story)
             if missing:
-                outcome = integrator.outcomes.escalate(story, None, missing, Cause.BRANCH)
+                outcome = integrator.aftermath.escalate(story, None, missing, Cause.BRANCH)
                 self.lane.after_integration(story, outcome)
                 return True
             on_sha, branch_sha = top.cand.candidate_sha, story.head_sha

@@ -1,4 +1,5 @@
-"""Stacked starts: the composition of finished, not yet integrated work.
+"""Stacked starts: the composition of finished, not yet integrated work, and restacking when
+that work does not land.
 
 A story whose only blockers are earlier stories that are finished but not integrated (`ready`,
 `integrating`, `held`) may start on a *stacked base*: the target with those stories' own commits
@@ -14,18 +15,46 @@ Replay is pure plumbing (no worktree, index or ref): commit C with parent P is p
 tip by a three-way merge with P's tree as the base, through throw-away commits, because git
 2.39 has no `merge-tree --merge-base`. Replayed commits keep author, dates and message, so the
 same inputs always give the same SHAs (a lane that crashed recomputes the same base).
+
+**Restacking.** A stacked story built on work that had not integrated yet. When a story under
+it fails to integrate (escalates, is blocked or sent back) or is redone with another head, that
+base is not what the target will be. The lane then:
+
+1. keeps the stacked story's work under `refs/bmad-loop/<run>/restacked/<key>/<n>` (nothing is
+   dropped; an existing ref at the same head is reused, so a crash here repeats nothing);
+2. removes its worktree and branch;
+3. sends it back to `pending` with a fresh start (fresh attempt budget, no stacked base),
+   journaled `story.restacked`.
+
+A fresh start rather than a replay of its commits: they were written against work that did not
+land, so only an agent can tell what they should become. The kept ref is named in the story's
+feedback, so the next prompt can point at it.
+
+A story still `queued` just goes back to `pending` (nothing started; a worktree and branch a
+worker made before it died are removed too); a `working` one is left to finish its story and is
+restacked once it is `ready` (or escalated).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
+from pathlib import Path
 
 from ...git.trees.merge import Replayed, replay_commits
 from ...git.trees.settle import MergeRules
 from ...states import STORY_STACKABLE, StoryState
+from ...db.models import Story
+from ...git.worktrees import delete_branch, remove_worktree
+from ..journal import record
+from ..transitions import transition_story
+from ...db.database import Database
+from ...git.runner import Git
+from ..runpaths import Layout
 
-__all__ = ["Layer", "Replayed", "replay", "stack", "layers_under", "stacked_bases", "stale_layer", "LAYER_OK"]
+__all__ = ["Layer", "Replayed", "replay", "stack", "layers_under", "stacked_bases", "stale_layer",
+           "LAYER_OK", "restack_stale", "restacked_ref_prefix", "own_paths"]
+
 
 # A layer is still good while its story is in one of these states with the recorded head.
 LAYER_OK = STORY_STACKABLE | {StoryState.INTEGRATED}
@@ -40,7 +69,7 @@ class Layer:
     head: str
 
 
-def replay(git, onto: str, base: str, head: str, rules: MergeRules = MergeRules()) -> Replayed:
+def replay(git: Git, onto: str, base: str, head: str, rules: MergeRules = MergeRules()) -> Replayed:
     """The commits of `base..head` replayed onto `onto` (`compose.replay_commits`: the replay
     the lane's `ff` composition uses too), merge `rules` settling what they cover. On a
     conflict, `tip` is None and `tree` holds the conflicted tree."""
@@ -48,7 +77,8 @@ def replay(git, onto: str, base: str, head: str, rules: MergeRules = MergeRules(
     return replace(replayed, tip=None) if replayed.conflicts else replayed
 
 
-def stack(git, onto: str, layers: Iterable[Layer], rules: MergeRules = MergeRules()) -> Replayed:
+def stack(git: Git, onto: str, layers: Iterable[Layer],
+          rules: MergeRules = MergeRules()) -> Replayed:
     """`onto` with each layer's own commits replayed on top, in the order given. Only `union`
     rules apply: a stacked start runs no generator (a regenerated path stays a conflict)."""
     rules = rules.unions_only()
@@ -77,7 +107,7 @@ def layers_under(blockers: Sequence[str], rows: Mapping[str, object]) -> list[La
     return [Layer(row.key, row.base_sha, row.head_sha) for row in ordered]
 
 
-def stacked_bases(git, target_sha: str, decision, rows: Mapping[str, object],
+def stacked_bases(git: Git, target_sha: str, decision, rows: Mapping[str, object],
                   rules: MergeRules = MergeRules()) -> dict:
     """key -> (stacked base SHA, stacked_on entries) for each story admission put on a stacked
     base (`decision.stacked`); a story whose base does not compose cleanly is taken out of
@@ -109,3 +139,79 @@ def stale_layer(story, rows: Mapping[str, object]) -> str | None:
         if row.head_sha != layer["head"]:
             return f"{row.key} was redone ({(row.head_sha or 'no head')[:12]}, not {layer['head'][:12]})"
     return None
+
+
+# The states a stale stacked story is restacked from (a working one finishes first).
+_RESTACKABLE = (StoryState.PENDING, StoryState.QUEUED, StoryState.READY, StoryState.ESCALATED)
+
+
+def restacked_ref_prefix(run_id: str, key: str) -> str:
+    return f"refs/bmad-loop/{run_id}/restacked/{key}/"
+
+
+def own_paths(layout: Layout, scm):
+    """`made_at` for `restack_stale`: a story's own worktree and branch, by its key (None when
+    the run shares one branch, which is never a story's to remove)."""
+    if scm.branch_per != "story":
+        return None
+    return lambda key: (layout.story_worktree(key, "story"), layout.story_branch(key, "story"))
+
+
+def restack_stale(db: Database, git: Git, run_id: str, stories: list[Story], made_at=None) -> bool:
+    """Restack every stacked story whose base no longer stands; True when one was.
+    `made_at(key)`: (worktree, branch) a story's prepare makes, for one the row does not name
+    yet (a worker died between making them and writing the row)."""
+    rows = {s.key: s for s in stories}
+    changed = False
+    for story in stories:
+        if not story.stacked_on or story.state not in _RESTACKABLE:
+            continue
+        why = stale_layer(story, rows)
+        if why is not None:
+            changed |= _restack(db, git, run_id, story, why, made_at)
+    return changed
+
+
+def _restack(db: Database, git: Git, run_id: str, story: Story, why: str, made_at=None) -> bool:
+    kept = None
+    worktree, branch = story.worktree, story.branch
+    made = made_at(story.key) if not branch and made_at is not None else None
+    if made is not None and git.rev(f"refs/heads/{made[1]}"):
+        worktree, branch = str(made[0]), made[1]  # else never prepared: nothing to remove
+    if branch or worktree:
+        head = story.head_sha or (git.rev(f"refs/heads/{branch}") if branch else None)
+        if head and head != story.base_sha:
+            kept = _keep(git, run_id, story.key, head)
+        if worktree:
+            remove_worktree(git, Path(worktree))
+        if branch:
+            delete_branch(git, branch)
+    under = [layer["key"] for layer in story.stacked_on]
+    feedback = {}
+    if kept:
+        feedback["verify_output"] = (f"An earlier try of this story was built on {', '.join(under)}, "
+                                     f"which did not integrate ({why}); it is kept at {kept}. "
+                                     "This try starts from the target as it is now.")
+    with db.transaction() as s:
+        if not transition_story(s, story.id, story.state, state=StoryState.PENDING, phase=None,
+                                worktree=None, branch=None, base_sha=None, head_sha=None,
+                                stacked_on=None, dev_attempts=0, review_cycles=0,
+                                feedback=feedback, after_phase=None, human_fix=False,
+                                port_block=None, wait_reason=None, reason=None, ended_at=None,
+                                ready_at=None):
+            return False  # it moved on meanwhile (a worker claimed it): next pass
+        record(s, run_id, "story.restacked", story.key, was=story.state, stacked_on=under,
+               reason=why, kept=kept)
+    return True
+
+
+def _keep(git: Git, run_id: str, key: str, head: str) -> str:
+    prefix = restacked_ref_prefix(run_id, key)
+    listed = git.out("for-each-ref", "--format=%(objectname) %(refname)", prefix).splitlines()
+    for line in listed:
+        sha, _, ref = line.partition(" ")
+        if sha == head:
+            return ref
+    ref = f"{prefix}{len(listed) + 1}"
+    git.run("update-ref", ref, head, "0" * 40)
+    return ref

@@ -1,24 +1,60 @@
-"""One tick of a run's lane (`Lane.tick`, lane.py, is the body of every `integration` task).
+"""The lane of one run, and its ticks: `Lane.tick` is the body of every `integration` task.
+
+A `Lane` outlives its ticks: the consumer set (engine/run/consumers.py) keeps it while the run is
+live. It holds what the lane learns about its run across them — the conflict relation, the
+target's board as last read, the rows as last read and their admission views, the wait reasons
+already written — and the candidate verifications its threads run (speculation.py). Each tick
+makes one `LanePass` with a fresh reading of the run's policy, and the pass asks a
+`LaneStrategy` to integrate: `Sequential` or the speculative `Stack`. The consumer set makes a
+run's lane on its first tick and drops it once the run is no longer live and no verification of
+it runs here. A caller without a consumer set (a test, a one-off) ticks a throw-away lane with
+`tick_once`.
 
 A tick's `LanePass` re-reads the rows and does whatever is due, in this order, until nothing is:
 
 0. at `max_parallel > 1`, fill free worker slots first (see 3), so a slot freed while the lane
    integrates a batch of finished stories does not stay empty for the whole batch;
-1. integrate finished stories strictly in plan order, by the run's `LaneStrategy`
-   (strategy.py: `Sequential`, or the speculative `Stack`; a finished story waits for every earlier
-   one to be integrated or terminal; under `on_escalation = "pause"` an escalated story stops
-   the scan, so later finished stories wait as `ready`);
+1. integrate finished stories strictly in plan order, by the run's `LaneStrategy` (`Sequential`,
+   or the speculative `Stack` of speculation.py; a finished story waits for every earlier one to
+   be integrated or terminal; under `on_escalation = "pause"` an escalated story stops the
+   scan, so later finished stories wait as `ready`);
 2. turn an escalation into `pausing` (stop dispatching; running siblings finish their story);
-3. admit pending stories into free worker slots (see admission.py);
+3. admit pending stories into free worker slots (see admission.py), and write on the rows what
+   holds each of the others back;
 4. settle the run: pausing/stopping with nothing in flight becomes paused/stopped; all stories
    terminal becomes completed; a run that cannot move without a human pauses and says why.
 
 Ticks are idempotent: a duplicate or late tick finds nothing to do.
+
+**The rows against git.** The lane's first look at each tick: a story the rows call integrated
+must have its commit on the target (an agent may have edited the state database). Only what
+changed is looked at: integrations are in plan order, each on top of the last, so the latest
+one stands for all; it costs a git call only when it is not where the lane itself last advanced
+the target. A row marked integrated without a commit contradicts git whatever the target is.
+
+**Strategies.** Both sit behind `LaneStrategy`, asked by the pass at step 1. A strategy lives
+for one tick, like the pass that made it; what must outlast a tick (the verifications running
+in this process) belongs to the run's `Lane`. The pass offers a strategy exactly
+this: `integrator`, `db`, `run_id`, `policy`, `tasks`, `pause_on_escalation`,
+`landing(story, action)` (run an integration step; a target someone else moved pauses the run
+and gives None), `after_integration(story, outcome)` (the notifications and the checkpoint
+pause an outcome calls for) and `may_land(run)`.
+
+**Wait reasons.** What holds each pending story back is written on its row, and a change is
+journaled (`story.waiting`) once: one UPDATE per distinct reason, built once (as the lane's
+reads). A pass may admit twice on the same rows (fill free slots first, then dispatch): `told`
+(story id -> (row rev, reason) the lane already wrote) keeps the second from journaling the
+same wait again.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Protocol
+import threading
+
+from sqlalchemy import bindparam, func, or_, select, update
+from sqlalchemy.orm import Session
 
 from ...db.models import Run, Story, utcnow
 from ...git.config_guard import CONFIG_CHANGED_PREFIX
@@ -32,24 +68,26 @@ from ...states import (
     StopMode,
     StoryState,
 )
-from .admission import ConflictIndex, admit
+from .admission import ConflictIndex, admit, StoryView, views_of
 from .blame import RED_PREFIX, Blame, TargetRed
-from .integrate import Integrator, TargetMoved
+from .integrate import Integrator, TargetMoved, LaneFenced
 from ..journal import record
 from ..notify import notify
 from ..recovery import recover_orphans
-from .restack import own_paths, restack_stale
-from .speculation import Stack, speculating
-from .rowcheck import rows_contradicting_git
-from ..runs import lane_rows, next_in_plan, stories_of
-from .stacking import stacked_bases
-from .strategy import LaneStrategy, Sequential
+from .stacking import own_paths, restack_stale, stacked_bases
+from .speculation import Stack, speculating, Verifications
+from ..runrows import lane_rows, next_in_plan, stories_of, run_policy
 from ..transitions import transition_run, transition_story
-from .waitreasons import reasons_told, write_wait_reasons
-from ..workspace.pool import drain_pool
+from ..workspace.pool import drain_pool, drain_run_pool
 from .writeback import board_done_keys
+from ...git.runner import Git
+from ...policy import Policy
+from ...git.targets import Target
+from ..retry import FaultPersisted, pause_for_fault, retrying
 
-__all__ = ["LanePass"]
+__all__ = ["LanePass", "LaneStrategy", "Sequential", "integrated_rows", "rows_contradicting_git",
+           "write_wait_reasons", "reasons_told", "Lane", "LaneMemo", "tick_once"]
+
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +95,9 @@ FOREIGN_MOVE_PREFIX = "target moved by someone else"
 
 class LanePass:
     """One tick's work for the run of `lane` (a `Lane`): its passes, until nothing is due.
-    What a `LaneStrategy` may use of it is listed in strategy.py."""
+    What a `LaneStrategy` may use of it is listed in the module's docstring."""
 
-    def __init__(self, lane, run: Run, policy, holder=None):
+    def __init__(self, lane, run: Run, policy: Policy, holder=None):
         self.project = lane.project
         self.tasks = lane.tasks
         self.db = lane.project.db
@@ -447,3 +485,188 @@ class LanePass:
     def _story(self, story_id: int) -> Story:
         with self.db.transaction() as s:
             return s.get(Story, story_id)
+
+
+class LaneStrategy(Protocol):
+    def step(self, run: Run, stories) -> bool:
+        """Do the next integration step that is due; whether anything was done."""
+
+    def stop_now(self, reason: str) -> bool:
+        """`stop --now`: give up what is being integrated and can still be given up (its
+        stories wait as ready); whether anything changed."""
+
+
+class Sequential:
+    """The lane without speculation: the earliest open story in plan order is composed,
+    verified and landed, then the next; a finished story waits for every earlier one."""
+
+    def __init__(self, lane_pass):
+        self.lane = lane_pass
+
+    def step(self, run: Run, stories) -> bool:
+        lane = self.lane
+        story = next_in_plan(stories, lane.pause_on_escalation)
+        if story is None or story.state not in (StoryState.READY, StoryState.INTEGRATING):
+            return False  # the earliest open story is not finished: later ones wait
+        outcome = lane.landing(story, lambda: lane.integrator.integrate(story.id))
+        if outcome is not None:
+            lane.after_integration(story, outcome)
+        return True
+
+    def stop_now(self, reason: str) -> bool:
+        return False  # one candidate at a time: the story in hand finishes (or is stopped)
+
+
+def _integrated_statement():
+    integrated = (Story.run_id == bindparam("run_id"), Story.state == StoryState.INTEGRATED)
+    latest_seq = select(func.max(Story.seq)).where(*integrated).scalar_subquery()
+    return (select(Story.key, Story.integrated_sha, Story.seq)
+            .where(*integrated, or_(Story.integrated_sha.is_(None), Story.seq == latest_seq))
+            .order_by(Story.seq))
+
+
+_INTEGRATED = _integrated_statement()  # built once: the lane reads it every tick
+
+
+def integrated_rows(session: Session, run_id: str) -> tuple:
+    """(the latest integrated story, those integrated without a commit), as (key,
+    integrated_sha) rows, in one statement."""
+    rows = list(session.connection().execute(_INTEGRATED, {"run_id": run_id}))
+    if not rows:
+        return None, []
+    return rows[-1], [row for row in rows if row.integrated_sha is None]
+
+
+def rows_contradicting_git(git: Git, target: Target, head_sha: str | None, latest,
+                           bad: list) -> list:
+    """The stories whose rows contradict git (see the module's docstring). `head_sha`: where
+    the lane last advanced the target (the run's row); `target`: the run's target."""
+    if latest is None:
+        return []
+    if not bad and latest.integrated_sha != head_sha:
+        target_now = target.sha(fetch=False)
+        if target_now and (git.rev(f"{latest.integrated_sha}^{{commit}}") is None
+                           or not git.is_ancestor(latest.integrated_sha, target_now)):
+            bad = [latest]
+    return bad
+
+
+_STORIES = Story.__table__
+_SET_WAIT_REASON = (update(_STORIES).where(_STORIES.c.id.in_(bindparam("ids", expanding=True)))
+                    .values(wait_reason=bindparam("why")))
+
+
+def write_wait_reasons(s: Session, run_id: str, waiting: dict[str, str], by_key: dict,
+                       told: dict) -> None:
+    """Write and journal each waiting story's reason that changed (`waiting`: key -> reason)."""
+    changed: dict[str, list[int]] = {}  # reason -> ids: no row loaded
+    for key, why in waiting.items():
+        row = by_key[key]
+        if row.wait_reason != why and told.get(row.id) != (row.rev, why):
+            changed.setdefault(why, []).append(row.id)
+            record(s, run_id, "story.waiting", key, reason=why)
+    for why, ids in changed.items():
+        s.connection().execute(_SET_WAIT_REASON, {"ids": ids, "why": why})
+
+
+def reasons_told(waiting: dict[str, str], by_key: dict) -> dict[int, tuple[int, str]]:
+    """What `write_wait_reasons` wrote on these rows, for `told` once its transaction is in."""
+    return {by_key[key].id: (by_key[key].rev, why) for key, why in waiting.items()}
+
+
+class LaneMemo:
+    """What the lane keeps across the ticks of its run, read and written by its passes."""
+
+    def __init__(self):
+        self.lock = threading.Lock()  # one lane thread, but a test may also tick by hand
+        self.index = ConflictIndex()
+        self.board_done: tuple[str, frozenset[str]] | None = None  # (target sha, done keys)
+        self.rows: dict = {}  # the run's stories' rows as last read, by id (runs.lane_rows)
+        self.reasons_written: dict[int, tuple[int, str]] = {}  # id -> (rev, reason) written
+        self._views: dict = {}  # (story id, stacking) -> (row, its admission view, rules)
+
+    def views_of(self, rows, stacking: bool = False, settled=None) -> list[StoryView]:
+        """`admission.views_of`, made once per row: a row kept across passes (the same object
+        while its `rev` stands) keeps its view, so a pass over a long sprint does not rebuild
+        hundreds of them. A row read again, or made for the pass, is a new object: a new view."""
+        views, kept = [], self._views
+        for row in rows:
+            hit = kept.get((row.id, stacking))
+            if hit is None or hit[0] is not row or hit[2] != settled:  # rules compare by value
+                hit = kept[row.id, stacking] = (row, views_of((row,), stacking, settled)[0], settled)
+            views.append(hit[1])
+        if len(kept) > 2 * len(rows) + 64:  # stories that left the run: not kept forever
+            current = {row.id for row in rows}
+            for key in [key for key in kept if key[0] not in current]:
+                del kept[key]
+        return views
+
+
+class Lane:
+    """The lane of run `run_id` in this process."""
+
+    def __init__(self, project, tasks, run_id: str):
+        self.project = project
+        self.tasks = tasks
+        self.run_id = run_id
+        self.memo = LaneMemo()
+        self.verifications = Verifications()  # the stack's, running in this process
+
+    def busy(self) -> bool:
+        """Does a verification of this run still run here (it wakes the lane when it ends)?"""
+        return self.verifications.any()
+
+    def tick(self, holder=None) -> None:
+        """One tick. `holder` is this lane's lease holder (None: unfenced, as in a
+        single-process test); a standby or a fenced holder changes nothing."""
+        db = self.project.db
+        if holder is not None and not holder.held:
+            return  # a standby lane never acts; the active one has this run
+        with db.read() as s:  # the run, and the first pass's rows with it: one read
+            run = s.get(Run, self.run_id)
+            if run is None or run.state not in RUN_LIVE:
+                return
+            policy = run_policy(run)
+            fenced = holder is not None and not holder.still_holds(s)
+            first = [] if fenced else [self.first_rows(s, run)]
+        if fenced:
+            # It thinks it holds the lease, but another lane took over: fenced, change nothing.
+            with db.transaction() as s:
+                record(s, self.run_id, "lane.fenced", reason="lost the lane lease (it expired or "
+                       "another lane took it over); this tick changes nothing", owner=holder.owner)
+            return
+        try:
+            def one_try():  # a retry reads everything again
+                LanePass(self, run, policy, holder).loop(first.pop() if first else None)
+
+            retrying(one_try, db=db, run_id=self.run_id, story=None, what="lane tick")
+        except FaultPersisted as exc:
+            if pause_for_fault(db, self.run_id, exc.fault, exc.attempts):
+                notify(db, policy, self.run_id, "run.paused", reason=exc.fault.describe())
+        except LaneFenced as exc:
+            log.warning("%s", exc)
+            with db.transaction() as s:
+                record(s, self.run_id, "lane.fenced", reason=str(exc))
+        except Exception as exc:  # no retry can fix it: failed, and `resume` once it is fixed
+            self._fail(policy, exc)
+
+    def first_rows(self, s: Session, run: Run) -> tuple:
+        """What a tick's first pass reads, in one snapshot: the rows for the check against git
+        (tick.py), the run, and the lane's rows of its stories."""
+        return integrated_rows(s, run.id), (run, lane_rows(s, run.id, self.memo.rows))
+
+    def _fail(self, policy: Policy, exc: Exception) -> None:
+        log.exception("lane tick failed for run %s", self.run_id)
+        db = self.project.db
+        with db.transaction() as s:
+            if transition_run(s, self.run_id, RUN_LIVE, state=RunState.FAILED,
+                              reason=f"lane error: {exc}", ended_at=utcnow()):
+                record(s, self.run_id, "run.failed", reason=f"lane error: {exc}")
+        drain_run_pool(self.project, self.run_id, policy)  # parked worktrees go when the run settles
+        notify(db, policy, self.run_id, "run.failed", reason=str(exc))
+
+
+def tick_once(project, tasks, run_id: str, holder=None) -> None:
+    """One tick of a lane made for it (nothing kept across ticks): for callers without a
+    consumer set. Speculation needs a kept `Lane`: this one forgets its verifications."""
+    Lane(project, tasks, run_id).tick(holder)

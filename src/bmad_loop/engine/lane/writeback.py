@@ -31,9 +31,10 @@ from ...git.trees.compose import blob_at, blobs_at
 from ...git.trees.edit import replace_blobs
 from ...errors import ConfigError
 from ...bmad.story_status import set_story_status
+from ...git.runner import Git
 
-__all__ = ["FINISHED_WITHOUT_WORK", "LaneTreeEdit", "board_done_keys", "lane_tree_edit", "mark_done_on_board",
-           "mark_story_file_done"]
+__all__ = ["FINISHED_WITHOUT_WORK", "LaneTreeEdit", "board_done_keys", "lane_tree_edit",
+           "mark_done_on_board", "mark_story_file_done"]
 
 IN_PROGRESS = "in-progress"
 # Epic statuses the first integrated story moves on (`contexted` is BMAD's legacy name for an
@@ -55,10 +56,11 @@ def _finished(entry) -> bool:
     return letters.startswith(_LETTERS)
 
 
-def mark_done_on_board(text: str, key: str, epic: str | None, source: str = "sprint-status.yaml") -> str:
+def mark_done_on_board(text: str, key: str, epic: str | None,
+                       source: str = "sprint-status.yaml") -> str:
     """The board text with `key` done and its epic's line moved on; unchanged when there is
     nothing to change (the key is not on the board, or every value already says so). The board
-    is parsed once; the edits know the board they make (boardedit.py)."""
+    is parsed once; the edits know the board they make (bmad/board_edit.py)."""
     try:
         board = parse_board(text, Path(source))
     except ConfigError:  # a board the parser refuses: edit the story's line as before, no epic
@@ -106,7 +108,7 @@ def _edited(current: bytes | None, change: Callable[[str], str]) -> bytes | None
     return change(text).encode("utf-8")
 
 
-def lane_tree_edit(git, *, key: str, epic: str | None, board_rel: str | None,
+def lane_tree_edit(git: Git, *, key: str, epic: str | None, board_rel: str | None,
                    story_path: str | None) -> "LaneTreeEdit | None":
     """The candidate's tree edit for integrating story `key` (tree sha -> tree sha), or None
     when the run has neither a board nor a story file to write."""
@@ -123,7 +125,7 @@ def lane_tree_edit(git, *, key: str, epic: str | None, board_rel: str | None,
 class LaneTreeEdit:
     """Called with a tree, the tree with the board (and story file) marked done."""
 
-    def __init__(self, git, changes: dict[str, Callable[[str], str]]):
+    def __init__(self, git: Git, changes: dict[str, Callable[[str], str]]):
         self.git, self.changes = git, changes
 
     def __call__(self, tree: str) -> str:
@@ -135,7 +137,7 @@ class LaneTreeEdit:
         return replace_blobs(self.git, tree, edits)
 
 
-def board_done_keys(git, sha: str, board_rel: str) -> frozenset[str]:
+def board_done_keys(git: Git, sha: str, board_rel: str) -> frozenset[str]:
     """The keys the board at `sha` marks `done` (extra keys too); none when the board is
     missing or broken there (the lane's own edit will say so)."""
     blob = blob_at(git, sha, board_rel)

@@ -3,9 +3,10 @@
 Only bmad-loop's own things are candidates: worktrees under `.bmad-loop/worktrees/` and
 `.bmad-loop/candidates/`, branches under `refs/heads/bmad-loop/`, candidate refs under
 `refs/bmad-loop/candidates/`, records of a story's output under `refs/bmad-loop/verify/`
-(owned with the story's worktree, verify_record.py), and where a story's agent sessions started,
-`refs/bmad-loop/<run>/sessions/<story>/<phase>-<n>` (session_record.py; owned the same way; a
-cut-short session's output, `….cut`, is kept until `--runs` prunes its finished run). Something is *owned* while a row still needs it:
+(owned with the story's worktree, engine/verification/record.py), and where a story's agent
+sessions started, `refs/bmad-loop/<run>/sessions/<story>/<phase>-<n>` (engine/worker/sessions.py;
+owned the same way; a cut-short session's output, `….cut`, is kept until `--runs` prunes its
+finished run). Something is *owned* while a row still needs it:
 
 - a story that is not finished in a run that can still move (running, pausing, paused,
   stopping, stopped) owns its worktree and branch;
@@ -29,6 +30,14 @@ carry its host name. In remote mode, story branches on the remote that no row ow
 `--runs` also removes logs, prompts, evidence, scratch folders, worktrees and the refs kept
 under `refs/bmad-loop/<run>/` (a restacked story's work) of finished runs beyond
 `[cleanup] keep_runs` (rows stay unless `--purge`).
+
+**Forgetting a database** (`cleanup --forget-database ID`): let go of a state database that is
+gone. Its run records go; with `force`, the refs and worktrees of its runs too. Never a run
+whose rows this database holds (a record naming another database for one of our runs is wrong,
+or planted), never a database whose record is still live, never this database itself. The id
+`unrecorded` names the runs found in bmad-loop's namespaces with neither a record nor rows here
+(made before run records existed): they have no records to remove, so only `force` does
+anything for them.
 """
 
 from __future__ import annotations
@@ -36,10 +45,12 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from sqlalchemy import and_, delete, or_, select
 
-from ...db.models import Attempt, Candidate, Event, Run, Story
+from ...db.models import Attempt, Candidate, Event, Run, Story, utcnow
+from ...git.runner import Git
 from ...git.worktrees import delete_branch, delete_ref, list_worktrees, prune, remove_worktree
 from ...states import (
     RUN_LIVE,
@@ -51,15 +62,19 @@ from ...states import (
     StoryState,
 )
 from ..journal import record
-from .ownership import owners
-from .runrecords import remove_record
-from ..layout import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE, Layout
-from ..worker.verify_record import VERIFY_RECORD_NAMESPACE, record_ref, verify_record_refs
-from ..worker.session_record import SESSION_REF_PATTERN, session_ref_owner
-from ..runs import run_policy
+from .ownership import Owners, owners, remove_record, read_records, records_lock
+from ..runpaths import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE, Layout
+from ..verification.record import VERIFY_RECORD_NAMESPACE, record_ref, verify_record_refs
+from ..worker.sessions import SESSION_REF_PATTERN, session_ref_owner
+from ..runrows import run_policy
 from ..workspace.pool import POOL_DIR, pool_dir
+from ...db.identity import database_id
+from ...errors import NotFound, StateError
+from ...git.targets import Target
 
-__all__ = ["CleanupReport", "cleanup", "run_of_ref", "run_of_path", "worktree_leaves"]
+__all__ = ["CleanupReport", "cleanup", "run_of_ref", "run_of_path", "worktree_leaves", "UNRECORDED",
+           "ForgetReport", "forget_database"]
+
 
 RUN_FOLDERS = ("logs", "prompts", "evidence", "scratch", "worktrees", "candidates")
 
@@ -272,11 +287,11 @@ def _mark_vanished(project, worktree_rows, report: CleanupReport, dry_run: bool)
 class _Sweep:
     """What the ref sweeps share: the repository, who owns which run, the report, the mode."""
 
-    git: object
-    who: object  # ownership.Owners
+    git: Git
+    who: Owners
     report: CleanupReport
     dry_run: bool
-    say: object
+    say: Callable[[str], None]
 
 
 def _sweep_refs(sweep: _Sweep, owned_branches: set[str], owned_refs: set[str]) -> None:
@@ -320,7 +335,7 @@ def _session_ref_kept(ref: str, owned_refs: set[str]) -> bool:
     return evidence or record_ref(run_id, story_key) in owned_refs
 
 
-def _sweep_remote_branches(sweep: _Sweep, target, owned_branches: set[str]) -> None:
+def _sweep_remote_branches(sweep: _Sweep, target: Target, owned_branches: set[str]) -> None:
     """Remote mode: story branches on the remote that no row of this database owns."""
     for name in sorted(target.foreign_story_branches(BRANCH_NAMESPACE)):
         if name in owned_branches:
@@ -367,7 +382,7 @@ def _retention(project, report, *, dry_run, purge, say) -> None:
         say(f"prune finished run {run.id}")
         report.runs_pruned.append(run.id)
         # Work the run kept aside under its own ref namespace (a restacked story's branch head,
-        # engine/lane/restack.py) goes with the run's other files.
+        # engine/lane/stacking.py) goes with the run's other files.
         kept_refs = [r for r in git.out("for-each-ref", "--format=%(refname)",
                                         f"refs/bmad-loop/{run.id}").splitlines() if r]
         report.refs_deleted.extend(kept_refs)
@@ -438,3 +453,87 @@ def _under(path: Path, base: Path) -> bool:
         return True
     except ValueError:
         return False
+
+
+UNRECORDED = "unrecorded"
+
+
+@dataclass
+class ForgetReport:
+    database_id: str
+    force: bool
+    dry_run: bool
+    runs: list[str] = field(default_factory=list)
+    records_removed: list[str] = field(default_factory=list)
+    refs_deleted: list[str] = field(default_factory=list)
+    worktrees_removed: list[str] = field(default_factory=list)
+    kept_own: list[str] = field(default_factory=list)  # runs whose rows are here: never touched
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def forget_database(project, db_id: str, *, force: bool = False, dry_run: bool = False,
+                    has_rows: bool = True, say=None) -> ForgetReport:
+    say = say or (lambda _m: None)
+    report = ForgetReport(database_id=db_id, force=force, dry_run=dry_run)
+    git = project.git()
+    if has_rows and db_id == database_id(project.db):
+        raise StateError(f"--forget-database {db_id}: that is this state database "
+                         f"({project.database_url.split('://', 1)[0]}); nothing to forget")
+    with records_lock(git):
+        who, _ = owners(project, has_rows)
+        refs = _namespace_refs(git)
+        records, _ = read_records(git)
+        if db_id == UNRECORDED:
+            runs = {run_of_ref(r) for r in refs} - set(records)
+        else:
+            runs = {r.run for r in records.values() if r.database_id == db_id}
+            live = [r for r in records.values() if r.database_id == db_id and r.live(utcnow())]
+            if live:
+                raise StateError(f"--forget-database {db_id}: {live[0].describe()}: it is alive; "
+                                 "stop it there first (or wait until its heartbeat is stale)")
+        if not runs:
+            raise NotFound(f"--forget-database {db_id}: no run record names that database"
+                           if db_id != UNRECORDED else
+                           "--forget-database unrecorded: no unrecorded run in bmad-loop's namespaces")
+        report.kept_own = sorted(r for r in runs if who.is_own(r))
+        report.runs = sorted(runs - set(report.kept_own))
+        for run_id in report.runs:
+            if run_id in records:
+                say(f"forget record of run {run_id}")
+                report.records_removed.append(run_id)
+                if not dry_run:
+                    remove_record(git, run_id)
+        if force:
+            _remove_work(project, git, set(report.runs), refs, report, say)
+    return report
+
+
+def _namespace_refs(git: Git) -> list[str]:
+    out = git.out("for-each-ref", "--format=%(refname)", f"refs/heads/{BRANCH_NAMESPACE.rstrip('/')}",
+                  "refs/bmad-loop")
+    return [line for line in out.splitlines() if line]
+
+
+def _remove_work(project, git: Git, runs: set[str], refs: list[str], report, say) -> None:
+    state = project.state_dir.resolve()
+    bases = (state / "worktrees", state / "candidates")
+    found = [info.path.resolve() for info in list_worktrees(git)]
+    for base in bases:  # folders git no longer knows of too (a kill during `worktree add`)
+        for run_id in sorted(runs):
+            found.extend(leaf.resolve() for leaf in worktree_leaves(base / run_id))
+    for path in dict.fromkeys(found):
+        if run_of_path(path, bases) in runs:
+            say(f"remove worktree {path}")
+            report.worktrees_removed.append(str(path))
+            if not report.dry_run:
+                remove_worktree(git, path)
+    for ref in refs:
+        if run_of_ref(ref) in runs:
+            say(f"delete ref {ref}")
+            report.refs_deleted.append(ref)
+            if not report.dry_run:
+                delete_ref(git, ref)
+    if not report.dry_run:
+        prune(git)

@@ -2,6 +2,15 @@
 
 Recovery never runs work directly: it puts rows back into a claimable state and sends the
 wake-up messages, and the normal claim takes it from there.
+
+**Verdicts that no longer hold** are dropped on `resume` when the checks or the target changed.
+A `verified` candidate waiting to advance (or for sign-off) was verified by the run's checks as
+they were, on the target as it was. When `resume --reload-policy` changes what verification
+runs (`reverify_reason`), or `resume` adopts a target someone else moved, such a verdict says
+nothing any more: every candidate still `verified` is given up (`abandoned`, journaled
+`candidate.reverify_policy`) and its story goes back to `ready`, so the lane composes and
+verifies it again under the checks in force. An `advancing` candidate is left alone (its
+advance may have happened); a `verifying` one is verified again anyway, by the new checks.
 """
 
 from __future__ import annotations
@@ -9,8 +18,9 @@ from __future__ import annotations
 import datetime as dt
 
 from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
 
-from ...db.models import Run, Story, utcnow
+from ...db.models import Run, Story, utcnow, Candidate
 from ...errors import Ambiguous, NotFound, StateError
 from ...states import (
     RUN_ABANDONABLE,
@@ -27,23 +37,22 @@ from ...states import (
 from ...bmad.selection import resolve_story_ref
 from ...policy import identity_keys, load_policy, policy_from_dict
 from .. import leases
-from ..lane.targetcheck import forget_failed
+from ..verification.targetcheck import forget_failed
 from ..repairs import in_repair
 from ..escalation import ENVIRONMENTAL, integration_cause
 from ..journal import record
 from .ownership import save_run, target_check
 from ..redo import retry_story, to_dev, to_human_fix, to_ready, to_repair
-from ..reverify import drop_verified, reverify_reason
 from ..recovery import ever_spawned, recover_orphans
-from ..runs import run_policy, stories_of
+from ..runrows import run_policy, stories_of
 from ..transitions import transition_run, transition_story
 
 __all__ = ["find_run", "driver_of", "refuse_if_driven", "resume", "stop", "approve", "reject",
-           "retry", "reconcile", "recover_live_runs", "requeue_run"]
+           "retry", "reconcile", "recover_live_runs", "requeue_run", "reverify_reason",
+           "drop_verified"]
 
 
-
-def find_run(session, project, ref: str | None) -> Run:
+def find_run(session: Session, project, ref: str | None) -> Run:
     """A run by id, unique prefix or unique suffix; the newest run when ref is None."""
     query = select(Run).where(Run.project == project.key)
     if ref is None:
@@ -116,7 +125,7 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         target = project.target(git, run.target_branch)
         target_now = target.sha()
         adopted = _adopt_target(s, run, target_now)
-        forget_failed(s, run.id)  # a red target is checked again (targetcheck.py)
+        forget_failed(s, run.id)  # a red target is checked again (verification/targetcheck.py)
         for story in stories_of(s, run.id):
             _reset_for_resume(s, target.story_head, run, story)
         if stale_checks or adopted:  # verdicts given under other checks, or on another target
@@ -132,7 +141,7 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         return s.get(Run, run_id)
 
 
-def driver_of(session, project, run: Run):
+def driver_of(session: Session, project, run: Run):
     """The live holder of the project's lane lease (`leases.Holder`) while `run` is live and
     another process holds it; None otherwise. The same heartbeats `status` lists."""
     if run.state not in RUN_LIVE:
@@ -143,7 +152,7 @@ def driver_of(session, project, run: Run):
     return holder
 
 
-def refuse_if_driven(session, project, run: Run) -> None:
+def refuse_if_driven(session: Session, project, run: Run) -> None:
     """`resume` of a run another process drives would make two drivers of one run."""
     holder = driver_of(session, project, run)
     if holder is not None:
@@ -153,7 +162,7 @@ def refuse_if_driven(session, project, run: Run) -> None:
                          f"`bmad-loop stop {run.id}` first")
 
 
-def _adopt_target(session, run: Run, target_now: str | None) -> bool:
+def _adopt_target(session: Session, run: Run, target_now: str | None) -> bool:
     """Resuming accepts the target as it is now: a move someone else made while the run was
     parked (the lane paused on it, or a human fixed something) becomes the lane's baseline.
     True when it had moved."""
@@ -164,7 +173,7 @@ def _adopt_target(session, run: Run, target_now: str | None) -> bool:
     return False
 
 
-def _reset_for_resume(session, branch_head_of, run: Run, story: Story) -> None:
+def _reset_for_resume(session: Session, branch_head_of, run: Run, story: Story) -> None:
     if story.state in (StoryState.ESCALATED, StoryState.BLOCKED):
         branch_head = branch_head_of(story.branch) if story.branch else None
         human_fix = bool(branch_head and story.head_sha and branch_head != story.head_sha)
@@ -238,7 +247,7 @@ def stop(project, tasks, ref: str | None, now: bool = False) -> Run:
         return s.get(Run, run_id)
 
 
-def _settle_idle_stop(session, run_id: str) -> bool:
+def _settle_idle_stop(session: Session, run_id: str) -> bool:
     """A stopping run that nothing is working on stops at once: no lane tick needed (none may
     be running: `enqueue` then `stop` with no consumer). Stories queued but not yet claimed go
     back in line; a worker that claims one first keeps the run stopping until it is done."""
@@ -347,7 +356,41 @@ def reconcile(project, ref: str | None) -> tuple[dict, int]:
     return report, code
 
 
-def _story_by_key(session, run: Run, key: str) -> Story:
+def _story_by_key(session: Session, run: Run, key: str) -> Story:
     stories = stories_of(session, run.id)
     found = resolve_story_ref(stories, key, f"run {run.id}")
     return next(s for s in stories if s.key == found)
+
+
+# Reloaded keys that change what a candidate's verification runs or sees (`verify.parallel`
+# only says how many run at once).
+_VERIFY_SECTIONS = ("verify.", "resources.ports")
+_NOT_A_CHECK = ("verify.parallel",)
+
+
+def reverify_reason(changed: list[str]) -> str | None:
+    """Why verdicts given before a policy reload that changed `changed` no longer hold."""
+    keys = [k for k in changed if k.startswith(_VERIFY_SECTIONS) and k not in _NOT_A_CHECK]
+    return f"the reloaded policy changed {', '.join(keys)}" if keys else None
+
+
+def drop_verified(session: Session, run_id: str, reason: str, target_now: str | None) -> list[str]:
+    """Give up the run's `verified` candidates; their stories back to `ready`. Their keys.
+    One the target points at already (advanced, its row not written: a crash) is kept."""
+    keys = []
+    cands = list(session.scalars(select(Candidate).where(
+        Candidate.run_id == run_id, Candidate.state == CandidateState.VERIFIED)
+        .order_by(Candidate.id)))
+    for cand in cands:
+        if target_now is not None and cand.candidate_sha == target_now:
+            continue
+        story = session.get(Story, cand.story_id)
+        cand.state, cand.ended_at = CandidateState.ABANDONED, utcnow()
+        cand.reason = f"verified before {reason}: verified again"
+        transition_story(session, story.id, (StoryState.INTEGRATING, StoryState.HELD,
+                                             StoryState.READY),
+                         state=StoryState.READY, signed_off=False)
+        record(session, run_id, "candidate.reverify_policy", story.key, attempt=cand.attempt,
+               candidate_sha=cand.candidate_sha, reason=reason)
+        keys.append(story.key)
+    return keys

@@ -1,8 +1,18 @@
-"""`bmad-loop validate`: every check enqueue would make, reported one by one instead of failing fast."""
+"""`bmad-loop validate`: every check enqueue would make, reported one by one instead of failing fast.
+
+It also looks at the agent CLI and the BMAD install the sessions will meet. A profile's flags
+were checked against one release of its CLI (`checked_version`); an older CLI may lack a flag
+and fail every story, so `validate` asks the binary for its version (one short `--version`
+call) and says how it compares. It also says which BMAD the project has and what is seeded
+into each worktree (bmad/install.py).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+import re
+import shutil
+import subprocess
 
 from ...bmad.board import ACTIONABLE
 from ...git.trees.compose import dirty_paths
@@ -12,18 +22,19 @@ from ...errors import BmadLoopError
 from ...policy.advice import verify_advice
 from ...bmad.selection import dependency_problems
 from ...policy import env_override, load_policy
-from ...agents.profiles import custom_command_warnings
+from ...agents.profiles import custom_command_warnings, load_profile
 from ...sandbox import startup_notes
 from ...queue.tasks import check_queue, queue_config
-from .agentcheck import bmad_checks, version_checks
-from .creation import creation_checks
+from .planning import creation_checks
 from ..mergerules import merge_rule_checks
 from .planning import agent_command, target_branch_of
 from ..project import Project
-from .sprintload import Sprint, check_committed, load_sprint
-from ..worker.usagefile import budget_warnings
+from .planning import Sprint, check_committed, load_sprint
+from ..usage import budget_warnings
+from ...bmad.install import bmad_seeds, detect_bmad
+from ...policy import Policy
 
-__all__ = ["preflight"]
+__all__ = ["preflight", "cli_version", "version_checks", "bmad_checks"]
 
 
 def preflight(root: Path) -> dict:
@@ -83,7 +94,7 @@ def _check_policy(add, checks: list, root: Path):
     return policy
 
 
-def _check_sprint(add, project, policy, sha, branch, found: dict) -> None:
+def _check_sprint(add, project, policy: Policy, sha, branch, found: dict) -> None:
     """The board, its stories and their files, footprints, creation and merge rules. Every
     problem of a story file, a dependency or an override is its own line, and the checks after
     them still run: one pass shows them all."""
@@ -122,7 +133,7 @@ def _check_sprint(add, project, policy, sha, branch, found: dict) -> None:
         add("stories", "error", str(exc))
 
 
-def _check_checkout(add, project, policy, branch: str) -> None:
+def _check_checkout(add, project, policy: Policy, branch: str) -> None:
     """A warning for local changes in the checkout of the target: a story whose candidate
     touches one of them escalates before the target moves (bmad-loop's own folder aside)."""
     git = project.git(policy)
@@ -139,7 +150,7 @@ def _check_checkout(add, project, policy, branch: str) -> None:
             "commit or stash them first")
 
 
-def _check_state(project, policy) -> None:
+def _check_state(project, policy: Policy) -> None:
     """What opening the state would refuse, without opening (or creating) anything: a missing
     driver, a damaged state.db or queue.db, a state folder that cannot be written."""
     key = _database_key(policy)
@@ -151,12 +162,12 @@ def _check_state(project, policy) -> None:
         check_sqlite_file(project.home_state_dir / "state.db", "state database")
 
 
-def _database_key(policy) -> str:
+def _database_key(policy: Policy) -> str:
     """Where `[database] url` came from: its environment variable wins over the file."""
     return env_override("database", "url") or f"{policy.source}: [database] url"
 
 
-def _state_detail(project, policy) -> str:
+def _state_detail(project, policy: Policy) -> str:
     url = policy.database.url  # its scheme only: a URL may hold a password
     database = url.split("://", 1)[0] if url else f"sqlite {project.home_state_dir / 'state.db'}"
     return f"database {database}, queue {policy.queue.backend}"
@@ -176,8 +187,8 @@ def _found(sprint: Sprint, actionable) -> dict:
     }
 
 
-def _check_committed(add, project, policy, sprint: Sprint, actionable, branch) -> None:
-    """The board and the actionable stories' files must be committed (`sprintload`)."""
+def _check_committed(add, project, policy: Policy, sprint: Sprint, actionable, branch) -> None:
+    """The board and the actionable stories' files must be committed (`check_committed`, planning.py)."""
     if branch is None:
         return  # no target commit to compare with: the git check failed already
     try:
@@ -191,7 +202,7 @@ def _report(checks, **found):
     return {"ok": all(c["status"] != "error" for c in checks), "checks": checks, **found}
 
 
-def _check_sandbox(add, policy) -> None:
+def _check_sandbox(add, policy: Policy) -> None:
     """The OS sandbox the policy asks for: ok, unboxed with a warning, or refused ("on")."""
     try:
         notes = startup_notes(policy)
@@ -204,3 +215,76 @@ def _check_sandbox(add, policy) -> None:
         modes = {policy.adapter.sandbox, policy.verify.sandbox}
         add("sandbox", "ok", "off" if modes == {"off"} else "agents and verify commands run boxed"
             if "off" not in modes else "boxed where the policy asks for it")
+
+
+_VERSION_RE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def cli_version(binary: str, timeout_s: float = 10.0) -> str | None:
+    """The first line `binary --version` prints, or None when it cannot tell."""
+    try:
+        proc = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = (proc.stdout or proc.stderr).strip().splitlines()
+    return lines[0].strip() if proc.returncode == 0 and lines else None
+
+
+def _number(text: str) -> tuple[int, int, int] | None:
+    m = _VERSION_RE.search(text)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
+def version_checks(policy: Policy) -> list[dict]:
+    """One check for the profile's CLI: ok, or a warning when it is older than the release its
+    flags were checked against, or when it will not say its version. None without a profile."""
+    adapter = policy.adapter
+    if not adapter.profile or adapter.command:
+        return []
+    profile = load_profile(adapter.profile)
+    binary = profile.command[0]
+    if shutil.which(binary) is None:
+        return []  # the agent check says so, as an error
+    shown = cli_version(binary)
+    checked = profile.checked_version
+    if shown is None:
+        return [_check("warn", f"{binary} --version printed no version; the {profile.name} "
+                               f"profile was checked against {checked or 'a recent release'}")]
+    have, want = _number(shown), _number(checked) if checked else None
+    if have and want and have < want:
+        return [_check("warn", f"{binary} {shown} is older than {checked}, the release the "
+                               f"{profile.name} profile's flags were checked against: update it, "
+                               "or a flag it lacks fails every session")]
+    against = f" (profile checked against {checked})" if checked else ""
+    return [_check("ok", f"{binary} {shown}{against}")]
+
+
+def bmad_checks(project) -> tuple[list[dict], dict]:
+    """What BMAD the project has, and what is seeded into worktrees: (checks, the --json part)."""
+    root = project.root
+    install = detect_bmad(root)
+    scm = project.policy.scm
+    seeds = bmad_seeds(project.git(), root) if scm.seed_bmad else []
+    if install.kind == "skills":
+        names = sorted({path.rsplit("/", 1)[-1] for path in install.skills.values()})
+        detail = f"BMAD skills: {', '.join(names)}"
+    elif install.kind == "workflows":
+        folders = sorted({path.rsplit("/", 1)[0] for path in install.workflows.values()})
+        detail = f"BMAD workflow folders in {', '.join(folders)}"
+    elif install.kind == "v4":
+        detail = "BMAD v4 (.bmad-core/)"
+    else:
+        # Not a warning: a board kept by hand is a fine way to use bmad-loop.
+        return ([_check("ok", "no BMAD install found (no bmad-* skills, no workflow folders, no "
+                              ".bmad-core/): agents are told to work by hand", name="bmad")],
+                {"bmad": {"kind": "none", "skills": {}, "workflows": {}, "seeded": []}})
+    if seeds:
+        detail += f"; untracked, so seeded into each worktree: {', '.join(seeds)}"
+    return ([_check("ok", detail, name="bmad")],
+            {"bmad": {"kind": install.kind, "skills": dict(install.skills),
+                      "workflows": dict(install.workflows), "seeded": seeds}})
+
+
+def _check(status: str, detail: str, name: str = "agent") -> dict:
+    return {"name": name, "status": status, "detail": detail}

@@ -1,7 +1,8 @@
-"""Ctrl+C presses, counted for `run` and `resume` (`driver.drive` acts on them).
+"""Ctrl+C presses, counted for `run` and `resume` (`consumers.drive` acts on them).
 
-Kept apart from the driver and free of heavy imports: the command installs the counter first
-thing, so a Ctrl+C during start-up (imports, planning, enqueue) is counted rather than raised.
+Kept apart from the driver (consumers.py) and free of heavy imports: the command installs the
+counter first thing, so a Ctrl+C during start-up (imports, planning, enqueue) is counted rather
+than raised.
 """
 
 from __future__ import annotations
@@ -9,9 +10,13 @@ from __future__ import annotations
 import signal
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from types import FrameType
+from typing import Any, Callable, Union
 
 __all__ = ["Interrupts"]
+
+# What `signal.signal` gives back: a handler, SIG_DFL / SIG_IGN, or None (not set from Python).
+Handler = Union[Callable[[int, FrameType | None], Any], int, signal.Handlers, None]
 
 
 @dataclass
@@ -23,7 +28,7 @@ class Interrupts:
     count: int = 0
     woke: threading.Event = field(default_factory=threading.Event)
     driving: bool = False  # before: a first press waits for the run to start, a second aborts
-    previous: object = None  # the SIGINT handler `counting` replaced
+    previous: Handler = None  # the SIGINT handler `counting` replaced
 
     def press(self, signum=None, frame=None) -> None:
         self.count += 1

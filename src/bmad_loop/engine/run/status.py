@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from sqlalchemy import bindparam, select
+from sqlalchemy.orm import Session
 
 from ...db.models import Attempt, Candidate, Event, Flake, Run, Story, TargetCheck, utcnow
 from ...agents.stallwatch import last_output_at
 from ...states import RUN_LIVE, Phase, StoryState
-from .heartbeats import live_run_view, workers_alive
+from ..leases import live_run_view, workers_alive
 from ..journal import event_json, events_after
-from ..runs import stories_of
+from ..runrows import stories_of
 from ..usage import empty_usage, usage_by_story
 
 __all__ = ["run_status", "run_json", "story_json", "candidate_json", "journal_lines",
@@ -99,7 +100,7 @@ def story_json(story: Story, now=None, usage: dict | None = None,
     }
 
 
-def settled_by_story(session, run_id: str) -> dict[str, list[dict]]:
+def settled_by_story(session: Session, run_id: str) -> dict[str, list[dict]]:
     """story key -> [{path, rule}] from the journal's `candidate.settled`, latest attempt only."""
     rows = session.execute(select(Event.story, Event.data).where(
         Event.run_id == run_id, Event.kind == "candidate.settled").order_by(Event.seq))
@@ -140,7 +141,7 @@ _WORKER_EVENTS = (select(Event.story, Event.kind, Event.ts)
                   .order_by(Event.seq))
 
 
-def worker_seconds(session, run_id: str, stories, now) -> dict[str, float | None]:
+def worker_seconds(session: Session, run_id: str, stories, now) -> dict[str, float | None]:
     """Story key -> its time in a worker slot, from the journal: each `story.phase` after it
     left one opens a span, leaving (`LEAVES_WORKER`) closes it; a working story's open span
     runs to `now`. Paused, stopped and waiting time never counts. None for a story back in line
@@ -164,7 +165,7 @@ def worker_seconds(session, run_id: str, stories, now) -> dict[str, float | None
     return out
 
 
-def run_status(session, run: Run, target_now: str | None = None) -> dict:
+def run_status(session: Session, run: Run, target_now: str | None = None) -> dict:
     stories = stories_of(session, run.id)
     keys = {s.id: s.key for s in stories}
     candidates = list(session.scalars(select(Candidate).where(Candidate.run_id == run.id)
@@ -199,21 +200,21 @@ def run_status(session, run: Run, target_now: str | None = None) -> dict:
     }
 
 
-def _flakes(session, run_id: str) -> list[dict]:
+def _flakes(session: Session, run_id: str) -> list[dict]:
     rows = session.scalars(select(Flake).where(Flake.run_id == run_id).order_by(Flake.id))
     return [{"story": f.story, "site": f.site, "attempt": f.attempt, "command": f.command,
              "tree": f.tree, "retry": f.retry, "failed_log": f.failed_log,
              "passed_log": f.passed_log, "at": _iso(f.at)} for f in rows]
 
 
-def _target_checks(session, run_id: str) -> list[dict]:
+def _target_checks(session: Session, run_id: str) -> list[dict]:
     rows = session.scalars(select(TargetCheck).where(TargetCheck.run_id == run_id)
                            .order_by(TargetCheck.id))
     return [{"target_sha": c.target_sha, "command": c.command, "state": c.state,
              "story": c.story, "log": c.log} for c in rows]
 
 
-def night_notes(session, run_id: str) -> list[str]:
+def night_notes(session: Session, run_id: str) -> list[str]:
     """What the run got past without a person, one line each: flaky commands (with their
     counts) and repaired stories (with their repair sessions)."""
     lines = []
@@ -242,5 +243,6 @@ def _on(candidate: Candidate, by_id: dict, keys: dict) -> dict | None:
     return {"story": keys.get(below.story_id, "?"), "attempt": below.attempt}
 
 
-def journal_lines(session, run_id: str, after_seq: int = 0, kinds=(), story=None) -> list[dict]:
+def journal_lines(session: Session, run_id: str, after_seq: int = 0, kinds=(),
+                  story=None) -> list[dict]:
     return [event_json(e) for e in events_after(session, run_id, after_seq, kinds, story)]

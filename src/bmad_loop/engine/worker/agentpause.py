@@ -1,7 +1,7 @@
 """When the agent cannot work, or the run has spent what it may: pause (or wait), charge nothing.
 
 - `settle_unavailable`: a session ended by an environment fault (rate or usage limit, auth,
-  trust, unknown model, network; `agentfaults`). Its attempt is closed `interrupted` and
+  trust, unknown model, network; `agents/faults.py`). Its attempt is closed `interrupted` and
   uncounted with the fault as its reason, and `agent.unavailable` is journaled with the category
   and the CLI's own words. With `[adapter] on_limit = "wait"` and a reset time the CLI printed,
   the worker waits until then (lease renewed, `stop` obeyed) and the caller runs the session
@@ -25,6 +25,9 @@ from ...states import AttemptState, RunState
 from ...transient import Fault
 from ..journal import record
 from ..retry import pause_for_fault
+from .context import Claim
+from ...db.database import Database
+from .context import StoryContext
 
 __all__ = ["PauseRun", "settle_unavailable", "check_budget", "pause_run", "MAX_WAITS"]
 
@@ -40,7 +43,7 @@ class PauseRun(Exception):
         self.fault = Fault(kind, where, words)
 
 
-def settle_unavailable(ctx, claim, result, waited: int, *, now=None) -> None:
+def settle_unavailable(ctx: StoryContext, claim: Claim, result, waited: int, *, now=None) -> None:
     """Close the session's attempt as an uncharged environment fault; wait for its reset when
     the policy says so and the CLI said when (then return), else raise `PauseRun`."""
     fault: AgentFault = result.fault
@@ -66,7 +69,7 @@ def settle_unavailable(ctx, claim, result, waited: int, *, now=None) -> None:
     _wait_until(ctx, claim, fault.reset_at)
 
 
-def _wait_until(ctx, claim, until: dt.datetime) -> None:
+def _wait_until(ctx: StoryContext, claim: Claim, until: dt.datetime) -> None:
     """Sleep until `until` in short steps (the lease renewed by the heartbeat); a stop ends it."""
     from .sessions import Heartbeat  # sessions imports this module's neighbours: keep it lazy
 
@@ -84,7 +87,7 @@ def _wait_until(ctx, claim, until: dt.datetime) -> None:
                     raise StopRequested()
 
 
-def check_budget(ctx, claim) -> None:
+def check_budget(ctx: StoryContext, claim: Claim) -> None:
     """Raise `PauseRun` when the run's cost or the story's tokens crossed their limit."""
     limits = ctx.policy.limits
     if limits.max_cost_per_run is None and limits.max_tokens_per_story is None:
@@ -103,7 +106,7 @@ def check_budget(ctx, claim) -> None:
         raise PauseRun(f"token limit reached: {words}", "budget", "[limits] max_tokens_per_story", words)
 
 
-def pause_run(db, run_id: str, story: str, exc: PauseRun) -> bool:
+def pause_run(db: Database, run_id: str, story: str, exc: PauseRun) -> bool:
     """Pause the run for `exc` with the existing pause machinery (`run.paused` with its fault)."""
     return pause_for_fault(db, run_id, exc.fault, 1, story=story,
                            reason=f"paused: {exc.reason}; `bmad-loop resume` once it is fixed")

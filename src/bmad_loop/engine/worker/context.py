@@ -1,9 +1,10 @@
-"""The explicit contexts a story's steps receive, instead of the worker object itself.
+"""What a story's steps receive, instead of the worker object itself, and what each decides.
 
 `StoryContext` is what stays fixed while one worker holds one story: who, where, with what
 policy. `Claim` is the worker's hold on the row: every write goes through `own()` or `write()`,
 which refuse once recovery gave the story to someone else (the claim generation moved), and
-`beat()` renews the row's heartbeat and the story's lease.
+`beat()` renews the row's heartbeat and the story's lease. `Outcome` is what a phase decided
+(or it raises `escalation.Escalate` to hand the story to a human).
 """
 
 from __future__ import annotations
@@ -12,26 +13,30 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm import Session
 
-from ...bmad.install import bmad_seeds
 from ...db.models import Attempt, Story, utcnow
 from ...errors import StopRequested
-from ...states import StoryState
-from ...agents.profiles import load_profile
+from ...states import Phase, StoryState
+from ...agents.profiles import Profile, load_profile
+from ...db.database import Database
+from ...git.runner import Git
+from ...git.targets import Target
+from ...policy import Policy
 from .. import leases
-from ..workspace.inplace import InPlaceWorkspace
 from ..journal import journal_git_locks
-from ..layout import Layout
-from ..ports import worker_block
-from ..runs import RUN_STATE, board_rel
+from ..runpaths import Layout
+from ..verification.childenv import PortBlock, worker_block
+from ..verification.runner import Flaky
+from ..runrows import RUN_STATE, board_rel
 from ..transitions import transition_story_reading
-from ..workspace.base import Workspace
-from ..workspace.worktree import WorktreeWorkspace
+from ..workspace import Workspace, make_workspace
 
-__all__ = ["StoryContext", "Claim", "Fenced", "make_workspace", "story_context"]
+__all__ = ["StoryContext", "Claim", "Fenced", "Outcome", "FinishedSession", "story_context"]
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +54,18 @@ class Fenced(StopRequested):
 
 @dataclass(frozen=True)
 class StoryContext:
-    db: object
+    db: Database
     run_id: str
     story_id: int
     key: str
     target_branch: str
-    policy: object
-    git: object
-    layout: object
-    target: object      # targets.Target
-    workspace: object   # engine.workspace.Workspace
-    profile: object     # profiles.Profile or None
-    port_block: object  # ports.PortBlock or None
+    policy: Policy
+    git: Git
+    layout: Layout
+    target: Target
+    workspace: Workspace
+    profile: Profile | None
+    port_block: PortBlock | None  # this worker slot's ports ([resources] ports)
     host: str
     guard_hooks: Path   # where the target guard's hook scripts live
     board_rel: str | None  # the board's path in the repository (a lane-owned file)
@@ -72,7 +77,7 @@ class StoryContext:
 
 @dataclass
 class Claim:
-    db: object
+    db: Database
     run_id: str
     story_id: int
     generation: int
@@ -82,14 +87,14 @@ class Claim:
     stop_event: threading.Event = field(default_factory=threading.Event)
     lease_dropped: bool = False  # by the transaction that took the story out of `working`
 
-    def own(self, session) -> Story:
+    def own(self, session: Session) -> Story:
         """The story row, if this worker still holds its claim; otherwise Fenced."""
         row = session.get(Story, self.story_id)
         if row.state != StoryState.WORKING or row.claim != self.generation:
             raise Fenced()
         return row
 
-    def write(self, session, known: Story | None, /, **values) -> str:
+    def write(self, session: Session, known: Story | None, /, **values) -> str:
         """Write `values` (column name -> value) to the story row if this worker still holds
         its claim, otherwise Fenced; returns the run's state, read by the same statement (a
         stop asked for ends the walk). One Core UPDATE instead of loading the row (forty
@@ -115,7 +120,7 @@ class Claim:
         with self.db.read() as s:
             return s.connection().execute(_STORY_STATE, {"story_id": self.story_id}).scalar()
 
-    def drop_lease_in(self, session) -> None:
+    def drop_lease_in(self, session: Session) -> None:
         """Release the story's lease inside the transaction that ends its `working` state (the
         lease only ever guards a working story), so the worker's end costs no transaction."""
         leases.release_in(session, leases.story_lease_name(self.story_id), self.owner)
@@ -139,23 +144,40 @@ class Claim:
                         self.story_id, self.owner, self.token)
 
 
-def make_workspace(policy, git, layout, target, *, root: Path, profile=None) -> Workspace:
-    """The workspace the policy's `[scm] isolation` asks for."""
-    scm = policy.scm
-    fixed = list(scm.worktree_seed)
-    if scm.seed_adapter_defaults and profile is not None:
-        fixed += list(profile.seed_files)
+class FinishedSession(Protocol):
+    """What closing a session's attempt row reads of it (a `sessions.SessionResult`)."""
 
-    def seeds() -> list[str]:  # listed on first use: it costs a git process
-        if not scm.seed_bmad or scm.isolation == "none":
-            return fixed
-        return fixed + [p for p in bmad_seeds(git, root) if p not in fixed]
+    attempt_id: int
+    phase: str
+    number: int
+    state: str
+    exit_code: int | None
 
-    kind = InPlaceWorkspace if scm.isolation == "none" else WorktreeWorkspace
-    return kind(git, layout, target, scm, root=root, seeds=seeds)
+    def attempt_values(self) -> dict[str, Any]: ...
 
 
-def story_context(project, run, story, policy) -> StoryContext:
+@dataclass
+class Outcome:
+    """What a phase decided; the worker writes all of it in one transaction.
+
+    `next_phase` is where the walk goes next; `ready` ends it with the story committed;
+    `pending` ends it with the story back in line for admission (its file was just created);
+    `escalate` ends it with the story escalated."""
+
+    next_phase: Phase | None = None
+    ready: bool = False
+    pending: bool = False
+    escalate: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)  # increments: dev_attempts, …
+    feedback: dict[str, Any] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)  # plain column values
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (kind, data)
+    session: FinishedSession | None = None  # a SessionResult whose attempt row this closes
+    flakes: tuple[Flaky, ...] = ()  # of the story's own verify: rows and `verify.flaky` events
+
+
+def story_context(project, run, story, policy: Policy) -> StoryContext:
     git = journal_git_locks(project.git(policy), project.db, run.id, story.key)
     layout = Layout(project.state_dir, run.id)
     target = project.target(git, run.target_branch)

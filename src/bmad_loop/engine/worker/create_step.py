@@ -1,6 +1,6 @@
 """The create phase in a story's worker: the agent writes the story file, only that is kept.
 
-A story planned with `to_create` (see creation.py) is prepared like any other (its worktree and
+A story planned with `to_create` (see engine/run/planning.py) is prepared like any other (its worktree and
 branch from the target), then runs one `create` session per attempt. The attempt passes when
 the agent exits 0 and the file `BMAD_LOOP_STORY_FILE` names exists and reads as a story file.
 Then the worker commits that one file on the story branch and resets the worktree to that
@@ -15,6 +15,15 @@ counter counts create attempts until create ends, then starts again at 0 for dev
 
 Before dev, `carry_forward` moves the one-file create commit onto the target as it is then, so
 dev starts from everything integrated meanwhile (admission waited for what it conflicts with).
+
+**The created file, checked** (`check_created`) as planning checks a committed one. Planning
+refuses a committed story file whose metadata is wrong (bmad/story_files.py for the file itself,
+`selection.check_dependencies` for its `depends_on`): not a list of story keys, an unknown
+story, itself, a story later in the plan, a cycle, or unfinished work the run will not do. A
+created file gets the same checks with the same one-line message, against the run's plan (its
+rows in plan order, their dependencies as resolved) and the board as the story's worktree has
+it. A problem fails the create attempt; the `depends_on` that passes is stored resolved to full
+keys, as planning stores a committed file's.
 """
 
 from __future__ import annotations
@@ -23,15 +32,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from ...git.trees.compose import blob_at, changed_paths, dirty_paths, replace_blob
-from ...errors import GitError
-from ...bmad.footprint import footprint_from_mapping
+from ...errors import GitError, ConfigError
+from ...bmad.footprint import footprint_from_mapping, Footprint
 from ...states import AttemptState, Phase
 from ...bmad.story_meta import parse_story_text
-from .created_check import check_created
-from ..outcome import Outcome
+from .context import Outcome
 from ..workspace.base import Prepared
+from ...bmad.board import parse_board
+from ...bmad.selection import StorySpec, check_dependencies, resolve_dependencies
+from ..runrows import stories_of
+from ...git.runner import Git
+from .context import StoryContext
 
-__all__ = ["phase_create", "carry_forward", "CREATED_KEY"]
+__all__ = ["phase_create", "carry_forward", "CREATED_KEY", "check_created"]
+
 
 CREATED_KEY = "created"  # feedback entry: the create commit that dev has not started from yet
 
@@ -73,7 +87,7 @@ def phase_create(worker) -> Outcome:
     return _created(worker, story, head, meta, result)
 
 
-def _read_written(ctx, story, written: Path):
+def _read_written(ctx: StoryContext, story, written: Path):
     """(metadata, None) of a usable story file, else (None, why not)."""
     if not written.is_file():
         return None, f"the agent exited 0 but wrote no story file at {story.story_path}"
@@ -121,7 +135,7 @@ def _created(worker, story, head: str, meta, result) -> Outcome:
                    feedback={"verify_output": "", CREATED_KEY: head})
 
 
-def _row_values(ctx, story, meta) -> dict:
+def _row_values(ctx: StoryContext, story, meta) -> dict:
     """What the committed story file says, as the row's columns (a policy override of the
     footprint still wins, and the story file itself is always part of it)."""
     policy = ctx.policy
@@ -139,14 +153,15 @@ def _row_values(ctx, story, meta) -> dict:
             "done_checkpoint": meta.done_checkpoint}
 
 
-def _commit_file(git, parent: str, path: str, content: bytes, message: str, date: str | None = None) -> str:
+def _commit_file(git: Git, parent: str, path: str, content: bytes, message: str,
+                 date: str | None = None) -> str:
     """A commit on `parent` that adds (or replaces) `path` and nothing else."""
     tree = replace_blob(git, git.out("rev-parse", f"{parent}^{{tree}}"), path, content)
     return git.out("commit-tree", "--no-gpg-sign", tree, "-p", parent, input=message,
                    env=git.identity_env(date))
 
 
-def _reset(git, worktree: Path, to: str, seeds, keep: str | None) -> list[str]:
+def _reset(git: Git, worktree: Path, to: str, seeds, keep: str | None) -> list[str]:
     """Put the worktree (and its branch) exactly at `to`; return what the agent changed that is
     thereby discarded (`keep`, the committed story file, is not listed)."""
     head = git.rev("HEAD", cwd=worktree)
@@ -161,7 +176,7 @@ def _reset(git, worktree: Path, to: str, seeds, keep: str | None) -> list[str]:
                   and not any(p == seed or p.startswith(f"{seed}/") for seed in seeded))
 
 
-def carry_forward(ctx, story, prepared: Prepared, target_sha: str) -> Prepared:
+def carry_forward(ctx: StoryContext, story, prepared: Prepared, target_sha: str) -> Prepared:
     """Dev of a story created in this run starts from the target as it is now: its one-file
     create commit is made again on top of the target (same file, same message and date, so a
     repeated prepare gives the same commit). Anything else on the branch is left alone."""
@@ -180,3 +195,44 @@ def carry_forward(ctx, story, prepared: Prepared, target_sha: str) -> Prepared:
     moved = _commit_file(git, target_sha, story.story_path, content, message, date)
     git.run("reset", "-q", "--hard", moved, cwd=worktree)
     return Prepared(prepared.worktree, target_sha, feedback=done)
+
+
+def check_created(ctx: StoryContext, story, meta,
+                  written: Path) -> tuple[tuple[str, ...], str | None]:
+    """(the file's `depends_on` resolved to full keys, or the problem in one line naming
+    `written` and the story)."""
+    if meta.errors:
+        return (), f"{written}: {'; '.join(meta.errors)}"
+    with ctx.db.read() as s:
+        rows = [(r.key, r.epic, list(r.depends_on or ())) for r in stories_of(s, ctx.run_id)]
+    board = _board_statuses(ctx, Path(story.worktree))
+    planned = {key for key, _, _ in rows}
+
+    def spec(key, epic, deps, position, status="ready-for-dev", where=None):
+        return StorySpec(key=key, epic=epic, status=status, title=key, story_file=where,
+                         story_path=None, footprint=Footprint(), depends_on=tuple(deps),
+                         merge_class=None, tier=None, done_checkpoint=False, position=position)
+
+    created = spec(story.key, story.epic, meta.depends_on, 0, where=written)
+    plan = [created if key == story.key else spec(key, epic, deps, 0)
+            for key, epic, deps in rows]
+    others = [spec(key, epic, (), i, status) for i, (key, epic, status) in enumerate(board)
+              if key not in planned]
+    try:
+        resolved = resolve_dependencies(plan + others, [created])[0].depends_on
+        check_dependencies(plan + others, plan)
+    except ConfigError as exc:
+        return (), str(exc)
+    return resolved, None
+
+
+def _board_statuses(ctx: StoryContext, worktree: Path) -> list[tuple[str, str, str]]:
+    """(key, epic, status) of every story on the board in the story's worktree."""
+    if not ctx.board_rel:
+        return []
+    path = worktree / ctx.board_rel
+    try:
+        board = parse_board(path.read_text(encoding="utf-8"), Path(ctx.board_rel))
+    except (OSError, UnicodeDecodeError, ConfigError):
+        return []  # the lane's own board edit reports a broken board
+    return [(e.key, e.epic or "", e.status) for e in board.stories()]

@@ -36,12 +36,12 @@ from ...fileio import write_beneath
 from ...git.trees.compose import Settling, compose
 from ...git.trees.settle import Generators
 from ...states import Phase
-from ..faults import crash_point
+from ..crashpoints import crash_point
 from ..mergerules import run_merge_rules
 from ..journal import record
-from ..outcome import Outcome
+from .context import Outcome
 from ..repairs import MERGE_KEY, REPAIR_KEY, in_repair, repair_markdown, repair_ref
-from .verify_record import restore
+from ..verification.record import restore
 
 __all__ = ["Repair", "markers_left", "repair_env", "repair_prompt_text", "EVIDENCE_VAR",
            "CAUSE_VAR"]

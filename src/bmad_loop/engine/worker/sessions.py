@@ -1,11 +1,45 @@
-"""One agent session (create, dev, review, fix or repair) of one story: prompt, argv, environment, run.
+"""One agent session (create, dev, review, fix or repair) of one story: prompt, argv, environment,
+run; whether it changed anything; and where a re-run of it starts.
 
 The session opens its `attempts` row as `running` before the agent starts; the caller closes
 it in the same transaction that records what the session's outcome means for the story (see
-worker.py), so a crash either re-runs an unfinished session (not counted) or never re-runs a
+walk.py), so a crash either re-runs an unfinished session (not counted) or never re-runs a
 finished one.
-"""
 
+**The empty session.** An agent that printed an error and exited 0 must not pass as a finished
+story. Before a dev or fix session the worker takes a `snapshot` of the story's work: every
+path that differs from the story's base commit — committed by the agent or not, tracked or new —
+with the id of its content. The same snapshot after the session tells whether the session
+changed anything; changes to lane-owned files (the board, ledgers) and the prompt folder do not
+count, since the worker reverts or ignores them. The snapshot asks git, never the agent (in a
+story's worktree, index flags that hide edits are taken off first, `git/indexflags.py`):
+`diff --name-only <base>` (the worktree against the base, committed and uncommitted),
+`ls-files --others --exclude-standard` (new files), and `hash-object --stdin-paths` for their
+contents.
+
+**A re-run starts from the tree its cut-short run started from.** A session (any phase) killed
+half way — a kill -9 of bmad-loop, a lost lease, ``stop --now``, an agent fault that charges
+nothing — is run again with the same phase and number. Its first run may have left files
+behind (an appending agent appended), and the re-run must not start from them, or the story's
+commit takes the work twice.
+
+- **Keep** (before the agent starts): the worktree as it is becomes one commit, made the way a
+  story verify records the agent's output (engine/verification/record.py: tracked and untracked
+  files, seeds and ignored files left out, parent HEAD), at
+  ``refs/bmad-loop/<run>/sessions/<story>/<phase>-<number>``; the story row names it (its
+  feedback's ``session_record``: phase, number, sha) until the session's outcome is written,
+  in that same transaction (`forget_session_record`).
+- **Restore** (a session that starts while the row names its own record, same phase and
+  number, whose ref still holds it): the worktree as the cut-short run left it is kept at
+  ``<ref>.cut`` (the evidence: what that run wrote), then put back to exactly the record (and
+  HEAD where the record's parent is, should that run have committed), seeds copied in again,
+  and ``session.restored`` journaled.
+
+The start records go when the story is ready (`drop_session_records`); the ``.cut`` refs stay,
+under the run's own ref namespace, until ``cleanup --runs`` prunes the finished run. Only a
+story's own worktree is recorded and restored, never a person's checkout (``isolation =
+"none"``), as for verify.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -19,13 +53,7 @@ from pathlib import Path
 
 from sqlalchemy import bindparam, select, update
 
-from ...agents.adapter import (
-    AgentCall,
-    agent_env,
-    render_argv,
-    review_approved,
-    session_output,
-)
+from ...agents.adapter import AgentCall, agent_env, render_argv, review_approved, session_output
 from ...bmad.install import detect_bmad
 from ...agents.faults import AgentFault, classify
 from ...agents.output import SessionReport, Usage, parse_output
@@ -39,18 +67,25 @@ from ...agents.prompts import PHASE_INSTRUCTIONS, PromptSpec, build_prompt
 from ...agents.profiles import resolve_command
 from ...agents.tmux_session import session_name, tmux_available
 from ...states import AttemptState, Phase, RunState, StopMode
-from ..faults import crash_point
+from ..crashpoints import crash_point
 from ...sandbox import SANDBOX_VAR, Box
-from .boxing import agent_box, settle_after_box
-from .childenv import child_env, sandbox_vars
+from ..verification.childenv import agent_box, settle_after_box, child_env, sandbox_vars
 from ..workspace.guard import read_guard_log
 from ..journal import record
 from .repair import repair_env, repair_prompt_text
-from .sessionchanges import changed_paths_between, snapshot
-from .session_record import before_session
-from .usagefile import USAGE_FILE_VAR, budget_set, read_usage_file, usage_file
+from ..usage import USAGE_FILE_VAR, budget_set, read_usage_file, usage_file
+from ...git.indexflags import clear_flags
+from ..workspace.base import matches_any
+from ..verification.record import keep, restore
+from .context import Claim
+from ...git.runner import Git
+from ...policy import Policy
+from .context import StoryContext
 
-__all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "verdict_mode"]
+__all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "verdict_mode", "snapshot",
+           "changed_paths_between", "SESSION_RECORD_KEY", "SESSION_REF_PATTERN", "session_ref",
+           "session_ref_owner", "before_session", "forget_session_record", "drop_session_records"]
+
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +123,7 @@ class SessionResult:
                 "head_sha": self.head_sha, "reason": self.reason, **self.usage.columns()}
 
 
-def verdict_mode(policy, profile) -> str:
+def verdict_mode(policy: Policy, profile) -> str:
     """`[adapter] verdict` when set; else profiles whose CLI always exits 0 mark their verdict in
     the output, and custom commands use exit codes (the contract)."""
     adapter = policy.adapter
@@ -99,7 +134,7 @@ def verdict_mode(policy, profile) -> str:
     return "exit"
 
 
-def profile_in_use(policy, profile, phase: str):
+def profile_in_use(policy: Policy, profile, phase: str):
     """The profile whose CLI this phase runs (its output format and fault words), or None for a
     custom command."""
     adapter = policy.adapter
@@ -126,7 +161,8 @@ class _Launch:
     phase: str = ""
 
 
-def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResult:
+def run_session(ctx: StoryContext, claim: Claim, phase: str, number: int,
+                story=None) -> SessionResult:
     """Run one agent session of the claimed story; its attempt row is left for the caller to close.
     `story`: the row as the caller just read it (else it is read here)."""
     story = story if story is not None else claim.load()
@@ -164,7 +200,7 @@ def run_session(ctx, claim, phase: str, number: int, story=None) -> SessionResul
                          verdict.reason, verdict.usage, verdict.fault)
 
 
-def _launch(ctx, story, phase: str, number: int) -> _Launch:
+def _launch(ctx: StoryContext, story, phase: str, number: int) -> _Launch:
     """The prompt written, the argv and environment rendered, the box chosen."""
     policy = ctx.policy
     tier_name = story.tier or ""
@@ -208,7 +244,8 @@ def _launch(ctx, story, phase: str, number: int) -> _Launch:
                    policy.adapter.timeout_for(phase, tier_name), phase)
 
 
-def _write_session_prompt(ctx, story, phase: str, number: int, worktree: Path) -> Path:
+def _write_session_prompt(ctx: StoryContext, story, phase: str, number: int,
+                          worktree: Path) -> Path:
     # Inside the worktree: headless agents may not read files outside their folder.
     prompt_path = worktree / SESSION_DIR / f"{phase}-{number}.md"
     _exclude_session_dir(ctx.git)
@@ -234,7 +271,8 @@ def _write_session_prompt(ctx, story, phase: str, number: int, worktree: Path) -
     return prompt_path
 
 
-def _open_attempt(ctx, claim, story, phase: str, number: int, launch: _Launch) -> int:
+def _open_attempt(ctx: StoryContext, claim: Claim, story, phase: str, number: int,
+                  launch: _Launch) -> int:
     """The attempt row and its journal line, written under the claim: no session starts for a
     worker that lost its story."""
     with ctx.db.transaction() as s:
@@ -251,7 +289,7 @@ def _open_attempt(ctx, claim, story, phase: str, number: int, launch: _Launch) -
     return attempt_id
 
 
-def _supervised(ctx, claim, attempt_id: int, launch: _Launch):
+def _supervised(ctx: StoryContext, claim: Claim, attempt_id: int, launch: _Launch):
     def started(pid: int) -> None:
         with ctx.db.transaction() as s:
             s.connection().execute(_SET_PID, {"attempt_id": attempt_id, "pid": pid})
@@ -280,7 +318,7 @@ class _Verdict:
     fault: AgentFault | None
 
 
-def _verdict(ctx, phase: str, number: int, launch: _Launch, result) -> _Verdict:
+def _verdict(ctx: StoryContext, phase: str, number: int, launch: _Launch, result) -> _Verdict:
     """How the session went: its attempt state, the summary and reason, its words, its usage and
     any environment fault of the CLI."""
     policy, timeout = ctx.policy, launch.timeout
@@ -311,7 +349,8 @@ def _verdict(ctx, phase: str, number: int, launch: _Launch, result) -> _Verdict:
     return _Verdict(state, ok, summary, reason, text, report.usage, fault)
 
 
-def _with_usage(ctx, phase: str, number: int, report: SessionReport, usage_path: Path | None,
+def _with_usage(ctx: StoryContext, phase: str, number: int, report: SessionReport,
+                usage_path: Path | None,
                 result) -> SessionReport:
     """The report with a custom command's usage file read into it (`usage_path`; a bad file is
     journaled, not recorded); a session that reported nothing under a budget is journaled."""
@@ -329,7 +368,7 @@ def _with_usage(ctx, phase: str, number: int, report: SessionReport, usage_path:
     return report
 
 
-def _journal_log_cut(ctx, phase: str, number: int, log_path: Path, result) -> None:
+def _journal_log_cut(ctx: StoryContext, phase: str, number: int, log_path: Path, result) -> None:
     """The session's log passed `[limits] max_log_bytes` (or could not be written): say so."""
     if result.log_cut is not None:
         with ctx.db.transaction() as s:
@@ -337,7 +376,8 @@ def _journal_log_cut(ctx, phase: str, number: int, log_path: Path, result) -> No
                    log=str(log_path), **result.log_cut.event_data())
 
 
-def _session_env(ctx, phase_over, worktree: Path, log_path: Path) -> tuple[dict, Box | None]:
+def _session_env(ctx: StoryContext, phase_over, worktree: Path,
+                 log_path: Path) -> tuple[dict, Box | None]:
     """The session's extra environment (profile, [adapter.env], the phase's, its scratch, its
     box's) and its box (None: unboxed). The box sees the HOME the agent will have."""
     policy = ctx.policy
@@ -352,7 +392,8 @@ def _session_env(ctx, phase_over, worktree: Path, log_path: Path) -> tuple[dict,
     return extra_env, box
 
 
-def _judge(state, summary, reason, fault: AgentFault | None, report: SessionReport, result, timeout):
+def _judge(state, summary, reason, fault: AgentFault | None, report: SessionReport, result,
+           timeout):
     """The attempt's state, summary and reason once the CLI's own report is read: an environment
     fault charges nothing (interrupted), an error the CLI reported with exit 0 fails."""
     words = report.error.strip().splitlines()[-1][:300] if report.error.strip() else ""
@@ -373,7 +414,7 @@ def _judge(state, summary, reason, fault: AgentFault | None, report: SessionRepo
 class Heartbeat:
     """Renews the story's lease while slow work runs, and turns `stop --now` into a kill."""
 
-    def __init__(self, ctx, claim, attempt_id: int | None = None):
+    def __init__(self, ctx: StoryContext, claim: Claim, attempt_id: int | None = None):
         self.ctx = ctx
         self.claim = claim
         self.attempt_id = attempt_id
@@ -408,7 +449,7 @@ class Heartbeat:
                 log.exception("heartbeat failed")
 
 
-def _exclude_session_dir(git) -> None:
+def _exclude_session_dir(git: Git) -> None:
     """Keep the per-worktree session folder (prompt files) out of every `git add -A`, in any
     form: no trailing slash, so a symlink or a file of that name is ignored too."""
     exclude = git.common_dir() / "info" / "exclude"
@@ -441,3 +482,93 @@ def _read(root: Path, rel: str) -> str:
     except OSError:
         return ""
     return data.decode("utf-8", errors="replace") if data is not None else ""
+
+
+_GONE = "-"  # a path that differs from the base by not being there
+
+
+def snapshot(git: Git, worktree: Path, base_sha: str, *, unflag: bool = False) -> dict[str, str]:
+    """Path -> content id of each path of `worktree` that differs from `base_sha`. With
+    `unflag` (a story's own worktree, never a person's checkout) index flags are taken off
+    first: an edit hidden behind one is a change all the same."""
+    if unflag:
+        clear_flags(git, worktree)
+    tracked = git.run("diff", "--name-only", "-z", "--no-renames", base_sha, "--", cwd=worktree).stdout
+    new = git.run("ls-files", "--others", "--exclude-standard", "-z", cwd=worktree).stdout
+    paths = sorted({p for p in (tracked + "\0" + new).split("\0") if p})
+    present = [p for p in paths if (worktree / p).is_file()]
+    ids = []
+    if present:
+        out = git.run("hash-object", "--stdin-paths", cwd=worktree, input="\n".join(present) + "\n").stdout
+        ids = out.split()
+    found = dict(zip(present, ids))
+    return {p: found.get(p, _GONE) for p in paths}
+
+
+def changed_paths_between(before: dict[str, str], after: dict[str, str], ignore) -> list[str]:
+    """The paths whose content differs between two snapshots, except those matching `ignore`."""
+    paths = set(before) | set(after)
+    return sorted(p for p in paths
+                  if before.get(p) != after.get(p) and not matches_any(p, list(ignore)))
+
+
+SESSION_RECORD_KEY = "session_record"  # the story row's feedback entry naming the record
+CUT_SUFFIX = ".cut"
+SESSION_REF_PATTERN = "refs/bmad-loop/*/sessions/*/*"  # every run's, for `for-each-ref`
+
+
+def session_ref(run_id: str, story_key: str, phase: str, number: int) -> str:
+    return f"refs/bmad-loop/{run_id}/sessions/{story_key}/{phase}-{number}"
+
+
+def session_ref_owner(ref: str) -> tuple[str, str, bool] | None:
+    """(run, story, is it a cut-short run's evidence) of a session ref; None for another ref."""
+    parts = ref.split("/")
+    if len(parts) != 6 or parts[:2] != ["refs", "bmad-loop"] or parts[3] != "sessions":
+        return None
+    return parts[2], parts[4], parts[5].endswith(CUT_SUFFIX)
+
+
+def before_session(ctx: StoryContext, claim: Claim, story, phase: str, number: int) -> None:
+    """Before an agent session of the claimed story: record where it starts, or, when the row
+    names this very session's record (it is a re-run), put the worktree back to it first."""
+    if not ctx.workspace.story_worktrees or not story.worktree:
+        return
+    worktree = Path(story.worktree)
+    ref = session_ref(ctx.run_id, story.key, phase, number)
+    named = (story.feedback or {}).get(SESSION_RECORD_KEY) or {}
+    sha = named.get("sha")
+    scratch = ctx.layout.scratch(story.key)
+    if (named.get("phase"), named.get("number")) == (phase, number) and sha \
+            and ctx.git.rev(ref) == sha:
+        cut = restore(ctx.git, worktree, sha, scratch, aside=f"{ref}{CUT_SUFFIX}",
+                      seeds=ctx.workspace.seeds, keep_folders=ctx.policy.scm.reuse_keep)
+        ctx.workspace.reseed(worktree)
+        with ctx.db.transaction() as s:
+            claim.own(s)
+            record(s, ctx.run_id, "session.restored", story.key, phase=phase, attempt=number,
+                   record=sha, ref=ref, cut=cut, cut_ref=f"{ref}{CUT_SUFFIX}" if cut else None)
+        return
+    sha = keep(ctx.git, worktree, ref, scratch, ctx.workspace.seeds, what="session start")
+    with ctx.db.transaction() as s:
+        claim.write(s, story, feedback={**(story.feedback or {}), SESSION_RECORD_KEY:
+                                        {"phase": phase, "number": number, "sha": sha}})
+
+
+def forget_session_record(known, values: dict) -> None:
+    """A session's outcome is written (for the row `known`): the row stops naming its record
+    in that same write."""
+    if (known.feedback or {}).get(SESSION_RECORD_KEY):
+        values["feedback"] = {**values.get("feedback", known.feedback), SESSION_RECORD_KEY: None}
+
+
+def drop_session_records(ctx: StoryContext) -> None:
+    """The story is ready (its work is committed): its start records go; what a cut-short
+    session left (``.cut``) stays as evidence until the run is pruned."""
+    if not ctx.workspace.story_worktrees:
+        return
+    prefix = f"refs/bmad-loop/{ctx.run_id}/sessions/{ctx.key}/"
+    refs = [r for r in ctx.git.out("for-each-ref", "--format=%(refname)", prefix).splitlines()
+            if r and not r.endswith(CUT_SUFFIX)]
+    if refs:
+        ctx.git.run("update-ref", "--stdin", input="".join(f"delete {r}\n" for r in refs))

@@ -1,37 +1,42 @@
-"""The body of one `stories` task: claim the story row and its lease, walk its worker
-(worker.py) from the row's phase, then wake the lane and give the worktree back.
+"""The body of one `stories` task: claim the story row and its lease, walk its worker (walk.py)
+from the row's phase, then wake the lane and give the worktree back.
 
 A duplicate message finds the story claimed and returns. What ends the walk decides what
 follows: escalated (a notification), a fault that persisted or an agent that cannot work (the
 story back in line, the run paused), taken back while stalled (nothing more is written), a stop
-(back in line), anything else (escalated as an internal error, the work kept).
+(back in line), anything else (escalated as an internal error, the work kept). A walk cut short
+hands the story back and closes the sessions left marked running as interrupted (uncounted).
 """
-
 from __future__ import annotations
 
 import logging
 import traceback
 
-from ...db.models import Run, Story, utcnow
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ...db.models import Run, Story, utcnow, Attempt
 from ...errors import StopRequested
-from ...states import Phase, RunState, StoryState
+from ...states import Phase, RunState, StoryState, AttemptState
 from .. import leases
 from .agentpause import PauseRun, pause_run
 from .context import Claim, Fenced, story_context
-from ..faults import crash_point
-from .interruptions import close_running_attempts, interrupt_open_attempts, release_after_stop
+from ..crashpoints import crash_point
 from ..journal import record
 from ..notify import notify
 from ..retry import FaultPersisted, pause_for_fault, retrying
-from ..runs import run_policy
+from ..runrows import run_policy
 from ..transitions import transition_story
-from .verify_record import drop_records
-from .session_record import drop_session_records
+from ..verification.record import drop_records
+from .sessions import drop_session_records
 from .walk import StoryWorker, quietly
-from ..workspace.landed import sweep_landed
+from ..workspace.pool import sweep_landed
 from ..workspace.pool import announce_park
+from ...db.database import Database
+from .context import StoryContext
 
-__all__ = ["work"]
+__all__ = ["work", "release_after_stop", "interrupt_open_attempts", "close_running_attempts"]
+
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +112,7 @@ def _claim(project, run_id: str, story_id: int, owner: str):
     return story, ctx, Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
 
 
-def _walk(ctx, claim, story, tries: list):
+def _walk(ctx: StoryContext, claim: Claim, story, tries: list):
     """Walk the story (retried over transient faults); (lease gone, finished, parked). A fault,
     a pause, a stop or a bug each leave the story and the run where a human can go on."""
     db, run_id, story_id, generation = ctx.db, ctx.run_id, claim.story_id, claim.generation
@@ -147,7 +152,8 @@ def _walk(ctx, claim, story, tries: list):
     return False, False, None
 
 
-def _escalate_internal_error(db, run_id: str, story_id: int, generation: int, exc: Exception) -> None:
+def _escalate_internal_error(db: Database, run_id: str, story_id: int, generation: int,
+                             exc: Exception) -> None:
     with db.transaction() as s:
         story = s.get(Story, story_id)
         if story.state == StoryState.WORKING and story.claim == generation:
@@ -157,7 +163,7 @@ def _escalate_internal_error(db, run_id: str, story_id: int, generation: int, ex
                    traceback=traceback.format_exc()[-4000:])
 
 
-def _release_if_ready(ctx, claim, known) -> None:
+def _release_if_ready(ctx: StoryContext, claim: Claim, known) -> None:
     """A ready story's work is all on its branch: its worktree goes to the pool, so a story
     dispatched into the freed slot takes it instead of checking out a new one. (Should its
     integration escalate, the lane gives it one back; should the lane get there first, it
@@ -172,3 +178,31 @@ def _sweep(project, run_id: str) -> None:
         sweep_landed(project, run_id)
     except Exception:  # debris only: `cleanup` on this host removes what is left
         log.warning("could not remove landed worktrees of run %s", run_id, exc_info=True)
+
+
+def release_after_stop(db: Database, run_id: str, story_id: int, generation: int,
+                       fault: str | None = None) -> None:
+    """A stop (or a persistent fault) reached this story: hand it back as pending, its phase
+    and worktree kept."""
+    with db.transaction() as s:
+        story = s.get(Story, story_id)
+        if story.claim == generation and transition_story(s, story_id, StoryState.WORKING,
+                                                          state=StoryState.PENDING,
+                                                          heartbeat_at=None):
+            data = {"fault": fault} if fault else {}
+            record(s, run_id, "story.interrupted", story.key, phase=story.phase, **data)
+
+
+def interrupt_open_attempts(claim: Claim) -> None:
+    """Close this story's sessions still marked running (uncounted): only ours can be, since we
+    hold its claim, and a retried step starts a new one."""
+    with claim.db.transaction() as s:
+        close_running_attempts(s, claim.run_id, claim.own(s))
+
+
+def close_running_attempts(s: Session, run_id: str, row: Story) -> None:
+    for att in s.scalars(select(Attempt).where(Attempt.story_id == row.id,
+                                               Attempt.state == AttemptState.RUNNING)):
+        att.state, att.counted, att.ended_at = AttemptState.INTERRUPTED, False, utcnow()
+        record(s, run_id, "attempt.finished", row.key, phase=att.phase, attempt=att.number,
+               state=AttemptState.INTERRUPTED, counted=False, why="retried after a fault")

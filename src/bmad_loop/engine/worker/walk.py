@@ -5,19 +5,27 @@ its next claim starts again at prepare, from the target as it is then, and goes 
 
 One call of `story_task.work()` is the body of one `stories` task. It claims the story row and
 its lease (a duplicate message finds it claimed and returns), then walks on from the row's
-phase (`StoryWorker.walk`). Each
-phase does its slow work outside any transaction and ends in ONE transaction (`_apply`) that
-closes the agent attempt, updates the counters and feedback, and moves the story on or
-escalates it. A crash before that transaction re-runs the phase (an unfinished session is
-marked interrupted and not counted); a crash after it never re-runs a finished session.
-"""
+phase (`StoryWorker.walk`). Each phase does its slow work outside any transaction and ends in
+ONE transaction (`_apply`) that closes the agent attempt, updates the counters and feedback,
+and moves the story on or escalates it. A crash before that transaction re-runs the phase (an
+unfinished session is marked interrupted and not counted); a crash after it never re-runs a
+finished session.
 
+Prepare takes over a story branch pushed to the remote target (`adopt_pushed_branch`): in
+remote mode a story's branch is pushed when it is ready (and a human may push a fix to it), so
+a story prepared in another clone (its first host died after pushing) or fixed by a human
+starts from what was pushed, not from what this clone happens to hold. Commit checks the
+footprint's drift (`footprint_drift`): the paths the story's commit changed that its footprint
+does not cover.
+"""
 from __future__ import annotations
 
 import contextlib
 import logging
 from dataclasses import replace
 from pathlib import Path
+
+from sqlalchemy.orm import Session
 
 from ...git.trees.ancestry import current_base
 from ...git.trees.compose import changed_paths, commit_message
@@ -26,28 +34,28 @@ from ...errors import GitError, StopRequested
 from ...git.trees.sessionfolder import SessionFolderStaged
 from ...git.config_guard import CONFIG_CHANGED_PREFIX, changed_files
 from ...states import AttemptState, Phase, RunState, StoryState
-from .boxing import settle_after_box, story_verify_setup
+from ..verification.childenv import settle_after_box, story_verify_setup
 from .agentpause import check_budget, settle_unavailable
-from .context import Claim, Fenced, StoryContext  # noqa: F401 (Fenced: re-exported)
+from .context import Claim, Fenced, Outcome, StoryContext
 from .create_step import carry_forward, phase_create
-from .drift import footprint_drift
-from ..ledgerfiles import StoryLedgers
-from ..faults import crash_point, delay_point
-from .flakes import record_flakes
+from ..mergerules import StoryLedgers
+from ..crashpoints import crash_point, delay_point
+from ..verification.runner import record_flakes, NOTHING_TO_RUN, Retry, VerifySite, run_verify
 from ..journal import record
-from .pushed_branch import adopt_pushed_branch
 from ..repairs import in_repair
 from .repair import Repair
 from ..redo import RETRY_FROM
-from ..outcome import Escalate, Outcome
-from .sessions import Heartbeat, run_session
+from ..escalation import Escalate
+from .sessions import Heartbeat, run_session, forget_session_record
 from ..transitions import transition_attempt, transition_run
 from ...agents.process import Limits
-from .verify import NOTHING_TO_RUN, Retry, VerifySite, run_verify
-from .verify_record import back_to_record, before_verify, forget_record
-from .session_record import forget_session_record
+from ..verification.record import back_to_record, before_verify, forget_record
+from ...bmad.footprint_dirs import tree_directories
+from ..workspace.base import matches_any
+from ...git.runner import Git
 
-__all__ = ["StoryWorker"]
+__all__ = ["StoryWorker", "footprint_drift", "adopt_pushed_branch"]
+
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +181,7 @@ class StoryWorker:
         log_path = ctx.layout.verify_log(self.key, label)
         env, box = story_verify_setup(ctx, worktree, log_path) if commands else (None, None)
         with Heartbeat(ctx, self.claim) if commands else contextlib.nullcontext():
-            # Record or restore (verify_record.py); a retry starts from the record again.
+            # Record or restore (engine/verification/record.py); a retry starts from the record again.
             kept = before_verify(ctx, self.claim, story, worktree)
             result = run_verify(
                 commands, VerifySite(worktree, log_path, env, box, ctx.run_id, self.key),
@@ -378,7 +386,7 @@ class StoryWorker:
                 values["phase"] = passed.next_phase
         return values, passed
 
-    def _close_attempt(self, s, session) -> None:
+    def _close_attempt(self, s: Session, session: Session) -> None:
         ended = session.attempt_values()
         if not transition_attempt(s, session.attempt_id, AttemptState.RUNNING,
                                   **ended):  # not running: as the row's checks say
@@ -463,3 +471,43 @@ class StoryWorker:
     def _commit_message(self, story: Story) -> str:
         return commit_message(self.policy.scm.commit_message_template, story_key=story.key,
                               story_title=story.title, run_id=self.ctx.run_id, epic=story.epic)
+
+
+def footprint_drift(git: Git, story, changed: list[str], board_rel: str | None,
+                    settled=None) -> list[str]:
+    """`changed` paths outside `story`'s declared footprint (the board, which the lane writes,
+    and the paths a merge rule settles, `settled`, aside). An exclusive footprint conflicts with
+    everything already: it never drifts."""
+    if story.footprint_reason:
+        return []
+    declared = list(story.footprint.get("files", [])) + list(story.footprint.get("shared", []))
+    ignored = [board_rel] if board_rel else []
+    # Read the footprint as admission did: a literal path covers a folder only if the story's
+    # base has that folder (`newdir` is a file, `newdir/` a folder). Knowing no folder at all
+    # covers least, so a path covered that way is covered in any tree: the base's folders are
+    # listed (one git process) only for the paths left.
+    unsure = [p for p in changed if p not in ignored and not matches_any(p, declared, frozenset())
+              and not (settled and settled.covers(p))]
+    if not unsure:
+        return []
+    directories = tree_directories(git, story.base_sha)
+    return [p for p in unsure if not matches_any(p, declared, directories)]
+
+
+def adopt_pushed_branch(ctx: StoryContext, story, branch: str) -> None:
+    """The pushed story branch wins when this clone has none (the story began on a host that
+    died after pushing) or a human pushed a fix to it."""
+    git = ctx.git
+    pushed = ctx.target.story_head(branch)
+    local = git.rev(f"refs/heads/{branch}")
+    if pushed is None or pushed == local:
+        return
+    if local is not None and not story.human_fix:
+        return
+    if local is None:
+        git.run("update-ref", f"refs/heads/{branch}", pushed)
+        return
+    git.run("update-ref", f"refs/heads/{branch}", pushed, local)
+    worktree = ctx.layout.story_worktree(story.key, ctx.policy.scm.branch_per)
+    if worktree.exists():
+        git.run("reset", "-q", "--hard", pushed, cwd=worktree)

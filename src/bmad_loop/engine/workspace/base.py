@@ -5,7 +5,7 @@ branch (or, with `branch_per = "run"`, one shared run branch and worktree). `InP
 (`isolation = "none"`, in inplace.py): the project's own checkout, one story at a time. The
 worker prepares, commits and leaves a story through a `Workspace` only; the lane asks it to
 discard a landed story's worktree and branch. `context.make_workspace` chooses once, from the
-policy. (`WorktreeWorkspace` lives in worktree_workspace.py.)
+policy. (`WorktreeWorkspace` lives in worktree.py.)
 """
 
 from __future__ import annotations
@@ -14,9 +14,13 @@ import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ...git.trees.compose import path_matches
 from .guard import guard_env
+from ...git.runner import Git
+from ..runpaths import Layout
+from ...git.targets import Target
 
 __all__ = ["Workspace", "Prepared", "matches_any"]
 
@@ -25,15 +29,15 @@ __all__ = ["Workspace", "Prepared", "matches_any"]
 class Prepared:
     worktree: Path
     base_sha: str           # what the story's changes are measured from
-    feedback: dict = field(default_factory=dict)  # merged into the story row
+    feedback: dict[str, Any] = field(default_factory=dict)  # merged into the story row
 
 
 class Workspace(ABC):
     # The agent works in a worktree of the story's own, never in a person's checkout: bmad-loop
-    # may take index flags off there and record and restore it (verify_record.py).
+    # may take index flags off there and record and restore it (engine/verification/record.py).
     story_worktrees = False
 
-    def __init__(self, git, layout, target, scm, *, root: Path, seeds=()):
+    def __init__(self, git: Git, layout: Layout, target: Target, scm, *, root: Path, seeds=()):
         self.git = git
         self.layout = layout
         self.target = target  # targets.Target
@@ -78,7 +82,7 @@ class Workspace(ABC):
 
     def reseed(self, worktree: Path) -> None:
         """Copy the seed files into `worktree` again where they are missing (a restored
-        worktree, verify_record.py). In place: nothing is seeded."""
+        worktree, engine/verification/record.py). In place: nothing is seeded."""
 
     def restore_worktree(self, story) -> None:
         """The lane, when the story's integration escalated: a worktree released at ready is

@@ -12,7 +12,7 @@ repository's own hook of that name, so the project's pre-commit and friends stil
 
 The repository's own hooks are where the project's configuration puts them (`core.hooksPath`,
 else the common `hooks` folder), found without bmad-loop's own `-c core.hooksPath=/dev/null`.
-bmad-loop's own git never runs this folder (see gitcmd); it is only for the agents' processes.
+bmad-loop's own git never runs this folder (see git/env.py); it is only for the agents' processes.
 
 Limits (documented): an agent that edits `.git` files directly, or clears its environment
 before calling git, is outside what a hook can see.
@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 
 from ...git.config_guard import project_hooks_dir
+from ...git.runner import Git
 
 __all__ = ["guard_env", "read_guard_log", "install_hooks"]
 
@@ -110,7 +111,8 @@ def install_hooks(folder: Path) -> Path:
     return folder
 
 
-def guard_env(git, worktree: Path, target_branch: str, hooks_dir: Path, guard_log: Path) -> dict:
+def guard_env(git: Git, worktree: Path, target_branch: str, hooks_dir: Path,
+              guard_log: Path) -> dict:
     """Environment that arms the guard for every git process started with it."""
     install_hooks(hooks_dir)
     original_path = project_hooks_dir(git, worktree)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ...git.trees.compose import clear_operation_state, dirty_paths
 from ...git.maintenance import NO_AUTO_MAINTENANCE
-from ..outcome import Escalate
+from ..escalation import Escalate
 from .base import Prepared, Workspace, matches_any
 
 __all__ = ["InPlaceWorkspace"]
@@ -50,7 +50,7 @@ class InPlaceWorkspace(Workspace):
 
     def commit(self, story, message: str, revert: list[str],
                merge: list[str] | None = None) -> tuple[str, list[str]]:
-        if merge:  # the lane repairs only stories of their own worktree (outcomes.py)
+        if merge:  # the lane repairs only stories of their own worktree (lane/aftermath.py)
             raise ValueError("a repair merge is made only in a story's own worktree")
         paths = self.agent_paths(story)
         reverted = [p for p in paths if matches_any(p, revert)]

@@ -44,6 +44,10 @@ name component, so no story key (a branch name's last component) can ever be tha
 The pool holds at most ``[scm] max_parallel`` worktrees (at most that many stories start at
 once, so more would only wait); ``BMAD_LOOP_WORKTREE_POOL=<n>`` in the environment of the
 consumers sets another size, and 0 turns reuse off (as ``[scm] reuse_worktrees = false`` does).
+
+**Landed stories' worktrees on a story host** (remote mode): this host's worktrees of the
+stories that landed are removed by `sweep_landed`. The lane runs in another clone there and
+cannot reach them; the story host sweeps its own after each story task.
 """
 
 from __future__ import annotations
@@ -55,15 +59,30 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sqlalchemy import select
+
 from ...errors import GitError
 from ...git.repolock import repo_lock
 from ...git.maintenance import run_deferred_maintenance
 from ...git.indexflags import flagged
-from ...git.worktrees import (delete_branch, list_worktrees, move_worktree, remove_tree,
-                              remove_worktree, worktree_at)
+from ...git.worktrees import (
+    delete_branch,
+    list_worktrees,
+    move_worktree,
+    remove_tree,
+    remove_worktree,
+    worktree_at,
+)
+from ...git.runner import Git
+from ...policy import Policy
+from ...db.models import Run, Story
+from ...states import StoryState
+from ..runrows import run_policy
 
-__all__ = ["POOL_DIR", "POOL_ENV", "pool_dir", "pool_size", "parked", "park", "take", "announce_park",
-           "drain_pool", "drain_run_pool", "clear_interrupted_take"]
+__all__ = ["POOL_DIR", "POOL_ENV", "pool_dir", "pool_size", "parked", "park", "take",
+           "announce_park", "drain_pool", "drain_run_pool", "clear_interrupted_take",
+           "sweep_landed"]
+
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +90,7 @@ POOL_DIR = ".pool"
 POOL_ENV = "BMAD_LOOP_WORKTREE_POOL"
 
 
-
-def pool_dir(layout) -> Path:
+def pool_dir(layout: Layout) -> Path:
     """``<state>/worktrees/<run>/.pool``: beside the run's story worktrees."""
     return layout.state_dir / "worktrees" / layout.run_id / POOL_DIR
 
@@ -93,7 +111,7 @@ def pool_size(scm) -> int:
         return max_parallel
 
 
-def parked(layout) -> list[Path]:
+def parked(layout: Layout) -> list[Path]:
     """The run's parked worktrees, in slot order (no git)."""
     folder = pool_dir(layout)
     try:
@@ -103,7 +121,8 @@ def parked(layout) -> list[Path]:
     return [folder / n for n in sorted(names, key=int)]
 
 
-def park(git, worktree: Path, branch: str, layout, *, size: int, seeds=()) -> Path | None:
+def park(git: Git, worktree: Path, branch: str, layout: Layout, *, size: int,
+         seeds=()) -> Path | None:
     """Park the landed story's `worktree` (on `branch`) in the run's pool; its slot, or None
     when it is not safe to keep or the pool is full (the caller then removes it). Never raises
     for git's reasons: a failure is logged and answered None. `seeds` (or a callable giving
@@ -165,13 +184,13 @@ def announce_park() -> Callable[[], None]:
     return finished
 
 
-def _await_park(layout, wait_s: float) -> bool:
+def _await_park(layout: Layout, wait_s: float) -> bool:
     """With the pool empty: wait while a park announced in this process is under way; True
     once a parked worktree is there."""
     return _await(lambda: parked(layout), wait_s)
 
 
-def take(git, layout, worktree: Path, branch: str, start_sha: str, keep=()) -> bool:
+def take(git: Git, layout: Layout, worktree: Path, branch: str, start_sha: str, keep=()) -> bool:
     """Make `worktree` (nothing there yet) a checkout of `start_sha` on the new `branch` from a
     parked worktree, exactly what a new worktree would be but for the ignored `keep` folders
     ([scm] reuse_keep). False when the pool is empty (after waiting for a park announced in this
@@ -215,7 +234,7 @@ def take(git, layout, worktree: Path, branch: str, start_sha: str, keep=()) -> b
     return True
 
 
-def _reset_for_next(git, path: Path, start_sha: str, keep) -> None:
+def _reset_for_next(git: Git, path: Path, start_sha: str, keep) -> None:
     """Everything of the last story goes: index flags (skip-worktree, assume-unchanged, and
     intent-to-add with them: a plain ``read-tree`` of the next base drops every flag, and the
     ``checkout -f`` that follows writes the files its index now names), then untracked and
@@ -233,7 +252,7 @@ def _keep_args(keep) -> list[str]:
     return args
 
 
-def _drop_unfit_kept(git, path: Path) -> None:
+def _drop_unfit_kept(git: Git, path: Path) -> None:
     """A kept folder stays only as a real folder that the new branch's own ignore rules ignore
     (``check-ignore`` of the folder itself, so a ``.gitignore`` planted inside it does not
     count): one they do not cover (the next agent would commit what is planted there), or a
@@ -253,7 +272,7 @@ def _drop_unfit_kept(git, path: Path) -> None:
             remove_tree(where)
 
 
-def _quietly_delete_branch(git, branch: str, start_sha: str) -> None:
+def _quietly_delete_branch(git: Git, branch: str, start_sha: str) -> None:
     """A take that failed after making the branch: the branch goes too (it holds only the base),
     so the caller makes the story's worktree as for any new story."""
     if git.rev(f"refs/heads/{branch}") != start_sha:
@@ -264,7 +283,7 @@ def _quietly_delete_branch(git, branch: str, start_sha: str) -> None:
         log.warning("could not delete branch %s after a failed take (%s)", branch, exc)
 
 
-def clear_interrupted_take(git, worktree: Path) -> None:
+def clear_interrupted_take(git: Git, worktree: Path) -> None:
     """A detached worktree at a story's path whose branch does not exist yet is a take that was
     cut short (a story's own worktree is always on its branch): remove it, so the story's
     worktree is made again."""
@@ -276,7 +295,7 @@ def clear_interrupted_take(git, worktree: Path) -> None:
         remove_worktree(git, path)
 
 
-def drain_pool(git, layout) -> list[str]:
+def drain_pool(git: Git, layout: Layout) -> list[str]:
     """Remove every parked worktree of the run (it settled), then run the git maintenance its
     commits skipped (`maintenance`). Returns the removed paths. Never raises: what it could not
     remove, ``bmad-loop cleanup`` does."""
@@ -314,7 +333,7 @@ def _await(done: Callable[[], object], wait_s: float) -> bool:
     return True
 
 
-def _free_slot(layout, size: int) -> Path | None:
+def _free_slot(layout: Layout, size: int) -> Path | None:
     """The first free numbered slot of the run's pool of `size` (the caller holds the lock)."""
     folder = pool_dir(layout)
     return next((folder / str(n) for n in range(1, size + 1)
@@ -325,7 +344,7 @@ def _abs(path: Path) -> Path:
     return Path(os.path.abspath(os.fspath(path)))
 
 
-def _own_state(git, path: Path) -> bool:
+def _own_state(git: Git, path: Path) -> bool:
     """Anything of the worktree's own that the next story must not inherit: a per-worktree
     configuration (its path from git, read as the configuration fingerprint reads it), or
     per-worktree refs."""
@@ -336,7 +355,7 @@ def _own_state(git, path: Path) -> bool:
                         "refs/bisect/", cwd=path))
 
 
-def _clean(git, path: Path, seeds) -> bool:
+def _clean(git: Git, path: Path, seeds) -> bool:
     """`git status` shows nothing but untracked seed files (copied in, never committed)."""
     out = git.run("status", "--porcelain", "-z", "--untracked-files=all", cwd=path).stdout
     records = [r for r in out.split("\0") if r]
@@ -349,7 +368,7 @@ def _clean(git, path: Path, seeds) -> bool:
     return all(r[3:] in names or r[3:].startswith(prefixes) for r in records)
 
 
-def _first_usable(git, layout) -> Path | None:
+def _first_usable(git: Git, layout: Layout) -> Path | None:
     """The first parked worktree still fit to take (caller holds the lock); unfit ones go."""
     listing = {info.path.resolve(): info for info in list_worktrees(git)}
     for slot in parked(layout):
@@ -360,7 +379,7 @@ def _first_usable(git, layout) -> Path | None:
     return None
 
 
-def _quietly_remove(git, path: Path) -> bool:
+def _quietly_remove(git: Git, path: Path) -> bool:
     try:
         remove_worktree(git, path)
         return True
@@ -369,9 +388,9 @@ def _quietly_remove(git, path: Path) -> bool:
         return False
 
 
-def drain_run_pool(project, run_id: str, policy) -> list[str]:
+def drain_run_pool(project, run_id: str, policy: Policy) -> list[str]:
     """`drain_pool` for a run known by id (the lane's error path, which has no lane object)."""
-    from ..layout import Layout
+    from ..runpaths import Layout
 
     try:
         git = project.git(policy)
@@ -379,3 +398,34 @@ def drain_run_pool(project, run_id: str, policy) -> list[str]:
         log.warning("could not drain the worktree pool of run %s", run_id, exc_info=True)
         return []
     return drain_pool(git, Layout(project.state_dir, run_id))
+
+
+def sweep_landed(project, run_id: str) -> list[str]:
+    """Remote mode, on a story host: remove this host's worktrees of the run's stories that
+    landed (the lane, in another clone, cannot). Returns the paths removed."""
+    state = project.state_dir.resolve()
+    removed = []
+    with project.db.transaction() as s:
+        run = s.get(Run, run_id)
+        policy = run_policy(run)
+        rows = [(st.worktree, st.branch) for st in s.scalars(select(Story).where(
+            Story.run_id == run_id, Story.state.in_((StoryState.INTEGRATED, StoryState.SKIPPED)),
+            Story.host == project.host, Story.worktree.is_not(None)))]
+    git = project.git(policy)
+    for worktree, branch in rows:
+        path = Path(worktree)
+        if not path.is_dir() or not _under(path.resolve(), state):
+            continue
+        remove_worktree(git, path)
+        removed.append(str(path))
+        if policy.scm.delete_branch and branch:
+            delete_branch(git, branch)
+    return removed
+
+
+def _under(path: Path, base: Path) -> bool:
+    try:
+        path.relative_to(base.resolve())
+        return True
+    except ValueError:
+        return False

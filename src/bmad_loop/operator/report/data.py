@@ -17,8 +17,8 @@ from sqlalchemy import select
 
 from ...db.models import Attempt, Run, Story, utcnow
 from ...errors import BmadLoopError
-from ...engine.layout import Layout
-from ...engine.runs import run_policy
+from ...engine.runpaths import Layout
+from ...engine.runrows import run_policy
 from ...engine.run.status import journal_lines, run_status
 from ...engine.usage import USAGE_COLUMNS, usage_by_story_phase
 from ...states import RUN_SETTLED

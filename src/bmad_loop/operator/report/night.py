@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ...engine.lane.conflictindex import ConflictIndex
+from ...engine.lane.admission import ConflictIndex
 from ...bmad.footprint import Footprint
 from ...states import AttemptState
 from .timeline import PHASES

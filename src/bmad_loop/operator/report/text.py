@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...engine.lane.targetcheck import FAILED as CHECK_FAILED
+from ...engine.verification.targetcheck import FAILED as CHECK_FAILED
 from .svg import format_seconds
 
 __all__ = ["format_report", "sessions_text", "recovered_lines"]

@@ -10,7 +10,7 @@ stamp file of the killed run would make it pass).
   plus the untracked files — made through a temporary index (``read-tree HEAD``, ``add -A``,
   ``write-tree``; not ``stash create`` itself, which refuses an intent-to-add entry). The
   worktree's own index keeps all but its flags (taken off first, as the commit step does,
-  `indexflags.py`: an edit hidden behind one is recorded). Ignored files and the seed files
+  `git/indexflags.py`: an edit hidden behind one is recorded). Ignored files and the seed files
   are left out (build output; copied-in files, which may hold secrets). The commit goes to ``refs/bmad-loop/verify/<run>/<story>`` and the story row names it (its
   feedback's ``verify_record``) until the verify's verdict is written, in the same transaction.
 - **Restore** (`restore`, a verify that starts while the row still names a record whose ref
@@ -40,6 +40,7 @@ from ...errors import GitError
 from ...git.indexflags import clear_flags
 from ...states import Phase
 from ..journal import record
+from ...git.runner import Git
 
 __all__ = ["RECORD_KEY", "VERIFY_RECORD_NAMESPACE", "record_ref", "verify_record_refs",
            "before_verify", "back_to_record", "forget_record", "keep", "restore", "drop_records",
@@ -56,7 +57,7 @@ def record_ref(run_id: str, story_key: str) -> str:
     return f"{VERIFY_RECORD_NAMESPACE}{run_id}/{story_key}"
 
 
-def kept_evidence(git, run_id: str, story_key: str) -> str | None:
+def kept_evidence(git: Git, run_id: str, story_key: str) -> str | None:
     """The record ref of an escalated story when it holds the agent's last output (its
     verify failed), else None. The story branch is never moved to it: `resume` would read a
     moved branch as a person's fix and ship the failing work."""
@@ -137,14 +138,15 @@ def back_to_record(ctx, key: str, worktree: Path, sha: str) -> None:
     ctx.workspace.reseed(worktree)
 
 
-def keep(git, worktree: Path, ref: str, scratch: Path, seeds=(), *, what: str = "verify record") -> str:
+def keep(git: Git, worktree: Path, ref: str, scratch: Path, seeds=(), *,
+         what: str = "verify record") -> str:
     """Record `worktree` as it is at `ref`; the record's SHA (`what`: its commit message)."""
     sha = _snapshot(git, worktree, scratch, seeds, what)
     git.run("update-ref", ref, sha)
     return sha
 
 
-def restore(git, worktree: Path, sha: str, scratch: Path, *, aside: str, seeds=(),
+def restore(git: Git, worktree: Path, sha: str, scratch: Path, *, aside: str, seeds=(),
             keep_folders=()) -> str | None:
     """Put `worktree` back to the record `sha` (the row names it). What the worktree held
     before is kept at the ref `aside` (``<record ref>.replaced``); its SHA is returned (None: git could
@@ -167,7 +169,7 @@ def restore(git, worktree: Path, sha: str, scratch: Path, *, aside: str, seeds=(
     return replaced
 
 
-def _snapshot(git, worktree: Path, scratch: Path, seeds, what: str) -> str:
+def _snapshot(git: Git, worktree: Path, scratch: Path, seeds, what: str) -> str:
     """A commit (parent HEAD) of `worktree`'s tracked and untracked files, seeds left out,
     through a temporary index. (Not ``stash create``: it refuses an intent-to-add entry.)"""
     clear_flags(git, worktree)  # the commit step takes them off too: an edit hidden is an edit
@@ -189,7 +191,7 @@ def _snapshot(git, worktree: Path, scratch: Path, seeds, what: str) -> str:
                    env=git.identity_env())
 
 
-def _clean(git, worktree: Path, keep_folders) -> None:
+def _clean(git: Git, worktree: Path, keep_folders) -> None:
     """``clean -ffdx`` but for the kept folders and the session folder; a folder the verify
     made read-only is made writable and the clean run again."""
     args = ["clean", "-q", "-ffdx", "-e", _SESSION_FOLDER]

@@ -46,7 +46,7 @@ def run_policy(run: Run) -> Policy:
 
 
 # The run's state, by the parameter `of_run`, built once: the driver polls it after each lane
-# tick, and as a subquery it guards a story's transitions (context.py, integrate_outcomes.py).
+# tick, and as a subquery it guards a story's transitions (worker/context.py, lane/aftermath.py).
 # Not `run_id`: an UPDATE of stories refuses a parameter named like one of its columns.
 RUN_STATE = select(Run.state).where(Run.id == bindparam("of_run"))
 
@@ -60,7 +60,7 @@ _LANE_COLUMNS = (Story.id, Story.rev, Story.key, Story.seq, Story.epic, Story.st
                  Story.footprint, Story.footprint_reason, Story.depends_on, Story.approved,
                  Story.to_create, Story.wait_reason, Story.port_block, Story.reason,
                  Story.done_checkpoint, Story.phase,
-                 # stacked starts (stacking.py, restack.py)
+                 # stacked starts and restacking (lane/stacking.py)
                  Story.branch, Story.human_fix, Story.base_sha, Story.head_sha, Story.stacked_on,
                  Story.worktree)
 # The JSON columns are read as stored and decoded here, each distinct text once (`_decoded`):

@@ -5,7 +5,8 @@ retries. Before the story is blamed, the lane runs the failing command on the ta
 — with the commands before it, which may build what it needs — in a detached worktree made
 exactly that commit (`candidates/<run>/target`, removed afterwards; never the user's checkout),
 boxed like the candidate's verification and under the same retries. If the target fails too, the
-failure is inherited: the target is red and no story is to blame (blame.py).
+failure is inherited: the target is red and no story is to blame (engine/lane/blame.py
+decides what follows; this module only runs the check and keeps its verdict).
 
 The result is kept per (run, target SHA, command) in `target_checks`: `running` while it runs,
 then `passed` or `failed`, so a target is checked once per commit and command. A row left
@@ -16,17 +17,18 @@ target someone fixed outside the tree (a service back up) is checked again.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
 from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
 
 from ...db.models import TargetCheck, utcnow
-from ...git.exacttree import make_exact
 from ...git.worktrees import ensure_detached_worktree, remove_worktree
-from ..worker.flakes import record_flakes
 from ..journal import record
-from ..worker.verify import Retry, VerifyResult
+from .runner import LaneVerifier, VerifyResult, record_flakes
+from ...db.database import Database
 
 __all__ = ["RUNNING", "PASSED", "FAILED", "CheckKey", "commands_through", "recorded", "begin",
            "run_check", "finish", "forget_failed"]
@@ -51,18 +53,18 @@ def commands_through(commands: Sequence[str], failed: str) -> tuple[str, ...]:
     return commands[: commands.index(failed) + 1] if failed in commands else commands
 
 
-def _row(session, run_id: str, key: CheckKey) -> TargetCheck | None:
+def _row(session: Session, run_id: str, key: CheckKey) -> TargetCheck | None:
     return session.scalars(select(TargetCheck).where(
         TargetCheck.run_id == run_id, TargetCheck.target_sha == key.target_sha,
         TargetCheck.command == key.command)).first()
 
 
-def recorded(db, run_id: str, key: CheckKey) -> TargetCheck | None:
+def recorded(db: Database, run_id: str, key: CheckKey) -> TargetCheck | None:
     with db.read() as s:
         return _row(s, run_id, key)
 
 
-def begin(db, run_id: str, key: CheckKey, story: str) -> None:
+def begin(db: Database, run_id: str, key: CheckKey, story: str) -> None:
     """The check's row, `running` (a row a dead lane left running is taken over)."""
     with db.transaction() as s:
         row = _row(s, run_id, key)
@@ -73,18 +75,18 @@ def begin(db, run_id: str, key: CheckKey, story: str) -> None:
             row.state, row.story, row.started_at, row.ended_at = RUNNING, story, utcnow(), None
 
 
-def run_check(integrator, key: CheckKey, env: dict, stop_event=None) -> VerifyResult:
-    """Run the check in the target's worktree (made exactly `key.target_sha`), then remove it."""
-    git, layout = integrator.git, integrator.layout
-    commands = commands_through(integrator.policy.verify.commands, key.command)
+def run_check(verifier: LaneVerifier, key: CheckKey, env: dict[str, str],
+              stop_event: threading.Event | None = None) -> VerifyResult:
+    """Run the check in the target's worktree (made exactly `key.target_sha`, and again for
+    each retry), then remove it."""
+    git, layout = verifier.git, verifier.layout
+    commands = commands_through(verifier.policy.verify.commands, key.command)
     worktree = layout.target_worktree()
     ensure_detached_worktree(git, worktree, key.target_sha)
     try:
-        return integrator.verify_tree(
+        return verifier.verify_tree(
             commands, worktree, layout.target_log(key.target_sha), layout.target_scratch(), env,
-            stop_event=stop_event,
-            retry=Retry(integrator.policy.verify.retries,
-                        lambda: make_exact(git, worktree, key.target_sha)))
+            stop_event=stop_event, exact_sha=key.target_sha)
     finally:
         try:
             remove_worktree(git, worktree)
@@ -92,7 +94,7 @@ def run_check(integrator, key: CheckKey, env: dict, stop_event=None) -> VerifyRe
             log.warning("could not remove the target check's worktree %s", worktree, exc_info=True)
 
 
-def finish(db, run_id: str, key: CheckKey, result: VerifyResult) -> str:
+def finish(db: Database, run_id: str, key: CheckKey, result: VerifyResult) -> str:
     """Write the check's verdict (and its flakes); `passed` or `failed`."""
     state = PASSED if result.ok else FAILED
     with db.transaction() as s:
@@ -109,7 +111,7 @@ def finish(db, run_id: str, key: CheckKey, result: VerifyResult) -> str:
     return state
 
 
-def forget_failed(session, run_id: str) -> int:
+def forget_failed(session: Session, run_id: str) -> int:
     """`resume`: the run's failed target checks are dropped, so a red target is checked again."""
     return session.execute(delete(TargetCheck).where(
         TargetCheck.run_id == run_id, TargetCheck.state == FAILED)).rowcount or 0

@@ -1,4 +1,5 @@
-"""Run `[verify].commands` in a folder: each a shell command, in order, stopping at the first failure.
+"""Run `[verify].commands` in a folder: each a shell command, in order, stopping at the first
+failure; a failure retried on the same tree, and the flakes that finds recorded.
 
 Each command runs like an agent session (`agents.process.supervise`): in its own session and process
 group, its output straight into the log file, its whole process tree ended on timeout, on
@@ -6,7 +7,7 @@ group, its output straight into the log file, its whole process tree ended on ti
 `BMAD_LOOP_OWNER`. With `run_id` and `story_key` it also carries `BMAD_LOOP_RUN_ID` and
 `BMAD_LOOP_STORY_KEY`, so orphan recovery finds what a dead worker's verify left running and
 kills it before the story is retried; with `thaw_after_s` a command that stops bmad-loop is
-undone after that long (the process's thaw helper, `thaw.py`). Only a bounded tail of the
+undone after that long (the process's thaw helper, `agents/thaw.py`). Only a bounded tail of the
 output is read back.
 
 With `Retry` (`[verify] retries`), a run that fails is not believed at once: the tree is put
@@ -15,6 +16,14 @@ candidate's tree made exact) and every command runs again, into a log of its own
 (`…-retry<n>.log`). A pass on a retry passes, and says which command flaked (`Flaky`). A
 command that timed out, or a run that was interrupted, is not run again: a timeout would cost
 its whole timeout again, and a stop means stop.
+
+**Flakes** (a command that failed, then passed on a retry of the very same tree) are written in
+one place, whoever verified (a story's worker, the lane's candidate verification, the target
+check): a `flakes` row (the `v_flaky_commands` view counts them per command) and a
+`verify.flaky` journal event naming the command and both logs, in the caller's transaction.
+
+The lane's verifications of detached trees (a candidate, the target itself) run through its
+`LaneVerifier`: boxed, retried on the tree made exact again, with the lane's ports.
 """
 
 from __future__ import annotations
@@ -26,13 +35,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from sqlalchemy.orm import Session
+
 from ...agents.adapter import read_tail
 from ...agents.process import Command, Limits, LogCut, supervise
+from ...db.models import Flake
+from ...git.exacttree import make_exact
+from ...git.runner import Git
+from ...git.worktrees import ensure_detached_worktree
+from ...policy import Policy
 from ...sandbox import SANDBOX_VAR, Box
-from ..faults import crash_point
+from ..crashpoints import crash_point
+from ..journal import record
+from ..runpaths import Layout
+from .childenv import (BoxSite, child_env, lane_block, lane_slot_block, port_env, settle_after_box,
+                       verify_box)
 
 __all__ = ["VerifyResult", "Flaky", "Retry", "run_verify", "verify_tags", "retry_log",
-           "OUTPUT_TAIL_CHARS", "NOTHING_TO_RUN"]
+           "OUTPUT_TAIL_CHARS", "NOTHING_TO_RUN", "SITES", "record_flakes", "LaneVerifier"]
 
 OUTPUT_TAIL_CHARS = 20_000  # what is handed to the next prompt and kept in evidence
 
@@ -183,3 +203,86 @@ def _summed(cuts: list[LogCut]) -> LogCut | None:
         return None
     return LogCut(sum(c.dropped for c in cuts), sum(c.lost for c in cuts),
                   next((c.error for c in cuts if c.error), None), cuts[-1].max_log_bytes)
+
+
+SITES = ("story", "candidate", "target")  # where the flaky verification ran
+
+
+def record_flakes(s: Session, run_id: str, story: str | None, site: str, flakes, *,
+                  attempt: int | None = None, tree: str | None = None) -> None:
+    """Write each of `flakes` (`Flaky`) as a row and a journal event."""
+    if site not in SITES:
+        raise ValueError(f"unknown verify site {site!r}")
+    for flaky in flakes:
+        s.add(Flake(run_id=run_id, story=story, site=site, attempt=attempt, command=flaky.command,
+                    tree=tree, retry=flaky.retry, failed_log=flaky.failed_log,
+                    passed_log=flaky.passed_log, exit_code=flaky.exit_code))
+        record(s, run_id, "verify.flaky", story, site=site, tree=tree,
+               **({"attempt": attempt} if attempt is not None else {}), **flaky.event_data())
+
+
+@dataclass(frozen=True)
+class LaneVerifier:
+    """The lane's verifications of detached trees (a candidate, or the target itself): boxed
+    as `[verify] sandbox` says (the worktree is the box's writable tree), a retry run on the
+    tree made exact again, with the lane's ports. `home_state`: the project's own state folder,
+    when the repository is a clone elsewhere (remote mode)."""
+
+    policy: Policy
+    git: Git
+    layout: Layout
+    run_id: str
+    max_parallel: int  # the run's, from its snapshot: how the lane's ports are shared out
+    home_state: Path | None = None
+
+    def env(self, slot: int | None = None) -> dict[str, str]:
+        """What a command the lane runs gets: the lane's ports, or verification `slot`'s share
+        of them when the stack verifies several at once."""
+        env = child_env(self.policy)
+        block = (lane_block(self.policy) if slot is None else
+                 lane_slot_block(self.policy, slot, self.policy.verify.depth(self.max_parallel)))
+        env.update(port_env(block))
+        return env
+
+    def box(self, site: BoxSite, env: dict[str, str]) -> Box | None:
+        """The box of a command the lane runs in `site.tree` (None: unboxed)."""
+        return verify_box(self.policy, self.git, self.layout.state_dir, site, env,
+                          self.home_state)
+
+    def candidate_checkout(self, key: str, attempt: int, sha: str) -> Path | None:
+        """The detached worktree a candidate is verified in (none without verify commands)."""
+        if not self.policy.verify.commands:
+            return None
+        worktree = self.layout.candidate_worktree(key, attempt)
+        ensure_detached_worktree(self.git, worktree, sha)
+        return worktree
+
+    def verify_candidate(self, key: str, attempt: int, worktree: Path | None, sha: str,
+                         env: dict[str, str],
+                         stop_event: threading.Event | None = None) -> VerifyResult:
+        """Verify candidate `sha`, checked out in `worktree`; a retry runs on its tree made
+        exact again, so nothing the failed run left (nor a HEAD it moved) is seen."""
+        if worktree is None:  # no commands: nothing runs
+            return NOTHING_TO_RUN
+        return self.verify_tree(self.policy.verify.commands, worktree,
+                                self.layout.verify_log(key, f"candidate-{attempt}"),
+                                self.layout.scratch(key) / f"candidate-{attempt}", env,
+                                stop_event=stop_event, exact_sha=sha)
+
+    def verify_tree(self, commands: Sequence[str], worktree: Path, log_path: Path, scratch: Path,
+                    env: dict[str, str], *, stop_event: threading.Event | None = None,
+                    exact_sha: str | None = None) -> VerifyResult:
+        """Run `commands` in the detached `worktree`, boxed; with `exact_sha`, a failure is
+        retried (`[verify] retries`) on the worktree made exactly that commit again."""
+        git = self.git
+        retry = (None if exact_sha is None else
+                 Retry(self.policy.verify.retries, lambda: make_exact(git, worktree, exact_sha)))
+        box = self.box(BoxSite(worktree, scratch, log_path), env)
+        result = run_verify(
+            commands, VerifySite(worktree, log_path, env, box, self.run_id),
+            Limits(timeout_s=self.policy.verify.timeout_s, thaw_after_s=self.policy.leases.ttl_s,
+                   max_log_bytes=self.policy.limits.max_log_bytes),
+            stop_event=stop_event, retry=retry)
+        if box is not None:
+            settle_after_box(git, worktree, None, scratch)
+        return result

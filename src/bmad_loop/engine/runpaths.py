@@ -1,4 +1,5 @@
-"""Where a run keeps things: branch names, worktree folders, logs, prompts, evidence.
+"""Where a run keeps things (its `Layout`): branch names, ref namespaces, worktree folders,
+logs, prompts, evidence.
 
 One module so the naming scheme that `cleanup` relies on is written down exactly once.
 """
@@ -34,7 +35,7 @@ class Layout:
         return self.state_dir / "candidates" / self.run_id / f"{story_key}-{attempt}"
 
     def target_worktree(self) -> Path:
-        """The detached worktree the lane checks the target's own commit in (targetcheck.py)."""
+        """The detached worktree the lane checks the target's own commit in (verification/targetcheck.py)."""
         return self.state_dir / "candidates" / self.run_id / "target"
 
     def target_log(self, target_sha: str) -> Path:

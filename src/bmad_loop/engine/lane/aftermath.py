@@ -1,6 +1,6 @@
 """What an integration leaves behind when it does not simply advance, and after it lands.
 
-`Outcomes` works for the `Integrator` (integrate.py) and the speculative stack on one
+`Aftermath` works for the `Integrator` (integrate.py) and the speculative stack on one
 `LaneSite`: a conflict or a dirty target checkout keeps its evidence (a JSON file, the
 conflicted tree as a commit and a worktree) and escalates the story; a landed story's
 candidates, worktree and branch are cleaned up.
@@ -13,17 +13,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import bindparam, select
+from sqlalchemy.orm import Session
 
+from ...db.database import Database
 from ...db.models import Candidate, Run, Story, utcnow
+from ...git.runner import Git
+from ...git.targets import Target
+from ...policy import Policy
 from ...states import CandidateState, Phase, RunState, StoryState
 from ...git.worktrees import delete_ref, ensure_detached_worktree, remove_worktree
 from ..escalation import Cause
-from ..faults import crash_point
+from ..crashpoints import crash_point
 from ..journal import record
 from ..repairs import REPAIR_KEY
-from ..worker.flakes import record_flakes
-from ..runs import RUN_STATE
+from ..verification.runner import record_flakes
+from ..runpaths import Layout
+from ..runrows import RUN_STATE
 from ..transitions import transition_story
+from ..workspace import Workspace
 
 # ready -> integrating only while the run may still land it: checked in the UPDATE itself
 # (built once; transitions.py keeps the statement made with it).
@@ -31,7 +38,7 @@ _RUN_MAY_LAND = RUN_STATE.scalar_subquery().in_((RunState.RUNNING, RunState.PAUS
 _CANDIDATE_REFS = select(Candidate.attempt, Candidate.ref, Candidate.state).where(
     Candidate.story_id == bindparam("story_id"))
 
-__all__ = ["LaneSite", "Outcomes", "TargetMoved"]
+__all__ = ["LaneSite", "Aftermath", "TargetMoved"]
 
 
 class TargetMoved(Exception):
@@ -48,16 +55,16 @@ class LaneSite:
     """What an integration works on: the run's rows, its git, where its files go, its target,
     the story worktrees and the policy snapshot."""
 
-    db: object
+    db: Database
     run_id: str
-    git: object
-    layout: object
-    target: object
-    workspace: object
-    policy: object
+    git: Git
+    layout: Layout
+    target: Target
+    workspace: Workspace
+    policy: Policy
 
 
-class Outcomes:
+class Aftermath:
     """The ends of an integration other than the advance itself, on one `LaneSite`."""
 
     def __init__(self, site: LaneSite):
@@ -114,7 +121,7 @@ class Outcomes:
                 record(s, self.run_id, "candidate.conflict", story.key, attempt=attempt,
                        paths=list(comp.conflicts), evidence=str(evidence))
 
-    def enter_integrating(self, s, story, *, to_escalate: bool = False) -> bool:
+    def enter_integrating(self, s: Session, story, *, to_escalate: bool = False) -> bool:
         """ready -> integrating, while the run may still integrate (a stop settles a run whose
         stories are only ready at once: then nothing lands). `to_escalate`: on the way to
         `escalated`, which needs no such check."""
