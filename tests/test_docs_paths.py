@@ -33,6 +33,7 @@ found, and `module.attr` of a module that exists is not checked for its attribut
 from __future__ import annotations
 
 import ast
+import dataclasses
 import io
 import re
 import subprocess
@@ -195,15 +196,34 @@ def stale_dotted(token: str) -> bool:
 GIT_FILES = frozenset({"index.lock", "HEAD.lock", "config.lock", "packed-refs.lock"})
 
 
+# Entries of a story row's feedback that share a name with a former module.
+FEEDBACK_KEYS = frozenset({"verify_record", "session_record"})
+FILE_SUFFIXES = frozenset({"html", "lock", "md", "json", "toml", "log", "txt", "yaml", "db"})
+
+
+@lru_cache(maxsize=None)
+def not_modules() -> frozenset[str]:
+    """Words that are written `word.name` and are no module: the state database's tables (a
+    column) and the policy's sections (a key)."""
+    from bmad_loop.db.models import Base
+    from bmad_loop.policy.schema import Policy
+
+    tables = set(Base.metadata.tables)
+    sections = {f.name for f in dataclasses.fields(Policy)}
+    return frozenset(tables | sections | FEEDBACK_KEYS)
+
+
 def stale_former_name(text: str, start: int, end: int, name: str) -> bool:
     after = text[end:end + 1]
     if after == "." and re.match(r"\.[A-Za-z_]", text[end:end + 2]):
         dotted = re.match(r"[\w.]*\w", text[start:]).group(0)
-        if dotted in GIT_FILES:  # git's own files, which share a word with a former module
-            return False
+        if dotted in GIT_FILES or dotted.rsplit(".", 1)[-1] in FILE_SUFFIXES:
+            return False  # a file's name (git's own `index.lock`, a report's `index.html`)
+        if dotted.split(".", 1)[0] in not_modules():
+            return False  # a column (`runs.board_rel`) or a policy key (`verify.commands`)
         return not any(dotted == k or dotted.startswith(k + ".") for k in event_kinds())
     backticked = text[start - 1:start] == "`" and after == "`"
-    return backticked and name not in prose_words()
+    return backticked and name not in prose_words() and name not in not_modules()
 
 
 def stale_names(text: str, pages: bool = True) -> list[tuple[int, str]]:

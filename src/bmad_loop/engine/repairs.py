@@ -1,6 +1,6 @@
 """A repair request: what the lane hands a story's worker when it sends the story back to its agent.
 
-The lane writes it (engine/lane/outcomes.py, `repair_or_escalate`) into the story row's feedback
+The lane writes it (engine/lane/aftermath.py, `repair_or_escalate`) into the story row's feedback
 under `REPAIR_KEY`, in the transaction that moves the story `integrating → pending` at phase
 `repair`; the worker reads it (engine/worker/repair.py) for the merge, the prompt and the
 evidence file, and keeps the merge it made under `MERGE_KEY`. Both entries go when the story is

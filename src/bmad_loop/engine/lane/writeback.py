@@ -7,7 +7,7 @@ One tree edit, folded into the candidate (the merge or squash commit; for `ff` o
   `epic-<id>` becomes `in-progress` when the epic is still `backlog` (or the legacy
   `contexted`), and `done` once no story of the epic on the board is unfinished;
 - the story's own file (`stories.story_path`): its status value becomes `done` in the case style
-  it was written in (`Approved` → `Done`), by `storystatus.set_story_status`.
+  it was written in (`Approved` → `Done`), by `story_files.set_story_status`.
 
 A story is *finished* when its board status is `done` or one that says the work will never be
 done (`FINISHED_WITHOUT_WORK`: `wont-do`, `cancelled`, `obsolete`...). Everything else —
