@@ -75,7 +75,7 @@ def install() -> None:
     from huey.storage import SqliteStorage
     from sqlalchemy import event
 
-    from bmad_loop.git import repolock, runner as gitcmd
+    from bmad_loop.git import locks as repolock, runner as gitcmd
     from bmad_loop.db import database
     from bmad_loop.engine.lane import integrate, lane, outcomes, tick
     from bmad_loop.engine.run import consumers

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from sqlalchemy import bindparam, func, select, update
 
-from ...git.trees.ancestry import foreign_parents
+from ...git.trees.merge import foreign_parents
 from ...git.trees.compose import Composition, overlapping_dirty
 from ...db.database import insert_now
 from ...db.models import Candidate, Run, Story, utcnow
@@ -39,7 +39,7 @@ from ..transitions import transition_candidate, transition_story
 from ..worker.boxing import BoxSite, settle_after_box, verify_box
 from ...agents.process import Limits
 from ..worker.verify import NOTHING_TO_RUN, Retry, VerifySite, run_verify
-from ...git.exacttree import make_exact
+from ...git.worktrees import make_exact
 from .blame import Blame
 
 __all__ = ["Integrator", "LaneFenced", "TargetMoved"]

@@ -22,7 +22,7 @@ from typing import Sequence
 from sqlalchemy import delete, select
 
 from ...db.models import TargetCheck, utcnow
-from ...git.exacttree import make_exact
+from ...git.worktrees import make_exact
 from ...git.worktrees import ensure_detached_worktree, remove_worktree
 from ..worker.flakes import record_flakes
 from ..journal import record

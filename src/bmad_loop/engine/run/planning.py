@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 
 from ...bmad.board import Board
-from ...git.refnames import branch_name_ok
+from ...git.runner import branch_name_ok
 from ...db.identity import database_id
 from ...db.models import Run, Story, utcnow
 from ...errors import ConfigError, GitError, StateError

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...git.indexflags import clear_flags
+from ...git.worktrees import clear_flags
 from ..workspace.base import matches_any
 
 __all__ = ["snapshot", "changed_paths_between"]

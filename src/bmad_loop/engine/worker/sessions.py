@@ -34,7 +34,7 @@ from ...db.database import insert_now
 from ...db.models import Attempt, Run, utcnow
 from ...fileio import LinkRefused, read_beneath, unlink_beneath, write_beneath
 from ...git.config_guard import ConfigWatch
-from ...git.trees.sessionfolder import SESSION_FOLDER
+from ...git.trees.compose import SESSION_FOLDER
 from ...agents.prompts import PHASE_INSTRUCTIONS, PromptSpec, build_prompt
 from ...agents.profiles import resolve_command
 from ...agents.tmux_session import session_name, tmux_available

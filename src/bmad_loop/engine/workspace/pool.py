@@ -56,9 +56,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import GitError
-from ...git.repolock import repo_lock
-from ...git.maintenance import run_deferred_maintenance
-from ...git.indexflags import flagged
+from ...git.locks import repo_lock
+from ...git.runner import run_deferred_maintenance
+from ...git.worktrees import flagged
 from ...git.worktrees import (delete_branch, list_worktrees, move_worktree, remove_tree,
                               remove_worktree, worktree_at)
 
