@@ -1,5 +1,5 @@
-"""Tree edits through git (edit.replace_blobs, a temporary index): each gives the tree its
-edits describe, modes kept, and costs a fixed number of git processes."""
+"""Tree edits through git (edit.replace_blobs: ls-tree, hash-object, mktree): each gives the
+tree its edits describe, modes kept, and costs one git process per depth beyond two."""
 
 from __future__ import annotations
 
@@ -124,15 +124,34 @@ def test_a_file_in_the_way_of_a_folder_gives_way(repo):
     assert "a.txt" not in files and files["a.txt/inside"][0] == "100644"
 
 
-def test_a_path_git_will_not_store_is_left_out_and_one_outside_the_repository_refused(repo):
+def test_removing_under_a_file_leaves_it_and_removing_everything_leaves_the_empty_tree(repo):
     git, tree = repo
-    for edit in ({".git/hooks/x": b"planted\n"}, {"a/.GIT/config": b"x\n"}, {"a//b": b"x\n"},
-                 {"a/./b": b"x\n"}):
-        assert replace_blobs(git, tree, edit) == tree, edit  # git's own answer: ignored
-    assert replace_blobs(git, tree, {"a/.git": b"x\n", "a/x.txt": b"kept\n"}) == \
-        replace_blobs(git, tree, {"a/x.txt": b"kept\n"})
-    for edit in ({"../outside": b"x\n"}, {"/abs": b"x\n"}):
-        with pytest.raises(GitError):
+    assert replace_blobs(git, tree, {"a.txt/inside": None}) == tree
+    everything = {path: None for path in listing(git, tree)}
+    empty = git.out("hash-object", "-t", "tree", "--stdin", input="")
+    assert replace_blobs(git, tree, everything) == empty
+
+
+def test_a_submodule_beside_an_edit_stays_and_paths_are_the_tree_s_from_any_folder(repo):
+    git, tree = repo
+    head = git.rev("HEAD")
+    git.run("update-index", "--add", "--cacheinfo", f"160000,{head},a/deep/sub")
+    git.run("commit", "-q", "-m", "submodule", env=git.identity_env())
+    tree = git.out("rev-parse", "HEAD^{tree}")
+    edit = {"a/deep/y.txt": b"beside the submodule\n"}
+    new = replace_blobs(git, tree, edit)
+    assert listing(git, new) == expected(git, tree, edit)
+    assert listing(git, new)["a/deep/sub"] == ("160000", head)
+    below = type(git)(git.repo_dir / "a")  # a project root below the repository's top
+    assert replace_blobs(below, tree, edit) == new
+
+
+def test_a_path_git_will_not_store_is_refused(repo):
+    git, tree = repo
+    for edit in ({".git/hooks/x": b"planted\n"}, {"a/.git": b"x\n", "a/x.txt": b"kept\n"},
+                 {"a/.GIT/config": b"x\n"}, {"a/.git. /x": b"x\n"}, {"a//b": b"x\n"},
+                 {"a/./b": b"x\n"}, {"../outside": b"x\n"}, {"/abs": b"x\n"}, {"a/..": None}):
+        with pytest.raises(GitError, match="does not store"):
             replace_blobs(git, tree, edit)
 
 
@@ -147,9 +166,10 @@ def git_shim(folder):
     return log
 
 
-def test_the_write_back_reads_in_one_process_and_writes_in_five(repo, tmp_path, monkeypatch):
+def test_a_write_back_reads_in_one_process_and_writes_one_folder_level_in_each(repo, tmp_path,
+                                                                                monkeypatch):
     git, tree = repo
-    git.common_dir()  # asked once per repository (the temporary index lives there)
+    git.common_dir()  # asked once per repository (the new files wait there)
     log = git_shim(tmp_path / "shim")
     monkeypatch.setenv("PATH", f"{log.parent}{os.pathsep}{os.environ['PATH']}")
     paths = ["a/deep/y.txt", "sp ace/f.md"]
@@ -158,8 +178,8 @@ def test_the_write_back_reads_in_one_process_and_writes_in_five(repo, tmp_path, 
     calls = [line.split() for line in log.read_text().splitlines()]
     commands = [next(w for i, w in enumerate(words) if not w.startswith("-")
                      and (i == 0 or words[i - 1] != "-c")) for words in calls]
-    assert commands == ["cat-file", "ls-tree", "read-tree", "hash-object", "update-index",
-                        "write-tree"]
+    # a/deep/, then a/, then the root with sp ace/ beside it: three depths, three `mktree`s.
+    assert commands == ["cat-file", "ls-tree", "hash-object", "mktree", "mktree", "mktree"]
     monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])
     assert blobs_at(git, new, paths) == {p: current[p] + b"done\n" for p in paths}
     assert git.run("fsck", "--no-dangling", "--strict").returncode == 0

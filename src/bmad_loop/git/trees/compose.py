@@ -399,7 +399,7 @@ def _fast_forward(git: Git, shas: tuple[str, str], message: str, edit: LaneEdit 
     target, with the lane's edit as one commit on top."""
     target, branch = shas
     rebased = not git.is_ancestor(target, branch)
-    done: tuple = ((), ())
+    done: tuple[tuple[Settled, ...], tuple[Regeneration, ...]] = ((), ())
     if rebased:
         replayed = replay_commits(git, target, merge_base(git, target, branch), branch, rules)
         tip, tree, conflicts = replayed.tip, replayed.tree, replayed.conflicts

@@ -5,24 +5,26 @@
 write-back (board and story file), the merge rules and the create phase use them; `compose`
 re-exports them.
 
-A new tree is written by git, through a temporary index: ``ls-tree`` of the edited paths (their
-modes, and whether one is a folder), ``read-tree`` of the old tree into the index,
-``hash-object`` of the new files, ``update-index --index-info`` of the edits and ``write-tree``.
-git checks every path and names every object.
+A new tree is written by git, folder by folder: one ``ls-tree`` lists the folders along the
+edited paths (their entries, with each file's mode and whether a name is a folder), one
+``hash-object`` writes the new files, and ``mktree --batch`` writes the changed folders, one
+process per depth, the deepest first. Only those folders are read and written, however large
+the tree (a temporary index would read and write all of it, three times). git names every
+object and checks that each entry names one of its type; the names git refuses to store in a
+tree are refused first (`replace_blob`).
 
-The temporary index, and any other throw-away folder of bmad-loop's own git work, lives in
-`private_temp`, where no box can write. The system temp folders are writable in every box: a
-folder bmad-loop made there (the committed attributes a merge reads, a temporary index) could be
-filled by a sibling agent between its creation and its use (a ``* merge=union`` line planted in
-the attributes). These folders live in the repository's git directory instead, which every box
-binds read-only.
+The new files wait for ``hash-object`` in a throw-away folder of `private_temp`, where no box
+can write. The system temp folders are writable in every box: a folder bmad-loop made there
+(the committed attributes a merge reads, the files of a new tree) could be filled by a sibling
+agent between its creation and its use (a ``* merge=union`` line planted in the attributes).
+These folders live in the repository's git directory instead, which every box binds read-only.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -111,65 +113,124 @@ def blobs_at(git: Git, tree: str, paths: Sequence[str]) -> dict[str, bytes | Non
 
 # -- writing ------------------------------------------------------------------------------------
 
+_TREE = "040000"
+Entry = tuple[str, str, str]  # (mode, type, object) of one name in a folder
+
 
 def replace_blob(git: Git, tree: str, path: str, content: bytes | None) -> str:
     """A new tree: `tree` with `path` holding `content` (None removes it). No worktree involved.
 
-    Keeps an existing file's executable bit. Uses a temporary index (``GIT_INDEX_FILE``).
+    Keeps an existing file's executable bit; a file in the way of a new folder gives way, an
+    emptied folder goes. A path that is a folder in `tree`, or one git would not store (an empty,
+    ``.`` or ``..`` part, a ``.git`` in any spelling), is a GitError.
     """
     return replace_blobs(git, tree, {path: content})
 
 
 def replace_blobs(git: Git, tree: str, contents: Mapping[str, bytes | None]) -> str:
-    """`replace_blob` for several paths at once, in the same five git processes however many
-    there are (see the module's docstring)."""
+    """`replace_blob` for several paths at once: the folders along them listed by one
+    ``ls-tree``, the new files written by one ``hash-object``, the changed folders by one
+    ``mktree --batch`` per depth (the deepest first: a folder names its new subfolders)."""
     if not contents:
         return tree
-    modes = _modes(git, tree, contents)
-    with private_temp(git, "index-") as tmp:  # never the shared /tmp, which boxes write
-        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
-        git.run("read-tree", tree, env=env)
-        blobs = _hashed(git, tmp, {p: c for p, c in contents.items() if c is not None})
-        lines = []
-        for p, c in contents.items():
-            if c is None:
-                lines.append(f"0 {'0' * 40}\t{p}\0")
-            else:
-                mode = "100755" if modes.get(p) == "100755" else "100644"
-                lines.append(f"{mode} {blobs[p]}\t{p}\0")
-        git.run("update-index", "-z", "--index-info", input="".join(lines), env=env)
-        new = git.out("write-tree", env=env)
-    for p, content in contents.items():
+    for path in contents:
+        _check_path(path)
+    folders = _folders(contents)
+    entries = _listing(git, tree, folders)
+    blobs = _hashed(git, {p: c for p, c in contents.items() if c is not None})
+    for path, content in contents.items():
+        parent, _, name = path.rpartition("/")
+        old = entries[parent].get(name)
+        if old is not None and old[1] == "tree":
+            raise GitError(f"{path} is a folder in tree {tree}, not a file")
+        if content is None:
+            entries[parent].pop(name, None)
+        else:
+            entries[parent][name] = ("100755" if old is not None and old[0] == "100755"
+                                     else "100644", "blob", blobs[path])
+    new = _write_folders(git, folders, entries)
+    for path, content in contents.items():
         if content is not None:
-            _WRITTEN.put((os.fspath(git.repo_dir), new, p), content)
+            _WRITTEN.put((os.fspath(git.repo_dir), new, path), content)
     return new
 
 
-def _modes(git: Git, tree: str, contents: Mapping[str, bytes | None]) -> dict[str, str]:
-    """The mode of each edited path `tree` holds; GitError when one of them is a folder."""
-    listed = git.run("ls-tree", "-z", tree, "--", *contents, env=_LITERAL).stdout
-    modes: dict[str, str] = {}
-    for entry in filter(None, listed.split("\0")):
-        meta, _, name = entry.partition("\t")
-        old_mode, kind, _sha = meta.split(" ")
-        if kind == "tree" and name in contents:
-            raise GitError(f"{name} is a folder in tree {tree}, not a file")
-        modes[name] = old_mode
-    return modes
+def _check_path(path: str) -> None:
+    """GitError unless git would store `path` in a tree (its own check refuses these names)."""
+    for part in path.split("/"):
+        folded = part.lower().rstrip(" .")
+        if part in ("", ".", "..") or "\0" in part or folded in (".git", "git~1") \
+                or folded.startswith(".git:"):
+            raise GitError(f"git does not store {path!r} in a tree")
 
 
-def _hashed(git: Git, folder: Path, contents: Mapping[str, bytes]) -> dict[str, str]:
+def _folders(paths: Iterable[str]) -> list[str]:
+    """The folders along `paths`, the root ("") first, each once."""
+    found = {"": None}
+    for path in paths:
+        parts = path.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            found["/".join(parts[:i])] = None
+    return list(found)
+
+
+def _listing(git: Git, tree: str, folders: list[str]) -> dict[str, dict[str, Entry]]:
+    """Each folder's entries in `tree` ({} where it has none), but for its subfolders among
+    `folders`: ``ls-tree`` shows what a folder holds when a path below it is asked for, and
+    the folder itself otherwise (or a file of that name, in the way)."""
+    specs = ["."] + [f"{f}/" for f in folders[1:]]
+    out = git.run("ls-tree", "-z", "--full-tree", tree, "--", *specs, env=_LITERAL).stdout
+    entries: dict[str, dict[str, Entry]] = {f: {} for f in folders}
+    for record in filter(None, out.split("\0")):
+        meta, _, path = record.partition("\t")
+        mode, kind, sha = meta.split(" ")
+        parent, _, name = path.rpartition("/")
+        if parent in entries:
+            entries[parent][name] = (mode, kind, sha)
+    return entries
+
+
+def _write_folders(git: Git, folders: list[str], entries: dict[str, dict[str, Entry]]) -> str:
+    """The edited folders written, the deepest first, each named in its parent (an emptied one
+    leaves it); the new root tree."""
+    written: dict[str, str | None] = {}
+    for depth in sorted({f.count("/") + 1 if f else 0 for f in folders}, reverse=True):
+        level = [f for f in folders if (f.count("/") + 1 if f else 0) == depth]
+        for folder in level:
+            for child in [f for f in written if f.rpartition("/")[0] == folder]:
+                name = child.rpartition("/")[2]
+                sha = written.pop(child)
+                if sha is not None:
+                    entries[folder][name] = (_TREE, "tree", sha)
+                elif entries[folder].get(name, ("", "", ""))[1] == "tree":
+                    entries[folder].pop(name)  # emptied: no folder (a file there stays)
+        batch = [f for f in level if entries[f] or not f]  # the root is written even empty
+        if not batch:
+            written.update({f: None for f in level})
+            continue
+        request = "".join("".join(f"{m} {k} {o}\t{n}\0" for n, (m, k, o) in entries[f].items())
+                          + "\0" for f in batch)
+        shas = git.out("mktree", "-z", "--batch", input=request).split()
+        written.update({f: None for f in level})
+        written.update(zip(batch, shas))
+    root = written[""]
+    assert root is not None  # the root is always written
+    return root
+
+
+def _hashed(git: Git, contents: Mapping[str, bytes]) -> dict[str, str]:
     """Each content written as a blob (as stored: no filters), by path: one ``hash-object``."""
     if not contents:
         return {}
-    sources = []
-    for i, content in enumerate(contents.values()):
-        source = os.path.join(folder, f"blob{i}")
-        with open(source, "wb") as handle:
-            handle.write(content)
-        sources.append(source)
-    shas = git.out("hash-object", "-w", "--no-filters", "--stdin-paths",
-                   input="".join(f"{src}\n" for src in sources)).split()
+    with private_temp(git, "blobs-") as folder:  # never the shared /tmp, which boxes write
+        sources = []
+        for i, content in enumerate(contents.values()):
+            source = os.path.join(folder, f"blob{i}")
+            with open(source, "wb") as handle:
+                handle.write(content)
+            sources.append(source)
+        shas = git.out("hash-object", "-w", "--no-filters", "--stdin-paths",
+                       input="".join(f"{src}\n" for src in sources)).split()
     return dict(zip(contents, shas))
 
 
