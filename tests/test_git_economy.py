@@ -25,9 +25,9 @@ from support import StoryDef, git_repo, write, write_each
 
 STORIES = [StoryDef(f"1-{i}-s{i}", files=[f"src/s{i}.py"]) for i in range(1, 5)]
 # Measured 62.5 per story here: 57.0 with the worker's commit in plumbing, then +4 once the
-# board edit is written through a temporary index (ls-tree, read-tree, hash-object,
-# update-index, write-tree instead of one hand-made pack) and +1.5 once git's configuration is
-# asked around each agent session instead of kept (45.0 with a porcelain commit; 23.0 while
+# board edit is written by git folder by folder (ls-tree, hash-object and one mktree per depth
+# instead of one hand-made pack) and +1.5 once git's configuration is asked around each agent
+# session instead of kept (45.0 with a porcelain commit; 23.0 while
 # refs were read, branches deleted, worktrees registered and moved and commits written by
 # editing git's files).
 PER_STORY_BOUND = 65
@@ -89,15 +89,14 @@ def test_a_plain_run_costs_a_bounded_number_of_git_processes_per_story(make_repo
     # Each story wrote only the file its footprint names: its drift check lists no folders of
     # its base (the `ls-tree` left are the start-up's look at what is committed, the first
     # admission's look at the target, and two per composition: the target's committed
-    # `.gitattributes`, the only attributes a merge reads (trees/merge.py), and the modes of
-    # the files the board edit writes (trees/edit.py)).
+    # `.gitattributes`, the only attributes a merge reads (trees/merge.py), and the folders
+    # along the files the board edit writes (trees/edit.py)).
     assert calls["ls-tree"] <= 2 + 2 * len(STORIES), calls
     # One checkout for the run: each later story takes the worktree the one before it parked
     # (engine/workspace/pool.py), and the pool is emptied when the run completes.
-    # read-tree: the pool's take, each agent session's start record (a temporary index,
-    # engine/worker/session_record.py) and each candidate's board edit (another, trees/edit.py)
-    # — two per story.
-    assert calls["read-tree"] <= 1 + 2 * len(STORIES) and calls["worktree remove"] == 1, calls
+    # read-tree: the pool's take, and each agent session's start record (a temporary index,
+    # engine/worker/session_record.py) — one per story.
+    assert calls["read-tree"] <= 1 + len(STORIES) and calls["worktree remove"] == 1, calls
     assert calls["worktree add"] == 1, calls  # the run's one new worktree
     # Each park and take moves it (`worktree move`); the CASes, the parks' detaches and the
     # worker's commits (plumbing: compose.commit_worktree) are `update-ref`s.
@@ -106,12 +105,13 @@ def test_a_plain_run_costs_a_bounded_number_of_git_processes_per_story(make_repo
     # made and dropped (engine/worker/session_record.py).
     assert calls["update-ref"] <= 5 * len(STORIES), calls
     # The landed story branches go with `branch -D`; each worker commit and each candidate
-    # commit is `commit-tree`'s; the candidate's board edit is written through a temporary
-    # index (one `hash-object`, `update-index` and `write-tree` each).
+    # commit is `commit-tree`'s; the candidate's board edit is one `hash-object` and a
+    # `mktree` per folder depth of the board (three: the board's folder, its parent, the root).
     assert calls["branch"] == len(STORIES), calls
     # commit-tree: the worker's commit, the candidate, and a session's start record.
     assert calls["commit-tree"] == 3 * len(STORIES), calls
     assert calls["hash-object"] == len(STORIES) and calls["unpack-objects"] == 0, calls
+    assert calls["mktree"] == 3 * len(STORIES), calls
 
 
 def test_removing_a_worktree_that_is_not_there_only_asks_git_for_its_worktrees(tmp_path, counted):

@@ -55,7 +55,7 @@ exec "$hook" "$@"
 """
 
 
-class Git(Protocol):
+class GitCommands(Protocol):
     """What the guard needs of a repository's git (`runner.Git`, which pins its hooks here and
     so cannot be imported): its folder and common dir, and commands run there."""
 
@@ -75,14 +75,14 @@ class Git(Protocol):
 Entry = tuple[str, str, str, str]  # (scope, origin, key, value) of one configuration entry
 
 
-def config_entries(git: Git, cwd: Path) -> list[Entry] | None:
+def config_entries(git: GitCommands, cwd: Path) -> list[Entry] | None:
     """Every configuration entry git reads in `cwd`, or None when git could not read them (a
     broken configuration file: git's own commands will say why)."""
     found, error = _config_entries(git, Path(cwd))
     return None if error is not None else found
 
 
-def _config_entries(git: Git, cwd: Path) -> tuple[list[Entry], str | None]:
+def _config_entries(git: GitCommands, cwd: Path) -> tuple[list[Entry], str | None]:
     """(scope, origin, key, value) of every configuration entry git reads in `cwd`, the command
     line's left out; and git's complaint when it cannot read them."""
     proc = git.run("config", "--list", "-z", "--show-origin", "--show-scope", "--includes",
@@ -107,7 +107,7 @@ def _origin(origin: str, cwd: Path) -> str:
     return where or origin
 
 
-def project_hooks_dir(git: Git, cwd: Path | None = None) -> Path:
+def project_hooks_dir(git: GitCommands, cwd: Path | None = None) -> Path:
     """Where the project's own hooks are: its ``core.hooksPath`` (relative to the worktree root,
     ``~`` expanded) or ``<git-common-dir>/hooks``. bmad-loop's command-line override is not
     counted."""
@@ -123,7 +123,7 @@ def project_hooks_dir(git: Git, cwd: Path | None = None) -> Path:
     return git.common_dir() / "hooks"
 
 
-def pin_hooks(git: Git, names: Iterable[str], *, refresh: bool = False) -> Path:
+def pin_hooks(git: GitCommands, names: Iterable[str], *, refresh: bool = False) -> Path:
     """The private hooks folder holding a pinned wrapper for each named hook the project has
     (see the module's docstring); made when missing or naming other hooks, or on `refresh`."""
     folder = git.common_dir() / PINNED_DIRNAME
@@ -167,7 +167,7 @@ def _write(path: Path, text: str, *, executable: bool = False) -> None:
 # -- the fingerprint ----------------------------------------------------------------------------
 
 
-def fingerprint(git: Git, worktree: Path | None = None) -> dict[str, str]:
+def fingerprint(git: GitCommands, worktree: Path | None = None) -> dict[str, str]:
     """label -> digest of everything in git's configuration that can make git run code."""
     cwd = Path(worktree if worktree is not None else git.repo_dir)
     common = git.common_dir()
@@ -256,7 +256,7 @@ class ConfigWatch:
     the session, the next session of the story starts from that baseline instead of a new one,
     so a change made by the session that was cut short is still found."""
 
-    def __init__(self, git: Git, worktree: Path, state_file: Path | None = None) -> None:
+    def __init__(self, git: GitCommands, worktree: Path, state_file: Path | None = None) -> None:
         self.git, self.worktree, self.state_file = git, Path(worktree), state_file
         self.baseline: dict[str, str] | None = None
 

@@ -84,25 +84,6 @@ def is_full_sha(rev: str | None) -> bool:
     ``rev-parse`` to know what it is (a missing object still fails the command that uses it)."""
     return rev is not None and _FULL_SHA.fullmatch(rev) is not None
 
-# Subcommands that write something a lock guards (`config` only when it sets a value).
-_MUTATING = frozenset({
-    "add", "am", "apply", "branch", "checkout", "checkout-index", "cherry-pick", "clean", "commit",
-    "config", "fetch", "gc", "maintenance", "merge", "mv", "notes", "pack-refs", "prune", "pull",
-    "push", "read-tree", "rebase", "reflog", "remote", "repack", "replace", "reset", "restore",
-    "revert", "rm", "sparse-checkout", "stash", "submodule", "switch", "symbolic-ref", "tag",
-    "update-index", "update-ref", "worktree", "write-tree",
-})
-# Subcommands of a writing command that only read (see `_mutates`).
-_READ_SUBCOMMANDS = {"worktree": frozenset({"list"}), "stash": frozenset({"list", "show"}),
-                     "notes": frozenset({"list", "show"}), "reflog": frozenset({"show", "exists"})}
-# Steps that leave half-made state when a lock stops them: not re-run here (their callers
-# clean up and the engine retries the whole step).
-_NO_RETRY = {("worktree", "add"), ("clone",)}
-# "cannot lock ref …: is at X but expected Y" is a lost race worth another try only for these;
-# for an update-ref with an expected old value it is the compare-and-swap's answer.
-_RACE_RETRY = frozenset({"fetch", "pull", "remote"})
-_MAX_BACKOFF_S = 1.0
-
 
 # -- the environment and the executable ----------------------------------------------------
 
@@ -188,6 +169,25 @@ def branch_name_ok(name: str) -> bool:
 
 
 # -- running git ----------------------------------------------------------------------------
+
+# Subcommands that write something a lock guards (`config` only when it sets a value).
+_MUTATING = frozenset({
+    "add", "am", "apply", "branch", "checkout", "checkout-index", "cherry-pick", "clean", "commit",
+    "config", "fetch", "gc", "maintenance", "merge", "mv", "notes", "pack-refs", "prune", "pull",
+    "push", "read-tree", "rebase", "reflog", "remote", "repack", "replace", "reset", "restore",
+    "revert", "rm", "sparse-checkout", "stash", "submodule", "switch", "symbolic-ref", "tag",
+    "update-index", "update-ref", "worktree", "write-tree",
+})
+# Subcommands of a writing command that only read (see `_mutates`).
+_READ_SUBCOMMANDS = {"worktree": frozenset({"list"}), "stash": frozenset({"list", "show"}),
+                     "notes": frozenset({"list", "show"}), "reflog": frozenset({"show", "exists"})}
+# Steps that leave half-made state when a lock stops them: not re-run here (their callers
+# clean up and the engine retries the whole step).
+_NO_RETRY = {("worktree", "add"), ("clone",)}
+# "cannot lock ref …: is at X but expected Y" is a lost race worth another try only for these;
+# for an update-ref with an expected old value it is the compare-and-swap's answer.
+_RACE_RETRY = frozenset({"fetch", "pull", "remote"})
+_MAX_BACKOFF_S = 1.0
 
 
 class CommitHeader(TypedDict):
