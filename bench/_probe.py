@@ -75,7 +75,7 @@ def install() -> None:
     from huey.storage import SqliteStorage
     from sqlalchemy import event
 
-    from bmad_loop.git import repolock, runner as gitcmd
+    from bmad_loop.git import locks as repolock, runner as gitcmd
     from bmad_loop.db import database
     from bmad_loop.engine.lane import aftermath, integrate, tick
     from bmad_loop.engine.run import consumers
@@ -225,7 +225,7 @@ def report(stories: int) -> str:
                "inside compose+verify+advance, every lane step inside tick); self = without "
                "them. git, db and BEGIN wait count only the step's self part. BEGIN wait = time "
                "to get SQLite's write lock (BEGIN IMMEDIATE). repo lock = `repo_lock` "
-               "(git/repolock.py), which serialises worktree and ref mutations across threads: "
+               "(git/locks.py), which serialises worktree and ref mutations across threads: "
                "wait to take it, and time held (attributed to the step that took it).\n")
     subs = sorted(((k[1], v) for k, v in stats.items() if k[0] == "git-sub"),
                   key=lambda kv: -kv[1][1])[:15]

@@ -421,7 +421,7 @@ def leave_stale_index_lock(root: Path) -> bool:
     """An index.lock like the one a lane killed mid-advance leaves: bmad-loop's marker, a dead
     pid on this host. False when the lock is held right now (a live holder: leave it)."""
     from bmad_loop.hostid import host_name
-    from bmad_loop.git.indexlock import MARKER
+    from bmad_loop.git.locks import INDEX_LOCK_MARKER as MARKER
 
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bmad_loop.git.runner import Git
-from bmad_loop.git.trees.ancestry import foreign_parents
+from bmad_loop.git.trees.merge import foreign_parents
 from bmad_loop.git.trees.compose import blob_at, commit_worktree
 from bmad_loop.git.worktrees import ensure_worktree
 from support import (MERGE_NONE, StoryDef, barrier_script, git, git_repo, go, inside,

@@ -22,7 +22,7 @@ from bmad_loop.git.trees.compose import (
     replace_blob,
     sync_checkout,
 )
-from bmad_loop.git.targets.checkout_sync import index_path
+from bmad_loop.git.targets.local import index_path
 from bmad_loop.errors import GitError
 from bmad_loop.git.runner import Git
 from bmad_loop.git.targets.local import LocalTarget

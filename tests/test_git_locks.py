@@ -196,7 +196,7 @@ def test_a_dead_lanes_marked_index_lock_is_removed_by_the_next_git_step(repo, tm
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from bmad_loop.git.indexlock import IndexLock
+        from bmad_loop.git.locks import IndexLock
         IndexLock(Path({str(repo.common_dir() / 'index')!r}), wait_s=0).acquire()
         Path({str(ready)!r}).write_text("x")
         time.sleep(120)

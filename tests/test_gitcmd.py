@@ -11,7 +11,7 @@ import time
 import pytest
 
 from bmad_loop.errors import GitError
-from bmad_loop.git.repolock import repo_lock
+from bmad_loop.git.locks import repo_lock
 from bmad_loop.git.runner import Git, Identity, branch_name_ok, clean_env
 from support import git_repo
 
@@ -177,7 +177,7 @@ def test_repo_lock_held_by_a_killed_process_is_released_by_the_kernel(git, tmp_p
     script = textwrap.dedent(
         f"""
         import pathlib, time
-        from bmad_loop.git.repolock import repo_lock
+        from bmad_loop.git.locks import repo_lock
         from bmad_loop.git.runner import Git
         with repo_lock(Git(pathlib.Path({str(git.repo_dir)!r}))):
             pathlib.Path({str(ready)!r}).write_text("1")

@@ -23,7 +23,7 @@ from test_sandbox_escape import needs_bwrap
 
 import bmad_loop
 from bmad_loop.git.runner import Git
-from bmad_loop.git.trees.mergeattrs import committed_attributes
+from bmad_loop.git.trees.merge import committed_attributes
 from bmad_loop.policy.checks import MAX_VERIFY_PARALLEL
 from bmad_loop.sandbox import BoxRequest, plan_mounts
 from bmad_loop.sandbox.plan import unpinned_ancestors, writable_in

@@ -21,7 +21,7 @@ import pytest
 
 from bmad_loop.git import worktrees
 from bmad_loop.errors import GitError
-from bmad_loop.git.repolock import LOCK_FILE_NAME
+from bmad_loop.git.locks import LOCK_FILE_NAME
 from bmad_loop.git.runner import Git
 from bmad_loop.git.worktrees import (
     checkout_of,

@@ -42,7 +42,7 @@ import yaml
 from .board_status import ACTIONABLE, KNOWN_BY_KIND, STORY_STATUSES, is_known, read_status
 from .board_yaml import BoardYaml, Scalar, read_board_yaml
 from ..errors import ConfigError
-from ..git.refnames import branch_name_ok, branch_name_problem  # re-exported
+from ..git.runner import branch_name_ok, branch_name_problem  # re-exported
 from ..caches import CACHES
 from ..policy.validate import did_you_mean
 

@@ -152,7 +152,7 @@ _DATABASE_URL_ENV = "BMAD_LOOP_DATABASE_URL"
 def _open_clone(project_dir: Path, clone: Path):
     from ..engine.project import Project
     from ..policy import load_policy
-    from ..git.remote import ensure_clone, resolve_remote_url
+    from ..git.clone import ensure_clone, resolve_remote_url
 
     policy = load_policy(project_dir)
     if not policy.scm.remote.strip():

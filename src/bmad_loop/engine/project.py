@@ -21,7 +21,7 @@ from ..db.sqlitefile import check_folder_writable
 from ..git.runner import Git, Identity
 from ..hostid import host_name
 from ..policy import Policy, load_policy
-from ..git.remote import resolve_remote_url
+from ..git.clone import resolve_remote_url
 from ..git.targets import Target, make_target
 
 __all__ = ["Project", "STATE_DIRNAME", "ensure_state_dir"]

@@ -2,7 +2,7 @@
 
 Hooks, ``core.hooksPath`` and ``core.fsmonitor`` run inside *any* git process in a repository.
 bmad-loop's own git runs with ``-c core.hooksPath=/dev/null -c core.fsmonitor=false`` (see
-`gitcmd`), so none of them runs there. The hooks a project names in ``[scm] run_hooks`` (say
+`runner`), so none of them runs there. The hooks a project names in ``[scm] run_hooks`` (say
 ``["pre-commit"]``) run from a private folder, ``<git-common-dir>/bmad-loop-hooks/``, made by
 `pin_hooks`: one small wrapper per named hook, holding the absolute path of the project's hook
 (``core.hooksPath`` as the project's own configuration sets it, else ``<git-common-dir>/hooks``)
@@ -28,10 +28,11 @@ import json
 import os
 import shlex
 import stat
+import subprocess
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-
-from . import config_inputs as gitconfig_inputs
+from typing import Any, Protocol
 
 __all__ = ["project_hooks_dir", "pin_hooks", "fingerprint", "changes", "changed_files",
            "config_entries",
@@ -54,38 +55,49 @@ exec "$hook" "$@"
 """
 
 
+class GitCommands(Protocol):
+    """What the guard needs of a repository's git (`runner.Git`, which pins its hooks here and
+    so cannot be imported): its folder and common dir, and commands run there."""
+
+    repo_dir: Path
+
+    def common_dir(self) -> Path: ...
+
+    def run(self, *args: object, cwd: Path | None = None,
+            check: bool = True) -> subprocess.CompletedProcess[Any]: ...
+
+    def out(self, *args: object, **kw: Any) -> str: ...
+
+
 # -- the project's hooks ------------------------------------------------------------------------
 
 
-def _config_entries(git, cwd: Path) -> tuple[list[tuple[str, str, str, str]], str | None]:
-    """(scope, origin, key, value) of every configuration entry git reads in `cwd`, the command
-    line's left out; and git's complaint when it cannot read them. git is asked again only when
-    a file it reads for them changed (`gitconfig_inputs`)."""
-    found, error = gitconfig_inputs.entries(git, Path(cwd), _read_entries)
-    return list(found), error
+Entry = tuple[str, str, str, str]  # (scope, origin, key, value) of one configuration entry
 
 
-def config_entries(git, cwd: Path) -> list[tuple[str, str, str, str]] | None:
-    """`_config_entries` for other readers: the entries, or None when git could not read
-    them (a broken configuration file: git's own commands will say why)."""
+def config_entries(git: GitCommands, cwd: Path) -> list[Entry] | None:
+    """Every configuration entry git reads in `cwd`, or None when git could not read them (a
+    broken configuration file: git's own commands will say why)."""
     found, error = _config_entries(git, Path(cwd))
     return None if error is not None else found
 
 
-def _read_entries(git, cwd: Path) -> tuple[tuple[tuple[str, str, str, str], ...], str | None]:
+def _config_entries(git: GitCommands, cwd: Path) -> tuple[list[Entry], str | None]:
+    """(scope, origin, key, value) of every configuration entry git reads in `cwd`, the command
+    line's left out; and git's complaint when it cannot read them."""
     proc = git.run("config", "--list", "-z", "--show-origin", "--show-scope", "--includes",
                    cwd=cwd, check=False)
     if proc.returncode != 0:
-        return (), (proc.stderr or "").strip() or f"git config exit {proc.returncode}"
+        return [], (proc.stderr or "").strip() or f"git config exit {proc.returncode}"
     fields = proc.stdout.split("\0")
-    entries = []
+    entries: list[Entry] = []
     for i in range(0, len(fields) - 2, 3):
         scope, origin, item = fields[i], fields[i + 1], fields[i + 2]
         if scope == "command":
             continue
         key, _, value = item.partition("\n")
         entries.append((scope, _origin(origin, cwd), key.lower(), value))
-    return tuple(entries), None
+    return entries, None
 
 
 def _origin(origin: str, cwd: Path) -> str:
@@ -95,7 +107,7 @@ def _origin(origin: str, cwd: Path) -> str:
     return where or origin
 
 
-def project_hooks_dir(git, cwd: Path | None = None) -> Path:
+def project_hooks_dir(git: GitCommands, cwd: Path | None = None) -> Path:
     """Where the project's own hooks are: its ``core.hooksPath`` (relative to the worktree root,
     ``~`` expanded) or ``<git-common-dir>/hooks``. bmad-loop's command-line override is not
     counted."""
@@ -111,7 +123,7 @@ def project_hooks_dir(git, cwd: Path | None = None) -> Path:
     return git.common_dir() / "hooks"
 
 
-def pin_hooks(git, names, *, refresh: bool = False) -> Path:
+def pin_hooks(git: GitCommands, names: Iterable[str], *, refresh: bool = False) -> Path:
     """The private hooks folder holding a pinned wrapper for each named hook the project has
     (see the module's docstring); made when missing or naming other hooks, or on `refresh`."""
     folder = git.common_dir() / PINNED_DIRNAME
@@ -125,7 +137,7 @@ def pin_hooks(git, names, *, refresh: bool = False) -> Path:
             pass
     source = project_hooks_dir(git)
     folder.mkdir(exist_ok=True)
-    pinned = {}
+    pinned: dict[str, dict[str, str]] = {}
     for name in wanted:
         hook = source / name
         if hook.is_file() and os.access(hook, os.X_OK):
@@ -155,7 +167,7 @@ def _write(path: Path, text: str, *, executable: bool = False) -> None:
 # -- the fingerprint ----------------------------------------------------------------------------
 
 
-def fingerprint(git, worktree: Path | None = None) -> dict[str, str]:
+def fingerprint(git: GitCommands, worktree: Path | None = None) -> dict[str, str]:
     """label -> digest of everything in git's configuration that can make git run code."""
     cwd = Path(worktree if worktree is not None else git.repo_dir)
     common = git.common_dir()
@@ -192,7 +204,7 @@ def changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
     return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
 
 
-def changed_files(labels) -> list[str]:
+def changed_files(labels: Iterable[str]) -> list[str]:
     """The files behind `changes` labels (``<file>: <key>`` -> ``<file>``), in order, once."""
     return list(dict.fromkeys(label.split(": ", 1)[0] for label in labels))
 
@@ -244,7 +256,7 @@ class ConfigWatch:
     the session, the next session of the story starts from that baseline instead of a new one,
     so a change made by the session that was cut short is still found."""
 
-    def __init__(self, git, worktree: Path, state_file: Path | None = None):
+    def __init__(self, git: GitCommands, worktree: Path, state_file: Path | None = None) -> None:
         self.git, self.worktree, self.state_file = git, Path(worktree), state_file
         self.baseline: dict[str, str] | None = None
 

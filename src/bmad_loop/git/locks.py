@@ -1,9 +1,10 @@
-"""git's lock files, as bmad-loop's own git steps meet them: recognised, attributed, waited for.
+"""git's lock files and bmad-loop's own locks: recognised, attributed, waited for, held.
 
 git serialises writers with ``<file>.lock`` files created exclusively (``index.lock``,
 ``HEAD.lock``, ``refs/heads/<b>.lock``, ``packed-refs.lock`` with its ``packed-refs.new``,
-``config.lock``), prints no distinct exit code when one is taken, and names no owner in it. A git killed with SIGKILL leaves
-its lock behind, and every later git that needs it fails until someone removes it.
+``config.lock``), prints no distinct exit code when one is taken, and names no owner in it. A
+git killed with SIGKILL leaves its lock behind, and every later git that needs it fails until
+someone removes it.
 
 So every *mutating* git step bmad-loop runs is written down before it starts (write-ahead): a
 small JSON record ``<git-common-dir>/bmad-loop-steps/<pid>-<n>`` with the host, the process and
@@ -13,31 +14,50 @@ and start time. The record is removed when the step ends. A lock file is *stale*
 step of ours that died — when a record on this host lists it, its bmad-loop process is gone (or
 gave up on a child it had to kill) and its git child is gone too, the lock is no older than the
 record, and no live step of ours could hold it. Stale locks are removed (`sweep`); any other
-lock is foreign and is waited for (`gitcmd.Git.run`).
+lock is foreign and is waited for (`runner.Git.run`).
 
-A lane's own index lock (`indexlock`, with its marker line) is recognised the same way.
+bmad-loop's own locks are here too:
+
+- the repository's mutation lock (`repo_lock`), shared by bmad-loop's threads and processes on
+  one machine: it serialises ref and worktree mutations inside one repository (concurrent ``git
+  worktree add`` in one repository fails intermittently otherwise); `locked_read` keeps a read
+  such as ``worktree list`` apart from them without creating the lock file;
+- a checkout's index lock held the way git itself holds it (`IndexLock`), across the lane's
+  compare-and-swap: git serialises writers of an index with ``<index>.lock``, created
+  exclusively, and a writer puts the new index in the lock file and renames it over the index.
+  The lane takes that lock *before* it moves the target and keeps it until the checkout follows
+  the new target, so nobody (an editor running ``git status``, a person committing) ever sees
+  the checkout half-way: its branch moved but its index still at the old tree, which would read
+  as a staged revert of the story. While held, the lock file carries a marker line naming
+  bmad-loop, the host and the process, never index data: git treats any content as "locked",
+  and a stale one (its process died) is told from a foreign one, which is waited for instead.
 """
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import os
 import re
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import psutil
 
+from ..errors import TransientError
 from ..hostid import host_name
-from .indexlock import stale_marker_lock
 from ..proctree import is_running, own_start_time, start_time
 
 __all__ = ["LockHit", "lock_in", "git_dirs", "StepRecord", "begin_step", "sweep",
-           "stale_lock", "STEPS_DIRNAME", "STEP_ENV"]
-
+           "stale_lock", "STEPS_DIRNAME", "STEP_ENV",
+           "Repository", "LOCK_FILE_NAME", "repo_lock", "locked_read",
+           "IndexLock", "INDEX_LOCK_MARKER", "lock_owner", "stale_marker_lock"]
 STEPS_DIRNAME = "bmad-loop-steps"
 STEP_ENV = "BMAD_LOOP_GIT_STEP"  # in every mutating step's environment: finds an unrecorded child
 _SLACK_S = 2.0  # a lock this much older than a record is not that step's (clock granularity)
@@ -134,13 +154,13 @@ _counter_lock = threading.Lock()
 
 def _alive(pid: int | None, start: float | None) -> bool:
     # Start times come back from a record file: half a second of slack for rounding.
-    return bool(pid) and is_running(pid, start, tolerance_s=0.5)
+    return pid is not None and pid != 0 and is_running(pid, start, tolerance_s=0.5)
 
 
 class StepRecord:
     """One mutating git step, on disk while it runs."""
 
-    def __init__(self, path: Path, data: dict):
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
         self.path, self.data = path, data
 
     @property
@@ -186,7 +206,7 @@ class StepRecord:
         return not _carries_marker(self.name)
 
 
-def _write_json(path: Path, data: dict) -> None:
+def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
@@ -204,7 +224,7 @@ def _carries_marker(name: str) -> bool:
     return False
 
 
-def begin_step(cwd: Path, argv: list[str], env: dict | None) -> StepRecord | None:
+def begin_step(cwd: Path, argv: list[str], env: Mapping[str, str] | None) -> StepRecord | None:
     """Write the record of a mutating step about to run in `cwd`; None outside a repository."""
     dirs = git_dirs(cwd)
     if dirs is None:
@@ -279,7 +299,8 @@ def _candidates(record: StepRecord) -> list[str]:
     return found
 
 
-def sweep(common: Path, *, mine: StepRecord | None = None, on_stale=None) -> list[str]:
+def sweep(common: Path, *, mine: StepRecord | None = None,
+          on_stale: Callable[[str], None] | None = None) -> list[str]:
     """Remove the lock files steps of ours that died left behind, then their records.
 
     A lock is removed only when a dead step lists it, it is no older than that step, and no
@@ -315,7 +336,7 @@ def sweep(common: Path, *, mine: StepRecord | None = None, on_stale=None) -> lis
 
 
 def stale_lock(lock: str, common: Path | None, *, mine: StepRecord | None = None,
-               on_stale=None) -> bool:
+               on_stale: Callable[[str], None] | None = None) -> bool:
     """Remove `lock` if it is stale (a dead step's, or a dead lane's marked index lock), with
     whatever else the dead steps left; True when this call removed `lock` itself."""
     if not os.path.lexists(lock):
@@ -331,3 +352,182 @@ def stale_lock(lock: str, common: Path | None, *, mine: StepRecord | None = None
     if common is None:
         return False
     return lock in sweep(common, mine=mine, on_stale=on_stale)
+
+
+# -- the repository's mutation lock -------------------------------------------------------------
+
+
+class Repository(Protocol):
+    """What the repository lock needs of a repository: where its git common dir is."""
+
+    def common_dir(self) -> Path: ...
+
+
+LOCK_FILE_NAME = "bmad-loop.lock"
+T = TypeVar("T")
+
+# Per-thread depth of the locks this thread holds, keyed by lock file: makes repo_lock re-entrant
+# within a thread (a caller may hold it around several mutations that each take it again).
+_held = threading.local()
+
+
+@contextmanager
+def repo_lock(git: Repository) -> Iterator[None]:
+    """Hold the repository's mutation lock: ``fcntl.flock`` on ``<common_dir>/bmad-loop.lock``.
+
+    Each outermost acquisition opens its own file description, so threads of one process exclude
+    each other as well as processes do; the kernel releases it if the holder is killed (even with
+    SIGKILL). Re-entrant within one thread. Do not fork while holding it (the child would share
+    it). Works only among processes on one machine (the scale-out mode needs a lease instead).
+    """
+    path = str(git.common_dir() / LOCK_FILE_NAME)
+    depths = _held.__dict__.setdefault("depths", {})
+    if depths.get(path):
+        depths[path] += 1
+        try:
+            yield
+        finally:
+            depths[path] -= 1
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        depths[path] = 1
+        try:
+            yield
+        finally:
+            depths[path] = 0
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def locked_read(git: Repository, read: Callable[[], T]) -> T:
+    """`read()` kept apart from bmad-loop's mutations, without creating the lock file.
+
+    A read-only command (`validate`, `status`) must leave `.git` as it found it. Every mutation
+    creates the lock file before it starts and nothing deletes it, so when the file is missing
+    both before and after the read, no mutation overlapped it; when it appeared meanwhile (a
+    first run starting this moment), the read runs again under the lock.
+    """
+    path = git.common_dir() / LOCK_FILE_NAME
+    if not path.exists():
+        try:
+            result = read()
+        except Exception:
+            if not path.exists():
+                raise
+        else:
+            if not path.exists():
+                return result
+    with repo_lock(git):
+        return read()
+
+
+# -- a checkout's index lock --------------------------------------------------------------------
+
+INDEX_LOCK_MARKER = b"bmad-loop index lock"
+
+
+def lock_owner(lock: Path) -> tuple[str, int] | None:
+    """(host, pid) of a bmad-loop lock file; None for a lock git made (or an unreadable one)."""
+    try:
+        head = lock.read_bytes()[:200]
+    except OSError:
+        return None
+    if not head.startswith(INDEX_LOCK_MARKER):
+        return None
+    words = head[len(INDEX_LOCK_MARKER):].decode("utf-8", "replace").split()
+    try:
+        return words[0], int(words[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def stale_marker_lock(lock: Path) -> bool:
+    """True for a bmad-loop lock on this host whose process is gone."""
+    owner = lock_owner(lock)
+    if owner is None or owner[0] != host_name():
+        return False
+    host, pid = owner
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class IndexLock:
+    """`<index>.lock` of one checkout, taken exclusively; waits for a foreign holder.
+
+    `on_wait(path)` is called once when the lock is found held; `on_stale(path)` when a stale
+    lock of a dead bmad-loop process is removed.
+    """
+
+    def __init__(self, index: Path, *, wait_s: float,
+                 on_wait: Callable[[str], None] | None = None,
+                 on_stale: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.index = Path(index)
+        self.lock = self.index.with_name(self.index.name + ".lock")
+        self.wait_s = wait_s
+        self.on_wait, self.on_stale = on_wait, on_stale
+        self.clock, self.sleep = clock, sleep
+        self.held = False
+
+    def acquire(self) -> None:
+        deadline = self.clock() + self.wait_s
+        delay, told = 0.01, False
+        while True:
+            try:
+                fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if stale_marker_lock(self.lock):
+                    self._remove_stale()
+                    continue
+                if self.clock() >= deadline:
+                    raise TransientError(
+                        f"{self.lock} is held by another git process (an editor, a person?) "
+                        f"and stayed so for {self.wait_s:g}s", where=str(self.lock)) from None
+                if not told and self.on_wait:
+                    self.on_wait(str(self.lock))
+                told = True
+                self.sleep(delay)
+                delay = min(delay * 2, 0.25)
+                continue
+            try:
+                os.write(fd, INDEX_LOCK_MARKER + f" {host_name()} {os.getpid()}\n".encode())
+            finally:
+                os.close(fd)
+            self.held = True
+            return
+
+    def install(self, new_index: Path) -> None:
+        """Make `new_index` the checkout's index (atomically), still holding the lock."""
+        os.replace(new_index, self.index)
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            if lock_owner(self.lock) == (host_name(), os.getpid()):
+                self.lock.unlink(missing_ok=True)
+
+    def _remove_stale(self) -> None:
+        try:
+            self.lock.unlink()
+        except FileNotFoundError:
+            return
+        if self.on_stale:
+            self.on_stale(str(self.lock))
+
+    def __enter__(self) -> IndexLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,4 +1,4 @@
-"""A thin, thread-safe wrapper around the git command line.
+"""bmad-loop's own git processes: a thin, thread-safe wrapper around the git command line.
 
 Every git operation in bmad-loop goes through `Git.run`, which starts one `git` subprocess per
 call. We use the CLI through `subprocess` deliberately rather than GitPython: GitPython is not
@@ -21,9 +21,9 @@ Every git process bmad-loop starts runs with ``-c core.hooksPath=/dev/null -c
 core.fsmonitor=false`` (command-line configuration wins over every file): no hook or fsmonitor
 an agent planted in the repository runs inside bmad-loop's own git. `/dev/null` is not a folder
 on Linux or macOS, so git finds no hook there and says nothing. The hooks a project names in
-``[scm] run_hooks`` run from a private folder of pinned wrappers instead (`gitconfig_guard`).
+``[scm] run_hooks`` run from a private folder of pinned wrappers instead (`config_guard`).
 Filters, merge and diff drivers stay on (Git LFS must keep storing pointers): the defence
-against a planted one is detection, by the fingerprint `gitconfig_guard` takes around every
+against a planted one is detection, by the fingerprint `config_guard` takes around every
 agent session.
 
 Git's lock files (``index.lock``, ``HEAD.lock``, ``refs/heads/<b>.lock``, ``packed-refs.lock``,
@@ -32,9 +32,19 @@ what a failing command prints. A lock a dead step of bmad-loop's own left is rem
 (`on_stale_lock`); any other is waited for, with a bounded back-off, for up to `lock_wait_s`
 (``[scm] lock_wait_s``), and then the step fails with a `TransientError` naming the file
 (`on_lock_wait` is told once per file). Mutating steps are written down before they start so a
-stale lock can be told apart: see `gitlocks`.
+stale lock can be told apart: see `locks`, which also holds the repository's own mutation
+lock (`repo_lock`).
 
-The repository's own mutation lock (`repo_lock`) is in repolock.py.
+The git executable is the trusted git of this process (`sandbox.programs`, looked up once).
+Branch names are judged in pure Python (`branch_name_ok`, git's refs.c `check_refname_format`
+with flags 0, plus ``--branch``), so a story key or a branch name costs no git process.
+
+``git commit`` and ``fetch`` start ``git maintenance run --auto`` when they are done: one more
+git process per commit (~2 ms here), which mostly finds nothing to do. bmad-loop's own commits
+and fetches pass ``-c maintenance.auto=false`` (`NO_AUTO_MAINTENANCE`), and the run settles with
+the same check once (`run_deferred_maintenance`: completed, paused, stopped, failed), so the
+repository is still kept as git would keep it. A user who turned ``maintenance.auto`` off gets
+none from us either. Older git (before ``git maintenance``, 2.29) runs ``gc --auto`` instead.
 """
 
 from __future__ import annotations
@@ -42,19 +52,22 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypedDict
 
 from . import locks as gitlocks
-from .env import clean_env, git_program  # clean_env re-exported
-from .refnames import branch_name_ok  # re-exported: the one check, git's rules in pure Python
 from ..errors import GitError, TransientError
 from ..caches import CACHES
+from ..sandbox.programs import trusted_program, untrusted_reason
 
-__all__ = ["Identity", "Git", "branch_name_ok", "clean_env", "is_full_sha"]
+__all__ = ["Identity", "CommitHeader", "Git", "branch_name_ok", "branch_name_problem",
+           "clean_env", "git_program", "is_full_sha", "NO_AUTO_MAINTENANCE",
+           "run_deferred_maintenance"]
 
 NO_HOOKS = "/dev/null"  # core.hooksPath that holds no hook, on Linux and macOS alike
 
@@ -69,7 +82,93 @@ _FULL_SHA = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 def is_full_sha(rev: str | None) -> bool:
     """A full object name (SHA-1 or SHA-256) names itself: callers that hold one need no
     ``rev-parse`` to know what it is (a missing object still fails the command that uses it)."""
-    return bool(rev) and _FULL_SHA.fullmatch(rev) is not None
+    return rev is not None and _FULL_SHA.fullmatch(rev) is not None
+
+
+# -- the environment and the executable ----------------------------------------------------
+
+# Inherited GIT_* variables we keep: they only say how to reach remotes or how to trace.
+_KEEP_GIT_VARS = frozenset({
+    "GIT_SSH", "GIT_SSH_COMMAND", "GIT_SSH_VARIANT", "GIT_ASKPASS", "GIT_PROXY_COMMAND",
+    "GIT_SSL_NO_VERIFY", "GIT_SSL_CAINFO", "GIT_SSL_CAPATH", "GIT_HTTP_USER_AGENT",
+    "GIT_CURL_VERBOSE", "GIT_EXEC_PATH",
+    "GIT_CONFIG_NOSYSTEM",  # can only make git read less configuration
+})
+
+
+def git_program(path: str | None = None) -> str:
+    """The git executable bmad-loop runs: the trusted one (`sandbox.programs`), looked up once
+    per process on its PATH, never a git planted later in a folder the box writes; `path` is
+    not searched (kept for callers). GitError when PATH has no git, or none it can trust."""
+    found = trusted_program("git")
+    if not found:
+        planted = shutil.which("git")
+        raise GitError(f"cannot run git: {untrusted_reason(planted) if planted else 'not on PATH'}")
+    return found
+
+
+def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """os.environ without git redirections, plus our fixed settings, plus `extra` (which wins)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("GIT_") or k in _KEEP_GIT_VARS or k.startswith("GIT_TRACE")
+    }
+    env["LC_ALL"] = "C"
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    env["GIT_OPTIONAL_LOCKS"] = "0"
+    if extra:
+        env.update({str(k): str(v) for k, v in extra.items()})
+    return env
+
+
+# -- ref names ------------------------------------------------------------------------------
+
+_REF_BAD_CHARS = frozenset(" ~^:?*[\\\x7f") | frozenset(chr(c) for c in range(0x20))
+_REF_BAD_RE = re.compile("[" + re.escape("".join(sorted(_REF_BAD_CHARS))) + "]")
+
+
+def _component_problem(component: str) -> str | None:
+    if component == "":
+        return "empty path component (leading, trailing or double '/')"
+    if component.startswith("."):
+        return f"component '{component}' starts with '.'"
+    if component.endswith(".lock"):
+        return f"component '{component}' ends with '.lock'"
+    if ".." in component:
+        return "contains '..'"
+    if "@{" in component:
+        return "contains '@{'"
+    bad = _REF_BAD_RE.search(component)  # the first one, as a loop over the characters would
+    if bad is not None:
+        return f"contains the forbidden character {bad.group()!r}"
+    return None
+
+
+def branch_name_problem(name: str) -> str | None:
+    """Why git would refuse `name` as a branch name (`git check-ref-format --branch`), or None.
+
+    Names git would expand rather than judge (`@{-1}`, `@{upstream}`) are refused too: any `@{`.
+    """
+    if name.startswith("-"):
+        return "starts with '-'"
+    if name == "HEAD":
+        return "is 'HEAD'"
+    if name.endswith("."):
+        return "ends with '.'"
+    for component in name.split("/"):
+        problem = _component_problem(component)
+        if problem is not None:
+            return problem
+    return None
+
+
+def branch_name_ok(name: str) -> bool:
+    """True when git accepts `name` as a new branch name; checked without running git."""
+    return branch_name_problem(name) is None
+
+
+# -- running git ----------------------------------------------------------------------------
 
 # Subcommands that write something a lock guards (`config` only when it sets a value).
 _MUTATING = frozenset({
@@ -89,6 +188,18 @@ _NO_RETRY = {("worktree", "add"), ("clone",)}
 # for an update-ref with an expected old value it is the compare-and-swap's answer.
 _RACE_RETRY = frozenset({"fetch", "pull", "remote"})
 _MAX_BACKOFF_S = 1.0
+
+
+class CommitHeader(TypedDict):
+    """A commit's headers: `author` and `committer` as (name, email, "@<unix> <tz>"), and its
+    `message` as stored (exact text)."""
+
+    tree: str
+    parents: list[str]
+    author: tuple[str, str, str]
+    committer: tuple[str, str, str]
+    message: str
+
 
 @dataclass(frozen=True)
 class Identity:
@@ -111,7 +222,7 @@ class _Call:
     input: str | bytes | None
     timeout: float | None
     text: bool
-    step: object
+    step: gitlocks.StepRecord | None
 
 
 class Git:
@@ -157,7 +268,7 @@ class Git:
         input: str | bytes | None = None,
         timeout: float | None = None,
         text: bool | None = None,
-    ) -> subprocess.CompletedProcess:
+    ) -> subprocess.CompletedProcess[Any]:
         """Run ``git *args`` in `cwd` (default: the repository) and capture its output.
 
         Text mode (UTF-8, undecodable bytes kept as surrogates) unless `input` is bytes or
@@ -185,7 +296,7 @@ class Git:
             raise _error(shown, proc)
         return proc
 
-    def _run_waiting(self, call: _Call):
+    def _run_waiting(self, call: _Call) -> subprocess.CompletedProcess[Any]:
         argv = ["git", "-c", f"core.hooksPath={self.hooks_path()}", "-c", "core.fsmonitor=false",
                 *call.words]
         extra = dict(call.env or {})
@@ -193,7 +304,8 @@ class Git:
             extra[gitlocks.STEP_ENV] = call.step.name
         command, sub, where, step = _show(call.shown), call.sub, call.where, call.step
         no_retry = tuple(sub[:2]) in _NO_RETRY or tuple(sub[:1]) in _NO_RETRY
-        deadline, delay, told = None, 0.05, set()
+        deadline: float | None = None
+        delay, told = 0.05, set[str]()
         while True:
             proc = self._spawn(call, argv, extra)
             if proc.returncode == 0:
@@ -226,9 +338,10 @@ class Git:
             self.sleep(min(delay, max(deadline - now, 0.0)))
             delay = min(delay * 2, _MAX_BACKOFF_S)
 
-    def _spawn(self, call: _Call, argv: list[str], extra: dict):
+    def _spawn(self, call: _Call, argv: list[str],
+               extra: dict[str, str]) -> subprocess.CompletedProcess[Any]:
         shown, where, input, timeout, step = call.shown, call.where, call.input, call.timeout, call.step
-        kwargs: dict = {"encoding": "utf-8", "errors": "surrogateescape"} if call.text else {}
+        kwargs: dict[str, Any] = {"encoding": "utf-8", "errors": "surrogateescape"} if call.text else {}
         env = clean_env(extra)
         try:
             child = subprocess.Popen(
@@ -258,7 +371,7 @@ class Git:
             self._abandon(step, _show(shown))
         return subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
 
-    def _abandon(self, step, command: str) -> None:
+    def _abandon(self, step: gitlocks.StepRecord | None, command: str) -> None:
         if step is None:
             return
         try:
@@ -306,7 +419,7 @@ class Git:
         self._hooks = str(pin_hooks(self, self.run_hooks, refresh=True))
         return self._hooks
 
-    def out(self, *args: object, **kw) -> str:
+    def out(self, *args: object, **kw: Any) -> str:
         """stdout of ``git *args``, stripped (decoded even when the input was bytes)."""
         stdout = self.run(*args, **kw).stdout
         if isinstance(stdout, bytes):
@@ -373,25 +486,27 @@ class Git:
         """Committer date of `sha` as ``@<unix> <tz>``, a value GIT_COMMITTER_DATE accepts."""
         return self.commit_header(sha)["committer"][2]
 
-    def commit_header(self, sha: str) -> dict:
-        """Parsed headers of a commit: ``tree``, ``parents`` (list), ``author`` and ``committer``
-        as ``(name, email, "@<unix> <tz>")``, and ``message`` (exact text)."""
+    def commit_header(self, sha: str) -> CommitHeader:
+        """Parsed headers of a commit: its tree, parents, author and committer, and message."""
         raw = self.run("cat-file", "commit", sha).stdout
         head, _, message = raw.partition("\n\n")
-        info: dict = {"parents": [], "message": message}
+        tree = ""
+        parents: list[str] = []
+        people: dict[str, tuple[str, str, str]] = {}
         for line in head.split("\n"):
             if line.startswith(" "):  # continuation of a multi-line header (gpgsig)
                 continue
             key, _, value = line.partition(" ")
             if key == "tree":
-                info["tree"] = value
+                tree = value
             elif key == "parent":
-                info["parents"].append(value)
+                parents.append(value)
             elif key in ("author", "committer"):
                 name, _, rest = value.partition(" <")
                 email, _, date = rest.rpartition("> ")
-                info[key] = (name, email, "@" + date.strip())
-        return info
+                people[key] = (name, email, "@" + date.strip())
+        return CommitHeader(tree=tree, parents=parents, author=people["author"],
+                            committer=people["committer"], message=message)
 
     def identity_env(self, date: str | None = None) -> dict[str, str]:
         """Environment giving our identity to author and committer (and both dates, if given)."""
@@ -432,7 +547,7 @@ def _mutates(sub: list[str]) -> bool:
     return True
 
 
-def _call(callback, *args) -> None:
+def _call(callback: Callable[..., None] | None, *args: object) -> None:
     if callback is None:
         return
     try:
@@ -446,7 +561,7 @@ def _show(argv: list[str]) -> str:
     return shown if len(shown) <= 200 else shown[:197] + "..."
 
 
-def _error(argv: list[str], proc: subprocess.CompletedProcess) -> GitError:
+def _error(argv: list[str], proc: subprocess.CompletedProcess[Any]) -> GitError:
     stderr = proc.stderr
     if isinstance(stderr, bytes):
         stderr = stderr.decode("utf-8", "replace")
@@ -454,3 +569,25 @@ def _error(argv: list[str], proc: subprocess.CompletedProcess) -> GitError:
     first = next((ln for ln in stderr.splitlines() if ln.strip()), "")
     message = f"{_show(argv)} failed (exit {proc.returncode})" + (f": {first}" if first else "")
     return GitError(message, returncode=proc.returncode, stderr=stderr)
+
+
+# -- maintenance, once a run settles ----------------------------------------------------------
+
+# Global options for a commit or fetch of ours: no automatic maintenance after it.
+NO_AUTO_MAINTENANCE = ("-c", "maintenance.auto=false")
+
+
+def run_deferred_maintenance(git: Git) -> bool:
+    """What ``git commit`` would have started, once: True when maintenance was asked for. Never
+    raises: housekeeping must not fail a run."""
+    try:
+        wanted = git.run("config", "--type=bool", "--get", "maintenance.auto", check=False)
+        if wanted.returncode == 0 and wanted.stdout.strip() == "false":
+            return False
+        proc = git.run("maintenance", "run", "--auto", "--quiet", check=False)
+        if proc.returncode != 0 and "maintenance" in (proc.stderr or ""):
+            proc = git.run("gc", "--auto", "--quiet", check=False)  # git before 2.29
+        return proc.returncode == 0
+    except (GitError, OSError) as exc:
+        log.warning("git maintenance after the run could not run (%s)", exc)
+        return False

@@ -1,4 +1,4 @@
-"""Worktrees and branches of one repository, made and removed idempotently.
+"""Worktrees and branches of one repository: made and removed idempotently, and kept clean.
 
 Every mutation here (worktree add/remove/prune, branch create/delete, ref delete; a new
 worktree's checkout aside, see below) runs under `repo_lock`, and the ``worktree list`` read is
@@ -34,6 +34,22 @@ every unfinished story of a live run owns its worktree path and branch whether a
 yet or not. A pinned ``post-checkout`` hook (``[scm] run_hooks``) keeps the single ``worktree
 add``: it runs on that checkout only. A new candidate worktree (`ensure_detached_worktree`) is
 made the same way.
+
+Upkeep of a worktree in use is here too. `make_exact` makes an existing worktree exactly one
+commit's tree, with git's own commands: a plain ``read-tree <sha>`` drops every index flag
+(skip-worktree, assume-unchanged and intent-to-add, which ``checkout -f`` and ``reset --hard``
+keep, and with them an edit hidden from git); ``checkout --detach -f <sha>`` writes the files
+that index names; ``clean -ffdx`` removes untracked and ignored files. What ran in the worktree
+before (a verification a crash cut short) leaves nothing a later one could see.
+
+An agent can run ``git update-index --skip-worktree <path>`` or ``--assume-unchanged <path>``
+in its worktree: from then on ``status``, ``diff`` and ``add -A`` treat that file as unchanged,
+whatever it holds. Left alone, the story's commit would drop the agent's edit of the file, and
+a reused worktree would hand the flag (and the hidden edit) to the next story. `flagged` reads
+those flags (``ls-files -v``: ``S``/``s`` skip-worktree, a lower-case tag assume-unchanged);
+`clear_flags` takes them off the paths that carry them (``update-index``, one process per kind,
+since git applies one such option per call), so the index keeps its stat data and the next
+``add -A`` looks at those files again.
 """
 
 from __future__ import annotations
@@ -42,23 +58,22 @@ import os
 import shutil
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .refnames import branch_name_ok
 from ..errors import GitError
-from .exacttree import make_exact
-from .repolock import locked_read, repo_lock
-from .runner import Git, is_full_sha
+from .locks import locked_read, repo_lock
+from .runner import Git, branch_name_ok, is_full_sha
 
 __all__ = [
     "WorktreeInfo", "list_worktrees", "checkout_of", "ensure_worktree", "ensure_detached_worktree",
     "worktree_at", "move_worktree", "remove_worktree", "delete_branch", "delete_ref", "prune",
-    "is_full_sha", "remove_tree",
+    "is_full_sha", "remove_tree", "make_exact", "Flagged", "flagged", "clear_flags",
 ]
 
 _ZERO_SHA = "0" * 40
 _INITIALIZING = "initializing"
+_LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
 
 
 @dataclass(frozen=True)
@@ -94,21 +109,21 @@ def list_worktrees(git: Git) -> list[WorktreeInfo]:
     """
     raw = locked_read(git, lambda: git.run("worktree", "list", "--porcelain", "-z").stdout)
     infos: list[WorktreeInfo] = []
-    record: dict = {}
-    for field in raw.split("\0"):
-        if field == "":
+    record: dict[str, str] = {}
+    for item in raw.split("\0"):
+        if item == "":
             if record:
                 infos.append(_info(record))
                 record = {}
             continue
-        key, _, value = field.partition(" ")
+        key, _, value = item.partition(" ")
         record[key] = value
     if record:
         infos.append(_info(record))
     return infos
 
 
-def _info(record: dict) -> WorktreeInfo:
+def _info(record: dict[str, str]) -> WorktreeInfo:
     head = record.get("HEAD") or None
     branch = record.get("branch")
     return WorktreeInfo(
@@ -191,7 +206,7 @@ def ensure_detached_worktree(git: Git, path: Path, sha: str) -> None:
     """Make `path` a worktree with a detached HEAD at `sha` (candidate worktrees).
 
     Idempotent: an existing detached worktree at `path` is reused, made exactly `sha`'s tree
-    first, at the same commit too (`exacttree.make_exact`: a verification must see nothing an
+    first, at the same commit too (`make_exact`: a verification must see nothing an
     earlier one left); one git cannot make so is removed and made again, as a half-made one is.
     A new one is registered under the lock and checked out without it, as a new story's is.
     """
@@ -325,7 +340,8 @@ def _add(git: Git, path: Path, what: str, *, detach: bool = False,
     argv = ["worktree", "add", "--quiet"] + (["--detach"] if detach else [])
     if not checkout:
         argv += ["--no-checkout", "--lock", "--reason", _INITIALIZING]
-    argv += ["--no-track", "-b", what, path, new_branch_at] if new_branch_at else [path, what]
+    where = os.fspath(path)
+    argv += ["--no-track", "-b", what, where, new_branch_at] if new_branch_at else [where, what]
     try:
         git.run(*argv)
     except GitError:
@@ -427,3 +443,55 @@ def remove_tree(path: Path) -> None:
                 if not os.path.islink(p):
                     os.chmod(p, os.stat(p).st_mode | stat.S_IRWXU)
         shutil.rmtree(path)
+
+
+# -- upkeep of a worktree in use ---------------------------------------------------------------
+
+
+def make_exact(git: Git, path: Path, sha: str) -> bool:
+    """Make the worktree at `path` exactly `sha`'s tree, HEAD detached there; False when git
+    could not (a read-only folder ``clean`` cannot empty): the caller makes it again."""
+    try:
+        git.run("read-tree", sha, cwd=path)
+        git.run("checkout", "--quiet", "--detach", "-f", sha, cwd=path)
+        git.run("clean", "-ffdxq", cwd=path)
+    except GitError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Flagged:
+    """The paths of a worktree's index that carry a flag hiding their edits from git."""
+
+    skip_worktree: list[str] = field(default_factory=list)
+    assume_unchanged: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.skip_worktree or self.assume_unchanged)
+
+
+def flagged(git: Git, worktree: Path) -> Flagged:
+    """The index entries of `worktree` that carry skip-worktree or assume-unchanged."""
+    out = git.run("ls-files", "-v", "-z", cwd=worktree).stdout
+    skip: list[str] = []
+    assume: list[str] = []
+    for entry in filter(None, out.split("\0")):
+        tag, path = entry[:1], entry[2:]
+        if tag in ("S", "s"):
+            skip.append(path)
+        if tag.islower():
+            assume.append(path)
+    return Flagged(skip, assume)
+
+
+def clear_flags(git: Git, worktree: Path) -> Flagged:
+    """Take skip-worktree and assume-unchanged off every entry of `worktree`'s index that has
+    either; what was flagged (empty: nothing was, and only one git process ran)."""
+    found = flagged(git, worktree)
+    for option, paths in (("--no-skip-worktree", found.skip_worktree),
+                          ("--no-assume-unchanged", found.assume_unchanged)):
+        if paths:
+            git.run("update-index", option, "-z", "--stdin", cwd=worktree,
+                    input="\0".join(paths) + "\0", env=_LITERAL)
+    return found

@@ -22,7 +22,7 @@ from typing import NamedTuple
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
-from ...git.trees.ancestry import foreign_parents
+from ...git.trees.merge import foreign_parents
 from ...git.trees.settle import Generators
 from ...git.trees.compose import (
     Composition,

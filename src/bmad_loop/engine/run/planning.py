@@ -65,7 +65,7 @@ from ...bmad.v4 import v4_board
 from ...db.identity import database_id
 from ...db.models import Run, Story, utcnow
 from ...errors import ConfigError, GitError, StateError
-from ...git.refnames import branch_name_ok
+from ...git.runner import branch_name_ok
 from ...git.trees.committed import CommittedTree, FolderTree
 from ...policy import env_override
 from ...states import RUN_LIVE, RUN_ONE_PER_TARGET, Phase, RunState, StoryState

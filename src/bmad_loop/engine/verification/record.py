@@ -37,7 +37,7 @@ import stat
 from pathlib import Path
 
 from ...errors import GitError
-from ...git.indexflags import clear_flags
+from ...git.worktrees import clear_flags
 from ...states import Phase
 from ..journal import record
 from ...git.runner import Git

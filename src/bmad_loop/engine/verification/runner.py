@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 from ...agents.adapter import read_tail
 from ...agents.process import Command, Limits, LogCut, supervise
 from ...db.models import Flake
-from ...git.exacttree import make_exact
+from ...git.worktrees import make_exact
 from ...git.runner import Git
 from ...git.worktrees import ensure_detached_worktree
 from ...policy import Policy

@@ -25,6 +25,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from ...db.models import TargetCheck, utcnow
+from ...git.worktrees import make_exact
 from ...git.worktrees import ensure_detached_worktree, remove_worktree
 from ..journal import record
 from .runner import LaneVerifier, VerifyResult, record_flakes

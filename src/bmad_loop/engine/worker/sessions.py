@@ -62,7 +62,7 @@ from ...db.database import insert_now
 from ...db.models import Attempt, Run, utcnow
 from ...fileio import LinkRefused, read_beneath, shown, unlink_beneath, write_beneath
 from ...git.config_guard import ConfigWatch
-from ...git.trees.sessionfolder import SESSION_FOLDER
+from ...git.trees.compose import SESSION_FOLDER
 from ...agents.prompts import PHASE_INSTRUCTIONS, PromptSpec, build_prompt
 from ...agents.profiles import resolve_command
 from ...agents.tmux_session import session_name, tmux_available
@@ -74,7 +74,7 @@ from ..workspace.guard import read_guard_log
 from ..journal import record
 from .repair import repair_env, repair_prompt_text
 from ..usage import USAGE_FILE_VAR, budget_set, read_usage_file, usage_file
-from ...git.indexflags import clear_flags
+from ...git.worktrees import clear_flags
 from ..workspace.base import matches_any
 from ..verification.record import keep, restore
 from .context import Claim

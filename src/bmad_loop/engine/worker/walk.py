@@ -27,11 +27,11 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from ...git.trees.ancestry import current_base
+from ...git.trees.merge import current_base
 from ...git.trees.compose import changed_paths, commit_message
 from ...db.models import Attempt, Run, Story, utcnow
 from ...errors import GitError, StopRequested
-from ...git.trees.sessionfolder import SessionFolderStaged
+from ...git.trees.compose import SessionFolderStaged
 from ...git.config_guard import CONFIG_CHANGED_PREFIX, changed_files
 from ...states import AttemptState, Phase, RunState, StoryState
 from ..verification.childenv import settle_after_box, story_verify_setup

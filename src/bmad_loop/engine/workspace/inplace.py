@@ -9,7 +9,7 @@ that edits one of them escalates the story instead of mixing its work with a hum
 from __future__ import annotations
 
 from ...git.trees.compose import clear_operation_state, dirty_paths
-from ...git.maintenance import NO_AUTO_MAINTENANCE
+from ...git.runner import NO_AUTO_MAINTENANCE
 from ..escalation import Escalate
 from .base import Prepared, Workspace, matches_any
 

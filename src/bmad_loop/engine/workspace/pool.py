@@ -62,9 +62,9 @@ from pathlib import Path
 from sqlalchemy import select
 
 from ...errors import GitError
-from ...git.repolock import repo_lock
-from ...git.maintenance import run_deferred_maintenance
-from ...git.indexflags import flagged
+from ...git.locks import repo_lock
+from ...git.runner import run_deferred_maintenance
+from ...git.worktrees import flagged
 from ...git.worktrees import (
     delete_branch,
     list_worktrees,

@@ -8,6 +8,9 @@ to a `Target` only, so the mode is chosen once, here, by `make_target`.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from ..runner import Git
 from .base import Target
 from .local import LocalTarget
 from .remote import RemoteTarget
@@ -15,7 +18,8 @@ from .remote import RemoteTarget
 __all__ = ["Target", "LocalTarget", "RemoteTarget", "make_target"]
 
 
-def make_target(git, branch: str, remote_url: str | None, *, checkout=None) -> Target:
+def make_target(git: Git, branch: str, remote_url: str | None, *,
+                checkout: Path | None = None) -> Target:
     """The target `branch` as this process sees it: on `remote_url`, or in `git`'s repository.
 
     `checkout` is the folder the run was planned from (local mode reads story files there)."""

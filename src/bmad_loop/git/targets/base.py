@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,7 +20,7 @@ class Target(ABC):
     #: Story branches travel through a shared remote: pushed when ready, fetched to integrate.
     publishes_stories = False
 
-    def __init__(self, git: Git, branch: str):
+    def __init__(self, git: Git, branch: str) -> None:
         self.git = git
         self.branch = branch
 
@@ -42,7 +43,8 @@ class Target(ABC):
         return None
 
     @contextmanager
-    def checkout_held(self, *, wait_s: float = 30, on_wait=None, on_stale=None):
+    def checkout_held(self, *, wait_s: float = 30, on_wait: Callable[[str], None] | None = None,
+                      on_stale: Callable[[str], None] | None = None) -> Iterator[Path | None]:
         """Hold the target checkout (its index lock) across an advance; yields its path, or None
         when no checkout follows the target. Inside, `sync_checkout` brings it along."""
         yield None

@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import GitError
-from ..repolock import repo_lock
-from ..maintenance import NO_AUTO_MAINTENANCE
+from ..locks import repo_lock
+from ..runner import NO_AUTO_MAINTENANCE, Git
 from .base import Target
 
 __all__ = ["RemoteTarget", "TARGET_MIRROR_NAMESPACE", "FETCHED_NAMESPACE"]
@@ -29,11 +29,13 @@ FETCHED_NAMESPACE = "refs/bmad-loop/fetched/"
 
 
 class RemoteTarget(Target):
+    """The target branch `branch` of the shared remote at `url`, seen from `git`'s clone."""
+
     # A landed story's worktree is on its story host; that host sweeps it.
     lane_removes_story_worktrees = False
     publishes_stories = True
 
-    def __init__(self, git, branch: str, url: str):
+    def __init__(self, git: Git, branch: str, url: str) -> None:
         super().__init__(git, branch)
         self.url = url
 
@@ -107,7 +109,7 @@ class RemoteTarget(Target):
 
     def foreign_story_branches(self, namespace: str) -> dict[str, str]:
         out = self.git.out("ls-remote", "--heads", self.url, f"refs/heads/{namespace}*")
-        found = {}
+        found: dict[str, str] = {}
         for line in out.splitlines():
             sha, _, ref = line.partition("\t")
             if ref.startswith("refs/heads/"):

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import posixpath
+from collections.abc import Iterable
 from pathlib import Path
 
 from ...errors import ConfigError, GitError
+from ..runner import Git
 from .edit import cat_file_batch
 
 __all__ = ["CommittedTree", "FolderTree", "TreeView", "uncommitted"]
@@ -47,7 +49,7 @@ class TreeView:
     def read(self, rel: str) -> bytes:
         return self.read_many([rel])[rel]
 
-    def read_many(self, rels) -> dict[str, bytes]:
+    def read_many(self, rels: Iterable[str]) -> dict[str, bytes]:
         raise NotImplementedError
 
     def text(self, rel: str, what: str, shown: Path) -> str:
@@ -71,7 +73,7 @@ class TreeView:
 class CommittedTree(TreeView):
     """The files of commit `sha`, relative to the folder `git` runs in (the project root)."""
 
-    def __init__(self, git, sha: str, label: str = "") -> None:
+    def __init__(self, git: Git, sha: str, label: str = "") -> None:
         super().__init__()
         self.git, self.sha = git, sha
         self.where = f"the committed target ({label + ' at ' if label else ''}{sha[:10]})"
@@ -88,15 +90,20 @@ class CommittedTree(TreeView):
             if kind == "blob" and mode in _FILE_MODES:
                 self._add(path.decode("utf-8", "surrogateescape"), blob)
 
-    def read_many(self, rels) -> dict[str, bytes]:
-        rels = [r for r in dict.fromkeys(rels)]
+    def read_many(self, rels: Iterable[str]) -> dict[str, bytes]:
+        rels = list(dict.fromkeys(rels))
         missing = [r for r in rels if r not in self._files]
         if missing:
             raise KeyError(missing[0])
         if not rels:
             return {}
         found = cat_file_batch(self.git, [self._files[r] for r in rels])  # blob ids: never missing
-        return {rel: obj[1] for rel, obj in zip(rels, found)}
+        read: dict[str, bytes] = {}
+        for rel, obj in zip(rels, found):
+            if obj is None:
+                raise GitError(f"{rel}: its blob is missing from {self.where}")
+            read[rel] = obj[1]
+        return read
 
 
 class FolderTree(TreeView):
@@ -114,11 +121,11 @@ class FolderTree(TreeView):
             for name in files:
                 self._add(posixpath.join(rel_folder, name), name)
 
-    def read_many(self, rels) -> dict[str, bytes]:
+    def read_many(self, rels: Iterable[str]) -> dict[str, bytes]:
         return {rel: (self.root / rel).read_bytes() for rel in rels}
 
 
-def uncommitted(git, paths) -> list[tuple[str, str]]:
+def uncommitted(git: Git, paths: Iterable[str | None]) -> list[tuple[str, str]]:
     """Which files under `paths` (files or folders, relative to the project root) hold changes
     the last commit of the checkout does not: `(what, path)`, e.g. `("M", "docs/board.yaml")`
     or `("untracked", "docs/stories/1-1-a.md")`."""

@@ -6,7 +6,13 @@ commits take their identity from `Git.identity` and both their dates from the st
 committer date, so composing the same inputs twice yields the same SHA.
 
 The merges and the replay of a story's commits (the ``ff`` strategy on a moved target) are in
-treemerge.py; the merge rules that settle ledgers and derived files in mergesettle.py.
+merge.py; the merge rules that settle ledgers and derived files in settle.py.
+
+The worker's commit of a story (`commit_worktree`) never holds the session folder
+(`.bmad-loop-session/`, bmad-loop's prompt files in a story worktree): `info/exclude` keeps it
+out of ``git add -A``, but an agent can still stage it — as a symlink (which
+``/.bmad-loop-session/``, a folder pattern, does not match), with ``git add -f``, or in a commit
+of its own. A story commit whose tree holds the name in any form is refused.
 
 Globs (`path_matches`, used for lane-owned files) follow gitignore rules from the repository root:
 a pattern without a slash (other than a trailing one) matches at any depth; a leading ``/`` or a
@@ -22,18 +28,17 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from ...errors import GitError
-from ..repolock import repo_lock
+from ..locks import repo_lock
 from ..runner import Git, is_full_sha
-from ..indexflags import clear_flags
-from .mergeattrs import committed_attributes
-from .sessionfolder import refuse_session_folder
+from ..worktrees import clear_flags
 from .settle import Generators, MergeRules, Regeneration, Settled, Sides, settle
-from .merge import commit_tree, merge_base, merge_trees, replay_commits, tree_of
+from .merge import commit_tree, committed_attributes, merge_base, merge_trees, replay_commits, tree_of
 from ...caches import CACHES
 from .diff import changed_paths, changed_status, dirty_paths, remember_diff  # noqa: F401 (re-exported)
 from .edit import blob_at, blobs_at, replace_blob, replace_blobs  # noqa: F401 (re-exported)
@@ -59,16 +64,14 @@ __all__ = [
     "cas_advance",
     "overlapping_dirty",
     "sync_checkout",
+    "SESSION_FOLDER",
+    "SessionFolderStaged",
+    "refuse_session_folder",
 ]
 
 STRATEGIES = ("ff", "merge", "squash")
 _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
-
-
-# -- reading ------------------------------------------------------------------------------------
-
-
-# -- trees and commits --------------------------------------------------------------------------
+SESSION_FOLDER = ".bmad-loop-session"
 
 
 def _lane_text(message: str) -> str:
@@ -79,7 +82,7 @@ def _lane_text(message: str) -> str:
 
 
 def commit_message(template: str, *, story_key: str, story_title: str | None, run_id: str,
-                   epic) -> str:
+                   epic: str | None) -> str:
     """`[scm] commit_message_template` filled in for one story: the message of the worker's
     commit, and the title of the lane's. A story without a title uses its key."""
     return template.format(story_key=story_key, story_title=story_title or story_key,
@@ -108,6 +111,9 @@ def path_matches(globs: Iterable[str], path: str, directories: frozenset[str] | 
     return any(matches(g, path, directories) for g in globs if g.strip())
 
 
+# -- the worker's commit -----------------------------------------------------------------------
+
+
 def commit_worktree(
     git: Git,
     worktree: Path,
@@ -134,7 +140,7 @@ def commit_worktree(
     """
     worktree = Path(worktree)
     head, head_tree = clear_operation_state(git, worktree)
-    clear_flags(git, worktree)  # an edit hidden behind an index flag is an edit (indexflags.py)
+    clear_flags(git, worktree)  # an edit hidden behind an index flag is an edit (worktrees.py)
     exclude = _not_ignored(git, worktree, exclude)
     spec = (["--", "."] + [f":(exclude,literal){p}" for p in exclude]) if exclude else []
     git.run("add", "-A", *spec, cwd=worktree)
@@ -163,6 +169,22 @@ def commit_worktree(
         remember_diff(git, base_sha, head,
                       {p: letter for p, letter in changes.items() if p not in put_back})
     return head, reverted
+
+
+class SessionFolderStaged(GitError):
+    """The story's work would add the session folder (a symlink, a folder, a file)."""
+
+
+def refuse_session_folder(git: Git, worktree: Path) -> None:
+    """Raise SessionFolderStaged when the index of `worktree` (everything staged: what the
+    story commit would hold) names the session folder at the top, in any form."""
+    listed = git.run("ls-files", "--cached", "-z", "--", f":(literal){SESSION_FOLDER}",
+                     cwd=worktree).stdout
+    staged = [entry for entry in listed.split("\0") if entry]
+    if staged:
+        raise SessionFolderStaged(
+            f"the story's work adds bmad-loop's session folder {SESSION_FOLDER} (its prompt "
+            f"files, never committed): {staged[0]!r} is staged; refused")
 
 
 # What a half-done merge, cherry-pick or revert leaves in a worktree's admin entry: a porcelain
@@ -204,7 +226,8 @@ def _cleaned(message: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def _revert_lane_owned(git: Git, worktree: Path, base_sha: str, revert_globs: Sequence[str]):
+def _revert_lane_owned(git: Git, worktree: Path, base_sha: str,
+                       revert_globs: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """Put the lane-owned paths the story changed back to `base_sha` (everything is staged):
     (the reverted paths, the story's changes by path)."""
     # Once everything is staged, one diff of the index against the base names every path the
@@ -270,6 +293,12 @@ def _not_ignored(git: Git, worktree: Path, paths: Sequence[str]) -> list[str]:
 # -- composition --------------------------------------------------------------------------------
 
 
+class JournalRecord(Protocol):
+    """What a composition keeps of a run it did not make itself: how the journal records it."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class Composition:
     """A candidate: `sha` None means a conflict, `tree` is then the tree with conflict markers."""
@@ -279,11 +308,11 @@ class Composition:
     conflicts: tuple[str, ...]
     strategy: str
     rebased: bool  # ff only: the story's commits were replayed onto a moved target
-    settled: tuple[Settled, ...] = ()  # paths a merge rule settled (mergesettle.py)
+    settled: tuple[Settled, ...] = ()  # paths a merge rule settled (settle.py)
     regenerate: tuple[Regeneration, ...] = ()  # generators the lane runs in the candidate
     failure: str | None = None  # why a candidate with no conflict failed (a generator did)
     failure_output: str = ""  # the failing generator's output tail
-    regenerated: tuple = ()  # the generators' runs (engine/lane/regenerate.py), for the journal
+    regenerated: tuple[JournalRecord, ...] = ()  # the generators' runs (engine/lane/regenerate.py), for the journal
 
     @property
     def ok(self) -> bool:
@@ -327,7 +356,7 @@ def compose(
     for `ff` it becomes one lane commit with `edit.message` on top (none when the edit changes
     nothing). `settling.rules` settle the paths they cover (git/trees/settle.py);
     `settling.base` is the story's own base (default: the merge base). Merges read attributes
-    from the target's committed tree only (git/trees/mergeattrs.py).
+    from the target's committed tree only (git/trees/merge.py, `committed_attributes`).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown merge strategy {strategy!r} (expected one of {STRATEGIES})")
@@ -341,8 +370,8 @@ def compose(
     return _fast_forward(git, (target, branch), message, edit, settling.rules, env)
 
 
-def _merged(git: Git, strategy: str, shas: tuple[str, str], message: str, edit, settling,
-            env) -> Composition:
+def _merged(git: Git, strategy: str, shas: tuple[str, str], message: str,
+            edit: LaneEdit | None, settling: Settling, env: Mapping[str, str]) -> Composition:
     """`merge` or `squash` of `shas` (target, branch): the merged tree, settled by the rules,
     the lane's edit folded in, one commit."""
     target, branch = shas
@@ -365,19 +394,20 @@ def _merged(git: Git, strategy: str, shas: tuple[str, str], message: str, edit, 
                        *done)
 
 
-def _fast_forward(git: Git, shas: tuple[str, str], message: str, edit, rules,
-                  env) -> Composition:
+def _fast_forward(git: Git, shas: tuple[str, str], message: str, edit: LaneEdit | None,
+                  rules: MergeRules, env: Mapping[str, str]) -> Composition:
     """`ff` of `shas` (target, branch): the branch itself, or its commits replayed onto the
     target, with the lane's edit as one commit on top."""
     target, branch = shas
     rebased = not git.is_ancestor(target, branch)
-    done: tuple = ((), ())
+    done: tuple[tuple[Settled, ...], tuple[Regeneration, ...]] = ((), ())
     if rebased:
         replayed = replay_commits(git, target, merge_base(git, target, branch), branch, rules)
         tip, tree, conflicts = replayed.tip, replayed.tree, replayed.conflicts
         done = (replayed.settled, replayed.regenerate)
         if conflicts:
             return Composition(None, tree, conflicts, "ff", True, *done)
+        assert tip is not None  # a replay without conflicts names its tip
     else:
         tip, tree = branch, tree_of(git, branch)
     if edit is not None:

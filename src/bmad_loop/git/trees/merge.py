@@ -1,34 +1,62 @@
-"""Three-way merges of trees in plumbing, and commits replayed onto another tip.
+"""Merges and history in plumbing: three-way merges of trees, commits replayed onto another
+tip, the attributes a merge reads, and a story's place in history.
 
-No worktree, index or ref is touched: ``merge-tree --write-tree`` merges two commits (reading
-attributes only from the target's committed tree, mergeattrs.py), ``commit-tree`` makes
-commits. git 2.39 has no ``merge-tree --merge-base``, so replaying a commit C with parent P is a
-cherry-pick through synthetic commits: a root B' (tree of P), X' (tree of C, parent B') and T'
-(tree of the current tip, parent B'); ``merge-tree --write-tree T' X'`` then merges with P's
-tree as the base. The synthetic commits are never referenced and are collected by ``git gc``.
-Merge rules (mergesettle.py) settle what they cover at each pick.
+No worktree, index or ref is touched: ``merge-tree --write-tree`` merges two commits,
+``commit-tree`` makes commits. git 2.39 has no ``merge-tree --merge-base``, so replaying a
+commit C with parent P is a cherry-pick through synthetic commits: a root B' (tree of P), X'
+(tree of C, parent B') and T' (tree of the current tip, parent B'); ``merge-tree --write-tree T'
+X'`` then merges with P's tree as the base. The synthetic commits are never referenced and are
+collected by ``git gc``. Merge rules (settle.py) settle what they cover at each pick.
+
+Merge attributes come from the target's committed tree, never from a checkout
+(`committed_attributes`). ``git merge-tree`` reads ``.gitattributes`` from the working tree it
+runs in: run from the main checkout, an uncommitted edit there (a new ``merge=union`` line, a
+deleted ``binary``) would change how the same inputs compose. git 2.40 has ``--attr-source``;
+2.38 and 2.39 do not, and ``merge-tree --write-tree`` reads no index. So the lane runs it in a
+throw-away folder that holds the target tree's ``.gitattributes`` files and nothing else, with
+``GIT_DIR`` naming the repository: git then sees exactly the committed attributes (plus the
+repository's ``info/attributes`` and the user's ``core.attributesFile``, which are
+configuration, as merge drivers in ``.git/config`` are).
+
+A story's place in history: `current_base` is the story's base once its branch contains a newer
+target: a person merged or rebased the target into it after an escalation, or bmad-loop merged
+it in for a repair. From then on the lane-owned-ledger guard, drift and composition measure the
+story's changes from there, so the target's own changes (the board marks of stories that landed
+meanwhile) are never taken for the story's and reverted. `foreign_parents` is the lane's check
+before it composes a story: walking the story's commits along first parents from its head down
+to its base, every parent must be one of those commits or already in the base's history. A
+merge of the target (which moved the base) passes; a commit that took a sibling story's tip as
+a parent — through a ``MERGE_HEAD`` an agent wrote, or a merge it made itself — does not, since
+the sibling's work is on no base of this story.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
+from ...caches import CACHES
 from ...errors import GitError
 from ..runner import Git
-from .mergeattrs import AttributeRoot, committed_attributes
-from .settle import MergeRules, Regeneration, Settled, Sides, settle
-from .edit import remember_commit
+from .settle import MergeRules, Regeneration, Settled, Settlement, Sides, settle
+from .edit import private_temp, read_objects, remember_commit
 
 __all__ = ["Replayed", "commit_tree", "empty_tree", "merge_base", "merge_trees", "replay_commits",
-           "tree_of"]
+           "tree_of", "AttributeRoot", "committed_attributes", "current_base", "foreign_parents"]
+
+
+# -- merges -------------------------------------------------------------------------------------
 
 
 def tree_of(git: Git, rev: str) -> str:
     return git.out("rev-parse", "--verify", "--end-of-options", f"{rev}^{{tree}}")
 
 
-def commit_tree(git: Git, tree: str, parents: Iterable[str], message: str, env: dict) -> str:
+def commit_tree(git: Git, tree: str, parents: Iterable[str], message: str,
+                env: Mapping[str, str]) -> str:
     argv = ["commit-tree", "--no-gpg-sign", tree]
     for p in parents:
         argv += ["-p", p]
@@ -41,10 +69,8 @@ def merge_trees(git: Git, ours: str, theirs: str,
                  at: AttributeRoot | None = None) -> tuple[str, tuple[str, ...]]:
     """``merge-tree --write-tree``: (tree, conflicted paths); no paths means a clean merge.
     `at`: where it runs, so that only the target's committed attributes apply."""
-    proc = git.run(
-        "merge-tree", "--write-tree", "-z", "--name-only", ours, theirs, check=False,
-        **({"cwd": at.cwd, "env": at.env} if at is not None else {}),
-    )
+    proc = git.run("merge-tree", "--write-tree", "-z", "--name-only", ours, theirs, check=False,
+                   cwd=at.cwd if at is not None else None, env=at.env if at is not None else None)
     fields = proc.stdout.split("\0")
     if proc.returncode == 0:
         return fields[0], ()
@@ -135,7 +161,7 @@ def replay_commits(git: Git, onto: str, base: str, head: str,
 
 
 def pick(git: Git, base_tree: str, theirs_tree: str, ours_tree: str, date: str,
-          rules: MergeRules):
+          rules: MergeRules) -> Settlement:
     """Three-way merge of trees with `base_tree` as the merge base (no --merge-base on 2.39),
     with the attributes of `ours_tree` (the tip the commit lands on), then `rules`."""
     env = git.identity_env(date)
@@ -149,3 +175,76 @@ def pick(git: Git, base_tree: str, theirs_tree: str, ours_tree: str, date: str,
 
 def empty_tree(git: Git) -> str:
     return git.out("mktree", input="")
+
+
+# -- the attributes a merge reads ---------------------------------------------------------------
+
+ATTRIBUTES = ".gitattributes"
+
+
+class AttributeRoot:
+    """Where a merge runs: `cwd` and the `env` that points git at the repository."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.cwd, self.env = cwd, env
+
+
+@contextmanager
+def committed_attributes(git: Git, tree: str) -> Iterator[AttributeRoot]:
+    """A folder holding `tree`'s `.gitattributes` files (commit or tree), removed afterwards."""
+    listing = git.out("ls-tree", "-r", "-z", "--name-only", tree).split("\0")
+    names = [p for p in listing if p == ATTRIBUTES or p.endswith("/" + ATTRIBUTES)]
+    with private_temp(git, "attrs-") as root:  # never the shared /tmp, which boxes write
+        folder = os.fspath(root)
+        for name, obj in zip(names, read_objects(git, [f"{tree}:{n}" for n in names])):
+            if obj is None or obj[1] != "blob":
+                continue
+            path = root / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(obj[2])
+        yield AttributeRoot(root, {"GIT_DIR": os.fspath(git.common_dir()), "GIT_WORK_TREE": folder})
+
+
+# -- a story's place in history ----------------------------------------------------------------
+
+
+def current_base(git: Git, base: str, head: str, target: str, cwd: Path | None = None) -> str:
+    """`base`, or the merge base of `head` and `target` when that is newer than `base` (the
+    branch took in more of the target than it started from). A merge base that is not a
+    descendant of `base` (e.g. under a stacked base, which is on no target) leaves `base`."""
+    proc = git.run("merge-base", head, target, cwd=cwd, check=False)
+    found = proc.stdout.strip()
+    if proc.returncode != 0 or not found or found == base:
+        return base  # exit 1: no common history; a story keeps what it had
+    return found if git.is_ancestor(base, found) else base
+
+
+# (repository, base, head) -> `foreign_parents`: the lane asks again at each recomposition, and
+# commits never change.
+_CHECKED = CACHES.memo("git.trees.foreign_parents", 256,
+                       holds="(repository, base, head) -> a story's commits whose parents are not its own")
+
+
+def foreign_parents(git: Git, base: str, head: str) -> list[tuple[str, str]]:
+    """(commit, parent) for each parent of the story's commits (`base..head` along first
+    parents) that is neither one of them nor in `base`'s history; [] when all are."""
+    key = (os.fspath(git.repo_dir), base, head)
+    known = _CHECKED.get(key)
+    if known is None:
+        known = _foreign_parents(git, base, head)
+        _CHECKED.put(key, known)
+    return list(known)
+
+
+def _foreign_parents(git: Git, base: str, head: str) -> tuple[tuple[str, str], ...]:
+    out = git.out("rev-list", "--first-parent", "--parents", f"{base}..{head}")
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    own = {row[0] for row in rows}
+    bad: list[tuple[str, str]] = []
+    for commit, *parents in rows:
+        for parent in parents:
+            if parent in own or parent == base:
+                continue
+            if not git.is_ancestor(parent, base):
+                bad.append((commit, parent))
+    return tuple(bad)

@@ -20,9 +20,9 @@ The most specific glob wins (the longest literal prefix); the policy refuses tie
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from ..runner import Git
 from ...globs import literal_prefix_length, path_matches
@@ -79,7 +79,7 @@ class Settled:
     story: str | None
     result: str | None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "rule": self.rule, "glob": self.glob, "base_blob": self.base,
                 "target_blob": self.target, "story_blob": self.story, "result_blob": self.result}
 
@@ -95,10 +95,13 @@ class Regeneration:
 
 @dataclass(frozen=True)
 class Settlement:
+    """A merge after its rules: the tree, the conflicts left, the paths settled, and the
+    generators the lane still runs in the candidate."""
+
     tree: str
     conflicts: tuple[str, ...]
     settled: tuple[Settled, ...] = ()
-    regenerate: tuple[Regeneration, ...] = field(default=())
+    regenerate: tuple[Regeneration, ...] = ()
 
 
 def union_text(base: bytes | None, target: bytes | None, story: bytes | None) -> bytes | None:
@@ -180,7 +183,7 @@ def settle(git: Git, rules: MergeRules, sides: Sides, tree: str, conflicts: tupl
     return Settlement(new_tree, left, tuple(settled), tuple(regenerate))
 
 
-def _regenerations(ruled: dict, conflicts: tuple[str, ...],
+def _regenerations(ruled: Mapping[str, tuple[str, MergeRule]], conflicts: tuple[str, ...],
                    every: bool = False) -> list[Regeneration] | None:
     """The generators to run (`every`: each one whose paths the story changed), or None when a
     conflict lies outside every generator's paths."""
@@ -195,16 +198,19 @@ def _regenerations(ruled: dict, conflicts: tuple[str, ...],
             if every or rule.always or any(p in conflicts for p in ps)]
 
 
-def _blobs(git: Git, revs: tuple[str, str, str], paths: list[str]) -> dict:
+Blob = tuple[str | None, bytes | None]  # (sha, content) of a file on one side; None: no file
+
+
+def _blobs(git: Git, revs: tuple[str, str, str],
+           paths: list[str]) -> dict[str, tuple[Blob, Blob, Blob]]:
     """{path: ((sha, bytes) at each of `revs`)}, None where a rev holds no file there."""
     specs = [f"{rev}:{path}" for path in paths for rev in revs]
     found = read_objects(git, specs)
-    out = {}
+    out: dict[str, tuple[Blob, Blob, Blob]] = {}
     for i, path in enumerate(paths):
-        three = []
-        for obj in found[3 * i:3 * i + 3]:
-            three.append((obj[0], obj[2]) if obj is not None and obj[1] == "blob" else (None, None))
-        out[path] = tuple(three)
+        base, target, story = ((obj[0], obj[2]) if obj is not None and obj[1] == "blob"
+                               else (None, None) for obj in found[3 * i:3 * i + 3])
+        out[path] = (base, target, story)
     return out
 
 
