@@ -196,6 +196,8 @@ def stale_dotted(token: str) -> bool:
 GIT_FILES = frozenset({"index.lock", "HEAD.lock", "config.lock", "packed-refs.lock"})
 
 
+# git configuration sections (`maintenance.auto`) that share a name with a former module.
+GIT_CONFIG_SECTIONS = frozenset({"maintenance", "gc", "core", "extensions"})
 # Entries of a story row's feedback that share a name with a former module.
 FEEDBACK_KEYS = frozenset({"verify_record", "session_record"})
 FILE_SUFFIXES = frozenset({"html", "lock", "md", "json", "toml", "log", "txt", "yaml", "db"})
@@ -210,7 +212,7 @@ def not_modules() -> frozenset[str]:
 
     tables = set(Base.metadata.tables)
     sections = {f.name for f in dataclasses.fields(Policy)}
-    return frozenset(tables | sections | FEEDBACK_KEYS)
+    return frozenset(tables | sections | FEEDBACK_KEYS | GIT_CONFIG_SECTIONS)
 
 
 def stale_former_name(text: str, start: int, end: int, name: str) -> bool:

@@ -23,7 +23,7 @@ error: the entry is not run, and `Board.warnings()` names it for `validate`.
 
 A story key becomes a branch name and a worktree folder, so a key whose slug could escape the
 worktree root (`/`, `\\`, `..`) or that git refuses in a branch name is bad input (`ConfigError`).
-The git rules are git's own `check-ref-format --branch` rules, in pure Python in `git/refnames.py`
+The git rules are git's own `check-ref-format --branch` rules, in pure Python in `git/runner.py`
 (`branch_name_ok`, `branch_name_problem`): the one branch-name check, no git process per name.
 
 The board is edited in place by `set_status`: only the status token of one line changes, so

@@ -323,7 +323,7 @@ class Integrator:
                 f"not at the {story.head_sha[:12]} its worker recorded")
 
     def foreign_parent(self, story: Story) -> str | None:
-        """Why the story's commits are not all its own (git/trees/ancestry.py): e.g. a planted
+        """Why the story's commits are not all its own (git/trees/merge.py): e.g. a planted
         MERGE_HEAD or an agent's merge made a sibling's tip a parent. None: they are."""
         bad = story.base_sha and story.head_sha and \
             foreign_parents(self.git, story.base_sha, story.head_sha)

@@ -10,7 +10,7 @@ stamp file of the killed run would make it pass).
   plus the untracked files — made through a temporary index (``read-tree HEAD``, ``add -A``,
   ``write-tree``; not ``stash create`` itself, which refuses an intent-to-add entry). The
   worktree's own index keeps all but its flags (taken off first, as the commit step does,
-  `git/indexflags.py`: an edit hidden behind one is recorded). Ignored files and the seed files
+  `git/worktrees.py`: an edit hidden behind one is recorded). Ignored files and the seed files
   are left out (build output; copied-in files, which may hold secrets). The commit goes to ``refs/bmad-loop/verify/<run>/<story>`` and the story row names it (its
   feedback's ``verify_record``) until the verify's verdict is written, in the same transaction.
 - **Restore** (`restore`, a verify that starts while the row still names a record whose ref

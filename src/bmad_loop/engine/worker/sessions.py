@@ -12,7 +12,7 @@ path that differs from the story's base commit — committed by the agent or not
 with the id of its content. The same snapshot after the session tells whether the session
 changed anything; changes to lane-owned files (the board, ledgers) and the prompt folder do not
 count, since the worker reverts or ignores them. The snapshot asks git, never the agent (in a
-story's worktree, index flags that hide edits are taken off first, `git/indexflags.py`):
+story's worktree, index flags that hide edits are taken off first, `git/worktrees.py`):
 `diff --name-only <base>` (the worktree against the base, committed and uncommitted),
 `ls-files --others --exclude-standard` (new files), and `hash-object --stdin-paths` for their
 contents.

@@ -12,7 +12,7 @@ repository's own hook of that name, so the project's pre-commit and friends stil
 
 The repository's own hooks are where the project's configuration puts them (`core.hooksPath`,
 else the common `hooks` folder), found without bmad-loop's own `-c core.hooksPath=/dev/null`.
-bmad-loop's own git never runs this folder (see git/env.py); it is only for the agents' processes.
+bmad-loop's own git never runs this folder (see git/runner.py); it is only for the agents' processes.
 
 Limits (documented): an agent that edits `.git` files directly, or clears its environment
 before calling git, is outside what a hook can see.
