@@ -2,7 +2,7 @@
 
 v4 keeps one file per story in its story folder (`devStoryLocation`, default `docs/stories`),
 named `E.S.<slug>.md` (v4's own create-next-story writes `E.S.story.md`) or `E.S.md`, each
-with a status in a `Status:` line or a `## Status` section (`storystatus.read_story_status`).
+with a status in a `Status:` line or a `## Status` section (`story_files.read_story_status`).
 The board is synthesised from them: one story entry per file, in natural numeric order of
 `E.S` (1.2 before 1.10), key = the file name without `.md`, epic = `E`. No `epic-E` entries:
 the plan is the file order. v4 statuses map to bmad-loop's vocabulary:
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .board import Board, BoardEntry, validate_story_key
 from ..errors import ConfigError
-from .story_status import read_story_status
+from .story_files import read_story_status
 
 __all__ = ["V4_STATUSES", "v4_status", "v4_board", "V4_NAME_RE"]
 

@@ -3,7 +3,7 @@
 BMAD's review and build workflows append their deferred findings to
 `{implementation_artifacts}/deferred-work.md`; without a rule, two parallel stories that each
 append there always conflict. That ledger is `union` by default, wherever the project keeps it:
-the folder BMAD's config names `implementation_artifacts` (`bmadlayout.implementation_artifacts`,
+the folder BMAD's config names `implementation_artifacts` (`locations.implementation_artifacts`,
 the layered TOML first), else the board's folder. The policy's rules win for the same glob.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import posixpath
 from pathlib import Path
 
-from ..bmad.layout import implementation_artifacts
+from ..bmad.locations import implementation_artifacts
 from ..errors import ConfigError
 from ..globs import globs_may_overlap, is_literal, path_matches
 from ..git.trees.settle import MergeRules

@@ -19,7 +19,7 @@ __all__ = ["interrupt_notice", "resume_command"]
 
 def resume_command(project, run_id: str) -> str:
     """`bmad-loop resume RUN`, with `--project` when this folder is not in the project."""
-    from ..projectroot import find_project_root
+    from ..policy.load import find_project_root
 
     here = find_project_root(Path.cwd())
     same = here.resolve() == Path(project.home).resolve()

@@ -7,7 +7,7 @@ One tree edit, folded into the candidate (the merge or squash commit; for `ff` o
   `epic-<id>` becomes `in-progress` when the epic is still `backlog` (or the legacy
   `contexted`), and `done` once no story of the epic on the board is unfinished;
 - the story's own file (`stories.story_path`): its status value becomes `done` in the case style
-  it was written in (`Approved` → `Done`), by `storystatus.set_story_status`.
+  it was written in (`Approved` → `Done`), by `story_files.set_story_status`.
 
 A story is *finished* when its board status is `done` or one that says the work will never be
 done (`FINISHED_WITHOUT_WORK`: `wont-do`, `cancelled`, `obsolete`...). Everything else —
@@ -24,13 +24,11 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from ...bmad.board import parse_board, set_status
-from ...bmad.board_edit import set_statuses
-from ...bmad.board_status import DONE
+from ...bmad.board import DONE, parse_board, set_status, set_statuses
 from ...git.trees.compose import blob_at, blobs_at
 from ...git.trees.edit import replace_blobs
 from ...errors import ConfigError
-from ...bmad.story_status import set_story_status
+from ...bmad.story_files import set_story_status
 
 __all__ = ["FINISHED_WITHOUT_WORK", "LaneTreeEdit", "board_done_keys", "lane_tree_edit", "mark_done_on_board",
            "mark_story_file_done"]
@@ -58,7 +56,7 @@ def _finished(entry) -> bool:
 def mark_done_on_board(text: str, key: str, epic: str | None, source: str = "sprint-status.yaml") -> str:
     """The board text with `key` done and its epic's line moved on; unchanged when there is
     nothing to change (the key is not on the board, or every value already says so). The board
-    is parsed once; the edits know the board they make (boardedit.py)."""
+    is parsed once; the edits know the board they make (`board.set_statuses`)."""
     try:
         board = parse_board(text, Path(source))
     except ConfigError:  # a board the parser refuses: edit the story's line as before, no epic

@@ -1,6 +1,6 @@
 """Reading a project's sprint the way its agents will see it: from the committed target.
 
-`load_sprint` finds the board (`bmadlayout`), reads it and the story files from the tree of the
+`load_sprint` finds the board (`bmad.locations`), reads it and the story files from the tree of the
 target commit (`committed.CommittedTree`; without a target, e.g. `validate` in a folder git
 cannot read, from the folder itself), and says where each came from and what it had to guess.
 The BMAD configs, often untracked, come from the working copy. `check_committed` refuses a plan
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...bmad.layout import BoardSource, find_board
+from ...bmad.locations import BoardSource, find_board
 from ...policy import env_override
 from ...bmad.v4 import v4_board
 from ...bmad.board import Board, load_board, parse_board

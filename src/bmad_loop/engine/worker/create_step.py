@@ -26,7 +26,7 @@ from ...git.trees.compose import blob_at, changed_paths, dirty_paths, replace_bl
 from ...errors import GitError
 from ...bmad.footprint import footprint_from_mapping
 from ...states import AttemptState, Phase
-from ...bmad.story_meta import parse_story_text
+from ...bmad.story_files import parse_story_text
 from .created_check import check_created
 from ..outcome import Outcome
 from ..workspace.base import Prepared

@@ -1,6 +1,6 @@
 """A story file the create phase wrote, checked as planning checks a committed one.
 
-Planning refuses a committed story file whose metadata is wrong (storyfiles.load_stories for
+Planning refuses a committed story file whose metadata is wrong (story_files.load_stories for
 the file itself, selection.check_dependencies for its `depends_on`): not a list of story keys,
 an unknown story, itself, a story later in the plan, a cycle, or unfinished work the run will
 not do. A created file gets the same checks with the same one-line message, against the run's

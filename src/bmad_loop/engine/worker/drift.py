@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...bmad.footprint_dirs import tree_directories
+from ...bmad.footprint import tree_directories
 from ..workspace.base import matches_any
 
 __all__ = ["footprint_drift"]

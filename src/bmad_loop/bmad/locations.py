@@ -14,7 +14,7 @@ The board is found in this order (the first step that finds something decides):
    `{output_folder}`) are substituted;
 3. the known places, for a project whose config is not committed: `KNOWN_BOARDS`;
 4. a BMAD v4 project: no board, `.bmad-core/core-config.yaml` (`devStoryLocation`, default
-   `docs/stories`) or `E.S.*.md` story files in `docs/stories` (see `bmadv4`).
+   `docs/stories`) or `E.S.*.md` story files in `docs/stories` (see `v4`).
 
 A board "is there" when the committed target holds it or the working copy does (an uncommitted
 board is then refused by name, not overlooked). Two different boards in one step are an error
