@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..fileio import LinkRefused, read_beneath, write_atomic, write_beneath
 from ..git.trees.settle import MergeRules
-from ..policy.mergerule import UNION
+from ..policy.mergerule import MergeRuleKind
 from .mergerules import run_merge_rules
 
 __all__ = ["StoryLedgers", "append_ledger_lines", "captured_lines", "ignored_ledgers",
@@ -66,7 +66,7 @@ class StoryLedgers:
 
 def ignored_ledgers(git, root: Path, rules: MergeRules) -> list[str]:
     """The `union` ledgers (rules naming one file) that git ignores in the checkout at `root`."""
-    paths = [_literal_path(glob) for glob, rule in rules.rules if rule.kind == UNION]
+    paths = [_literal_path(glob) for glob, rule in rules.rules if rule.kind == MergeRuleKind.UNION]
     paths = [p for p in paths if p is not None]
     if not paths:
         return []

@@ -16,7 +16,7 @@ from ..bmad.locations import implementation_artifacts
 from ..errors import ConfigError
 from ..globs import globs_may_overlap, is_literal, path_matches
 from ..git.trees.settle import MergeRules
-from ..policy.mergerule import UNION, MergeRule
+from ..policy.mergerule import MergeRule, MergeRuleKind
 
 __all__ = ["LEDGER_NAME", "bmad_ledger", "check_merge_rules", "merge_rule_checks", "run_merge_rules"]
 
@@ -40,7 +40,7 @@ def bmad_ledger(root: Path, board_rel: str | None) -> str | None:
 def run_merge_rules(policy, root: Path, board_rel: str | None) -> MergeRules:
     """The policy's rules plus the built-in `union` for BMAD's ledger (anchored at its path)."""
     ledger = bmad_ledger(root, board_rel)
-    builtin = [("/" + ledger, MergeRule(UNION))] if ledger is not None else []
+    builtin = [("/" + ledger, MergeRule(MergeRuleKind.UNION))] if ledger is not None else []
     return MergeRules.of(policy.integration.merge, builtin)
 
 
@@ -96,7 +96,7 @@ def _loose_ledgers(project, rules: MergeRules, tracked: list[str] | None):
     known = set(tracked)
     git = project.git(project.policy)
     for glob, rule in rules.rules:
-        if rule.kind != UNION or not glob.startswith("/") or not is_literal(glob):
+        if rule.kind != MergeRuleKind.UNION or not glob.startswith("/") or not is_literal(glob):
             continue
         path = glob[1:]
         if path in known or not (Path(project.root) / path).is_file():
