@@ -379,7 +379,7 @@ def check_policy(ctx: Context, policy: Policy) -> None:
         raise ctx.error(("adapter", "command"), "set either [adapter] profile or [adapter] command, not both",
                         also=(("adapter", "profile"),))
     queue = policy.queue
-    if queue.backend == "redis" and not queue.url.startswith(("redis://", "rediss://")):
+    if queue.backend == QueueBackendKind.REDIS and not queue.url.startswith(("redis://", "rediss://")):
         raise ctx.error(("queue", "url"), f'backend "redis" needs a redis:// or rediss:// url, got {queue.url!r}',
                         also=(("queue", "backend"),))
     tier = policy.parallel.tier

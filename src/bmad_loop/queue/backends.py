@@ -2,8 +2,9 @@
 
 A back-end knows three things: where a project's queues are (`config_for`), whether they can
 work before anything is queued (`check`), and how to build the huey instance of one queue
-(`build`). `BACKENDS` is the one place a kind is chosen; a new kind of storage is one class
-and one entry there (and its name among the policy's choices).
+(`build`). The kinds are named once, by the policy's `QueueBackendKind`; `BACKENDS` holds one
+back-end per member and is the one place a kind is chosen. A new kind of storage is a member
+there and one class here (tests/test_backends.py fails on a kind with no class).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from huey import RedisHuey, SqliteHuey
 from huey.storage import SqliteStorage
 
 from ..errors import ConfigError
+from ..policy.choices import QueueBackendKind
 from .wakeup import WakeChannel, wake_dir_for
 
 __all__ = ["QueueConfig", "QueueBackend", "SqliteBackend", "RedisBackend", "BACKENDS",
@@ -29,15 +31,15 @@ REDIS_READ_TIMEOUT_S = 1
 
 @dataclass(frozen=True)
 class QueueConfig:
-    backend: str  # a key of BACKENDS
+    backend: QueueBackendKind
     url: str = ""
     sqlite_path: Path | None = None
     prefix: str = "bmad-loop"
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
 
 class QueueBackend(ABC):
-    kind: ClassVar[str]
+    kind: ClassVar[QueueBackendKind]
 
     @abstractmethod
     def config_for(self, project) -> QueueConfig:
@@ -75,7 +77,7 @@ class SqliteBackend(QueueBackend):
     apart from the state database so the two never contend for one lock. Consumers of other
     processes on this machine are woken through a wake socket (`wakeup`)."""
 
-    kind = "sqlite"
+    kind = QueueBackendKind.SQLITE
 
     def config_for(self, project) -> QueueConfig:
         url = project.policy.queue.url
@@ -101,7 +103,7 @@ class RedisBackend(QueueBackend):
     short hash of the project's identity (`Project.key`: the root's path in local mode, the
     remote's URL in remote mode — the same identity as `runs.project` and the lane lease)."""
 
-    kind = "redis"
+    kind = QueueBackendKind.REDIS
 
     def config_for(self, project) -> QueueConfig:
         digest = hashlib.sha1(project.key.encode("utf-8")).hexdigest()[:10]
@@ -131,8 +133,10 @@ class RedisBackend(QueueBackend):
         return huey, None
 
 
-BACKENDS: dict[str, QueueBackend] = {b.kind: b for b in (SqliteBackend(), RedisBackend())}
+BACKENDS: dict[QueueBackendKind, QueueBackend] = {
+    b.kind: b for b in (SqliteBackend(), RedisBackend())}
 
 
 def backend_of(kind: str) -> QueueBackend:
-    return BACKENDS[kind]
+    """The back-end of `kind` (a `QueueBackendKind` member or its string)."""
+    return BACKENDS[QueueBackendKind(kind)]
