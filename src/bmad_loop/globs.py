@@ -44,6 +44,7 @@ literal suffixes (after the last one) are incompatible, otherwise they are assum
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from functools import lru_cache
 
 from .caches import CACHES
@@ -345,7 +346,7 @@ def _directories_covered(pattern: str, directories: frozenset[str]) -> tuple[tup
     return tuple(tuple(_literal_glob(part) for part in d.split("/")) + ("**",) for d in outermost)
 
 
-def _directories_matching(pattern: str, directories: frozenset[str]):
+def _directories_matching(pattern: str, directories: frozenset[str]) -> Iterable[str]:
     body = pattern[1:] if pattern.startswith("/") else pattern
     try:
         literal = all(_is_literal(part) for part in body.split("/"))

@@ -104,7 +104,7 @@ def _number_matches(stories: Sequence[StorySpec], q: str) -> list[StorySpec] | N
     return matches
 
 
-def match_story(stories: Sequence[StorySpec], query: str, board_path) -> list[StorySpec]:
+def match_story(stories: Sequence[StorySpec], query: str, board_path: Path | str) -> list[StorySpec]:
     """The stories a `--story` query names, whatever their status; ConfigError if none or ambiguous."""
     q = query.strip()
     if not q:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .board import Board, BoardEntry, validate_story_key
 from ..errors import ConfigError
+from ..git.trees.committed import TreeView
 from .story_files import read_story_status
 
 __all__ = ["V4_STATUSES", "v4_status", "v4_board", "V4_NAME_RE"]
@@ -53,12 +54,12 @@ def v4_status(written: str | None) -> str:
     return "-".join(w.lower() for w in words) or "draft"
 
 
-def _order(name: str):
+def _order(name: str) -> tuple[int, int, str, str]:
     m = V4_NAME_RE.match(name)
     return int(m.group(1)), int(m.group(2)), m.group(3) or "", name
 
 
-def v4_board(tree, folder: str, root: Path) -> Board:
+def v4_board(tree: TreeView, folder: str, root: Path) -> Board:
     """The board of a v4 project whose story files are in `folder` (repository-relative) of
     `tree` (the committed target)."""
     names = sorted((n for n in tree.names(folder) if V4_NAME_RE.match(n)), key=_order)

@@ -18,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-from sqlalchemy import event, insert
+from sqlalchemy import Insert, Table, event, insert
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import UOWTransaction
 from sqlalchemy.exc import DatabaseError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -52,7 +54,7 @@ def check_reachable(url: str, source: str = "[database] url", timeout_s: int = 5
 _READ_WRITE_REFUSED = "a write in a read-only transaction (Database.read): use transaction()"
 
 
-def _refuse_writes(session, _flush_context, _instances) -> None:
+def _refuse_writes(session: Session, _flush_context: UOWTransaction, _instances: object) -> None:
     if session.new or session.dirty or session.deleted:
         raise RuntimeError(_READ_WRITE_REFUSED)
 
@@ -61,7 +63,7 @@ _PENDING_ROWS = "bmad_loop.rows_at_commit"
 _READ_ONLY_SESSION = "bmad_loop.read_only"  # in the `info` of `Database.read` sessions
 
 
-def insert_now(session: Session, row) -> int:
+def insert_now(session: Session, row: Any) -> int:
     """INSERT a new ORM object's assigned columns as one Core statement; its id. The object is
     not added to the session: no unit of work and no identity map, half the CPU of `add` +
     `flush` for a row the writer does not read back. Its validators ran as its attributes
@@ -73,12 +75,12 @@ def insert_now(session: Session, row) -> int:
     return session.connection().execute(_insert_of(table, returning_key=True), values).scalar_one()
 
 
-_INSERTS: dict[tuple[str, bool], object] = {}  # (table name, returns its key) -> the INSERT
+_INSERTS: dict[tuple[str, bool], Insert] = {}  # (table name, returns its key) -> the INSERT
 CACHES.register("db.inserts", _INSERTS.clear, bound="two per table",
                holds="(table, returns its key) -> its INSERT statement")
 
 
-def _insert_of(table, *, returning_key: bool = False):
+def _insert_of(table: Table, *, returning_key: bool = False) -> Insert:
     """`INSERT INTO table …` (`RETURNING <key>`), built once per table: its columns are those
     of the values it runs with (SQLAlchemy compiles each set of columns once)."""
     statement = _INSERTS.get((table.name, returning_key))
@@ -90,7 +92,7 @@ def _insert_of(table, *, returning_key: bool = False):
     return statement
 
 
-def insert_at_commit(session: Session, table, row: dict) -> None:
+def insert_at_commit(session: Session, table: Table, row: dict[str, Any]) -> None:
     """Queue `row` for `table`: inserted when `session`'s outermost transaction commits, with
     the other rows queued for the same table in one statement (a savepoint's release does not
     write them, so one that rolls back afterwards cannot take them along). For append-only rows
@@ -108,18 +110,18 @@ def _insert_queued_rows(session: Session) -> None:
         return
     if session.info.get(_READ_ONLY_SESSION):
         raise RuntimeError(_READ_WRITE_REFUSED)
-    by_table: dict = {}
+    by_table: dict[Table, list[dict[str, Any]]] = {}
     for table, row in queued:
         by_table.setdefault(table, []).append(row)
     for table, rows in by_table.items():
         session.connection().execute(_insert_of(table), rows)
 
 
-def _text_param(value):
+def _text_param(value: object) -> object:
     return shown(value) if isinstance(value, str) else value
 
 
-def _fit_params(params):
+def _fit_params(params: Any) -> Any:
     if isinstance(params, dict):
         return {k: _text_param(v) for k, v in params.items()}
     if isinstance(params, (list, tuple)):
@@ -128,7 +130,8 @@ def _fit_params(params):
     return params
 
 
-def _storable_text(_conn, _cursor, statement, parameters, _context, _executemany):
+def _storable_text(_conn: Connection, _cursor: object, statement: str, parameters: Any,
+                   _context: object, _executemany: bool) -> tuple[str, Any]:
     """A text value holding a byte of a file name that is not UTF-8 (a surrogate, how Python
     holds it) is stored escaped, `\\xff`: no driver encodes a surrogate. JSON columns arrive
     here already serialised with `\\udcff` escapes, so their paths round-trip exactly."""
@@ -203,7 +206,7 @@ class Database:
             migrate.upgrade(self.engine, f"the state database {self.path or shown_url(self.url)}")
 
     @contextlib.contextmanager
-    def one_line_errors(self):
+    def one_line_errors(self) -> Iterator[None]:
         """SQLite's errors on this file (a lock held past `lock_wait_s`, a read-only folder, a
         damaged page) as one `ConfigError` line naming the file; anything else as it is."""
         try:
@@ -226,7 +229,7 @@ class Database:
             raise ConfigError(f"cannot reach the state database {url}: {reason}") from exc
 
     @contextlib.contextmanager
-    def _migration_lock(self):
+    def _migration_lock(self) -> Iterator[None]:
         if self._lock_dir is None:
             yield
             return

@@ -7,16 +7,21 @@ databases can tell its own runs' refs from another database's.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sqlalchemy import select
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from .models import DatabaseIdentity
 
+if TYPE_CHECKING:
+    from .database import Database
+
 __all__ = ["database_id", "database_label"]
 
 
-def database_id(db) -> str:
+def database_id(db: Database) -> str:
     """The id of the database `db` opens (read once per `Database` object)."""
     known = db.identity
     if known is None:

@@ -17,7 +17,7 @@ import types
 import typing
 from collections import abc
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from ..caches import CACHES
 from ..errors import ConfigError
@@ -54,7 +54,8 @@ class Context:
                 return self.env_origins[path[:2]]
         return self.source
 
-    def error(self, path: tuple[str, ...], message: str, *, also: tuple[tuple[str, ...], ...] = ()):
+    def error(self, path: tuple[str, ...], message: str, *,
+              also: tuple[tuple[str, ...], ...] = ()) -> ConfigError:
         return error(f"{self.origin(path, *also)}: {where(path)}: {message}")
 
 
@@ -79,7 +80,7 @@ def where(path: tuple[str, ...]) -> str:
     return f"[{'.'.join(map(name, path[:-1]))}] {name(path[-1])}"
 
 
-def did_you_mean(key: str, candidates, cutoff: float = 0.6) -> str:
+def did_you_mean(key: str, candidates: Iterable[str], cutoff: float = 0.6) -> str:
     close = difflib.get_close_matches(str(key).lower(), list(candidates), n=1, cutoff=cutoff)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
