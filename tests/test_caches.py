@@ -19,7 +19,6 @@ STATE = {
     "db/dialects.py": {"_writers"},  # one writer lock per SQLite file
     "db/sqlitefile.py": {"_checked"},  # files this process holds SQLite connections on
     "git/config_inputs.py": {"_flights"},  # one lock per folder while git is asked
-    "queue/wakeup.py": {"_warned"},  # warnings already given once
 }
 _CONTAINERS = {"dict", "set", "list", "OrderedDict"}
 
