@@ -11,6 +11,11 @@ that is not a whole database (`sqlitefile.check_sqlite_file`), a state folder th
 written, and a database driver that is not installed (`check_driver`, with the extra to
 install). A lock another process holds is waited for `lock_wait_s` ([database] lock_wait_s),
 then refused the same way.
+
+Who a state database is: its random id (made at its first migration, 0011, `database_id`) and a
+label a person can read (its URL without the password, `database_label`). The repository's run
+records carry both, so a checkout driven from two databases can tell its own runs' refs from
+another database's.
 """
 
 from __future__ import annotations
@@ -20,19 +25,21 @@ import fcntl
 from pathlib import Path
 from typing import Any, Iterator
 
-from sqlalchemy import Insert, Table, event, insert
-from sqlalchemy.engine import Connection
+from sqlalchemy import Insert, Table, event, insert, select
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.orm import UOWTransaction
-from sqlalchemy.exc import DatabaseError, InterfaceError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import ConfigError
 from ..fileio import shown
 from . import migrate
+from .models import DatabaseIdentity
 from .dialects import READ_ONLY, SQLITE_BUSY_TIMEOUT_MS, dialect_for, shown_url
 from ..caches import CACHES
 
-__all__ = ["Database", "check_driver", "check_reachable", "default_database_url"]
+__all__ = ["Database", "check_driver", "check_reachable", "database_id", "database_label",
+           "default_database_url"]
 
 
 def default_database_url(state_dir: Path) -> str:
@@ -157,7 +164,7 @@ class Database:
                                    expire_on_commit=False, info={_READ_ONLY_SESSION: True})
         event.listen(self._reads, "before_flush", _refuse_writes)
         self._writer = self.dialect.writer_lock()
-        self.identity: str | None = None  # its database_identity id, once read (identity.py)
+        self.identity: str | None = None  # its database_identity id, once read (database_id)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Session]:
@@ -245,3 +252,30 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+# --- who the database is ---
+
+
+def database_id(db: Database) -> str:
+    """The id of the database `db` opens (read once per `Database` object)."""
+    known = db.identity
+    if known is None:
+        with db.read() as s:
+            known = s.scalars(select(DatabaseIdentity.id).order_by(DatabaseIdentity.created_at)).first()
+        if known is None:  # only a hand-emptied table: the id is not ours to invent
+            raise RuntimeError("the state database has no row in database_identity")
+        db.identity = known
+    return known
+
+
+def database_label(url: str) -> str:
+    """The URL without its password: no user secret ever reaches a file in the repository.
+    The query string goes too (a driver may take `?password=…` there)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url.split("://", 1)[0] + "://…"
+    bare = URL.create(parsed.drivername, username=parsed.username, host=parsed.host,
+                      port=parsed.port, database=parsed.database)
+    return bare.render_as_string(hide_password=False)

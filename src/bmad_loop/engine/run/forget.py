@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...db.identity import database_id
+from ...db.database import database_id
 from ...db.models import utcnow
 from ...errors import NotFound, StateError
 from ...git.worktrees import delete_ref, list_worktrees, prune, remove_worktree

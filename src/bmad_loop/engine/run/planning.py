@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from ...bmad.board import Board
 from ...git.refnames import branch_name_ok
-from ...db.identity import database_id
+from ...db.database import database_id
 from ...db.models import Run, Story, utcnow
 from ...errors import ConfigError, GitError, StateError
 from ...agents.profiles import resolve_command
