@@ -69,7 +69,7 @@ class CacheEntry:
 class ProcessCaches:
     """The registry of this process's caches."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._entries: dict[str, CacheEntry] = {}
         self._lock = threading.Lock()
 

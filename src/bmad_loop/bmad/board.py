@@ -161,6 +161,7 @@ def read_status(value: str) -> StatusReading:
         if token in _ALL_KNOWN:
             return StatusReading(token, lead, end)
     word = _WORD_RE.match(value, lead)
+    assert word is not None  # the phrase found there starts with a word
     return StatusReading(word.group().lower(), lead, word.end())
 
 
@@ -394,7 +395,7 @@ class Board:
 
     def epics(self) -> list[str]:
         """The epic ids declared by `epic-<E>` lines, in file order."""
-        return [e.epic for e in self.entries if e.kind == "epic"]
+        return [e.epic for e in self.entries if e.kind == "epic" and e.epic is not None]
 
     def epic_status(self, epic: str | int) -> str | None:
         entry = self.entry(f"epic-{epic}")

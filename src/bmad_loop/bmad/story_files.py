@@ -643,7 +643,7 @@ def load_stories(
         rel = found[entry.key]
         story_path = rel or (posixpath.join(folder, f"{entry.key}.md") if folder is not None else None)
         story_file = project_dir / rel if rel else None
-        meta, failed = _story_meta(story_file, texts[rel], problems) if rel else (None, False)
+        meta, failed = _story_meta(project_dir / rel, texts[rel], problems) if rel else (None, False)
         footprint = meta.footprint if meta else \
             Footprint(reason="invalid: the story file's metadata" if failed else "missing")
         if entry.key in overrides:
@@ -710,7 +710,7 @@ def uncommitted_plan_files(git: Git, board_rel: str | None, folder: str | None, 
     changes = dict((path, what) for what, path in uncommitted(git, [board_rel, folder]))
     if not changes:
         return []
-    relevant = {board_rel} if board_rel else set()
+    relevant: set[str | None] = {board_rel} if board_rel else set()
     dirty = _PathSet(changes)
     for spec in chosen:
         relevant.add(spec.story_path)

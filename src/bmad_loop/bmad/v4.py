@@ -56,6 +56,7 @@ def v4_status(written: str | None) -> str:
 
 def _order(name: str) -> tuple[int, int, str, str]:
     m = V4_NAME_RE.match(name)
+    assert m is not None  # only names it matched are sorted
     return int(m.group(1)), int(m.group(2)), m.group(3) or "", name
 
 
@@ -72,6 +73,7 @@ def v4_board(tree: TreeView, folder: str, root: Path) -> Board:
     entries = []
     for name, rel in zip(names, rels):
         m = V4_NAME_RE.match(name)
+        assert m is not None  # `names` are those it matches
         key = name[:-len(".md")]
         validate_story_key(key, Path(root) / rel)
         try:

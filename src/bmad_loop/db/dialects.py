@@ -237,7 +237,9 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
         # timeout) is raised as SQLAlchemy's own, as any statement's would be.
         statement = "BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE"
         try:
-            conn.connection.driver_connection.execute(statement)
+            driver = conn.connection.driver_connection
+            assert driver is not None  # a connection just checked out of the pool
+            driver.execute(statement)
         except sqlite3.Error as exc:
             raise DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
 

@@ -96,9 +96,10 @@ def _env_value(raw: str, tp: Any) -> Any:
     return parsed["v"] if list(parsed) == ["v"] else raw
 
 
-def _apply_env(data: Mapping, env: Mapping[str, str]) -> tuple[dict, dict[tuple[str, str], str]]:
+def _apply_env(data: Mapping[str, Any],
+               env: Mapping[str, str]) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
     merged = {section: (dict(value) if is_table(value) else value) for section, value in data.items()}
-    origins: dict[tuple[str, str], str] = {}
+    origins: dict[tuple[str, ...], str] = {}
     for var in sorted(env):
         if not var.startswith(ENV_PREFIX):
             continue
@@ -126,7 +127,7 @@ def _apply_env(data: Mapping, env: Mapping[str, str]) -> tuple[dict, dict[tuple[
 
 def policy_from_dict(data: Mapping, source: str = "<snapshot>", env: Mapping[str, str] | None = None) -> Policy:
     """Validate a TOML-shaped dict; with `env`, `BMAD_LOOP_<SECTION>_<KEY>` variables win over it."""
-    origins: dict[tuple[str, str], str] = {}
+    origins: dict[tuple[str, ...], str] = {}
     if env is not None and is_table(data):
         data, origins = _apply_env(data, env)
     return _read_policy(Context(source, origins), data)

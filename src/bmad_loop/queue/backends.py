@@ -103,9 +103,11 @@ class SqliteBackend(QueueBackend):
     def check(self, config: QueueConfig, source: str) -> None:
         from ..db.sqlitefile import check_sqlite_file
 
+        assert config.sqlite_path is not None  # config_for always names the file
         check_sqlite_file(config.sqlite_path, "queue database")
 
     def build(self, config: QueueConfig, name: str) -> Huey:
+        assert config.sqlite_path is not None
         config.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
         return _SqliteQueue(name=f"{config.prefix}-{name}", filename=str(config.sqlite_path),
                             results=False, utc=True, timeout=30)
