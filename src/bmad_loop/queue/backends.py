@@ -46,7 +46,7 @@ class QueueProject(Protocol):
     def policy(self) -> Policy: ...
 
     @property
-    def home(self) -> Path: ...
+    def home(self) -> Path | None: ...  # None only before `Project` resolves it
 
     @property
     def home_state_dir(self) -> Path: ...
@@ -97,7 +97,10 @@ class SqliteBackend(QueueBackend):
 
     def config_for(self, project: QueueProject) -> QueueConfig:
         url = project.policy.queue.url
-        path = project.home_state_dir / "queue.db" if not url else project.home / url
+        if not url:
+            return QueueConfig(backend=self.kind, sqlite_path=project.home_state_dir / "queue.db")
+        assert project.home is not None
+        path = project.home / url
         return QueueConfig(backend=self.kind, sqlite_path=path)
 
     def check(self, config: QueueConfig, source: str) -> None:
