@@ -3,7 +3,7 @@ and its own status, rewritten in place.
 
 **The story folder** (one per project), the first that applies:
 
-1. the policy's `[stories] story_dir` (it must be inside the repository: `repocheck`);
+1. the policy's `[stories] story_dir` (it must be inside the repository: planning refuses one outside);
 2. the board's `story_location`. Relative, or absolute inside the repository (`{project-root}`
    substituted), it is used as it is. Absolute elsewhere, a Windows path
    (`C:\\Users\\x\\proj\\docs\\stories`), outside the repository, or the template's own
@@ -509,7 +509,7 @@ _NUMBER_RE = re.compile(r"^(\d+[a-z]?)(?:[-.]|$)")
 class StoryFolder:
     """The repository-relative story folder ("" = the root), why, and what to warn about."""
 
-    rel: str | None  # None: a policy story_dir outside the repository (refused by repocheck)
+    rel: str | None  # None: a policy story_dir outside the repository (planning refuses it)
     path: Path
     reason: str
     warnings: tuple[str, ...] = ()
