@@ -3,7 +3,8 @@ and its own status, rewritten in place.
 
 **The story folder** (one per project), the first that applies:
 
-1. the policy's `[stories] story_dir` (it must be inside the repository: planning refuses one outside);
+1. the policy's `[stories] story_dir` (it must be inside the repository: planning refuses one
+   outside);
 2. the board's `story_location`. Relative, or absolute inside the repository (`{project-root}`
    substituted), it is used as it is. Absolute elsewhere, a Windows path
    (`C:\\Users\\x\\proj\\docs\\stories`), outside the repository, or the template's own
