@@ -15,7 +15,8 @@ once per mode, each on a fresh repository:
   -w N` as two separate processes, the run enqueued from this (third) process, as in the
   docker-compose topology on one machine.
 
-Printed per mode, from the journal's timestamps (median / max over the stories):
+Printed per mode, from the journal's timestamps (median / max over the stories), and then the
+run's makespan (`makespan <mode>: S s`, for `bench/alternate.py --metric`):
 
 - **dispatch**: `story.queued` → `story.started` (the lane queued a story; a story consumer
   took it);
@@ -175,7 +176,7 @@ def measure(args, mode: str, work: Path) -> dict[str, list[float]] | None:
     if result.state != "completed":
         print(f"{mode}: run {result.run_id} in {root} ended {result.state}", file=sys.stderr)
         return None
-    return {**latencies(result), **hops}
+    return {**latencies(result), **hops, "makespan": [result.makespan]}
 
 
 @contextlib.contextmanager
@@ -299,13 +300,15 @@ def main(argv=None) -> int:
             raise SystemExit("--trees: LABEL=SRC,LABEL=SRC")
         compare(args, trees, modes, work)
     else:
-        rows = []
+        rows, makespans = [], []
         for mode in modes:
-            found = measure(args, mode, work)
-            for name, values in (found or {}).items():
+            found = measure(args, mode, work) or {}
+            makespans += [f"makespan {mode}: {s:.3f} s" for s in found.pop("makespan", [])]
+            for name, values in found.items():
                 rows.append([mode, name, str(len(values)), ms(median(values)),
                              ms(max(values)) if values else "-"])
         print(table(["mode", "latency", "n", "median ms", "max ms"], rows, "llrrr"))
+        print("\n" + "\n".join(makespans))
     print(f"\nload average {load()} at the end")
     return 0
 

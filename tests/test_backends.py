@@ -303,6 +303,15 @@ def test_projects_on_one_redis_server_get_queue_names_of_their_own(tmp_path):
     assert queue_config(Project(tmp_path / "one", policy_from_dict({}))).prefix == "bmad-loop"
 
 
+def test_every_queue_backend_kind_the_policy_takes_has_one_back_end_of_that_kind():
+    from bmad_loop.policy.choices import QueueBackendKind
+    from bmad_loop.queue.backends import BACKENDS, backend_of
+
+    assert set(BACKENDS) == set(QueueBackendKind)
+    for kind in QueueBackendKind:
+        assert backend_of(kind.value) is BACKENDS[kind] and BACKENDS[kind].kind is kind
+
+
 # --- end to end ----------------------------------------------------------------------------
 
 THREE = ALPHA_BETA_GAMMA

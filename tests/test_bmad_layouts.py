@@ -10,7 +10,7 @@ import pytest
 
 from bmad_fixtures import (LAYOUTS, V4_ORDER, BmadLayout, IMPL, V6_LINES, board_text, build_layout,
                            story_text, v4_layout)
-from bmad_loop.bmad.story_status import read_story_status
+from bmad_loop.bmad.story_files import read_story_status
 from support import cli_argv, git, write
 
 RUN_POLICY = '[gates]\nmode = "none"\n[review]\nenabled = false\n'

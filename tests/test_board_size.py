@@ -3,7 +3,7 @@
 Timing note (not asserted; a 2-CPU machine under other load, PyYAML 6.0.4 with libyaml): an
 11 MB board of 100,000 keys took 17.5 s in `parse_board` when it composed a node graph with the
 pure-Python loader (and 2.7 s with libyaml's composer); walking libyaml's event stream
-(`bmad_loop.bmad.board_yaml`) takes 1.3 s, and the same text a second time (the lane's next tick) is
+(`bmad_loop.bmad.board`) takes 1.3 s, and the same text a second time (the lane's next tick) is
 answered from the last-parsed cache at once. `validate` plus `enqueue` on the 30,000-key board
 below took 29 s, 25 s of it resolving every story file's path through the file system, which
 now happens only when the plain path check fails; they take about 5 s together now. These tests
@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from bmad_loop.bmad.board import parse_board, set_status
-from bmad_loop.bmad.board_yaml import LOADER, read_board_yaml
+from bmad_loop.bmad.board import LOADER, read_board_yaml
 from support import StoryDef
 
 EPICS, PER_EPIC = 30, 1000  # 30,000 stories (plus epics and retrospectives)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bmad_loop.bmad.board import parse_board, parse_story_key, set_status
-from bmad_loop.bmad.board_status import read_status
+from bmad_loop.bmad.board import read_status
 from bmad_loop.engine.lane.admission import StoryView, admit
 from bmad_loop.engine.run.planning import gate_epics
 from bmad_loop.errors import ConfigError
@@ -24,7 +24,7 @@ from bmad_loop.bmad.selection import (
     match_story,
     select_stories,
 )
-from bmad_loop.bmad.story_meta import parse_story_text
+from bmad_loop.bmad.story_files import parse_story_text
 from support import STORY_DIR, StoryDef, board_with, status_changes, story_file_text, write_each
 
 BOARD = Path("sprint-status.yaml")

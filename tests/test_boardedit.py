@@ -1,4 +1,4 @@
-"""Status edits that know the board they make (boardedit.py) agree with a fresh parse.
+"""Status edits that know the board they make (`board.set_statuses`) agree with a fresh parse.
 
 Every edit is checked against the slow way: `board.set_status` (which reads the YAML itself)
 for the text, and a fresh parse of that text for the board.
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bmad_loop.bmad.board import _parse_board, parse_board, set_status
-from bmad_loop.bmad.board_edit import set_statuses
+from bmad_loop.bmad.board import set_statuses
 from bmad_loop.engine.lane.writeback import mark_done_on_board
 
 PATH = Path("sprint-status.yaml")

@@ -18,7 +18,6 @@ STATE = {
     "agents/thaw.py": {"_open"},  # the steps the thaw helper watches
     "db/dialects.py": {"_writers"},  # one writer lock per SQLite file
     "db/sqlitefile.py": {"_checked"},  # files this process holds SQLite connections on
-    "queue/wakeup.py": {"_warned"},  # warnings already given once
 }
 _CONTAINERS = {"dict", "set", "list", "OrderedDict"}
 

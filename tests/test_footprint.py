@@ -9,7 +9,7 @@ import pytest
 
 from bmad_loop.bmad.footprint import Footprint, footprint_from_mapping, footprints_conflict
 from bmad_loop.globs import globs_may_overlap, path_matches, pattern_problem
-from bmad_loop.bmad.story_meta import parse_story_text
+from bmad_loop.bmad.story_files import parse_story_text
 from support import SAMPLE_STORY, init_repo
 
 

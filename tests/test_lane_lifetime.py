@@ -11,8 +11,8 @@ import threading
 
 from bmad_loop.engine.project import Project
 from bmad_loop.engine.run.consumers import ConsumerSet
-from support import (ALPHA_BETA, MERGE_NONE, barrier_script, go, inside, query, wait_until,
-                     write_each)
+from support import (ALPHA_BETA, ALPHA_BETA_GAMMA, MERGE_NONE, barrier_script, go, inside, query,
+                     wait_until, write_each)
 from test_speculation import SPRINT, THREE, _events, _gate_log, _policy, _rules, _verifying
 
 
@@ -113,3 +113,35 @@ def test_the_lane_keeps_its_verifications_across_ticks_and_outlives_a_run_that_e
         _rules(bar)
         consumers.stop(graceful=True)
         project.close()
+
+
+def test_the_tick_that_settles_a_run_is_told_to_whoever_waits_on_the_lane(make_repo):
+    """`drive` reads the journal after each lane tick: the callback of the tick that completes
+    the run sees it completed, so `run` returns without waiting for its next poll."""
+    from bmad_loop.db.models import Run
+    from bmad_loop.engine.run.consumers import ConsumerSet
+    from bmad_loop.engine.project import Project
+    from bmad_loop.states import RunState
+
+    stories = ALPHA_BETA_GAMMA[:1]
+    repo = make_repo(stories, script=write_each(stories),
+                     policy='[scm]\nmerge_strategy = "merge"\n[gates]\nmode = "none"\n')
+    result = repo.cli("run", "--enqueue-only")
+    assert result.exit_code == 0, result.output
+    run_id = result.output.strip().splitlines()[-1]
+    project = Project.open(repo.root)
+    consumers = ConsumerSet(project, queue="all", workers=1)
+    seen = []
+
+    def after_tick(tick_run_id):
+        with project.db.transaction() as s:
+            seen.append((tick_run_id, s.get(Run, tick_run_id).state))
+
+    consumers.after_each_tick(after_tick)
+    consumers.start()
+    try:
+        wait_until(lambda: (run_id, RunState.COMPLETED) in seen, what="a tick callback after completion")
+    finally:
+        consumers.stop(graceful=True)
+        project.close()
+    assert seen[-1] == (run_id, RunState.COMPLETED) and len(seen) >= 2  # one per tick, the last settled

@@ -6,7 +6,7 @@ import pytest
 from bmad_loop.engine.lane.admission import StoryView, admit
 from bmad_loop.bmad.footprint import Footprint
 from bmad_loop.git.runner import Git
-from bmad_loop.bmad.footprint_dirs import conflict_on, tree_directories
+from bmad_loop.bmad.footprint import conflict_on, tree_directories
 from support import MERGE_NONE, StoryDef, barrier_script, git_repo, go, inside, states, wait_until
 
 TREE = {"src/greet.py": "", "src/app/__init__.py": "", "docs/index.md": "", "CHANGELOG.md": "",

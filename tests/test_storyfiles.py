@@ -9,7 +9,7 @@ from bmad_loop.bmad.board import parse_board
 from bmad_loop.bmad.v4 import v4_status
 from bmad_loop.git.trees.committed import CommittedTree, FolderTree
 from bmad_loop.errors import ConfigError
-from bmad_loop.projectroot import find_project_root
+from bmad_loop.policy.load import find_project_root
 from bmad_loop.bmad.story_files import find_story_file, resolve_location, story_file_matches
 from support import board_with, git_repo, write
 

@@ -1,4 +1,4 @@
-"""The BMAD write-back: a story file's own status (storystatus), and what the lane writes into
+"""The BMAD write-back: a story file's own status (`story_files.read_story_status`), and what the lane writes into
 the candidate when a story integrates (the board line, the epic line, the story file)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from bmad_loop.engine.lane.writeback import mark_done_on_board, mark_story_file_done
-from bmad_loop.bmad.story_status import read_story_status, set_story_status, styled_like
+from bmad_loop.bmad.story_files import read_story_status, set_story_status, styled_like
 
-# ------------------------------------------------------------------ storystatus: every form
+# ------------------------------------------------------------------ the story file's status: every form
 
 V6 = "# Story 1.1: Login\n\nStatus: ready-for-dev\n\n## Story\n\nAs a user...\n"
 V4_SECTION = ("# Story 1.2: Logout\n\n## Status\n\nApproved\n\n## Story\n\n"

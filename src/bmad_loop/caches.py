@@ -20,6 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["CACHES", "CacheEntry", "Memo", "ProcessCaches"]
 
@@ -31,10 +32,10 @@ class Memo:
 
     def __init__(self, size: int = 64):
         self.size = size
-        self._items: OrderedDict = OrderedDict()
+        self._items: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable, default=None):
+    def get(self, key: Hashable, default: Any = None) -> Any:
         with self._lock:
             value = self._items.get(key, _MISSING)
             if value is _MISSING:
@@ -42,7 +43,7 @@ class Memo:
             self._items.move_to_end(key)
             return value
 
-    def put(self, key: Hashable, value) -> None:
+    def put(self, key: Hashable, value: Any) -> None:
         with self._lock:
             self._items[key] = value
             self._items.move_to_end(key)
@@ -68,7 +69,7 @@ class CacheEntry:
 class ProcessCaches:
     """The registry of this process's caches."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._entries: dict[str, CacheEntry] = {}
         self._lock = threading.Lock()
 

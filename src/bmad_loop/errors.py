@@ -74,7 +74,7 @@ class StateError(ConfigError):
 class GitError(BmadLoopError):
     """A git command failed in a way the caller did not expect."""
 
-    def __init__(self, message, *, returncode=None, stderr=""):
+    def __init__(self, message: str, *, returncode: int | None = None, stderr: str = ""):
         super().__init__(message)
         self.returncode = returncode
         self.stderr = stderr
@@ -84,7 +84,7 @@ class TransientError(BmadLoopError):
     """A step failed for a reason that may go away on its own or once a person acts: a lock
     held by another process, a full disk, an I/O error. `where` names the file or command."""
 
-    def __init__(self, message, *, where: str = ""):
+    def __init__(self, message: str, *, where: str = ""):
         super().__init__(message)
         self.where = where
 

@@ -44,6 +44,7 @@ literal suffixes (after the last one) are incompatible, otherwise they are assum
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from functools import lru_cache
 
 from .caches import CACHES
@@ -345,7 +346,7 @@ def _directories_covered(pattern: str, directories: frozenset[str]) -> tuple[tup
     return tuple(tuple(_literal_glob(part) for part in d.split("/")) + ("**",) for d in outermost)
 
 
-def _directories_matching(pattern: str, directories: frozenset[str]):
+def _directories_matching(pattern: str, directories: frozenset[str]) -> Iterable[str]:
     body = pattern[1:] if pattern.startswith("/") else pattern
     try:
         literal = all(_is_literal(part) for part in body.split("/"))
@@ -420,6 +421,13 @@ def path_matches(pattern: str, path: str, directories: frozenset[str] | None = N
 _COMPILED = (_segment_tokens, _segment_regex, _segments, _segments_may_overlap,
              _overlap_any_directory, _overlap_in_tree, _directories_covered, _directories_by_name,
              _path_regex)
-CACHES.register("globs.compiled", lambda: [f.cache_clear() for f in _COMPILED],
+
+
+def _clear_compiled() -> None:
+    for f in _COMPILED:
+        f.cache_clear()
+
+
+CACHES.register("globs.compiled", _clear_compiled,
                 bound="4,096 to 16,384 answers per function (LRU)",
                 holds="a glob (and the folders asked about) -> its compiled form or answer")

@@ -191,7 +191,8 @@ def kill_marked(matches: Callable[[Mapping[str, str]], bool], *, token_var: str 
         if env is None or not matches(env):
             continue
         token = env.get(token_var) if token_var else None
-        targets.update(session_processes(pid, (token_var, token) if token else None, tree=True))
+        marker = (token_var, token) if token_var and token else None
+        targets.update(session_processes(pid, marker, tree=True))
     if not targets:
         return []
     for pid, process in targets.items():

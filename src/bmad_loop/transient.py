@@ -42,12 +42,13 @@ class Fault:
 def transient_fault(exc: BaseException) -> Fault | None:
     """The transient fault behind `exc` (or its causes), or None when it is not one."""
     seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        fault = _classify(exc)
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        fault = _classify(link)
         if fault is not None:
             return fault
-        exc = exc.__cause__ or exc.__context__
+        link = link.__cause__ or link.__context__
     return None
 
 

@@ -36,11 +36,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from typing import Callable
 
-__all__ = ["FORMATS", "USAGE_COLUMNS", "Usage", "SessionReport", "parse_output"]
+__all__ = ["FORMATS", "PARSERS", "USAGE_COLUMNS", "Usage", "SessionReport", "parse_output"]
 
-FORMATS = ("text", "claude-stream-json", "codex-jsonl", "gemini-stream-json", "qwen-stream-json",
-           "opencode-json")
 USAGE_COLUMNS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd")
 
 
@@ -75,11 +74,10 @@ class SessionReport:
 
 def parse_output(fmt: str, output: str) -> SessionReport:
     """Read `output` (a session's log text) in format `fmt` (see the module docstring)."""
-    if fmt == "text" or fmt not in FORMATS:
+    parser = PARSERS.get(fmt)
+    if parser is None:  # `text`, or a format this version does not know
         return SessionReport(text=output)
     events, stray = _events(output)
-    parser = {"claude-stream-json": _claude, "codex-jsonl": _codex, "gemini-stream-json": _gemini,
-              "qwen-stream-json": _qwen, "opencode-json": _opencode}[fmt]
     report = parser(events)
     # Lines that are not events are the CLI's own diagnostics (stderr): a fatal error before
     # any event, a usage-limit notice. The agent's tool output is always inside events. They go
@@ -287,3 +285,11 @@ def _gemini_json_stats(stats) -> dict | None:
         total["cached"] += _int(tokens.get("cached")) or 0
         total["output_tokens"] += _int(tokens.get("candidates")) or 0
     return total
+
+
+# Each structured format and its reader; the formats a profile's `output` may name are these
+# and `text`, so a new format is one parser and one entry here.
+PARSERS: dict[str, Callable[[list[dict]], SessionReport]] = {
+    "claude-stream-json": _claude, "codex-jsonl": _codex, "gemini-stream-json": _gemini,
+    "qwen-stream-json": _qwen, "opencode-json": _opencode}
+FORMATS = ("text", *PARSERS)

@@ -17,9 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from ..states import Phase
+
+if TYPE_CHECKING:
+    from ..git.runner import Git
 
 __all__ = ["BmadInstall", "SKILL_ROOTS", "WORKFLOW_ROOTS", "detect_bmad", "bmad_seed_candidates",
            "bmad_seeds"]
@@ -127,7 +130,7 @@ def bmad_seed_candidates(root: Path) -> list[str]:
     return found
 
 
-def bmad_seeds(git, root: Path) -> list[str]:
+def bmad_seeds(git: Git, root: Path) -> list[str]:
     """The untracked part of the BMAD folders `bmad_seed_candidates` finds: what a worktree
     (tracked files only) would lack. A wholly untracked folder is one entry; in a partly
     tracked one, each untracked file or folder is. Ignored files count: `_bmad/` is often in

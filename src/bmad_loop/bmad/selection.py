@@ -1,7 +1,7 @@
 """Stories of a board, and the plan: which of them a run takes, in which order.
 
 `Selection` is what the operator asked for (`--epic`, `--story`, `--max-stories`).
-`storyfiles.load_stories` joins the board with the story files and the policy's footprint
+`story_files.load_stories` joins the board with the story files and the policy's footprint
 overrides into `StorySpec`s. `select_stories` applies the selectors (`--epic`, `--story`, `--max-stories`)
 and orders the plan: file order, except that the current epic (the one whose `epic-<E>` entry
 has started) comes first. `check_dependencies` rejects, for the selected stories only, unknown
@@ -24,8 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .board import Board, parse_story_key
-from .board_status import ACTIONABLE, DONE, EPIC_STARTED
+from .board import ACTIONABLE, DONE, EPIC_STARTED, Board, parse_story_key
 from ..errors import ConfigError
 from .footprint import Footprint
 
@@ -105,7 +104,7 @@ def _number_matches(stories: Sequence[StorySpec], q: str) -> list[StorySpec] | N
     return matches
 
 
-def match_story(stories: Sequence[StorySpec], query: str, board_path) -> list[StorySpec]:
+def match_story(stories: Sequence[StorySpec], query: str, board_path: Path | str) -> list[StorySpec]:
     """The stories a `--story` query names, whatever their status; ConfigError if none or ambiguous."""
     q = query.strip()
     if not q:

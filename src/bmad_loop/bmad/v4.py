@@ -2,7 +2,7 @@
 
 v4 keeps one file per story in its story folder (`devStoryLocation`, default `docs/stories`),
 named `E.S.<slug>.md` (v4's own create-next-story writes `E.S.story.md`) or `E.S.md`, each
-with a status in a `Status:` line or a `## Status` section (`storystatus.read_story_status`).
+with a status in a `Status:` line or a `## Status` section (`story_files.read_story_status`).
 The board is synthesised from them: one story entry per file, in natural numeric order of
 `E.S` (1.2 before 1.10), key = the file name without `.md`, epic = `E`. No `epic-E` entries:
 the plan is the file order. v4 statuses map to bmad-loop's vocabulary:
@@ -24,7 +24,8 @@ from pathlib import Path
 
 from .board import Board, BoardEntry, validate_story_key
 from ..errors import ConfigError
-from .story_status import read_story_status
+from ..git.trees.committed import TreeView
+from .story_files import read_story_status
 
 __all__ = ["V4_STATUSES", "v4_status", "v4_board", "V4_NAME_RE"]
 
@@ -53,12 +54,13 @@ def v4_status(written: str | None) -> str:
     return "-".join(w.lower() for w in words) or "draft"
 
 
-def _order(name: str):
+def _order(name: str) -> tuple[int, int, str, str]:
     m = V4_NAME_RE.match(name)
+    assert m is not None  # only names it matched are sorted
     return int(m.group(1)), int(m.group(2)), m.group(3) or "", name
 
 
-def v4_board(tree, folder: str, root: Path) -> Board:
+def v4_board(tree: TreeView, folder: str, root: Path) -> Board:
     """The board of a v4 project whose story files are in `folder` (repository-relative) of
     `tree` (the committed target)."""
     names = sorted((n for n in tree.names(folder) if V4_NAME_RE.match(n)), key=_order)
@@ -71,6 +73,7 @@ def v4_board(tree, folder: str, root: Path) -> Board:
     entries = []
     for name, rel in zip(names, rels):
         m = V4_NAME_RE.match(name)
+        assert m is not None  # `names` are those it matches
         key = name[:-len(".md")]
         validate_story_key(key, Path(root) / rel)
         try:

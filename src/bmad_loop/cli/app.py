@@ -41,9 +41,9 @@ def project_option(fn):
 
 
 def _project_root(ctx, param, value: Path) -> Path:
-    """From a subfolder, the project it belongs to (`projectroot`); a folder that does not
+    """From a subfolder, the project it belongs to (`policy.load.find_project_root`); a folder that does not
     exist stays as given, for `open_project` to name."""
-    from ..projectroot import find_project_root
+    from ..policy.load import find_project_root
 
     return find_project_root(value) if value.is_dir() else value
 

@@ -105,7 +105,7 @@ class ProgressPrinter:
 # ---------------------------------------------------------------------------- Ctrl+C
 def resume_command(project: Project, run_id: str) -> str:
     """`bmad-loop resume RUN`, with `--project` when this folder is not in the project."""
-    from ..projectroot import find_project_root
+    from ..policy.load import find_project_root
 
     here = find_project_root(Path.cwd())
     same = here.resolve() == Path(project.home).resolve()

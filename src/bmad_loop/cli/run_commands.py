@@ -482,7 +482,7 @@ def cleanup(project_dir, dry_run, runs, purge, forget_id, force, clone_dir, host
 def _forget_database(project: Project, forget_id: str, force: bool, dry_run: bool,
                    as_json: bool) -> None:
     """`cleanup --forget-database ID`: forget the run records of another state database."""
-    from ..engine.run.forget import forget_database
+    from ..engine.run.cleanup import forget_database
 
     report = forget_database(project, forget_id.strip(), force=force, dry_run=dry_run,
                              has_rows=has_state(project),

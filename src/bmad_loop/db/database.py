@@ -11,6 +11,11 @@ that is not a whole database (`sqlitefile.check_sqlite_file`), a state folder th
 written, and a database driver that is not installed (`check_driver`, with the extra to
 install). A lock another process holds is waited for `lock_wait_s` ([database] lock_wait_s),
 then refused the same way.
+
+Who a state database is: its random id (made at its first migration, 0011, `database_id`) and a
+label a person can read (its URL without the password, `database_label`). The repository's run
+records carry both, so a checkout driven from two databases can tell its own runs' refs from
+another database's.
 """
 
 from __future__ import annotations
@@ -18,19 +23,23 @@ from __future__ import annotations
 import contextlib
 import fcntl
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-from sqlalchemy import event, insert
-from sqlalchemy.exc import DatabaseError, InterfaceError, OperationalError
+from sqlalchemy import Insert, Table, event, insert, select
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.orm import UOWTransaction
+from sqlalchemy.exc import ArgumentError, DatabaseError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import ConfigError
 from ..fileio import shown
 from . import migrate
+from .models import DatabaseIdentity
 from .dialects import READ_ONLY, SQLITE_BUSY_TIMEOUT_MS, dialect_for, shown_url
 from ..caches import CACHES
 
-__all__ = ["Database", "check_driver", "check_reachable", "default_database_url"]
+__all__ = ["Database", "check_driver", "check_reachable", "database_id", "database_label",
+           "default_database_url"]
 
 
 def default_database_url(state_dir: Path) -> str:
@@ -52,7 +61,7 @@ def check_reachable(url: str, source: str = "[database] url", timeout_s: int = 5
 _READ_WRITE_REFUSED = "a write in a read-only transaction (Database.read): use transaction()"
 
 
-def _refuse_writes(session, _flush_context, _instances) -> None:
+def _refuse_writes(session: Session, _flush_context: UOWTransaction, _instances: object) -> None:
     if session.new or session.dirty or session.deleted:
         raise RuntimeError(_READ_WRITE_REFUSED)
 
@@ -61,7 +70,7 @@ _PENDING_ROWS = "bmad_loop.rows_at_commit"
 _READ_ONLY_SESSION = "bmad_loop.read_only"  # in the `info` of `Database.read` sessions
 
 
-def insert_now(session: Session, row) -> int:
+def insert_now(session: Session, row: Any) -> int:
     """INSERT a new ORM object's assigned columns as one Core statement; its id. The object is
     not added to the session: no unit of work and no identity map, half the CPU of `add` +
     `flush` for a row the writer does not read back. Its validators ran as its attributes
@@ -73,12 +82,12 @@ def insert_now(session: Session, row) -> int:
     return session.connection().execute(_insert_of(table, returning_key=True), values).scalar_one()
 
 
-_INSERTS: dict[tuple[str, bool], object] = {}  # (table name, returns its key) -> the INSERT
+_INSERTS: dict[tuple[str, bool], Insert] = {}  # (table name, returns its key) -> the INSERT
 CACHES.register("db.inserts", _INSERTS.clear, bound="two per table",
                holds="(table, returns its key) -> its INSERT statement")
 
 
-def _insert_of(table, *, returning_key: bool = False):
+def _insert_of(table: Table, *, returning_key: bool = False) -> Insert:
     """`INSERT INTO table …` (`RETURNING <key>`), built once per table: its columns are those
     of the values it runs with (SQLAlchemy compiles each set of columns once)."""
     statement = _INSERTS.get((table.name, returning_key))
@@ -90,7 +99,7 @@ def _insert_of(table, *, returning_key: bool = False):
     return statement
 
 
-def insert_at_commit(session: Session, table, row: dict) -> None:
+def insert_at_commit(session: Session, table: Table, row: dict[str, Any]) -> None:
     """Queue `row` for `table`: inserted when `session`'s outermost transaction commits, with
     the other rows queued for the same table in one statement (a savepoint's release does not
     write them, so one that rolls back afterwards cannot take them along). For append-only rows
@@ -108,18 +117,18 @@ def _insert_queued_rows(session: Session) -> None:
         return
     if session.info.get(_READ_ONLY_SESSION):
         raise RuntimeError(_READ_WRITE_REFUSED)
-    by_table: dict = {}
+    by_table: dict[Table, list[dict[str, Any]]] = {}
     for table, row in queued:
         by_table.setdefault(table, []).append(row)
     for table, rows in by_table.items():
         session.connection().execute(_insert_of(table), rows)
 
 
-def _text_param(value):
+def _text_param(value: object) -> object:
     return shown(value) if isinstance(value, str) else value
 
 
-def _fit_params(params):
+def _fit_params(params: Any) -> Any:
     if isinstance(params, dict):
         return {k: _text_param(v) for k, v in params.items()}
     if isinstance(params, (list, tuple)):
@@ -128,7 +137,8 @@ def _fit_params(params):
     return params
 
 
-def _storable_text(_conn, _cursor, statement, parameters, _context, _executemany):
+def _storable_text(_conn: Connection, _cursor: object, statement: str, parameters: Any,
+                   _context: object, _executemany: bool) -> tuple[str, Any]:
     """A text value holding a byte of a file name that is not UTF-8 (a surrogate, how Python
     holds it) is stored escaped, `\\xff`: no driver encodes a surrogate. JSON columns arrive
     here already serialised with `\\udcff` escapes, so their paths round-trip exactly."""
@@ -154,7 +164,7 @@ class Database:
                                    expire_on_commit=False, info={_READ_ONLY_SESSION: True})
         event.listen(self._reads, "before_flush", _refuse_writes)
         self._writer = self.dialect.writer_lock()
-        self.identity: str | None = None  # its database_identity id, once read (identity.py)
+        self.identity: str | None = None  # its database_identity id, once read (database_id)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Session]:
@@ -203,7 +213,7 @@ class Database:
             migrate.upgrade(self.engine, f"the state database {self.path or shown_url(self.url)}")
 
     @contextlib.contextmanager
-    def one_line_errors(self):
+    def one_line_errors(self) -> Iterator[None]:
         """SQLite's errors on this file (a lock held past `lock_wait_s`, a read-only folder, a
         damaged page) as one `ConfigError` line naming the file; anything else as it is."""
         try:
@@ -226,7 +236,7 @@ class Database:
             raise ConfigError(f"cannot reach the state database {url}: {reason}") from exc
 
     @contextlib.contextmanager
-    def _migration_lock(self):
+    def _migration_lock(self) -> Iterator[None]:
         if self._lock_dir is None:
             yield
             return
@@ -242,3 +252,30 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+# --- who the database is ---
+
+
+def database_id(db: Database) -> str:
+    """The id of the database `db` opens (read once per `Database` object)."""
+    known = db.identity
+    if known is None:
+        with db.read() as s:
+            known = s.scalars(select(DatabaseIdentity.id).order_by(DatabaseIdentity.created_at)).first()
+        if known is None:  # only a hand-emptied table: the id is not ours to invent
+            raise RuntimeError("the state database has no row in database_identity")
+        db.identity = known
+    return known
+
+
+def database_label(url: str) -> str:
+    """The URL without its password: no user secret ever reaches a file in the repository.
+    The query string goes too (a driver may take `?password=…` there)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url.split("://", 1)[0] + "://…"
+    bare = URL.create(parsed.drivername, username=parsed.username, host=parsed.host,
+                      port=parsed.port, database=parsed.database)
+    return bare.render_as_string(hide_password=False)

@@ -14,12 +14,15 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any, Iterator
 from urllib.parse import quote
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Connection, Dialect as SqlDialect, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
 from ..errors import ConfigError
@@ -34,10 +37,10 @@ READ_ONLY = "bmad_loop_read_only"  # execution option of `Database.read`'s conne
 PG_MIGRATION_LOCK_KEY = 0x626D_6164  # "bmad"
 
 # INSERT … ON CONFLICT DO UPDATE, by SQLAlchemy dialect name, where the database has it.
-_UPSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
+_UPSERTS: dict[str, Callable[..., Any]] = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
 
 
-def upsert_for(dialect):
+def upsert_for(dialect: SqlDialect) -> Callable[..., Any] | None:
     """The `insert` construct with `on_conflict_do_update` for a connection's SQLAlchemy
     dialect, or None where the database lacks an atomic upsert with RETURNING."""
     return _UPSERTS.get(dialect.name) if dialect.insert_returning else None
@@ -78,7 +81,7 @@ class Dialect:
         """An engine that can only read (the operator's polls), or None to use the main one."""
         return None
 
-    def schema_lock(self, engine: Engine):
+    def schema_lock(self, engine: Engine) -> AbstractContextManager[None]:
         """Held while migrating: serialises hosts that share the database."""
         return contextlib.nullcontext()
 
@@ -132,7 +135,7 @@ class ServerDialect(Dialect):
             raise ConfigError(f"[database] url {shown_url(self.url)}: {exc}") from None
 
     @contextlib.contextmanager
-    def schema_lock(self, engine: Engine):
+    def schema_lock(self, engine: Engine) -> Iterator[None]:
         """A session-level advisory lock: the consumers may sit on different hosts, where a
         file lock means nothing."""
         if not self._is_postgresql():
@@ -195,7 +198,7 @@ class SqliteDialect(Dialect):
         """The file opened with `mode=ro`: a poll never takes the write lock."""
         path = self.path
 
-        def connect():
+        def connect() -> sqlite3.Connection:
             conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=30,
                                    check_same_thread=False)
             conn.execute("PRAGMA query_only = ON")
@@ -214,7 +217,7 @@ def dialect_for(url: str) -> Dialect:
 
 def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):
+    def _on_connect(dbapi_conn: sqlite3.Connection, _record: object) -> None:
         # Let SQLAlchemy's `begin` event emit the BEGIN itself (pysqlite's own is deferred).
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
@@ -225,7 +228,7 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
         cur.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn):
+    def _on_begin(conn: Connection) -> None:
         # A read (`Database.read`) takes no write lock: in WAL mode it neither waits for a
         # writer nor makes one wait.
         # Straight to the driver: through SQLAlchemy's statement machinery this one line
@@ -234,12 +237,14 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
         # timeout) is raised as SQLAlchemy's own, as any statement's would be.
         statement = "BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE"
         try:
-            conn.connection.driver_connection.execute(statement)
+            driver = conn.connection.driver_connection
+            assert driver is not None  # a connection just checked out of the pool
+            driver.execute(statement)
         except sqlite3.Error as exc:
             raise DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
 
 
-def _enter_wal(cursor, wait_s: float) -> None:
+def _enter_wal(cursor: sqlite3.Cursor, wait_s: float) -> None:
     """Switch the file to WAL, waiting up to `wait_s` for other connections.
 
     A brand-new file is still in rollback mode, and switching it needs an exclusive lock that

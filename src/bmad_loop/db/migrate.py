@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 # alembic is imported only when a schema must change (or a test asks): importing it and reading
 # the revision scripts cost ~180 ms, paid by every command on a database that is up to date.
@@ -31,7 +35,7 @@ def migrations_dir() -> Path:
         return Path(__file__).resolve().parents[3] / "migrations"
 
 
-def alembic_config(engine: Engine | None = None):
+def alembic_config(engine: Engine | None = None) -> Config:
     from alembic.config import Config
 
     cfg = Config()
@@ -58,7 +62,7 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def head_revision() -> str:
+def head_revision() -> str | None:
     from alembic.script import ScriptDirectory
 
     return ScriptDirectory.from_config(alembic_config()).get_current_head()

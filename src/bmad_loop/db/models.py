@@ -8,6 +8,7 @@ migrations follow them and a test checks that the two never drift.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from sqlalchemy import (
     false,
@@ -24,6 +25,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
 
 from ..states import check_transition
@@ -60,14 +62,14 @@ class UtcDateTime(TypeDecorator):
     impl = DateTime
     cache_ok = True
 
-    def process_bind_param(self, value, dialect):
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to a UTC column")
         return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
 
-    def process_result_value(self, value, dialect):
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
         if value is None:
             return None
         return value.replace(tzinfo=dt.timezone.utc)
@@ -114,12 +116,12 @@ class Run(Base):
     stories: Mapped[list[Story]] = relationship(back_populates="run", order_by="Story.seq")
 
     @validates("state")
-    def _check_state(self, _key, value):
+    def _check_state(self, _key: str, value: str) -> str:
         check_transition("run", self.state, value)
         return value
 
     @validates("policy")
-    def _project_policy(self, _key, snapshot):
+    def _project_policy(self, _key: str, snapshot: dict[str, Any] | None) -> dict[str, Any] | None:
         scm = (snapshot or {}).get("scm", {})
         for column in PROJECTED_SCM_KEYS:
             if column in scm:
@@ -200,7 +202,7 @@ class Story(Base):
     run: Mapped[Run] = relationship(back_populates="stories")
 
     @validates("state")
-    def _check_state(self, _key, value):
+    def _check_state(self, _key: str, value: str) -> str:
         check_transition("story", self.state, value)
         return value
 
@@ -243,7 +245,7 @@ class Attempt(Base):
     cost_usd: Mapped[float | None] = mapped_column(Float)
 
     @validates("state")
-    def _check_state(self, _key, value):
+    def _check_state(self, _key: str, value: str) -> str:
         check_transition("attempt", self.state, value)
         return value
 
@@ -276,7 +278,7 @@ class Candidate(Base):
     ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
 
     @validates("state")
-    def _check_state(self, _key, value):
+    def _check_state(self, _key: str, value: str) -> str:
         check_transition("candidate", self.state, value)
         return value
 

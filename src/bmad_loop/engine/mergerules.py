@@ -4,7 +4,7 @@ the union ledgers a project keeps out of git.
 BMAD's review and build workflows append their deferred findings to
 `{implementation_artifacts}/deferred-work.md`; without a rule, two parallel stories that each
 append there always conflict. That ledger is `union` by default, wherever the project keeps it:
-the folder BMAD's config names `implementation_artifacts` (`bmad.layout.implementation_artifacts`,
+the folder BMAD's config names `implementation_artifacts` (`locations.implementation_artifacts`,
 the layered TOML first), else the board's folder. The policy's rules win for the same glob.
 
 **Ledgers out of git**: seeded, captured at `ready`, appended after landing. Some projects
@@ -35,11 +35,11 @@ import os
 import posixpath
 from pathlib import Path
 
-from ..bmad.layout import implementation_artifacts
+from ..bmad.locations import implementation_artifacts
 from ..errors import ConfigError
 from ..globs import globs_may_overlap, is_literal, path_matches
 from ..git.trees.settle import MergeRules
-from ..policy.mergerule import UNION, MergeRule
+from ..policy.mergerule import MergeRule, MergeRuleKind
 from ..fileio import LinkRefused, read_beneath, write_atomic, write_beneath
 from ..git.runner import Git
 from ..policy import Policy
@@ -69,7 +69,7 @@ def bmad_ledger(root: Path, board_rel: str | None) -> str | None:
 def run_merge_rules(policy: Policy, root: Path, board_rel: str | None) -> MergeRules:
     """The policy's rules plus the built-in `union` for BMAD's ledger (anchored at its path)."""
     ledger = bmad_ledger(root, board_rel)
-    builtin = [("/" + ledger, MergeRule(UNION))] if ledger is not None else []
+    builtin = [("/" + ledger, MergeRule(MergeRuleKind.UNION))] if ledger is not None else []
     return MergeRules.of(policy.integration.merge, builtin)
 
 
@@ -126,7 +126,7 @@ def _loose_ledgers(project, rules: MergeRules, tracked: list[str] | None):
     known = set(tracked)
     git = project.git(project.policy)
     for glob, rule in rules.rules:
-        if rule.kind != UNION or not glob.startswith("/") or not is_literal(glob):
+        if rule.kind != MergeRuleKind.UNION or not glob.startswith("/") or not is_literal(glob):
             continue
         path = glob[1:]
         if path in known or not (Path(project.root) / path).is_file():
@@ -169,7 +169,7 @@ class StoryLedgers:
 
 def ignored_ledgers(git: Git, root: Path, rules: MergeRules) -> list[str]:
     """The `union` ledgers (rules naming one file) that git ignores in the checkout at `root`."""
-    paths = [_literal_path(glob) for glob, rule in rules.rules if rule.kind == UNION]
+    paths = [_literal_path(glob) for glob, rule in rules.rules if rule.kind == MergeRuleKind.UNION]
     paths = [p for p in paths if p is not None]
     if not paths:
         return []

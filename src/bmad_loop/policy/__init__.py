@@ -7,7 +7,8 @@ one-line `ConfigError` naming the file (or environment variable), the section an
 - `schema`: the frozen dataclasses, one per section, and the rules that span keys;
 - `checks`: the value checks (enums, ranges, formats) the schema's fields carry;
 - `validate`: the generic validator the fields' types drive, and the one-line messages;
-- `load`: reading the file, the snapshot and the environment overrides; the `init` template.
+- `load`: reading the file, the snapshot and the environment overrides; the `init` template;
+  which project a folder belongs to.
 
 Environment overrides
 ---------------------
@@ -36,6 +37,7 @@ from .load import (
     ENV_PREFIX,
     default_policy_text,
     env_override,
+    find_project_root,
     load_policy,
     policy_from_dict,
     policy_path,
@@ -89,6 +91,7 @@ __all__ = [
     "TierPolicy",
     "VerifyPolicy",
     "default_policy_text",
+    "find_project_root",
     "identity_keys",
     "load_policy",
     "policy_from_dict",

@@ -49,7 +49,7 @@ Check = Callable[[Any], "str | None"]  # returns an error message, or None when 
 
 
 def one_of(*choices: str) -> Check:
-    def check(value):
+    def check(value: str) -> str | None:
         if value not in choices:
             return f"must be one of {', '.join(map(repr, choices))}, got {value!r}"
         return None
@@ -58,14 +58,14 @@ def one_of(*choices: str) -> Check:
 
 
 def at_least(low: int) -> Check:
-    def check(value):
+    def check(value: int) -> str | None:
         return f"must be >= {low}, got {value}" if value < low else None
 
     return check
 
 
 def at_most(high: int, why: str = "") -> Check:
-    def check(value):
+    def check(value: int) -> str | None:
         return f"must be <= {high}{why}, got {value}" if value > high else None
 
     return check
@@ -95,7 +95,7 @@ def profile(value: str) -> str | None:
     return None
 
 
-def non_empty(value) -> str | None:
+def non_empty(value: object) -> str | None:
     return "must not be empty (leave the key out to inherit [adapter] command)" if not value else None
 
 
@@ -139,7 +139,7 @@ def globs(value: tuple[str, ...]) -> str | None:
     return None
 
 
-def globs_of_keys(value) -> str | None:
+def globs_of_keys(value: Mapping[str, Any]) -> str | None:
     """A table keyed by repository globs: each key is a valid glob, and no two keys with
     literal prefixes of one length can match one path (which rule wins would be a tie)."""
     from ..globs import globs_may_overlap, literal_prefix_length, pattern_problem
@@ -200,7 +200,7 @@ def ports(value: str) -> str | None:
 def url(*schemes: str, example: str) -> Check:
     pattern = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
-    def check(value):
+    def check(value: str) -> str | None:
         if not value:
             return None
         scheme_ok = value.startswith(schemes) if schemes else pattern.match(value)

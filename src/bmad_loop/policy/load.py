@@ -4,6 +4,14 @@
 file first. With an environment, every `BMAD_LOOP_<SECTION>_<KEY>` variable wins over the file
 (the rules are in the `bmad_loop.policy` docstring). Every problem is one line naming the file or
 the variable, the section and the key.
+
+**Which project a folder belongs to** (`find_project_root`), so bmad-loop works from any folder
+of a repository: from the folder given (`--project`, default the current one) upwards, the
+nearest folder that holds `.bmad-loop/policy.toml` is the project; else the top of the git
+working tree (the first folder holding `.git`, a folder in a clone and a file in a linked
+worktree). A folder in no repository and under no policy is taken as it is, so the commands' own
+messages name it. The walk never climbs above the repository: a policy in a folder that holds
+the repository is not this project's.
 """
 
 from __future__ import annotations
@@ -31,8 +39,8 @@ from .validate import (
     where,
 )
 
-__all__ = ["ENV_PREFIX", "default_policy_text", "env_override", "load_policy", "policy_from_dict",
-           "policy_path"]
+__all__ = ["ENV_PREFIX", "default_policy_text", "env_override", "find_project_root", "load_policy",
+           "policy_from_dict", "policy_path"]
 
 ENV_PREFIX = "BMAD_LOOP_"
 
@@ -88,9 +96,10 @@ def _env_value(raw: str, tp: Any) -> Any:
     return parsed["v"] if list(parsed) == ["v"] else raw
 
 
-def _apply_env(data: Mapping, env: Mapping[str, str]) -> tuple[dict, dict[tuple[str, str], str]]:
+def _apply_env(data: Mapping[str, Any],
+               env: Mapping[str, str]) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
     merged = {section: (dict(value) if is_table(value) else value) for section, value in data.items()}
-    origins: dict[tuple[str, str], str] = {}
+    origins: dict[tuple[str, ...], str] = {}
     for var in sorted(env):
         if not var.startswith(ENV_PREFIX):
             continue
@@ -118,7 +127,7 @@ def _apply_env(data: Mapping, env: Mapping[str, str]) -> tuple[dict, dict[tuple[
 
 def policy_from_dict(data: Mapping, source: str = "<snapshot>", env: Mapping[str, str] | None = None) -> Policy:
     """Validate a TOML-shaped dict; with `env`, `BMAD_LOOP_<SECTION>_<KEY>` variables win over it."""
-    origins: dict[tuple[str, str], str] = {}
+    origins: dict[tuple[str, ...], str] = {}
     if env is not None and is_table(data):
         data, origins = _apply_env(data, env)
     return _read_policy(Context(source, origins), data)
@@ -126,6 +135,15 @@ def policy_from_dict(data: Mapping, source: str = "<snapshot>", env: Mapping[str
 
 def policy_path(project_dir: str | os.PathLike) -> Path:
     return Path(project_dir) / ".bmad-loop" / "policy.toml"
+
+
+def find_project_root(start: str | os.PathLike) -> Path:
+    """The project `start` belongs to (see the module docstring)."""
+    start = Path(start).resolve()
+    for folder in (start, *start.parents):
+        if policy_path(folder).is_file() or (folder / ".git").exists():
+            return folder
+    return start
 
 
 def load_policy(project_dir: str | os.PathLike, env: Mapping[str, str] | None = None) -> Policy:

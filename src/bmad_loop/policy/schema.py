@@ -4,6 +4,9 @@ Each field's type says what the key takes and its `setting` metadata holds the c
 ranges, formats, see `bmad_loop.policy.checks`). Rules that span keys (the `max_parallel` guard,
 remote mode, profile-or-command, the redis url, the lane tier) are `check_policy`, run once the
 sections are read. `Policy.to_dict` gives the TOML shape back, for the run's snapshot.
+
+`verify_advice` and its kind are warnings `validate` gives about a policy that works but will
+disappoint in the morning: `validate` check rows (`name`, `status`, `detail`), never a failure.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ __all__ = [
     "VerifyPolicy",
     "check_max_parallel",
     "check_policy",
+    "verify_advice",
 ]
 
 
@@ -375,7 +379,7 @@ def check_policy(ctx: Context, policy: Policy) -> None:
         raise ctx.error(("adapter", "command"), "set either [adapter] profile or [adapter] command, not both",
                         also=(("adapter", "profile"),))
     queue = policy.queue
-    if queue.backend == "redis" and not queue.url.startswith(("redis://", "rediss://")):
+    if queue.backend == QueueBackendKind.REDIS and not queue.url.startswith(("redis://", "rediss://")):
         raise ctx.error(("queue", "url"), f'backend "redis" needs a redis:// or rediss:// url, got {queue.url!r}',
                         also=(("queue", "backend"),))
     tier = policy.parallel.tier
@@ -384,6 +388,19 @@ def check_policy(ctx: Context, policy: Policy) -> None:
             f" (tiers: {', '.join(map(repr, adapter.tiers))})" if adapter.tiers else " (no tiers are defined)")
         raise ctx.error(("parallel", "tier"), f"{tier!r} is not a table [adapter.tiers.{name(tier)}]{known}",
                         also=(("adapter", "tiers"),))
+
+
+# --- advice: a valid policy that probably does less than a person expects -------------------
+
+
+def verify_advice(policy: Policy) -> list[dict[str, str]]:
+    """With no `[verify] commands`, nothing checks a story's work or the combined candidate:
+    every story an agent finishes is integrated as it stands."""
+    if policy.verify.commands:
+        return []
+    return [{"name": "verify", "status": "warn",
+             "detail": f"{policy.source}: [verify] commands is empty: stories and candidates are "
+                       "integrated without any check (add your test command)"}]
 
 
 def _dump(value: Any) -> Any:

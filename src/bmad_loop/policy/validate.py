@@ -17,7 +17,7 @@ import types
 import typing
 from collections import abc
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from ..caches import CACHES
 from ..errors import ConfigError
@@ -44,7 +44,7 @@ class Context:
     """Where values came from: the file (or snapshot) `source`, or, for (section, key) pairs
     set from the environment, the variable's name."""
 
-    def __init__(self, source: str, env_origins: Mapping[tuple[str, str], str] | None = None):
+    def __init__(self, source: str, env_origins: Mapping[tuple[str, ...], str] | None = None):
         self.source = source
         self.env_origins = env_origins or {}
 
@@ -54,7 +54,8 @@ class Context:
                 return self.env_origins[path[:2]]
         return self.source
 
-    def error(self, path: tuple[str, ...], message: str, *, also: tuple[tuple[str, ...], ...] = ()):
+    def error(self, path: tuple[str, ...], message: str, *,
+              also: tuple[tuple[str, ...], ...] = ()) -> ConfigError:
         return error(f"{self.origin(path, *also)}: {where(path)}: {message}")
 
 
@@ -79,7 +80,7 @@ def where(path: tuple[str, ...]) -> str:
     return f"[{'.'.join(map(name, path[:-1]))}] {name(path[-1])}"
 
 
-def did_you_mean(key: str, candidates, cutoff: float = 0.6) -> str:
+def did_you_mean(key: str, candidates: Iterable[str], cutoff: float = 0.6) -> str:
     close = difflib.get_close_matches(str(key).lower(), list(candidates), n=1, cutoff=cutoff)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -121,7 +122,7 @@ def convert(ctx: Context, path: tuple[str, ...], value: Any, tp: Any) -> Any:
     reader = getattr(tp, "read_toml", None)
     if reader is not None:  # a type with a TOML shape of its own (a merge rule)
         return reader(ctx, path, value)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return read_table(ctx, path, value, tp)
     origin = typing.get_origin(tp)
     if origin is types.UnionType:  # `X | None`: TOML has no null, so only X can arrive
@@ -160,9 +161,11 @@ def checked(ctx: Context, path: tuple[str, ...], value: Any, tp: Any, spec: data
     """`convert`, then the field's own checks (on every value of a mapping when `each`)."""
     value = convert(ctx, path, value, tp)
     checks = spec.metadata.get("checks", ())
-    items = value.items() if spec.metadata.get("each") else [((), value)]
-    for key, item in items:
-        item_path = path + ((key,) if spec.metadata.get("each") else ())
+    items: list[tuple[tuple[str, ...], Any]] = (
+        [((key,), item) for key, item in value.items()] if spec.metadata.get("each")
+        else [((), value)])
+    for suffix, item in items:
+        item_path = path + suffix
         for check in checks:
             message = None if item is None else check(item)
             if message:

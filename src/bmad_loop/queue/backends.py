@@ -2,26 +2,29 @@
 
 A back-end knows three things: where a project's queues are (`config_for`), whether they can
 work before anything is queued (`check`), and how to build the huey instance of one queue
-(`build`). `BACKENDS` is the one place a kind is chosen; a new kind of storage is one class
-and one entry there (and its name among the policy's choices).
+(`build`). The kinds are named once, by the policy's `QueueBackendKind`; `BACKENDS` holds one
+back-end per member and is the one place a kind is chosen. A new kind of storage is a member
+there and one class here (tests/test_backends.py fails on a kind with no class).
 """
 
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
-from huey import RedisHuey, SqliteHuey
+from huey import Huey, RedisHuey, SqliteHuey
 from huey.storage import SqliteStorage
 
 from ..errors import ConfigError
-from .wakeup import WakeChannel, wake_dir_for
+from ..policy import Policy
+from ..policy.choices import QueueBackendKind
 
-__all__ = ["QueueConfig", "QueueBackend", "SqliteBackend", "RedisBackend", "BACKENDS",
-           "backend_of"]
+__all__ = ["QueueConfig", "QueueProject", "QueueBackend", "SqliteBackend", "RedisBackend",
+           "BACKENDS", "backend_of"]
 
 # Redis consumers wait in BRPOP; this bounds how long a stop waits for one to notice.
 REDIS_READ_TIMEOUT_S = 1
@@ -29,18 +32,34 @@ REDIS_READ_TIMEOUT_S = 1
 
 @dataclass(frozen=True)
 class QueueConfig:
-    backend: str  # a key of BACKENDS
+    backend: QueueBackendKind
     url: str = ""
     sqlite_path: Path | None = None
     prefix: str = "bmad-loop"
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class QueueProject(Protocol):
+    """What the queues need of a project: its policy, its folders and its identity."""
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def home(self) -> Path | None: ...  # None only before `Project` resolves it
+
+    @property
+    def home_state_dir(self) -> Path: ...
+
+    @property
+    def key(self) -> str: ...
 
 
 class QueueBackend(ABC):
-    kind: ClassVar[str]
+    kind: ClassVar[QueueBackendKind]
 
     @abstractmethod
-    def config_for(self, project) -> QueueConfig:
+    def config_for(self, project: QueueProject) -> QueueConfig:
         """Where `project`'s queues live."""
 
     @abstractmethod
@@ -48,9 +67,8 @@ class QueueBackend(ABC):
         """Refuse, in one line naming `source`, queues that cannot work; change nothing."""
 
     @abstractmethod
-    def build(self, config: QueueConfig, name: str):
-        """The huey instance named `name`, and its cross-process wake channel (or None when
-        its consumers need none)."""
+    def build(self, config: QueueConfig, name: str) -> Huey:
+        """The huey instance named `name`."""
 
 
 class _QueueStorage(SqliteStorage):
@@ -60,7 +78,7 @@ class _QueueStorage(SqliteStorage):
     on resume (recovery re-queues every non-terminal row), and WAL with NORMAL cannot corrupt
     the file. huey's default (FULL) syncs the log on every enqueue and dequeue."""
 
-    def _create_connection(self):
+    def _create_connection(self) -> sqlite3.Connection:
         conn = super()._create_connection()
         conn.execute("pragma synchronous = NORMAL")
         return conn
@@ -72,38 +90,41 @@ class _SqliteQueue(SqliteHuey):
 
 class SqliteBackend(QueueBackend):
     """The embedded default: huey's SQLite storage in the policy folder's `.bmad-loop/queue.db`,
-    apart from the state database so the two never contend for one lock. Consumers of other
-    processes on this machine are woken through a wake socket (`wakeup`)."""
+    apart from the state database so the two never contend for one lock. Its consumers poll
+    (huey's SQLite storage cannot block), with the back-off set in `queues`."""
 
-    kind = "sqlite"
+    kind = QueueBackendKind.SQLITE
 
-    def config_for(self, project) -> QueueConfig:
+    def config_for(self, project: QueueProject) -> QueueConfig:
         url = project.policy.queue.url
-        path = project.home_state_dir / "queue.db" if not url else project.home / url
+        if not url:
+            return QueueConfig(backend=self.kind, sqlite_path=project.home_state_dir / "queue.db")
+        assert project.home is not None
+        path = project.home / url
         return QueueConfig(backend=self.kind, sqlite_path=path)
 
     def check(self, config: QueueConfig, source: str) -> None:
         from ..db.sqlitefile import check_sqlite_file
 
+        assert config.sqlite_path is not None  # config_for always names the file
         check_sqlite_file(config.sqlite_path, "queue database")
 
-    def build(self, config: QueueConfig, name: str):
+    def build(self, config: QueueConfig, name: str) -> Huey:
+        assert config.sqlite_path is not None
         config.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
-        huey = _SqliteQueue(name=f"{config.prefix}-{name}", filename=str(config.sqlite_path),
+        return _SqliteQueue(name=f"{config.prefix}-{name}", filename=str(config.sqlite_path),
                             results=False, utc=True, timeout=30)
-        folder = wake_dir_for(config.sqlite_path)  # None: no private folder fits, poll
-        return huey, (WakeChannel(folder, name) if folder is not None else None)
 
 
 class RedisBackend(QueueBackend):
-    """A Redis server shared by several hosts. Consumers block in BRPOP, so they need no wake
-    channel. Several projects (and test runs) share one server, so the queue names carry a
+    """A Redis server shared by several hosts. Consumers block in BRPOP, so a message is taken
+    as soon as it is pushed. Several projects (and test runs) share one server, so the queue names carry a
     short hash of the project's identity (`Project.key`: the root's path in local mode, the
     remote's URL in remote mode — the same identity as `runs.project` and the lane lease)."""
 
-    kind = "redis"
+    kind = QueueBackendKind.REDIS
 
-    def config_for(self, project) -> QueueConfig:
+    def config_for(self, project: QueueProject) -> QueueConfig:
         digest = hashlib.sha1(project.key.encode("utf-8")).hexdigest()[:10]
         return QueueConfig(backend=self.kind, url=project.policy.queue.url,
                            prefix=f"bmad-loop-{digest}")
@@ -125,14 +146,15 @@ class RedisBackend(QueueBackend):
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ConfigError(f"{source}: [queue] url: cannot reach redis at {shown}: {reason}") from None
 
-    def build(self, config: QueueConfig, name: str):
-        huey = RedisHuey(name=f"{config.prefix}-{name}", url=config.url, results=False, utc=True,
+    def build(self, config: QueueConfig, name: str) -> Huey:
+        return RedisHuey(name=f"{config.prefix}-{name}", url=config.url, results=False, utc=True,
                          blocking=True, read_timeout=REDIS_READ_TIMEOUT_S)
-        return huey, None
 
 
-BACKENDS: dict[str, QueueBackend] = {b.kind: b for b in (SqliteBackend(), RedisBackend())}
+BACKENDS: dict[QueueBackendKind, QueueBackend] = {
+    b.kind: b for b in (SqliteBackend(), RedisBackend())}
 
 
 def backend_of(kind: str) -> QueueBackend:
-    return BACKENDS[kind]
+    """The back-end of `kind` (a `QueueBackendKind` member or its string)."""
+    return BACKENDS[QueueBackendKind(kind)]

@@ -12,42 +12,27 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
+from huey import Huey
 from huey.consumer import Consumer
 
 from .backends import QueueConfig, backend_of
-from .doorbell import Doorbell, DoorbellWorker
 
-__all__ = ["QueueConfig", "make_huey", "announce", "BackgroundConsumer", "Doorbell", "STORIES",
-           "INTEGRATION"]
+__all__ = ["QueueConfig", "make_huey", "BackgroundConsumer", "STORIES", "INTEGRATION"]
 
 STORIES = "stories"
 INTEGRATION = "integration"
 
-# SQLite consumers that cannot be woken across processes (no AF_UNIX datagrams) poll; a short
-# maximum back-off keeps their dispatch latency well under a second.
+# huey's SQLite consumers poll with a growing back-off; a short maximum keeps a message's wait
+# for an idle consumer well under a second, against agent sessions of minutes.
 POLL_INITIAL_S = 0.05
 POLL_MAX_S = 0.5
 
 
-def make_huey(config: QueueConfig, queue: str):
-    """A huey instance for one queue, with its doorbell and, on SQLite, its cross-process wake
-    channel (`huey.wake`; None on Redis, whose consumers block in BRPOP). `results=False`: the
-    state lives in the database."""
-    huey, wake = backend_of(config.backend).build(config, queue)
-    huey.doorbell = Doorbell()
-    huey.wake = wake
-    return huey
-
-
-def announce(huey) -> None:
-    """After an enqueue on `huey`: wake its idle consumers, in this process and in others."""
-    huey.doorbell.ring()
-    if huey.wake is not None:
-        try:
-            huey.wake.ring()
-        except Exception:  # never fail an enqueue over a wake-up: the poll finds the message
-            logging.getLogger(__name__).warning("could not send wake-ups", exc_info=True)
+def make_huey(config: QueueConfig, queue: str) -> Huey:
+    """A huey instance for one queue. `results=False`: the state lives in the database."""
+    return backend_of(config.backend).build(config, queue)
 
 
 class _ThreadFriendlyConsumer(Consumer):
@@ -58,16 +43,14 @@ class _ThreadFriendlyConsumer(Consumer):
     consumers explicitly.
     """
 
-    worker_class = DoorbellWorker
-
-    def __init__(self, huey, *, role: str, **kwargs):
+    def __init__(self, huey: Huey, *, role: str, **kwargs: Any):
         self.role = role  # read by _create_process, which huey's __init__ already calls
         super().__init__(huey, **kwargs)
 
-    def _set_signal_handlers(self):
+    def _set_signal_handlers(self) -> None:
         pass
 
-    def _create_process(self, process, name):
+    def _create_process(self, process: Any, name: str) -> Any:
         # huey names every consumer's threads Worker-1, Worker-2 …; the lane's and the story
         # pool's would share names in a thread dump (py-spy dump) of one process.
         return super()._create_process(process, f"bmad-{self.role}-{name}")
@@ -77,7 +60,7 @@ class BackgroundConsumer:
     """A real huey consumer with worker threads, started and stopped from code. Its threads are
     named ``bmad-<role>-Worker-<n>`` (and ``bmad-<role>-Scheduler``)."""
 
-    def __init__(self, huey, workers: int, role: str = "queue"):
+    def __init__(self, huey: Huey, workers: int, role: str = "queue"):
         logging.getLogger("huey").setLevel(logging.WARNING)
         self.huey = huey
         self.consumer = _ThreadFriendlyConsumer(
@@ -94,25 +77,16 @@ class BackgroundConsumer:
         )
         self._started = False
         self._lock = threading.Lock()
-        self._listener = None
 
     def start(self) -> None:
         with self._lock:
             if not self._started:
-                wake = getattr(self.huey, "wake", None)
-                if wake is not None:
-                    self._listener = wake.listen(self.huey.doorbell.ring)
-                self.huey.doorbell.remote = self._listener is not None
                 self.consumer.start()
                 self._started = True
 
     def stop(self, graceful: bool = True) -> None:
+        """Stop the workers; an idle one waits on huey's stop flag, so it notices at once."""
         with self._lock:
             if self._started:
-                self.huey.doorbell.ring()  # idle workers notice the stop at once
                 self.consumer.stop(graceful=graceful)
                 self._started = False
-                if self._listener is not None:
-                    self._listener.close()
-                    self._listener = None
-                    self.huey.doorbell.remote = False

@@ -7,9 +7,12 @@ one strands the messages already queued. Keep them.
 from __future__ import annotations
 
 import threading
+from typing import Any, Callable
 
-from .backends import QueueConfig, backend_of
-from .queues import INTEGRATION, STORIES, announce, make_huey
+from huey import Huey
+
+from .backends import QueueConfig, QueueProject, backend_of
+from .queues import INTEGRATION, STORIES, make_huey
 
 __all__ = ["Tasks", "check_queue", "queue_config", "STORY_TASK", "LANE_TASK"]
 
@@ -17,7 +20,7 @@ STORY_TASK = "bmad_loop.story"
 LANE_TASK = "bmad_loop.lane"
 
 
-def queue_config(project) -> QueueConfig:
+def queue_config(project: QueueProject) -> QueueConfig:
     """Where this project's two queues live (see the back-ends in `backends`)."""
     return backend_of(project.policy.queue.backend).config_for(project)
 
@@ -36,19 +39,21 @@ class Tasks:
     only enqueues never loads it.
     """
 
-    def __init__(self, project):
+    def __init__(self, project: QueueProject):
         self.project = project
         self._config = queue_config(project)
         # Checked now, made on first use: a command refused before it queues anything (bad
         # input, an unknown run) leaves no queue.db behind, and a queue that cannot work (a
         # damaged queue.db, no redis module) is refused before any row is written.
         check_queue(self._config, project.policy.source)
-        self._hueys = None
+        self._hueys: tuple[Huey, Huey] | None = None
         self._build_lock = threading.Lock()
-        self._story_body = None
-        self._lane_body = None
+        self._story_body: Callable[[str, int], None] | None = None
+        self._lane_body: Callable[[str], None] | None = None
+        self._story: Any = None  # huey's task objects, made with the hueys
+        self._lane: Any = None
 
-    def _built(self):
+    def _built(self) -> tuple[Huey, Huey]:
         with self._build_lock:
             if self._hueys is None:
                 stories = make_huey(self._config, STORIES)
@@ -59,26 +64,24 @@ class Tasks:
             return self._hueys
 
     @property
-    def stories(self):
+    def stories(self) -> Huey:
         return self._built()[0]
 
     @property
-    def integration(self):
+    def integration(self) -> Huey:
         return self._built()[1]
 
-    def bind(self, *, story, lane) -> None:
+    def bind(self, *, story: Callable[[str, int], None], lane: Callable[[str], None]) -> None:
         """What a message does in this process: `story(run_id, story_id)`, `lane(run_id)`."""
         self._story_body, self._lane_body = story, lane
 
     def enqueue_story(self, run_id: str, story_id: int) -> None:
-        stories, _ = self._built()
+        self._built()  # the task objects exist once both hueys do
         self._story(run_id, story_id)
-        announce(stories)  # an idle consumer, here or in another process, starts it at once
 
     def enqueue_lane(self, run_id: str) -> None:
-        _, integration = self._built()
+        self._built()
         self._lane(run_id)
-        announce(integration)
 
     def lane_pending(self) -> int:
         return self.integration.pending_count()

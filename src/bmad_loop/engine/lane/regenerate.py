@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ...git.trees.compose import Composition
 from ...globs import path_matches
+from ...policy.mergerule import MergeRuleKind
 from ...git.trees.settle import Regeneration, Settled
 from ...git.trees.edit import read_objects
 from ...git.worktrees import ensure_detached_worktree
@@ -99,7 +100,7 @@ def settled_events(comp: Composition):
     runs = [r.to_dict() for r in comp.regenerated]
     events = [{**settled.to_dict(),
                **({"commands": [r for r in runs if r["glob"] == settled.glob]}
-                  if settled.rule == "regenerate" else {})} for settled in comp.settled]
+                  if settled.rule == MergeRuleKind.REGENERATE else {})} for settled in comp.settled]
     evidence = {"kind": "settled", "candidate_sha": comp.sha,
                 "settled": [x.to_dict() for x in comp.settled], "regenerated": runs}
     return events, evidence
@@ -231,5 +232,5 @@ def _settled(git: Git, cand: GeneratorInput, sha: str, paths: list[str]) -> tupl
     for i, path in enumerate(paths):
         shas = [o[0] if o is not None and o[1] == "blob" else None for o in found[4 * i:4 * i + 4]]
         glob = next(job.glob for job in cand.comp.regenerate if path in job.paths)
-        out.append(Settled(path, "regenerate", glob, *shas))
+        out.append(Settled(path, MergeRuleKind.REGENERATE, glob, *shas))
     return tuple(out)

@@ -58,7 +58,7 @@ from sqlalchemy.orm import Session
 
 from ...db.models import Run, Story, utcnow
 from ...git.config_guard import CONFIG_CHANGED_PREFIX
-from ...bmad.footprint_dirs import tree_directories
+from ...bmad.footprint import tree_directories
 from ...states import (
     RUN_LIVE,
     STORY_AWAITING_LANE,

@@ -24,13 +24,11 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from ...bmad.board import parse_board, set_status
-from ...bmad.board_edit import set_statuses
-from ...bmad.board_status import DONE
+from ...bmad.board import DONE, parse_board, set_status, set_statuses
 from ...git.trees.compose import blob_at, blobs_at
 from ...git.trees.edit import replace_blobs
 from ...errors import ConfigError
-from ...bmad.story_status import set_story_status
+from ...bmad.story_files import set_story_status
 from ...git.runner import Git
 
 __all__ = ["FINISHED_WITHOUT_WORK", "LaneTreeEdit", "board_done_keys", "lane_tree_edit",
@@ -60,7 +58,7 @@ def mark_done_on_board(text: str, key: str, epic: str | None,
                        source: str = "sprint-status.yaml") -> str:
     """The board text with `key` done and its epic's line moved on; unchanged when there is
     nothing to change (the key is not on the board, or every value already says so). The board
-    is parsed once; the edits know the board they make (bmad/board_edit.py)."""
+    is parsed once; the edits know the board they make (`board.set_statuses`)."""
     try:
         board = parse_board(text, Path(source))
     except ConfigError:  # a board the parser refuses: edit the story's line as before, no epic

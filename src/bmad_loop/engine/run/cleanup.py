@@ -68,7 +68,7 @@ from ..verification.record import VERIFY_RECORD_NAMESPACE, record_ref, verify_re
 from ..worker.sessions import SESSION_REF_PATTERN, session_ref_owner
 from ..runrows import run_policy
 from ..workspace.pool import POOL_DIR, pool_dir
-from ...db.identity import database_id
+from ...db.database import database_id
 from ...errors import NotFound, StateError
 from ...git.targets import Target
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from ...db.identity import database_id, database_label
+from ...db.database import database_id, database_label
 from ...db.models import Run, utcnow
 from ...errors import StateError
 from ...states import RUN_LIVE, RunState

@@ -58,11 +58,11 @@ from ...agents.adapter import check_binary
 from ...agents.profiles import resolve_command
 from ...bmad.board import Board, load_board, parse_board
 from ...bmad.footprint import footprint_from_mapping
-from ...bmad.layout import BoardSource, find_board
+from ...bmad.locations import BoardSource, find_board
 from ...bmad.selection import Selection, StorySpec, check_dependencies, select_stories
 from ...bmad.story_files import StoryFolder, load_stories, story_folder, uncommitted_plan_files
 from ...bmad.v4 import v4_board
-from ...db.identity import database_id
+from ...db.database import database_id
 from ...db.models import Run, Story, utcnow
 from ...errors import ConfigError, GitError, StateError
 from ...git.runner import branch_name_ok

@@ -19,7 +19,7 @@ from ...git.trees.compose import dirty_paths
 from ...db.database import check_driver, check_reachable
 from ...db.sqlitefile import check_folder_writable, check_sqlite_file
 from ...errors import BmadLoopError
-from ...policy.advice import verify_advice
+from ...policy.schema import verify_advice
 from ...bmad.selection import dependency_problems
 from ...policy import env_override, load_policy
 from ...agents.profiles import custom_command_warnings, load_profile
@@ -86,7 +86,7 @@ def _check_policy(add, checks: list, root: Path):
         add("policy", "error", str(exc))
         return None
     add("policy", "ok", policy.source)
-    checks.extend(verify_advice(policy))  # warnings only (policy/advice.py)
+    checks.extend(verify_advice(policy))  # warnings only (policy/schema.py)
     checks.extend({"name": "agent", "status": "warn", "detail": w}
                   for w in custom_command_warnings(policy.adapter))  # exit verdicts on a known CLI
     checks.extend({"name": "limits", "status": "warn", "detail": w}

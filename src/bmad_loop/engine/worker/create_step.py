@@ -35,7 +35,7 @@ from ...git.trees.compose import blob_at, changed_paths, dirty_paths, replace_bl
 from ...errors import GitError, ConfigError
 from ...bmad.footprint import footprint_from_mapping, Footprint
 from ...states import AttemptState, Phase
-from ...bmad.story_meta import parse_story_text
+from ...bmad.story_files import parse_story_text
 from .context import Outcome
 from ..workspace.base import Prepared
 from ...bmad.board import parse_board

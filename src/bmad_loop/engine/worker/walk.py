@@ -50,7 +50,7 @@ from .sessions import Heartbeat, run_session, forget_session_record
 from ..transitions import transition_attempt, transition_run
 from ...agents.process import Limits
 from ..verification.record import back_to_record, before_verify, forget_record
-from ...bmad.footprint_dirs import tree_directories
+from ...bmad.footprint import tree_directories
 from ..workspace.base import matches_any
 from ...git.runner import Git
 

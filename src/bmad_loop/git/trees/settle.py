@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 
 from ..runner import Git
 from ...globs import literal_prefix_length, path_matches
-from ...policy.mergerule import REGENERATE, UNION, MergeRule
+from ...policy.mergerule import MergeRule, MergeRuleKind
 from .diff import changed_status
 from .edit import read_objects, replace_blobs
 
@@ -64,7 +64,7 @@ class MergeRules:
 
     def unions_only(self) -> "MergeRules":
         """The same without generators (a stacked start replays layers, it runs nothing)."""
-        return MergeRules(tuple((g, r) for g, r in self.rules if r.kind == UNION))
+        return MergeRules(tuple((g, r) for g, r in self.rules if r.kind == MergeRuleKind.UNION))
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class Settled:
     """One path the lane settled: its rule and the blob SHAs involved (None: absent)."""
 
     path: str
-    rule: str
+    rule: MergeRuleKind
     glob: str
     base: str | None
     target: str | None
@@ -155,13 +155,13 @@ def settle(git: Git, rules: MergeRules, sides: Sides, tree: str, conflicts: tupl
     contents: dict[str, bytes | None] = {}
     settled: list[Settled] = []
     for path, (glob, rule) in ruled.items():
-        if rule.kind != UNION:
+        if rule.kind != MergeRuleKind.UNION:
             continue
         (b_sha, b), (t_sha, t), (s_sha, s) = blobs[path]
         text = union_text(b, t, s)
         if text is not None:
             contents[path] = text
-            settled.append(Settled(path, UNION, glob, b_sha, t_sha, s_sha, None))
+            settled.append(Settled(path, MergeRuleKind.UNION, glob, b_sha, t_sha, s_sha, None))
     left = tuple(c for c in conflicts if c not in contents)
     keep_story = generators is Generators.KEEP_STORY
     regenerate = _regenerations(ruled, left, generators is not Generators.AS_RULED)
@@ -189,7 +189,7 @@ def _regenerations(ruled: Mapping[str, tuple[str, MergeRule]], conflicts: tuple[
     conflict lies outside every generator's paths."""
     by_glob: dict[str, tuple[MergeRule, list[str]]] = {}
     for path, (glob, rule) in ruled.items():
-        if rule.kind == REGENERATE:
+        if rule.kind == MergeRuleKind.REGENERATE:
             by_glob.setdefault(glob, (rule, []))[1].append(path)
     regen_paths = {p for _rule, ps in by_glob.values() for p in ps}
     if any(c not in regen_paths for c in conflicts):

@@ -14,7 +14,7 @@ The board is found in this order (the first step that finds something decides):
    `{output_folder}`) are substituted;
 3. the known places, for a project whose config is not committed: `KNOWN_BOARDS`;
 4. a BMAD v4 project: no board, `.bmad-core/core-config.yaml` (`devStoryLocation`, default
-   `docs/stories`) or `E.S.*.md` story files in `docs/stories` (see `bmadv4`).
+   `docs/stories`) or `E.S.*.md` story files in `docs/stories` (see `v4`).
 
 A board "is there" when the committed target holds it or the working copy does (an uncommitted
 board is then refused by name, not overlooked). Two different boards in one step are an error
@@ -27,12 +27,15 @@ import os
 import posixpath
 import re
 import tomllib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from ..errors import ConfigError
+from ..git.trees.committed import TreeView
 
 __all__ = ["BoardSource", "KNOWN_BOARDS", "BMM_CONFIGS", "TOML_LAYERS", "V4_CONFIG", "find_board",
            "read_config", "repo_relative", "config_story_folder", "implementation_artifacts"]
@@ -85,7 +88,7 @@ def repo_relative(value: str, root: Path) -> str | None:
     return "" if rel == "." else rel
 
 
-def read_config(path: Path) -> dict:
+def read_config(path: Path) -> dict[str, Any]:
     """A YAML config file as a mapping ({} for an empty or non-mapping one)."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -96,7 +99,7 @@ def read_config(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def read_layered_config(config_root: Path) -> dict | None:
+def read_layered_config(config_root: Path) -> dict[str, Any] | None:
     """BMAD v6.11's layered TOML config as one flat mapping of its `[core]` keys overlaid with
     its `[modules.bmm]` keys (the layers merged, later files winning); None without one."""
     core: dict = {}
@@ -118,11 +121,11 @@ def read_layered_config(config_root: Path) -> dict | None:
     return {**core, **bmm} if found else None
 
 
-def _table(value) -> dict:
+def _table(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _configs(config_root: Path):
+def _configs(config_root: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(name, config mapping) of each BMAD config present, in the order they are asked."""
     layered = read_layered_config(config_root)
     if layered is not None:
@@ -142,10 +145,10 @@ def implementation_artifacts(root: Path, config_root: Path | None = None) -> str
     return None
 
 
-def _expand(value: str, root: Path, config: dict) -> str:
+def _expand(value: str, root: Path, config: dict[str, Any]) -> str:
     """`{project-root}` and `{<key>}` of another string key of the same config, substituted."""
     for _ in range(5):  # keys may name each other: a few rounds, never a loop
-        def sub(m):
+        def sub(m: re.Match[str]) -> str:
             name = m.group(1)
             if name == "project-root":
                 return str(root)
@@ -158,7 +161,8 @@ def _expand(value: str, root: Path, config: dict) -> str:
     return value
 
 
-def _config_folders(root: Path, config: dict, keys) -> list[tuple[str, str]]:
+def _config_folders(root: Path, config: dict[str, Any],
+                    keys: Iterable[str]) -> list[tuple[str, str]]:
     """(key, repo-relative folder) for each of `keys` the config sets to a folder in the
     repository."""
     found = []
@@ -183,7 +187,7 @@ def config_story_folder(root: Path, config_root: Path) -> tuple[str, str] | None
     return None
 
 
-def _exists(rel: str, tree, root: Path) -> bool:
+def _exists(rel: str, tree: TreeView, root: Path) -> bool:
     return tree.is_file(rel) or (root / rel).is_file()
 
 
@@ -196,7 +200,7 @@ def _one(found: list[BoardSource], root: Path) -> BoardSource | None:
     return distinct[0] if distinct else None
 
 
-def find_board(root: Path, tree, sprint_status: str = "", config_root: Path | None = None,
+def find_board(root: Path, tree: TreeView, sprint_status: str = "", config_root: Path | None = None,
                named: str = "policy [stories] sprint_status") -> BoardSource:
     """Where the board is (see the module docstring). `tree` is the committed target
     (`committed.CommittedTree`); configs are read under `config_root` (default `root`);
@@ -236,7 +240,7 @@ def find_board(root: Path, tree, sprint_status: str = "", config_root: Path | No
                       ".bmad-loop/policy.toml")
 
 
-def _v4_source(root: Path, tree, config_root: Path) -> BoardSource | None:
+def _v4_source(root: Path, tree: TreeView, config_root: Path) -> BoardSource | None:
     config_path = config_root / V4_CONFIG
     if config_path.is_file():
         config = read_config(config_path)
