@@ -26,22 +26,33 @@ def documented_kinds() -> set[str]:
     return kinds
 
 
-# The functions that journal a kind given to them: `record` and the wrappers around it.
-JOURNALING = {"record", "_journal", "_journal_live_runs"}
+def docstring_positions(tree: ast.AST) -> set[tuple[int, int]]:
+    """Where the docstrings of a module, its classes and its functions start."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add((body[0].value.lineno, body[0].value.col_offset))
+    return found
 
 
-def recorded_literals() -> dict[str, str]:
-    """Each literal kind passed to a journaling call in the package, with where."""
-    found = {}
-    for path in sorted((ROOT / "src" / "bmad_loop").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            name = getattr(node, "func", None)
-            name = getattr(name, "id", None) or getattr(name, "attr", None)
-            if not isinstance(node, ast.Call) or name not in JOURNALING:
-                continue
-            for arg in node.args:
-                if isinstance(arg, ast.Constant) and KIND.fullmatch(str(arg.value)):
-                    found[arg.value] = f"{path.relative_to(ROOT)}:{node.lineno}"
+def string_kinds(root: Path = ROOT / "src" / "bmad_loop") -> list[str]:
+    """Each string constant in code that equals an event kind, outside `EventKind`'s own body:
+    the journal's vocabulary is spoken in members (`EventKind.STORY_LANDED`), never spelled.
+    Docstrings do not count, nor text that only contains a kind (SQL, a help line)."""
+    kinds = {kind.value for kind in EventKind}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docs = docstring_positions(tree)
+        registry = {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+                    and c.name == "EventKind" for n in ast.walk(c)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and node.value in kinds and id(node) not in registry
+                    and (node.lineno, node.col_offset) not in docs):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}")
     return found
 
 
@@ -52,10 +63,17 @@ def test_the_docs_event_table_lists_exactly_the_registered_kinds():
     assert sorted(documented - registered) == [], "in docs/cli.md but not registered"
 
 
-def test_every_kind_recorded_by_name_is_registered():
-    literals = recorded_literals()
-    assert len(literals) > 40  # the scan sees the call sites
-    assert {k: where for k, where in literals.items() if k not in set(EventKind)} == {}
+def test_no_event_kind_is_spelled_as_a_string_in_the_source():
+    assert string_kinds() == []
+
+
+def test_the_check_finds_a_spelled_kind_and_spares_a_docstring_and_the_registry(tmp_path):
+    (tmp_path / "m.py").write_text(
+        '"""Records `story.started`: that is "story.started"."""\n'
+        'class EventKind:\n    X = "story.started", "meaning"\n'
+        'def f(record, s):\n    """story.started"""\n    record(s, "r", "story.started")\n'
+        '    return "SELECT kind FROM events WHERE kind = \'story.started\'"\n')
+    assert string_kinds(tmp_path) == ["m.py:6: 'story.started'"]
 
 
 def test_the_run_states_journaled_by_name_are_registered():

@@ -22,6 +22,7 @@ from ..engine.run.status import run_status
 from ..policy import load_policy
 from ..bmad.selection import Selection
 from ..queue.tasks import Tasks
+from ..engine.journal import EventKind
 
 __all__ = ["run_demo", "build_demo_repo"]
 
@@ -129,8 +130,8 @@ def run_demo(directory: Path | None, *, parallel: int = 2, count: int = 5, echo=
     say(f"run {run_id}: {len(plan.stories)} stories, max_parallel={parallel}, strategy=merge")
 
     def progress(event):
-        if event.kind in ("story.queued", "story.ready", "story.integrated", "story.escalated",
-                          "story.waiting", "run.completed", "run.paused", "candidate.stale"):
+        if event.kind in (EventKind.STORY_QUEUED, EventKind.STORY_READY, EventKind.STORY_INTEGRATED, EventKind.STORY_ESCALATED,
+                          EventKind.STORY_WAITING, EventKind.RUN_COMPLETED, EventKind.RUN_PAUSED, EventKind.CANDIDATE_STALE):
             detail = event.data.get("reason") or ""
             say(f"  {event.ts:%H:%M:%S} {event.kind:<18} {event.story or ''} {detail}".rstrip())
 

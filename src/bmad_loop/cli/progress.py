@@ -29,6 +29,7 @@ from sqlalchemy import select
 from ..db.models import Attempt, Run, Story, utcnow
 from ..operator.style import short_value
 from ..states import RUN_SETTLED, STORY_AWAITING_LANE, AttemptState, StoryState
+from ..engine.journal import EventKind
 
 if TYPE_CHECKING:
     from ..engine.project import Project
@@ -67,23 +68,23 @@ class ProgressPrinter:
     def __call__(self, event: JournalLine) -> None:
         data = event.data or {}
         ts = event.ts.strftime("%H:%M:%S")
-        if event.kind == "story.waiting" and event.story:
+        if event.kind == EventKind.STORY_WAITING and event.story:
             self.waiting.pop(event.story, None)
             self.waiting[event.story] = str(data.get("reason") or "")
             self.held_ts = ts
             return
-        if event.kind == "footprint.exclusive" and data.get("reason") == "missing" \
+        if event.kind == EventKind.FOOTPRINT_EXCLUSIVE and data.get("reason") == "missing" \
                 and event.story in self.not_created:
             self.uncreated.append(event.story)
             self.held_ts = ts
             return
-        if event.kind == "story.created":
+        if event.kind == EventKind.STORY_CREATED:
             self.not_created.discard(event.story)
         self.flush()
         story = f" {event.story}" if event.story else ""
         detail = " ".join(f"{k}={short_value(v)}" for k, v in data.items() if k in _DETAIL_KEYS)
         self.echo(f"{ts} {event.kind}{story} {detail}".rstrip(), color=self.color)
-        if event.kind == "story.escalated" and event.story:
+        if event.kind == EventKind.STORY_ESCALATED and event.story:
             for line in self.evidence(event.story):
                 self.echo(f"         {line}", color=self.color)
 

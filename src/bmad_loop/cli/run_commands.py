@@ -25,6 +25,7 @@ from .app import (
     project_option,
     run_ref_argument,
 )
+from ..engine.journal import EventKind
 
 if TYPE_CHECKING:
     from ..engine.project import Project
@@ -504,5 +505,5 @@ def _echo_new_warnings(project: Project, run_id: str, after_seq: int) -> None:
     from ..engine.journal import events_after
 
     with project.db.read() as s:
-        for event in events_after(s, run_id, after_seq, ("run.warning",), None):
+        for event in events_after(s, run_id, after_seq, (EventKind.RUN_WARNING,), None):
             click.echo(f"warning: {(event.data or {}).get('message')}", err=True)

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from ..db.models import Event
 from ..states import CandidateState, Phase
+from .journal import EventKind
 
 __all__ = ["Escalate", "Cause", "ENVIRONMENTAL", "COULD_NOT_RUN", "failure_cause",
            "integration_cause"]
@@ -49,7 +50,7 @@ COULD_NOT_RUN = "(verification could not run"
 
 _LAST_ESCALATION = (select(Event.data).where(Event.run_id == bindparam("run_id"),
                                              Event.story == bindparam("key"),
-                                             Event.kind == "story.escalated")
+                                             Event.kind == EventKind.STORY_ESCALATED)
                     .order_by(Event.seq.desc()).limit(1))
 
 

@@ -201,6 +201,6 @@ def journal_git_locks(git: Git, db: Database, run_id: str, story: str | None = N
                 record(s, run_id, kind, story, path=path, command=command)
         return callback
 
-    git.on_lock_wait = told("git.lock_waited")
-    git.on_stale_lock = told("git.stale_lock_removed")
+    git.on_lock_wait = told(EventKind.GIT_LOCK_WAITED)
+    git.on_stale_lock = told(EventKind.GIT_STALE_LOCK_REMOVED)
     return git

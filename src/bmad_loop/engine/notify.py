@@ -9,7 +9,7 @@ import json
 import subprocess
 import urllib.request
 
-from .journal import record
+from .journal import EventKind, record
 from ..db.database import Database
 from ..policy import Policy
 
@@ -29,10 +29,10 @@ def notify(db: Database, policy: Policy, run_id: str, event: str, **payload) -> 
     with db.transaction() as s:
         for channel, error in outcomes:
             if error:
-                record(s, run_id, "notify.failed", payload.get("story"), channel=channel,
+                record(s, run_id, EventKind.NOTIFY_FAILED, payload.get("story"), channel=channel,
                        event=event, error=error)
             else:
-                record(s, run_id, "notify.sent", payload.get("story"), channel=channel, event=event)
+                record(s, run_id, EventKind.NOTIFY_SENT, payload.get("story"), channel=channel, event=event)
 
 
 def _run_command(argv, body: str, timeout_s: float) -> str | None:

@@ -39,7 +39,7 @@ from ..db.models import Attempt, Candidate, Event, Lease, Run, Story, utcnow
 from ..hostid import host_name
 from ..states import AttemptState, StoryState
 from . import leases
-from .journal import record
+from .journal import EventKind, record
 from .runrows import run_policy
 from ..caches import CACHES
 from ..db.database import Database
@@ -48,7 +48,7 @@ __all__ = ["find_orphans", "recover_orphans", "recoveries_so_far", "end_story_pr
            "sweep_dead_owners", "SWEEP_EVERY_S"]
 
 SWEEP_EVERY_S = 30.0
-RESET_KINDS = ("story.retry", "story.human_fix")  # a fresh budget, recoveries included
+RESET_KINDS = (EventKind.STORY_RETRY, EventKind.STORY_HUMAN_FIX)  # a fresh budget, recoveries included
 
 _swept: dict[str, float] = {}
 _swept_lock = threading.Lock()
@@ -111,7 +111,7 @@ def recover_orphans(db: Database, tasks, run_id: str, ttl_s: float, now: dt.date
                 keys.append(story.key)
                 continue
             story.state, story.heartbeat_at = StoryState.QUEUED, None
-            record(s, run_id, "story.recovered", story.key, phase=story.phase,
+            record(s, run_id, EventKind.STORY_RECOVERED, story.key, phase=story.phase,
                    interrupted_attempts=interrupted, recovery=so_far + 1, max_recoveries=limit,
                    **({"killed": killed} if killed else {}))
             recovered.append(story.id)
@@ -127,7 +127,7 @@ def recoveries_so_far(session: Session, run_id: str, key: str) -> int:
     reset = session.scalar(select(func.max(Event.seq)).where(
         Event.run_id == run_id, Event.story == key, Event.kind.in_(RESET_KINDS))) or 0
     return session.scalar(select(func.count()).select_from(Event).where(
-        Event.run_id == run_id, Event.story == key, Event.kind == "story.recovered",
+        Event.run_id == run_id, Event.story == key, Event.kind == EventKind.STORY_RECOVERED,
         Event.seq > reset)) or 0
 
 
@@ -196,7 +196,7 @@ def _escalate(session: Session, run_id: str, story: Story, so_far: int, limit: i
     story.state, story.reason, story.ended_at, story.heartbeat_at = (
         StoryState.ESCALATED, reason, utcnow(), None)
     story.head_sha = head or story.head_sha
-    record(session, run_id, "story.escalated", story.key, reason=reason, phase=story.phase,
+    record(session, run_id, EventKind.STORY_ESCALATED, story.key, reason=reason, phase=story.phase,
            head_sha=story.head_sha, interrupted_attempts=interrupted,
            recoveries=so_far, max_recoveries=limit, **({"killed": killed} if killed else {}))
 

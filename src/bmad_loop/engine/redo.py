@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from ..db.models import Candidate, Run, Story, utcnow
 from ..errors import StateError
 from ..states import CANDIDATE_OPEN, RUN_LIVE, RUN_RESUMABLE, CandidateState, Phase, StoryState
-from .journal import record
+from .journal import EventKind, record
 from .repairs import REPAIR_KEY
 from .transitions import transition_story
 from ..git.targets import Target
@@ -47,7 +47,7 @@ def _give_up_candidates(session: Session, run_id: str, story: Story, why: str) -
                                                         Candidate.state.in_(CANDIDATE_OPEN))):
         was = cand.state
         cand.state, cand.ended_at, cand.reason = CandidateState.ABANDONED, utcnow(), why
-        record(session, run_id, "candidate.abandoned", story.key, attempt=cand.attempt,
+        record(session, run_id, EventKind.CANDIDATE_ABANDONED, story.key, attempt=cand.attempt,
                was=was, reason=why)
     return session.scalar(select(func.max(Candidate.attempt))
                           .where(Candidate.story_id == story.id)) or 0
@@ -61,7 +61,7 @@ def to_ready(session: Session, run_id: str, story: Story, *, by: str, **data) ->
     story.human_fix, story.after_phase, story.signed_off = False, None, False
     story.reason, story.ended_at, story.ready_at = None, None, utcnow()
     story.repairs = 0  # a fresh repair budget, as every redo gives
-    record(session, run_id, "story.retry", story.key, **{"from": Phase.INTEGRATE.value, "by": by,
+    record(session, run_id, EventKind.STORY_RETRY, story.key, **{"from": Phase.INTEGRATE.value, "by": by,
                                                            "head_sha": story.head_sha, **data})
 
 
@@ -73,7 +73,7 @@ def to_human_fix(session: Session, run_id: str, story: Story, branch_head: str, 
     story.feedback, story.human_fix, story.after_phase = {RECOMPOSE_FLOOR: floor}, True, None
     story.signed_off, story.head_sha = False, branch_head
     story.reason, story.ended_at = None, None
-    record(session, run_id, "story.human_fix", story.key, head_sha=branch_head, by=by)
+    record(session, run_id, EventKind.STORY_HUMAN_FIX, story.key, head_sha=branch_head, by=by)
 
 
 def to_review(session: Session, run_id: str, story: Story, *, by: str, **data) -> None:
@@ -84,7 +84,7 @@ def to_review(session: Session, run_id: str, story: Story, *, by: str, **data) -
     story.feedback = {**_kept(story), RETRY_FROM: Phase.REVIEW.value, "verify_output": ""}
     story.human_fix, story.after_phase, story.signed_off = False, None, False
     story.reason, story.ended_at = None, None
-    record(session, run_id, "story.retry", story.key, **{"from": Phase.REVIEW.value, "by": by, **data})
+    record(session, run_id, EventKind.STORY_RETRY, story.key, **{"from": Phase.REVIEW.value, "by": by, **data})
 
 
 def to_dev(session: Session, run_id: str, story: Story, *, by: str, **data) -> None:
@@ -99,7 +99,7 @@ def to_dev(session: Session, run_id: str, story: Story, *, by: str, **data) -> N
     story.feedback = _kept(story)
     story.human_fix, story.after_phase, story.signed_off = False, None, False
     story.reason, story.ended_at = None, None
-    record(session, run_id, "story.retry", story.key, **{"from": Phase.DEV.value, "by": by, **data})
+    record(session, run_id, EventKind.STORY_RETRY, story.key, **{"from": Phase.DEV.value, "by": by, **data})
 
 
 def to_repair(session: Session, run_id: str, story: Story, target_sha: str | None, *, by: str,
@@ -115,7 +115,7 @@ def to_repair(session: Session, run_id: str, story: Story, target_sha: str | Non
     story.feedback = {REPAIR_KEY: request}
     story.human_fix, story.after_phase, story.signed_off = False, None, False
     story.reason, story.ended_at = None, None
-    record(session, run_id, "story.retry", story.key, **{"from": Phase.REPAIR.value, "by": by,
+    record(session, run_id, EventKind.STORY_RETRY, story.key, **{"from": Phase.REPAIR.value, "by": by,
                                                            **data})
 
 
@@ -147,7 +147,7 @@ def retry_story(session: Session, target: Target, run: Run, story: Story, start:
                              "finished work waiting to integrate; use --from dev or review")
         _check_recorded_head(run, story, now)
         if now != story.head_sha:  # a person's fix on the branch: verified, then integrated
-            record(session, run.id, "story.retry", story.key,
+            record(session, run.id, EventKind.STORY_RETRY, story.key,
                    **{"from": Phase.INTEGRATE.value, "by": "retry", "head_sha": now,
                       "human_fix": True})
             to_human_fix(session, run.id, story, now, by="retry")

@@ -14,7 +14,7 @@ import time
 from ..db.models import Run
 from ..states import STORY_IN_FLIGHT, RunState
 from ..transient import Fault, transient_fault
-from .journal import record
+from .journal import EventKind, record
 from .runrows import stories_of
 from .transitions import transition_run
 from ..db.database import Database
@@ -40,7 +40,7 @@ def retrying(step, *, db: Database, run_id: str, story: str | None, what: str, s
             if fault is None:
                 raise
             log.warning("%s: transient fault (try %d): %s", what, attempt, fault.describe())
-            _journal(db, run_id, story, "fault.retry", what=what, attempt=attempt,
+            _journal(db, run_id, story, EventKind.FAULT_RETRY, what=what, attempt=attempt,
                      category=fault.kind, where=fault.where, error=fault.message)
             if delay is None:
                 raise FaultPersisted(fault, attempts=attempt) from exc
@@ -72,7 +72,7 @@ def pause_for_fault(db: Database, run_id: str, fault: Fault, attempts: int, *,
                 target = RunState.PAUSING if busy else RunState.PAUSED
             moved = transition_run(s, run_id, (state,), state=target, reason=reason)
             if moved:
-                record(s, run_id, f"run.{target}", story, reason=reason, fault=fault_data)
+                record(s, run_id, EventKind(f"run.{target}"), story, reason=reason, fault=fault_data)
             return moved
     except Exception:
         log.exception("could not pause run %s for %s", run_id, fault.describe())

@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Callable
 
 from ..agents.adapter import read_tail
-from ..engine.journal import event_json, events_after
+from ..engine.journal import EventKind, event_json, events_after
 
 __all__ = ["StoryLog", "story_logs", "print_story_logs", "failing_log", "log_tail", "TAIL_LINES"]
 
 TAIL_LINES = 60  # what a JUnit failure body carries of the failing log
 _TAIL_BYTES = 64 * 1024
-_VERIFY_EVENTS = ("verify.passed", "verify.failed")
-_CANDIDATE_EVENTS = ("candidate.verified", "candidate.verify_failed")
+_VERIFY_EVENTS = (EventKind.VERIFY_PASSED, EventKind.VERIFY_FAILED)
+_CANDIDATE_EVENTS = (EventKind.CANDIDATE_VERIFIED, EventKind.CANDIDATE_VERIFY_FAILED)
 _HEADER = re.compile(r"=== bmad-loop .*? started (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
 
 
@@ -54,10 +54,10 @@ def story_logs(session, run_id: str, story_key: str, log_dir: Path) -> list[Stor
             seen.add(log.path)
             found.append(log)
 
-    kinds = ("attempt.started", *_VERIFY_EVENTS, *_CANDIDATE_EVENTS)
+    kinds = (EventKind.ATTEMPT_STARTED, *_VERIFY_EVENTS, *_CANDIDATE_EVENTS)
     for line in (event_json(e) for e in events_after(session, run_id, 0, kinds, story_key)):
         data = line["data"]
-        if line["kind"] == "attempt.started" and data.get("log"):
+        if line["kind"] == EventKind.ATTEMPT_STARTED and data.get("log"):
             add(StoryLog(str(data.get("phase")), str(data.get("attempt")), _second(line["ts"]),
                          Path(data["log"])))
         elif line["kind"] in _VERIFY_EVENTS and data.get("log"):

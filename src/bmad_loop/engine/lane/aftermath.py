@@ -24,7 +24,7 @@ from ...states import CandidateState, Phase, RunState, StoryState
 from ...git.worktrees import delete_ref, ensure_detached_worktree, remove_worktree
 from ..escalation import Cause
 from ..crashpoints import crash_point
-from ..journal import record
+from ..journal import EventKind, record
 from ..repairs import REPAIR_KEY
 from ..verification.runner import record_flakes
 from ..runpaths import Layout
@@ -113,12 +113,12 @@ class Aftermath:
             cand.worktree = str(worktree) if worktree else None
             cand.reason = comp.failure or f"merge conflict with the target in {', '.join(comp.conflicts)}"
             if comp.failure:
-                record(s, self.run_id, "candidate.regenerate_failed", story.key, attempt=attempt,
+                record(s, self.run_id, EventKind.CANDIDATE_REGENERATE_FAILED, story.key, attempt=attempt,
                        paths=list(comp.conflicts), reason=comp.failure,
                        commands=[r.to_dict() for r in comp.regenerated],
                        output=comp.failure_output[-2000:], evidence=str(evidence))
             else:
-                record(s, self.run_id, "candidate.conflict", story.key, attempt=attempt,
+                record(s, self.run_id, EventKind.CANDIDATE_CONFLICT, story.key, attempt=attempt,
                        paths=list(comp.conflicts), evidence=str(evidence))
 
     def enter_integrating(self, s: Session, story, *, to_escalate: bool = False) -> bool:
@@ -130,7 +130,7 @@ class Aftermath:
                                 params=None if may_land is None else {"of_run": self.run_id},
                                 state=StoryState.INTEGRATING):
             return False
-        record(s, self.run_id, "story.integrating", story.key)
+        record(s, self.run_id, EventKind.STORY_INTEGRATING, story.key)
         return True
 
     def escalate(self, story, cand_id, reason: str, cause: str) -> str:
@@ -146,7 +146,7 @@ class Aftermath:
             escalated = transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.ESCALATED,
                                          reason=reason, ended_at=utcnow(), feedback=feedback)
             if escalated:
-                record(s, self.run_id, "story.escalated", story.key, reason=reason,
+                record(s, self.run_id, EventKind.STORY_ESCALATED, story.key, reason=reason,
                        candidate=cand_id, phase=Phase.INTEGRATE, cause=cause)
             row = s.get(Story, story.id)
         if escalated:
@@ -179,7 +179,7 @@ class Aftermath:
                                     after_phase=None, feedback={REPAIR_KEY: request},
                                     wait_reason=None, reason=None, heartbeat_at=None)
             if sent:
-                record(s, self.run_id, "repair.requested", story.key, cause=cause,
+                record(s, self.run_id, EventKind.REPAIR_REQUESTED, story.key, cause=cause,
                        reason=reason, candidate=cand.attempt, target_sha=cand.target_sha,
                        repairs=used, landed=[x["key"] for x in landed])
             row = s.get(Story, story.id)
@@ -199,13 +199,13 @@ class Aftermath:
             cand.worktree = str(worktree) if worktree else None
             cand.verify_s = round(result.duration_s, 3)
             if result.log_cut is not None:
-                record(s, self.run_id, "log.truncated", story.key, phase="candidate verify",
+                record(s, self.run_id, EventKind.LOG_TRUNCATED, story.key, phase="candidate verify",
                        attempt=attempt, log=result.log, **result.log_cut.event_data())
             if result.ok:
                 cand.state = CandidateState.VERIFIED
                 record_flakes(s, self.run_id, story.key, "candidate", result.flakes,
                               attempt=attempt, tree=sha)
-                record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,
+                record(s, self.run_id, EventKind.CANDIDATE_VERIFIED, story.key, attempt=attempt,
                        duration_s=cand.verify_s, commands=len(commands), boxed=result.boxed)
                 return True
         evidence = self.write_evidence(story.key, attempt, {
@@ -220,7 +220,7 @@ class Aftermath:
                 return False
             cand.state, cand.evidence, cand.ended_at = CandidateState.VERIFY_FAILED, str(evidence), utcnow()
             cand.reason = f"candidate verification failed: {result.failed_command}"
-            record(s, self.run_id, "candidate.verify_failed", story.key, attempt=attempt,
+            record(s, self.run_id, EventKind.CANDIDATE_VERIFY_FAILED, story.key, attempt=attempt,
                    command=result.failed_command, evidence=str(evidence), boxed=result.boxed)
         return False
 
@@ -271,7 +271,7 @@ class Aftermath:
         commits = self._commits_between(baseline, target_now)
         action = self.policy.scm.on_foreign_move
         with self.db.transaction() as s:
-            record(s, self.run_id, "target.moved", story.key, old=baseline, new=target_now,
+            record(s, self.run_id, EventKind.TARGET_MOVED, story.key, old=baseline, new=target_now,
                    commits=commits[:50], action=action)
             if action == "accept":
                 s.get(Run, self.run_id).head_sha = target_now

@@ -37,7 +37,7 @@ from ...git.trees.compose import changed_paths
 from ...states import CandidateState, StoryState
 from ..escalation import Cause, failure_cause
 from ..crashpoints import crash_point
-from ..journal import record
+from ..journal import EventKind, record
 from ..transitions import transition_story
 from ..verification import targetcheck
 from ..verification.targetcheck import CheckKey
@@ -155,7 +155,7 @@ class Blame:
                   "`bmad-loop resume`")
         with integrator.db.transaction() as s:
             if transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.READY):
-                record(s, integrator.run_id, "target.red", story.key, command=key.command,
+                record(s, integrator.run_id, EventKind.TARGET_RED, story.key, command=key.command,
                        target_sha=key.target_sha, log=log_path, candidate=cand.attempt,
                        reason=reason)
         raise TargetRed(reason)

@@ -41,7 +41,7 @@ from ..workspace import make_workspace
 from ..crashpoints import crash_point, delay_point
 from ..escalation import Cause
 from .aftermath import LaneSite, Aftermath, TargetMoved
-from ..journal import journal_git_locks, record
+from ..journal import EventKind, journal_git_locks, record
 from ..runpaths import Layout
 from ..mergerules import append_ledger_lines
 from ..redo import RECOMPOSE_FLOOR
@@ -236,7 +236,7 @@ class Integrator:
                              CandidateState.ADVANCING):
                     cand.state = step  # each step of the machine, in this one transaction
                 self._record_composed(s, story, cand, comp, target_sha, branch_sha)
-                record(s, self.run_id, "candidate.verified", story.key, attempt=attempt,
+                record(s, self.run_id, EventKind.CANDIDATE_VERIFIED, story.key, attempt=attempt,
                        duration_s=0.0, commands=0)
             cand_id = insert_now(s, cand)  # nobody reads the object back
         if comp.conflicts:
@@ -286,7 +286,7 @@ class Integrator:
     def _record_composed(self, s: Session, story: Story, cand: Candidate, comp: Composition,
                          on_sha: str,
                          branch_sha: str) -> None:
-        record(s, self.run_id, "candidate.composed", story.key, attempt=cand.attempt,
+        record(s, self.run_id, EventKind.CANDIDATE_COMPOSED, story.key, attempt=cand.attempt,
                strategy=cand.strategy, target_sha=on_sha, branch_sha=branch_sha,
                candidate_sha=comp.sha, rebased=comp.rebased, stack=cand.stack,
                **({"on": cand.on_candidate_id} if cand.on_candidate_id else {}))
@@ -297,7 +297,7 @@ class Integrator:
         """Each path a merge rule settled: journaled, and kept in the candidate's evidence."""
         events, evidence = settled_events(comp)
         for data in events:
-            record(s, self.run_id, "candidate.settled", story.key, attempt=cand.attempt, **data)
+            record(s, self.run_id, EventKind.CANDIDATE_SETTLED, story.key, attempt=cand.attempt, **data)
         cand.evidence = str(self.aftermath.write_evidence(story.key, cand.attempt, {
             **evidence, "story": story.key, "attempt": cand.attempt}))
 
@@ -315,7 +315,7 @@ class Integrator:
         if now == story.head_sha:
             return self.foreign_parent(story)
         with self.db.transaction() as s:
-            record(s, self.run_id, "story.branch_mismatch", story.key, branch=story.branch,
+            record(s, self.run_id, EventKind.STORY_BRANCH_MISMATCH, story.key, branch=story.branch,
                    recorded=story.head_sha, found=now)
         if now is None:
             return f"the story branch {story.branch} is not on {where}"
@@ -347,7 +347,7 @@ class Integrator:
             cand = s.get(Candidate, cand_id)
             if transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.HELD,
                                 reason="waiting for operator sign-off (bmad-loop approve/reject)"):
-                record(s, self.run_id, "story.held", story.key, attempt=attempt, candidate_sha=sha,
+                record(s, self.run_id, EventKind.STORY_HELD, story.key, attempt=attempt, candidate_sha=sha,
                        ref=cand.ref, worktree=cand.worktree)
         return StoryState.HELD
 
@@ -389,7 +389,7 @@ class Integrator:
                 cand = s.get(Candidate, cand_id)
                 cand.state, cand.ended_at = CandidateState.STALE, utcnow()
                 now_at = self.target.sha(fetch=False)
-                record(s, self.run_id, "candidate.stale", story.key, attempt=attempt,
+                record(s, self.run_id, EventKind.CANDIDATE_STALE, story.key, attempt=attempt,
                        composed_on=target_sha, target_now=now_at)
             self.aftermath.drop_candidate(story.key, attempt)
             self.aftermath.check_foreign_move(story, now_at)  # pause, or accept and recompose
@@ -399,11 +399,11 @@ class Integrator:
     def _checkout_held(self):
         def waited(path):
             with self.db.transaction() as s:
-                record(s, self.run_id, "git.lock_waited", path=path, step="checkout sync")
+                record(s, self.run_id, EventKind.GIT_LOCK_WAITED, path=path, step="checkout sync")
 
         def stale(path):
             with self.db.transaction() as s:
-                record(s, self.run_id, "git.stale_lock_removed", path=path, step="checkout sync")
+                record(s, self.run_id, EventKind.GIT_STALE_LOCK_REMOVED, path=path, step="checkout sync")
 
         return self.target.checkout_held(wait_s=self.policy.scm.lock_wait_s, on_wait=waited,
                                          on_stale=stale)
@@ -423,9 +423,9 @@ class Integrator:
                 cand = s.get(Candidate, cand_id)  # not advancing: as the row's checks say
                 cand.state, cand.ended_at = CandidateState.ADVANCED, utcnow()
             s.connection().execute(_SET_RUN_HEAD, {"run_id": self.run_id, "head": sha})
-            record(s, self.run_id, "target.advanced", story.key, attempt=attempt,
+            record(s, self.run_id, EventKind.TARGET_ADVANCED, story.key, attempt=attempt,
                    old=target_sha, new=sha, strategy=self.policy.scm.merge_strategy)
-            record(s, self.run_id, "story.integrated", story.key, sha=sha)
+            record(s, self.run_id, EventKind.STORY_INTEGRATED, story.key, sha=sha)
         # Its worktree, if its worker did not park it at ready, goes now (parked for the next
         # story to take); the rest of the clean-up waits until the lane has started what can
         # start now (`clean_landed`). Worktree and branch never change once a story is ready.
@@ -457,7 +457,7 @@ class Integrator:
             row = s.get(Candidate, cand.id)
             row.state, row.ended_at = CandidateState.ABANDONED, utcnow()
             row.reason = "interrupted; recomposed"
-            record(s, self.run_id, "candidate.abandoned", story.key, attempt=cand.attempt,
+            record(s, self.run_id, EventKind.CANDIDATE_ABANDONED, story.key, attempt=cand.attempt,
                    was=cand.state, reason=row.reason)
         return None
 

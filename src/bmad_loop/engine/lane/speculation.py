@@ -33,7 +33,7 @@ from sqlalchemy import select
 from ...db.models import Candidate, Run, Story, utcnow
 from ...states import CANDIDATE_OPEN, CandidateState, StoryState
 from ..escalation import COULD_NOT_RUN, Cause
-from ..journal import record
+from ..journal import EventKind, record
 from ..runrows import next_in_plan
 from ..transitions import transition_story
 from ..verification.runner import VerifyResult
@@ -195,11 +195,11 @@ class Stack:
                         was = row.state
                         row.state, row.ended_at, row.reason = CandidateState.ABANDONED, utcnow(), reason
                         row.evidence = str(self._evidence(entry.story, row, was, reason))
-                        record(s, self.run_id, "candidate.abandoned", entry.story.key,
+                        record(s, self.run_id, EventKind.CANDIDATE_ABANDONED, entry.story.key,
                                attempt=row.attempt, was=was, stack=row.stack, reason=reason)
                         changed = True
                 if transition_story(s, entry.story.id, StoryState.INTEGRATING, state=StoryState.READY):
-                    record(s, self.run_id, "story.unstacked", entry.story.key, reason=reason)
+                    record(s, self.run_id, EventKind.STORY_UNSTACKED, entry.story.key, reason=reason)
                     changed = True
         return changed
 
@@ -253,7 +253,7 @@ class Stack:
             if entry.cand is not None and entry.cand.state == CandidateState.VERIFYING:
                 if not self.verifications.running(entry.cand.id):
                     with self.db.transaction() as s:
-                        record(s, self.run_id, "candidate.reverifying", entry.story.key,
+                        record(s, self.run_id, EventKind.CANDIDATE_REVERIFYING, entry.story.key,
                                attempt=entry.cand.attempt, stack=entry.cand.stack,
                                reason="its verification was not running in this lane (restarted)")
                     self._start(entry.story, entry.cand)
@@ -324,7 +324,7 @@ class Stack:
         with self.db.transaction() as s:
             if not transition_story(s, nxt.id, StoryState.READY, state=StoryState.INTEGRATING):
                 return True
-            record(s, self.run_id, "story.integrating", nxt.key,
+            record(s, self.run_id, EventKind.STORY_INTEGRATING, nxt.key,
                    stack=len(entries) + 1, **({"on": top.story.key} if top else {}))
             story = s.get(Story, nxt.id)
         integrator = self.integrator

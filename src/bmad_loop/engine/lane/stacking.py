@@ -46,7 +46,7 @@ from ...git.trees.settle import MergeRules
 from ...states import STORY_STACKABLE, StoryState
 from ...db.models import Story
 from ...git.worktrees import delete_branch, remove_worktree
-from ..journal import record
+from ..journal import EventKind, record
 from ..transitions import transition_story
 from ...db.database import Database
 from ...git.runner import Git
@@ -200,7 +200,7 @@ def _restack(db: Database, git: Git, run_id: str, story: Story, why: str, made_a
                                 port_block=None, wait_reason=None, reason=None, ended_at=None,
                                 ready_at=None):
             return False  # it moved on meanwhile (a worker claimed it): next pass
-        record(s, run_id, "story.restacked", story.key, was=story.state, stacked_on=under,
+        record(s, run_id, EventKind.STORY_RESTACKED, story.key, was=story.state, stacked_on=under,
                reason=why, kept=kept)
     return True
 

@@ -71,7 +71,7 @@ from ...states import (
 from .admission import ConflictIndex, admit, StoryView, views_of
 from .blame import RED_PREFIX, Blame, TargetRed
 from .integrate import Integrator, TargetMoved, LaneFenced
-from ..journal import record
+from ..journal import EventKind, record
 from ..notify import notify
 from ..recovery import recover_orphans
 from .stacking import own_paths, restack_stale, stacked_bases
@@ -181,7 +181,7 @@ class LanePass:
         reason = (f"the rows contradict git: {listing} marked integrated but not on "
                   f"{self.integrator.target.branch}; check the state database")
         with self.db.transaction() as s:
-            record(s, self.run_id, "rows.contradicted", stories=[st.key for st in bad],
+            record(s, self.run_id, EventKind.ROWS_CONTRADICTED, stories=[st.key for st in bad],
                    reason=reason)
         self._request_pause(reason, pause="rows")
         self._settle(*self._load())
@@ -267,13 +267,13 @@ class LanePass:
         if outcome == StoryState.INTEGRATED:
             self._landed = story.id
         if outcome == StoryState.HELD:
-            notify(self.db, self.policy, self.run_id, "story.held", story=story.key,
+            notify(self.db, self.policy, self.run_id, EventKind.STORY_HELD, story=story.key,
                    reason="waiting for operator sign-off")
         if outcome == StoryState.INTEGRATED and story.done_checkpoint:
             self._request_pause(f"checkpoint after {story.key}", pause="checkpoint",
                                 story=story.key)
         if outcome == StoryState.ESCALATED:
-            notify(self.db, self.policy, self.run_id, "story.escalated", story=story.key,
+            notify(self.db, self.policy, self.run_id, EventKind.STORY_ESCALATED, story=story.key,
                    reason=self._story(story.id).reason)
 
     # ------------------------------------------------------------ 2. escalation
@@ -326,14 +326,14 @@ class LanePass:
                             break
                 if why and transition_story(s, story.id, StoryState.PENDING, state=StoryState.BLOCKED, reason=why,
                                             ended_at=utcnow()):
-                    record(s, self.run_id, "story.blocked", story.key, reason=why)
+                    record(s, self.run_id, EventKind.STORY_BLOCKED, story.key, reason=why)
                     changed = True
         return changed
 
     def _request_pause(self, reason: str, *, pause: str, story: str | None = None) -> None:
         with self.db.transaction() as s:
             if transition_run(s, self.run_id, RunState.RUNNING, state=RunState.PAUSING, reason=reason):
-                record(s, self.run_id, "run.pausing", story, reason=reason, pause=pause)
+                record(s, self.run_id, EventKind.RUN_PAUSING, story, reason=reason, pause=pause)
 
     # ------------------------------------------------------------ 3. admission
     def _directories(self) -> frozenset[str] | None:
@@ -364,7 +364,7 @@ class LanePass:
                 for row in shipped:
                     if transition_story(s, row.id, StoryState.PENDING, state=StoryState.SKIPPED, ended_at=utcnow(),
                                         reason="already done on the target's board"):
-                        record(s, self.run_id, "story.skipped", row.key,
+                        record(s, self.run_id, EventKind.STORY_SKIPPED, row.key,
                                reason="stale premise: the target's board marks it done")
             return True  # admit again without them
         bases = stacked_bases(self.integrator.git, self.integrator.target.sha(fetch=False),
@@ -383,7 +383,7 @@ class LanePass:
                 fields = {"base_sha": stacked[0], "stacked_on": stacked[1]} if stacked[1] else {}
                 if transition_story(s, row.id, StoryState.PENDING, state=StoryState.QUEUED, queued_at=utcnow(),
                                     wait_reason=None, port_block=block, **fields):
-                    record(s, self.run_id, "story.queued", key, seq=row.seq,
+                    record(s, self.run_id, EventKind.STORY_QUEUED, key, seq=row.seq,
                            **({"base_sha": stacked[0], "stacked_on": [x["key"] for x in stacked[1]]}
                               if stacked[1] else {}))
                     queued.append(row.id)
@@ -454,7 +454,7 @@ class LanePass:
     def _set_gate(self, epic: str) -> None:
         with self.db.transaction() as s:
             s.get(Run, self.run_id).gate_epic = epic
-            record(s, self.run_id, "gate.reached", epic=epic)
+            record(s, self.run_id, EventKind.GATE_REACHED, epic=epic)
 
     def _end_pause(self, state: RunState, reason: str) -> None:
         """Settle as paused (from running or pausing) or stopped (from stopping)."""
@@ -462,10 +462,10 @@ class LanePass:
         expected = (RunState.STOPPING,) if state == RunState.STOPPED else (RunState.RUNNING, RunState.PAUSING)
         with self.db.transaction() as s:
             if transition_run(s, self.run_id, expected, state=state, reason=reason):
-                record(s, self.run_id, f"run.{state}", reason=reason)
+                record(s, self.run_id, EventKind(f"run.{state}"), reason=reason)
             else:
                 return
-        notify(self.db, self.policy, self.run_id, f"run.{state}", reason=reason)
+        notify(self.db, self.policy, self.run_id, EventKind(f"run.{state}"), reason=reason)
 
     def _complete(self) -> None:
         with self.db.transaction() as s:
@@ -473,14 +473,14 @@ class LanePass:
                                        ended_at=utcnow(), reason=None)
             if completed:
                 stories = stories_of(s, self.run_id)
-                record(s, self.run_id, "run.completed",
+                record(s, self.run_id, EventKind.RUN_COMPLETED,
                        integrated=sum(1 for x in stories if x.state == StoryState.INTEGRATED),
                        skipped=sum(1 for x in stories if x.state == StoryState.SKIPPED))
         # Every story has landed: the parked worktrees go right after (the tick, and so `run`,
         # ends once they are gone), not on the way to the run's completion.
         drain_pool(self.integrator.git, self.integrator.layout)
         if completed:
-            notify(self.db, self.policy, self.run_id, "run.completed")
+            notify(self.db, self.policy, self.run_id, EventKind.RUN_COMPLETED)
 
     def _story(self, story_id: int) -> Story:
         with self.db.transaction() as s:
@@ -564,7 +564,7 @@ def write_wait_reasons(s: Session, run_id: str, waiting: dict[str, str], by_key:
         row = by_key[key]
         if row.wait_reason != why and told.get(row.id) != (row.rev, why):
             changed.setdefault(why, []).append(row.id)
-            record(s, run_id, "story.waiting", key, reason=why)
+            record(s, run_id, EventKind.STORY_WAITING, key, reason=why)
     for why, ids in changed.items():
         s.connection().execute(_SET_WAIT_REASON, {"ids": ids, "why": why})
 
@@ -632,7 +632,7 @@ class Lane:
         if fenced:
             # It thinks it holds the lease, but another lane took over: fenced, change nothing.
             with db.transaction() as s:
-                record(s, self.run_id, "lane.fenced", reason="lost the lane lease (it expired or "
+                record(s, self.run_id, EventKind.LANE_FENCED, reason="lost the lane lease (it expired or "
                        "another lane took it over); this tick changes nothing", owner=holder.owner)
             return
         try:
@@ -642,11 +642,11 @@ class Lane:
             retrying(one_try, db=db, run_id=self.run_id, story=None, what="lane tick")
         except FaultPersisted as exc:
             if pause_for_fault(db, self.run_id, exc.fault, exc.attempts):
-                notify(db, policy, self.run_id, "run.paused", reason=exc.fault.describe())
+                notify(db, policy, self.run_id, EventKind.RUN_PAUSED, reason=exc.fault.describe())
         except LaneFenced as exc:
             log.warning("%s", exc)
             with db.transaction() as s:
-                record(s, self.run_id, "lane.fenced", reason=str(exc))
+                record(s, self.run_id, EventKind.LANE_FENCED, reason=str(exc))
         except Exception as exc:  # no retry can fix it: failed, and `resume` once it is fixed
             self._fail(policy, exc)
 
@@ -661,9 +661,9 @@ class Lane:
         with db.transaction() as s:
             if transition_run(s, self.run_id, RUN_LIVE, state=RunState.FAILED,
                               reason=f"lane error: {exc}", ended_at=utcnow()):
-                record(s, self.run_id, "run.failed", reason=f"lane error: {exc}")
+                record(s, self.run_id, EventKind.RUN_FAILED, reason=f"lane error: {exc}")
         drain_run_pool(self.project, self.run_id, policy)  # parked worktrees go when the run settles
-        notify(db, policy, self.run_id, "run.failed", reason=str(exc))
+        notify(db, policy, self.run_id, EventKind.RUN_FAILED, reason=str(exc))
 
 
 def tick_once(project, tasks, run_id: str, holder=None) -> None:

@@ -61,7 +61,7 @@ from ...states import (
     RunState,
     StoryState,
 )
-from ..journal import record
+from ..journal import EventKind, record
 from .ownership import Owners, owners, remove_record, read_records, records_lock
 from ..runpaths import BRANCH_NAMESPACE, CANDIDATE_REF_NAMESPACE, Layout
 from ..verification.record import VERIFY_RECORD_NAMESPACE, record_ref, verify_record_refs
@@ -277,7 +277,7 @@ def _mark_vanished(project, worktree_rows, report: CleanupReport, dry_run: bool)
                     if story.phase not in (None, Phase.PREPARE, Phase.COMMIT):
                         story.phase = Phase.PREPARE
                     # Harmless: the story's work is committed on its branch; say so.
-                    record(s, run_id, "story.worktree_missing", story.key, worktree=worktree,
+                    record(s, run_id, EventKind.STORY_WORKTREE_MISSING, story.key, worktree=worktree,
                            reason=f"worktree folder gone: made again from branch "
                                   f"{story.branch or '(none yet)'} (its commits are kept) when "
                                   "the story runs; nothing to do")

@@ -44,7 +44,7 @@ from ...states import RUN_LIVE, RunState, RUN_SETTLED, StoryState
 from .. import leases
 from ..leases import consumer_lease_name, prune_lapsed
 from .control import recover_live_runs, stop
-from ..journal import record, event_rows_after
+from ..journal import EventKind, event_rows_after, record
 from .ownership import refresh_live_runs, save_run
 from ..lane.tick import Lane
 from ..runrows import RUN_STATE, stories_of
@@ -215,7 +215,7 @@ class ConsumerSet:
         return self.holder is not None and not self.holder.held
 
     def _lane_acquired(self, token: int) -> None:
-        self._journal_live_runs("lane.acquired", token=token, owner=self.holder.owner)
+        self._journal_live_runs(EventKind.LANE_ACQUIRED, token=token, owner=self.holder.owner)
         with self._lane_lock:
             if self._lane is None:
                 self._lane = BackgroundConsumer(self.tasks.integration, 1, role="lane")

@@ -40,7 +40,7 @@ from .. import leases
 from ..verification.targetcheck import forget_failed
 from ..repairs import in_repair
 from ..escalation import ENVIRONMENTAL, integration_cause
-from ..journal import record
+from ..journal import EventKind, record
 from .ownership import save_run, target_check
 from ..redo import retry_story, to_dev, to_human_fix, to_ready, to_repair
 from ..recovery import ever_spawned, recover_orphans
@@ -111,7 +111,7 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         if current is not None:
             snapshot, changed = reloaded_policy(run, current)
             run.policy = snapshot  # the columns projected from it follow
-            record(s, run.id, "run.policy_reloaded", changed=changed)
+            record(s, run.id, EventKind.RUN_POLICY_RELOADED, changed=changed)
             stale_checks = reverify_reason(changed)
         policy = run_policy(run)
         previous = run.state
@@ -131,9 +131,9 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         if stale_checks or adopted:  # verdicts given under other checks, or on another target
             drop_verified(s, run.id, stale_checks or "the target moved (adopted on resume)",
                           target_now)
-        record(s, run.id, "run.resumed", previous=previous, gates_passed=gates)
+        record(s, run.id, EventKind.RUN_RESUMED, previous=previous, gates_passed=gates)
         for warning in foreign.warnings:
-            record(s, run.id, "run.warning", message=warning)
+            record(s, run.id, EventKind.RUN_WARNING, message=warning)
         save_run(project, run)
         run_id = run.id
     requeue_run(project, tasks, run_id, stale_after=None)
@@ -167,7 +167,7 @@ def _adopt_target(session: Session, run: Run, target_now: str | None) -> bool:
     parked (the lane paused on it, or a human fixed something) becomes the lane's baseline.
     True when it had moved."""
     if target_now and target_now != run.head_sha:
-        record(session, run.id, "target.adopted", old=run.head_sha, new=target_now)
+        record(session, run.id, EventKind.TARGET_ADOPTED, old=run.head_sha, new=target_now)
         run.head_sha = target_now
         return True
     return False
@@ -230,13 +230,13 @@ def stop(project, tasks, ref: str | None, now: bool = False) -> Run:
             raise StateError(f"run {run.id} is {run.state}: nothing to stop")
         if run.state in (RunState.PAUSED, RunState.STOPPED):
             run.state, run.reason = RunState.STOPPED, run.reason or "stopped by operator"
-            record(s, run.id, "run.stopped", reason="stopped by operator", now=now)
+            record(s, run.id, EventKind.RUN_STOPPED, reason="stopped by operator", now=now)
             save_run(project, run)
             return run
         mode = StopMode.NOW if now else StopMode.GRACEFUL
         transition_run(s, run.id, RUN_LIVE, state=RunState.STOPPING,
                        stop_mode=mode, reason=f"stop requested ({mode})")
-        record(s, run.id, "run.stopping", mode=mode)
+        record(s, run.id, EventKind.RUN_STOPPING, mode=mode)
         run_id = run.id
         settled = _settle_idle_stop(s, run_id)
     with project.db.read() as s:
@@ -261,7 +261,7 @@ def _settle_idle_stop(session: Session, run_id: str) -> bool:
     if not transition_run(session, run_id, RunState.STOPPING, state=RunState.STOPPED,
                           reason="stopped by operator"):
         return False
-    record(session, run_id, "run.stopped", reason="stopped by operator", settled="at once")
+    record(session, run_id, EventKind.RUN_STOPPED, reason="stopped by operator", settled="at once")
     return True
 
 
@@ -275,7 +275,7 @@ def abandon(project, ref: str | None, reason: str | None = None) -> Run:
         previous = run.state
         run.state, run.ended_at = RunState.ABANDONED, utcnow()
         run.reason = f"abandoned: {reason}" if reason else "abandoned by operator"
-        record(s, run.id, "run.abandoned", previous=previous, reason=reason)
+        record(s, run.id, EventKind.RUN_ABANDONED, previous=previous, reason=reason)
         save_run(project, run)
         return run
 
@@ -293,7 +293,7 @@ def approve(project, tasks, ref: str | None, story_key: str) -> Story:
             story.state, story.reason = StoryState.READY, None  # the lane advances its verified candidate
         else:
             story.approved = True
-        record(s, run.id, "story.approved", story.key, sign_off=held)
+        record(s, run.id, EventKind.STORY_APPROVED, story.key, sign_off=held)
         run_id = run.id
     tasks.enqueue_lane(run_id)
     return story
@@ -313,8 +313,8 @@ def reject(project, tasks, ref: str | None, story_key: str, reason: str) -> Stor
         for cand in s.scalars(select(Candidate).where(Candidate.story_id == story.id,
                                                       Candidate.state == CandidateState.VERIFIED)):
             cand.state, cand.reason = CandidateState.ABANDONED, f"rejected: {reason}"
-        record(s, run.id, "story.rejected", story.key, reason=reason)
-        record(s, run.id, "story.escalated", story.key, reason=story.reason, phase="sign-off")
+        record(s, run.id, EventKind.STORY_REJECTED, story.key, reason=reason)
+        record(s, run.id, EventKind.STORY_ESCALATED, story.key, reason=story.reason, phase="sign-off")
         run_id = run.id
     tasks.enqueue_lane(run_id)
     return story
@@ -390,7 +390,7 @@ def drop_verified(session: Session, run_id: str, reason: str, target_now: str | 
         transition_story(session, story.id, (StoryState.INTEGRATING, StoryState.HELD,
                                              StoryState.READY),
                          state=StoryState.READY, signed_off=False)
-        record(session, run_id, "candidate.reverify_policy", story.key, attempt=cand.attempt,
+        record(session, run_id, EventKind.CANDIDATE_REVERIFY_POLICY, story.key, attempt=cand.attempt,
                candidate_sha=cand.candidate_sha, reason=reason)
         keys.append(story.key)
     return keys

@@ -69,7 +69,7 @@ from ...git.runner import branch_name_ok
 from ...git.trees.committed import CommittedTree, FolderTree
 from ...policy import env_override
 from ...states import RUN_LIVE, RUN_ONE_PER_TARGET, Phase, RunState, StoryState
-from ..journal import record
+from ..journal import EventKind, record
 from ..runpaths import Layout
 from ..mergerules import check_merge_rules
 from ..runrows import path_inside
@@ -249,15 +249,15 @@ def _insert_run(project, policy: Policy, selection, plan, run_id, git: Git) -> N
                 tier=spec.tier or (policy.parallel.tier or None),
                 done_checkpoint=spec.done_checkpoint, feedback={}, to_create=spec.story_file is None,
             ))
-        record(s, run_id, "run.created", target_branch=plan.target_branch,
+        record(s, run_id, EventKind.RUN_CREATED, target_branch=plan.target_branch,
                target_sha=plan.target_sha, max_parallel=policy.scm.max_parallel,
                strategy=policy.scm.merge_strategy, isolation=policy.scm.isolation,
                plan=[spec.key for spec in plan.stories], selection=selection.to_dict())
         for spec in plan.stories:
             if spec.footprint.reason:
-                record(s, run_id, "footprint.exclusive", spec.key, reason=spec.footprint.reason)
+                record(s, run_id, EventKind.FOOTPRINT_EXCLUSIVE, spec.key, reason=spec.footprint.reason)
         for warning in plan.warnings:
-            record(s, run_id, "run.warning", message=warning)
+            record(s, run_id, EventKind.RUN_WARNING, message=warning)
         journal_skipped(s, run_id, plan.skipped)
         s.flush()
         write_record(git, record_run(project, run))
@@ -347,7 +347,7 @@ def creation_checks(policy: Policy, actionable: Sequence) -> list[tuple[str, str
 def journal_skipped(session: Session, run_id: str, skipped: Sequence) -> None:
     """One `story.skipped` per story left out of the plan for want of a file (no row: unplanned)."""
     for spec in skipped:
-        record(session, run_id, "story.skipped", spec.key, reason=SKIP_REASON,
+        record(session, run_id, EventKind.STORY_SKIPPED, spec.key, reason=SKIP_REASON,
                story_file=_where(spec), planned=False)
 
 

@@ -9,7 +9,7 @@ from ...db.models import Attempt, Candidate, Event, Flake, Run, Story, TargetChe
 from ...agents.stallwatch import last_output_at
 from ...states import RUN_LIVE, Phase, StoryState
 from ..leases import live_run_view, workers_alive
-from ..journal import event_json, events_after
+from ..journal import EventKind, event_json, events_after
 from ..runrows import stories_of
 from ..usage import empty_usage, usage_by_story
 
@@ -17,9 +17,9 @@ __all__ = ["run_status", "run_json", "story_json", "candidate_json", "journal_li
            "LEAVES_WORKER", "worker_seconds", "night_notes"]
 
 # A story leaves its worker slot with these (from its `story.phase` on, it was in one).
-LEAVES_WORKER = {"story.ready": "ready", "story.escalated": "escalated", "story.failed": "failed",
-                 "story.interrupted": "interrupted", "story.restacked": "restacked",
-                 "story.recovered": "recovered", "story.skipped": "skipped"}
+LEAVES_WORKER = {EventKind.STORY_READY: "ready", EventKind.STORY_ESCALATED: "escalated", "story.failed": "failed",
+                 EventKind.STORY_INTERRUPTED: "interrupted", EventKind.STORY_RESTACKED: "restacked",
+                 EventKind.STORY_RECOVERED: "recovered", EventKind.STORY_SKIPPED: "skipped"}
 _NOT_IN_A_WORKER_YET = (StoryState.PENDING, StoryState.QUEUED)
 
 
@@ -103,7 +103,7 @@ def story_json(story: Story, now=None, usage: dict | None = None,
 def settled_by_story(session: Session, run_id: str) -> dict[str, list[dict]]:
     """story key -> [{path, rule}] from the journal's `candidate.settled`, latest attempt only."""
     rows = session.execute(select(Event.story, Event.data).where(
-        Event.run_id == run_id, Event.kind == "candidate.settled").order_by(Event.seq))
+        Event.run_id == run_id, Event.kind == EventKind.CANDIDATE_SETTLED).order_by(Event.seq))
     latest: dict[str, tuple[int, list[dict]]] = {}
     for story, data in rows:
         attempt = data.get("attempt", 0)
@@ -137,7 +137,7 @@ def candidate_json(candidate: Candidate, story_key: str, on: dict | None = None)
 
 _WORKER_EVENTS = (select(Event.story, Event.kind, Event.ts)
                   .where(Event.run_id == bindparam("run_id"), Event.story.is_not(None),
-                         Event.kind.in_(("story.phase", *LEAVES_WORKER)))
+                         Event.kind.in_((EventKind.STORY_PHASE, *LEAVES_WORKER)))
                   .order_by(Event.seq))
 
 
@@ -149,7 +149,7 @@ def worker_seconds(session: Session, run_id: str, stories, now) -> dict[str, flo
     opened: dict[str, object] = {}
     total: dict[str, float] = {}
     for key, kind, ts in session.execute(_WORKER_EVENTS, {"run_id": run_id}):
-        if kind == "story.phase":
+        if kind == EventKind.STORY_PHASE:
             opened.setdefault(key, ts)
         elif key in opened:
             total[key] = total.get(key, 0.0) + (ts - opened.pop(key)).total_seconds()

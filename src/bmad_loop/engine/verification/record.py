@@ -39,7 +39,7 @@ from pathlib import Path
 from ...errors import GitError
 from ...git.worktrees import clear_flags
 from ...states import Phase
-from ..journal import record
+from ..journal import EventKind, record
 from ...git.runner import Git
 
 __all__ = ["RECORD_KEY", "VERIFY_RECORD_NAMESPACE", "record_ref", "verify_record_refs",
@@ -119,7 +119,7 @@ def before_verify(ctx, claim, story, worktree: Path) -> str | None:
         ctx.workspace.reseed(worktree)
         with ctx.db.transaction() as s:
             claim.own(s)
-            record(s, ctx.run_id, "verify.restored", story.key, record=named, ref=ref,
+            record(s, ctx.run_id, EventKind.VERIFY_RESTORED, story.key, record=named, ref=ref,
                    replaced=replaced)
         return named
     sha = keep(ctx.git, worktree, ref, scratch, ctx.workspace.seeds)

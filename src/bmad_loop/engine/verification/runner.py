@@ -46,7 +46,7 @@ from ...git.worktrees import ensure_detached_worktree
 from ...policy import Policy
 from ...sandbox import SANDBOX_VAR, Box
 from ..crashpoints import crash_point
-from ..journal import record
+from ..journal import EventKind, record
 from ..runpaths import Layout
 from .childenv import (BoxSite, child_env, lane_block, lane_slot_block, port_env, settle_after_box,
                        verify_box)
@@ -105,7 +105,7 @@ class VerifyResult:
                 "log": self.log, "boxed": self.boxed}
         if self.log_cut is not None:
             data["log_truncated"] = self.log_cut.event_data()
-        return ("verify.passed" if self.ok else "verify.failed", data)
+        return (EventKind.VERIFY_PASSED if self.ok else EventKind.VERIFY_FAILED, data)
 
 
 # What verifying with no commands gives: passed, at once, with no log.
@@ -217,7 +217,7 @@ def record_flakes(s: Session, run_id: str, story: str | None, site: str, flakes,
         s.add(Flake(run_id=run_id, story=story, site=site, attempt=attempt, command=flaky.command,
                     tree=tree, retry=flaky.retry, failed_log=flaky.failed_log,
                     passed_log=flaky.passed_log, exit_code=flaky.exit_code))
-        record(s, run_id, "verify.flaky", story, site=site, tree=tree,
+        record(s, run_id, EventKind.VERIFY_FLAKY, story, site=site, tree=tree,
                **({"attempt": attempt} if attempt is not None else {}), **flaky.event_data())
 
 

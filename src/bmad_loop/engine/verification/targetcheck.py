@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from ...db.models import TargetCheck, utcnow
 from ...git.worktrees import make_exact
 from ...git.worktrees import ensure_detached_worktree, remove_worktree
-from ..journal import record
+from ..journal import EventKind, record
 from .runner import LaneVerifier, VerifyResult, record_flakes
 from ...db.database import Database
 
@@ -106,7 +106,7 @@ def finish(db: Database, run_id: str, key: CheckKey, result: VerifyResult) -> st
             s.add(row)
         row.state, row.log, row.exit_code, row.ended_at = state, result.log, result.exit_code, utcnow()
         record_flakes(s, run_id, None, "target", result.flakes, tree=key.target_sha)
-        record(s, run_id, "target.checked", row.story, target_sha=key.target_sha,
+        record(s, run_id, EventKind.TARGET_CHECKED, row.story, target_sha=key.target_sha,
                command=key.command, state=state, log=result.log,
                failed_command=result.failed_command, exit_code=result.exit_code)
     return state

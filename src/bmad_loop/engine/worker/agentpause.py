@@ -23,7 +23,7 @@ from ...db.models import Attempt, Run, utcnow
 from ...errors import StopRequested
 from ...states import AttemptState, RunState
 from ...transient import Fault
-from ..journal import record
+from ..journal import EventKind, record
 from ..retry import pause_for_fault
 from .context import Claim
 from ...db.database import Database
@@ -56,10 +56,10 @@ def settle_unavailable(ctx: StoryContext, claim: Claim, result, waited: int, *, 
         for name, value in result.attempt_values().items():
             setattr(att, name, value)
         att.counted = False
-        record(s, ctx.run_id, "attempt.finished", ctx.key, phase=result.phase,
+        record(s, ctx.run_id, EventKind.ATTEMPT_FINISHED, ctx.key, phase=result.phase,
                attempt=result.number, state=AttemptState.INTERRUPTED, counted=False,
                reason=result.reason)
-        record(s, ctx.run_id, "agent.unavailable", ctx.key, phase=result.phase,
+        record(s, ctx.run_id, EventKind.AGENT_UNAVAILABLE, ctx.key, phase=result.phase,
                attempt=result.number, cli=cli, category=fault.category, words=fault.words,
                reset_at=_iso(fault.reset_at), action="wait" if wait else "pause")
     where = f"{cli} {result.phase} session of {ctx.key}"
@@ -74,7 +74,7 @@ def _wait_until(ctx: StoryContext, claim: Claim, until: dt.datetime) -> None:
     from .sessions import Heartbeat  # sessions imports this module's neighbours: keep it lazy
 
     with ctx.db.transaction() as s:
-        record(s, ctx.run_id, "agent.waiting", ctx.key, until=_iso(until))
+        record(s, ctx.run_id, EventKind.AGENT_WAITING, ctx.key, until=_iso(until))
     with Heartbeat(ctx, claim):
         while True:
             remaining = (until - utcnow()).total_seconds()

@@ -43,6 +43,7 @@ from ...bmad.selection import StorySpec, check_dependencies, resolve_dependencie
 from ..runrows import stories_of
 from ...git.runner import Git
 from .context import StoryContext
+from ..journal import EventKind
 
 __all__ = ["phase_create", "carry_forward", "CREATED_KEY", "check_created"]
 
@@ -73,9 +74,9 @@ def phase_create(worker) -> Outcome:
         if result.state == AttemptState.SUCCEEDED:  # exited 0, but no usable file: a failure
             result.state = AttemptState.FAILED
         result.ok, result.reason, result.summary = False, failure, failure
-        events = [("create.failed", {"attempt": number, "reason": failure})]
+        events = [(EventKind.CREATE_FAILED, {"attempt": number, "reason": failure})]
         if discarded:
-            events.append(("create.discarded", {"paths": discarded}))
+            events.append((EventKind.CREATE_DISCARDED, {"paths": discarded}))
         if number >= worker.policy.limits.max_create_attempts:
             return Outcome(escalate=f"create attempts exhausted ({number}): {failure}",
                            counters={"dev_attempts": 1}, session=result, events=events)
@@ -107,7 +108,7 @@ def _committed_by_a_person(worker, story, head: str, written: Path) -> Outcome:
     meta, failure = _read_written(worker.ctx, story, written)
     if failure:
         return Outcome(escalate=f"the story file on the story branch is still invalid: {failure}",
-                       events=[("create.failed", {"attempt": None, "reason": failure})])
+                       events=[(EventKind.CREATE_FAILED, {"attempt": None, "reason": failure})])
     return _created(worker, story, head, meta, None)
 
 
@@ -116,16 +117,16 @@ def _created(worker, story, head: str, meta, result) -> Outcome:
     ctx, git = worker.ctx, worker.ctx.git
     discarded = _reset(git, Path(story.worktree), head, ctx.workspace.seeds, keep=story.story_path)
     values = _row_values(ctx, story, meta)
-    events = [("story.created", {"story_file": story.story_path, "commit": head,
+    events = [(EventKind.STORY_CREATED, {"story_file": story.story_path, "commit": head,
                                  "footprint": values["footprint"],
                                  "footprint_reason": values["footprint_reason"]})]
     if discarded:
-        events.append(("create.discarded", {"paths": discarded}))
+        events.append((EventKind.CREATE_DISCARDED, {"paths": discarded}))
     if values["footprint_reason"]:
-        events.append(("footprint.exclusive", {"reason": values["footprint_reason"]}))
+        events.append((EventKind.FOOTPRINT_EXCLUSIVE, {"reason": values["footprint_reason"]}))
     try:  # remote mode: dev may be claimed on another host, which must find the created file
         if ctx.target.publish_story(story.branch, head):
-            events.append(("story.pushed", {"branch": story.branch, "head_sha": head,
+            events.append((EventKind.STORY_PUSHED, {"branch": story.branch, "head_sha": head,
                                             "remote": ctx.target.location}))
     except GitError as exc:
         return Outcome(escalate=f"cannot push the story branch: {exc}", session=result,

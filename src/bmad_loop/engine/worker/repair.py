@@ -38,7 +38,7 @@ from ...git.trees.settle import Generators
 from ...states import Phase
 from ..crashpoints import crash_point
 from ..mergerules import run_merge_rules
-from ..journal import record
+from ..journal import EventKind, record
 from .context import Outcome
 from ..repairs import MERGE_KEY, REPAIR_KEY, in_repair, repair_markdown, repair_ref
 from ..verification.record import restore
@@ -138,10 +138,10 @@ class Repair:
         events = list(outcome.pop("events", []))
         limit = self.policy.limits.max_repairs
         if used >= limit:
-            events.append(("repair.finished", {**done, "outcome": "escalated"}))
+            events.append((EventKind.REPAIR_FINISHED, {**done, "outcome": "escalated"}))
             return Outcome(escalate=f"repairs used up ({used} of max_repairs = {limit}): {reason}",
                            events=events, **outcome)
-        events.append(("repair.finished", {**done, "outcome": "again"}))
+        events.append((EventKind.REPAIR_FINISHED, {**done, "outcome": "again"}))
         why = reason + (f"\n\n{output[-8000:]}" if output else "")
         return Outcome(Phase.REPAIR, events=events,
                        feedback={"verify_output": why, MERGE_KEY: None},
@@ -159,7 +159,7 @@ class Repair:
     def ready_events(self, story) -> list[tuple[str, dict]]:
         request = (story.feedback or {}).get(REPAIR_KEY) or {}
         self.finished = True
-        return [("repair.finished", {"number": story.repairs, "cause": request.get("cause"),
+        return [(EventKind.REPAIR_FINISHED, {"number": story.repairs, "cause": request.get("cause"),
                                      "outcome": "ready", "reason": None})]
 
     def drop_ref(self) -> None:
@@ -185,7 +185,7 @@ class Repair:
             ctx.workspace.reseed(worktree)
             with ctx.db.transaction() as s:
                 self.worker.claim.own(s)
-                record(s, ctx.run_id, "repair.started", story.key, number=story.repairs + 1,
+                record(s, ctx.run_id, EventKind.REPAIR_STARTED, story.key, number=story.repairs + 1,
                        resumed=True, record=merge["record"], replaced=replaced,
                        target_sha=merge["target_sha"])
             return merge
@@ -201,7 +201,7 @@ class Repair:
         with ctx.db.transaction() as s:
             self.worker.claim.write(s, story, base_sha=target_sha, stacked_on=None,
                                     feedback={**(story.feedback or {}), MERGE_KEY: merge})
-            record(s, ctx.run_id, "repair.started", story.key, number=story.repairs + 1,
+            record(s, ctx.run_id, EventKind.REPAIR_STARTED, story.key, number=story.repairs + 1,
                    cause=request.get("cause"), target_sha=target_sha, head_sha=head,
                    old_base=story.base_sha, new_base=target_sha, conflicts=list(conflicts),
                    record=sha)

@@ -71,7 +71,7 @@ from ..crashpoints import crash_point
 from ...sandbox import SANDBOX_VAR, Box
 from ..verification.childenv import agent_box, settle_after_box, child_env, sandbox_vars
 from ..workspace.guard import read_guard_log
-from ..journal import record
+from ..journal import EventKind, record
 from .repair import repair_env, repair_prompt_text
 from ..usage import USAGE_FILE_VAR, budget_set, read_usage_file, usage_file
 from ...git.worktrees import clear_flags
@@ -282,7 +282,7 @@ def _open_attempt(ctx: StoryContext, claim: Claim, story, phase: str, number: in
             state=AttemptState.RUNNING, worktree=str(launch.worktree), branch=story.branch,
             base_sha=story.base_sha, session=launch.session, log=str(launch.log_path),
             host=ctx.host, heartbeat_at=utcnow(), boxed=launch.box is not None))
-        record(s, ctx.run_id, "attempt.started", ctx.key, phase=phase, attempt=number,
+        record(s, ctx.run_id, EventKind.ATTEMPT_STARTED, ctx.key, phase=phase, attempt=number,
                argv=launch.journaled_argv, log=str(launch.log_path), tier=story.tier or None,
                boxed=launch.box is not None,
                **({"box_argv": launch.argv} if launch.box is not None else {}))
@@ -359,11 +359,11 @@ def _with_usage(ctx: StoryContext, phase: str, number: int, report: SessionRepor
         report = dataclasses.replace(report, usage=usage)
         if problem is not None:
             with ctx.db.transaction() as s:
-                record(s, ctx.run_id, "usage.invalid", ctx.key, phase=phase, attempt=number,
+                record(s, ctx.run_id, EventKind.USAGE_INVALID, ctx.key, phase=phase, attempt=number,
                        file=str(usage_path), reason=f"{USAGE_FILE_VAR} {problem}")
     if budget_set(ctx.policy) and not report.usage.reported and not result.interrupted:
         with ctx.db.transaction() as s:
-            record(s, ctx.run_id, "usage.missing", ctx.key, phase=phase, attempt=number,
+            record(s, ctx.run_id, EventKind.USAGE_MISSING, ctx.key, phase=phase, attempt=number,
                    reason="the session reported no tokens or cost while a [limits] budget is set")
     return report
 
@@ -372,7 +372,7 @@ def _journal_log_cut(ctx: StoryContext, phase: str, number: int, log_path: Path,
     """The session's log passed `[limits] max_log_bytes` (or could not be written): say so."""
     if result.log_cut is not None:
         with ctx.db.transaction() as s:
-            record(s, ctx.run_id, "log.truncated", ctx.key, phase=phase, attempt=number,
+            record(s, ctx.run_id, EventKind.LOG_TRUNCATED, ctx.key, phase=phase, attempt=number,
                    log=str(log_path), **result.log_cut.event_data())
 
 
@@ -546,7 +546,7 @@ def before_session(ctx: StoryContext, claim: Claim, story, phase: str, number: i
         ctx.workspace.reseed(worktree)
         with ctx.db.transaction() as s:
             claim.own(s)
-            record(s, ctx.run_id, "session.restored", story.key, phase=phase, attempt=number,
+            record(s, ctx.run_id, EventKind.SESSION_RESTORED, story.key, phase=phase, attempt=number,
                    record=sha, ref=ref, cut=cut, cut_ref=f"{ref}{CUT_SUFFIX}" if cut else None)
         return
     sha = keep(ctx.git, worktree, ref, scratch, ctx.workspace.seeds, what="session start")

@@ -22,7 +22,7 @@ from .. import leases
 from .agentpause import PauseRun, pause_run
 from .context import Claim, Fenced, story_context
 from ..crashpoints import crash_point
-from ..journal import record
+from ..journal import EventKind, record
 from ..notify import notify
 from ..retry import FaultPersisted, pause_for_fault, retrying
 from ..runrows import run_policy
@@ -89,7 +89,7 @@ def _claim(project, run_id: str, story_id: int, owner: str):
             # Stopped or paused before a worker picked it up: back in line, nothing started.
             if transition_story(s, story_id, StoryState.QUEUED, state=StoryState.PENDING,
                                 port_block=None):
-                record(s, run_id, "story.unqueued", s.get(Story, story_id).key, run_state=run.state)
+                record(s, run_id, EventKind.STORY_UNQUEUED, s.get(Story, story_id).key, run_state=run.state)
             return None
         now = utcnow()
         # Read, then claimed by one guarded UPDATE that the row takes as written: two racing
@@ -101,9 +101,9 @@ def _claim(project, run_id: str, story_id: int, owner: str):
                                 claim=story.claim + 1, phase=story.phase or Phase.PREPARE):
             return None  # someone else has it, or it is no longer queued: a duplicate message
         generation = story.claim  # the claim's new generation, as the UPDATE wrote it
-        record(s, run_id, "story.started", story.key, phase=story.phase, host=project.host)
+        record(s, run_id, EventKind.STORY_STARTED, story.key, phase=story.phase, host=project.host)
         if first_start:
-            record(s, run_id, "story.phase", story.key, phase=Phase.PREPARE)
+            record(s, run_id, EventKind.STORY_PHASE, story.key, phase=Phase.PREPARE)
         if story.session is not None:  # a session ever began: only a lost worker's is still open
             close_running_attempts(s, run_id, story)
         policy = run_policy(run)
@@ -130,18 +130,18 @@ def _walk(ctx: StoryContext, claim: Claim, story, tries: list):
         lease_gone = claim.lease_dropped  # by the walk's last transaction, which committed
         crash_point("worker.after_ready")
         if escalated:
-            notify(db, policy, run_id, "story.escalated", story=ctx.key, reason=escalated)
+            notify(db, policy, run_id, EventKind.STORY_ESCALATED, story=ctx.key, reason=escalated)
             return lease_gone, False, None
         return lease_gone, True, announce_park()  # the lane is woken first, then the worktree parked
     except FaultPersisted as exc:
         # Not the story's fault: it goes back in line, its phase and work kept, and the run pauses.
         release_after_stop(db, run_id, story_id, generation, fault=exc.fault.describe())
         if pause_for_fault(db, run_id, exc.fault, exc.attempts, story=ctx.key):
-            notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.fault.describe())
+            notify(db, policy, run_id, EventKind.RUN_PAUSED, story=ctx.key, reason=exc.fault.describe())
     except PauseRun as exc:  # the agent cannot work, or a budget is spent (agentpause.py)
         release_after_stop(db, run_id, story_id, generation, fault=exc.reason)
         if pause_run(db, run_id, ctx.key, exc):
-            notify(db, policy, run_id, "run.paused", story=ctx.key, reason=exc.reason)
+            notify(db, policy, run_id, EventKind.RUN_PAUSED, story=ctx.key, reason=exc.reason)
     except Fenced:
         log.warning("story %s was taken back while this worker stalled; it stops here", story_id)
     except StopRequested:
@@ -159,7 +159,7 @@ def _escalate_internal_error(db: Database, run_id: str, story_id: int, generatio
         if story.state == StoryState.WORKING and story.claim == generation:
             story.state, story.reason = StoryState.ESCALATED, f"internal error: {exc}"
             story.ended_at = utcnow()
-            record(s, run_id, "story.escalated", story.key, reason=story.reason,
+            record(s, run_id, EventKind.STORY_ESCALATED, story.key, reason=story.reason,
                    traceback=traceback.format_exc()[-4000:])
 
 
@@ -190,7 +190,7 @@ def release_after_stop(db: Database, run_id: str, story_id: int, generation: int
                                                           state=StoryState.PENDING,
                                                           heartbeat_at=None):
             data = {"fault": fault} if fault else {}
-            record(s, run_id, "story.interrupted", story.key, phase=story.phase, **data)
+            record(s, run_id, EventKind.STORY_INTERRUPTED, story.key, phase=story.phase, **data)
 
 
 def interrupt_open_attempts(claim: Claim) -> None:
@@ -204,5 +204,5 @@ def close_running_attempts(s: Session, run_id: str, row: Story) -> None:
     for att in s.scalars(select(Attempt).where(Attempt.story_id == row.id,
                                                Attempt.state == AttemptState.RUNNING)):
         att.state, att.counted, att.ended_at = AttemptState.INTERRUPTED, False, utcnow()
-        record(s, run_id, "attempt.finished", row.key, phase=att.phase, attempt=att.number,
+        record(s, run_id, EventKind.ATTEMPT_FINISHED, row.key, phase=att.phase, attempt=att.number,
                state=AttemptState.INTERRUPTED, counted=False, why="retried after a fault")

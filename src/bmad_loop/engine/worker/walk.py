@@ -41,7 +41,7 @@ from .create_step import carry_forward, phase_create
 from ..mergerules import StoryLedgers
 from ..crashpoints import crash_point, delay_point
 from ..verification.runner import record_flakes, NOTHING_TO_RUN, Retry, VerifySite, run_verify
-from ..journal import record
+from ..journal import EventKind, record
 from ..repairs import in_repair
 from .repair import Repair
 from ..redo import RETRY_FROM
@@ -143,7 +143,7 @@ class StoryWorker:
                 values["base_sha"] = prepared.base_sha
             elif moved != story.base_sha:  # a person merged or rebased the target into it
                 values["base_sha"] = moved
-                record(s, ctx.run_id, "story.base_moved", self.key, old=story.base_sha,
+                record(s, ctx.run_id, EventKind.STORY_BASE_MOVED, self.key, old=story.base_sha,
                        new=moved, phase=Phase.PREPARE.value)
             # The next phase is entered here, as `_enter_phase` would (a stop asked for ends
             # the walk once this is written).
@@ -151,9 +151,9 @@ class StoryWorker:
                                else Phase.REPAIR if in_repair(story)
                                else Phase.VERIFY if as_is else Phase.DEV)
             run_state = self.claim.write(s, story, **values)
-            record(s, ctx.run_id, "story.prepared", self.key, worktree=str(prepared.worktree),
+            record(s, ctx.run_id, EventKind.STORY_PREPARED, self.key, worktree=str(prepared.worktree),
                    branch=branch, base_sha=story.base_sha)
-            record(s, ctx.run_id, "story.phase", self.key, phase=story.phase)
+            record(s, ctx.run_id, EventKind.STORY_PHASE, self.key, phase=story.phase)
         self._row = story
         if run_state in (RunState.STOPPING, RunState.STOPPED):
             raise StopRequested()
@@ -229,10 +229,10 @@ class StoryWorker:
         cycle = story.review_cycles + 1
         result = self.session(Phase.REVIEW, cycle)
         if result.ok:
-            return Outcome(Phase.COMMIT, session=result, events=[("review.approved", {"cycle": cycle})])
+            return Outcome(Phase.COMMIT, session=result, events=[(EventKind.REVIEW_APPROVED, {"cycle": cycle})])
         return self._fix_cycle("review requested changes", story, session=result,
                                feedback={"review_notes": result.output[-20_000:]},
-                               events=[("review.changes_requested",
+                               events=[(EventKind.REVIEW_CHANGES_REQUESTED,
                                         {"cycle": cycle, "summary": result.summary})])
 
     def _fix_cycle(self, why: str, story: Story, **outcome) -> Outcome:
@@ -282,22 +282,22 @@ class StoryWorker:
         values = {"head_sha": head, **self.ledgers.captured(story.worktree)}  # before it is parked
         events = []
         if reverted:
-            events.append(("story.ledger_reverted", {"paths": reverted}))
+            events.append((EventKind.STORY_LEDGER_REVERTED, {"paths": reverted}))
         if drift:
-            events.append(("footprint.drift", {"paths": drift, "action": self.policy.footprints.drift}))
+            events.append((EventKind.FOOTPRINT_DRIFT, {"paths": drift, "action": self.policy.footprints.drift}))
         if drift and self.policy.footprints.drift == "escalate":
             return Outcome(escalate=f"footprint drift: {', '.join(drift[:10])}",
                            evidence={"paths": drift}, events=events, values={"head_sha": head})
         try:
             if ctx.target.publish_story(story.branch, head):
-                events.append(("story.pushed", {"branch": story.branch, "head_sha": head,
+                events.append((EventKind.STORY_PUSHED, {"branch": story.branch, "head_sha": head,
                                                 "remote": ctx.target.location}))
         except GitError as exc:
             return Outcome(escalate=f"cannot push the story branch: {exc}", events=events,
                            values={"head_sha": head})
         if merge:
             events += self.repair.ready_events(story)
-        events.append(("story.ready", {"head_sha": head, "changed": len(changed)}))
+        events.append((EventKind.STORY_READY, {"head_sha": head, "changed": len(changed)}))
         return Outcome(ready=True, events=events, values=values)
 
     def _follow_target(self, story: Story) -> None:
@@ -312,7 +312,7 @@ class StoryWorker:
             with self.ctx.db.transaction() as s:
                 old = story.base_sha
                 self.claim.write(s, story, base_sha=moved)
-                record(s, self.ctx.run_id, "story.base_moved", self.key, old=old, new=moved,
+                record(s, self.ctx.run_id, EventKind.STORY_BASE_MOVED, self.key, old=old, new=moved,
                        phase=Phase.COMMIT.value)
 
     # ----------------------------------------------------------------- persistence
@@ -335,11 +335,11 @@ class StoryWorker:
             record_flakes(s, ctx.run_id, self.key, "story", outcome.flakes)
             if outcome.escalate:
                 self.claim.drop_lease_in(s)
-                record(s, ctx.run_id, "story.escalated", self.key, reason=outcome.escalate,
+                record(s, ctx.run_id, EventKind.STORY_ESCALATED, self.key, reason=outcome.escalate,
                        phase=known.phase, head_sha=known.head_sha, **outcome.evidence)
                 if config_changed and transition_run(s, ctx.run_id, RunState.RUNNING,
                                                      state=RunState.PAUSING, reason=outcome.escalate):
-                    record(s, ctx.run_id, "run.pausing", self.key, reason=outcome.escalate,
+                    record(s, ctx.run_id, EventKind.RUN_PAUSING, self.key, reason=outcome.escalate,
                            pause="git-config")
                 return outcome.escalate
             if outcome.ready or outcome.pending:
@@ -347,11 +347,11 @@ class StoryWorker:
                 self._row = known  # the walk ends: kept for the worktree's release
                 return None
             # The next phase is entered here, in the same transaction (stop checked too).
-            record(s, ctx.run_id, "story.phase", self.key, phase=outcome.next_phase)
+            record(s, ctx.run_id, EventKind.STORY_PHASE, self.key, phase=outcome.next_phase)
             if passed is not None:
                 for kind, data in passed.events:
                     record(s, ctx.run_id, kind, self.key, **data)
-                record(s, ctx.run_id, "story.phase", self.key, phase=passed.next_phase)
+                record(s, ctx.run_id, EventKind.STORY_PHASE, self.key, phase=passed.next_phase)
         if run_state in (RunState.STOPPING, RunState.STOPPED):
             raise StopRequested()
         self._row = known
@@ -393,7 +393,7 @@ class StoryWorker:
             att = s.get(Attempt, session.attempt_id)
             for name, value in ended.items():
                 setattr(att, name, value)
-        record(s, self.ctx.run_id, "attempt.finished", self.key, phase=session.phase,
+        record(s, self.ctx.run_id, EventKind.ATTEMPT_FINISHED, self.key, phase=session.phase,
                attempt=session.number, state=session.state,
                exit_code=session.exit_code, duration_s=ended["duration_s"])
 
@@ -418,7 +418,7 @@ class StoryWorker:
             files = changed_files(result.config_changes)
             with ctx.db.transaction() as s:
                 self.claim.own(s)
-                record(s, ctx.run_id, "git.config_changed", self.key, phase=phase,
+                record(s, ctx.run_id, EventKind.GIT_CONFIG_CHANGED, self.key, phase=phase,
                        files=files, changes=result.config_changes[:50])
             raise Escalate(f"{CONFIG_CHANGED_PREFIX} during the {phase} session of {self.key}: "
                            f"{', '.join(files[:5])}; check it, then `bmad-loop resume`",
@@ -428,14 +428,14 @@ class StoryWorker:
                 self.claim.own(s)
                 for name, value in result.attempt_values().items():
                     setattr(s.get(Attempt, result.attempt_id), name, value)
-                record(s, ctx.run_id, "attempt.finished", self.key, phase=phase, attempt=number,
+                record(s, ctx.run_id, EventKind.ATTEMPT_FINISHED, self.key, phase=phase, attempt=number,
                        state=AttemptState.INTERRUPTED, counted=False)
             raise StopRequested()
         if result.guard_refusals:
             # Checked before anything else: the target never moved, but the story stops here.
             with ctx.db.transaction() as s:
                 self.claim.own(s)
-                record(s, ctx.run_id, "guard.refused", self.key, phase=phase,
+                record(s, ctx.run_id, EventKind.GUARD_REFUSED, self.key, phase=phase,
                        attempts=result.guard_refusals)
             raise Escalate(f"the agent tried to move the target branch ({result.phase} session): "
                            + "; ".join(result.guard_refusals[:3]), result=result,
@@ -454,7 +454,7 @@ class StoryWorker:
             row = self.claim.own(s)
             if row.phase != phase:
                 row.phase = phase
-                record(s, self.ctx.run_id, "story.phase", self.key, phase=phase)
+                record(s, self.ctx.run_id, EventKind.STORY_PHASE, self.key, phase=phase)
             row.heartbeat_at = utcnow()
         self._row = row
         return row

@@ -27,11 +27,12 @@ from .ci_summary import summary, usage_total
 from .failures import failures
 from .night import active_seconds, in_worker, lower_bound, phase_times, story_times
 from .timeline import build_timeline, parse_ts
+from ...engine.journal import EventKind
 
 __all__ = ["gather_report", "REPORT_FORMAT"]
 
 REPORT_FORMAT = 1
-_VERIFY_KINDS = ("verify.passed", "verify.failed")
+_VERIFY_KINDS = (EventKind.VERIFY_PASSED, EventKind.VERIFY_FAILED)
 
 
 def _attempt_rows(session, run_id: str, origin) -> dict[int, list[dict]]:
@@ -139,7 +140,7 @@ def _repairs(events: list[dict]) -> list[dict]:
     """Each repair that ended: story, number, cause, outcome, reason (from `repair.finished`)."""
     return [{"story": e["story"], "number": e["data"].get("number"), "cause": e["data"].get("cause"),
              "outcome": e["data"].get("outcome"), "reason": e["data"].get("reason")}
-            for e in events if e["kind"] == "repair.finished"]
+            for e in events if e["kind"] == EventKind.REPAIR_FINISHED]
 
 
 _STORY_KEYS = ("key", "seq", "epic", "title", "state", "phase", "reason", "host", "branch",

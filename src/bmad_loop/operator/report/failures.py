@@ -14,22 +14,23 @@ from pathlib import Path
 from ...hostid import host_name
 from ...states import AttemptState
 from ..story_logs import failing_log, log_tail
+from ...engine.journal import EventKind
 
 __all__ = ["failures", "FAILURE_TAIL_LINES"]
 
 FAILURE_TAIL_LINES = 30  # of every failing log; the report keeps it whole in the log folder
-_STORY_ENDS = {"story.escalated": "escalated", "story.failed": "failed",
-               "story.blocked": "blocked", "create.failed": "create failed",
-               "candidate.verify_failed": "candidate verify failed",
-               "candidate.conflict": "candidate conflict", "verify.failed": "verify failed"}
+_STORY_ENDS = {EventKind.STORY_ESCALATED: "escalated", "story.failed": "failed",
+               EventKind.STORY_BLOCKED: "blocked", EventKind.CREATE_FAILED: "create failed",
+               EventKind.CANDIDATE_VERIFY_FAILED: "candidate verify failed",
+               EventKind.CANDIDATE_CONFLICT: "candidate conflict", EventKind.VERIFY_FAILED: "verify failed"}
 
 
 def _reason(kind: str, data: dict) -> str:
     if data.get("reason"):
         return str(data["reason"])
-    if kind == "attempt.finished":
+    if kind == EventKind.ATTEMPT_FINISHED:
         return f"{data.get('phase')} session {data.get('state')} (exit code {data.get('exit_code')})"
-    if kind == "verify.failed":
+    if kind == EventKind.VERIFY_FAILED:
         return f"{data.get('command') or 'verify'}: exit code {data.get('exit_code')}" + (
             " (timed out)" if data.get("timed_out") else "")
     return kind
@@ -38,11 +39,11 @@ def _reason(kind: str, data: dict) -> str:
 def _log_of(kind: str, data: dict, story: dict | None, log_dir: Path | None) -> Path | None:
     if data.get("log"):
         return Path(data["log"])
-    if kind == "attempt.finished" and log_dir is not None:
+    if kind == EventKind.ATTEMPT_FINISHED and log_dir is not None:
         return log_dir / f"{data.get('phase')}-{data.get('attempt')}.log"
     if kind.startswith("candidate.") and log_dir is not None and data.get("attempt"):
         return log_dir / f"verify-candidate-{data['attempt']}.log"
-    if kind in ("story.escalated", "story.failed") and story is not None:
+    if kind in (EventKind.STORY_ESCALATED, "story.failed") and story is not None:
         return failing_log(story)
     return None
 
@@ -65,7 +66,7 @@ def failures(events: list[dict], times: list[float], stories: dict[str, dict],
     out = []
     for event, at in zip(events, times):
         kind = event["kind"]
-        failed_session = (kind == "attempt.finished"
+        failed_session = (kind == EventKind.ATTEMPT_FINISHED
                           and (event["data"] or {}).get("state") not in (AttemptState.SUCCEEDED, AttemptState.INTERRUPTED, None))
         if kind in _STORY_ENDS or failed_session:
             key = event["story"]

@@ -18,20 +18,21 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from ...states import CandidateState, Phase
+from ...engine.journal import EventKind
 
 __all__ = ["Timeline", "build_timeline", "parse_ts", "PHASES"]
 
 PHASES = tuple(phase.value for phase in Phase if phase is not Phase.INTEGRATE)  # a worker's
 # A story leaves its worker slot with these (its open phase ends there).
-_LEAVES_WORKER = {"story.ready": "ready", "story.escalated": "escalated", "story.failed": "failed",
-                  "story.interrupted": "interrupted", "story.restacked": "restacked",
-                  "story.recovered": "recovered", "story.skipped": "skipped"}
-_MARKS = {"story.integrated": "integrated", "story.escalated": "escalated",
-          "story.failed": "failed", "story.blocked": "blocked", "story.held": "held",
-          "story.interrupted": "interrupted", "story.skipped": "skipped"}
-_CANDIDATE_ENDS = {"candidate.verified": "verified", "candidate.verify_failed": "verify-failed",
-                   "candidate.conflict": "conflict", "candidate.stale": "stale",
-                   "candidate.abandoned": "abandoned"}
+_LEAVES_WORKER = {EventKind.STORY_READY: "ready", EventKind.STORY_ESCALATED: "escalated", "story.failed": "failed",
+                  EventKind.STORY_INTERRUPTED: "interrupted", EventKind.STORY_RESTACKED: "restacked",
+                  EventKind.STORY_RECOVERED: "recovered", EventKind.STORY_SKIPPED: "skipped"}
+_MARKS = {EventKind.STORY_INTEGRATED: "integrated", EventKind.STORY_ESCALATED: "escalated",
+          "story.failed": "failed", EventKind.STORY_BLOCKED: "blocked", EventKind.STORY_HELD: "held",
+          EventKind.STORY_INTERRUPTED: "interrupted", EventKind.STORY_SKIPPED: "skipped"}
+_CANDIDATE_ENDS = {EventKind.CANDIDATE_VERIFIED: "verified", EventKind.CANDIDATE_VERIFY_FAILED: "verify-failed",
+                   EventKind.CANDIDATE_CONFLICT: "conflict", EventKind.CANDIDATE_STALE: "stale",
+                   EventKind.CANDIDATE_ABANDONED: "abandoned"}
 
 
 def parse_ts(ts) -> dt.datetime | None:
@@ -99,26 +100,26 @@ class _Builder:
 
     def story_event(self, t: float, kind: str, key: str, data: dict) -> None:
         track = self.tracks.setdefault(key, _StoryTrack(waiting_since=0.0))
-        if kind == "story.waiting":
+        if kind == EventKind.STORY_WAITING:
             track.waiting = data.get("reason")
             if track.waiting_since is None:
                 track.waiting_since = t
-        elif kind in ("story.queued", "story.started") and track.waiting_since is not None:
+        elif kind in (EventKind.STORY_QUEUED, EventKind.STORY_STARTED) and track.waiting_since is not None:
             if t > track.waiting_since:
                 track.segments.append({"kind": "wait", "start": track.waiting_since, "end": t,
                                        "note": track.waiting or "pending"})
             track.waiting_since, track.waiting = None, None
-        if kind == "story.phase":
+        if kind == EventKind.STORY_PHASE:
             track.open(str(data.get("phase")), t)
             self.occupancy(t, key, True)
         elif kind in _LEAVES_WORKER:
             track.close(t)
             self.occupancy(t, key, False)
-            if kind == "story.ready":
+            if kind == EventKind.STORY_READY:
                 track.open("lane-wait", t, "ready, waiting for the lane")
-            elif kind in ("story.restacked", "story.recovered", "story.interrupted"):
+            elif kind in (EventKind.STORY_RESTACKED, EventKind.STORY_RECOVERED, EventKind.STORY_INTERRUPTED):
                 track.waiting_since = t
-        elif kind == "story.integrating":
+        elif kind == EventKind.STORY_INTEGRATING:
             track.open("integrating", t)
             self.composing[key] = t
         if kind in _MARKS:
@@ -128,7 +129,7 @@ class _Builder:
 
     def candidate_event(self, t: float, kind: str, key: str, data: dict) -> None:
         attempt = data.get("attempt")
-        if kind == "candidate.composed":
+        if kind == EventKind.CANDIDATE_COMPOSED:
             start = self.composing.pop(key, t)
             self.candidates[(key, attempt)] = {
                 "story": key, "attempt": attempt, "stack": data.get("stack"),
@@ -138,15 +139,15 @@ class _Builder:
         cand = self.candidates.get((key, attempt))
         if cand is None:
             return
-        if kind == "candidate.reverifying":
+        if kind == EventKind.CANDIDATE_REVERIFYING:
             cand["verify"] = [t, None]
         elif kind in _CANDIDATE_ENDS:
             if cand["verify"][1] is None:
                 cand["verify"][1] = t
             cand["outcome"] = _CANDIDATE_ENDS[kind]
-            if kind != "candidate.verified":
+            if kind != EventKind.CANDIDATE_VERIFIED:
                 cand["end"] = t
-        elif kind == "target.advanced":
+        elif kind == EventKind.TARGET_ADVANCED:
             cand["advance"] = t
             cand["end"] = t
             cand["outcome"] = "advanced"
@@ -155,16 +156,16 @@ class _Builder:
                                  "strategy": data.get("strategy")})
 
     def run_event(self, t: float, kind: str, data: dict) -> None:
-        if kind in ("run.paused", "run.stopped") and self.paused_at is None:
+        if kind in (EventKind.RUN_PAUSED, EventKind.RUN_STOPPED) and self.paused_at is None:
             self.paused_at = t
-        elif kind == "run.resumed":
+        elif kind == EventKind.RUN_RESUMED:
             if self.paused_at is not None:
                 self.pauses.append([self.paused_at, t])
                 self.paused_at = None
             for track in self.tracks.values():  # waiting again from the resume on
                 if track.waiting_since is not None:
                     track.waiting_since = t
-        elif kind == "target.adopted":
+        elif kind == EventKind.TARGET_ADOPTED:
             self.commits.append({"sha": data.get("new") or data.get("sha"), "old": data.get("old"),
                                  "story": None, "attempt": None, "at": t, "kind": "adopted",
                                  "strategy": None})
@@ -212,10 +213,10 @@ def build_timeline(events: list[dict], keys, origin: dt.datetime, end: float) ->
     builder = _Builder(origin, keys)
     for event in events:
         t, kind, key, data = builder.at(event), event["kind"], event["story"], event["data"] or {}
-        if kind.startswith("candidate.") or kind == "target.advanced":
+        if kind.startswith("candidate.") or kind == EventKind.TARGET_ADVANCED:
             if key:
                 builder.candidate_event(t, kind, key, data)
-        elif kind.startswith("run.") or kind == "target.adopted":
+        elif kind.startswith("run.") or kind == EventKind.TARGET_ADOPTED:
             builder.run_event(t, kind, data)
         if key and kind.startswith("story."):
             builder.story_event(t, kind, key, data)
