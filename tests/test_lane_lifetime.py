@@ -13,7 +13,7 @@ from bmad_loop.engine.project import Project
 from bmad_loop.engine.run.consumers import ConsumerSet
 from support import (ALPHA_BETA, ALPHA_BETA_GAMMA, MERGE_NONE, barrier_script, go, inside, query,
                      wait_until, write_each)
-from test_speculation import SPRINT, THREE, _events, _gate_log, _policy, _rules, _verifying
+from test_speculation import SPRINT, THREE, _gate_log, _policy, _rules, _verifying
 
 
 class _Ticks:
@@ -95,7 +95,7 @@ def test_the_lane_keeps_its_verifications_across_ticks_and_outlives_a_run_that_e
             consumers.tasks.enqueue_lane(run_id)
         wait_until(lambda: ticks.count() >= before + 3, what="three more lane ticks")
         assert consumers.kept_lane(run_id) is lane
-        assert _events(repo, "candidate.reverifying") == []  # none started again
+        assert repo.events("candidate.reverifying") == []  # none started again
         assert sum(1 for line in _gate_log(bar) if line[0] == "start") == 3
 
         with sqlite3.connect(repo.root / ".bmad-loop" / "state.db") as conn:
