@@ -16,9 +16,9 @@ publishes half a page.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
 from html import escape
 from pathlib import Path
+from typing import Collection
 
 from sqlalchemy.orm import Session
 
