@@ -13,6 +13,7 @@ expects. `docs/architecture.md` draws the same tables; a test keeps the two in s
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any, Mapping
 
 __all__ = [
     "RunState", "StoryState", "Phase", "AttemptState", "CandidateState", "StopMode",
@@ -186,7 +187,8 @@ ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
 
 del R, S, C, A
 
-_MACHINES = {
+# Each machine's table is keyed by its own enum; the lookup below is by a member of that enum.
+_MACHINES: dict[str, tuple[type[StrEnum], frozenset[StrEnum], Mapping[Any, frozenset[StrEnum]]]] = {
     "run": (RunState, RUN_INITIAL, RUN_TRANSITIONS),
     "story": (StoryState, STORY_INITIAL, STORY_TRANSITIONS),
     "candidate": (CandidateState, CANDIDATE_INITIAL, CANDIDATE_TRANSITIONS),

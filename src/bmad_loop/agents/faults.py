@@ -7,7 +7,7 @@ environment fault charges no attempt: the run pauses (or, with `[adapter] on_lim
 and a reset time the CLI printed, waits for it). Which words and exit codes mean which fault
 is data in each profile (`[faults]`, `[fault_exit_codes]`); `classify` only applies them.
 
-Only the CLI's own error channel is searched (see `agentoutput.SessionReport.error`), and only
+Only the CLI's own error channel is searched (see `agents.output.SessionReport.error`), and only
 when the session failed, so an agent that works on rate limiting and prints "rate limit" in a
 test run is never taken for a rate-limited CLI.
 """

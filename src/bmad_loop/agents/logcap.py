@@ -82,7 +82,9 @@ class CappedLog:
     def _earlier_cut(self) -> CutState | None:
         """The cut an earlier writer of this file made, if the side file and the file agree
         (the marker in its place at this cap's half); else none."""
-        cut = read_cut(self.path) if self.cap else None
+        if not self.cap:
+            return None
+        cut = read_cut(self.path)
         if cut is None:
             return None
         marker = cut_marker(self.cap)
@@ -128,15 +130,16 @@ class CappedLog:
         self.size = max(self.size, os.fstat(self._fd).st_size)  # a note appended by another
         if self.cap is None or (self._cut is None and self.size + len(view) <= self.cap):
             return self._append(view)
-        if self._cut is None:
+        cut = self._cut
+        if cut is None:
             head_room = self.cap // 2 - self.size
             if head_room > 0:
                 return self._append(view[:head_room])
-            self._make_cut()
-        budget = self.cap - self._cut.tail
+            cut = self._make_cut(self.cap)
+        budget = self.cap - cut.tail
         piece = view[:max(1, budget // 2)]
         if self.size + len(piece) > self.cap:
-            self._roll(keep=budget // 2)
+            self._roll(cut, keep=budget // 2)
         return self._append(piece)
 
     def _append(self, view: memoryview) -> int:
@@ -144,22 +147,22 @@ class CappedLog:
         self.size += written
         return written
 
-    def _make_cut(self) -> None:
-        marker = cut_marker(self.cap)
-        at = self.cap // 2
+    def _make_cut(self, cap: int) -> CutState:
+        marker = cut_marker(cap)
+        at = cap // 2
         os.pwrite(self._fd, marker, at)
         overwritten = max(0, min(self.size, at + len(marker)) - at)
         self.dropped += overwritten
         self.size = max(self.size, at + len(marker))
         self._cut = CutState(at, at + len(marker), overwritten, 0, False)
-        self._save()
+        self._save(self._cut)
+        return self._cut
 
-    def _roll(self, keep: int) -> None:
+    def _roll(self, cut: CutState, keep: int) -> None:
         """Copy the tail's last `keep` bytes down to its start and truncate after them."""
-        cut = self._cut
         source = self.size - keep
         self._cut = dataclasses.replace(cut, moving=True)
-        self._save()
+        self._save(self._cut)
         done = 0
         while done < keep:
             block = os.pread(self._fd, min(_COPY, keep - done), source + done)
@@ -174,12 +177,11 @@ class CappedLog:
         self.size = cut.tail + keep
         self._cut = CutState(cut.marker_at, cut.tail, cut.dropped + dropped, cut.rolled + dropped,
                              False)
-        self._save()
+        self._save(self._cut)
 
-    def _save(self) -> None:
+    def _save(self, cut: CutState) -> None:
         side = Path(f"{self.path}.cut")
         temp = side.with_name(side.name + ".tmp")
-        cut = self._cut
         try:
             temp.write_text(json.dumps(dataclasses.asdict(cut)))
             os.replace(temp, side)

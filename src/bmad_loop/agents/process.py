@@ -159,7 +159,8 @@ def supervise(command: Command, log_path: Path, limits: Limits, *,
             pump.finish()
             log.write(f"=== bmad-loop {label} killed: bmad-loop itself was interrupted ===\n".encode())
             raise
-        waiter.close(), thawer.close()
+        waiter.close()
+        thawer.close()
         _end_session(proc, token, limits.kill_grace_s, since)
         pump.finish()
         duration = time.monotonic() - started
@@ -221,14 +222,16 @@ def _start(argv, cwd, env, log: CappedLog, label: str, thawer) -> tuple[subproce
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         thawer.close()
-        os.close(out), os.close(into)
+        os.close(out)
+        os.close(into)
         log.write(f"=== bmad-loop {label} could not start: {exc} ===\n".encode())
         if exc.filename is not None and str(exc.filename) == str(cwd):
             raise
         raise ConfigError(f"[adapter] command: cannot run agent binary '{argv[0]}': {exc.strerror}") from exc
     except BaseException:
         thawer.close()  # an open step left behind would keep the helper watching
-        os.close(out), os.close(into)
+        os.close(out)
+        os.close(into)
         raise
     os.close(into)  # the session's tree holds the only write ends: EOF once it has ended
     return proc, LogPump(out, log)

@@ -93,7 +93,9 @@ def helper_pid() -> int | None:
 
 class _Helper:
     def __init__(self, proc: subprocess.Popen) -> None:
+        assert proc.stdin is not None  # _spawn opens it with stdin=PIPE
         self.proc = proc
+        self.stdin = proc.stdin
         self.fd = proc.stdin.fileno()
         os.set_blocking(self.fd, False)  # a helper that stopped reading must not block a step
         try:
@@ -127,7 +129,7 @@ class _Helper:
             pass
         self.proc.wait()
         try:
-            self.proc.stdin.close()
+            self.stdin.close()
         except OSError:
             pass
 
@@ -143,19 +145,20 @@ def _deliver(line: str, *, start: bool) -> None:
     """Hand `line` to the helper; with `start`, start one (or a replacement) when needed."""
     global _helper
     for _ in range(2):
-        if _helper is not None and not _helper.usable():
-            _helper.retire()
-            _helper = None
-        fresh = _helper is None
-        if fresh:
+        helper = _helper
+        if helper is not None and not helper.usable():
+            helper.retire()
+            helper = _helper = None
+        fresh = helper is None
+        if helper is None:
             if not start:
                 return  # nothing to close in a helper that knows no step
-            _helper = _spawn()
-            if _helper is None:
+            helper = _helper = _spawn()
+            if helper is None:
                 return  # best effort: the step runs unguarded
-        if _helper.write("".join(_open.values()) if fresh else line):
+        if helper.write("".join(_open.values()) if fresh else line):
             return
-        _helper.retire()
+        helper.retire()
         _helper = None
 
 
@@ -181,7 +184,7 @@ def _forget_after_fork() -> None:
     _lock = threading.Lock()
     if _helper is not None:
         try:
-            _helper.proc.stdin.close()  # so the parent's helper still sees its pipe end
+            _helper.stdin.close()  # so the parent's helper still sees its pipe end
         except OSError:
             pass
     _helper = None

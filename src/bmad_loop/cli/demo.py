@@ -127,6 +127,7 @@ def run_demo(directory: Path | None, *, parallel: int = 2, count: int = 5, echo=
     project = Project(root=root.resolve(), policy=load_policy(root))
     tasks = Tasks(project)
     run_id, plan = enqueue(project, tasks, project.policy, Selection())
+    assert run_id is not None  # the demo repository always has stories to run
     say(f"run {run_id}: {len(plan.stories)} stories, max_parallel={parallel}, strategy=merge")
 
     def progress(event):
@@ -140,7 +141,7 @@ def run_demo(directory: Path | None, *, parallel: int = 2, count: int = 5, echo=
     with project.db.transaction() as s:
         from ..db.models import Run
 
-        status = run_status(s, s.get(Run, run_id))
+        status = run_status(s, s.get_one(Run, run_id))
     history = _git(root, "log", "--first-parent", "--format=%h %s", "main").splitlines()
     say("")
     say("stories:")

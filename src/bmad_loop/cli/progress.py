@@ -109,6 +109,7 @@ def resume_command(project: Project, run_id: str) -> str:
     from ..policy.load import find_project_root
 
     here = find_project_root(Path.cwd())
+    assert project.home is not None  # a Project always resolves its home
     same = here.resolve() == Path(project.home).resolve()
     return f"bmad-loop resume {run_id}" + ("" if same else f" --project {project.home}")
 
@@ -135,7 +136,7 @@ def _running(project: Project, run_id: str) -> list[str]:
     """One line per story a worker or the lane holds: its phase, session and how long."""
     now = utcnow()
     with project.db.read() as s:
-        if s.get(Run, run_id).state in RUN_SETTLED:
+        if s.get_one(Run, run_id).state in RUN_SETTLED:
             return []  # stopped at once: nothing was working
         # A story queued but not claimed goes back in line: nothing to wait for.
         stories = list(s.scalars(select(Story).where(

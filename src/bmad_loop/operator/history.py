@@ -50,7 +50,7 @@ def run_history(session, project_key: str, *, limit: int | None = None, now=None
     out = []
     for run in runs:
         members = stories[run.id]
-        counts = {state: 0 for state in StoryState}
+        counts: dict[str, int] = {state: 0 for state in StoryState}
         for story in members:
             counts[story.state] = counts.get(story.state, 0) + 1
         outcome, code = outcome_of(run, members)

@@ -267,8 +267,9 @@ def _server_query(url: str, sql: str, max_rows: int | None) -> QueryResult:
         raw = engine.raw_connection()
         try:
             driver = raw.driver_connection
-            prepared = {}
-            if hasattr(driver, "read_only") and type(driver).__module__.startswith("psycopg"):
+            prepared: dict[str, Any] = {}  # keyword arguments of the driver's own execute
+            if driver is not None and hasattr(driver, "read_only") \
+                    and type(driver).__module__.startswith("psycopg"):
                 driver.read_only = True  # psycopg 3: every transaction starts READ ONLY
                 prepared = {"prepare": True}  # the server refuses several commands in one
             cursor = raw.cursor()

@@ -139,9 +139,9 @@ _PAUSES_LANE = frozenset({StoryState.ESCALATED, StoryState.BLOCKED})
 class Frame:
     """One drawing of the board, and what the next one compares against."""
 
+    renderable: RenderableType
     rows: dict[str, tuple] = field(default_factory=dict)  # row id -> signature
     changed: frozenset[str] = frozenset()  # the row ids whose signature changed
-    renderable: RenderableType | None = None
     stale: tuple[str, ...] = ()  # keys of workers whose heartbeat stopped
 
 
@@ -261,7 +261,7 @@ def render_board(status: dict, previous: Frame | None, now: dt.datetime, *,
                               lane_queue(status, escalation_blocks=escalation_blocks),
                               "nothing waiting")
     held = marks.story_table("held back", "why", "held", held_back(status), "nothing held back")
-    parts = [Panel(header, title="bmad-loop", title_align="left"), workers, Text(""),
+    parts: list[RenderableType] = [Panel(header, title="bmad-loop", title_align="left"), workers, Text(""),
              _lane_line(candidates, marks), queue, Text(""), held]
     kept = _preserved(candidates, marks)
     if kept is not None:
@@ -473,7 +473,7 @@ class BoardWatch:
                   redirect_stdout=False, redirect_stderr=False) as live:
             while True:
                 with self.reader.session() as s:
-                    row = s.get(Run, self.run_id)
+                    row = s.get_one(Run, self.run_id)
                     data = run_status(s, row)
                     settled = row.state in RUN_SETTLED
                 frame = render_board(data, previous, utcnow(), stale_after_s=self.stale_after,

@@ -133,13 +133,14 @@ class BoardApp(App):
 
     # ------------------------------------------------------------------ reading
     def refresh_data(self) -> None:
+        assert self.reader is not None  # opened on mount, before the first refresh
         with self.reader.session() as s:
             entries = run_history(s, self.project.key, limit=50)
             if self.run_id is None and entries:
                 self.run_id = entries[0]["id"]
             run = s.get(Run, self.run_id) if self.run_id else None
             status = run_status(s, run) if run is not None else None
-            events = ([event_json(e) for e in events_after(s, self.run_id, self._last_seq)]
+            events = ([event_json(e) for e in events_after(s, run.id, self._last_seq)]
                       if run is not None and self.mode == "journal" else [])
         self._show_runs(entries)
         if status is not None:
@@ -259,6 +260,7 @@ class BoardApp(App):
             self.notify("nothing in flight: no story is being worked on (move to a story to "
                         "read its last log)", severity="warning")
             return
+        assert self.reader is not None  # opened on mount, before any key is read
         with self.reader.session() as s:
             from ..engine.runrows import stories_of
 

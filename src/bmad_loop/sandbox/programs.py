@@ -119,8 +119,9 @@ def outside_code(env: Mapping[str, str]) -> list[Path]:
     paths += [Path(p) for p in sys.path if p and os.path.isabs(p)]
     if site.ENABLE_USER_SITE:
         paths.append(Path(site.getusersitepackages()))
-    if getattr(sys, "pycache_prefix", None):
-        paths.append(Path(sys.pycache_prefix))
+    pycache_prefix = getattr(sys, "pycache_prefix", None)
+    if pycache_prefix:
+        paths.append(Path(pycache_prefix))
     paths.append(_PACKAGE)
     paths += [Path(p).parent for p in _FOUND.values()]
     real = (Path(os.path.realpath(p)) for p in paths)

@@ -115,7 +115,7 @@ def _seed_files(value: object, where: str) -> tuple[str, ...]:
 
 
 def _choice(value: object, choices: Sequence[str], where: str) -> str:
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise ConfigError(f"{where}: must be one of {', '.join(choices)}, not {value!r}")
     return value
 

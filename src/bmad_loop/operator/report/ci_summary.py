@@ -75,7 +75,7 @@ def write_json_report(status: dict, path: str | Path, *, exit_code: int | None =
     return write_atomic(Path(path), json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
-def junit_tree(status: dict) -> ET.ElementTree:
+def junit_tree(status: dict) -> ET.ElementTree[ET.Element]:
     run = status["run"] or {}
     counts = summary(status)
     elapsed = wall_time(status)
@@ -136,8 +136,7 @@ def write_junit(status: dict, path: str | Path) -> Path:
 def wall_time(status: dict) -> float:
     """Seconds from the first story's start to the last one's end (the run's end, or now, for
     stories still open): parallel stories are not added up."""
-    starts = [_when(s.get("started_at")) for s in status["stories"]]
-    starts = [t for t in starts if t is not None]
+    starts = [t for t in (_when(s.get("started_at")) for s in status["stories"]) if t is not None]
     if not starts:
         return 0.0
     ends = [t for t in (_when(s.get("ended_at")) for s in status["stories"]) if t is not None]

@@ -158,6 +158,7 @@ def _silence(run: Run, end: dt.datetime) -> float | None:
     max(30 s, 2 × [leases] ttl_s) (a crash, or workers stopped: `status` warns alike); else None."""
     if run.state in RUN_SETTLED:
         return None
+    ttl: float
     try:
         ttl = run_policy(run).leases.ttl_s
     except BmadLoopError:  # a snapshot that no longer validates: the default

@@ -56,7 +56,7 @@ def _entry(event: dict, at: float, story: dict | None, log_dir: Path | None, her
     return {"story": event["story"], "kind": _STORY_ENDS.get(kind, "session failed"),
             "at": at, "reason": _reason(kind, data), "log": str(log) if log else None,
             "log_dir": str(log.parent) if log else None, "host": host or here, "local": local,
-            "tail": log_tail(log, FAILURE_TAIL_LINES) if local else None}
+            "tail": log_tail(log, FAILURE_TAIL_LINES) if local and log is not None else None}
 
 
 def failures(events: list[dict], times: list[float], stories: dict[str, dict],

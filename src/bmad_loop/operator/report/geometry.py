@@ -222,7 +222,7 @@ def _slot_points(scale: Scale, steps: list[list[float]], n: int,
                  end: float) -> tuple[list[tuple[float, float]], float]:
     top = max([n, *(busy for _, busy in steps)], default=1) or 1
     y = lambda busy: SLOTS_H - 2 - (SLOTS_H - 6) * busy / top  # noqa: E731
-    points, busy = [(scale.x(0), y(0))], 0
+    points, busy = [(scale.x(0), y(0))], 0.0
     for t, now_busy in steps:
         points += [(scale.x(t), y(busy)), (scale.x(t), y(now_busy))]
         busy = now_busy

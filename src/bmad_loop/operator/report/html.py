@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from html import escape
 from pathlib import Path
+from typing import Collection
 
 from sqlalchemy.orm import Session
 
@@ -75,7 +76,7 @@ def page(title: str, body: str) -> str:
             f"<body>{body}</body></html>\n")
 
 
-def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozenset(),
+def _table(header: list[str], rows: list[list[str]], numeric: Collection[int] = frozenset(),
            css_class: str = "") -> str:
     """A table of already-escaped cells."""
     head = "".join(f'<th{" class=num" if i in numeric else ""}>{h}</th>' for i, h in enumerate(header))
@@ -249,12 +250,14 @@ def write_run_report(session: Session, run: Run, state_dir: Path, path: str | Pa
 def write_history_reports(session: Session | None, runs: list[Run], entries: list[dict],
                           state_dir: Path, target: str | Path) -> Path:
     """The index and each run's page. `target` is a folder (the index is `index.html` in it) or
-    a file ending in `.html` (the index; the pages go beside it). Returns the index's path."""
+    a file ending in `.html` (the index; the pages go beside it). Returns the index's path.
+    `session` is None only for a project with no state yet, so with no `runs`."""
     target = Path(target)
     as_file = target.suffix.lower() in (".html", ".htm") and not target.is_dir()
     index = target if as_file else target / INDEX_NAME
     folder = index.parent
     for run in runs:
+        assert session is not None  # the runs were read through it
         write_run_report(session, run, state_dir, folder / report_file_name(run.id))
     links = {e["id"]: report_file_name(e["id"]) for e in entries}
     return write_atomic(index, render_index(entries, links))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import overload
 
 from ...states import CandidateState, Phase
 from ...engine.journal import EventKind
@@ -30,12 +31,17 @@ _LEAVES_WORKER = {EventKind.STORY_READY: "ready", EventKind.STORY_ESCALATED: "es
 _MARKS = {EventKind.STORY_INTEGRATED: "integrated", EventKind.STORY_ESCALATED: "escalated",
           "story.failed": "failed", EventKind.STORY_BLOCKED: "blocked", EventKind.STORY_HELD: "held",
           EventKind.STORY_INTERRUPTED: "interrupted", EventKind.STORY_SKIPPED: "skipped"}
-_CANDIDATE_ENDS = {EventKind.CANDIDATE_VERIFIED: "verified", EventKind.CANDIDATE_VERIFY_FAILED: "verify-failed",
-                   EventKind.CANDIDATE_CONFLICT: "conflict", EventKind.CANDIDATE_STALE: "stale",
-                   EventKind.CANDIDATE_ABANDONED: "abandoned"}
+_CANDIDATE_ENDS: dict[str, str] = {
+    EventKind.CANDIDATE_VERIFIED: "verified", EventKind.CANDIDATE_VERIFY_FAILED: "verify-failed",
+    EventKind.CANDIDATE_CONFLICT: "conflict", EventKind.CANDIDATE_STALE: "stale",
+    EventKind.CANDIDATE_ABANDONED: "abandoned"}
 
 
-def parse_ts(ts) -> dt.datetime | None:
+@overload
+def parse_ts(ts: None) -> None: ...
+@overload
+def parse_ts(ts: str | dt.datetime) -> dt.datetime: ...
+def parse_ts(ts: str | dt.datetime | None) -> dt.datetime | None:
     """An aware UTC datetime from an ISO string (with or without fractions) or a datetime."""
     if ts is None or isinstance(ts, dt.datetime):
         return ts
@@ -81,7 +87,7 @@ class _Builder:
     def __init__(self, origin: dt.datetime, keys):
         self.origin = origin
         self.tracks = {key: _StoryTrack(waiting_since=0.0) for key in keys}
-        self.candidates: dict[tuple[str, int], dict] = {}
+        self.candidates: dict[tuple[str, int | None], dict] = {}
         self.composing: dict[str, float] = {}
         self.busy: set[str] = set()
         self.slots: list[list[float]] = [[0.0, 0]]
