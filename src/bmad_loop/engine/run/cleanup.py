@@ -281,8 +281,7 @@ def _mark_vanished(project: Project, worktree_rows: Iterable[tuple[int, str, str
             report.rows_marked.append(worktree)
             if not dry_run:
                 with project.db.transaction() as s:
-                    story = s.get(Story, story_id)
-                    assert story is not None  # a story's row is never deleted
+                    story = s.get_one(Story, story_id)
                     story.worktree = None
                     if story.phase not in (None, Phase.PREPARE, Phase.COMMIT):
                         story.phase = Phase.PREPARE

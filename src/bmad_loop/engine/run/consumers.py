@@ -128,8 +128,7 @@ class ConsumerSet:
     def _story_outcome(self, story_id: int) -> str:
         try:
             with self.project.db.read() as s:
-                story = s.get(Story, story_id)
-                assert story is not None  # (caught below, as a missing row always was)
+                story = s.get_one(Story, story_id)
                 return story.state + (f" ({story.reason})" if story.reason else "")
         except Exception:  # the line is for a person: a database hiccup must not fail the task
             return "state unknown"
@@ -173,8 +172,7 @@ class ConsumerSet:
                 state = s.scalar(RUN_STATE, {"of_run": run_id})  # one narrow read per tick
                 if state is None or self._recorded.get(run_id) == state:
                     return state
-                run = s.get(Run, run_id)
-                assert run is not None  # its state was just read
+                run = s.get_one(Run, run_id)
             save_run(self.project, run)
             self._recorded[run_id] = run.state
             return run.state
@@ -343,9 +341,7 @@ def drive(project: Project, tasks: Tasks, run_id: str, *, workers: int,
                 state = s.connection().execute(RUN_STATE, {"of_run": run_id}).scalar()
                 settled = state in RUN_SETTLED
                 if settled:  # one snapshot: every event up to the settling one was shown
-                    row = s.get(Run, run_id)
-                    assert row is not None  # its state was just read
-                    run, stories = row, stories_of(s, run_id)
+                    run, stories = s.get_one(Run, run_id), stories_of(s, run_id)
             if told < handled and interrupts.notice is not None:  # after its `run.stopping`
                 interrupts.notice(handled)
             told = handled

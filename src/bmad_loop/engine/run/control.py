@@ -147,13 +147,7 @@ def resume(project: Project, tasks: Tasks, ref: str | None, *, reload_policy: bo
         run_id = run.id
     requeue_run(project, tasks, run_id, stale_after=None)
     with db.transaction() as s:
-        return _run(s, run_id)
-
-
-def _run(session: Session, run_id: str) -> Run:
-    run = session.get(Run, run_id)
-    assert run is not None  # a run's row is never deleted
-    return run
+        return s.get_one(Run, run_id)
 
 
 def driver_of(session: Session, project: Project, run: Run) -> leases.Holder | None:
@@ -218,7 +212,7 @@ def requeue_run(project: Project, tasks: Tasks, run_id: str,
     their leases are taken back first (consumer start after a crash).
     """
     with project.db.transaction() as s:
-        ttl = run_policy(_run(s, run_id)).leases.ttl_s
+        ttl = run_policy(s.get_one(Run, run_id)).leases.ttl_s
         spawned = ever_spawned(s, run_id)  # a run just enqueued has nothing to sweep for
     recover_orphans(project.db, tasks, run_id, ttl, spawned=spawned)
     resent: list[int] = []
@@ -257,11 +251,11 @@ def stop(project: Project, tasks: Tasks, ref: str | None, now: bool = False) -> 
         run_id = run.id
         settled = _settle_idle_stop(s, run_id)
     with project.db.read() as s:
-        save_run(project, _run(s, run_id))
+        save_run(project, s.get_one(Run, run_id))
     if not settled:
         tasks.enqueue_lane(run_id)
     with project.db.transaction() as s:
-        return _run(s, run_id)
+        return s.get_one(Run, run_id)
 
 
 def _settle_idle_stop(session: Session, run_id: str) -> bool:
@@ -349,9 +343,7 @@ def retry(project: Project, tasks: Tasks, ref: str | None, story_key: str,
     if wake:
         tasks.enqueue_lane(run_id)
     with project.db.read() as s:
-        again = s.get(Story, story.id)
-        assert again is not None  # a story's row is never deleted
-        return _run(s, run_id), again
+        return s.get_one(Run, run_id), s.get_one(Story, story.id)
 
 
 VERDICTS = {
@@ -404,8 +396,7 @@ def drop_verified(session: Session, run_id: str, reason: str, target_now: str | 
     for cand in cands:
         if target_now is not None and cand.candidate_sha == target_now:
             continue
-        story = session.get(Story, cand.story_id)
-        assert story is not None  # a candidate's story row is never deleted
+        story = session.get_one(Story, cand.story_id)
         cand.state, cand.ended_at = CandidateState.ABANDONED, utcnow()
         cand.reason = f"verified before {reason}: verified again"
         transition_story(session, story.id, (StoryState.INTEGRATING, StoryState.HELD,

@@ -58,8 +58,7 @@ def settle_unavailable(ctx: StoryContext, claim: Claim, result: SessionResult, w
             and waited < MAX_WAITS)
     with ctx.db.transaction() as s:
         claim.own(s)
-        att = s.get(Attempt, result.attempt_id)
-        assert att is not None  # the session opened it
+        att = s.get_one(Attempt, result.attempt_id)
         for name, value in result.attempt_values().items():
             setattr(att, name, value)
         att.counted = False
@@ -91,9 +90,7 @@ def _wait_until(ctx: StoryContext, claim: Claim, until: dt.datetime) -> None:
             if claim.stop_event.wait(min(remaining, 1.0)):
                 raise StopRequested()
             with ctx.db.transaction() as s:
-                run = s.get(Run, ctx.run_id)
-                assert run is not None  # a run's row is never deleted
-                if run.state in (RunState.STOPPING, RunState.STOPPED):
+                if s.get_one(Run, ctx.run_id).state in (RunState.STOPPING, RunState.STOPPED):
                     raise StopRequested()
 
 

@@ -93,8 +93,7 @@ class Claim:
 
     def own(self, session: Session) -> Story:
         """The story row, if this worker still holds its claim; otherwise Fenced."""
-        row = session.get(Story, self.story_id)
-        assert row is not None  # a working story's row is never deleted
+        row = session.get_one(Story, self.story_id)
         if row.state != StoryState.WORKING or row.claim != self.generation:
             raise Fenced()
         return row
@@ -118,8 +117,7 @@ class Claim:
 
     def load(self) -> Story:
         with self.db.read() as s:
-            row = s.get(Story, self.story_id)
-            assert row is not None  # a claimed story's row is never deleted
+            row = s.get_one(Story, self.story_id)
             return row
 
     def state(self) -> str | None:
@@ -136,16 +134,13 @@ class Claim:
     def beat(self, attempt_id: int | None = None) -> None:
         now = utcnow()
         with self.db.transaction() as s:
-            row = s.get(Story, self.story_id)
-            assert row is not None  # a claimed story's row is never deleted
+            row = s.get_one(Story, self.story_id)
             if row.state != StoryState.WORKING or row.claim != self.generation:
                 self.stop_event.set()  # fenced: end the session; the walk then stops
                 return
             row.heartbeat_at = now
             if attempt_id is not None:
-                attempt = s.get(Attempt, attempt_id)
-                assert attempt is not None  # opened by this worker's session
-                attempt.heartbeat_at = now
+                s.get_one(Attempt, attempt_id).heartbeat_at = now
         if not leases.renew(self.db, leases.story_lease_name(self.story_id), self.owner, self.token,
                             self.ttl_s, now):
             # The row still carries our claim, so the work goes on; orphan recovery judges

@@ -101,15 +101,13 @@ def _claim(project: Project, run_id: str, story_id: int,
             # Stopped or paused before a worker picked it up: back in line, nothing started.
             if transition_story(s, story_id, StoryState.QUEUED, state=StoryState.PENDING,
                                 port_block=None):
-                unqueued = s.get(Story, story_id)
-                assert unqueued is not None  # its row was just written
-                record(s, run_id, EventKind.STORY_UNQUEUED, unqueued.key, run_state=run.state)
+                record(s, run_id, EventKind.STORY_UNQUEUED, s.get_one(Story, story_id).key,
+                       run_state=run.state)
             return None
         now = utcnow()
         # Read, then claimed by one guarded UPDATE that the row takes as written: two racing
         # claims read the same generation, and only the one that finds the story queued wins.
-        story = s.get(Story, story_id)
-        assert story is not None  # a story's row is never deleted while its run is live
+        story = s.get_one(Story, story_id)
         first_start = story.phase is None  # it enters prepare here, as `_enter_phase` would
         if not transition_story(s, story_id, StoryState.QUEUED, state=StoryState.WORKING,
                                 host=project.host, heartbeat_at=now, started_at=now,
@@ -170,8 +168,7 @@ def _walk(ctx: StoryContext, claim: Claim, story: Story, tries: list[StoryWorker
 def _escalate_internal_error(db: Database, run_id: str, story_id: int, generation: int,
                              exc: Exception) -> None:
     with db.transaction() as s:
-        story = s.get(Story, story_id)
-        assert story is not None  # a story's row is never deleted while its run is live
+        story = s.get_one(Story, story_id)
         if story.state == StoryState.WORKING and story.claim == generation:
             story.state, story.reason = StoryState.ESCALATED, f"internal error: {exc}"
             story.ended_at = utcnow()
@@ -201,8 +198,7 @@ def release_after_stop(db: Database, run_id: str, story_id: int, generation: int
     """A stop (or a persistent fault) reached this story: hand it back as pending, its phase
     and worktree kept."""
     with db.transaction() as s:
-        story = s.get(Story, story_id)
-        assert story is not None  # a story's row is never deleted while its run is live
+        story = s.get_one(Story, story_id)
         if story.claim == generation and transition_story(s, story_id, StoryState.WORKING,
                                                           state=StoryState.PENDING,
                                                           heartbeat_at=None):

@@ -464,8 +464,8 @@ class StoryWorker:
         `check_stop`), the fence is checked, the phase and heartbeat written, and the row kept
         for the phase to read (nothing but this worker writes it until `_apply`)."""
         with self.ctx.db.transaction() as s:
-            if check_stop and _run(s, self.ctx.run_id).state in (RunState.STOPPING,
-                                                                  RunState.STOPPED):
+            if check_stop and s.get_one(Run, self.ctx.run_id).state in (RunState.STOPPING,
+                                                                        RunState.STOPPED):
                 raise StopRequested()
             row = self.claim.own(s)
             if row.phase != phase:
@@ -487,12 +487,6 @@ class StoryWorker:
     def _commit_message(self, story: Story) -> str:
         return commit_message(self.policy.scm.commit_message_template, story_key=story.key,
                               story_title=story.title, run_id=self.ctx.run_id, epic=story.epic)
-
-
-def _run(session: Session, run_id: str) -> Run:
-    run = session.get(Run, run_id)
-    assert run is not None  # a run's row is never deleted while it is live
-    return run
 
 
 def footprint_drift(git: Git, story: Story, changed: list[str], board_rel: str | None,
