@@ -108,7 +108,7 @@ class Claim:
         written = transition_story_reading(
             session, self.story_id, StoryState.WORKING, _RUN_STATE, when=_CLAIM_HELD,
             params={"claim_generation": self.generation, "of_run": self.run_id}, **values)
-        if written is None:
+        if not written:  # None: the claim moved on (a row read back always holds the state)
             raise Fenced()
         if known is not None:
             for name, value in values.items():
