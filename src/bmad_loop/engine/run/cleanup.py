@@ -45,9 +45,9 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import ColumnElement, and_, delete, or_, select
 
 from ...db.models import Attempt, Candidate, Event, Run, Story, utcnow
 from ...git.runner import Git
@@ -72,6 +72,13 @@ from ...db.database import database_id
 from ...errors import NotFound, StateError
 from ...git.targets import Target
 
+if TYPE_CHECKING:
+    from ...policy import Policy
+    from ..project import Project
+
+# `say(line)`: told of each thing done or kept, for a person.
+Say = Callable[[str], None]
+
 __all__ = ["CleanupReport", "cleanup", "run_of_ref", "run_of_path", "worktree_leaves", "UNRECORDED",
            "ForgetReport", "forget_database"]
 
@@ -88,22 +95,23 @@ class CleanupReport:
     refs_deleted: list[str] = field(default_factory=list)
     rows_marked: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
-    kept_because: dict[str, dict] = field(default_factory=dict)  # run id -> {count, why}
+    kept_because: dict[str, dict[str, Any]] = field(default_factory=dict)  # run id -> {count, why}
     runs_pruned: list[str] = field(default_factory=list)
     pruned_metadata: bool = False
-    foreign: list[dict] = field(default_factory=list)  # {item, run, database}: another database's
+    # {item, run, database}: another database's
+    foreign: list[dict[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # run records that could not be read
 
-    def keep_foreign(self, item: str, run_id: str, owners, say) -> None:
+    def keep_foreign(self, item: str, run_id: str, owners: Owners, say: Say) -> None:
         label = owners.label(run_id)
         self.foreign.append({"item": item, "run": run_id, "database": label})
         say(f"keep {item}: run {run_id} is not this database's ({label})")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}
 
 
-def _may_own_something(runs: dict):
+def _may_own_something(runs: dict[str, Run]) -> ColumnElement[bool]:
     """The stories worth looking at: every story of a run that may still go on or keeps its
     integrated branches; of the others (runs that are over), only those neither integrated nor
     skipped. So a project's history of finished runs costs a start of `run` next to nothing."""
@@ -121,7 +129,7 @@ def _deletes_branches(run: Run) -> bool:
     return isinstance(scm, dict) and scm.get("delete_branch", True) is True
 
 
-def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str, str]]]:
+def _owned(project: Project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str, str]]]:
     """Worktree paths, branch names and candidate refs that live rows still need; the pool
     folders of live runs count as worktree paths (everything under them is kept)."""
     paths: set[Path] = set()
@@ -132,7 +140,7 @@ def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str,
         runs = {r.id: r for r in s.scalars(select(Run).where(Run.project == project.key))}
         state_dir = project.state_dir.resolve()
         paths.update(pool_dir(Layout(state_dir, r.id)) for r in runs.values() if r.state in RUN_LIVE)
-        policies: dict[str, object] = {}  # one snapshot per run, not one per story
+        policies: dict[str, Policy] = {}  # one snapshot per run, not one per story
         for story in s.scalars(select(Story).where(_may_own_something(runs))):
             run = runs[story.run_id]
             policy = policies.get(run.id) or policies.setdefault(run.id, run_policy(run))
@@ -182,8 +190,8 @@ def _owned(project) -> tuple[set[Path], set[str], set[str], list[tuple[int, str,
     return paths, branches, refs, worktree_rows
 
 
-def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool = False,
-            progress=None, has_rows: bool = True) -> CleanupReport:
+def cleanup(project: Project, *, dry_run: bool = False, runs: bool = False, purge: bool = False,
+            progress: Say | None = None, has_rows: bool = True) -> CleanupReport:
     """`has_rows` False: the project has no state database yet; no row owns anything, and
     none is created to find that out."""
     report = CleanupReport(dry_run=dry_run)
@@ -215,7 +223,7 @@ def cleanup(project, *, dry_run: bool = False, runs: bool = False, purge: bool =
     return report
 
 
-def _sweep_worktrees(sweep: _Sweep, ours: tuple, owned_paths: set) -> None:
+def _sweep_worktrees(sweep: _Sweep, ours: tuple[Path, ...], owned_paths: set[Path]) -> None:
     """Registered worktrees under bmad-loop's folders that no row of this database owns."""
     for info in list_worktrees(sweep.git):
         path = info.path.resolve()
@@ -234,7 +242,7 @@ def _sweep_worktrees(sweep: _Sweep, ours: tuple, owned_paths: set) -> None:
             remove_worktree(sweep.git, path)
 
 
-def _sweep_stray_folders(sweep: _Sweep, ours: tuple, owned_paths: set) -> None:
+def _sweep_stray_folders(sweep: _Sweep, ours: tuple[Path, ...], owned_paths: set[Path]) -> None:
     """Worktree folders git no longer knows of: what a kill during `worktree add` leaves."""
     for base in ours:
         if not base.is_dir():
@@ -256,7 +264,7 @@ def _sweep_stray_folders(sweep: _Sweep, ours: tuple, owned_paths: set) -> None:
                 _rmdir_quietly(pool)  # emptied above
 
 
-def _owners(project, has_rows: bool, report: CleanupReport, say):
+def _owners(project: Project, has_rows: bool, report: CleanupReport, say: Say) -> Owners:
     """Who owns each run (ownership.py); run records that cannot be read are warned about."""
     who, unreadable = owners(project, has_rows)
     report.warnings.extend(unreadable)
@@ -265,14 +273,15 @@ def _owners(project, has_rows: bool, report: CleanupReport, say):
     return who
 
 
-def _mark_vanished(project, worktree_rows, report: CleanupReport, dry_run: bool) -> None:
+def _mark_vanished(project: Project, worktree_rows: Iterable[tuple[int, str, str]],
+                   report: CleanupReport, dry_run: bool) -> None:
     """Rows of this host whose worktree folder is gone: cleared, so the next worker recreates it."""
     for story_id, worktree, run_id in worktree_rows:
         if not Path(worktree).exists():
             report.rows_marked.append(worktree)
             if not dry_run:
                 with project.db.transaction() as s:
-                    story = s.get(Story, story_id)
+                    story = s.get_one(Story, story_id)
                     story.worktree = None
                     if story.phase not in (None, Phase.PREPARE, Phase.COMMIT):
                         story.phase = Phase.PREPARE
@@ -350,12 +359,12 @@ def _sweep_remote_branches(sweep: _Sweep, target: Target, owned_branches: set[st
             target.delete_story_branch(name)
 
 
-def _why_kept(project, kept: list[str]) -> dict[str, dict]:
+def _why_kept(project: Project, kept: list[str]) -> dict[str, dict[str, Any]]:
     """Per run owning something kept (every kept path, branch or ref names its run): how many
     items and why they stay."""
     with project.db.read() as s:
         runs = {r.id: r for r in s.scalars(select(Run).where(Run.project == project.key))}
-    why: dict[str, dict] = {}
+    why: dict[str, dict[str, Any]] = {}
     for item in kept:
         for run_id in set(item.replace("\\", "/").split("/")) & runs.keys():
             entry = why.setdefault(run_id, {"count": 0, "why": _keeps(runs[run_id])})
@@ -363,7 +372,7 @@ def _why_kept(project, kept: list[str]) -> dict[str, dict]:
     return why
 
 
-def _keeps(run) -> str:
+def _keeps(run: Run) -> str:
     if run.state in RUN_RESUMABLE:
         return f"run {run.id} is {run.state}: `resume` needs them"
     scm = run_policy(run).scm
@@ -371,7 +380,8 @@ def _keeps(run) -> str:
             f"{str(scm.keep_failed).lower()}, delete_branch = {str(scm.delete_branch).lower()}")
 
 
-def _retention(project, report, *, dry_run, purge, say) -> None:
+def _retention(project: Project, report: CleanupReport, *, dry_run: bool, purge: bool,
+               say: Say) -> None:
     keep = project.policy.cleanup.keep_runs
     with project.db.transaction() as s:
         finished = list(s.scalars(select(Run).where(Run.project == project.key,
@@ -414,7 +424,7 @@ def run_of_ref(ref: str) -> str:
     return ""
 
 
-def run_of_path(path: Path, bases) -> str:
+def run_of_path(path: Path, bases: Iterable[Path]) -> str:
     """The run a worktree under .bmad-loop/worktrees/<run>/ or …/candidates/<run>/ belongs to."""
     for base in bases:
         if _under(path, base):
@@ -428,7 +438,7 @@ def _leaves(run_dir: Path) -> list[Path]:
     worktrees inside its pool folder rather than the pool folder itself."""
     if not run_dir.is_dir():
         return []
-    leaves = []
+    leaves: list[Path] = []
     for leaf in run_dir.iterdir():
         if leaf.name == POOL_DIR and leaf.is_dir() and not leaf.is_symlink():
             leaves.extend(leaf.iterdir())
@@ -469,12 +479,12 @@ class ForgetReport:
     worktrees_removed: list[str] = field(default_factory=list)
     kept_own: list[str] = field(default_factory=list)  # runs whose rows are here: never touched
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def forget_database(project, db_id: str, *, force: bool = False, dry_run: bool = False,
-                    has_rows: bool = True, say=None) -> ForgetReport:
+def forget_database(project: Project, db_id: str, *, force: bool = False, dry_run: bool = False,
+                    has_rows: bool = True, say: Say | None = None) -> ForgetReport:
     say = say or (lambda _m: None)
     report = ForgetReport(database_id=db_id, force=force, dry_run=dry_run)
     git = project.git()
@@ -516,7 +526,8 @@ def _namespace_refs(git: Git) -> list[str]:
     return [line for line in out.splitlines() if line]
 
 
-def _remove_work(project, git: Git, runs: set[str], refs: list[str], report, say) -> None:
+def _remove_work(project: Project, git: Git, runs: set[str], refs: list[str],
+                 report: ForgetReport, say: Say) -> None:
     state = project.state_dir.resolve()
     bases = (state / "worktrees", state / "candidates")
     found = [info.path.resolve() for info in list_worktrees(git)]

@@ -24,7 +24,7 @@ import gc
 import logging
 import threading
 import signal
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from sqlalchemy import func, select
 
@@ -51,6 +51,9 @@ from ..runrows import RUN_STATE, stories_of
 from ..worker.story_task import work
 from .presses import Interrupts
 
+if TYPE_CHECKING:
+    from ..project import Project
+
 __all__ = ["ConsumerSet", "QUEUES", "story_workers", "drive", "exit_code_for"]
 
 
@@ -74,8 +77,8 @@ def _freeze_startup_heap() -> None:
 
 
 class ConsumerSet:
-    def __init__(self, project, *, queue: str = "all", workers: int = 1, tasks: Tasks | None = None,
-                 announce=None):
+    def __init__(self, project: Project, *, queue: str = "all", workers: int = 1,
+                 tasks: Tasks | None = None, announce: Callable[[str], None] | None = None):
         """`announce(line)`: told of each story this set takes and finishes (`worker`)."""
         if queue not in QUEUES:
             raise ConfigError(f"--queue: must be one of {', '.join(QUEUES)}, got '{queue}'")
@@ -89,7 +92,7 @@ class ConsumerSet:
         self.tasks = tasks or Tasks(project)
         self.announce = announce
         self.tasks.bind(story=self._story_task, lane=self._lane_tick)
-        self._after_tick: list = []
+        self._after_tick: list[Callable[[str], object]] = []
         self._recorded: dict[str, str] = {}  # run id -> the state its record last said
         self._consumers: list[BackgroundConsumer] = []
         self._lane: BackgroundConsumer | None = None
@@ -101,30 +104,31 @@ class ConsumerSet:
         self._watchdog_stop = threading.Event()
         self._watchdog: threading.Thread | None = None
 
-    def after_each_tick(self, callback) -> None:
+    def after_each_tick(self, callback: Callable[[str], object]) -> None:
         """Call `callback(run_id)` after every lane tick of this process (the driver wakes on it
         to see a settled run at once instead of at its next poll)."""
         self._after_tick.append(callback)
 
     def _story_task(self, run_id: str, story_id: int) -> None:
-        if self.announce is None:
+        announce = self.announce
+        if announce is None:
             work(self.project, self.tasks, run_id, story_id)
             return
-        taken = []
+        taken: list[str] = []
 
-        def took(run, key):
+        def took(run: str, key: str) -> None:
             taken.append(key)
-            self.announce(f"took {key} (run {run})")
+            announce(f"took {key} (run {run})")
         try:
             work(self.project, self.tasks, run_id, story_id, on_claim=took)
         finally:
             if taken:
-                self.announce(f"finished {taken[0]} (run {run_id}): {self._story_outcome(story_id)}")
+                announce(f"finished {taken[0]} (run {run_id}): {self._story_outcome(story_id)}")
 
     def _story_outcome(self, story_id: int) -> str:
         try:
             with self.project.db.read() as s:
-                story = s.get(Story, story_id)
+                story = s.get_one(Story, story_id)
                 return story.state + (f" ({story.reason})" if story.reason else "")
         except Exception:  # the line is for a person: a database hiccup must not fail the task
             return "state unknown"
@@ -168,7 +172,7 @@ class ConsumerSet:
                 state = s.scalar(RUN_STATE, {"of_run": run_id})  # one narrow read per tick
                 if state is None or self._recorded.get(run_id) == state:
                     return state
-                run = s.get(Run, run_id)
+                run = s.get_one(Run, run_id)
             save_run(self.project, run)
             self._recorded[run_id] = run.state
             return run.state
@@ -215,6 +219,7 @@ class ConsumerSet:
         return self.holder is not None and not self.holder.held
 
     def _lane_acquired(self, token: int) -> None:
+        assert self.holder is not None  # it calls this
         self._journal_live_runs(EventKind.LANE_ACQUIRED, token=token, owner=self.holder.owner)
         with self._lane_lock:
             if self._lane is None:
@@ -223,7 +228,7 @@ class ConsumerSet:
         recover_live_runs(self.project, self.tasks,
                           stale_after=dt.timedelta(seconds=self.project.policy.leases.ttl_s))
 
-    def _journal_live_runs(self, kind: str, **data) -> None:
+    def _journal_live_runs(self, kind: EventKind, **data: Any) -> None:
         with self.project.db.transaction() as s:
             for run_id in s.scalars(select(Run.id).where(
                     Run.project == self.project.key,
@@ -269,7 +274,7 @@ class ConsumerSet:
                 log.warning("watchdog: could not wake the lanes; retrying", exc_info=True)
 
 
-def story_workers(project, queue: str) -> int:
+def story_workers(project: Project, queue: str) -> int:
     """How many story consumer threads `bmad-loop worker` starts without `-w`: as many as the
     widest of the project's live runs, each sized by its own snapshot (the `runs` row); before
     any run exists (or once none is live), `[scm] max_parallel` of the policy, which is what
@@ -282,20 +287,22 @@ def story_workers(project, queue: str) -> int:
     return widest or project.policy.scm.max_parallel
 
 
-def exit_code_for(run: Run, stories) -> int:
+def exit_code_for(run: Run, stories: Iterable[Story]) -> int:
     if run.state == RunState.COMPLETED:
         if all(s.state in (StoryState.INTEGRATED, StoryState.SKIPPED) for s in stories):
             return EXIT_OK
         return EXIT_NEEDS_HUMAN
-    return {RunState.FAILED: EXIT_FAILED, RunState.PAUSED: EXIT_NEEDS_HUMAN,
-            RunState.STOPPED: EXIT_STOPPED, RunState.ABANDONED: EXIT_FAILED}.get(run.state, EXIT_FAILED)
+    codes: dict[str, int] = {RunState.FAILED: EXIT_FAILED, RunState.PAUSED: EXIT_NEEDS_HUMAN,
+                             RunState.STOPPED: EXIT_STOPPED, RunState.ABANDONED: EXIT_FAILED}
+    return codes.get(run.state, EXIT_FAILED)
 
 
 # How often the journal is read for progress lines when no lane tick wakes the driver.
 JOURNAL_POLL_S = 0.5
 
 
-def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[object], None] | None,
+def drive(project: Project, tasks: Tasks, run_id: str, *, workers: int,
+          progress: Callable[[Any], None] | None,
           notice: Callable[[int], None] | None = None, since_seq: int = 0) -> int:
     """Consumers on in this process until the run settles; `progress` gets each journal event
     after `since_seq` (a resume shows only what happens from the resume on). The journal is
@@ -304,9 +311,9 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
     command's, installed at its start), else by one installed here; `notice(presses)` is told
     of each press acted on, after its `run.stopping` line."""
     consumers = ConsumerSet(project, queue="all", workers=workers, tasks=tasks)
-    interrupts = Interrupts.installed()
-    own = interrupts is None
-    interrupts = Interrupts() if own else interrupts
+    installed = Interrupts.installed()
+    own = installed is None
+    interrupts = Interrupts() if installed is None else installed
     interrupts.notice = notice
     woke = interrupts.woke
     interrupts.driving = True
@@ -334,7 +341,7 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
                 state = s.connection().execute(RUN_STATE, {"of_run": run_id}).scalar()
                 settled = state in RUN_SETTLED
                 if settled:  # one snapshot: every event up to the settling one was shown
-                    run, stories = s.get(Run, run_id), stories_of(s, run_id)
+                    run, stories = s.get_one(Run, run_id), stories_of(s, run_id)
             if told < handled and interrupts.notice is not None:  # after its `run.stopping`
                 interrupts.notice(handled)
             told = handled
@@ -351,7 +358,8 @@ def drive(project, tasks, run_id: str, *, workers: int, progress: Callable[[obje
     return exit_code_for(run, stories)
 
 
-def _act_on_presses(project, tasks, run_id: str, interrupts: Interrupts, handled: int,
+def _act_on_presses(project: Project, tasks: Tasks, run_id: str, interrupts: Interrupts,
+                    handled: int,
                     told: int) -> tuple[int, int]:
     """The first press stops gracefully, the second now; later ones only remind. Returns the
     presses handled and those already told (a stop refused because the run settled meanwhile
@@ -365,7 +373,7 @@ def _act_on_presses(project, tasks, run_id: str, interrupts: Interrupts, handled
     return presses, told
 
 
-def _cleanup_at_start(project) -> None:
+def _cleanup_at_start(project: Project) -> None:
     """Debris of earlier crashes goes before the run starts; a failure here is only logged."""
     import logging
 

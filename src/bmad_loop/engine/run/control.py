@@ -16,6 +16,7 @@ advance may have happened); a `verifying` one is verified again anyway, by the n
 from __future__ import annotations
 
 import datetime as dt
+from typing import TYPE_CHECKING, Any, Callable
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
@@ -47,12 +48,17 @@ from ..recovery import ever_spawned, recover_orphans
 from ..runrows import run_policy, stories_of
 from ..transitions import transition_run, transition_story
 
+if TYPE_CHECKING:
+    from ...policy import Policy
+    from ...queue.tasks import Tasks
+    from ..project import Project
+
 __all__ = ["find_run", "driver_of", "refuse_if_driven", "resume", "stop", "approve", "reject",
            "retry", "reconcile", "recover_live_runs", "requeue_run", "reverify_reason",
            "drop_verified"]
 
 
-def find_run(session: Session, project, ref: str | None) -> Run:
+def find_run(session: Session, project: Project, ref: str | None) -> Run:
     """A run by id, unique prefix or unique suffix; the newest run when ref is None."""
     query = select(Run).where(Run.project == project.key)
     if ref is None:
@@ -72,7 +78,7 @@ def find_run(session: Session, project, ref: str | None) -> Run:
     return matches[0]
 
 
-def reloaded_policy(run: Run, current) -> tuple[dict, list[str]]:
+def reloaded_policy(run: Run, current: Policy) -> tuple[dict[str, Any], list[str]]:
     """The run's snapshot with every key taken from `current` (the policy file now) except
     its identity; the new snapshot and the keys that changed."""
     old, new = dict(run.policy), current.to_dict()
@@ -86,13 +92,16 @@ def reloaded_policy(run: Run, current) -> tuple[dict, list[str]]:
     return new, changed
 
 
-def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> Run:
+def resume(project: Project, tasks: Tasks, ref: str | None, *, reload_policy: bool = False) -> Run:
     """Continue a paused, stopped, failed or crashed run: same plan, scope and target.
 
     `reload_policy`: take the current policy file for every key but the run's identity
     (the policy settings flagged `identity`), e.g. to fix the mistake that paused it."""
     db = project.db
-    current = load_policy(project.home) if reload_policy else None
+    current: Policy | None = None
+    if reload_policy:
+        assert project.home is not None  # `Project` always sets it
+        current = load_policy(project.home)
     with db.read() as s:
         target_branch = find_run(s, project, ref).target_branch
     # Another database's live run on the target refuses; the record is rewritten under the lock.
@@ -138,10 +147,10 @@ def resume(project, tasks, ref: str | None, *, reload_policy: bool = False) -> R
         run_id = run.id
     requeue_run(project, tasks, run_id, stale_after=None)
     with db.transaction() as s:
-        return s.get(Run, run_id)
+        return s.get_one(Run, run_id)
 
 
-def driver_of(session: Session, project, run: Run):
+def driver_of(session: Session, project: Project, run: Run) -> leases.Holder | None:
     """The live holder of the project's lane lease (`leases.Holder`) while `run` is live and
     another process holds it; None otherwise. The same heartbeats `status` lists."""
     if run.state not in RUN_LIVE:
@@ -152,7 +161,7 @@ def driver_of(session: Session, project, run: Run):
     return holder
 
 
-def refuse_if_driven(session: Session, project, run: Run) -> None:
+def refuse_if_driven(session: Session, project: Project, run: Run) -> None:
     """`resume` of a run another process drives would make two drivers of one run."""
     holder = driver_of(session, project, run)
     if holder is not None:
@@ -173,13 +182,14 @@ def _adopt_target(session: Session, run: Run, target_now: str | None) -> bool:
     return False
 
 
-def _reset_for_resume(session: Session, branch_head_of, run: Run, story: Story) -> None:
+def _reset_for_resume(session: Session, branch_head_of: Callable[[str], str | None], run: Run,
+                      story: Story) -> None:
     if story.state in (StoryState.ESCALATED, StoryState.BLOCKED):
         branch_head = branch_head_of(story.branch) if story.branch else None
         human_fix = bool(branch_head and story.head_sha and branch_head != story.head_sha)
         cause = (integration_cause(session, run.id, story.key)
                  if story.state == StoryState.ESCALATED else None)
-        if human_fix:
+        if human_fix and branch_head:  # (human_fix holds only with a branch head)
             # A human changed the branch: verify and integrate it without the agent.
             to_human_fix(session, run.id, story, branch_head, by="resume")
         elif cause in ENVIRONMENTAL and branch_head and branch_head == story.head_sha:
@@ -194,17 +204,18 @@ def _reset_for_resume(session: Session, branch_head_of, run: Run, story: Story) 
     # recovery re-queues it; if it is alive (another host), it finishes.
 
 
-def requeue_run(project, tasks, run_id: str, stale_after: dt.timedelta | None) -> int:
+def requeue_run(project: Project, tasks: Tasks, run_id: str,
+                stale_after: dt.timedelta | None) -> int:
     """Send wake-ups for a live run: orphaned and queued stories, and the lane.
 
     `stale_after` None (resume) re-sends every queued story; otherwise only orphans found by
     their leases are taken back first (consumer start after a crash).
     """
     with project.db.transaction() as s:
-        ttl = run_policy(s.get(Run, run_id)).leases.ttl_s
+        ttl = run_policy(s.get_one(Run, run_id)).leases.ttl_s
         spawned = ever_spawned(s, run_id)  # a run just enqueued has nothing to sweep for
     recover_orphans(project.db, tasks, run_id, ttl, spawned=spawned)
-    resent = []
+    resent: list[int] = []
     with project.db.transaction() as s:
         resent = [story.id for story in stories_of(s, run_id) if story.state == StoryState.QUEUED]
     for story_id in resent:
@@ -213,7 +224,7 @@ def requeue_run(project, tasks, run_id: str, stale_after: dt.timedelta | None) -
     return len(resent)
 
 
-def recover_live_runs(project, tasks, stale_after: dt.timedelta) -> list[str]:
+def recover_live_runs(project: Project, tasks: Tasks, stale_after: dt.timedelta) -> list[str]:
     """On consumer start: re-queue runs that are running, pausing or stopping."""
     with project.db.transaction() as s:
         ids = [r.id for r in s.scalars(select(Run).where(
@@ -223,7 +234,7 @@ def recover_live_runs(project, tasks, stale_after: dt.timedelta) -> list[str]:
     return ids
 
 
-def stop(project, tasks, ref: str | None, now: bool = False) -> Run:
+def stop(project: Project, tasks: Tasks, ref: str | None, now: bool = False) -> Run:
     with project.db.transaction() as s:
         run = find_run(s, project, ref)
         if run.state in RUN_TERMINAL | {RunState.FAILED}:
@@ -240,11 +251,11 @@ def stop(project, tasks, ref: str | None, now: bool = False) -> Run:
         run_id = run.id
         settled = _settle_idle_stop(s, run_id)
     with project.db.read() as s:
-        save_run(project, s.get(Run, run_id))
+        save_run(project, s.get_one(Run, run_id))
     if not settled:
         tasks.enqueue_lane(run_id)
     with project.db.transaction() as s:
-        return s.get(Run, run_id)
+        return s.get_one(Run, run_id)
 
 
 def _settle_idle_stop(session: Session, run_id: str) -> bool:
@@ -265,7 +276,7 @@ def _settle_idle_stop(session: Session, run_id: str) -> bool:
     return True
 
 
-def abandon(project, ref: str | None, reason: str | None = None) -> Run:
+def abandon(project: Project, ref: str | None, reason: str | None = None) -> Run:
     """End a run for good (`abandoned`); its branches and evidence stay per `keep_failed`."""
     with project.db.transaction() as s:
         run = find_run(s, project, ref)
@@ -280,7 +291,7 @@ def abandon(project, ref: str | None, reason: str | None = None) -> Run:
         return run
 
 
-def approve(project, tasks, ref: str | None, story_key: str) -> Story:
+def approve(project: Project, tasks: Tasks, ref: str | None, story_key: str) -> Story:
     """Spec approval before dev, or sign-off of a held (merge_class = operator) candidate."""
     with project.db.transaction() as s:
         run = find_run(s, project, ref)
@@ -299,7 +310,7 @@ def approve(project, tasks, ref: str | None, story_key: str) -> Story:
     return story
 
 
-def reject(project, tasks, ref: str | None, story_key: str, reason: str) -> Story:
+def reject(project: Project, tasks: Tasks, ref: str | None, story_key: str, reason: str) -> Story:
     """Refuse a held candidate: the story becomes escalated with the operator's reason."""
     from ...db.models import Candidate
 
@@ -320,7 +331,8 @@ def reject(project, tasks, ref: str | None, story_key: str, reason: str) -> Stor
     return story
 
 
-def retry(project, tasks, ref: str | None, story_key: str, start: str) -> tuple[Run, Story]:
+def retry(project: Project, tasks: Tasks, ref: str | None, story_key: str,
+          start: str) -> tuple[Run, Story]:
     """A person's explicit redo of one story from `start` (redo.FROM_STEPS); see redo.py."""
     with project.db.transaction() as s:
         run = find_run(s, project, ref)
@@ -331,7 +343,7 @@ def retry(project, tasks, ref: str | None, story_key: str, start: str) -> tuple[
     if wake:
         tasks.enqueue_lane(run_id)
     with project.db.read() as s:
-        return s.get(Run, run_id), s.get(Story, story.id)
+        return s.get_one(Run, run_id), s.get_one(Story, story.id)
 
 
 VERDICTS = {
@@ -340,7 +352,7 @@ VERDICTS = {
 }
 
 
-def reconcile(project, ref: str | None) -> tuple[dict, int]:
+def reconcile(project: Project, ref: str | None) -> tuple[dict[str, Any], int]:
     """One verdict per story, changing nothing; exit 4 if any is open, else 3 if any is held
     or parked, else 0."""
     with project.db.transaction() as s:
@@ -349,7 +361,7 @@ def reconcile(project, ref: str | None) -> tuple[dict, int]:
                  "verdict": VERDICTS.get(st.state, "open"),
                  "reason": st.reason if st.state in VERDICTS and st.state not in (StoryState.INTEGRATED,) else None}
                 for st in stories_of(s, run.id)]
-        report = {"run": run.id, "state": run.state, "stories": rows}
+        report: dict[str, Any] = {"run": run.id, "state": run.state, "stories": rows}
     verdicts = {r["verdict"] for r in rows}
     code = 4 if "open" in verdicts else 3 if verdicts & {"held", "parked"} else 0
     report["exit_code"] = code
@@ -377,14 +389,14 @@ def reverify_reason(changed: list[str]) -> str | None:
 def drop_verified(session: Session, run_id: str, reason: str, target_now: str | None) -> list[str]:
     """Give up the run's `verified` candidates; their stories back to `ready`. Their keys.
     One the target points at already (advanced, its row not written: a crash) is kept."""
-    keys = []
+    keys: list[str] = []
     cands = list(session.scalars(select(Candidate).where(
         Candidate.run_id == run_id, Candidate.state == CandidateState.VERIFIED)
         .order_by(Candidate.id)))
     for cand in cands:
         if target_now is not None and cand.candidate_sha == target_now:
             continue
-        story = session.get(Story, cand.story_id)
+        story = session.get_one(Story, cand.story_id)
         cand.state, cand.ended_at = CandidateState.ABANDONED, utcnow()
         cand.reason = f"verified before {reason}: verified again"
         transition_story(session, story.id, (StoryState.INTEGRATING, StoryState.HELD,

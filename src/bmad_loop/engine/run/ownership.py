@@ -35,6 +35,7 @@ import math
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
 
 from sqlalchemy import select
 
@@ -45,6 +46,9 @@ from ...states import RUN_LIVE, RunState
 from ..runrows import run_policy
 from ...git.runner import Git
 
+if TYPE_CHECKING:
+    from ..project import Project
+
 __all__ = ["record_run", "save_run", "refresh_live_runs", "TargetCheck", "target_check", "Owners",
            "owners", "RECORDS_DIRNAME", "RunRecord", "records_dir", "read_records", "write_record",
            "remove_record", "records_lock", "LIVE_FACTOR", "MAX_TTL_S"]
@@ -53,8 +57,9 @@ __all__ = ["record_run", "save_run", "refresh_live_runs", "TargetCheck", "target
 log = logging.getLogger(__name__)
 
 
-def record_run(project, run: Run, now=None) -> RunRecord:
+def record_run(project: Project, run: Run, now: dt.datetime | None = None) -> RunRecord:
     """The record of one of this database's runs, as it stands in `run`'s row."""
+    ttl: float
     try:
         ttl = run_policy(run).leases.ttl_s
     except Exception:  # a snapshot that no longer validates: the default ttl
@@ -64,7 +69,7 @@ def record_run(project, run: Run, now=None) -> RunRecord:
                      heartbeat_at=now or utcnow(), ttl_s=float(ttl), host=project.host)
 
 
-def save_run(project, run: Run) -> None:
+def save_run(project: Project, run: Run) -> None:
     """Rewrite the run's record at a transition. A failure is logged, not raised: the record
     only protects against another database, and the run must not stop over it."""
     try:
@@ -73,7 +78,7 @@ def save_run(project, run: Run) -> None:
         log.warning("run %s: could not write its record in the repository", run.id, exc_info=True)
 
 
-def refresh_live_runs(project) -> None:
+def refresh_live_runs(project: Project) -> None:
     """The lane's heartbeat: every live run of this project and database gets a fresh one."""
     with project.db.read() as s:
         runs = list(s.scalars(select(Run).where(Run.project == project.key, Run.state.in_(RUN_LIVE))))
@@ -90,7 +95,8 @@ class TargetCheck:
 
 
 @contextlib.contextmanager
-def target_check(project, target: str, now=None):
+def target_check(project: Project, target: str,
+                 now: dt.datetime | None = None) -> Iterator[TargetCheck]:
     """Hold the records lock while the caller creates or resumes a run on `target`: a live
     record of another database for it is refused (exit 2), a stale one warned about. The
     caller writes its own record (`write_record`) before leaving, so two databases racing to
@@ -123,7 +129,7 @@ def target_check(project, target: str, now=None):
         yield check
 
 
-def _mine(project) -> str | None:
+def _mine(project: Project) -> str | None:
     """This database's id; None while it does not exist yet (no record can be its own, and
     a command refused here must not create it)."""
     if not project.policy.database.url and not (project.home_state_dir / "state.db").exists():
@@ -151,7 +157,7 @@ class Owners:
         return f"{record.database} (id {record.database_id})"
 
 
-def owners(project, has_rows: bool = True) -> tuple[Owners, list[str]]:
+def owners(project: Project, has_rows: bool = True) -> tuple[Owners, list[str]]:
     """Own runs (rows of this database and project) and the records; plus unreadable files."""
     records, unreadable = read_records(project.git())
     if not has_rows:
@@ -195,13 +201,13 @@ class RunRecord:
         return (f"run {self.run} of the state database {self.database} (id {self.database_id}) "
                 f"is {self.state} on {self.target}, {since} from host {self.host}")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["heartbeat_at"] = self.heartbeat_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         return data
 
     @classmethod
-    def from_json(cls, data) -> "RunRecord":
+    def from_json(cls, data: Any) -> "RunRecord":
         """Refuses (ValueError) anything not shaped exactly as `to_json` writes it."""
         if not isinstance(data, dict) or set(data) != set(cls.__dataclass_fields__):
             raise ValueError("not a run record")
@@ -228,7 +234,8 @@ def read_records(git: Git) -> tuple[dict[str, RunRecord], list[str]]:
     """{run id: its record} and a line for each file that is not a readable record (those
     count as no record). Reading creates nothing."""
     folder = records_dir(git)
-    records, unreadable = {}, []
+    records: dict[str, RunRecord] = {}
+    unreadable: list[str] = []
     if not folder.is_dir():
         return records, unreadable
     for path in sorted(folder.glob("*.json")):
@@ -266,7 +273,7 @@ def remove_record(git: Git, run_id: str) -> bool:
 
 
 @contextlib.contextmanager
-def records_lock(git: Git):
+def records_lock(git: Git) -> Iterator[None]:
     """Serialise check-then-write of the records across processes and databases (two runs
     racing to enqueue on one target). A lock on the git common dir itself: taking it writes
     nothing, so a command refused under it leaves no file behind."""

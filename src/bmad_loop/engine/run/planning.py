@@ -45,11 +45,13 @@ escalation pauses it too (`[parallel] on_escalation`).
 
 from __future__ import annotations
 
+import datetime as dt
 import posixpath
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -66,7 +68,7 @@ from ...db.database import database_id
 from ...db.models import Run, Story, utcnow
 from ...errors import ConfigError, GitError, StateError
 from ...git.runner import branch_name_ok
-from ...git.trees.committed import CommittedTree, FolderTree
+from ...git.trees.committed import CommittedTree, FolderTree, TreeView
 from ...policy import env_override
 from ...states import RUN_LIVE, RUN_ONE_PER_TARGET, Phase, RunState, StoryState
 from ..journal import EventKind, record
@@ -78,6 +80,10 @@ from ..verification.childenv import check_port_range
 from .ownership import record_run, remove_record, target_check, write_record
 from ...git.runner import Git
 from ...policy import Policy
+
+if TYPE_CHECKING:
+    from ...queue.tasks import Tasks
+    from ..project import Project
 
 __all__ = ["Plan", "Selection", "build_plan", "enqueue", "new_run_id", "CREATE_STATUS",
            "needs_creation", "plan_creation", "creation_checks", "journal_skipped", "gate_epics",
@@ -98,12 +104,12 @@ class Plan:
     foreign: list[str] = field(default_factory=list)  # another database's stale runs on the target
 
 
-def new_run_id(now=None) -> str:
+def new_run_id(now: dt.datetime | None = None) -> str:
     now = now or utcnow()
     return now.strftime("%Y%m%d-%H%M%S-") + f"{random.getrandbits(16):04x}"
 
 
-def target_branch_of(project, policy: Policy) -> tuple[str, str]:
+def target_branch_of(project: Project, policy: Policy) -> tuple[str, str]:
     git = project.git(policy)
     if git.toplevel() is None:
         raise not_a_checkout(project.root, git)
@@ -121,21 +127,22 @@ def target_branch_of(project, policy: Policy) -> tuple[str, str]:
     return branch, sha
 
 
-def load_board_and_stories(project, policy: Policy, target_sha: str | None = None,
-                           branch: str = ""):
+def load_board_and_stories(project: Project, policy: Policy, target_sha: str | None = None,
+                           branch: str = "") -> tuple[Board, list[StorySpec]]:
     """(board, every story of it), read from the target commit (see `load_sprint`)."""
     sprint = load_sprint(project, policy, target_sha, branch)
     return sprint.board, sprint.stories
 
 
-def agent_command(policy: Policy, project=None, target_sha: str | None = None) -> list[str]:
+def agent_command(policy: Policy, project: Project | None = None,
+                  target_sha: str | None = None) -> list[str]:
     """The dev-phase argv template, with its binary checked: a missing agent is bad input
     (a relative path: where each story's worktree will have it, see `check_agent`)."""
     adapter = policy.adapter
     if not adapter.profile and not adapter.command and not adapter.phase(Phase.DEV).command:
         raise ConfigError(f"{policy.source}: [adapter]: no agent configured "
                           "(set [adapter] profile or [adapter] command)")
-    checked = []
+    checked: list[str] = []
     for phase in (Phase.DEV, Phase.REVIEW, Phase.FIX, Phase.CREATE):
         if phase != Phase.DEV and phase == Phase.REVIEW and not policy.review.enabled:
             continue
@@ -154,7 +161,7 @@ def agent_command(policy: Policy, project=None, target_sha: str | None = None) -
     return dev
 
 
-def build_plan(project, policy: Policy, selection: Selection,
+def build_plan(project: Project, policy: Policy, selection: Selection,
                run_id_for_checks: str = "20000101-000000-0000") -> Plan:
     target_branch, target_sha = target_branch_of(project, policy)
     sprint = load_sprint(project, policy, target_sha, target_branch)
@@ -182,7 +189,7 @@ def build_plan(project, policy: Policy, selection: Selection,
     return Plan(target_branch, target_sha, board, chosen, all_stories, argv, warnings, skipped)
 
 
-def one_run_per_target(session: Session, project, live: Run) -> str:
+def one_run_per_target(session: Session, project: Project, live: Run) -> str:
     """Why a second run on the target is refused, and what to do: `stop` a run a process is
     driving (`control.driver_of`, from the lane's heartbeat), `resume` one nobody drives."""
     from .control import driver_of
@@ -197,7 +204,8 @@ def one_run_per_target(session: Session, project, live: Run) -> str:
             f"{live.id}` continues it (or `bmad-loop {end} {live.id}` ends it)")
 
 
-def enqueue(project, tasks, policy: Policy, selection: Selection) -> tuple[str | None, Plan]:
+def enqueue(project: Project, tasks: Tasks, policy: Policy,
+            selection: Selection) -> tuple[str | None, Plan]:
     """Create the run and its plan; returns (run id or None when there is nothing to do, plan)."""
     plan = build_plan(project, policy, selection)
     if not plan.stories:
@@ -211,7 +219,8 @@ def enqueue(project, tasks, policy: Policy, selection: Selection) -> tuple[str |
     return run_id, plan
 
 
-def _create_run(project, policy: Policy, selection: Selection, plan: Plan, run_id: str) -> None:
+def _create_run(project: Project, policy: Policy, selection: Selection, plan: Plan,
+                run_id: str) -> None:
     """The run's rows, and its record in the repository (written before the rows commit, so
     before any ref of the run can exist; taken back if they do not)."""
     git = project.git(policy)
@@ -223,7 +232,8 @@ def _create_run(project, policy: Policy, selection: Selection, plan: Plan, run_i
         raise
 
 
-def _insert_run(project, policy: Policy, selection, plan, run_id, git: Git) -> None:
+def _insert_run(project: Project, policy: Policy, selection: Selection, plan: Plan, run_id: str,
+                git: Git) -> None:
     with project.db.transaction() as s:
         live = s.scalars(select(Run).where(Run.target_branch == plan.target_branch,
                                            Run.project == project.key,
@@ -268,16 +278,16 @@ CREATE_STATUS = "backlog"
 SKIP_REASON = "no story file ([stories] create = \"skip\")"
 
 
-def needs_creation(spec) -> bool:
+def needs_creation(spec: StorySpec) -> bool:
     """A story the create phase would write: no story file yet, and still in the backlog."""
     return spec.story_file is None and spec.status == CREATE_STATUS
 
 
-def _where(spec) -> str:
+def _where(spec: StorySpec) -> str:
     return spec.story_path or f"<story folder>/{spec.key}.md"
 
 
-def _missing_files(chosen: Sequence) -> None:
+def _missing_files(chosen: Sequence[StorySpec]) -> None:
     """A story past the backlog must have its file: ConfigError naming the first that has not."""
     for spec in chosen:
         if spec.story_file is None and spec.status != CREATE_STATUS:
@@ -285,7 +295,7 @@ def _missing_files(chosen: Sequence) -> None:
                               "but its story file does not exist")
 
 
-def _refusals(policy: Policy, uncreated: Sequence) -> str | None:
+def _refusals(policy: Policy, uncreated: Sequence[StorySpec]) -> str | None:
     """Why the create phase cannot run for these stories under this policy, or None."""
     if not uncreated:
         return None
@@ -310,7 +320,8 @@ def _refusals(policy: Policy, uncreated: Sequence) -> str | None:
     return None
 
 
-def plan_creation(policy: Policy, chosen: Sequence) -> tuple[list, list]:
+def plan_creation(policy: Policy,
+                  chosen: Sequence[StorySpec]) -> tuple[list[StorySpec], list[StorySpec]]:
     """(the stories to plan, the stories skipped for want of a file). ConfigError when the
     policy refuses them or a story past the backlog has no file. Planned stories without a
     file are the ones whose rows get `to_create`."""
@@ -324,7 +335,7 @@ def plan_creation(policy: Policy, chosen: Sequence) -> tuple[list, list]:
     return list(chosen), []
 
 
-def creation_checks(policy: Policy, actionable: Sequence) -> list[tuple[str, str]]:
+def creation_checks(policy: Policy, actionable: Sequence[StorySpec]) -> list[tuple[str, str]]:
     """`validate`'s lines about story files still to be written: (status, detail)."""
     try:
         _missing_files(actionable)
@@ -344,14 +355,14 @@ def creation_checks(policy: Policy, actionable: Sequence) -> list[tuple[str, str
                    f"phase first: {keys}")]
 
 
-def journal_skipped(session: Session, run_id: str, skipped: Sequence) -> None:
+def journal_skipped(session: Session, run_id: str, skipped: Sequence[StorySpec]) -> None:
     """One `story.skipped` per story left out of the plan for want of a file (no row: unplanned)."""
     for spec in skipped:
         record(session, run_id, EventKind.STORY_SKIPPED, spec.key, reason=SKIP_REASON,
                story_file=_where(spec), planned=False)
 
 
-def gate_epics(plan: Sequence) -> list[tuple[str, str]]:
+def gate_epics(plan: Sequence[StorySpec]) -> list[tuple[str, str]]:
     """(epic, first story key) for each epic after the plan's first, in order of first
     appearance: where `per-epic` gates pause the run (the first epic starts without a gate)."""
     seen: list[str] = []
@@ -366,7 +377,7 @@ def gate_epics(plan: Sequence) -> list[tuple[str, str]]:
     return points
 
 
-def pause_summary(plan: Sequence, gates_mode: str, on_escalation: str) -> str:
+def pause_summary(plan: Sequence[StorySpec], gates_mode: str, on_escalation: str) -> str:
     """One line: where this plan will pause, under this gates mode."""
     if gates_mode == "per-epic":
         points = gate_epics(plan)
@@ -397,7 +408,7 @@ def not_a_checkout(root: Path, git: Git) -> ConfigError:
     return ConfigError(f"{root}: not a git repository")
 
 
-def check_checkout(project) -> None:
+def check_checkout(project: Project) -> None:
     """`init` refuses a folder where git finds no working tree, before anything is written."""
     git = project.git()
     if git.toplevel() is None:
@@ -413,19 +424,20 @@ def check_has_commits(root: Path, git: Git, branch: str) -> None:
                           "unborn); commit the sprint board and story files first")
 
 
-def check_story_dir(project, policy: Policy, story_dir: Path) -> None:
+def check_story_dir(project: Project, policy: Policy, story_dir: Path) -> None:
     value = policy.stories.story_dir
     if value and path_inside(story_dir, project.root) is None:
         raise ConfigError(f"{policy.source}: [stories] story_dir: {value!r} is outside the "
                           f"repository {project.root} (story files must be in the repository)")
 
 
-def _seeded(rel: str, seeds) -> bool:
+def _seeded(rel: str, seeds: Iterable[str]) -> bool:
     path = PurePosixPath(rel)
     return any(path == PurePosixPath(seed) or PurePosixPath(seed) in path.parents for seed in seeds)
 
 
-def check_agent(argv0: str, source: str, *, project=None, policy: Policy | None = None,
+def check_agent(argv0: str, source: str, *, project: Project | None = None,
+                policy: Policy | None = None,
                 target_sha: str | None = None, from_checkout: bool = False) -> None:
     """Check the agent binary where it will run (see the module docstring). `from_checkout`:
     the agent runs in the project's own checkout, not in worktrees."""
@@ -465,7 +477,7 @@ class Sprint:
     warnings: list[str] = field(default_factory=list)
 
 
-def _read_board(project, tree, source: BoardSource, branch: str) -> Board:
+def _read_board(project: Project, tree: TreeView, source: BoardSource, branch: str) -> Board:
     if source.format == "v4":
         return v4_board(tree, source.story_folder or "", project.root)
     if source.rel is None:  # a policy sprint_status outside the repository: read where it is
@@ -478,7 +490,8 @@ def _read_board(project, tree, source: BoardSource, branch: str) -> Board:
     return parse_board(tree.text(source.rel, "sprint status file", source.path), source.path)
 
 
-def _overrides(policy: Policy, board: Board, problems: list[str] | None = None) -> dict:
+def _overrides(policy: Policy, board: Board,
+               problems: list[str] | None = None) -> dict[str, dict[str, Any]]:
     overrides = {k: {"files": list(v.files), "shared": list(v.shared), "resources": list(v.resources)}
                  for k, v in policy.footprints.overrides.items()}
     for key in list(overrides):
@@ -497,11 +510,12 @@ def _overrides(policy: Policy, board: Board, problems: list[str] | None = None) 
     return overrides
 
 
-def load_sprint(project, policy: Policy, target_sha: str | None = None, branch: str = "",
+def load_sprint(project: Project, policy: Policy, target_sha: str | None = None, branch: str = "",
                 problems: list[str] | None = None) -> Sprint:
     """The board and every story of it, read from the target commit `target_sha` (the folder
     on disk when None). A story file's or a footprint override's problem is a ConfigError, or
     with a `problems` list, a line appended to it (`validate`: every problem in one pass)."""
+    tree: TreeView
     if target_sha:
         tree = CommittedTree(project.git(policy), target_sha, branch)
     else:
@@ -518,7 +532,8 @@ def load_sprint(project, policy: Policy, target_sha: str | None = None, branch: 
     return Sprint(board, source, folder, stories, tree.where, list(folder.warnings))
 
 
-def check_committed(project, policy: Policy, sprint: Sprint, chosen, branch: str) -> None:
+def check_committed(project: Project, policy: Policy, sprint: Sprint, chosen: Sequence[StorySpec],
+                    branch: str) -> None:
     """ConfigError naming the board and chosen story files the checkout changed but the target
     does not hold. Only when the checkout has the target branch checked out: on another
     branch, its files are simply not the plan's."""

@@ -13,6 +13,7 @@ from pathlib import Path
 import re
 import shutil
 import subprocess
+from typing import Any, Callable, Sequence
 
 from ...bmad.board import ACTIONABLE
 from ...git.trees.compose import dirty_paths
@@ -20,7 +21,7 @@ from ...db.database import check_driver, check_reachable
 from ...db.sqlitefile import check_folder_writable, check_sqlite_file
 from ...errors import BmadLoopError
 from ...policy.schema import verify_advice
-from ...bmad.selection import dependency_problems
+from ...bmad.selection import StorySpec, dependency_problems
 from ...policy import env_override, load_policy
 from ...agents.profiles import custom_command_warnings, load_profile
 from ...sandbox import startup_notes
@@ -36,11 +37,14 @@ from ...policy import Policy
 
 __all__ = ["preflight", "cli_version", "version_checks", "bmad_checks"]
 
+# `add(name, status, detail)`: one line of the report.
+Add = Callable[[str, str, str], None]
 
-def preflight(root: Path) -> dict:
-    checks: list[dict] = []
 
-    def add(name, status, detail):
+def preflight(root: Path) -> dict[str, Any]:
+    checks: list[dict[str, Any]] = []
+
+    def add(name: str, status: str, detail: str) -> None:
         checks.append({"name": name, "status": status, "detail": detail})
 
     policy = _check_policy(add, checks, root)
@@ -48,14 +52,16 @@ def preflight(root: Path) -> dict:
         return _report(checks)
     _check_sandbox(add, policy)
     project = Project(root=root, policy=policy)
-    sha = branch = None
-    found: dict = {}  # the board and the stories, for --json
+    sha: str | None = None
+    branch: str | None = None
+    found: dict[str, Any] = {}  # the board and the stories, for --json
     try:
         branch, sha = target_branch_of(project, policy)
         add("git", "ok", f"target branch {branch} at {sha[:10]}")
     except BmadLoopError as exc:
         add("git", "error", str(exc))
     if sha:
+        assert branch is not None  # found with the sha
         _check_checkout(add, project, policy, branch)
     try:
         _check_state(project, policy)
@@ -78,7 +84,7 @@ def preflight(root: Path) -> dict:
     return _report(checks, **found)
 
 
-def _check_policy(add, checks: list, root: Path):
+def _check_policy(add: Add, checks: list[dict[str, Any]], root: Path) -> Policy | None:
     """The policy, or None when it cannot be loaded; its warnings added."""
     try:
         policy = load_policy(root)
@@ -94,7 +100,8 @@ def _check_policy(add, checks: list, root: Path):
     return policy
 
 
-def _check_sprint(add, project, policy: Policy, sha, branch, found: dict) -> None:
+def _check_sprint(add: Add, project: Project, policy: Policy, sha: str | None,
+                  branch: str | None, found: dict[str, Any]) -> None:
     """The board, its stories and their files, footprints, creation and merge rules. Every
     problem of a story file, a dependency or an override is its own line, and the checks after
     them still run: one pass shows them all."""
@@ -133,7 +140,7 @@ def _check_sprint(add, project, policy: Policy, sha, branch, found: dict) -> Non
         add("stories", "error", str(exc))
 
 
-def _check_checkout(add, project, policy: Policy, branch: str) -> None:
+def _check_checkout(add: Add, project: Project, policy: Policy, branch: str) -> None:
     """A warning for local changes in the checkout of the target: a story whose candidate
     touches one of them escalates before the target moves (bmad-loop's own folder aside)."""
     git = project.git(policy)
@@ -150,7 +157,7 @@ def _check_checkout(add, project, policy: Policy, branch: str) -> None:
             "commit or stash them first")
 
 
-def _check_state(project, policy: Policy) -> None:
+def _check_state(project: Project, policy: Policy) -> None:
     """What opening the state would refuse, without opening (or creating) anything: a missing
     driver, a damaged state.db or queue.db, a state folder that cannot be written."""
     key = _database_key(policy)
@@ -167,13 +174,13 @@ def _database_key(policy: Policy) -> str:
     return env_override("database", "url") or f"{policy.source}: [database] url"
 
 
-def _state_detail(project, policy: Policy) -> str:
+def _state_detail(project: Project, policy: Policy) -> str:
     url = policy.database.url  # its scheme only: a URL may hold a password
     database = url.split("://", 1)[0] if url else f"sqlite {project.home_state_dir / 'state.db'}"
     return f"database {database}, queue {policy.queue.backend}"
 
 
-def _found(sprint: Sprint, actionable) -> dict:
+def _found(sprint: Sprint, actionable: Sequence[StorySpec]) -> dict[str, Any]:
     """Where the board was found and why, and per actionable story where its file is (or,
     without one, where the create phase will write it)."""
     source = sprint.source
@@ -187,7 +194,8 @@ def _found(sprint: Sprint, actionable) -> dict:
     }
 
 
-def _check_committed(add, project, policy: Policy, sprint: Sprint, actionable, branch) -> None:
+def _check_committed(add: Add, project: Project, policy: Policy, sprint: Sprint,
+                     actionable: Sequence[StorySpec], branch: str | None) -> None:
     """The board and the actionable stories' files must be committed (`check_committed`, planning.py)."""
     if branch is None:
         return  # no target commit to compare with: the git check failed already
@@ -198,11 +206,11 @@ def _check_committed(add, project, policy: Policy, sprint: Sprint, actionable, b
         add("committed", "error", str(exc))
 
 
-def _report(checks, **found):
+def _report(checks: list[dict[str, Any]], **found: Any) -> dict[str, Any]:
     return {"ok": all(c["status"] != "error" for c in checks), "checks": checks, **found}
 
 
-def _check_sandbox(add, policy: Policy) -> None:
+def _check_sandbox(add: Add, policy: Policy) -> None:
     """The OS sandbox the policy asks for: ok, unboxed with a warning, or refused ("on")."""
     try:
         notes = startup_notes(policy)
@@ -236,7 +244,7 @@ def _number(text: str) -> tuple[int, int, int] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
 
 
-def version_checks(policy: Policy) -> list[dict]:
+def version_checks(policy: Policy) -> list[dict[str, Any]]:
     """One check for the profile's CLI: ok, or a warning when it is older than the release its
     flags were checked against, or when it will not say its version. None without a profile."""
     adapter = policy.adapter
@@ -260,7 +268,7 @@ def version_checks(policy: Policy) -> list[dict]:
     return [_check("ok", f"{binary} {shown}{against}")]
 
 
-def bmad_checks(project) -> tuple[list[dict], dict]:
+def bmad_checks(project: Project) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """What BMAD the project has, and what is seeded into worktrees: (checks, the --json part)."""
     root = project.root
     install = detect_bmad(root)
@@ -286,5 +294,5 @@ def bmad_checks(project) -> tuple[list[dict], dict]:
                       "workflows": dict(install.workflows), "seeded": seeds}})
 
 
-def _check(status: str, detail: str, name: str = "agent") -> dict:
+def _check(status: str, detail: str, name: str = "agent") -> dict[str, Any]:
     return {"name": name, "status": status, "detail": detail}

@@ -30,7 +30,7 @@ class Interrupts:
     driving: bool = False  # before: a first press waits for the run to start, a second aborts
     previous: Handler = None  # the SIGINT handler `counting` replaced
 
-    def press(self, signum=None, frame=None) -> None:
+    def press(self, signum: int | None = None, frame: FrameType | None = None) -> None:
         self.count += 1
         self.woke.set()
         if not self.driving and self.count >= 2:
@@ -57,7 +57,7 @@ class Interrupts:
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
 
-    def install(self):
+    def install(self) -> Handler:
         """Count SIGINT here (main thread only); returns the handler it replaced, or None."""
         if threading.current_thread() is not threading.main_thread():
             return None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from typing import Any, Collection, Iterable
+
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
@@ -23,11 +26,11 @@ LEAVES_WORKER = {EventKind.STORY_READY: "ready", EventKind.STORY_ESCALATED: "esc
 _NOT_IN_A_WORKER_YET = (StoryState.PENDING, StoryState.QUEUED)
 
 
-def _iso(value):
+def _iso(value: dt.datetime | None) -> str | None:
     return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
 
 
-def run_json(run: Run, target_now: str | None = None) -> dict:
+def run_json(run: Run, target_now: str | None = None) -> dict[str, Any]:
     recorded = run.head_sha or run.target_sha
     return {
         "id": run.id,
@@ -47,9 +50,9 @@ def run_json(run: Run, target_now: str | None = None) -> dict:
     }
 
 
-def story_json(story: Story, now=None, usage: dict | None = None,
-               settled: list | None = None, boxed: bool | None = None,
-               elapsed: float | None = None) -> dict:
+def story_json(story: Story, now: dt.datetime | None = None, usage: dict[str, Any] | None = None,
+               settled: list[dict[str, Any]] | None = None, boxed: bool | None = None,
+               elapsed: float | None = None) -> dict[str, Any]:
     """`boxed`: whether its latest agent session ran in the OS sandbox (None: no session, or
     recorded before that was known). `elapsed`: its time in a worker (`worker_seconds`)."""
     now = now or utcnow()
@@ -100,11 +103,11 @@ def story_json(story: Story, now=None, usage: dict | None = None,
     }
 
 
-def settled_by_story(session: Session, run_id: str) -> dict[str, list[dict]]:
+def settled_by_story(session: Session, run_id: str) -> dict[str | None, list[dict[str, Any]]]:
     """story key -> [{path, rule}] from the journal's `candidate.settled`, latest attempt only."""
     rows = session.execute(select(Event.story, Event.data).where(
         Event.run_id == run_id, Event.kind == EventKind.CANDIDATE_SETTLED).order_by(Event.seq))
-    latest: dict[str, tuple[int, list[dict]]] = {}
+    latest: dict[str | None, tuple[int, list[dict[str, Any]]]] = {}
     for story, data in rows:
         attempt = data.get("attempt", 0)
         kept = latest.get(story)
@@ -115,7 +118,8 @@ def settled_by_story(session: Session, run_id: str) -> dict[str, list[dict]]:
     return {story: entries for story, (_attempt, entries) in latest.items()}
 
 
-def candidate_json(candidate: Candidate, story_key: str, on: dict | None = None) -> dict:
+def candidate_json(candidate: Candidate, story_key: str,
+                   on: dict[str, Any] | None = None) -> dict[str, Any]:
     """`on`: the candidate it was composed on ({story, attempt}); None: on the target."""
     return {
         "story": story_key,
@@ -141,13 +145,14 @@ _WORKER_EVENTS = (select(Event.story, Event.kind, Event.ts)
                   .order_by(Event.seq))
 
 
-def worker_seconds(session: Session, run_id: str, stories, now) -> dict[str, float | None]:
+def worker_seconds(session: Session, run_id: str, stories: Iterable[Story],
+                   now: dt.datetime) -> dict[str, float | None]:
     """Story key -> its time in a worker slot, from the journal: each `story.phase` after it
     left one opens a span, leaving (`LEAVES_WORKER`) closes it; a working story's open span
     runs to `now`. Paused, stopped and waiting time never counts. None for a story back in line
     (pending or queued: an interrupted one too, until it runs again) or never in a worker."""
-    opened: dict[str, object] = {}
-    total: dict[str, float] = {}
+    opened: dict[str | None, dt.datetime] = {}
+    total: dict[str | None, float] = {}
     for key, kind, ts in session.execute(_WORKER_EVENTS, {"run_id": run_id}):
         if kind == EventKind.STORY_PHASE:
             opened.setdefault(key, ts)
@@ -165,7 +170,7 @@ def worker_seconds(session: Session, run_id: str, stories, now) -> dict[str, flo
     return out
 
 
-def run_status(session: Session, run: Run, target_now: str | None = None) -> dict:
+def run_status(session: Session, run: Run, target_now: str | None = None) -> dict[str, Any]:
     stories = stories_of(session, run.id)
     keys = {s.id: s.key for s in stories}
     candidates = list(session.scalars(select(Candidate).where(Candidate.run_id == run.id)
@@ -200,14 +205,14 @@ def run_status(session: Session, run: Run, target_now: str | None = None) -> dic
     }
 
 
-def _flakes(session: Session, run_id: str) -> list[dict]:
+def _flakes(session: Session, run_id: str) -> list[dict[str, Any]]:
     rows = session.scalars(select(Flake).where(Flake.run_id == run_id).order_by(Flake.id))
     return [{"story": f.story, "site": f.site, "attempt": f.attempt, "command": f.command,
              "tree": f.tree, "retry": f.retry, "failed_log": f.failed_log,
              "passed_log": f.passed_log, "at": _iso(f.at)} for f in rows]
 
 
-def _target_checks(session: Session, run_id: str) -> list[dict]:
+def _target_checks(session: Session, run_id: str) -> list[dict[str, Any]]:
     rows = session.scalars(select(TargetCheck).where(TargetCheck.run_id == run_id)
                            .order_by(TargetCheck.id))
     return [{"target_sha": c.target_sha, "command": c.command, "state": c.state,
@@ -217,7 +222,7 @@ def _target_checks(session: Session, run_id: str) -> list[dict]:
 def night_notes(session: Session, run_id: str) -> list[str]:
     """What the run got past without a person, one line each: flaky commands (with their
     counts) and repaired stories (with their repair sessions)."""
-    lines = []
+    lines: list[str] = []
     counts: dict[str, list[str]] = {}
     for flake in _flakes(session, run_id):
         counts.setdefault(flake["command"], []).append(f"{flake['site']} {flake['story'] or 'target'}")
@@ -236,13 +241,14 @@ def night_notes(session: Session, run_id: str) -> list[str]:
     return lines
 
 
-def _on(candidate: Candidate, by_id: dict, keys: dict) -> dict | None:
+def _on(candidate: Candidate, by_id: dict[int, Candidate],
+        keys: dict[int, str]) -> dict[str, Any] | None:
     below = by_id.get(candidate.on_candidate_id) if candidate.on_candidate_id else None
     if below is None:
         return None
     return {"story": keys.get(below.story_id, "?"), "attempt": below.attempt}
 
 
-def journal_lines(session: Session, run_id: str, after_seq: int = 0, kinds=(),
-                  story=None) -> list[dict]:
+def journal_lines(session: Session, run_id: str, after_seq: int = 0,
+                  kinds: Collection[str] = (), story: str | None = None) -> list[dict[str, Any]]:
     return [event_json(e) for e in events_after(session, run_id, after_seq, kinds, story)]

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 
@@ -28,6 +29,9 @@ from ..retry import pause_for_fault
 from .context import Claim
 from ...db.database import Database
 from .context import StoryContext
+
+if TYPE_CHECKING:
+    from .sessions import SessionResult
 
 __all__ = ["PauseRun", "settle_unavailable", "check_budget", "pause_run", "MAX_WAITS"]
 
@@ -43,16 +47,18 @@ class PauseRun(Exception):
         self.fault = Fault(kind, where, words)
 
 
-def settle_unavailable(ctx: StoryContext, claim: Claim, result, waited: int, *, now=None) -> None:
+def settle_unavailable(ctx: StoryContext, claim: Claim, result: SessionResult, waited: int, *,
+                       now: dt.datetime | None = None) -> None:
     """Close the session's attempt as an uncharged environment fault; wait for its reset when
     the policy says so and the CLI said when (then return), else raise `PauseRun`."""
+    assert result.fault is not None  # called for a session an environment fault ended
     fault: AgentFault = result.fault
     cli = ctx.policy.adapter.profile or "agent"
     wait = (ctx.policy.adapter.on_limit == "wait" and fault.reset_at is not None
             and waited < MAX_WAITS)
     with ctx.db.transaction() as s:
         claim.own(s)
-        att = s.get(Attempt, result.attempt_id)
+        att = s.get_one(Attempt, result.attempt_id)
         for name, value in result.attempt_values().items():
             setattr(att, name, value)
         att.counted = False
@@ -66,6 +72,7 @@ def settle_unavailable(ctx: StoryContext, claim: Claim, result, waited: int, *, 
     if not wait:
         raise PauseRun(f"agent unavailable ({fault.category}): {fault.words}", fault.category,
                        where, fault.words)
+    assert fault.reset_at is not None  # `wait` needs it
     _wait_until(ctx, claim, fault.reset_at)
 
 
@@ -83,7 +90,7 @@ def _wait_until(ctx: StoryContext, claim: Claim, until: dt.datetime) -> None:
             if claim.stop_event.wait(min(remaining, 1.0)):
                 raise StopRequested()
             with ctx.db.transaction() as s:
-                if s.get(Run, ctx.run_id).state in (RunState.STOPPING, RunState.STOPPED):
+                if s.get_one(Run, ctx.run_id).state in (RunState.STOPPING, RunState.STOPPED):
                     raise StopRequested()
 
 

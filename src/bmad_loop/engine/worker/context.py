@@ -13,13 +13,13 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm import Session
 
-from ...db.models import Attempt, Story, utcnow
+from ...db.models import Attempt, Run, Story, utcnow
 from ...errors import StopRequested
 from ...states import Phase, StoryState
 from ...agents.profiles import Profile, load_profile
@@ -36,7 +36,11 @@ from ..runrows import RUN_STATE, board_rel
 from ..transitions import transition_story_reading
 from ..workspace import Workspace, make_workspace
 
-__all__ = ["StoryContext", "Claim", "Fenced", "Outcome", "FinishedSession", "story_context"]
+if TYPE_CHECKING:
+    from ..project import Project
+
+__all__ = ["StoryContext", "Claim", "Fenced", "Outcome", "FinishedSession", "StepResult",
+           "Walker", "story_context"]
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +93,12 @@ class Claim:
 
     def own(self, session: Session) -> Story:
         """The story row, if this worker still holds its claim; otherwise Fenced."""
-        row = session.get(Story, self.story_id)
+        row = session.get_one(Story, self.story_id)
         if row.state != StoryState.WORKING or row.claim != self.generation:
             raise Fenced()
         return row
 
-    def write(self, session: Session, known: Story | None, /, **values) -> str:
+    def write(self, session: Session, known: Story | None, /, **values: Any) -> str:
         """Write `values` (column name -> value) to the story row if this worker still holds
         its claim, otherwise Fenced; returns the run's state, read by the same statement (a
         stop asked for ends the walk). One Core UPDATE instead of loading the row (forty
@@ -104,7 +108,7 @@ class Claim:
         written = transition_story_reading(
             session, self.story_id, StoryState.WORKING, _RUN_STATE, when=_CLAIM_HELD,
             params={"claim_generation": self.generation, "of_run": self.run_id}, **values)
-        if written is None:
+        if not written:  # None: the claim moved on (a row read back always holds the state)
             raise Fenced()
         if known is not None:
             for name, value in values.items():
@@ -113,7 +117,8 @@ class Claim:
 
     def load(self) -> Story:
         with self.db.read() as s:
-            return s.get(Story, self.story_id)
+            row = s.get_one(Story, self.story_id)
+            return row
 
     def state(self) -> str | None:
         """The story's state now (one column, no row loaded)."""
@@ -129,13 +134,13 @@ class Claim:
     def beat(self, attempt_id: int | None = None) -> None:
         now = utcnow()
         with self.db.transaction() as s:
-            row = s.get(Story, self.story_id)
+            row = s.get_one(Story, self.story_id)
             if row.state != StoryState.WORKING or row.claim != self.generation:
                 self.stop_event.set()  # fenced: end the session; the walk then stops
                 return
             row.heartbeat_at = now
             if attempt_id is not None:
-                s.get(Attempt, attempt_id).heartbeat_at = now
+                s.get_one(Attempt, attempt_id).heartbeat_at = now
         if not leases.renew(self.db, leases.story_lease_name(self.story_id), self.owner, self.token,
                             self.ttl_s, now):
             # The row still carries our claim, so the work goes on; orphan recovery judges
@@ -154,6 +159,29 @@ class FinishedSession(Protocol):
     exit_code: int | None
 
     def attempt_values(self) -> dict[str, Any]: ...
+
+
+class StepResult(FinishedSession, Protocol):
+    """What a phase step reads (and amends) of its session's result (a `sessions.SessionResult`)."""
+
+    ok: bool
+    summary: str
+    output: str
+    reason: str | None
+
+
+class Walker(Protocol):
+    """What a phase step kept in its own module (create_step.py, repair.py) needs of the
+    worker walking its story (a `walk.StoryWorker`, which imports those modules)."""
+
+    ctx: StoryContext
+    claim: Claim
+    policy: Policy
+
+    @property
+    def last_row(self) -> Story | None: ...
+
+    def session(self, phase: Phase, number: int) -> StepResult: ...
 
 
 @dataclass
@@ -177,7 +205,7 @@ class Outcome:
     flakes: tuple[Flaky, ...] = ()  # of the story's own verify: rows and `verify.flaky` events
 
 
-def story_context(project, run, story, policy: Policy) -> StoryContext:
+def story_context(project: Project, run: Run, story: Story, policy: Policy) -> StoryContext:
     git = journal_git_locks(project.git(policy), project.db, run.id, story.key)
     layout = Layout(project.state_dir, run.id)
     target = project.target(git, run.target_branch)

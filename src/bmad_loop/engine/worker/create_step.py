@@ -30,13 +30,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Iterable
 
 from ...git.trees.compose import blob_at, changed_paths, dirty_paths, replace_blob
 from ...errors import GitError, ConfigError
 from ...bmad.footprint import footprint_from_mapping, Footprint
 from ...states import AttemptState, Phase
-from ...bmad.story_files import parse_story_text
-from .context import Outcome
+from ...bmad.story_files import StoryMeta, parse_story_text
+from ...db.models import Story
+from .context import Outcome, StepResult, Walker
 from ..workspace.base import Prepared
 from ...bmad.board import parse_board
 from ...bmad.selection import StorySpec, check_dependencies, resolve_dependencies
@@ -50,21 +52,28 @@ __all__ = ["phase_create", "carry_forward", "CREATED_KEY", "check_created"]
 
 CREATED_KEY = "created"  # feedback entry: the create commit that dev has not started from yet
 
+# (kind, data) of the journal events an `Outcome` records.
+Events = list[tuple[str, dict[str, Any]]]
 
-def phase_create(worker) -> Outcome:
+
+def phase_create(worker: Walker) -> Outcome:
     """One create session of the claimed story, and what it means for the story. A story
     file a person committed on the story branch (after the create attempts ran out) is read
     instead, with no session."""
     ctx, git = worker.ctx, worker.ctx.git
     story = worker.claim.load()
+    # Prepared (its worktree made), and planned with the path its file is written to.
+    assert story.worktree is not None and story.story_path is not None
     worktree = Path(story.worktree)
     start = git.rev("HEAD", cwd=worktree)
+    assert start is not None  # a prepared worktree has a commit checked out
     written = worktree / story.story_path
     if blob_at(git, start, story.story_path) is not None:
         return _committed_by_a_person(worker, story, start, written)
     number = story.dev_attempts + 1
     result = worker.session(Phase.CREATE, number)
-    meta, failure = None, None
+    meta: StoryMeta | None = None
+    failure: str | None = None
     if not result.ok:
         failure = result.summary
     else:
@@ -74,7 +83,7 @@ def phase_create(worker) -> Outcome:
         if result.state == AttemptState.SUCCEEDED:  # exited 0, but no usable file: a failure
             result.state = AttemptState.FAILED
         result.ok, result.reason, result.summary = False, failure, failure
-        events = [(EventKind.CREATE_FAILED, {"attempt": number, "reason": failure})]
+        events: Events = [(EventKind.CREATE_FAILED, {"attempt": number, "reason": failure})]
         if discarded:
             events.append((EventKind.CREATE_DISCARDED, {"paths": discarded}))
         if number >= worker.policy.limits.max_create_attempts:
@@ -85,10 +94,12 @@ def phase_create(worker) -> Outcome:
                                                   + result.output[-4000:]})
     head = _commit_file(git, start, story.story_path, written.read_bytes(),
                         f"{story.key}: create the story file\n")
+    assert meta is not None  # read without a failure
     return _created(worker, story, head, meta, result)
 
 
-def _read_written(ctx: StoryContext, story, written: Path):
+def _read_written(ctx: StoryContext, story: Story,
+                  written: Path) -> tuple[StoryMeta, None] | tuple[None, str]:
     """(metadata, None) of a usable story file, else (None, why not)."""
     if not written.is_file():
         return None, f"the agent exited 0 but wrote no story file at {story.story_path}"
@@ -102,28 +113,32 @@ def _read_written(ctx: StoryContext, story, written: Path):
     return replace(meta, depends_on=depends_on), None
 
 
-def _committed_by_a_person(worker, story, head: str, written: Path) -> Outcome:
+def _committed_by_a_person(worker: Walker, story: Story, head: str, written: Path) -> Outcome:
     """The story branch already holds the story file: a person wrote or fixed it there. It is
     checked like a created one; a bad one escalates at once (no agent second-guesses it)."""
     meta, failure = _read_written(worker.ctx, story, written)
     if failure:
         return Outcome(escalate=f"the story file on the story branch is still invalid: {failure}",
                        events=[(EventKind.CREATE_FAILED, {"attempt": None, "reason": failure})])
+    assert meta is not None  # read without a failure
     return _created(worker, story, head, meta, None)
 
 
-def _created(worker, story, head: str, meta, result) -> Outcome:
+def _created(worker: Walker, story: Story, head: str, meta: StoryMeta,
+             result: StepResult | None) -> Outcome:
     """The story file is committed at `head`: the row takes what it says, back to pending."""
     ctx, git = worker.ctx, worker.ctx.git
+    assert story.worktree is not None  # the prepare phase made it
     discarded = _reset(git, Path(story.worktree), head, ctx.workspace.seeds, keep=story.story_path)
     values = _row_values(ctx, story, meta)
-    events = [(EventKind.STORY_CREATED, {"story_file": story.story_path, "commit": head,
+    events: Events = [(EventKind.STORY_CREATED, {"story_file": story.story_path, "commit": head,
                                  "footprint": values["footprint"],
                                  "footprint_reason": values["footprint_reason"]})]
     if discarded:
         events.append((EventKind.CREATE_DISCARDED, {"paths": discarded}))
     if values["footprint_reason"]:
         events.append((EventKind.FOOTPRINT_EXCLUSIVE, {"reason": values["footprint_reason"]}))
+    assert story.branch is not None  # the prepare phase named it
     try:  # remote mode: dev may be claimed on another host, which must find the created file
         if ctx.target.publish_story(story.branch, head):
             events.append((EventKind.STORY_PUSHED, {"branch": story.branch, "head_sha": head,
@@ -136,7 +151,7 @@ def _created(worker, story, head: str, meta, result) -> Outcome:
                    feedback={"verify_output": "", CREATED_KEY: head})
 
 
-def _row_values(ctx: StoryContext, story, meta) -> dict:
+def _row_values(ctx: StoryContext, story: Story, meta: StoryMeta) -> dict[str, Any]:
     """What the committed story file says, as the row's columns (a policy override of the
     footprint still wins, and the story file itself is always part of it)."""
     policy = ctx.policy
@@ -146,6 +161,7 @@ def _row_values(ctx: StoryContext, story, meta) -> dict:
         footprint = footprint_from_mapping({"files": list(override.files), "shared": list(override.shared),
                                             "resources": list(override.resources)})
     path = story.story_path
+    assert path is not None  # a story to create is planned with its file's path
     footprint = footprint.with_files(path if "/" in path else "/" + path)
     tier = meta.tier if meta.tier in policy.adapter.tiers else story.tier
     return {"title": meta.title or story.title, "footprint": footprint.to_dict(),
@@ -154,7 +170,7 @@ def _row_values(ctx: StoryContext, story, meta) -> dict:
             "done_checkpoint": meta.done_checkpoint}
 
 
-def _commit_file(git: Git, parent: str, path: str, content: bytes, message: str,
+def _commit_file(git: Git, parent: str, path: str, content: bytes | None, message: str,
                  date: str | None = None) -> str:
     """A commit on `parent` that adds (or replaces) `path` and nothing else."""
     tree = replace_blob(git, git.out("rev-parse", f"{parent}^{{tree}}"), path, content)
@@ -162,7 +178,7 @@ def _commit_file(git: Git, parent: str, path: str, content: bytes, message: str,
                    env=git.identity_env(date))
 
 
-def _reset(git: Git, worktree: Path, to: str, seeds, keep: str | None) -> list[str]:
+def _reset(git: Git, worktree: Path, to: str, seeds: Iterable[str], keep: str | None) -> list[str]:
     """Put the worktree (and its branch) exactly at `to`; return what the agent changed that is
     thereby discarded (`keep`, the committed story file, is not listed)."""
     head = git.rev("HEAD", cwd=worktree)
@@ -177,7 +193,7 @@ def _reset(git: Git, worktree: Path, to: str, seeds, keep: str | None) -> list[s
                   and not any(p == seed or p.startswith(f"{seed}/") for seed in seeded))
 
 
-def carry_forward(ctx: StoryContext, story, prepared: Prepared, target_sha: str) -> Prepared:
+def carry_forward(ctx: StoryContext, story: Story, prepared: Prepared, target_sha: str) -> Prepared:
     """Dev of a story created in this run starts from the target as it is now: its one-file
     create commit is made again on top of the target (same file, same message and date, so a
     repeated prepare gives the same commit). Anything else on the branch is left alone."""
@@ -188,8 +204,9 @@ def carry_forward(ctx: StoryContext, story, prepared: Prepared, target_sha: str)
     worktree = Path(prepared.worktree)
     done = {**prepared.feedback, CREATED_KEY: None}
     head = git.rev("HEAD", cwd=worktree)
-    if head != created or git.is_ancestor(target_sha, head):
+    if head is None or head != created or git.is_ancestor(target_sha, head):  # (created: a sha)
         return Prepared(prepared.worktree, prepared.base_sha, feedback=done)
+    assert story.story_path is not None  # a created story has its file
     content = blob_at(git, head, story.story_path)
     message = git.out("log", "-1", "--format=%B", head) + "\n"
     date = git.out("log", "-1", "--format=%cI", head)
@@ -198,7 +215,7 @@ def carry_forward(ctx: StoryContext, story, prepared: Prepared, target_sha: str)
     return Prepared(prepared.worktree, target_sha, feedback=done)
 
 
-def check_created(ctx: StoryContext, story, meta,
+def check_created(ctx: StoryContext, story: Story, meta: StoryMeta,
                   written: Path) -> tuple[tuple[str, ...], str | None]:
     """(the file's `depends_on` resolved to full keys, or the problem in one line naming
     `written` and the story)."""
@@ -206,10 +223,12 @@ def check_created(ctx: StoryContext, story, meta,
         return (), f"{written}: {'; '.join(meta.errors)}"
     with ctx.db.read() as s:
         rows = [(r.key, r.epic, list(r.depends_on or ())) for r in stories_of(s, ctx.run_id)]
+    assert story.worktree is not None  # the prepare phase made it
     board = _board_statuses(ctx, Path(story.worktree))
     planned = {key for key, _, _ in rows}
 
-    def spec(key, epic, deps, position, status="ready-for-dev", where=None):
+    def spec(key: str, epic: str, deps: Iterable[str], position: int,
+             status: str = "ready-for-dev", where: Path | None = None) -> StorySpec:
         return StorySpec(key=key, epic=epic, status=status, title=key, story_file=where,
                          story_path=None, footprint=Footprint(), depends_on=tuple(deps),
                          merge_class=None, tier=None, done_checkpoint=False, position=position)

@@ -31,15 +31,17 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any, Iterable
 
 from ...fileio import write_beneath
 from ...git.trees.compose import Settling, compose
 from ...git.trees.settle import Generators
+from ...db.models import Story
 from ...states import Phase
 from ..crashpoints import crash_point
 from ..mergerules import run_merge_rules
 from ..journal import EventKind, record
-from .context import Outcome
+from .context import Outcome, StoryContext, Walker
 from ..repairs import MERGE_KEY, REPAIR_KEY, in_repair, repair_markdown, repair_ref
 from ..verification.record import restore
 
@@ -51,9 +53,9 @@ CAUSE_VAR = "BMAD_LOOP_REPAIR_CAUSE"  # conflict | verify-failed
 _MARKERS = (b"<<<<<<< ", b">>>>>>> ")
 
 
-def markers_left(worktree: Path, paths) -> list[str]:
+def markers_left(worktree: Path, paths: Iterable[str]) -> list[str]:
     """The `paths` (repository-relative) whose file still holds a conflict marker line."""
-    left = []
+    left: list[str] = []
     for rel in paths:
         path = Path(worktree) / rel
         if path.is_symlink() or not path.is_file():
@@ -67,14 +69,15 @@ def markers_left(worktree: Path, paths) -> list[str]:
     return left
 
 
-def repair_prompt_text(story, target_branch: str) -> str:
+def repair_prompt_text(story: Story, target_branch: str) -> str:
     """The repair session's account of what failed (`PromptSpec.repair`)."""
     feedback = story.feedback or {}
     merge = feedback.get(MERGE_KEY) or {}
     return repair_markdown(feedback.get(REPAIR_KEY) or {}, target_branch, merge.get("conflicts") or ())
 
 
-def repair_env(ctx, story, number: int, worktree: Path, session_dir: str) -> dict[str, str]:
+def repair_env(ctx: StoryContext, story: Story, number: int, worktree: Path,
+               session_dir: str) -> dict[str, str]:
     """A repair session's own variables: the cause and the evidence file, written now into the
     session's folder in the worktree (where a boxed agent can read it), through no link."""
     feedback = story.feedback or {}
@@ -93,7 +96,7 @@ def repair_env(ctx, story, number: int, worktree: Path, session_dir: str) -> dic
 class Repair:
     """The repair of the story its `StoryWorker` walks."""
 
-    def __init__(self, worker):
+    def __init__(self, worker: Walker):
         self.worker = worker
         self.ctx = worker.ctx
         self.policy = worker.ctx.policy
@@ -112,6 +115,7 @@ class Repair:
         if not result.ok:
             return self.failed(story, f"repair session {number} failed: {result.summary}",
                                session=result, counters=counted, used=number)
+        assert story.worktree is not None  # the prepare phase made it
         left = markers_left(Path(story.worktree), merge.get("conflicts") or ())
         if left:
             return self.failed(story, f"repair session {number} left conflict markers in "
@@ -120,7 +124,8 @@ class Repair:
         return Outcome(Phase.VERIFY, session=result, counters=counted,
                        feedback={"verify_output": ""}, values={"after_phase": None})
 
-    def verify_failed(self, story, event, feedback: dict) -> Outcome:
+    def verify_failed(self, story: Story, event: tuple[str, dict[str, Any]],
+                      feedback: dict[str, Any]) -> Outcome:
         """The story's verify failed during a repair: a fix round while dev attempts last."""
         if story.dev_attempts >= self.policy.limits.max_dev_attempts:
             return self.failed(story, f"verify failed after repair {story.repairs} and "
@@ -128,14 +133,14 @@ class Repair:
                                events=[event], output=feedback.get("verify_output", ""))
         return Outcome(Phase.FIX, events=[event], feedback=feedback)
 
-    def failed(self, story, reason: str, *, used: int | None = None, output: str = "",
-               **outcome) -> Outcome:
+    def failed(self, story: Story, reason: str, *, used: int | None = None, output: str = "",
+               **outcome: Any) -> Outcome:
         """This repair failed: another from a fresh merge while `max_repairs` lasts, else the
         story escalates (its worktree as the repair left it)."""
         used = story.repairs if used is None else used
         request = (story.feedback or {}).get(REPAIR_KEY) or {}
         done = {"number": used, "cause": request.get("cause"), "reason": reason}
-        events = list(outcome.pop("events", []))
+        events: list[tuple[str, dict[str, Any]]] = list(outcome.pop("events", []))
         limit = self.policy.limits.max_repairs
         if used >= limit:
             events.append((EventKind.REPAIR_FINISHED, {**done, "outcome": "escalated"}))
@@ -149,14 +154,14 @@ class Repair:
                        **outcome)
 
     # ----------------------------------------------------------------- the commit
-    def merge_parents(self, story) -> list[str] | None:
+    def merge_parents(self, story: Story) -> list[str] | None:
         """The parents of a repaired story's commit: its head and the merged-in target."""
         merge = (story.feedback or {}).get(MERGE_KEY)
         if not in_repair(story) or not merge:
             return None
         return [merge["head"], merge["target_sha"]]
 
-    def ready_events(self, story) -> list[tuple[str, dict]]:
+    def ready_events(self, story: Story) -> list[tuple[str, dict[str, Any]]]:
         request = (story.feedback or {}).get(REPAIR_KEY) or {}
         self.finished = True
         return [(EventKind.REPAIR_FINISHED, {"number": story.repairs, "cause": request.get("cause"),
@@ -170,10 +175,11 @@ class Repair:
             git.run("update-ref", "--stdin", input="".join(f"delete {r}\n" for r in found))
 
     # ----------------------------------------------------------------- the merge
-    def _merged(self, story) -> dict:
+    def _merged(self, story: Story) -> dict[str, Any]:
         """The merge in the worktree: restored from its record when the row names one (a
         session cut short starts from it again), else made now."""
         ctx, git = self.ctx, self.ctx.git
+        assert story.worktree is not None  # the prepare phase made it
         worktree = Path(story.worktree)
         ref = repair_ref(ctx.run_id, story.key)
         merge = (story.feedback or {}).get(MERGE_KEY)
@@ -191,6 +197,7 @@ class Repair:
             return merge
         request = story.feedback[REPAIR_KEY]
         target_sha, head = request["target_sha"], story.head_sha
+        assert head is not None  # a story sent to repair was committed
         tree, conflicts = self._compose(story, target_sha, head)
         sha = git.out("commit-tree", tree, "-p", head, "-p", target_sha, "-m",
                       f"bmad-loop: repair merge of {story.key} (not a commit of the story)",
@@ -211,11 +218,12 @@ class Repair:
         ctx.workspace.reseed(worktree)
         return merge
 
-    def _compose(self, story, target_sha: str, head: str) -> tuple[str, tuple[str, ...]]:
+    def _compose(self, story: Story, target_sha: str, head: str) -> tuple[str, tuple[str, ...]]:
         """The merged tree and the paths git left with markers: merged like a candidate."""
         ctx = self.ctx
         rules = run_merge_rules(self.policy, ctx.workspace.root, ctx.board_rel)
         comp = compose(ctx.git, "merge", target_sha, head, f"repair merge of {story.key}",
                        settling=Settling(rules, None if story.stacked_on else story.base_sha,
                                          Generators.KEEP_STORY))
+        assert comp.tree is not None  # a merge always names its tree (with markers or not)
         return comp.tree, comp.conflicts

@@ -50,16 +50,19 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
+from typing import Any, Iterable, Mapping, cast
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import Table, bindparam, select, update
 
 from ...agents.adapter import AgentCall, agent_env, render_argv, review_approved, session_output
 from ...bmad.install import detect_bmad
 from ...agents.faults import AgentFault, classify
 from ...agents.output import SessionReport, Usage, parse_output
-from ...agents.process import Command, Limits, supervise
+from ...agents.process import AgentResult, Command, Limits, supervise
+from ...agents.profiles import Profile
 from ...db.database import insert_now
-from ...db.models import Attempt, Run, utcnow
+from ...db.models import Attempt, Run, Story, utcnow
 from ...fileio import LinkRefused, read_beneath, shown, unlink_beneath, write_beneath
 from ...git.config_guard import ConfigWatch
 from ...git.trees.compose import SESSION_FOLDER
@@ -80,6 +83,7 @@ from ..verification.record import keep, restore
 from .context import Claim
 from ...git.runner import Git
 from ...policy import Policy
+from ...policy.schema import PhaseOverride
 from .context import StoryContext
 
 __all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "verdict_mode", "snapshot",
@@ -90,7 +94,8 @@ __all__ = ["SessionResult", "run_session", "Heartbeat", "SESSION_DIR", "verdict_
 log = logging.getLogger(__name__)
 
 # The agent's pid, written as it starts (built once: every session runs it).
-_SET_PID = (update(Attempt.__table__).where(Attempt.__table__.c.id == bindparam("attempt_id"))
+_ATTEMPTS = cast(Table, Attempt.__table__)  # a mapped class's table (typed as a FromClause)
+_SET_PID = (update(_ATTEMPTS).where(_ATTEMPTS.c.id == bindparam("attempt_id"))
             .values(pid=bindparam("pid")))
 # A running session's look for `stop --now`, twice a second.
 _STOP_ASKED = select(Run.state, Run.stop_mode).where(Run.id == bindparam("run_id"))
@@ -117,13 +122,13 @@ class SessionResult:
     # An environment fault (rate or usage limit, auth, trust, model, network): no attempt charged.
     fault: AgentFault | None = None
 
-    def attempt_values(self) -> dict:
+    def attempt_values(self) -> dict[str, Any]:
         return {"state": self.state, "exit_code": self.exit_code, "ended_at": utcnow(),
                 "duration_s": round(self.duration_s, 3), "counted": self.state != AttemptState.INTERRUPTED,
                 "head_sha": self.head_sha, "reason": self.reason, **self.usage.columns()}
 
 
-def verdict_mode(policy: Policy, profile) -> str:
+def verdict_mode(policy: Policy, profile: Profile | None) -> str:
     """`[adapter] verdict` when set; else profiles whose CLI always exits 0 mark their verdict in
     the output, and custom commands use exit codes (the contract)."""
     adapter = policy.adapter
@@ -134,7 +139,7 @@ def verdict_mode(policy: Policy, profile) -> str:
     return "exit"
 
 
-def profile_in_use(policy: Policy, profile, phase: str):
+def profile_in_use(policy: Policy, profile: Profile | None, phase: str) -> Profile | None:
     """The profile whose CLI this phase runs (its output format and fault words), or None for a
     custom command."""
     adapter = policy.adapter
@@ -162,7 +167,7 @@ class _Launch:
 
 
 def run_session(ctx: StoryContext, claim: Claim, phase: str, number: int,
-                story=None) -> SessionResult:
+                story: Story | None = None) -> SessionResult:
     """Run one agent session of the claimed story; its attempt row is left for the caller to close.
     `story`: the row as the caller just read it (else it is read here)."""
     story = story if story is not None else claim.load()
@@ -172,9 +177,10 @@ def run_session(ctx: StoryContext, claim: Claim, phase: str, number: int,
     # What the story's work is before the session, to tell an empty dev or fix session. Only a
     # profile's CLI is judged so: for a custom command exit 0 is success (the contract).
     unflag = ctx.workspace.story_worktrees  # never a person's flags in their own checkout
-    before = snapshot(ctx.git, launch.worktree, story.base_sha, unflag=unflag) \
+    base = story.base_sha
+    before = snapshot(ctx.git, launch.worktree, base, unflag=unflag) \
         if phase in (Phase.DEV, Phase.FIX) \
-        and story.base_sha and profile_in_use(policy, ctx.profile, phase) else None
+        and base and profile_in_use(policy, ctx.profile, phase) else None
     # Git configuration, hooks and drivers before the agent runs; compared before any other git.
     watch = ConfigWatch(ctx.git, launch.worktree, ctx.scratch.parent / f"{ctx.key}.git-config.json")
     watch.begin()
@@ -187,9 +193,9 @@ def run_session(ctx: StoryContext, claim: Claim, phase: str, number: int,
         settle_after_box(ctx.git, launch.worktree, story.branch, ctx.scratch)
     verdict = _verdict(ctx, phase, number, launch, result)
     head = None if config_changes else ctx.git.rev("HEAD", cwd=launch.worktree)
-    if verdict.ok and before is not None and not config_changes:
+    if verdict.ok and before is not None and base and not config_changes:  # (before: a base)
         ignore = [*policy.scm.lane_owned, *([ctx.board_rel] if ctx.board_rel else []), f"/{SESSION_DIR}/"]
-        after = snapshot(ctx.git, launch.worktree, story.base_sha, unflag=unflag)
+        after = snapshot(ctx.git, launch.worktree, base, unflag=unflag)
         if not changed_paths_between(before, after, ignore):
             verdict = dataclasses.replace(
                 verdict, state=AttemptState.FAILED, ok=False, reason="no changes",
@@ -200,12 +206,13 @@ def run_session(ctx: StoryContext, claim: Claim, phase: str, number: int,
                          verdict.reason, verdict.usage, verdict.fault)
 
 
-def _launch(ctx: StoryContext, story, phase: str, number: int) -> _Launch:
+def _launch(ctx: StoryContext, story: Story, phase: str, number: int) -> _Launch:
     """The prompt written, the argv and environment rendered, the box chosen."""
     policy = ctx.policy
     tier_name = story.tier or ""
     tier = policy.adapter.tiers.get(tier_name) if tier_name else None
     phase_over = policy.adapter.phase(phase)
+    assert story.worktree is not None  # the prepare phase made it
     worktree = Path(story.worktree)
     log_path = ctx.layout.log(ctx.key, phase, number)
     prompt_path = _write_session_prompt(ctx, story, phase, number, worktree)
@@ -244,9 +251,10 @@ def _launch(ctx: StoryContext, story, phase: str, number: int) -> _Launch:
                    policy.adapter.timeout_for(phase, tier_name), phase)
 
 
-def _write_session_prompt(ctx: StoryContext, story, phase: str, number: int,
+def _write_session_prompt(ctx: StoryContext, story: Story, phase: str, number: int,
                           worktree: Path) -> Path:
     # Inside the worktree: headless agents may not read files outside their folder.
+    assert story.worktree is not None  # `worktree` is it
     prompt_path = worktree / SESSION_DIR / f"{phase}-{number}.md"
     _exclude_session_dir(ctx.git)
     source = ctx.target.story_source(worktree)
@@ -271,7 +279,7 @@ def _write_session_prompt(ctx: StoryContext, story, phase: str, number: int,
     return prompt_path
 
 
-def _open_attempt(ctx: StoryContext, claim: Claim, story, phase: str, number: int,
+def _open_attempt(ctx: StoryContext, claim: Claim, story: Story, phase: str, number: int,
                   launch: _Launch) -> int:
     """The attempt row and its journal line, written under the claim: no session starts for a
     worker that lost its story."""
@@ -289,7 +297,8 @@ def _open_attempt(ctx: StoryContext, claim: Claim, story, phase: str, number: in
     return attempt_id
 
 
-def _supervised(ctx: StoryContext, claim: Claim, attempt_id: int, launch: _Launch):
+def _supervised(ctx: StoryContext, claim: Claim, attempt_id: int,
+                launch: _Launch) -> AgentResult:
     def started(pid: int) -> None:
         with ctx.db.transaction() as s:
             s.connection().execute(_SET_PID, {"attempt_id": attempt_id, "pid": pid})
@@ -318,17 +327,20 @@ class _Verdict:
     fault: AgentFault | None
 
 
-def _verdict(ctx: StoryContext, phase: str, number: int, launch: _Launch, result) -> _Verdict:
+def _verdict(ctx: StoryContext, phase: str, number: int, launch: _Launch,
+             result: AgentResult) -> _Verdict:
     """How the session went: its attempt state, the summary and reason, its words, its usage and
     any environment fault of the CLI."""
     policy, timeout = ctx.policy, launch.timeout
-    state = (AttemptState.INTERRUPTED if result.interrupted else AttemptState.TIMED_OUT if result.timed_out
+    state: str = (AttemptState.INTERRUPTED if result.interrupted else AttemptState.TIMED_OUT if result.timed_out
              else AttemptState.SUCCEEDED if result.exit_code == 0 else AttemptState.FAILED)
-    summary = {AttemptState.INTERRUPTED: "interrupted by stop",
-               AttemptState.TIMED_OUT: f"agent timed out after {timeout}s (process tree killed)",
-               AttemptState.SUCCEEDED: "agent exited 0",
-               AttemptState.FAILED: f"agent exited {result.exit_code}"}[state]
-    reason = None
+    summaries: dict[str, str] = {
+        AttemptState.INTERRUPTED: "interrupted by stop",
+        AttemptState.TIMED_OUT: f"agent timed out after {timeout}s (process tree killed)",
+        AttemptState.SUCCEEDED: "agent exited 0",
+        AttemptState.FAILED: f"agent exited {result.exit_code}"}
+    summary = summaries[state]
+    reason: str | None = None
     if result.stalled:  # silent and idle for stall_s: a failed attempt (stallwatch.py)
         state, reason = AttemptState.FAILED, "stalled"
         summary = f"stalled: no output and no CPU for {policy.adapter.stall_s}s (process tree killed)"
@@ -351,7 +363,7 @@ def _verdict(ctx: StoryContext, phase: str, number: int, launch: _Launch, result
 
 def _with_usage(ctx: StoryContext, phase: str, number: int, report: SessionReport,
                 usage_path: Path | None,
-                result) -> SessionReport:
+                result: AgentResult) -> SessionReport:
     """The report with a custom command's usage file read into it (`usage_path`; a bad file is
     journaled, not recorded); a session that reported nothing under a budget is journaled."""
     if usage_path is not None:
@@ -368,7 +380,8 @@ def _with_usage(ctx: StoryContext, phase: str, number: int, report: SessionRepor
     return report
 
 
-def _journal_log_cut(ctx: StoryContext, phase: str, number: int, log_path: Path, result) -> None:
+def _journal_log_cut(ctx: StoryContext, phase: str, number: int, log_path: Path,
+                     result: AgentResult) -> None:
     """The session's log passed `[limits] max_log_bytes` (or could not be written): say so."""
     if result.log_cut is not None:
         with ctx.db.transaction() as s:
@@ -376,8 +389,8 @@ def _journal_log_cut(ctx: StoryContext, phase: str, number: int, log_path: Path,
                    log=str(log_path), **result.log_cut.event_data())
 
 
-def _session_env(ctx: StoryContext, phase_over, worktree: Path,
-                 log_path: Path) -> tuple[dict, Box | None]:
+def _session_env(ctx: StoryContext, phase_over: PhaseOverride, worktree: Path,
+                 log_path: Path) -> tuple[dict[str, str], Box | None]:
     """The session's extra environment (profile, [adapter.env], the phase's, its scratch, its
     box's) and its box (None: unboxed). The box sees the HOME the agent will have."""
     policy = ctx.policy
@@ -392,8 +405,9 @@ def _session_env(ctx: StoryContext, phase_over, worktree: Path,
     return extra_env, box
 
 
-def _judge(state, summary, reason, fault: AgentFault | None, report: SessionReport, result,
-           timeout):
+def _judge(state: str, summary: str, reason: str | None, fault: AgentFault | None,
+           report: SessionReport, result: AgentResult,
+           timeout: float) -> tuple[str, str, str | None]:
     """The attempt's state, summary and reason once the CLI's own report is read: an environment
     fault charges nothing (interrupted), an error the CLI reported with exit 0 fails."""
     words = report.error.strip().splitlines()[-1][:300] if report.error.strip() else ""
@@ -423,15 +437,16 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name=f"bmad-heartbeat-{ctx.key}")
 
-    def __enter__(self):
+    def __enter__(self) -> Heartbeat:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self._done.set()
         self._thread.join()
 
-    def _loop(self):
+    def _loop(self) -> None:
         poll = min(self.interval, 0.5)
         elapsed = 0.0
         while not self._done.wait(poll):
@@ -465,7 +480,7 @@ def _exclude_session_dir(git: Git) -> None:
                          + f"# bmad-loop prompt files\n{line}\n")
 
 
-def _write_session_files(worktree: Path, files) -> None:
+def _write_session_files(worktree: Path, files: Mapping[str, str]) -> None:
     """A profile's own files beside the prompt (gemini: the ignore rule that lets its file tools
     read the git-ignored session folder in place)."""
     for name, text in files.items():
@@ -497,7 +512,7 @@ def snapshot(git: Git, worktree: Path, base_sha: str, *, unflag: bool = False) -
     new = git.run("ls-files", "--others", "--exclude-standard", "-z", cwd=worktree).stdout
     paths = sorted({p for p in (tracked + "\0" + new).split("\0") if p})
     present = [p for p in paths if (worktree / p).is_file()]
-    ids = []
+    ids: list[str] = []
     if present:
         out = git.run("hash-object", "--stdin-paths", cwd=worktree, input="\n".join(present) + "\n").stdout
         ids = out.split()
@@ -505,7 +520,8 @@ def snapshot(git: Git, worktree: Path, base_sha: str, *, unflag: bool = False) -
     return {p: found.get(p, _GONE) for p in paths}
 
 
-def changed_paths_between(before: dict[str, str], after: dict[str, str], ignore) -> list[str]:
+def changed_paths_between(before: dict[str, str], after: dict[str, str],
+                          ignore: Iterable[str]) -> list[str]:
     """The paths whose content differs between two snapshots, except those matching `ignore`."""
     paths = set(before) | set(after)
     return sorted(p for p in paths
@@ -529,7 +545,7 @@ def session_ref_owner(ref: str) -> tuple[str, str, bool] | None:
     return parts[2], parts[4], parts[5].endswith(CUT_SUFFIX)
 
 
-def before_session(ctx: StoryContext, claim: Claim, story, phase: str, number: int) -> None:
+def before_session(ctx: StoryContext, claim: Claim, story: Story, phase: str, number: int) -> None:
     """Before an agent session of the claimed story: record where it starts, or, when the row
     names this very session's record (it is a re-run), put the worktree back to it first."""
     if not ctx.workspace.story_worktrees or not story.worktree:
@@ -555,7 +571,7 @@ def before_session(ctx: StoryContext, claim: Claim, story, phase: str, number: i
                                         {"phase": phase, "number": number, "sha": sha}})
 
 
-def forget_session_record(known, values: dict) -> None:
+def forget_session_record(known: Story, values: dict[str, Any]) -> None:
     """A session's outcome is written (for the row `known`): the row stops naming its record
     in that same write."""
     if (known.feedback or {}).get(SESSION_RECORD_KEY):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from typing import TYPE_CHECKING, Callable
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -35,13 +36,22 @@ from ..workspace.pool import announce_park
 from ...db.database import Database
 from .context import StoryContext
 
+if TYPE_CHECKING:
+    from ...queue.tasks import Tasks
+    from ..project import Project
+
+# What `_walk` ends with: (the story's lease gone, its work finished, what ends the
+# announcement of its worktree's park, or None).
+WalkEnd = tuple[bool, bool, Callable[[], None] | None]
+
 __all__ = ["work", "release_after_stop", "interrupt_open_attempts", "close_running_attempts"]
 
 
 log = logging.getLogger(__name__)
 
 
-def work(project, tasks, run_id: str, story_id: int, on_claim=None) -> None:
+def work(project: Project, tasks: Tasks, run_id: str, story_id: int,
+         on_claim: Callable[[str, str], None] | None = None) -> None:
     """Task body: claim the story, do its work, wake the lane. `on_claim(run_id, key)` is
     called once the claim is committed (`bmad-loop worker` prints a line)."""
     db = project.db
@@ -52,8 +62,9 @@ def work(project, tasks, run_id: str, story_id: int, on_claim=None) -> None:
     story, ctx, claim = claimed
     if on_claim is not None:
         on_claim(run_id, ctx.key)
-    tries = []  # the walkers, one per try
-    lease_gone, finished, parked = False, False, None  # parked: ends the park's announcement
+    tries: list[StoryWorker] = []  # the walkers, one per try
+    lease_gone, finished = False, False
+    parked: Callable[[], None] | None = None  # ends the park's announcement
     try:
         lease_gone, finished, parked = _walk(ctx, claim, story, tries)
     finally:
@@ -77,7 +88,8 @@ def work(project, tasks, run_id: str, story_id: int, on_claim=None) -> None:
         _sweep(project, run_id)
 
 
-def _claim(project, run_id: str, story_id: int, owner: str):
+def _claim(project: Project, run_id: str, story_id: int,
+           owner: str) -> tuple[Story, StoryContext, Claim] | None:
     """(story, context, claim) once this worker holds the story, or None: the run is not live
     (the story goes back in line) or the message is a duplicate."""
     db = project.db
@@ -89,12 +101,13 @@ def _claim(project, run_id: str, story_id: int, owner: str):
             # Stopped or paused before a worker picked it up: back in line, nothing started.
             if transition_story(s, story_id, StoryState.QUEUED, state=StoryState.PENDING,
                                 port_block=None):
-                record(s, run_id, EventKind.STORY_UNQUEUED, s.get(Story, story_id).key, run_state=run.state)
+                record(s, run_id, EventKind.STORY_UNQUEUED, s.get_one(Story, story_id).key,
+                       run_state=run.state)
             return None
         now = utcnow()
         # Read, then claimed by one guarded UPDATE that the row takes as written: two racing
         # claims read the same generation, and only the one that finds the story queued wins.
-        story = s.get(Story, story_id)
+        story = s.get_one(Story, story_id)
         first_start = story.phase is None  # it enters prepare here, as `_enter_phase` would
         if not transition_story(s, story_id, StoryState.QUEUED, state=StoryState.WORKING,
                                 host=project.host, heartbeat_at=now, started_at=now,
@@ -112,13 +125,13 @@ def _claim(project, run_id: str, story_id: int, owner: str):
     return story, ctx, Claim(db, run_id, story_id, generation, owner, token, policy.leases.ttl_s)
 
 
-def _walk(ctx: StoryContext, claim: Claim, story, tries: list):
+def _walk(ctx: StoryContext, claim: Claim, story: Story, tries: list[StoryWorker]) -> WalkEnd:
     """Walk the story (retried over transient faults); (lease gone, finished, parked). A fault,
     a pause, a stop or a bug each leave the story and the run where a human can go on."""
     db, run_id, story_id, generation = ctx.db, ctx.run_id, claim.story_id, claim.generation
     policy = ctx.policy
 
-    def walk_once():
+    def walk_once() -> str | None:
         if tries:  # a try cut short by a fault left its session open (the claim closed older ones)
             interrupt_open_attempts(claim)
         claimed = story if not tries else None  # as the claim left it; a retry reads it again
@@ -155,7 +168,7 @@ def _walk(ctx: StoryContext, claim: Claim, story, tries: list):
 def _escalate_internal_error(db: Database, run_id: str, story_id: int, generation: int,
                              exc: Exception) -> None:
     with db.transaction() as s:
-        story = s.get(Story, story_id)
+        story = s.get_one(Story, story_id)
         if story.state == StoryState.WORKING and story.claim == generation:
             story.state, story.reason = StoryState.ESCALATED, f"internal error: {exc}"
             story.ended_at = utcnow()
@@ -163,7 +176,7 @@ def _escalate_internal_error(db: Database, run_id: str, story_id: int, generatio
                    traceback=traceback.format_exc()[-4000:])
 
 
-def _release_if_ready(ctx: StoryContext, claim: Claim, known) -> None:
+def _release_if_ready(ctx: StoryContext, claim: Claim, known: Story | None) -> None:
     """A ready story's work is all on its branch: its worktree goes to the pool, so a story
     dispatched into the freed slot takes it instead of checking out a new one. (Should its
     integration escalate, the lane gives it one back; should the lane get there first, it
@@ -172,7 +185,7 @@ def _release_if_ready(ctx: StoryContext, claim: Claim, known) -> None:
         quietly(ctx.workspace.release_worktree, known if known is not None else claim.load())
 
 
-def _sweep(project, run_id: str) -> None:
+def _sweep(project: Project, run_id: str) -> None:
     """A story host removes its own landed worktrees (the lane, in another clone, cannot)."""
     try:
         sweep_landed(project, run_id)
@@ -185,7 +198,7 @@ def release_after_stop(db: Database, run_id: str, story_id: int, generation: int
     """A stop (or a persistent fault) reached this story: hand it back as pending, its phase
     and worktree kept."""
     with db.transaction() as s:
-        story = s.get(Story, story_id)
+        story = s.get_one(Story, story_id)
         if story.claim == generation and transition_story(s, story_id, StoryState.WORKING,
                                                           state=StoryState.PENDING,
                                                           heartbeat_at=None):

@@ -24,6 +24,7 @@ import contextlib
 import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Callable
 
 from sqlalchemy.orm import Session
 
@@ -32,11 +33,12 @@ from ...git.trees.compose import changed_paths, commit_message
 from ...db.models import Attempt, Run, Story, utcnow
 from ...errors import GitError, StopRequested
 from ...git.trees.compose import SessionFolderStaged
+from ...git.trees.settle import MergeRules
 from ...git.config_guard import CONFIG_CHANGED_PREFIX, changed_files
 from ...states import AttemptState, Phase, RunState, StoryState
 from ..verification.childenv import settle_after_box, story_verify_setup
 from .agentpause import check_budget, settle_unavailable
-from .context import Claim, Fenced, Outcome, StoryContext
+from .context import Claim, Fenced, FinishedSession, Outcome, StoryContext
 from .create_step import carry_forward, phase_create
 from ..mergerules import StoryLedgers
 from ..crashpoints import crash_point, delay_point
@@ -46,7 +48,7 @@ from ..repairs import in_repair
 from .repair import Repair
 from ..redo import RETRY_FROM
 from ..escalation import Escalate
-from .sessions import Heartbeat, run_session, forget_session_record
+from .sessions import Heartbeat, SessionResult, run_session, forget_session_record
 from ..transitions import transition_attempt, transition_run
 from ...agents.process import Limits
 from ..verification.record import back_to_record, before_verify, forget_record
@@ -59,8 +61,11 @@ __all__ = ["StoryWorker", "footprint_drift", "adopt_pushed_branch"]
 
 log = logging.getLogger(__name__)
 
+# (kind, data) of the journal events an `Outcome` records.
+Events = list[tuple[str, dict[str, Any]]]
 
-def quietly(step, *args) -> None:
+
+def quietly(step: Callable[..., object], *args: object) -> None:
     """A closing step whose failure (a full disk under the queue) must not hide the outcome."""
     try:
         step(*args)
@@ -71,7 +76,7 @@ def quietly(step, *args) -> None:
 class StoryWorker:
     """Walks one claimed story through its phases. Returns the escalation reason, if any."""
 
-    def __init__(self, ctx: StoryContext, claim: Claim):
+    def __init__(self, ctx: StoryContext, claim: Claim) -> None:
         self.ctx = ctx
         self.claim = claim
         self.policy = ctx.policy
@@ -86,7 +91,7 @@ class StoryWorker:
         story = claimed if claimed is not None else self.claim.load()
         if claimed is not None and claimed.phase == Phase.PREPARE:
             self._row = claimed  # the claim just entered prepare: no transaction of its own
-        phase = story.phase or Phase.PREPARE
+        phase: str = story.phase or Phase.PREPARE
         if phase != Phase.PREPARE and not self.ctx.workspace.usable(story.worktree):
             phase = Phase.PREPARE  # its worktree is another host's (that host died) or was removed
         if story.to_create and phase != Phase.PREPARE:
@@ -96,11 +101,12 @@ class StoryWorker:
                 self.prepare()
             except Escalate as esc:
                 return self._apply(Outcome(escalate=esc.reason, evidence=esc.evidence))
-            phase = self._row.phase  # entered by prepare's last transaction
-        steps = {Phase.CREATE: lambda: phase_create(self),
-                 Phase.DEV: self.phase_dev, Phase.VERIFY: self.phase_verify,
-                 Phase.REVIEW: self.phase_review, Phase.FIX: self.phase_fix,
-                 Phase.REPAIR: self.repair.phase, Phase.COMMIT: self.phase_commit}
+            phase = self._entered()  # by prepare's last transaction
+        steps: dict[str, Callable[[], Outcome]] = {
+            Phase.CREATE: lambda: phase_create(self),
+            Phase.DEV: self.phase_dev, Phase.VERIFY: self.phase_verify,
+            Phase.REVIEW: self.phase_review, Phase.FIX: self.phase_fix,
+            Phase.REPAIR: self.repair.phase, Phase.COMMIT: self.phase_commit}
         while True:
             if self._row is None or self._row.phase != phase:
                 self._enter_phase(phase, check_stop=True)  # else _apply just entered it
@@ -111,7 +117,12 @@ class StoryWorker:
             escalated = self._apply(outcome)
             if escalated or outcome.ready or outcome.pending:
                 return escalated
-            phase = self._row.phase  # entered by `_apply` (which may have passed verify too)
+            phase = self._entered()  # by `_apply` (which may have passed verify too)
+
+    def _entered(self) -> str:
+        """The phase the walk's last transaction entered (prepare's or `_apply`'s)."""
+        assert self._row is not None and self._row.phase is not None  # it wrote both
+        return self._row.phase
 
     # ----------------------------------------------------------------- phases
     def prepare(self) -> None:
@@ -123,6 +134,7 @@ class StoryWorker:
         story = self._row if self._row is not None else self._enter_phase(Phase.PREPARE)
         # A stacked start begins on the base the lane composed for it (stacking.py).
         base_sha = story.base_sha if story.stacked_on else ctx.target.sha()
+        assert base_sha is not None  # a stacked start's base, or the target (planning found it)
         branch = ctx.layout.story_branch(self.key, self.policy.scm.branch_per)
         if ctx.target.publishes_stories:
             adopt_pushed_branch(ctx, story, branch)
@@ -135,8 +147,8 @@ class StoryWorker:
         delay_point("worker.in_prepare")
         crash_point("worker.after_worktree")
         with ctx.db.transaction() as s:
-            values = {"worktree": str(prepared.worktree), "branch": branch,
-                      "heartbeat_at": utcnow()}
+            values: dict[str, Any] = {"worktree": str(prepared.worktree), "branch": branch,
+                                      "heartbeat_at": utcnow()}
             if prepared.feedback:
                 values["feedback"] = {**(story.feedback or {}), **prepared.feedback}
             if not (as_is and story.base_sha):
@@ -175,6 +187,7 @@ class StoryWorker:
         ctx = self.ctx
         story = self._story()
         label = f"{story.dev_attempts}-{story.review_cycles}"
+        assert story.worktree is not None  # the prepare phase made it
         worktree = Path(story.worktree)
         # No commands, nothing to run: no environment (guard hooks) made, no heartbeat started.
         commands = self.policy.verify.commands
@@ -220,7 +233,7 @@ class StoryWorker:
         return Retry(self.policy.verify.retries,
                      lambda: back_to_record(self.ctx, self.key, worktree, kept))
 
-    def _verified(self, story: Story, event: tuple) -> Outcome:
+    def _verified(self, story: Story, event: tuple[str, dict[str, Any]]) -> Outcome:
         nxt = Phase.COMMIT if story.human_fix or not self.policy.review.enabled else Phase.REVIEW
         return Outcome(nxt, feedback={"verify_output": ""}, events=[event])
 
@@ -235,7 +248,7 @@ class StoryWorker:
                                events=[(EventKind.REVIEW_CHANGES_REQUESTED,
                                         {"cycle": cycle, "summary": result.summary})])
 
-    def _fix_cycle(self, why: str, story: Story, **outcome) -> Outcome:
+    def _fix_cycle(self, why: str, story: Story, **outcome: Any) -> Outcome:
         cycles = story.review_cycles + 1
         if cycles > self.policy.limits.max_review_cycles:
             return Outcome(escalate=f"{why}: review cycles exhausted "
@@ -277,10 +290,12 @@ class StoryWorker:
             return Outcome(escalate=str(exc))
         delay_point("worker.in_commit")
         crash_point("worker.after_repair_commit" if merge else "worker.after_commit")
+        # Prepared: its base and branch are set.
+        assert story.base_sha is not None and story.branch is not None
         changed = changed_paths(self.git, story.base_sha, head)
         drift = footprint_drift(self.git, story, changed, ctx.board_rel, self.ledgers.rules)
         values = {"head_sha": head, **self.ledgers.captured(story.worktree)}  # before it is parked
-        events = []
+        events: Events = []
         if reverted:
             events.append((EventKind.STORY_LEDGER_REVERTED, {"paths": reverted}))
         if drift:
@@ -357,7 +372,8 @@ class StoryWorker:
         self._row = known
         return None
 
-    def _row_values(self, outcome: Outcome, known, head: str | None):
+    def _row_values(self, outcome: Outcome, known: Story,
+                    head: str | None) -> tuple[dict[str, Any], Outcome | None]:
         """The story row's new values for `outcome`, and the verify it passed on entering
         (a verify with no command to run passes as it is entered), or None."""
         now = utcnow()
@@ -386,7 +402,7 @@ class StoryWorker:
                 values["phase"] = passed.next_phase
         return values, passed
 
-    def _close_attempt(self, s: Session, session: Session) -> None:
+    def _close_attempt(self, s: Session, session: FinishedSession) -> None:
         ended = session.attempt_values()
         if not transition_attempt(s, session.attempt_id, AttemptState.RUNNING,
                                   **ended):  # not running: as the row's checks say
@@ -402,7 +418,7 @@ class StoryWorker:
             self.claim.load(), rollback=self.policy.scm.rollback_on_failure,
             pause_on_escalation=self.policy.parallel.on_escalation == "pause")
 
-    def session(self, phase: Phase, number: int):
+    def session(self, phase: Phase, number: int) -> SessionResult:
         ctx = self.ctx
         waited = 0
         while True:  # an agent that could not work charges nothing: pause, or wait and run again
@@ -443,13 +459,13 @@ class StoryWorker:
         return result
 
     # ----------------------------------------------------------------- helpers
-    def _enter_phase(self, phase: Phase, *, check_stop: bool = False) -> Story:
+    def _enter_phase(self, phase: str, *, check_stop: bool = False) -> Story:
         """One transaction at each phase's start: a stop asked for ends the walk here (with
         `check_stop`), the fence is checked, the phase and heartbeat written, and the row kept
         for the phase to read (nothing but this worker writes it until `_apply`)."""
         with self.ctx.db.transaction() as s:
-            if check_stop and s.get(Run, self.ctx.run_id).state in (RunState.STOPPING,
-                                                                     RunState.STOPPED):
+            if check_stop and s.get_one(Run, self.ctx.run_id).state in (RunState.STOPPING,
+                                                                        RunState.STOPPED):
                 raise StopRequested()
             row = self.claim.own(s)
             if row.phase != phase:
@@ -473,8 +489,8 @@ class StoryWorker:
                               story_title=story.title, run_id=self.ctx.run_id, epic=story.epic)
 
 
-def footprint_drift(git: Git, story, changed: list[str], board_rel: str | None,
-                    settled=None) -> list[str]:
+def footprint_drift(git: Git, story: Story, changed: list[str], board_rel: str | None,
+                    settled: MergeRules | None = None) -> list[str]:
     """`changed` paths outside `story`'s declared footprint (the board, which the lane writes,
     and the paths a merge rule settles, `settled`, aside). An exclusive footprint conflicts with
     everything already: it never drifts."""
@@ -494,7 +510,7 @@ def footprint_drift(git: Git, story, changed: list[str], board_rel: str | None,
     return [p for p in unsure if not matches_any(p, declared, directories)]
 
 
-def adopt_pushed_branch(ctx: StoryContext, story, branch: str) -> None:
+def adopt_pushed_branch(ctx: StoryContext, story: Story, branch: str) -> None:
     """The pushed story branch wins when this clone has none (the story began on a host that
     died after pushing) or a human pushed a fix to it."""
     git = ctx.git
