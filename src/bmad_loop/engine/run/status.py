@@ -20,7 +20,7 @@ __all__ = ["run_status", "run_json", "story_json", "candidate_json", "journal_li
            "LEAVES_WORKER", "worker_seconds", "night_notes"]
 
 # A story leaves its worker slot with these (from its `story.phase` on, it was in one).
-LEAVES_WORKER = {EventKind.STORY_READY: "ready", EventKind.STORY_ESCALATED: "escalated", "story.failed": "failed",
+LEAVES_WORKER = {EventKind.STORY_READY: "ready", EventKind.STORY_ESCALATED: "escalated",
                  EventKind.STORY_INTERRUPTED: "interrupted", EventKind.STORY_RESTACKED: "restacked",
                  EventKind.STORY_RECOVERED: "recovered", EventKind.STORY_SKIPPED: "skipped"}
 _NOT_IN_A_WORKER_YET = (StoryState.PENDING, StoryState.QUEUED)

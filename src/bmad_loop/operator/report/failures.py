@@ -19,7 +19,7 @@ from ...engine.journal import EventKind
 __all__ = ["failures", "FAILURE_TAIL_LINES"]
 
 FAILURE_TAIL_LINES = 30  # of every failing log; the report keeps it whole in the log folder
-_STORY_ENDS = {EventKind.STORY_ESCALATED: "escalated", "story.failed": "failed",
+_STORY_ENDS = {EventKind.STORY_ESCALATED: "escalated",
                EventKind.STORY_BLOCKED: "blocked", EventKind.CREATE_FAILED: "create failed",
                EventKind.CANDIDATE_VERIFY_FAILED: "candidate verify failed",
                EventKind.CANDIDATE_CONFLICT: "candidate conflict", EventKind.VERIFY_FAILED: "verify failed"}
@@ -43,7 +43,7 @@ def _log_of(kind: str, data: dict, story: dict | None, log_dir: Path | None) -> 
         return log_dir / f"{data.get('phase')}-{data.get('attempt')}.log"
     if kind.startswith("candidate.") and log_dir is not None and data.get("attempt"):
         return log_dir / f"verify-candidate-{data['attempt']}.log"
-    if kind in (EventKind.STORY_ESCALATED, "story.failed") and story is not None:
+    if kind in (EventKind.STORY_ESCALATED,) and story is not None:
         return failing_log(story)
     return None
 
