@@ -299,8 +299,6 @@ def test_no_doc_names_a_module_that_does_not_exist():
     assert stale_in_docs() == []
 
 
-@pytest.mark.xfail(strict=False, reason="issue 46: docstrings and comments in src/ still name "
-                                        "modules the regroups moved; fixed as the moves land")
 def test_no_docstring_or_comment_names_a_module_that_does_not_exist():
     assert stale_in_source() == []
 

@@ -4,7 +4,7 @@ Everything that can be wrong with the input is checked before the first row is w
 bad input leaves no rows, refs or worktrees behind.
 
 **The sprint, as the agents will see it**: from the committed target. `load_sprint` finds the
-board (bmad/layout.py), reads it and the story files from the tree of the target commit
+board (bmad/locations.py), reads it and the story files from the tree of the target commit
 (`CommittedTree`; without a target, e.g. `validate` in a folder git cannot read, from the
 folder itself), and says where each came from and what it had to guess. The BMAD configs, often
 untracked, come from the working copy. `check_committed` refuses a plan whose board or story
