@@ -14,12 +14,13 @@ from ...git.runner import Git
 from ..runpaths import Layout
 from ...policy import Policy
 from ...git.targets import Target
+from ...agents.profiles import Profile
 
 __all__ = ["Workspace", "make_workspace"]
 
 
 def make_workspace(policy: Policy, git: Git, layout: Layout, target: Target, *, root: Path,
-                   profile=None) -> Workspace:
+                   profile: Profile | None = None) -> Workspace:
     """The workspace the policy's `[scm] isolation` asks for."""
     scm = policy.scm
     fixed = list(scm.worktree_seed)
