@@ -17,8 +17,8 @@ from ..policy import Policy, policy_from_dict
 from ..states import STORY_DONE, StoryState
 from ..caches import CACHES
 
-__all__ = ["RUN_STATE", "run_policy", "stories_of", "lane_rows", "next_in_plan", "path_inside",
-           "board_rel"]
+__all__ = ["RUN_STATE", "run_policy", "stories_of", "lane_rows", "LaneRow", "StoryRow",
+           "next_in_plan", "path_inside", "board_rel"]
 
 
 # (run id, snapshot text) -> its Policy, parsed once per process: the lane reads it every tick
@@ -188,6 +188,47 @@ class PlanRow(Protocol):
 
     @property
     def state(self) -> str: ...
+
+
+class StoryRow(PlanRow, Protocol):
+    """A story as both its ORM row (`Story`) and the lane's read (`LaneRow`) show it: what the
+    lane and the workspace read of a story they were handed either way."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def epic(self) -> str: ...
+
+    @property
+    def phase(self) -> str | None: ...
+
+    @property
+    def reason(self) -> str | None: ...
+
+    @property
+    def branch(self) -> str | None: ...
+
+    @property
+    def worktree(self) -> str | None: ...
+
+    @property
+    def base_sha(self) -> str | None: ...
+
+    @property
+    def head_sha(self) -> str | None: ...
+
+    @property
+    def stacked_on(self) -> list[dict[str, str]] | None: ...
+
+    @property
+    def done_checkpoint(self) -> bool: ...
+
+    @property
+    def human_fix(self) -> bool: ...
 
 
 _Row = TypeVar("_Row", bound=PlanRow)

@@ -23,6 +23,7 @@ from ...git.runner import Git
 from ..runpaths import Layout
 from ...git.targets import Target
 from ...db.models import Story
+from ..runrows import StoryRow
 from ...policy import ScmPolicy
 from .pool import Seeds
 
@@ -80,7 +81,7 @@ class Workspace(ABC):
         """Environment that arms the target guard for processes run in `worktree`."""
         return guard_env(self.git, worktree, self.target.branch, hooks_dir, guard_log)
 
-    def release_worktree(self, story: Story) -> None:
+    def release_worktree(self, story: StoryRow) -> None:
         """The worker once the story is ready (its work is all on its branch), else the lane
         right after it landed: its worktree goes (or waits, parked, for the next story). In
         place: nothing to release."""
@@ -89,12 +90,12 @@ class Workspace(ABC):
         """Copy the seed files into `worktree` again where they are missing (a restored
         worktree, engine/verification/record.py). In place: nothing is seeded."""
 
-    def restore_worktree(self, story: Story) -> None:
+    def restore_worktree(self, story: StoryRow) -> None:
         """The lane, when the story's integration escalated: a worktree released at ready is
         made again on its branch, for the human who will look at it. In place: nothing."""
 
     @abstractmethod
-    def discard_landed(self, story: Story, *, delete_branch: bool) -> None:
+    def discard_landed(self, story: StoryRow, *, delete_branch: bool) -> None:
         """The lane, after the story landed and the next one is on its way: remove what the
         story no longer needs (its worktree too, if `release_worktree` did not)."""
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import cast
 
 from ...db.models import Story
+from ..runrows import StoryRow
 from ...git.trees.compose import clear_operation_state, dirty_paths
 from ...git.runner import NO_AUTO_MAINTENANCE
 from ..escalation import Escalate
@@ -93,7 +94,7 @@ class InPlaceWorkspace(Workspace):
         self.git.run("checkout", "-q", self.target.branch)
         return head
 
-    def discard_landed(self, story: Story, *, delete_branch: bool) -> None:
+    def discard_landed(self, story: StoryRow, *, delete_branch: bool) -> None:
         if delete_branch and story.branch:
             self.target.delete_story_branch(story.branch)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import cast
 
 from ...db.models import Story
+from ..runrows import StoryRow
 from ...git.trees.compose import commit_worktree
 from ...errors import GitError
 from ...git.worktrees import ensure_worktree, remove_worktree
@@ -77,7 +78,7 @@ class WorktreeWorkspace(Workspace):
             return self.git.rev("HEAD", cwd=Path(story.worktree))
         return None
 
-    def release_worktree(self, story: Story) -> None:
+    def release_worktree(self, story: StoryRow) -> None:
         # (The shared run branch's worktree serves the next story; a story host removes its own.)
         if self._pooled and story.worktree and Path(story.worktree).exists():
             if not (story.branch and park(self.git, Path(story.worktree), story.branch, self.layout,
@@ -85,7 +86,7 @@ class WorktreeWorkspace(Workspace):
                                           seeds=lambda: self.seeds)):
                 remove_worktree(self.git, Path(story.worktree))
 
-    def restore_worktree(self, story: Story) -> None:
+    def restore_worktree(self, story: StoryRow) -> None:
         if self._pooled and story.worktree and story.branch and story.head_sha \
                 and not Path(story.worktree).exists():
             try:
@@ -95,7 +96,7 @@ class WorktreeWorkspace(Workspace):
                 log.warning("could not give %s its worktree back (%s); its branch %s has its "
                             "work", story.key, exc, story.branch)
 
-    def discard_landed(self, story: Story, *, delete_branch: bool) -> None:
+    def discard_landed(self, story: StoryRow, *, delete_branch: bool) -> None:
         if self.shared_branch:
             return
         self.release_worktree(story)  # nothing to do when the lane released it already
