@@ -78,7 +78,7 @@ class Aftermath:
             "paths": overlap, "target_sha": target_sha, "candidate_sha": sha,
         })
         with self.db.transaction() as s:
-            cand = s.get(Candidate, cand_id)
+            cand = s.get_one(Candidate, cand_id)
             cand.state, cand.evidence, cand.ended_at = CandidateState.ABANDONED, str(evidence), utcnow()
             cand.reason = f"local changes in {checkout} overlap: {', '.join(overlap)}"
         return self.escalate(story, cand_id, f"the target checkout {checkout} has local "
@@ -106,7 +106,7 @@ class Aftermath:
             **({"reason": comp.failure, "output": comp.failure_output} if comp.failure else {}),
         })
         with self.db.transaction() as s:
-            cand = s.get(Candidate, cand_id)
+            cand = s.get_one(Candidate, cand_id)
             cand.state, cand.evidence, cand.ended_at = CandidateState.CONFLICT, str(evidence), utcnow()
             cand.ref = ref if preserved else None
             cand.candidate_sha = preserved
@@ -137,7 +137,7 @@ class Aftermath:
         """`cause` (escalation.Cause) tells `resume` whether the story's own work failed or
         something outside it did: the latter goes back to `ready` without an agent."""
         with self.db.transaction() as s:
-            row = s.get(Story, story.id)
+            row = s.get_one(Story, story.id)
             if row.state == StoryState.READY:  # found before composing, on the quick path
                 self.enter_integrating(s, row, to_escalate=True)
             feedback = dict(row.feedback or {})
@@ -148,7 +148,7 @@ class Aftermath:
             if escalated:
                 record(s, self.run_id, EventKind.STORY_ESCALATED, story.key, reason=reason,
                        candidate=cand_id, phase=Phase.INTEGRATE, cause=cause)
-            row = s.get(Story, story.id)
+            row = s.get_one(Story, story.id)
         if escalated:
             self.workspace.restore_worktree(row)  # released at ready: a human gets it back
         return StoryState.ESCALATED
@@ -160,7 +160,7 @@ class Aftermath:
         limit = self.policy.limits.max_repairs
         reason = cand.reason or "candidate failed"
         with self.db.read() as s:
-            used = s.get(Story, story.id).repairs
+            used = s.get_one(Story, story.id).repairs
         if used >= limit or not self.workspace.story_worktrees:  # never in a person's checkout
             if limit and self.workspace.story_worktrees:
                 reason = f"{reason} (repairs used up: {used} of max_repairs = {limit})"
@@ -171,7 +171,7 @@ class Aftermath:
                    "command": details.get("command"), "log": details.get("log"),
                    "output": str(details.get("output") or "")[-8000:]}
         with self.db.transaction() as s:
-            row = s.get(Story, story.id)
+            row = s.get_one(Story, story.id)
             if row.state == StoryState.READY:  # found on the quick path, before a row said so
                 self.enter_integrating(s, row, to_escalate=True)
             sent = transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.PENDING,
@@ -182,7 +182,7 @@ class Aftermath:
                 record(s, self.run_id, EventKind.REPAIR_REQUESTED, story.key, cause=cause,
                        reason=reason, candidate=cand.attempt, target_sha=cand.target_sha,
                        repairs=used, landed=[x["key"] for x in landed])
-            row = s.get(Story, story.id)
+            row = s.get_one(Story, story.id)
         if sent:
             self.workspace.restore_worktree(row)  # released at ready: the repair works in it
         return row.state
@@ -193,7 +193,7 @@ class Aftermath:
         target_sha, branch_sha, sha = shas
         commands = self.policy.verify.commands
         with self.db.transaction() as s:
-            cand = s.get(Candidate, cand_id)
+            cand = s.get_one(Candidate, cand_id)
             if cand.state != CandidateState.VERIFYING:
                 return False
             cand.worktree = str(worktree) if worktree else None
@@ -215,7 +215,7 @@ class Aftermath:
             "timed_out": result.timed_out, "output": result.output, "log": result.log,
         })
         with self.db.transaction() as s:
-            cand = s.get(Candidate, cand_id)
+            cand = s.get_one(Candidate, cand_id)
             if cand.state != CandidateState.VERIFYING:
                 return False
             cand.state, cand.evidence, cand.ended_at = CandidateState.VERIFY_FAILED, str(evidence), utcnow()
@@ -265,7 +265,7 @@ class Aftermath:
         `accept` takes it as the new baseline (the candidate is composed on top)."""
         if baseline is None:
             with self.db.transaction() as s:
-                baseline = s.get(Run, self.run_id).head_sha
+                baseline = s.get_one(Run, self.run_id).head_sha
         if not target_now or not baseline or target_now == baseline:
             return
         commits = self._commits_between(baseline, target_now)
@@ -274,7 +274,7 @@ class Aftermath:
             record(s, self.run_id, EventKind.TARGET_MOVED, story.key, old=baseline, new=target_now,
                    commits=commits[:50], action=action)
             if action == "accept":
-                s.get(Run, self.run_id).head_sha = target_now
+                s.get_one(Run, self.run_id).head_sha = target_now
         if action != "accept":
             raise TargetMoved(baseline, target_now, commits)
 

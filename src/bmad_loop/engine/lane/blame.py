@@ -78,7 +78,7 @@ class Blame:
         while a target check runs in a thread (the lane is woken when it ends). Raises
         `TargetRed` when the target itself fails."""
         with self.integrator.db.read() as s:
-            cand = s.get(Candidate, cand_id)
+            cand = s.get_one(Candidate, cand_id)
         details = _evidence_of(cand)
         cause = failure_cause(cand.state, cand.reason)
         if cause == Cause.CONFLICT and details.get("kind") != Cause.CONFLICT:
@@ -166,7 +166,7 @@ def landed_since(integrator, story_id: int) -> list[dict]:
     the paths each changed, and its commit on the target."""
     git = integrator.git
     with integrator.db.read() as s:
-        story = s.get(Story, story_id)
+        story = s.get_one(Story, story_id)
         rows = list(s.scalars(select(Story).where(Story.run_id == story.run_id,
                                                   Story.state == StoryState.INTEGRATED)
                               .order_by(Story.seq)))

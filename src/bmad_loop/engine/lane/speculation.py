@@ -190,7 +190,7 @@ class Stack:
                 self.verifications.stop(cand.id)
             with self.db.transaction() as s:
                 if cand is not None:
-                    row = s.get(Candidate, cand.id)
+                    row = s.get_one(Candidate, cand.id)
                     if row.state in _LIVE:
                         was = row.state
                         row.state, row.ended_at, row.reason = CandidateState.ABANDONED, utcnow(), reason
@@ -262,7 +262,7 @@ class Stack:
         worktree = self.integrator.verifier.candidate_checkout(story.key, cand.attempt,
                                                                cand.candidate_sha)
         with self.db.transaction() as s:  # where it is being verified, for status and evidence
-            s.get(Candidate, cand.id).worktree = str(worktree) if worktree else None
+            s.get_one(Candidate, cand.id).worktree = str(worktree) if worktree else None
         job = self.verifications.claim(cand.id)
         if job is None:
             return
@@ -326,7 +326,7 @@ class Stack:
                 return True
             record(s, self.run_id, EventKind.STORY_INTEGRATING, nxt.key,
                    stack=len(entries) + 1, **({"on": top.story.key} if top else {}))
-            story = s.get(Story, nxt.id)
+            story = s.get_one(Story, nxt.id)
         integrator = self.integrator
         if top is None:
             begun = self.lane.landing(story, lambda: integrator.begin_on_target(story))
@@ -347,6 +347,6 @@ class Stack:
         sha = integrator.compose_candidate(story, cand_id, attempt, on_sha, branch_sha)
         if sha is not None:
             with self.db.transaction() as s:
-                cand = s.get(Candidate, cand_id)
+                cand = s.get_one(Candidate, cand_id)
             self._start(story, cand)
         return True
