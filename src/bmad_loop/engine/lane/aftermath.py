@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
@@ -31,6 +33,8 @@ from ..runpaths import Layout
 from ..runrows import RUN_STATE
 from ..transitions import transition_story
 from ..workspace import Workspace
+from ..verification.runner import VerifyResult
+from ...git.trees.compose import Composition
 
 # ready -> integrating only while the run may still land it: checked in the UPDATE itself
 # (built once; transitions.py keeps the statement made with it).
@@ -67,12 +71,13 @@ class LaneSite:
 class Aftermath:
     """The ends of an integration other than the advance itself, on one `LaneSite`."""
 
-    def __init__(self, site: LaneSite):
+    def __init__(self, site: LaneSite) -> None:
         self.db, self.run_id, self.git = site.db, site.run_id, site.git
         self.layout, self.target, self.workspace, self.policy = \
             site.layout, site.target, site.workspace, site.policy
 
-    def dirty_checkout(self, story, cand_id, attempt, checkout, overlap, target_sha, sha) -> str:
+    def dirty_checkout(self, story: Story, cand_id: int, attempt: int, checkout: Path,
+                       overlap: Sequence[str], target_sha: str, sha: str) -> str:
         evidence = self.write_evidence(story.key, attempt, {
             "kind": "dirty-target-checkout", "story": story.key, "checkout": str(checkout),
             "paths": overlap, "target_sha": target_sha, "candidate_sha": sha,
@@ -85,7 +90,8 @@ class Aftermath:
                               f"changes that overlap the candidate: {', '.join(overlap)}",
                               Cause.CHECKOUT)
 
-    def record_conflict(self, story, cand_id, attempt, comp, target_sha, branch_sha, ref) -> None:
+    def record_conflict(self, story: Story, cand_id: int, attempt: int, comp: Composition,
+                        target_sha: str, branch_sha: str, ref: str) -> None:
         # Keep the conflicted tree (with markers) as a commit and a worktree for a human.
         preserved = None
         if comp.tree:
@@ -121,7 +127,7 @@ class Aftermath:
                 record(s, self.run_id, EventKind.CANDIDATE_CONFLICT, story.key, attempt=attempt,
                        paths=list(comp.conflicts), evidence=str(evidence))
 
-    def enter_integrating(self, s: Session, story, *, to_escalate: bool = False) -> bool:
+    def enter_integrating(self, s: Session, story: Story, *, to_escalate: bool = False) -> bool:
         """ready -> integrating, while the run may still integrate (a stop settles a run whose
         stories are only ready at once: then nothing lands). `to_escalate`: on the way to
         `escalated`, which needs no such check."""
@@ -133,7 +139,7 @@ class Aftermath:
         record(s, self.run_id, EventKind.STORY_INTEGRATING, story.key)
         return True
 
-    def escalate(self, story, cand_id, reason: str, cause: str) -> str:
+    def escalate(self, story: Story, cand_id: int | None, reason: str, cause: str) -> str:
         """`cause` (escalation.Cause) tells `resume` whether the story's own work failed or
         something outside it did: the latter goes back to `ready` without an agent."""
         with self.db.transaction() as s:
@@ -153,7 +159,8 @@ class Aftermath:
             self.workspace.restore_worktree(row)  # released at ready: a human gets it back
         return StoryState.ESCALATED
 
-    def repair_or_escalate(self, story, cand, cause: str, details: dict, landed: list[dict]) -> str:
+    def repair_or_escalate(self, story: Story, cand: Candidate, cause: str, details: dict[str, Any],
+                           landed: list[dict[str, Any]]) -> str:
         """The story's own failure (`cause` conflict or verify-failed, its candidate `cand`):
         back to its agent for a repair while `[limits] max_repairs` lasts (`integrating →
         pending` at phase `repair`, next in plan order), else escalated as before."""
@@ -187,7 +194,8 @@ class Aftermath:
             self.workspace.restore_worktree(row)  # released at ready: the repair works in it
         return row.state
 
-    def record_verdict(self, story, cand_id, attempt, result, worktree, shas) -> bool:
+    def record_verdict(self, story: Story, cand_id: int, attempt: int, result: VerifyResult,
+                       worktree: Path | None, shas: tuple[str, str, str]) -> bool:
         """Write the verification's outcome on a `verifying` row: True for `verified`. A row
         that is no longer `verifying` (given up meanwhile) is left as it is: False."""
         target_sha, branch_sha, sha = shas
@@ -224,7 +232,7 @@ class Aftermath:
                    command=result.failed_command, evidence=str(evidence), boxed=result.boxed)
         return False
 
-    def write_evidence(self, key: str, attempt: int, payload: dict) -> Path:
+    def write_evidence(self, key: str, attempt: int, payload: dict[str, Any]) -> Path:
         path = self.layout.evidence(key, attempt)
         path.parent.mkdir(parents=True, exist_ok=True)
         if "settled" not in payload and path.exists():  # a later verdict keeps what was settled

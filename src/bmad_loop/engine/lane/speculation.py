@@ -37,7 +37,7 @@ from ..journal import EventKind, record
 from ..runrows import next_in_plan
 from ..transitions import transition_story
 from ..verification.runner import VerifyResult
-from .blame import CHECKING
+from .blame import CHECKING, JobKey
 from .integrate import CandidateShas
 from ...policy import Policy
 
@@ -61,19 +61,19 @@ class Verifications:
     says whether anyone here is actually doing it (a fresh process after a crash: nobody).
     Owned by the run's `Lane`, so it outlasts the tick that started them."""
 
-    def __init__(self):
-        self._jobs: dict[int, _Verification] = {}  # candidate id -> its verification
+    def __init__(self) -> None:
+        self._jobs: dict[JobKey, _Verification] = {}  # candidate id -> its verification
         self._lock = threading.Lock()
 
     def any(self) -> bool:
         with self._lock:
             return bool(self._jobs)
 
-    def running(self, cand_id: int) -> bool:
+    def running(self, cand_id: JobKey) -> bool:
         with self._lock:
             return cand_id in self._jobs
 
-    def claim(self, cand_id: int) -> _Verification | None:
+    def claim(self, cand_id: JobKey) -> _Verification | None:
         """A new verification of `cand_id` on the lowest free slot; None when one runs."""
         with self._lock:
             if cand_id in self._jobs:
@@ -83,11 +83,11 @@ class Verifications:
             job = self._jobs[cand_id] = _Verification(slot, threading.Event())
             return job
 
-    def release(self, cand_id: int) -> None:
+    def release(self, cand_id: JobKey) -> None:
         with self._lock:
             self._jobs.pop(cand_id, None)
 
-    def stop(self, cand_id: int) -> None:
+    def stop(self, cand_id: JobKey) -> None:
         with self._lock:
             job = self._jobs.get(cand_id)
         if job is not None:

@@ -100,8 +100,10 @@ log = logging.getLogger(__name__)
 
 FOREIGN_MOVE_PREFIX = "target moved by someone else"
 
+# An integrated story as `integrated_rows` reads it: (key, integrated_sha, seq).
+IntegratedRow = Row[str, str | None, int]
 # `integrated_rows`: (the latest integrated story, those integrated without a commit).
-Integrated = tuple[Row[Any] | None, list[Row[Any]]]
+Integrated = tuple[IntegratedRow | None, list[IntegratedRow]]
 # What a tick's first pass reads (`Lane.first_rows`): the integrated rows, the run, its rows.
 FirstRows = tuple[Integrated, tuple[Run, list[LaneRow]]]
 
@@ -191,7 +193,7 @@ class LanePass:
             self.integrator.clean_landed()  # the last stories' refs and branches
             return
 
-    def _contradicted(self, bad: list[Row[Any]]) -> None:
+    def _contradicted(self, bad: list[IntegratedRow]) -> None:
         listing = ", ".join(f"{st.key} ({(st.integrated_sha or 'no commit')[:12]})" for st in bad)
         reason = (f"the rows contradict git: {listing} marked integrated but not on "
                   f"{self.integrator.target.branch}; check the state database")
@@ -383,7 +385,9 @@ class LanePass:
                         record(s, self.run_id, EventKind.STORY_SKIPPED, row.key,
                                reason="stale premise: the target's board marks it done")
             return True  # admit again without them
-        bases = stacked_bases(self.integrator.git, self.integrator.target.sha(fetch=False),
+        # (A stacked start is admitted onto a target that has a SHA.)
+        bases = stacked_bases(self.integrator.git,
+                              cast(str, self.integrator.target.sha(fetch=False)),
                               decision, by_key, self.integrator.composer.rules) if decision.stacked else {}
         queued = []
         used_blocks = {s.port_block for s in stories if s.state in STORY_IN_FLIGHT and s.port_block is not None}
@@ -396,7 +400,8 @@ class LanePass:
                 if self.policy.resources.ports:
                     block = min(i for i in range(run.max_parallel) if i not in used_blocks)
                     used_blocks.add(block)
-                fields = {"base_sha": stacked[0], "stacked_on": stacked[1]} if stacked[1] else {}
+                fields: dict[str, Any] = ({"base_sha": stacked[0], "stacked_on": stacked[1]}
+                                          if stacked[1] else {})
                 if transition_story(s, row.id, StoryState.PENDING, state=StoryState.QUEUED, queued_at=utcnow(),
                                     wait_reason=None, port_block=block, **fields):
                     record(s, self.run_id, EventKind.STORY_QUEUED, key, seq=row.seq,
@@ -554,7 +559,8 @@ def integrated_rows(session: Session, run_id: str) -> Integrated:
 
 
 def rows_contradicting_git(git: Git, target: Target, head_sha: str | None,
-                           latest: Row[Any] | None, bad: list[Row[Any]]) -> list[Row[Any]]:
+                           latest: IntegratedRow | None,
+                           bad: list[IntegratedRow]) -> list[IntegratedRow]:
     """The stories whose rows contradict git (see the module's docstring). `head_sha`: where
     the lane last advanced the target (the run's row); `target`: the run's target."""
     if latest is None:
