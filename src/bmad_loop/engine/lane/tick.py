@@ -52,7 +52,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from sqlalchemy import Row, Select, Table, bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
@@ -99,6 +99,8 @@ __all__ = ["LanePass", "LaneStrategy", "Sequential", "integrated_rows", "rows_co
 log = logging.getLogger(__name__)
 
 FOREIGN_MOVE_PREFIX = "target moved by someone else"
+
+_T = TypeVar("_T")
 
 # An integrated story as `integrated_rows` reads it: (key, integrated_sha, seq).
 IntegratedRow = Row[str, str | None, int]
@@ -266,7 +268,7 @@ class LanePass:
         return run, [row._replace(state=StoryState.INTEGRATED, port_block=None)
                      if row.id == self._landed else row for row in stories]
 
-    def landing(self, story: StoryRow, action: Callable[[], str]) -> str | None:
+    def landing(self, story: StoryRow, action: Callable[[], _T]) -> _T | None:
         """Run an integration step; a target someone else moved, or a red target, pauses the
         run (None)."""
         try:
