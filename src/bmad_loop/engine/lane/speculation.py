@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from sqlalchemy import select
 
@@ -44,7 +44,9 @@ from .blame import CHECKING, JobKey
 from .integrate import CandidateShas, Integrator
 from ...db.database import Database
 from ...policy import Policy
-from ...queue.tasks import Tasks
+
+if TYPE_CHECKING:
+    from ...queue.tasks import Tasks
 
 __all__ = ["Stack", "Verifications", "speculating"]
 

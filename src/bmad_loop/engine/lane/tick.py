@@ -87,9 +87,9 @@ from ...git.targets import Target
 from ..retry import FaultPersisted, pause_for_fault, retrying
 from ..leases import LeaseHolder
 from ...git.trees.settle import MergeRules
-from ...queue.tasks import Tasks
 
 if TYPE_CHECKING:
+    from ...queue.tasks import Tasks
     from ..project import Project
 
 __all__ = ["LanePass", "LaneStrategy", "Sequential", "integrated_rows", "rows_contradicting_git",

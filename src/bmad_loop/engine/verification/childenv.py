@@ -25,20 +25,22 @@ import os
 from dataclasses import dataclass
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol, TypedDict
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from ...errors import ConfigError, GitError
-from ...db.database import Database
 from ...git.runner import Git
 from ...policy import Policy
 from ...sandbox import Box, BoxRequest, decide, make_box, quarantine_has_objects
 from ...sandbox.box import clear_quarantine
 from ...sandbox.programs import outside_code
-from ..runpaths import Layout
-from ..workspace.base import Workspace
+
+if TYPE_CHECKING:
+    from ...db.database import Database
+    from ..runpaths import Layout
+    from ..workspace.base import Workspace
 
 __all__ = ["PortBlock", "child_env", "sandbox_vars", "story_verify_env", "without_state_access",
            "block_size", "worker_block", "lane_block", "lane_slot_block", "port_env",

@@ -36,20 +36,22 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import GitError
 from ...git.worktrees import clear_flags
 from ...states import Phase
 from ..journal import EventKind, record
 from ...git.runner import Git
-from ...db.database import Database
-from ...db.models import Story
-from ...policy import Policy
-from ..runpaths import Layout
-from ..workspace.base import Workspace
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from ...db.database import Database
+    from ...db.models import Story
+    from ...policy import Policy
+    from ..runpaths import Layout
+    from ..workspace.base import Workspace
 
 __all__ = ["RECORD_KEY", "VERIFY_RECORD_NAMESPACE", "record_ref", "verify_record_refs",
            "before_verify", "back_to_record", "forget_record", "keep", "restore", "drop_records",

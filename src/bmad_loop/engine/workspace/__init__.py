@@ -5,6 +5,7 @@ parked ones), the project's own checkout, and the guard that keeps agents off th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...bmad.install import bmad_seeds
 from .base import Workspace
@@ -14,7 +15,9 @@ from ...git.runner import Git
 from ..runpaths import Layout
 from ...policy import Policy
 from ...git.targets import Target
-from ...agents.profiles import Profile
+
+if TYPE_CHECKING:
+    from ...agents.profiles import Profile
 
 __all__ = ["Workspace", "make_workspace"]
 
