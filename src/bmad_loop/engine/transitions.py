@@ -134,11 +134,12 @@ def transition_story_reading(session: Session, story_id: int, expected: Expected
                              returning: ColumnElement[Any], /, *,
                              when: ColumnElement[bool] | None = None,
                              params: dict[str, Any] | None = None,
-                             **values: Any) -> Row[Any] | tuple[()] | None:
+                             **values: Any) -> Row[Any] | None:
     """`transition_story` that also reads `returning` (an SQL expression) in its UPDATE: the
     row it read, or None when this caller lost."""
-    return _transition(session, Story, "story", story_id, expected, values,
+    read = _transition(session, Story, "story", story_id, expected, values,
                        _Extra(when, returning, params))
+    return cast("Row[Any] | None", read)  # with `returning`: a row, never the empty tuple
 
 
 def transition_run(session: Session, run_id: str, expected: Expected, **values: Any) -> bool:
