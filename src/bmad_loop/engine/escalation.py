@@ -13,6 +13,8 @@ agent session — provided its branch still points at that commit.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
@@ -27,7 +29,8 @@ __all__ = ["Escalate", "Cause", "ENVIRONMENTAL", "COULD_NOT_RUN", "failure_cause
 class Escalate(Exception):
     """End this story's work as escalated, with a reason and evidence (and the session, if any)."""
 
-    def __init__(self, reason: str, *, result=None, **evidence):
+    # `result`: the worker's session result, carried back to it; opaque at this layer.
+    def __init__(self, reason: str, *, result: Any = None, **evidence: Any) -> None:
         super().__init__(reason)
         self.reason = reason
         self.evidence = evidence

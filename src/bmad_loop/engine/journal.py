@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from enum import Enum
+from typing import Any, cast
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import Row, Table, bindparam, select
 from sqlalchemy.orm import Session
 
 from ..db.database import insert_at_commit
@@ -19,7 +21,9 @@ class EventKind(str, Enum):
     """Every kind of journal event, with what it means: the one registry `record` accepts.
     docs/cli.md's event table lists the same kinds (a test holds the two together)."""
 
-    def __new__(cls, value: str, meaning: str):
+    meaning: str  # what the kind means (docs/cli.md's event table)
+
+    def __new__(cls, value: str, meaning: str = "") -> EventKind:
         member = str.__new__(cls, value)
         member._value_ = value
         member.meaning = meaning
@@ -140,16 +144,17 @@ class EventKind(str, Enum):
 
 
 def record(session: Session, run_id: str, kind: EventKind | str, story: str | None = None,
-           **data) -> None:
+           **data: Any) -> None:
     """Append an event inside the caller's transaction (never commits). Its row is written
     when the transaction commits, in order with the transaction's other events. A kind that is
     not an `EventKind` is a ValueError: the journal's vocabulary is the registry's."""
     kind = EventKind(kind).value
-    insert_at_commit(session, Event.__table__, {"run_id": run_id, "ts": utcnow(), "kind": kind,
+    insert_at_commit(session, _EVENTS, {"run_id": run_id, "ts": utcnow(), "kind": kind,
                                                 "story": story, "data": _jsonable(data)})
 
 
-def events_after(session: Session, run_id: str, after_seq: int = 0, kinds=(), story=None):
+def events_after(session: Session, run_id: str, after_seq: int = 0,
+                 kinds: Iterable[EventKind | str] = (), story: str | None = None) -> list[Event]:
     query = select(Event).where(Event.run_id == run_id, Event.seq > after_seq)
     if kinds:
         query = query.where(Event.kind.in_(list(kinds)))
@@ -158,21 +163,21 @@ def events_after(session: Session, run_id: str, after_seq: int = 0, kinds=(), st
     return list(session.scalars(query.order_by(Event.seq)))
 
 
-_EVENTS = Event.__table__
+_EVENTS = cast(Table, Event.__table__)  # a mapped class's table is typed as any FromClause
 # event_rows_after's statement, built once: a follower polls it.
 _EVENTS_AFTER = (select(_EVENTS).where(_EVENTS.c.run_id == bindparam("run_id"),
                                        _EVENTS.c.seq > bindparam("after_seq"))
                  .order_by(_EVENTS.c.seq))
 
 
-def event_rows_after(session: Session, run_id: str, after_seq: int = 0) -> list:
+def event_rows_after(session: Session, run_id: str, after_seq: int = 0) -> list[Row[Any]]:
     """`events_after` as plain rows (seq, ts, kind, story, data as attributes): for a poll
     that only shows them, without the cost of ORM objects."""
     return list(session.connection().execute(_EVENTS_AFTER, {"run_id": run_id,
                                                               "after_seq": after_seq}))
 
 
-def event_json(event: Event) -> dict:
+def event_json(event: Event) -> dict[str, Any]:
     return {
         "seq": event.seq,
         "ts": event.ts.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
@@ -182,7 +187,7 @@ def event_json(event: Event) -> dict:
     }
 
 
-def _jsonable(value):
+def _jsonable(value: object) -> Any:
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set)):
@@ -192,10 +197,10 @@ def _jsonable(value):
     return str(value)
 
 
-def journal_git_locks(git: Git, db: Database, run_id: str, story: str | None = None):
+def journal_git_locks(git: Git, db: Database, run_id: str, story: str | None = None) -> Git:
     """Have `git` journal the locks it waits for (`git.lock_waited`) and the stale ones of
     ours it removes (`git.stale_lock_removed`) in this run. Returns `git`."""
-    def told(kind):
+    def told(kind: EventKind) -> Callable[[str, str], None]:
         def callback(path: str, command: str) -> None:
             with db.transaction() as s:
                 record(s, run_id, kind, story, path=path, command=command)

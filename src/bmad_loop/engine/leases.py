@@ -22,9 +22,11 @@ import logging
 import os
 import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import bindparam, case, delete, func, select, update
+from sqlalchemy import CursorResult, Result, Table, bindparam, case, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -33,6 +35,9 @@ from ..db.models import Event, Lease, utcnow
 from ..hostid import host_name
 from ..caches import CACHES
 from ..db.database import Database
+
+if TYPE_CHECKING:
+    from ..db.models import Run
 
 __all__ = ["lane_lease_name", "story_lease_name", "acquire", "take", "take_in", "renew", "release",
            "release_in", "holds", "holds_in", "owner_id", "LeaseHolder", "pid_alive", "is_live",
@@ -129,11 +134,16 @@ def acquire(db: Database, name: str, owner: str, ttl_s: float,
         result = s.execute(update(Lease).where(Lease.name == name, Lease.token == row.token)
                            .values(owner=owner, host=host, token=token, acquired_at=now,
                                    renewed_at=now, expires_at=expires))
-        return token if result.rowcount == 1 else None
+        return token if _one_row(result) else None
 
 
-_LEASES = Lease.__table__
-_TAKE: dict[str, object] = {}  # dialect name -> the upsert, built once with bound parameters
+def _one_row(result: Result[Any]) -> bool:
+    """Did the UPDATE change exactly one row? (An UPDATE's result is a cursor's.)"""
+    return cast("CursorResult[Any]", result).rowcount == 1
+
+
+_LEASES = cast(Table, Lease.__table__)  # a mapped class's table is typed as any FromClause
+_TAKE: dict[str, Any] = {}  # dialect name -> the upsert, built once with bound parameters
 CACHES.register("engine.lease_upserts", _TAKE.clear, bound="one per database dialect",
                holds="dialect -> the lease upsert statement, built once")
 # The fencing check's read and the release, built once: they run with every story.
@@ -143,13 +153,13 @@ _RELEASE = delete(_LEASES).where(_LEASES.c.name == bindparam("name"),
                                  _LEASES.c.owner == bindparam("owner"))
 
 
-def _take_statement(dialect):
+def _take_statement(dialect: str, upsert: Callable[..., Any]) -> Any:
     """The story lease's upsert, built once per dialect: the statement's construction and its
     compiled form's look-up cost more than running it. On the table, not the mapped class, so it
     runs on the connection without the ORM's execution path."""
-    stmt = _TAKE.get(dialect.name)
+    stmt = _TAKE.get(dialect)
     if stmt is None:
-        insert = upsert_for(dialect)(_LEASES).values(
+        insert = upsert(_LEASES).values(
             name=bindparam("name"), owner=bindparam("owner"), host=bindparam("host"), token=1,
             acquired_at=bindparam("now"), renewed_at=bindparam("now"),
             expires_at=bindparam("expires"))
@@ -158,7 +168,7 @@ def _take_statement(dialect):
             "owner": new.owner, "host": new.host, "acquired_at": new.acquired_at,
             "renewed_at": new.renewed_at, "expires_at": new.expires_at,
             "token": case((c.owner == new.owner, c.token), else_=c.token + 1)}).returning(c.token)
-        _TAKE[dialect.name] = stmt
+        _TAKE[dialect] = stmt
     return stmt
 
 
@@ -177,10 +187,11 @@ def take_in(session: Session, name: str, owner: str, ttl_s: float,
     expires = now + dt.timedelta(seconds=ttl_s)
     host = owner.split(":")[0]
     dialect = session.get_bind().dialect
-    if upsert_for(dialect) is not None:
+    upsert = upsert_for(dialect)
+    if upsert is not None:
         # One statement, atomic on both databases (SQLite 3.35 and later).
-        return session.connection().execute(_take_statement(dialect), {
-            "name": name, "owner": owner, "host": host, "now": now, "expires": expires}).scalar()
+        return cast(int, session.connection().execute(_take_statement(dialect.name, upsert), {
+            "name": name, "owner": owner, "host": host, "now": now, "expires": expires}).scalar())
     for _ in range(3):  # lost a race with a concurrent creator (PostgreSQL): read again
         row = session.get(Lease, name, populate_existing=True)
         if row is None:
@@ -195,7 +206,7 @@ def take_in(session: Session, name: str, owner: str, ttl_s: float,
         result = session.execute(update(Lease).where(Lease.name == name, Lease.token == row.token)
                                  .values(owner=owner, host=host, token=token, acquired_at=now,
                                          renewed_at=now, expires_at=expires))
-        if result.rowcount == 1:
+        if _one_row(result):
             return token
     raise RuntimeError(f"lease {name}: could not be taken after three races")
 
@@ -207,7 +218,7 @@ def renew(db: Database, name: str, owner: str, token: int, ttl_s: float,
         result = s.execute(update(Lease).where(Lease.name == name, Lease.owner == owner,
                                                Lease.token == token)
                            .values(renewed_at=now, expires_at=now + dt.timedelta(seconds=ttl_s)))
-        return result.rowcount == 1
+        return _one_row(result)
 
 
 def holds(db: Database, name: str, owner: str, token: int, now: dt.datetime | None = None) -> bool:
@@ -237,12 +248,13 @@ def release_in(session: Session, name: str, owner: str) -> None:
 class LeaseHolder:
     """Keeps one lease renewed from a thread; calls on_acquired / on_lost as it comes and goes."""
 
-    def __init__(self, db: Database, name: str, owner: str, ttl_s: float, *, on_acquired=None,
-                 on_lost=None,
-                 clock=utcnow):
+    def __init__(self, db: Database, name: str, owner: str, ttl_s: float, *,
+                 on_acquired: Callable[[int], None] | None = None,
+                 on_lost: Callable[[], None] | None = None,
+                 clock: Callable[[], dt.datetime] = utcnow) -> None:
         self.db, self.name, self.owner, self.ttl_s = db, name, owner, ttl_s
         self.on_acquired, self.on_lost, self.clock = on_acquired, on_lost, clock
-        self.on_renewed = None  # called after each renewal (the lane refreshes its run records)
+        self.on_renewed: Callable[[], None] | None = None  # called after each renewal (the lane refreshes its run records)
         self.token: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -280,7 +292,7 @@ class LeaseHolder:
         interval = interval_s or max(self.ttl_s / 3.0, 0.2)
         self.step()
 
-        def loop():
+        def loop() -> None:
             while not self._stop.wait(interval):
                 try:
                     self.step()
@@ -322,7 +334,7 @@ class ConsumerRow:
     live: bool
     lane: str | None  # "holds" the lane lease, "standby", or None (no integration queue)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "pid": self.pid, "role": self.role, "queues": self.queues,
                 "heartbeat_at": _iso(self.heartbeat_at), "lane": self.lane}
 
@@ -357,7 +369,8 @@ def prune_lapsed(db: Database, project_key: str, now: dt.datetime | None = None)
                                       Lease.expires_at < cutoff))
 
 
-def live_run_view(session: Session, run, now: dt.datetime | None = None) -> dict:
+def live_run_view(session: Session, run: Run,
+                  now: dt.datetime | None = None) -> dict[str, Any]:
     """What `status` shows of the run's consumers: {"consumers": [...live], "warnings": [...]}."""
     from ..states import RUN_LIVE
     from .runrows import run_policy
@@ -365,9 +378,10 @@ def live_run_view(session: Session, run, now: dt.datetime | None = None) -> dict
     now = now or utcnow()
     lane = lane_lease_name(run.project)
     rows = consumers(session, run.project, lane, now)
-    warnings = []
+    warnings: list[str] = []
     if run.state in RUN_LIVE:
         alive = holder_of(session, lane, now) is not None
+        ttl: float
         try:
             ttl = run_policy(run).leases.ttl_s
         except Exception:  # a snapshot that no longer validates: `status` still shows the run
@@ -416,5 +430,5 @@ def idle_warnings(session: Session, run_id: str, rows: list[ConsumerRow], lane_a
     return out
 
 
-def _iso(value):
+def _iso(value: dt.datetime | None) -> str | None:
     return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value else None

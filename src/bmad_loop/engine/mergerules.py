@@ -33,7 +33,9 @@ import json
 import logging
 import os
 import posixpath
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from ..bmad.locations import implementation_artifacts
 from ..errors import ConfigError
@@ -43,6 +45,9 @@ from ..policy.mergerule import MergeRule, MergeRuleKind
 from ..fileio import LinkRefused, read_beneath, write_atomic, write_beneath
 from ..git.runner import Git
 from ..policy import Policy
+
+if TYPE_CHECKING:
+    from .project import Project
 
 __all__ = ["LEDGER_NAME", "bmad_ledger", "check_merge_rules", "merge_rule_checks",
            "run_merge_rules", "StoryLedgers", "append_ledger_lines", "captured_lines",
@@ -86,7 +91,7 @@ def check_merge_rules(policy: Policy, board_rel: str | None) -> None:
                                   "([scm] lane_owned): narrow one of them")
 
 
-def merge_rule_checks(project, policy: Policy, board_rel: str | None,
+def merge_rule_checks(project: Project, policy: Policy, board_rel: str | None,
                       target_sha: str | None) -> list[tuple[str, str]]:
     """`validate`'s lines: each rule in force, a configured glob that matches nothing on the
     target (the built-in ledger is created lazily by BMAD: never warned about), and a union
@@ -99,7 +104,7 @@ def merge_rule_checks(project, policy: Policy, board_rel: str | None,
     if not rules:
         return [("ok", "no merge rules")]
     tracked = _tracked(project, target_sha)
-    lines = []
+    lines: list[tuple[str, str]] = []
     for glob, rule in rules.rules:
         builtin = glob not in policy.integration.merge
         origin = "built-in (BMAD's deferred-work ledger)" if builtin else "[integration] merge"
@@ -111,14 +116,15 @@ def merge_rule_checks(project, policy: Policy, board_rel: str | None,
     return lines
 
 
-def _tracked(project, target_sha: str | None) -> list[str] | None:
+def _tracked(project: Project, target_sha: str | None) -> list[str] | None:
     if not target_sha:
         return None
     git = project.git(project.policy)
     return [p for p in git.out("ls-tree", "-r", "-z", "--name-only", target_sha).split("\0") if p]
 
 
-def _loose_ledgers(project, rules: MergeRules, tracked: list[str] | None):
+def _loose_ledgers(project: Project, rules: MergeRules,
+                   tracked: list[str] | None) -> Iterator[tuple[str, str]]:
     """A union ledger the checkout holds that git neither tracks nor ignores: its entries would
     die with each story's worktree."""
     if tracked is None:
@@ -143,11 +149,40 @@ _SEEDS = "ledger-seeds"
 _RECORDS = "ledgers"
 
 
+class LedgerWorkspace(Protocol):
+    """What `StoryLedgers` needs of a story's workspace."""
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def story_worktrees(self) -> bool: ...
+
+
+class LedgerStory(Protocol):
+    """What `StoryLedgers` needs of a story worker's context."""
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def git(self) -> Git: ...
+
+    @property
+    def workspace(self) -> LedgerWorkspace: ...
+
+    @property
+    def board_rel(self) -> str | None: ...
+
+    @property
+    def scratch(self) -> Path: ...
+
+
 class StoryLedgers:
     """A story worker's view: the run's merge rules, and the git-ignored union ledgers its
     worktree is seeded with (none in place, where the agent writes the checkout's copy)."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx: LedgerStory) -> None:
         self.ctx = ctx
         self.rules = run_merge_rules(ctx.policy, ctx.workspace.root, ctx.board_rel)
 
@@ -161,7 +196,7 @@ class StoryLedgers:
         if self.paths:
             seed_ledgers(self.ctx.workspace.root, worktree, self.ctx.scratch, self.paths)
 
-    def captured(self, worktree: str | None) -> dict:
+    def captured(self, worktree: str | None) -> dict[str, dict[str, str]]:
         """{"ledger_lines": …} for the story row at `ready`, or {} when nothing was added."""
         lines = captured_lines(Path(worktree), self.ctx.scratch, self.paths) if worktree else {}
         return {"ledger_lines": lines} if lines else {}
@@ -169,8 +204,8 @@ class StoryLedgers:
 
 def ignored_ledgers(git: Git, root: Path, rules: MergeRules) -> list[str]:
     """The `union` ledgers (rules naming one file) that git ignores in the checkout at `root`."""
-    paths = [_literal_path(glob) for glob, rule in rules.rules if rule.kind == MergeRuleKind.UNION]
-    paths = [p for p in paths if p is not None]
+    named = [_literal_path(glob) for glob, rule in rules.rules if rule.kind == MergeRuleKind.UNION]
+    paths = [p for p in named if p is not None]
     if not paths:
         return []
     # Tracked files are never reported: a committed ledger travels on the branches.

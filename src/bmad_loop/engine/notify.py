@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import subprocess
 import urllib.request
+from collections.abc import Sequence
+from typing import Any
 
 from .journal import EventKind, record
 from ..db.database import Database
@@ -16,7 +18,7 @@ from ..policy import Policy
 __all__ = ["notify"]
 
 
-def notify(db: Database, policy: Policy, run_id: str, event: str, **payload) -> None:
+def notify(db: Database, policy: Policy, run_id: str, event: str, **payload: Any) -> None:
     cfg = policy.notify
     if not cfg.command and not cfg.webhook:
         return
@@ -35,7 +37,7 @@ def notify(db: Database, policy: Policy, run_id: str, event: str, **payload) -> 
                 record(s, run_id, EventKind.NOTIFY_SENT, payload.get("story"), channel=channel, event=event)
 
 
-def _run_command(argv, body: str, timeout_s: float) -> str | None:
+def _run_command(argv: Sequence[str], body: str, timeout_s: float) -> str | None:
     """Run the notifier in its own process group; on timeout the whole group is killed."""
     import os
     import signal

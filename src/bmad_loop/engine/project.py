@@ -47,7 +47,7 @@ class Project:
     policy: Policy
     home: Path | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.root = Path(self.root).resolve()
         self.home = Path(self.home).resolve() if self.home is not None else self.root
         self._db: Database | None = None
@@ -57,7 +57,8 @@ class Project:
     @classmethod
     def open(cls, root: Path | str, policy: Policy | None = None, home: Path | str | None = None) -> "Project":
         root = Path(root).resolve()
-        return cls(root=root, policy=policy or load_policy(home or root), home=home)
+        return cls(root=root, policy=policy or load_policy(home or root),
+                   home=Path(home) if home is not None else None)
 
     @property
     def state_dir(self) -> Path:
@@ -65,7 +66,12 @@ class Project:
 
     @property
     def home_state_dir(self) -> Path:
-        return self.home / STATE_DIRNAME
+        return self._home / STATE_DIRNAME
+
+    @property
+    def _home(self) -> Path:
+        assert self.home is not None  # `__post_init__` always sets it
+        return self.home
 
     # ------------------------------------------------------------------ the target
     @property
@@ -74,7 +80,7 @@ class Project:
         if not self.policy.scm.remote:
             return None
         if self._remote_url is None:
-            checkout = self.home if (self.home / ".git").exists() else self.root
+            checkout = self._home if (self._home / ".git").exists() else self.root
             self._remote_url = resolve_remote_url(self.policy.scm.remote, checkout)
         return self._remote_url
 
@@ -106,7 +112,7 @@ class Project:
                           lock_wait_s=self.policy.database.lock_wait_s)
             ensure_state_dir(self.root)
             if not self.policy.database.url:
-                ensure_state_dir(self.home)
+                ensure_state_dir(self._home)
             db.migrate()
             self._db, self._db_pid = db, os.getpid()
         return self._db

@@ -28,7 +28,9 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -73,7 +75,13 @@ def find_orphans(session: Session, run_id: str, ttl_s: float,
     return orphans
 
 
-def recover_orphans(db: Database, tasks, run_id: str, ttl_s: float, now: dt.datetime | None = None,
+class StorySender(Protocol):
+    """What recovery needs of the queue: to send a story to the story workers again."""
+
+    def enqueue_story(self, run_id: str, story_id: int) -> None: ...
+
+
+def recover_orphans(db: Database, tasks: StorySender, run_id: str, ttl_s: float, now: dt.datetime | None = None,
                     *,
                     any_working: bool = True, spawned: bool = True) -> list[str]:
     """Re-queue (or, past `max_recoveries`, escalate) the run's orphaned stories; their keys.
@@ -82,7 +90,7 @@ def recover_orphans(db: Database, tasks, run_id: str, ttl_s: float, now: dt.date
     `spawned=False`: no process was ever started for the run (`ever_spawned`), so the sweep
     for processes of dead owners is skipped and counted as done."""
     recovered: list[int] = []
-    keys = []
+    keys: list[str] = []
     if not any_working:
         _sweep_now_and_then(run_id)
         return keys
@@ -136,7 +144,7 @@ def end_story_processes(run_id: str, key: str) -> list[int]:
     commands, their trees) and wait for it to be gone; the pids."""
     here = host_name()
 
-    def ours(env) -> bool:
+    def ours(env: Mapping[str, str]) -> bool:
         owner = parse_owner(env.get(OWNER_VAR))
         return (env.get("BMAD_LOOP_RUN_ID") == run_id and env.get("BMAD_LOOP_STORY_KEY") == key
                 and owner is not None and owner[0] == here)
@@ -150,7 +158,7 @@ def sweep_dead_owners(run_id: str) -> list[int]:
     here = host_name()
     verdicts: dict[str, bool] = {}
 
-    def orphaned(env) -> bool:
+    def orphaned(env: Mapping[str, str]) -> bool:
         if env.get("BMAD_LOOP_RUN_ID") != run_id or OWNER_VAR not in env:
             return False
         value = env[OWNER_VAR]
@@ -184,7 +192,9 @@ def ever_spawned(session: Session, run_id: str) -> bool:
 
 
 def _max_recoveries(session: Session, run_id: str) -> int:
-    return run_policy(session.get(Run, run_id)).limits.max_recoveries
+    run = session.get(Run, run_id)
+    assert run is not None  # a run's stories are only read with their run
+    return run_policy(run).limits.max_recoveries
 
 
 def _escalate(session: Session, run_id: str, story: Story, so_far: int, limit: int,

@@ -16,6 +16,8 @@ sign-off, a verified one not yet advanced) are given up first: what lands is ver
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -53,7 +55,7 @@ def _give_up_candidates(session: Session, run_id: str, story: Story, why: str) -
                           .where(Candidate.story_id == story.id)) or 0
 
 
-def to_ready(session: Session, run_id: str, story: Story, *, by: str, **data) -> None:
+def to_ready(session: Session, run_id: str, story: Story, *, by: str, **data: Any) -> None:
     """Its recorded commit is composed, verified and integrated again, with no agent."""
     floor = _give_up_candidates(session, run_id, story, f"{by}: composed again")
     story.state, story.phase = StoryState.READY, Phase.COMMIT
@@ -76,7 +78,7 @@ def to_human_fix(session: Session, run_id: str, story: Story, branch_head: str, 
     record(session, run_id, EventKind.STORY_HUMAN_FIX, story.key, head_sha=branch_head, by=by)
 
 
-def to_review(session: Session, run_id: str, story: Story, *, by: str, **data) -> None:
+def to_review(session: Session, run_id: str, story: Story, *, by: str, **data: Any) -> None:
     """Its branch is verified as it is, then reviewed (fix cycles as usual): no dev session."""
     _give_up_candidates(session, run_id, story, f"{by}: reviewed again")
     story.state, story.phase = StoryState.PENDING, Phase.VERIFY
@@ -87,7 +89,7 @@ def to_review(session: Session, run_id: str, story: Story, *, by: str, **data) -
     record(session, run_id, EventKind.STORY_RETRY, story.key, **{"from": Phase.REVIEW.value, "by": by, **data})
 
 
-def to_dev(session: Session, run_id: str, story: Story, *, by: str, **data) -> None:
+def to_dev(session: Session, run_id: str, story: Story, *, by: str, **data: Any) -> None:
     """A fresh attempt budget; dev runs again on the branch as it is."""
     _give_up_candidates(session, run_id, story, f"{by}: developed again")
     if story.phase in (Phase.COMMIT, Phase.INTEGRATE, None) or not story.worktree:
@@ -103,7 +105,7 @@ def to_dev(session: Session, run_id: str, story: Story, *, by: str, **data) -> N
 
 
 def to_repair(session: Session, run_id: str, story: Story, target_sha: str | None, *, by: str,
-              **data) -> None:
+              **data: Any) -> None:
     """Its repairs ran out: it is repaired again with a fresh budget, from a fresh merge of the
     target as the lane knows it now (`target_sha`)."""
     _give_up_candidates(session, run_id, story, f"{by}: repaired again")
@@ -119,7 +121,7 @@ def to_repair(session: Session, run_id: str, story: Story, target_sha: str | Non
                                                            **data})
 
 
-def _kept(story: Story) -> dict:
+def _kept(story: Story) -> dict[str, Any]:
     return {k: v for k, v in (story.feedback or {}).items() if k in _FEEDBACK_KEPT}
 
 
@@ -146,6 +148,7 @@ def retry_story(session: Session, target: Target, run: Run, story: Story, start:
             raise StateError(f"run {run.id}: story {story.key} is {story.state}: it has no "
                              "finished work waiting to integrate; use --from dev or review")
         _check_recorded_head(run, story, now)
+        assert now is not None  # refused just above when the branch has no head
         if now != story.head_sha:  # a person's fix on the branch: verified, then integrated
             record(session, run.id, EventKind.STORY_RETRY, story.key,
                    **{"from": Phase.INTEGRATE.value, "by": "retry", "head_sha": now,

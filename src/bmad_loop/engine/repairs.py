@@ -21,6 +21,10 @@ A request is a plain dict (it lives in a JSON column):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
+from ..db.models import Story
 from ..states import CandidateState, Phase
 
 __all__ = ["REPAIR_KEY", "MERGE_KEY", "REPAIR_REF_NAMESPACE", "repair_ref", "in_repair",
@@ -39,12 +43,13 @@ def repair_ref(run_id: str, story_key: str) -> str:
     return f"{REPAIR_REF_NAMESPACE}{run_id}/{story_key}"
 
 
-def in_repair(story) -> bool:
+def in_repair(story: Story) -> bool:
     """Is the story on its way through a repair (from the lane's request until it is ready)?"""
     return bool((story.feedback or {}).get(REPAIR_KEY))
 
 
-def repair_markdown(request: dict, target_branch: str, conflicts=()) -> str:
+def repair_markdown(request: dict[str, Any], target_branch: str,
+                    conflicts: Iterable[str] = ()) -> str:
     """The prompt's account of why the story is repaired: what failed, and what landed."""
     target = (request.get("target_sha") or "")[:12]
     lines = []
@@ -65,6 +70,6 @@ def repair_markdown(request: dict, target_branch: str, conflicts=()) -> str:
         lines.append("- (none in this run: the target moved outside it)")
     for story in landed:
         title = f" — {story['title']}" if story.get("title") else ""
-        paths = ", ".join(f"`{p}`" for p in story.get("paths") or ()) or "(no file)"
-        lines.append(f"- {story['key']}{title}: {paths}")
+        files = ", ".join(f"`{p}`" for p in story.get("paths") or ()) or "(no file)"
+        lines.append(f"- {story['key']}{title}: {files}")
     return "\n".join(lines)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..db.models import Run
 from ..states import STORY_IN_FLIGHT, RunState
@@ -27,8 +29,11 @@ log = logging.getLogger(__name__)
 # inside each try are longer ([scm] lock_wait_s).
 BACKOFF_S = (0.5, 1.0, 2.0)
 
+_T = TypeVar("_T")
 
-def retrying(step, *, db: Database, run_id: str, story: str | None, what: str, sleep=time.sleep):
+
+def retrying(step: Callable[[], _T], *, db: Database, run_id: str, story: str | None, what: str,
+             sleep: Callable[[float], None] = time.sleep) -> _T:
     """Run `step()`; on a transient fault, journal it and run it again after a back-off.
     Returns step's result; raises `FaultPersisted` (carrying the fault) when it keeps failing.
     Any other exception propagates at once."""
@@ -45,10 +50,11 @@ def retrying(step, *, db: Database, run_id: str, story: str | None, what: str, s
             if delay is None:
                 raise FaultPersisted(fault, attempts=attempt) from exc
             sleep(delay)
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 class FaultPersisted(Exception):
-    def __init__(self, fault: Fault, attempts: int):
+    def __init__(self, fault: Fault, attempts: int) -> None:
         super().__init__(fault.describe())
         self.fault, self.attempts = fault, attempts
 
@@ -64,7 +70,10 @@ def pause_for_fault(db: Database, run_id: str, fault: Fault, attempts: int, *,
     fault_data = {"kind": fault.kind, "where": fault.where, "error": fault.message}
     try:
         with db.transaction() as s:
-            state = s.get(Run, run_id).state
+            run = s.get(Run, run_id)
+            if run is None:  # logged below, and nothing is paused
+                raise LookupError(f"run {run_id} is not in the database")
+            state = run.state
             busy = any(st.state in STORY_IN_FLIGHT for st in stories_of(s, run_id))
             if state == RunState.STOPPING:
                 target = RunState.STOPPING if busy else RunState.STOPPED
@@ -79,7 +88,8 @@ def pause_for_fault(db: Database, run_id: str, fault: Fault, attempts: int, *,
         return False
 
 
-def _journal(db: Database, run_id, story, event, **data) -> None:
+def _journal(db: Database, run_id: str, story: str | None, event: EventKind,
+             **data: Any) -> None:
     try:
         with db.transaction() as s:
             record(s, run_id, event, story, **data)

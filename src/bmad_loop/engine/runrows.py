@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import OrderedDict, namedtuple
+from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, NamedTuple, Protocol, TypeVar
 
-from sqlalchemy import Text, bindparam, select, type_coerce
+from sqlalchemy import Result, Text, bindparam, select, type_coerce
 from sqlalchemy.orm import Session
 
 from ..db.models import Run, Story
@@ -15,8 +17,8 @@ from ..policy import Policy, policy_from_dict
 from ..states import STORY_DONE, StoryState
 from ..caches import CACHES
 
-__all__ = ["RUN_STATE", "run_policy", "stories_of", "lane_rows", "next_in_plan", "path_inside",
-           "board_rel"]
+__all__ = ["RUN_STATE", "run_policy", "stories_of", "lane_rows", "LaneRow", "StoryRow",
+           "next_in_plan", "path_inside", "board_rel"]
 
 
 # (run id, snapshot text) -> its Policy, parsed once per process: the lane reads it every tick
@@ -68,7 +70,37 @@ _LANE_COLUMNS = (Story.id, Story.rev, Story.key, Story.seq, Story.epic, Story.st
 _JSON_COLUMNS = frozenset({"footprint", "depends_on", "stacked_on"})
 _SELECTED = tuple(type_coerce(c, Text).label(c.key) if c.key in _JSON_COLUMNS else c
                   for c in _LANE_COLUMNS)
-LaneRow = namedtuple("LaneRow", [c.key for c in _LANE_COLUMNS])
+
+
+class LaneRow(NamedTuple):
+    """A story as the lane reads it: the columns of `_LANE_COLUMNS`, in their order."""
+
+    id: int
+    rev: int
+    key: str
+    seq: int
+    epic: str
+    state: str
+    footprint: dict[str, Any]
+    footprint_reason: str | None
+    depends_on: list[str]
+    approved: bool
+    to_create: bool
+    wait_reason: str | None
+    port_block: int | None
+    reason: str | None
+    done_checkpoint: bool
+    phase: str | None
+    branch: str | None
+    human_fix: bool
+    base_sha: str | None
+    head_sha: str | None
+    stacked_on: list[dict[str, str]] | None
+    worktree: str | None
+
+
+if LaneRow._fields != tuple(c.key for c in _LANE_COLUMNS):  # the two lists are kept together
+    raise RuntimeError("LaneRow's fields are not the lane's columns")
 _JSON_AT = tuple(i for i, c in enumerate(_LANE_COLUMNS) if c.key in _JSON_COLUMNS)
 _DECODED: dict[str, object] = {}
 _DECODED_KEEP = 20_000
@@ -86,7 +118,8 @@ _ROWS_BY_ID = select(*_SELECTED).where(Story.id.in_(bindparam("ids", expanding=T
 _READ_ALL_FROM = 64
 
 
-def lane_rows(session: Session, run_id: str, kept: dict | None = None) -> list:
+def lane_rows(session: Session, run_id: str,
+              kept: dict[int, LaneRow] | None = None) -> list[LaneRow]:
     """The run's stories in plan order as read-only rows of the columns the lane reads (same
     attribute names as `Story`). The lane reads them on every pass: building full ORM objects
     (forty columns, timestamps, JSON) costs several times more per story. Treat the rows and
@@ -100,7 +133,7 @@ def lane_rows(session: Session, run_id: str, kept: dict | None = None) -> list:
     if kept is None:
         return _rows(conn.execute(_ALL_ROWS, run))
     versions = conn.execute(_VERSIONS, run).all()
-    current = {}  # this pass's rows: the caller's dict may be updated by another pass meanwhile
+    current: dict[int, LaneRow] = {}  # this pass's rows: the caller's dict may be updated by another pass meanwhile
     for story_id, rev in versions:
         row = kept.get(story_id)
         if row is not None and row.rev == rev:
@@ -117,10 +150,11 @@ def lane_rows(session: Session, run_id: str, kept: dict | None = None) -> list:
     return [current[story_id] for story_id, _ in versions if story_id in current]
 
 
-def _rows(result) -> list:
+def _rows(result: Result[Any]) -> list[LaneRow]:
     # Every open story's row on every pass: a text's decoded value is looked up without the
     # lock (a dict read is atomic), which is only taken to add one.
-    out, make, known_values = [], LaneRow._make, _DECODED
+    out: list[LaneRow] = []
+    make, known_values = LaneRow._make, _DECODED
     for raw in result:
         values = list(raw)
         for i in _JSON_AT:
@@ -132,7 +166,7 @@ def _rows(result) -> list:
     return out
 
 
-def _decoded(value):
+def _decoded(value: object) -> object:
     """A JSON column's value: SQLite hands back the stored text, PostgreSQL the decoded value."""
     if not isinstance(value, str):
         return value
@@ -146,7 +180,62 @@ def _decoded(value):
     return known
 
 
-def next_in_plan(stories, pause_on_escalation: bool, after_seq: int | None = None):
+class PlanRow(Protocol):
+    """What `next_in_plan` reads of a story: a `Story` or a `LaneRow`."""
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def state(self) -> str: ...
+
+
+class StoryRow(PlanRow, Protocol):
+    """A story as both its ORM row (`Story`) and the lane's read (`LaneRow`) show it: what the
+    lane and the workspace read of a story they were handed either way."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def epic(self) -> str: ...
+
+    @property
+    def phase(self) -> str | None: ...
+
+    @property
+    def reason(self) -> str | None: ...
+
+    @property
+    def branch(self) -> str | None: ...
+
+    @property
+    def worktree(self) -> str | None: ...
+
+    @property
+    def base_sha(self) -> str | None: ...
+
+    @property
+    def head_sha(self) -> str | None: ...
+
+    @property
+    def stacked_on(self) -> list[dict[str, str]] | None: ...
+
+    @property
+    def done_checkpoint(self) -> bool: ...
+
+    @property
+    def human_fix(self) -> bool: ...
+
+
+_Row = TypeVar("_Row", bound=PlanRow)
+
+
+def next_in_plan(stories: Iterable[_Row], pause_on_escalation: bool,
+                 after_seq: int | None = None) -> _Row | None:
     """The earliest story in plan order (after `after_seq`) that integration must deal with
     next, or None when the scan stops before any: integration is in plan order, so a held
     story stops it, and so does an escalated or blocked one when escalation pauses the run."""
@@ -165,7 +254,7 @@ def next_in_plan(stories, pause_on_escalation: bool, after_seq: int | None = Non
     return None
 
 
-def path_inside(path, root: Path) -> str | None:
+def path_inside(path: str | Path, root: Path) -> str | None:
     """`path` relative to `root` (POSIX form), None when it lies outside."""
     try:
         return Path(path).resolve().relative_to(root).as_posix()

@@ -9,15 +9,17 @@ models' validators; bulk UPDATEs bypass those, hence the check here.)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import bindparam, update
+from sqlalchemy import Row, Table, bindparam, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.elements import ClauseElement, ColumnElement
 
-from ..db.models import Attempt, Candidate, Run, Story
+from ..db.models import Attempt, Base, Candidate, Run, Story
 from ..states import check_transition
 from ..caches import CACHES
 
@@ -31,22 +33,26 @@ class _Extra:
     `returning`, what the UPDATE reads back; `params`, the bind parameters of those clauses
     (so a clause built once serves every call: see `_statement`)."""
 
-    when: ClauseElement | None = None
+    when: ColumnElement[bool] | None = None
     returning: ColumnElement[Any] | None = None
     params: dict[str, Any] | None = None
 
 
 _PLAIN = _Extra()
 
+# The state (or states) a row must be in for the transition to win.
+Expected = str | Iterable[str]
 
-def _transition(session: Session, model, machine: str, row_id, expected, values: dict,
-                extra: _Extra = _PLAIN):
+
+def _transition(session: Session, model: type[Base], machine: str, row_id: int | str,
+                expected: Expected, values: dict[str, Any],
+                extra: _Extra = _PLAIN) -> Row[Any] | tuple[()] | None:
     """None when this caller lost; else the row `extra.returning` read in the UPDATE (an
     empty tuple without one)."""
     when, returning, params = extra.when, extra.returning, extra.params
-    expected = (expected,) if isinstance(expected, str) else tuple(expected)
+    states = (expected,) if isinstance(expected, str) else tuple(expected)
     if "state" in values:
-        for old in expected:
+        for old in states:
             check_transition(machine, old, values["state"])
     # A Core UPDATE on the session's connection: the ORM's bulk UPDATE costs twice as much
     # CPU here, and these run about six times per story. What it did besides is done by hand:
@@ -54,12 +60,14 @@ def _transition(session: Session, model, machine: str, row_id, expected, values:
     # (a clean session's flush returns at once), and a row this session holds takes the new
     # values (its "evaluate" synchronisation).
     session.flush()
-    statement = _statement(model.__table__, expected, values, when, returning)
+    table = cast(Table, model.__table__)  # a mapped class's table is typed as any FromClause
+    statement = _statement(table, states, values, when, returning)
     bound = {f"{_VALUE}{name}": value for name, value in values.items()
              if not isinstance(value, ClauseElement)}
     bound[_ROW] = row_id
     if params:
         bound.update(params)
+    won: Row[Any] | tuple[()] | None
     if returning is None:
         won = () if session.connection().execute(statement, bound).rowcount == 1 else None
     else:
@@ -83,19 +91,20 @@ def _transition(session: Session, model, machine: str, row_id, expected, values:
 # entry holds it, so an identity is never reused while cached: a clause built for one call
 # only costs what it did before. Bounded: the shapes in the code are a few dozen.
 _VALUE, _ROW = "new_", "row_id_"
-_STATEMENTS: dict[tuple, tuple] = {}
+_STATEMENTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 _KEPT_STATEMENTS = 256
 CACHES.register("engine.transition_statements", _STATEMENTS.clear,
                bound=f"{_KEPT_STATEMENTS} shapes", holds="an UPDATE's shape -> its statement")
 
 
-def _statement(table, expected: tuple, values: dict, when, returning):
+def _statement(table: Table, expected: tuple[str, ...], values: dict[str, Any],
+               when: ColumnElement[bool] | None, returning: ColumnElement[Any] | None) -> Update:
     shape = (table.name, expected, id(when), id(returning),
              tuple((name, id(value)) if isinstance(value, ClauseElement) else name
                    for name, value in values.items()))
     cached = _STATEMENTS.get(shape)
     if cached is not None:
-        return cached[0]
+        return cast(Update, cached[0])
     guard = [table.c.id == bindparam(_ROW), table.c.state.in_(expected)]
     if when is not None:  # a further condition, e.g. on the run's row: checked in the UPDATE
         guard.append(when)
@@ -112,29 +121,36 @@ def _statement(table, expected: tuple, values: dict, when, returning):
     return statement
 
 
-def transition_story(session: Session, story_id: int, expected, /, *, when=None, params=None,
-                     **values) -> bool:
+def transition_story(session: Session, story_id: int, expected: Expected, /, *,
+                     when: ColumnElement[bool] | None = None, params: dict[str, Any] | None = None,
+                     **values: Any) -> bool:
     """`when`: a further SQL condition the row must meet (it loses otherwise); `params` fills
     its bind parameters."""
     return _transition(session, Story, "story", story_id, expected, values,
                        _Extra(when, None, params)) is not None
 
 
-def transition_story_reading(session: Session, story_id: int, expected, returning, /, *,
-                             when=None, params=None, **values):
+def transition_story_reading(session: Session, story_id: int, expected: Expected,
+                             returning: ColumnElement[Any], /, *,
+                             when: ColumnElement[bool] | None = None,
+                             params: dict[str, Any] | None = None,
+                             **values: Any) -> Row[Any] | None:
     """`transition_story` that also reads `returning` (an SQL expression) in its UPDATE: the
     row it read, or None when this caller lost."""
-    return _transition(session, Story, "story", story_id, expected, values,
+    read = _transition(session, Story, "story", story_id, expected, values,
                        _Extra(when, returning, params))
+    return cast("Row[Any] | None", read)  # with `returning`: a row, never the empty tuple
 
 
-def transition_run(session: Session, run_id: str, expected, **values) -> bool:
+def transition_run(session: Session, run_id: str, expected: Expected, **values: Any) -> bool:
     return _transition(session, Run, "run", run_id, expected, values) is not None
 
 
-def transition_attempt(session: Session, attempt_id: int, expected, **values) -> bool:
+def transition_attempt(session: Session, attempt_id: int, expected: Expected,
+                       **values: Any) -> bool:
     return _transition(session, Attempt, "attempt", attempt_id, expected, values) is not None
 
 
-def transition_candidate(session: Session, candidate_id: int, expected, **values) -> bool:
+def transition_candidate(session: Session, candidate_id: int, expected: Expected,
+                         **values: Any) -> bool:
     return _transition(session, Candidate, "candidate", candidate_id, expected, values) is not None

@@ -21,31 +21,37 @@ is set is journaled too (`usage.missing`).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.sql.functions import Function
 from sqlalchemy.orm import Session
 
 from ..agents.output import USAGE_COLUMNS, Usage
 from ..db.models import Attempt
 from ..fileio import LinkRefused, read_beneath
-from ..policy import Policy
+from ..policy import AdapterPolicy, Policy
+
+# One row of summed usage: each of USAGE_COLUMNS, None where no session reported it.
+UsageSums = dict[str, float | None]
 
 __all__ = ["USAGE_COLUMNS", "empty_usage", "usage_by_story", "usage_by_run", "usage_by_story_phase",
            "USAGE_FILE_VAR", "MAX_BYTES", "usage_file", "read_usage_file", "budget_warnings",
            "budget_set"]
 
 
-def empty_usage() -> dict:
+def empty_usage() -> UsageSums:
     return {name: None for name in USAGE_COLUMNS}
 
 
-def _sums():
+def _sums() -> list[Function[Any]]:
     return [func.sum(getattr(Attempt, name)) for name in USAGE_COLUMNS]
 
 
-def _row(values) -> dict:
-    out = {}
+def _row(values: Sequence[Any]) -> UsageSums:
+    out: UsageSums = {}
     for name, value in zip(USAGE_COLUMNS, values):
         if value is None:
             out[name] = None
@@ -56,14 +62,14 @@ def _row(values) -> dict:
     return out
 
 
-def usage_by_story(session: Session, run_id: str) -> dict[int, dict]:
+def usage_by_story(session: Session, run_id: str) -> dict[int, UsageSums]:
     """Story id -> its summed usage, for one run."""
     rows = session.execute(select(Attempt.story_id, *_sums()).where(Attempt.run_id == run_id)
                            .group_by(Attempt.story_id)).all()
     return {row[0]: _row(row[1:]) for row in rows}
 
 
-def usage_by_run(session: Session, run_ids) -> dict[str, dict]:
+def usage_by_run(session: Session, run_ids: Iterable[str]) -> dict[str, UsageSums]:
     """Run id -> its summed usage."""
     ids = list(run_ids)
     if not ids:
@@ -73,7 +79,7 @@ def usage_by_run(session: Session, run_ids) -> dict[str, dict]:
     return {row[0]: _row(row[1:]) for row in rows}
 
 
-def usage_by_story_phase(session: Session, run_id: str) -> dict[tuple[int, str], dict]:
+def usage_by_story_phase(session: Session, run_id: str) -> dict[tuple[int, str], UsageSums]:
     """(story id, phase) -> the summed usage of that story's sessions of that phase."""
     rows = session.execute(select(Attempt.story_id, Attempt.phase, *_sums())
                            .where(Attempt.run_id == run_id)
@@ -116,8 +122,8 @@ def read_usage_file(path: Path, scratch: Path | None = None) -> tuple[Usage, str
     return _usage_of(report)
 
 
-def _usage_of(report: dict) -> tuple[Usage, str | None]:
-    values: dict = {}
+def _usage_of(report: dict[str, Any]) -> tuple[Usage, str | None]:
+    values: dict[str, Any] = {}
     for name in _COUNTS:
         value = report.get(name)
         if value is None:
@@ -154,7 +160,7 @@ def budget_warnings(policy: Policy) -> list[str]:
             f"${USAGE_FILE_VAR} and set [adapter] reports_usage = true"]
 
 
-def _commands(adapter):
+def _commands(adapter: AdapterPolicy) -> Iterator[tuple[str, tuple[str, ...] | None]]:
     yield "[adapter] command", adapter.command
     for phase in ("create", "dev", "review", "fix"):
         yield f"[adapter.{phase}] command", adapter.phase(phase).command

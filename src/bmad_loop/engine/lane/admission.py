@@ -46,9 +46,12 @@ still to be created, as walls for every later story.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence, Iterable
+from typing import Any, Callable, Collection, Mapping, Sequence, Iterable
 
 from ...bmad.footprint import Footprint, footprints_conflict
+from ...db.models import Story
+from ...git.trees.settle import MergeRules
+from ..runrows import LaneRow
 from ...globs import is_literal
 from ...states import (
     STORY_AWAITING_LANE,
@@ -107,7 +110,7 @@ class Rules:
     directories: Callable[[], frozenset[str] | None] = lambda: None
 
 
-def admit(stories: Sequence[StoryView], **rules) -> Admission:
+def admit(stories: Sequence[StoryView], **rules: Any) -> Admission:
     """`rules` are the fields of `Rules`. `index` is the run's conflict relation, kept across
     calls (see `ConflictIndex`); it is brought up to date with `stories` and the target tree's
     `directories()` first (listed only when some pair depends on them), so the answer is the
@@ -231,7 +234,8 @@ class _Earlier:
                 self._holding.add(story.epic)
                 self.holders.append(story)
 
-    def epic_barrier(self, story, gates_passed, first_epic) -> str | None:
+    def epic_barrier(self, story: StoryView, gates_passed: Collection[str],
+                     first_epic: str | None) -> str | None:
         # A story in no epic (an extra key above every epic line) neither waits for nor holds an epic.
         if not story.epic or self.epics <= {story.epic}:
             return None
@@ -247,7 +251,7 @@ class _Earlier:
             return f"epic {story.epic} waits until epic {holder.epic} is dispatched ({holder.key})"
         return None
 
-    def conflict(self, story, index: ConflictIndex, under: list[str]) -> str | None:
+    def conflict(self, story: StoryView, index: ConflictIndex, under: list[str]) -> str | None:
         """The earliest unfinished earlier story that conflicts with `story`, and why: an
         exclusive story conflicts with every story, every story with an exclusive one or one
         still to be created (a wall); other pairs come from the index. A story that may stack
@@ -266,7 +270,7 @@ class _Earlier:
             return None
         return self._held_by(story, blocker, index)
 
-    def _conflict_stacking(self, story, index: ConflictIndex, under: list[str]) -> str | None:
+    def _conflict_stacking(self, story: StoryView, index: ConflictIndex, under: list[str]) -> str | None:
         if story.footprint.exclusive:
             blockers = self.open
         else:
@@ -284,13 +288,13 @@ class _Earlier:
         return None
 
     @staticmethod
-    def _held_by(story, blocker, index: ConflictIndex) -> str:
+    def _held_by(story: StoryView, blocker: StoryView, index: ConflictIndex) -> str:
         if blocker.to_create:
             return f"waits for {blocker.key} to be created (its footprint is not known yet)"
         return f"conflicts with {blocker.key}: {index.reason(story.key, blocker.key)}"
 
 
-def _dependencies(story, by_key: Mapping[str, StoryView], under: list[str]) -> str | None:
+def _dependencies(story: StoryView, by_key: Mapping[str, StoryView], under: list[str]) -> str | None:
     # A dependency on a finished story is satisfied by stacking on it, like a conflict.
     for dep in story.depends_on:
         other = by_key.get(dep)
@@ -304,7 +308,8 @@ def _dependencies(story, by_key: Mapping[str, StoryView], under: list[str]) -> s
     return None
 
 
-def _resources(story, used, capacity) -> str | None:
+def _resources(story: StoryView, used: Mapping[str, int],
+               capacity: Callable[[str], int]) -> str | None:
     for name in story.footprint.resources:
         cap = capacity(name)
         if used.get(name, 0) >= cap:
@@ -312,7 +317,8 @@ def _resources(story, used, capacity) -> str | None:
     return None
 
 
-def views_of(rows, stacking: bool = False, settled=None) -> list[StoryView]:
+def views_of(rows: Iterable[Story | LaneRow], stacking: bool = False,
+             settled: MergeRules | None = None) -> list[StoryView]:
     """The admission's view of story rows (`Story` objects or the lane's read-only rows).
     `stacking`: a story may start on a stacked base when it has no branch yet and no human fix.
     `settled`: the run's merge rules (git.trees.settle.MergeRules): the paths they cover never make
@@ -326,7 +332,7 @@ def views_of(rows, stacking: bool = False, settled=None) -> list[StoryView]:
                       and getattr(s, "phase", None) == Phase.REPAIR) for s in rows]
 
 
-def _footprint_of(row, settled=None) -> Footprint:
+def _footprint_of(row: Story | LaneRow, settled: MergeRules | None = None) -> Footprint:
     fp = row.footprint or {}
     files, shared = tuple(fp.get("files", ())), tuple(fp.get("shared", ()))
     if settled:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
@@ -31,6 +33,8 @@ from ..runpaths import Layout
 from ..runrows import RUN_STATE
 from ..transitions import transition_story
 from ..workspace import Workspace
+from ..verification.runner import VerifyResult
+from ...git.trees.compose import Composition
 
 # ready -> integrating only while the run may still land it: checked in the UPDATE itself
 # (built once; transitions.py keeps the statement made with it).
@@ -67,25 +71,27 @@ class LaneSite:
 class Aftermath:
     """The ends of an integration other than the advance itself, on one `LaneSite`."""
 
-    def __init__(self, site: LaneSite):
+    def __init__(self, site: LaneSite) -> None:
         self.db, self.run_id, self.git = site.db, site.run_id, site.git
         self.layout, self.target, self.workspace, self.policy = \
             site.layout, site.target, site.workspace, site.policy
 
-    def dirty_checkout(self, story, cand_id, attempt, checkout, overlap, target_sha, sha) -> str:
+    def dirty_checkout(self, story: Story, cand_id: int, attempt: int, checkout: Path,
+                       overlap: Sequence[str], target_sha: str, sha: str) -> str:
         evidence = self.write_evidence(story.key, attempt, {
             "kind": "dirty-target-checkout", "story": story.key, "checkout": str(checkout),
             "paths": overlap, "target_sha": target_sha, "candidate_sha": sha,
         })
         with self.db.transaction() as s:
-            cand = s.get(Candidate, cand_id)
+            cand = s.get_one(Candidate, cand_id)
             cand.state, cand.evidence, cand.ended_at = CandidateState.ABANDONED, str(evidence), utcnow()
             cand.reason = f"local changes in {checkout} overlap: {', '.join(overlap)}"
         return self.escalate(story, cand_id, f"the target checkout {checkout} has local "
                               f"changes that overlap the candidate: {', '.join(overlap)}",
                               Cause.CHECKOUT)
 
-    def record_conflict(self, story, cand_id, attempt, comp, target_sha, branch_sha, ref) -> None:
+    def record_conflict(self, story: Story, cand_id: int, attempt: int, comp: Composition,
+                        target_sha: str, branch_sha: str, ref: str) -> None:
         # Keep the conflicted tree (with markers) as a commit and a worktree for a human.
         preserved = None
         if comp.tree:
@@ -106,7 +112,7 @@ class Aftermath:
             **({"reason": comp.failure, "output": comp.failure_output} if comp.failure else {}),
         })
         with self.db.transaction() as s:
-            cand = s.get(Candidate, cand_id)
+            cand = s.get_one(Candidate, cand_id)
             cand.state, cand.evidence, cand.ended_at = CandidateState.CONFLICT, str(evidence), utcnow()
             cand.ref = ref if preserved else None
             cand.candidate_sha = preserved
@@ -121,7 +127,7 @@ class Aftermath:
                 record(s, self.run_id, EventKind.CANDIDATE_CONFLICT, story.key, attempt=attempt,
                        paths=list(comp.conflicts), evidence=str(evidence))
 
-    def enter_integrating(self, s: Session, story, *, to_escalate: bool = False) -> bool:
+    def enter_integrating(self, s: Session, story: Story, *, to_escalate: bool = False) -> bool:
         """ready -> integrating, while the run may still integrate (a stop settles a run whose
         stories are only ready at once: then nothing lands). `to_escalate`: on the way to
         `escalated`, which needs no such check."""
@@ -133,11 +139,11 @@ class Aftermath:
         record(s, self.run_id, EventKind.STORY_INTEGRATING, story.key)
         return True
 
-    def escalate(self, story, cand_id, reason: str, cause: str) -> str:
+    def escalate(self, story: Story, cand_id: int | None, reason: str, cause: str) -> str:
         """`cause` (escalation.Cause) tells `resume` whether the story's own work failed or
         something outside it did: the latter goes back to `ready` without an agent."""
         with self.db.transaction() as s:
-            row = s.get(Story, story.id)
+            row = s.get_one(Story, story.id)
             if row.state == StoryState.READY:  # found before composing, on the quick path
                 self.enter_integrating(s, row, to_escalate=True)
             feedback = dict(row.feedback or {})
@@ -148,19 +154,20 @@ class Aftermath:
             if escalated:
                 record(s, self.run_id, EventKind.STORY_ESCALATED, story.key, reason=reason,
                        candidate=cand_id, phase=Phase.INTEGRATE, cause=cause)
-            row = s.get(Story, story.id)
+            row = s.get_one(Story, story.id)
         if escalated:
             self.workspace.restore_worktree(row)  # released at ready: a human gets it back
         return StoryState.ESCALATED
 
-    def repair_or_escalate(self, story, cand, cause: str, details: dict, landed: list[dict]) -> str:
+    def repair_or_escalate(self, story: Story, cand: Candidate, cause: str, details: dict[str, Any],
+                           landed: list[dict[str, Any]]) -> str:
         """The story's own failure (`cause` conflict or verify-failed, its candidate `cand`):
         back to its agent for a repair while `[limits] max_repairs` lasts (`integrating →
         pending` at phase `repair`, next in plan order), else escalated as before."""
         limit = self.policy.limits.max_repairs
         reason = cand.reason or "candidate failed"
         with self.db.read() as s:
-            used = s.get(Story, story.id).repairs
+            used = s.get_one(Story, story.id).repairs
         if used >= limit or not self.workspace.story_worktrees:  # never in a person's checkout
             if limit and self.workspace.story_worktrees:
                 reason = f"{reason} (repairs used up: {used} of max_repairs = {limit})"
@@ -171,7 +178,7 @@ class Aftermath:
                    "command": details.get("command"), "log": details.get("log"),
                    "output": str(details.get("output") or "")[-8000:]}
         with self.db.transaction() as s:
-            row = s.get(Story, story.id)
+            row = s.get_one(Story, story.id)
             if row.state == StoryState.READY:  # found on the quick path, before a row said so
                 self.enter_integrating(s, row, to_escalate=True)
             sent = transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.PENDING,
@@ -182,18 +189,19 @@ class Aftermath:
                 record(s, self.run_id, EventKind.REPAIR_REQUESTED, story.key, cause=cause,
                        reason=reason, candidate=cand.attempt, target_sha=cand.target_sha,
                        repairs=used, landed=[x["key"] for x in landed])
-            row = s.get(Story, story.id)
+            row = s.get_one(Story, story.id)
         if sent:
             self.workspace.restore_worktree(row)  # released at ready: the repair works in it
         return row.state
 
-    def record_verdict(self, story, cand_id, attempt, result, worktree, shas) -> bool:
+    def record_verdict(self, story: Story, cand_id: int, attempt: int, result: VerifyResult,
+                       worktree: Path | None, shas: tuple[str, str, str]) -> bool:
         """Write the verification's outcome on a `verifying` row: True for `verified`. A row
         that is no longer `verifying` (given up meanwhile) is left as it is: False."""
         target_sha, branch_sha, sha = shas
         commands = self.policy.verify.commands
         with self.db.transaction() as s:
-            cand = s.get(Candidate, cand_id)
+            cand = s.get_one(Candidate, cand_id)
             if cand.state != CandidateState.VERIFYING:
                 return False
             cand.worktree = str(worktree) if worktree else None
@@ -215,7 +223,7 @@ class Aftermath:
             "timed_out": result.timed_out, "output": result.output, "log": result.log,
         })
         with self.db.transaction() as s:
-            cand = s.get(Candidate, cand_id)
+            cand = s.get_one(Candidate, cand_id)
             if cand.state != CandidateState.VERIFYING:
                 return False
             cand.state, cand.evidence, cand.ended_at = CandidateState.VERIFY_FAILED, str(evidence), utcnow()
@@ -224,7 +232,7 @@ class Aftermath:
                    command=result.failed_command, evidence=str(evidence), boxed=result.boxed)
         return False
 
-    def write_evidence(self, key: str, attempt: int, payload: dict) -> Path:
+    def write_evidence(self, key: str, attempt: int, payload: dict[str, Any]) -> Path:
         path = self.layout.evidence(key, attempt)
         path.parent.mkdir(parents=True, exist_ok=True)
         if "settled" not in payload and path.exists():  # a later verdict keeps what was settled
@@ -265,7 +273,7 @@ class Aftermath:
         `accept` takes it as the new baseline (the candidate is composed on top)."""
         if baseline is None:
             with self.db.transaction() as s:
-                baseline = s.get(Run, self.run_id).head_sha
+                baseline = s.get_one(Run, self.run_id).head_sha
         if not target_now or not baseline or target_now == baseline:
             return
         commits = self._commits_between(baseline, target_now)
@@ -274,7 +282,7 @@ class Aftermath:
             record(s, self.run_id, EventKind.TARGET_MOVED, story.key, old=baseline, new=target_now,
                    commits=commits[:50], action=action)
             if action == "accept":
-                s.get(Run, self.run_id).head_sha = target_now
+                s.get_one(Run, self.run_id).head_sha = target_now
         if action != "accept":
             raise TargetMoved(baseline, target_now, commits)
 

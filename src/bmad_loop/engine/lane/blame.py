@@ -28,7 +28,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable, Hashable
 from pathlib import Path
+from typing import Any, Protocol
 
 from sqlalchemy import select
 
@@ -41,6 +43,12 @@ from ..journal import EventKind, record
 from ..transitions import transition_story
 from ..verification import targetcheck
 from ..verification.targetcheck import CheckKey
+from ..verification.runner import LaneVerifier
+from ...db.database import Database
+from ...git.runner import Git
+from ...git.targets import Target
+from ...policy import Policy
+from .aftermath import Aftermath
 
 __all__ = ["Blame", "TargetRed", "RED_PREFIX", "CHECKING", "landed_since"]
 
@@ -50,11 +58,57 @@ RED_PREFIX = "the target is red"
 CHECKING = "checking"  # `decide`: the target check runs in a thread; nothing is decided yet
 
 
+# What a verification in a thread of the lane is known by: a candidate's id, or ("target",
+# sha, command) for a target check.
+JobKey = Hashable
+
+
+class Job(Protocol):
+    """A verification running in a thread of the lane (speculation.py's `_Verification`)."""
+
+    slot: int  # its share of the lane's ports
+    stop: threading.Event
+    thread: threading.Thread | None
+
+
+class CheckSlots(Protocol):
+    """Where the lane's threaded verifications are kept (speculation.py's `Verifications`)."""
+
+    def claim(self, key: JobKey) -> Job | None: ...
+
+    def release(self, key: JobKey) -> None: ...
+
+
+class BlameSite(Protocol):
+    """What `Blame` needs of the lane's integration (integrate.py's `Integrator`)."""
+
+    @property
+    def db(self) -> Database: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def git(self) -> Git: ...
+
+    @property
+    def target(self) -> Target: ...
+
+    @property
+    def verifier(self) -> LaneVerifier: ...
+
+    @property
+    def aftermath(self) -> Aftermath: ...
+
+
 class TargetRed(Exception):
     """The target itself fails a verify command: the run pauses (tick.py's `landing`)."""
 
 
-def generator_failure(evidence: dict) -> dict:
+def generator_failure(evidence: dict[str, Any]) -> dict[str, Any]:
     """A regenerate failure's evidence as a repair's details: the generator that ran last (the
     one that failed), its log, and why it failed with its output."""
     runs = evidence.get("regenerated") or [{}]
@@ -68,7 +122,8 @@ class Blame:
     a target check in a thread of its own (the stack); None: in the caller's thread. `wake`:
     wakes the lane once a threaded check ends."""
 
-    def __init__(self, integrator, checks=None, wake=None):
+    def __init__(self, integrator: BlameSite, checks: CheckSlots | None = None,
+                 wake: Callable[[], None] | None = None) -> None:
         self.integrator = integrator
         self.checks = checks
         self.wake = wake
@@ -78,7 +133,7 @@ class Blame:
         while a target check runs in a thread (the lane is woken when it ends). Raises
         `TargetRed` when the target itself fails."""
         with self.integrator.db.read() as s:
-            cand = s.get(Candidate, cand_id)
+            cand = s.get_one(Candidate, cand_id)
         details = _evidence_of(cand)
         cause = failure_cause(cand.state, cand.reason)
         if cause == Cause.CONFLICT and details.get("kind") != Cause.CONFLICT:
@@ -122,8 +177,9 @@ class Blame:
             raise
         return None
 
-    def _launch(self, key: CheckKey, job_key, job) -> None:
+    def _launch(self, key: CheckKey, job_key: JobKey, job: Job) -> None:
         integrator, checks, wake = self.integrator, self.checks, self.wake
+        assert checks is not None  # only a lane with threaded checks launches one
         env = integrator.verifier.env(slot=job.slot)
 
         def check() -> None:
@@ -161,12 +217,12 @@ class Blame:
         raise TargetRed(reason)
 
 
-def landed_since(integrator, story_id: int) -> list[dict]:
+def landed_since(integrator: BlameSite, story_id: int) -> list[dict[str, Any]]:
     """The stories of the run integrated since `story_id`'s base, in plan order: key, title,
     the paths each changed, and its commit on the target."""
     git = integrator.git
     with integrator.db.read() as s:
-        story = s.get(Story, story_id)
+        story = s.get_one(Story, story_id)
         rows = list(s.scalars(select(Story).where(Story.run_id == story.run_id,
                                                   Story.state == StoryState.INTEGRATED)
                               .order_by(Story.seq)))
@@ -182,7 +238,7 @@ def landed_since(integrator, story_id: int) -> list[dict]:
     return landed
 
 
-def _evidence_of(cand: Candidate) -> dict:
+def _evidence_of(cand: Candidate) -> dict[str, Any]:
     """The failed candidate's evidence file (conflicts, or the failing command and output)."""
     if not cand.evidence:
         return {}

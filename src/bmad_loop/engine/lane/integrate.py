@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import Table, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from ...git.trees.merge import foreign_parents
@@ -55,6 +57,10 @@ from ..mergerules import run_merge_rules
 from .stacking import replay
 from .writeback import lane_tree_edit
 from ...policy import Policy
+
+if TYPE_CHECKING:
+    from ..project import Project
+    from .writeback import LaneTreeEdit
 __all__ = ["Integrator", "LaneFenced", "TargetMoved", "Composer"]
 
 
@@ -67,8 +73,9 @@ log = logging.getLogger(__name__)
 # Statements every integration runs, built once (building one costs more than running it).
 _CANDIDATES_OF = (select(Candidate).where(Candidate.story_id == bindparam("story_id"))
                   .order_by(Candidate.attempt.desc()))
-_RUN_HEAD = select(Run.__table__.c.head_sha).where(Run.__table__.c.id == bindparam("run_id"))
-_SET_RUN_HEAD = (update(Run.__table__).where(Run.__table__.c.id == bindparam("run_id"))
+_RUNS = cast(Table, Run.__table__)  # a mapped class's table is typed as any FromClause
+_RUN_HEAD = select(_RUNS.c.head_sha).where(_RUNS.c.id == bindparam("run_id"))
+_SET_RUN_HEAD = (update(_RUNS).where(_RUNS.c.id == bindparam("run_id"))
                  .values(head_sha=bindparam("head")))
 
 
@@ -92,7 +99,8 @@ class CandidateShas(NamedTuple):
 
 
 class Integrator:
-    def __init__(self, project, run: Run, policy: Policy, fence=None):
+    def __init__(self, project: Project, run: Run, policy: Policy,
+                 fence: Callable[[], bool] | None = None) -> None:
         self.project = project
         self.db = project.db
         self.run_id = run.id
@@ -114,7 +122,7 @@ class Integrator:
         # the speculative stack one that checks the target in a thread (tick.py).
         self.blame = Blame(self)
         self.landed: list[tuple[Story, int]] = []  # integrated, not yet cleaned up
-        self.between = None  # () -> None: called between a candidate's verdict and its landing
+        self.between: Callable[[], None] | None = None  # called between a candidate's verdict and its landing
 
     def clean_landed(self) -> None:
         """Clean up after the stories integrated since the last call (see `_finish`). A crash
@@ -127,7 +135,7 @@ class Integrator:
         """The story's state afterwards: integrated, held (waiting for sign-off), escalated, or the
         state it already had when it was not this lane's to integrate (e.g. another lane finished it)."""
         with self.db.read() as s:
-            story = s.get(Story, story_id)
+            story = s.get_one(Story, story_id)
             if story.state not in (StoryState.READY, StoryState.INTEGRATING):
                 return story.state
             known = self._known(s, story)
@@ -141,14 +149,15 @@ class Integrator:
         if story.state == StoryState.READY and not quick:
             with self.db.transaction() as s:
                 if not self.aftermath.enter_integrating(s, story):
-                    return s.get(Story, story_id).state
-                story = s.get(Story, story_id)
+                    return s.get_one(Story, story_id).state
+                story = s.get_one(Story, story_id)
         resumed = self._resume_candidate(story, known.latest, decide=was_integrating)
         if resumed:
             return resumed
+        given: _Known | None = known
         while True:
-            outcome = self._one_composition(story, known)
-            known = None  # a stale candidate changed the rows: a recomposition reads them again
+            outcome = self._one_composition(story, given)
+            given = None  # a stale candidate changed the rows: a recomposition reads them again
             if outcome != CandidateState.STALE:
                 return outcome
 
@@ -168,6 +177,7 @@ class Integrator:
         cand_id, attempt, target_sha, branch_sha = begun
         if quick:
             return self._compose_and_land(story, attempt, target_sha, branch_sha)
+        assert cand_id is not None  # a candidate that keeps its row has one (`row=True`)
         sha = self.compose_candidate(story, cand_id, attempt, target_sha, branch_sha)
         if sha is None:
             return self.blame.decide(story, cand_id)  # a repair, or an escalation
@@ -203,10 +213,12 @@ class Integrator:
         missing = self.fetch_story(story)
         if missing:
             return self.aftermath.escalate(story, None, missing, Cause.BRANCH)
+        # `fetch_story` found the story's head; a target with no SHA fails in the composition.
+        on_sha, head = cast(str, target_sha), cast(str, story.head_sha)
         if not row:
-            return None, known.attempts + 1, target_sha, story.head_sha
-        cand_id, attempt = self.new_candidate(story, target_sha, stack=1, on_id=None)
-        return cand_id, attempt, target_sha, story.head_sha
+            return None, known.attempts + 1, on_sha, head
+        cand_id, attempt = self.new_candidate(story, on_sha, stack=1, on_id=None)
+        return cand_id, attempt, on_sha, head
 
     def _keeps_candidate(self, story: Story) -> bool:
         """Something may take time with the candidate (its verification, an operator's
@@ -225,7 +237,7 @@ class Integrator:
         with self.db.transaction() as s:
             if story.state == StoryState.READY:
                 if not self.aftermath.enter_integrating(s, story):  # stopped meanwhile, or not ours
-                    return s.get(Story, story.id).state
+                    return s.get_one(Story, story.id).state
                 story.state = StoryState.INTEGRATING
             cand = Candidate(run_id=self.run_id, story_id=story.id, attempt=attempt,
                              strategy=strategy, target_sha=target_sha, branch_sha=branch_sha,
@@ -246,7 +258,8 @@ class Integrator:
         crash_point("lane.after_verify")
         if self.between is not None:
             self.between()
-        return self._advance(story, cand_id, attempt, comp.sha, target_sha, advancing=True)
+        sha = cast(str, comp.sha)  # composed without conflicts: a commit
+        return self._advance(story, cand_id, attempt, sha, target_sha, advancing=True)
 
     def new_candidate(self, story: Story, on_sha: str, *, stack: int,
                       on_id: int | None) -> tuple[int, int]:
@@ -278,7 +291,7 @@ class Integrator:
             self.git.run("update-ref", ref, comp.sha)
         crash_point("lane.after_compose")
         with self.db.transaction() as s:
-            cand = s.get(Candidate, cand_id)
+            cand = s.get_one(Candidate, cand_id)
             cand.candidate_sha, cand.ref, cand.state = comp.sha, ref if keep else None, CandidateState.VERIFYING
             self._record_composed(s, story, cand, comp, on_sha, branch_sha)
         return comp.sha
@@ -303,7 +316,7 @@ class Integrator:
 
     def candidate_reason(self, cand_id: int) -> str:
         with self.db.transaction() as s:
-            return s.get(Candidate, cand_id).reason or "candidate failed"
+            return s.get_one(Candidate, cand_id).reason or "candidate failed"
 
     def fetch_story(self, story: Story) -> str | None:
         """Bring the story's commits here (remote mode: from the remote); why not, when the
@@ -311,7 +324,7 @@ class Integrator:
         # The lane integrates the commit the row recorded at `ready`, never whatever the branch
         # points at now: a sibling agent may have written into another story's branch.
         where = self.target.location
-        now = self.target.story_head(story.branch)
+        now = self.target.story_head(cast(str, story.branch))  # a ready story has its branch
         if now == story.head_sha:
             return self.foreign_parent(story)
         with self.db.transaction() as s:
@@ -320,7 +333,7 @@ class Integrator:
         if now is None:
             return f"the story branch {story.branch} is not on {where}"
         return (f"the story branch {story.branch} on {where} is at {now[:12]}, "
-                f"not at the {story.head_sha[:12]} its worker recorded")
+                f"not at the {cast(str, story.head_sha)[:12]} its worker recorded")
 
     def foreign_parent(self, story: Story) -> str | None:
         """Why the story's commits are not all its own (git/trees/merge.py): e.g. a planted
@@ -332,26 +345,27 @@ class Integrator:
         commit, parent = bad[0]
         return (f"commit {commit[:12]} of the story branch {story.branch} has a parent "
                 f"{parent[:12]} that is neither the story's own commit nor on its base "
-                f"{story.base_sha[:12]}")
+                f"{cast(str, story.base_sha)[:12]}")  # `bad` needs a base
 
     def _needs_sign_off(self, story: Story) -> bool:
         if story.merge_class != "operator":
             return False
         with self.db.transaction() as s:
-            row = s.get(Story, story.id)
+            row = s.get_one(Story, story.id)
             return row.merge_class == "operator" and not row.signed_off
 
-    def _hold(self, story, cand_id, attempt, sha) -> str:
+    def _hold(self, story: Story, cand_id: int, attempt: int, sha: str) -> str:
         """merge_class = operator: the verified candidate waits for `approve` or `reject`."""
         with self.db.transaction() as s:
-            cand = s.get(Candidate, cand_id)
+            cand = s.get_one(Candidate, cand_id)
             if transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.HELD,
                                 reason="waiting for operator sign-off (bmad-loop approve/reject)"):
                 record(s, self.run_id, EventKind.STORY_HELD, story.key, attempt=attempt, candidate_sha=sha,
                        ref=cand.ref, worktree=cand.worktree)
         return StoryState.HELD
 
-    def _verify(self, story, cand_id, attempt, sha, target_sha, branch_sha) -> str:
+    def _verify(self, story: Story, cand_id: int, attempt: int, sha: str, target_sha: str,
+                branch_sha: str) -> str:
         verifier = self.verifier
         worktree = verifier.candidate_checkout(story.key, attempt, sha)
         result = verifier.verify_candidate(story.key, attempt, worktree, sha, verifier.env())
@@ -359,12 +373,13 @@ class Integrator:
                                CandidateShas(target_sha, branch_sha, sha)):
             return CandidateState.VERIFIED
         with self.db.read() as s:
-            if s.get(Candidate, cand_id).state != CandidateState.VERIFY_FAILED:
-                return s.get(Story, story.id).state  # given up meanwhile: nothing to decide
+            if s.get_one(Candidate, cand_id).state != CandidateState.VERIFY_FAILED:
+                return s.get_one(Story, story.id).state  # given up meanwhile: nothing to decide
         crash_point("lane.before_blame")
         return self.blame.decide(story, cand_id)  # the target checked, then a repair
 
-    def _advance(self, story, cand_id, attempt, sha, target_sha, *, advancing: bool = False) -> str:
+    def _advance(self, story: Story, cand_id: int, attempt: int, sha: str, target_sha: str, *,
+                 advancing: bool = False) -> str:
         # The target checkout's index is held from before the CAS until it follows the new
         # target (remote mode keeps none in step): nobody sees it half-way.
         with self._checkout_held() as checkout:
@@ -375,7 +390,7 @@ class Integrator:
                                                 target_sha, sha)
             if not advancing:
                 with self.db.transaction() as s:
-                    s.get(Candidate, cand_id).state = CandidateState.ADVANCING
+                    s.get_one(Candidate, cand_id).state = CandidateState.ADVANCING
             if self.fence is not None and not self.fence():
                 raise LaneFenced(f"lost the lane lease before advancing {self.target.branch} "
                                  f"for {story.key}")
@@ -386,7 +401,7 @@ class Integrator:
                 crash_point("lane.after_sync")
         if not advanced:
             with self.db.transaction() as s:
-                cand = s.get(Candidate, cand_id)
+                cand = s.get_one(Candidate, cand_id)
                 cand.state, cand.ended_at = CandidateState.STALE, utcnow()
                 now_at = self.target.sha(fetch=False)
                 record(s, self.run_id, EventKind.CANDIDATE_STALE, story.key, attempt=attempt,
@@ -396,31 +411,31 @@ class Integrator:
             return CandidateState.STALE
         return self._finish(story, cand_id, attempt, sha, target_sha)
 
-    def _checkout_held(self):
-        def waited(path):
+    def _checkout_held(self) -> AbstractContextManager[Path | None]:
+        def waited(path: str) -> None:
             with self.db.transaction() as s:
                 record(s, self.run_id, EventKind.GIT_LOCK_WAITED, path=path, step="checkout sync")
 
-        def stale(path):
+        def stale(path: str) -> None:
             with self.db.transaction() as s:
                 record(s, self.run_id, EventKind.GIT_STALE_LOCK_REMOVED, path=path, step="checkout sync")
 
         return self.target.checkout_held(wait_s=self.policy.scm.lock_wait_s, on_wait=waited,
                                          on_stale=stale)
 
-    def _finish(self, story, cand_id, attempt, sha, target_sha) -> str:
+    def _finish(self, story: Story, cand_id: int, attempt: int, sha: str, target_sha: str) -> str:
         # A git-ignored ledger's lines follow the advance, before the row says integrated: a
         # kill -9 in between is finished by the next lane, and the append is written once.
         append_ledger_lines(self.project.root, self.project.state_dir, self.run_id, story.key,
-                            story.ledger_lines)
+                            story.ledger_lines or {})  # (None and {} append nothing alike)
         with self.db.transaction() as s:
             if not transition_story(s, story.id, StoryState.INTEGRATING, state=StoryState.INTEGRATED,
                                     integrated_sha=sha, ended_at=utcnow(), phase=None,
                                     port_block=None):
-                return s.get(Story, story.id).state  # another lane finished it: record nothing
+                return s.get_one(Story, story.id).state  # another lane finished it: record nothing
             if not transition_candidate(s, cand_id, CandidateState.ADVANCING,
                                         state=CandidateState.ADVANCED, ended_at=utcnow()):
-                cand = s.get(Candidate, cand_id)  # not advancing: as the row's checks say
+                cand = s.get_one(Candidate, cand_id)  # not advancing: as the row's checks say
                 cand.state, cand.ended_at = CandidateState.ADVANCED, utcnow()
             s.connection().execute(_SET_RUN_HEAD, {"run_id": self.run_id, "head": sha})
             record(s, self.run_id, EventKind.TARGET_ADVANCED, story.key, attempt=attempt,
@@ -452,9 +467,10 @@ class Integrator:
         # A lane in another clone (the old one's host died) lacks the candidate: recompose.
         here = cand.candidate_sha and self.git.rev(cand.candidate_sha) is not None
         if cand.state in (CandidateState.VERIFIED, CandidateState.ADVANCING) and target_now == cand.target_sha and here:
-            return self._advance(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
+            sha = cast(str, cand.candidate_sha)  # `here`: the candidate has a commit
+            return self._advance(story, cand.id, cand.attempt, sha, cand.target_sha)
         with self.db.transaction() as s:
-            row = s.get(Candidate, cand.id)
+            row = s.get_one(Candidate, cand.id)
             row.state, row.ended_at = CandidateState.ABANDONED, utcnow()
             row.reason = "interrupted; recomposed"
             record(s, self.run_id, EventKind.CANDIDATE_ABANDONED, story.key, attempt=cand.attempt,
@@ -464,17 +480,18 @@ class Integrator:
     def finish_after_crash(self, story: Story, cand: Candidate) -> str:
         """The CAS to `cand` happened but the row was not written: that counts as advanced. The
         checkout may be half-way (a crash during its sync): the sync is idempotent."""
+        sha = cast(str, cand.candidate_sha)  # the target is at it
         with self._checkout_held() as checkout:
             if checkout is not None:
-                self.target.sync_checkout(checkout, cand.target_sha, cand.candidate_sha)
-        return self._finish(story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha)
+                self.target.sync_checkout(checkout, cand.target_sha, sha)
+        return self._finish(story, cand.id, cand.attempt, sha, cand.target_sha)
 
 
 class Composer:
     """Needs from the lane's integration (`lane`): git, policy, layout, run_id, board_rel, and
     its `verifier` (the environment and the box of a command run for the lane)."""
 
-    def __init__(self, lane, root):
+    def __init__(self, lane: Integrator, root: Path) -> None:
         self.lane = lane
         self.rules = run_merge_rules(lane.policy, root, lane.board_rel)
 
@@ -485,14 +502,18 @@ class Composer:
         Merge rules settle what they cover (git/trees/settle.py); generators run last."""
         git, rules, settled = self.lane.git, self.rules, None
         if story.stacked_on:
-            replayed = replay(git, target_sha, story.base_sha, branch_sha, rules)
+            # A stacked start records its base.
+            replayed = replay(git, target_sha, cast(str, story.base_sha), branch_sha, rules)
             if replayed.tip is None:
                 return Composition(None, replayed.tree, replayed.conflicts, strategy, True,
                                    replayed.settled, replayed.regenerate)
             branch_sha, settled = replayed.tip, replayed
             rules = type(rules)()  # the replay settled the story's own change
         comp = compose(git, strategy, target_sha, branch_sha, self._message(story, strategy),
-                       edit=LaneEdit(self._board_edit(story), f"bmad-loop: mark {story.key} done"),
+                       # `_board_edit` is None for a run with neither a board nor a story
+                       # file, which `LaneEdit` does not expect (passed as it always was).
+                       edit=LaneEdit(cast("Callable[[str], str]", self._board_edit(story)),
+                                     f"bmad-loop: mark {story.key} done"),
                        # A repaired story's branch holds its own version of a generator's
                        # paths (the repair merge kept it): regenerate them whatever conflicts.
                        settling=Settling(rules, None if story.stacked_on else story.base_sha,
@@ -511,7 +532,7 @@ class Composer:
         worktree = lane.layout.candidate_worktree(story.key, attempt)
         log_path = lane.layout.verify_log(story.key, f"regenerate-{attempt}")
         scratch = lane.layout.scratch(story.key) / f"regenerate-{attempt}"
-        ensure_detached_worktree(lane.git, worktree, comp.sha)
+        ensure_detached_worktree(lane.git, worktree, cast(str, comp.sha))  # composed: a commit
         env = lane.verifier.env()
         box = lane.verifier.box(BoxSite(worktree, scratch, log_path), env)
         try:
@@ -525,9 +546,9 @@ class Composer:
     def _message(self, story: Story, strategy: str) -> str:
         title = commit_message(self.lane.policy.scm.commit_message_template, story_key=story.key,
                                story_title=story.title, run_id=self.lane.run_id, epic=story.epic)
-        return integration_message(title, strategy, story.branch)
+        return integration_message(title, strategy, cast(str, story.branch))  # a ready story's
 
-    def _board_edit(self, story: Story):
+    def _board_edit(self, story: Story) -> LaneTreeEdit | None:
         """The lane's BMAD write-back inside the candidate: board line, epic line, story file."""
         return lane_tree_edit(self.lane.git, key=story.key, epic=story.epic,
                               board_rel=self.lane.board_rel, story_path=story.story_path)

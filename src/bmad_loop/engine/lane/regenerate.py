@@ -25,6 +25,7 @@ import posixpath
 import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, cast
 
 
 from ...git.trees.compose import Composition
@@ -80,8 +81,8 @@ class GeneratorInput:
     key: str
 
 
-def regenerate(git: Git, cand: GeneratorInput, *, worktree: Path, log_path: Path, env: dict,
-               run_id: str, box=None) -> Composition:
+def regenerate(git: Git, cand: GeneratorInput, *, worktree: Path, log_path: Path,
+               env: dict[str, str], run_id: str, box: Box | None = None) -> Composition:
     """The candidate with its generators run: regenerated, or failed (`sha` None, `failure`
     naming why, the rules' paths as its conflicts)."""
     comp = cand.comp
@@ -94,7 +95,7 @@ def regenerate(git: Git, cand: GeneratorInput, *, worktree: Path, log_path: Path
                    regenerated=done.runs)
 
 
-def settled_events(comp: Composition):
+def settled_events(comp: Composition) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(journal data, evidence) for a composition that settled paths: one `candidate.settled`
     per path (a regenerated one with its commands), and the evidence file's payload."""
     runs = [r.to_dict() for r in comp.regenerated]
@@ -118,7 +119,8 @@ class _Run:
 
 def _run_all(git: Git, cand: GeneratorInput, worktree: Path, how: _Run) -> _Regenerated:
     comp = cand.comp
-    ensure_detached_worktree(git, worktree, comp.sha)
+    composed = cast(str, comp.sha)  # only a composition that is a commit is regenerated
+    ensure_detached_worktree(git, worktree, composed)
     runs: list[RegenerateRun] = []
     for job in comp.regenerate:
         for folder in sorted({posixpath.dirname(p) for p in job.paths}):
@@ -128,17 +130,17 @@ def _run_all(git: Git, cand: GeneratorInput, worktree: Path, how: _Run) -> _Rege
                 return _Regenerated(None, None, failed.reason, tuple(runs), (), failed.output)
     globs = [job.glob for job in comp.regenerate]
     head = git.rev("HEAD", cwd=worktree)
-    if head != comp.sha:  # the command checked something else out: nothing it left is trusted
+    if head != composed:  # the command checked something else out: nothing it left is trusted
         return _Regenerated(None, None, f"regenerating {', '.join(globs)} moved the candidate's HEAD "
-                            f"from {comp.sha[:12]} to {(head or 'nothing')[:12]}", tuple(runs), ())
+                            f"from {composed[:12]} to {(head or 'nothing')[:12]}", tuple(runs), ())
     index = _private_index(how.log_path)
     try:
-        tree = comp.tree or git.out("rev-parse", f"{comp.sha}^{{tree}}")
+        tree = comp.tree or git.out("rev-parse", f"{composed}^{{tree}}")
         outside, written = _changes(git, worktree, globs, tree, index)
         if outside:
             return _Regenerated(None, None, f"regenerating {', '.join(globs)} changed tracked files "
                                 f"outside the rule: {', '.join(outside[:10])}", tuple(runs), ())
-        sha, tree = _commit(git, cand, worktree, written, index) if written else (comp.sha, tree)
+        sha, tree = _commit(git, cand, worktree, written, index) if written else (composed, tree)
     finally:
         index.unlink(missing_ok=True)
     settled = _settled(git, cand, sha, [p for job in comp.regenerate for p in job.paths])
@@ -212,10 +214,11 @@ def _commit(git: Git, cand: GeneratorInput, worktree: Path, paths: list[str],
     git.run("add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul", input="\0".join(paths),
             cwd=worktree, env=env)
     tree = git.out("write-tree", cwd=worktree, env=env)
-    info = git.commit_header(cand.comp.sha)
+    composed = cast(str, cand.comp.sha)  # (see `_run_all`)
+    info = git.commit_header(composed)
     env = git.identity_env(info["committer"][2])
     if cand.comp.strategy == "ff":  # the story's commits stay as they are: one lane commit on top
-        parents, message = [cand.comp.sha], (f"bmad-loop: regenerate {', '.join(paths)} "
+        parents, message = [composed], (f"bmad-loop: regenerate {', '.join(paths)} "
                                              f"for {cand.key}\n")
     else:
         parents, message = info["parents"], info["message"]

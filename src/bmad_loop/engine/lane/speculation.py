@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from sqlalchemy import select
 
@@ -34,12 +37,16 @@ from ...db.models import Candidate, Run, Story, utcnow
 from ...states import CANDIDATE_OPEN, CandidateState, StoryState
 from ..escalation import COULD_NOT_RUN, Cause
 from ..journal import EventKind, record
-from ..runrows import next_in_plan
+from ..runrows import LaneRow, StoryRow, next_in_plan
 from ..transitions import transition_story
 from ..verification.runner import VerifyResult
-from .blame import CHECKING
-from .integrate import CandidateShas
+from .blame import CHECKING, JobKey
+from .integrate import CandidateShas, Integrator
+from ...db.database import Database
 from ...policy import Policy
+
+if TYPE_CHECKING:
+    from ...queue.tasks import Tasks
 
 __all__ = ["Stack", "Verifications", "speculating"]
 
@@ -61,19 +68,19 @@ class Verifications:
     says whether anyone here is actually doing it (a fresh process after a crash: nobody).
     Owned by the run's `Lane`, so it outlasts the tick that started them."""
 
-    def __init__(self):
-        self._jobs: dict[int, _Verification] = {}  # candidate id -> its verification
+    def __init__(self) -> None:
+        self._jobs: dict[JobKey, _Verification] = {}  # candidate id -> its verification
         self._lock = threading.Lock()
 
     def any(self) -> bool:
         with self._lock:
             return bool(self._jobs)
 
-    def running(self, cand_id: int) -> bool:
+    def running(self, cand_id: JobKey) -> bool:
         with self._lock:
             return cand_id in self._jobs
 
-    def claim(self, cand_id: int) -> _Verification | None:
+    def claim(self, cand_id: JobKey) -> _Verification | None:
         """A new verification of `cand_id` on the lowest free slot; None when one runs."""
         with self._lock:
             if cand_id in self._jobs:
@@ -83,11 +90,11 @@ class Verifications:
             job = self._jobs[cand_id] = _Verification(slot, threading.Event())
             return job
 
-    def release(self, cand_id: int) -> None:
+    def release(self, cand_id: JobKey) -> None:
         with self._lock:
             self._jobs.pop(cand_id, None)
 
-    def stop(self, cand_id: int) -> None:
+    def stop(self, cand_id: JobKey) -> None:
         with self._lock:
             job = self._jobs.get(cand_id)
         if job is not None:
@@ -97,6 +104,40 @@ class Verifications:
 def speculating(policy: Policy, max_parallel: int) -> bool:
     """Does this run's lane keep a stack? (`VerifyPolicy.depth` says when it is deeper than 1.)"""
     return policy.verify.depth(max_parallel) > 1
+
+
+_T = TypeVar("_T")
+
+
+class StackPass(Protocol):
+    """What the stack uses of the tick's `LanePass` (tick.py's docstring lists it)."""
+
+    @property
+    def integrator(self) -> Integrator: ...
+
+    @property
+    def db(self) -> Database: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def tasks(self) -> Tasks: ...
+
+    @property
+    def verifications(self) -> Verifications: ...
+
+    @property
+    def pause_on_escalation(self) -> bool: ...
+
+    def landing(self, story: StoryRow, action: Callable[[], _T]) -> _T | None: ...
+
+    def after_integration(self, story: StoryRow, outcome: str) -> None: ...
+
+    def may_land(self, run: Run) -> bool: ...
 
 
 @dataclass
@@ -109,7 +150,7 @@ class Stack:
     """One lane tick's view of the run's stack (a `LaneStrategy`, tick.py); `step` does
     one thing and says whether it did."""
 
-    def __init__(self, lane_pass, depth: int):
+    def __init__(self, lane_pass: StackPass, depth: int) -> None:
         self.lane = lane_pass
         self.integrator = lane_pass.integrator
         self.db = lane_pass.db
@@ -119,7 +160,7 @@ class Stack:
         self.verifications: Verifications = lane_pass.verifications  # kept by the run's Lane
 
     # ------------------------------------------------------------------ one step
-    def step(self, run: Run, stories) -> bool:
+    def step(self, run: Run, stories: list[LaneRow]) -> bool:
         entries = self._entries()
         if self._mend_chain(run, entries):
             return True
@@ -163,8 +204,8 @@ class Stack:
                     broken = i
                     break
             else:
-                below = entries[i - 1].cand
-                if below.state in _FAILED or cand.on_candidate_id != below.id:
+                link = cast(Candidate, entries[i - 1].cand)  # a link checked just before
+                if link.state in _FAILED or cand.on_candidate_id != link.id:
                     broken = i
                     break
         if broken is None:
@@ -190,7 +231,7 @@ class Stack:
                 self.verifications.stop(cand.id)
             with self.db.transaction() as s:
                 if cand is not None:
-                    row = s.get(Candidate, cand.id)
+                    row = s.get_one(Candidate, cand.id)
                     if row.state in _LIVE:
                         was = row.state
                         row.state, row.ended_at, row.reason = CandidateState.ABANDONED, utcnow(), reason
@@ -203,7 +244,7 @@ class Stack:
                     changed = True
         return changed
 
-    def _evidence(self, story: Story, cand: Candidate, was: str, reason: str):
+    def _evidence(self, story: Story, cand: Candidate, was: str, reason: str) -> Path:
         """What a given-up candidate was: its ref, worktree and verify log stay for a look."""
         layout = self.integrator.layout
         return self.integrator.aftermath.write_evidence(story.key, cand.attempt, {
@@ -215,7 +256,7 @@ class Stack:
         })
 
     # ------------------------------------------------------------------ the bottom
-    def _resolve_bottom(self, run: Run, stories, entry: _Entry) -> bool:
+    def _resolve_bottom(self, run: Run, stories: list[LaneRow], entry: _Entry) -> bool:
         """Advance the target to the bottom candidate once it is verified; escalate its story
         once it failed (its verdict counts now: everything under it has advanced)."""
         if not self.lane.may_land(run):
@@ -223,7 +264,7 @@ class Stack:
         first = next_in_plan(stories, self.lane.pause_on_escalation)
         if first is None or first.id != entry.story.id:
             return False
-        cand = entry.cand
+        cand = cast(Candidate, entry.cand)  # the chain holds (`_mend_chain`): each has one
         if cand.state in _FAILED:  # the target checked, then a repair (blame.py)
             outcome = self.lane.landing(entry.story,
                                         lambda: self.integrator.blame.decide(entry.story, cand.id))
@@ -237,8 +278,9 @@ class Stack:
         if self._already_advanced(cand):
             outcome = self.integrator.finish_after_crash(entry.story, cand)
         else:
+            sha = cast(str, cand.candidate_sha)  # a verified candidate is a commit
             outcome = self.lane.landing(entry.story, lambda: self.integrator.land(
-                entry.story, cand.id, cand.attempt, cand.candidate_sha, cand.target_sha))
+                entry.story, cand.id, cand.attempt, sha, cand.target_sha))
         if outcome is not None:
             self.lane.after_integration(entry.story, outcome)
         return True
@@ -259,10 +301,10 @@ class Stack:
                     self._start(entry.story, entry.cand)
 
     def _start(self, story: Story, cand: Candidate) -> None:
-        worktree = self.integrator.verifier.candidate_checkout(story.key, cand.attempt,
-                                                               cand.candidate_sha)
+        worktree = self.integrator.verifier.candidate_checkout(  # a composed candidate's commit
+            story.key, cand.attempt, cast(str, cand.candidate_sha))
         with self.db.transaction() as s:  # where it is being verified, for status and evidence
-            s.get(Candidate, cand.id).worktree = str(worktree) if worktree else None
+            s.get_one(Candidate, cand.id).worktree = str(worktree) if worktree else None
         job = self.verifications.claim(cand.id)
         if job is None:
             return
@@ -272,13 +314,16 @@ class Stack:
             self.verifications.release(cand.id)
             raise
 
-    def _launch(self, story: Story, cand: Candidate, job: _Verification, worktree) -> None:
+    def _launch(self, story: Story, cand: Candidate, job: _Verification,
+                worktree: Path | None) -> None:
         """The verification's thread: run the commands, write the verdict, wake the lane."""
         integrator = self.integrator
         env = integrator.verifier.env(slot=job.slot)
         tasks, run_id, verifications = self.lane.tasks, self.run_id, self.verifications
         cand_id, attempt = cand.id, cand.attempt
-        target_sha, branch_sha, sha = cand.target_sha, cand.branch_sha, cand.candidate_sha
+        # A composed candidate names the branch it was made of and its commit.
+        target_sha, branch_sha = cand.target_sha, cast(str, cand.branch_sha)
+        sha = cast(str, cand.candidate_sha)
 
         def verify() -> None:
             try:
@@ -306,14 +351,16 @@ class Stack:
         job.thread.start()
 
     # ------------------------------------------------------------------ extending
-    def _extend(self, run: Run, stories, entries: list[_Entry]) -> bool:
+    def _extend(self, run: Run, stories: list[LaneRow], entries: list[_Entry]) -> bool:
         """Compose the next ready story in plan order on the top of the stack (or on the
         target, when the stack is empty) and start its verification."""
         if len(entries) >= self.depth or not self.lane.may_land(run):
             return False
         top = entries[-1] if entries else None
         if top is not None:
-            if top.cand.state not in (CandidateState.VERIFYING, CandidateState.VERIFIED):
+            # The chain holds (`_mend_chain`): the top has its candidate.
+            if cast(Candidate, top.cand).state not in (CandidateState.VERIFYING,
+                                                       CandidateState.VERIFIED):
                 return False  # failed (its story escalates at the bottom) or advancing
             if top.story.merge_class == "operator" and not top.story.signed_off:
                 return False  # what it will be after sign-off is not known yet
@@ -326,7 +373,7 @@ class Stack:
                 return True
             record(s, self.run_id, EventKind.STORY_INTEGRATING, nxt.key,
                    stack=len(entries) + 1, **({"on": top.story.key} if top else {}))
-            story = s.get(Story, nxt.id)
+            story = s.get_one(Story, nxt.id)
         integrator = self.integrator
         if top is None:
             begun = self.lane.landing(story, lambda: integrator.begin_on_target(story))
@@ -334,19 +381,22 @@ class Stack:
                 if begun is not None:
                     self.lane.after_integration(story, begun)
                 return True
-            cand_id, attempt, on_sha, branch_sha = begun
+            begun_id, attempt, on_sha, branch_sha = begun
+            cand_id = cast(int, begun_id)  # begun with its row (`row=True`)
         else:
+            top_cand = cast(Candidate, top.cand)
             missing = integrator.fetch_story(story)
             if missing:
                 outcome = integrator.aftermath.escalate(story, None, missing, Cause.BRANCH)
                 self.lane.after_integration(story, outcome)
                 return True
-            on_sha, branch_sha = top.cand.candidate_sha, story.head_sha
+            # The top is composed; `fetch_story` found the story's head.
+            on_sha, branch_sha = cast(str, top_cand.candidate_sha), cast(str, story.head_sha)
             cand_id, attempt = integrator.new_candidate(story, on_sha, stack=len(entries) + 1,
-                                                        on_id=top.cand.id)
+                                                        on_id=top_cand.id)
         sha = integrator.compose_candidate(story, cand_id, attempt, on_sha, branch_sha)
         if sha is not None:
             with self.db.transaction() as s:
-                cand = s.get(Candidate, cand_id)
+                cand = s.get_one(Candidate, cand_id)
             self._start(story, cand)
         return True

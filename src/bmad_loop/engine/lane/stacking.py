@@ -38,19 +38,21 @@ restacked once it is `ready` (or escalated).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence, cast
 from pathlib import Path
 
 from ...git.trees.merge import Replayed, replay_commits
 from ...git.trees.settle import MergeRules
 from ...states import STORY_STACKABLE, StoryState
-from ...db.models import Story
 from ...git.worktrees import delete_branch, remove_worktree
 from ..journal import EventKind, record
 from ..transitions import transition_story
 from ...db.database import Database
 from ...git.runner import Git
 from ..runpaths import Layout
+from ..runrows import StoryRow
+from ...policy import ScmPolicy
+from .admission import Admission
 
 __all__ = ["Layer", "Replayed", "replay", "stack", "layers_under", "stacked_bases", "stale_layer",
            "LAYER_OK", "restack_stale", "restacked_ref_prefix", "own_paths"]
@@ -58,6 +60,12 @@ __all__ = ["Layer", "Replayed", "replay", "stack", "layers_under", "stacked_base
 
 # A layer is still good while its story is in one of these states with the recorded head.
 LAYER_OK = STORY_STACKABLE | {StoryState.INTEGRATED}
+
+
+# key -> (the stacked base's SHA, its `stacked_on` entries): (None, None) for no layer.
+StackedBase = tuple[str | None, list[dict[str, str]] | None]
+# A story's own worktree and branch by its key (`own_paths`).
+MadeAt = Callable[[str], tuple[Path, str]]
 
 
 @dataclass(frozen=True)
@@ -82,19 +90,20 @@ def stack(git: Git, onto: str, layers: Iterable[Layer],
     """`onto` with each layer's own commits replayed on top, in the order given. Only `union`
     rules apply: a stacked start runs no generator (a regenerated path stays a conflict)."""
     rules = rules.unions_only()
-    result = Replayed(onto, "", ())
+    result, tip = Replayed(onto, "", ()), onto
     for layer in layers:
-        result = replay(git, result.tip, layer.base, layer.head, rules)
+        result = replay(git, tip, layer.base, layer.head, rules)
         if result.tip is None:
             return Replayed(None, result.tree, tuple(f"{layer.key}: {p}" for p in result.conflicts))
+        tip = result.tip
     return result
 
 
-def layers_under(blockers: Sequence[str], rows: Mapping[str, object]) -> list[Layer]:
+def layers_under(blockers: Sequence[str], rows: Mapping[str, StoryRow]) -> list[Layer]:
     """The layers a story stacked on `blockers` needs, in plan order: each blocker that is not
     yet integrated, and (transitively) what that blocker was itself stacked on, since its own
     commits were written on top of those."""
-    wanted: dict[str, object] = {}
+    wanted: dict[str, StoryRow] = {}
     todo = list(blockers)
     while todo:
         key = todo.pop()
@@ -104,15 +113,16 @@ def layers_under(blockers: Sequence[str], rows: Mapping[str, object]) -> list[La
         wanted[key] = row
         todo.extend(layer["key"] for layer in row.stacked_on or ())
     ordered = sorted(wanted.values(), key=lambda row: row.seq)
-    return [Layer(row.key, row.base_sha, row.head_sha) for row in ordered]
+    # A finished story (what a story stacks on) has its base and its head.
+    return [Layer(row.key, cast(str, row.base_sha), cast(str, row.head_sha)) for row in ordered]
 
 
-def stacked_bases(git: Git, target_sha: str, decision, rows: Mapping[str, object],
-                  rules: MergeRules = MergeRules()) -> dict:
+def stacked_bases(git: Git, target_sha: str, decision: Admission, rows: Mapping[str, StoryRow],
+                  rules: MergeRules = MergeRules()) -> dict[str, StackedBase]:
     """key -> (stacked base SHA, stacked_on entries) for each story admission put on a stacked
     base (`decision.stacked`); a story whose base does not compose cleanly is taken out of
     `decision.dispatch` and waits as it would without stacking."""
-    bases = {}
+    bases: dict[str, StackedBase] = {}
     for key in decision.stacked:
         layers = layers_under(decision.stacked[key], rows)
         built = stack(git, target_sha, layers, rules)
@@ -126,7 +136,7 @@ def stacked_bases(git: Git, target_sha: str, decision, rows: Mapping[str, object
     return bases
 
 
-def stale_layer(story, rows: Mapping[str, object]) -> str | None:
+def stale_layer(story: StoryRow, rows: Mapping[str, StoryRow]) -> str | None:
     """Why `story`'s stacked base no longer stands (a story under it failed to integrate, was
     sent back or redone), or None while every layer is ready, on its way, or integrated with
     the head the base was built from."""
@@ -149,7 +159,7 @@ def restacked_ref_prefix(run_id: str, key: str) -> str:
     return f"refs/bmad-loop/{run_id}/restacked/{key}/"
 
 
-def own_paths(layout: Layout, scm):
+def own_paths(layout: Layout, scm: ScmPolicy) -> MadeAt | None:
     """`made_at` for `restack_stale`: a story's own worktree and branch, by its key (None when
     the run shares one branch, which is never a story's to remove)."""
     if scm.branch_per != "story":
@@ -157,7 +167,8 @@ def own_paths(layout: Layout, scm):
     return lambda key: (layout.story_worktree(key, "story"), layout.story_branch(key, "story"))
 
 
-def restack_stale(db: Database, git: Git, run_id: str, stories: list[Story], made_at=None) -> bool:
+def restack_stale(db: Database, git: Git, run_id: str, stories: Sequence[StoryRow],
+                  made_at: MadeAt | None = None) -> bool:
     """Restack every stacked story whose base no longer stands; True when one was.
     `made_at(key)`: (worktree, branch) a story's prepare makes, for one the row does not name
     yet (a worker died between making them and writing the row)."""
@@ -172,7 +183,8 @@ def restack_stale(db: Database, git: Git, run_id: str, stories: list[Story], mad
     return changed
 
 
-def _restack(db: Database, git: Git, run_id: str, story: Story, why: str, made_at=None) -> bool:
+def _restack(db: Database, git: Git, run_id: str, story: StoryRow, why: str,
+             made_at: MadeAt | None = None) -> bool:
     kept = None
     worktree, branch = story.worktree, story.branch
     made = made_at(story.key) if not branch and made_at is not None else None
@@ -186,8 +198,8 @@ def _restack(db: Database, git: Git, run_id: str, story: Story, why: str, made_a
             remove_worktree(git, Path(worktree))
         if branch:
             delete_branch(git, branch)
-    under = [layer["key"] for layer in story.stacked_on]
-    feedback = {}
+    under = [layer["key"] for layer in story.stacked_on or ()]  # (a stacked story's)
+    feedback: dict[str, str] = {}
     if kept:
         feedback["verify_output"] = (f"An earlier try of this story was built on {', '.join(under)}, "
                                      f"which did not integrate ({why}); it is kept at {kept}. "

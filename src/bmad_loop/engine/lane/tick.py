@@ -50,10 +50,11 @@ same wait again.
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from sqlalchemy import bindparam, func, or_, select, update
+from sqlalchemy import Row, Select, Table, bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from ...db.models import Run, Story, utcnow
@@ -76,7 +77,7 @@ from ..notify import notify
 from ..recovery import recover_orphans
 from .stacking import own_paths, restack_stale, stacked_bases
 from .speculation import Stack, speculating, Verifications
-from ..runrows import lane_rows, next_in_plan, stories_of, run_policy
+from ..runrows import LaneRow, StoryRow, lane_rows, next_in_plan, stories_of, run_policy
 from ..transitions import transition_run, transition_story
 from ..workspace.pool import drain_pool, drain_run_pool
 from .writeback import board_done_keys
@@ -84,6 +85,12 @@ from ...git.runner import Git
 from ...policy import Policy
 from ...git.targets import Target
 from ..retry import FaultPersisted, pause_for_fault, retrying
+from ..leases import LeaseHolder
+from ...git.trees.settle import MergeRules
+
+if TYPE_CHECKING:
+    from ...queue.tasks import Tasks
+    from ..project import Project
 
 __all__ = ["LanePass", "LaneStrategy", "Sequential", "integrated_rows", "rows_contradicting_git",
            "write_wait_reasons", "reasons_told", "Lane", "LaneMemo", "tick_once"]
@@ -93,11 +100,21 @@ log = logging.getLogger(__name__)
 
 FOREIGN_MOVE_PREFIX = "target moved by someone else"
 
+_T = TypeVar("_T")
+
+# An integrated story as `integrated_rows` reads it: (key, integrated_sha, seq).
+IntegratedRow = Row[str, str | None, int]
+# `integrated_rows`: (the latest integrated story, those integrated without a commit).
+Integrated = tuple[IntegratedRow | None, list[IntegratedRow]]
+# What a tick's first pass reads (`Lane.first_rows`): the integrated rows, the run, its rows.
+FirstRows = tuple[Integrated, tuple[Run, list[LaneRow]]]
+
 class LanePass:
     """One tick's work for the run of `lane` (a `Lane`): its passes, until nothing is due.
     What a `LaneStrategy` may use of it is listed in the module's docstring."""
 
-    def __init__(self, lane, run: Run, policy: Policy, holder=None):
+    def __init__(self, lane: Lane, run: Run, policy: Policy,
+                 holder: LeaseHolder | None = None) -> None:
         self.project = lane.project
         self.tasks = lane.tasks
         self.db = lane.project.db
@@ -121,7 +138,7 @@ class LanePass:
         if run.max_parallel > 1:
             self.integrator.between = self._dispatch_between
 
-    def loop(self, first=None) -> None:
+    def loop(self, first: FirstRows | None = None) -> None:
         """`first`: the first pass's rows as `_first_rows` read them (None: read them here)."""
         try:
             self._passes(first)
@@ -132,18 +149,20 @@ class LanePass:
                 except Exception:  # leftovers no row owns: `cleanup` removes them
                     log.exception("clean-up after integration failed for run %s", self.run_id)
 
-    def _passes(self, first) -> None:
+    def _passes(self, first: FirstRows | None) -> None:
         if first is None:
             with self.db.read() as s:
-                first = self.first_rows(s, s.get(Run, self.run_id))
-        integrated, loaded = first
+                first = self.first_rows(s, s.get_one(Run, self.run_id))
+        integrated, first_loaded = first
+        loaded: tuple[Run, list[LaneRow]] | None = first_loaded
         contradicted = rows_contradicting_git(self.integrator.git, self.integrator.target,
-                                              loaded[0].head_sha, *integrated)
+                                              first_loaded[0].head_sha, *integrated)
         if contradicted:
             self._contradicted(contradicted)
             return
         if recover_orphans(self.db, self.tasks, self.run_id, self.policy.leases.ttl_s,
-                           any_working=any(r.state == StoryState.WORKING for r in loaded[1])):
+                           any_working=any(r.state == StoryState.WORKING
+                                           for r in first_loaded[1])):
             loaded = None  # re-queued or escalated: the first pass reads the rows again
         self.integrator.git.clear_stale_locks()  # git steps of ours that died (journaled)
         for _ in range(10_000):  # bounded: each pass either progresses or returns
@@ -176,7 +195,7 @@ class LanePass:
             self.integrator.clean_landed()  # the last stories' refs and branches
             return
 
-    def _contradicted(self, bad: list[Story]) -> None:
+    def _contradicted(self, bad: list[IntegratedRow]) -> None:
         listing = ", ".join(f"{st.key} ({(st.integrated_sha or 'no commit')[:12]})" for st in bad)
         reason = (f"the rows contradict git: {listing} marked integrated but not on "
                   f"{self.integrator.target.branch}; check the state database")
@@ -186,9 +205,9 @@ class LanePass:
         self._request_pause(reason, pause="rows")
         self._settle(*self._load())
 
-    def _load(self):
+    def _load(self) -> tuple[Run, list[LaneRow]]:
         with self.db.read() as s:
-            return s.get(Run, self.run_id), lane_rows(s, self.run_id, self.memo.rows)
+            return s.get_one(Run, self.run_id), lane_rows(s, self.run_id, self.memo.rows)
 
     def _stop_now(self, run: Run) -> bool:
         """`stop --now` ends the stack's verifications too (their stories wait as ready)."""
@@ -196,7 +215,7 @@ class LanePass:
                 and self.strategy.stop_now("stopped (now)"))
 
     # ------------------------------------------------------------ 0. dispatch first
-    def _dispatch_first(self, run: Run, stories: list[Story]) -> bool:
+    def _dispatch_first(self, run: Run, stories: list[LaneRow]) -> bool:
         """Start what can start before integrating, when that cannot change the history.
 
         Not at `max_parallel = 1`: the sequential loop integrates a story before it starts the
@@ -226,7 +245,7 @@ class LanePass:
             self._dispatch_first(*self._load())
 
     # ------------------------------------------------------------ 1. integration
-    def _integrate_next(self, run: Run, stories: list[Story]) -> bool:
+    def _integrate_next(self, run: Run, stories: list[LaneRow]) -> bool:
         if not self.may_land(run):
             return False
         self._landed = None
@@ -237,18 +256,19 @@ class LanePass:
         foreign move or a changed git configuration holds integration."""
         return run.state in (RunState.RUNNING, RunState.PAUSING) and not self._integration_held(run)
 
-    def _rows_after_landing(self, run: Run, stories: list[Story]):
+    def _rows_after_landing(self, run: Run,
+                            stories: list[LaneRow]) -> tuple[Run, list[LaneRow]] | None:
         """At `max_parallel = 1` nothing but the lane moves a story while it integrates (the
         next one starts after it): after a landing the next pass needs only the run's row (a
         stop or a checkpoint may have changed it), not every open story's again."""
         if self._landed is None or run.max_parallel > 1:  # (a stack needs N > 1 too)
             return None
         with self.db.read() as s:
-            run = s.get(Run, self.run_id)
+            run = s.get_one(Run, self.run_id)
         return run, [row._replace(state=StoryState.INTEGRATED, port_block=None)
                      if row.id == self._landed else row for row in stories]
 
-    def landing(self, story, action):
+    def landing(self, story: StoryRow, action: Callable[[], _T]) -> _T | None:
         """Run an integration step; a target someone else moved, or a red target, pauses the
         run (None)."""
         try:
@@ -262,7 +282,7 @@ class LanePass:
             self._request_pause(str(red), pause="target-red", story=story.key)
             return None
 
-    def after_integration(self, story, outcome: str) -> None:
+    def after_integration(self, story: StoryRow, outcome: str) -> None:
         """The notifications and the checkpoint pause an integration's outcome calls for."""
         if outcome == StoryState.INTEGRATED:
             self._landed = story.id
@@ -277,7 +297,7 @@ class LanePass:
                    reason=self._story(story.id).reason)
 
     # ------------------------------------------------------------ 2. escalation
-    def _pause_for_escalation(self, run: Run, stories: list[Story]) -> bool:
+    def _pause_for_escalation(self, run: Run, stories: list[LaneRow]) -> bool:
         if run.state != RunState.RUNNING or not self.pause_on_escalation:
             return False
         escalated = [s for s in stories if s.state == StoryState.ESCALATED]
@@ -288,7 +308,7 @@ class LanePass:
                             story=first.key)
         return True
 
-    def _done_on_target(self, rows: list[Story]) -> list[Story]:
+    def _done_on_target(self, rows: list[LaneRow]) -> list[LaneRow]:
         """Stale-premise check: stories someone shipped since the plan was made. The board is
         read and parsed again only when the target moved since the last read."""
         if not rows or not self.integrator.board_rel:
@@ -302,7 +322,7 @@ class LanePass:
                                                                   self.integrator.board_rel))
         return [row for row in rows if row.key in known[1]]
 
-    def _block_behind_parked(self, stories: list[Story]) -> bool:
+    def _block_behind_parked(self, stories: list[LaneRow]) -> bool:
         """on_escalation = continue: what depends on or conflicts with a parked story is blocked."""
         parked = [s for s in stories if s.state in (StoryState.ESCALATED, StoryState.FAILED, StoryState.BLOCKED)]
         if not parked:
@@ -341,12 +361,12 @@ class LanePass:
         once per target SHA, and asked for only when some pair of footprints depends on them."""
         return tree_directories(self.integrator.git, self.integrator.target.sha(fetch=False))
 
-    def _conflict_index(self, stories: list[Story]) -> ConflictIndex:
+    def _conflict_index(self, stories: list[LaneRow]) -> ConflictIndex:
         """The run's conflict relation, brought up to date with these rows and the target."""
         self.memo.index.update(self.memo.views_of(stories, settled=self.integrator.composer.rules), self._directories)
         return self.memo.index
 
-    def _dispatch(self, run: Run, stories: list[Story]) -> bool:
+    def _dispatch(self, run: Run, stories: list[LaneRow]) -> bool:
         # Stacked starts only in parallel (N = 1 is the sequential loop), in one clone, and on
         # a fresh branch (a created or resumed story keeps the branch it has).
         stacking = run.max_parallel > 1 and not self.integrator.target.publishes_stories
@@ -367,7 +387,9 @@ class LanePass:
                         record(s, self.run_id, EventKind.STORY_SKIPPED, row.key,
                                reason="stale premise: the target's board marks it done")
             return True  # admit again without them
-        bases = stacked_bases(self.integrator.git, self.integrator.target.sha(fetch=False),
+        # (A stacked start is admitted onto a target that has a SHA.)
+        bases = stacked_bases(self.integrator.git,
+                              cast(str, self.integrator.target.sha(fetch=False)),
                               decision, by_key, self.integrator.composer.rules) if decision.stacked else {}
         queued = []
         used_blocks = {s.port_block for s in stories if s.state in STORY_IN_FLIGHT and s.port_block is not None}
@@ -380,7 +402,8 @@ class LanePass:
                 if self.policy.resources.ports:
                     block = min(i for i in range(run.max_parallel) if i not in used_blocks)
                     used_blocks.add(block)
-                fields = {"base_sha": stacked[0], "stacked_on": stacked[1]} if stacked[1] else {}
+                fields: dict[str, Any] = ({"base_sha": stacked[0], "stacked_on": stacked[1]}
+                                          if stacked[1] else {})
                 if transition_story(s, row.id, StoryState.PENDING, state=StoryState.QUEUED, queued_at=utcnow(),
                                     wait_reason=None, port_block=block, **fields):
                     record(s, self.run_id, EventKind.STORY_QUEUED, key, seq=row.seq,
@@ -396,7 +419,7 @@ class LanePass:
         # Settle on fresh rows: what was just queued is in flight now.
         return bool(queued)
 
-    def _nothing_left(self, run: Run, stories: list[Story]) -> bool:
+    def _nothing_left(self, run: Run, stories: list[LaneRow]) -> bool:
         """After a dispatch: every slot is taken and no story waits for the lane, so another
         pass would find nothing to do (any story that moves on wakes the lane); the lane stops
         here instead of reading the rows again while the new stories start."""
@@ -405,7 +428,7 @@ class LanePass:
             s.state in STORY_AWAITING_LANE or s.state in STORY_PARKED for s in stories)
 
     # ------------------------------------------------------------ 4. settling
-    def _settle(self, run: Run, stories: list[Story]) -> None:
+    def _settle(self, run: Run, stories: list[LaneRow]) -> None:
         if any(s.state in STORY_IN_FLIGHT for s in stories):
             return  # workers will wake the lane when they finish
         if self.verifications.any():
@@ -444,7 +467,7 @@ class LanePass:
         return run.state == RunState.PAUSING and reason.startswith(
             ("checkpoint", FOREIGN_MOVE_PREFIX, CONFIG_CHANGED_PREFIX, RED_PREFIX))
 
-    def _integration_due(self, run: Run, stories: list[Story]) -> bool:
+    def _integration_due(self, run: Run, stories: list[LaneRow]) -> bool:
         """Would `_integrate_next` find a story to integrate? (Same scan, no side effects.)"""
         if self._integration_held(run):
             return False
@@ -453,7 +476,7 @@ class LanePass:
 
     def _set_gate(self, epic: str) -> None:
         with self.db.transaction() as s:
-            s.get(Run, self.run_id).gate_epic = epic
+            s.get_one(Run, self.run_id).gate_epic = epic
             record(s, self.run_id, EventKind.GATE_REACHED, epic=epic)
 
     def _end_pause(self, state: RunState, reason: str) -> None:
@@ -484,11 +507,11 @@ class LanePass:
 
     def _story(self, story_id: int) -> Story:
         with self.db.transaction() as s:
-            return s.get(Story, story_id)
+            return s.get_one(Story, story_id)
 
 
 class LaneStrategy(Protocol):
-    def step(self, run: Run, stories) -> bool:
+    def step(self, run: Run, stories: list[LaneRow]) -> bool:
         """Do the next integration step that is due; whether anything was done."""
 
     def stop_now(self, reason: str) -> bool:
@@ -500,10 +523,10 @@ class Sequential:
     """The lane without speculation: the earliest open story in plan order is composed,
     verified and landed, then the next; a finished story waits for every earlier one."""
 
-    def __init__(self, lane_pass):
+    def __init__(self, lane_pass: LanePass) -> None:
         self.lane = lane_pass
 
-    def step(self, run: Run, stories) -> bool:
+    def step(self, run: Run, stories: list[LaneRow]) -> bool:
         lane = self.lane
         story = next_in_plan(stories, lane.pause_on_escalation)
         if story is None or story.state not in (StoryState.READY, StoryState.INTEGRATING):
@@ -517,7 +540,7 @@ class Sequential:
         return False  # one candidate at a time: the story in hand finishes (or is stopped)
 
 
-def _integrated_statement():
+def _integrated_statement() -> Select[str, str | None, int]:
     integrated = (Story.run_id == bindparam("run_id"), Story.state == StoryState.INTEGRATED)
     latest_seq = select(func.max(Story.seq)).where(*integrated).scalar_subquery()
     return (select(Story.key, Story.integrated_sha, Story.seq)
@@ -528,7 +551,7 @@ def _integrated_statement():
 _INTEGRATED = _integrated_statement()  # built once: the lane reads it every tick
 
 
-def integrated_rows(session: Session, run_id: str) -> tuple:
+def integrated_rows(session: Session, run_id: str) -> Integrated:
     """(the latest integrated story, those integrated without a commit), as (key,
     integrated_sha) rows, in one statement."""
     rows = list(session.connection().execute(_INTEGRATED, {"run_id": run_id}))
@@ -537,8 +560,9 @@ def integrated_rows(session: Session, run_id: str) -> tuple:
     return rows[-1], [row for row in rows if row.integrated_sha is None]
 
 
-def rows_contradicting_git(git: Git, target: Target, head_sha: str | None, latest,
-                           bad: list) -> list:
+def rows_contradicting_git(git: Git, target: Target, head_sha: str | None,
+                           latest: IntegratedRow | None,
+                           bad: list[IntegratedRow]) -> list[IntegratedRow]:
     """The stories whose rows contradict git (see the module's docstring). `head_sha`: where
     the lane last advanced the target (the run's row); `target`: the run's target."""
     if latest is None:
@@ -551,13 +575,14 @@ def rows_contradicting_git(git: Git, target: Target, head_sha: str | None, lates
     return bad
 
 
-_STORIES = Story.__table__
+_STORIES = cast(Table, Story.__table__)  # a mapped class's table is typed as any FromClause
 _SET_WAIT_REASON = (update(_STORIES).where(_STORIES.c.id.in_(bindparam("ids", expanding=True)))
                     .values(wait_reason=bindparam("why")))
 
 
-def write_wait_reasons(s: Session, run_id: str, waiting: dict[str, str], by_key: dict,
-                       told: dict) -> None:
+def write_wait_reasons(s: Session, run_id: str, waiting: dict[str, str],
+                       by_key: Mapping[str, LaneRow],
+                       told: Mapping[int, tuple[int, str]]) -> None:
     """Write and journal each waiting story's reason that changed (`waiting`: key -> reason)."""
     changed: dict[str, list[int]] = {}  # reason -> ids: no row loaded
     for key, why in waiting.items():
@@ -569,7 +594,8 @@ def write_wait_reasons(s: Session, run_id: str, waiting: dict[str, str], by_key:
         s.connection().execute(_SET_WAIT_REASON, {"ids": ids, "why": why})
 
 
-def reasons_told(waiting: dict[str, str], by_key: dict) -> dict[int, tuple[int, str]]:
+def reasons_told(waiting: dict[str, str],
+                 by_key: Mapping[str, LaneRow]) -> dict[int, tuple[int, str]]:
     """What `write_wait_reasons` wrote on these rows, for `told` once its transaction is in."""
     return {by_key[key].id: (by_key[key].rev, why) for key, why in waiting.items()}
 
@@ -577,19 +603,22 @@ def reasons_told(waiting: dict[str, str], by_key: dict) -> dict[int, tuple[int, 
 class LaneMemo:
     """What the lane keeps across the ticks of its run, read and written by its passes."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()  # one lane thread, but a test may also tick by hand
         self.index = ConflictIndex()
         self.board_done: tuple[str, frozenset[str]] | None = None  # (target sha, done keys)
-        self.rows: dict = {}  # the run's stories' rows as last read, by id (runs.lane_rows)
+        self.rows: dict[int, LaneRow] = {}  # the run's stories' rows as last read, by id (runs.lane_rows)
         self.reasons_written: dict[int, tuple[int, str]] = {}  # id -> (rev, reason) written
-        self._views: dict = {}  # (story id, stacking) -> (row, its admission view, rules)
+        # (story id, stacking) -> (row, its admission view, rules)
+        self._views: dict[tuple[int, bool], tuple[LaneRow, StoryView, MergeRules | None]] = {}
 
-    def views_of(self, rows, stacking: bool = False, settled=None) -> list[StoryView]:
+    def views_of(self, rows: Sequence[LaneRow], stacking: bool = False,
+                 settled: MergeRules | None = None) -> list[StoryView]:
         """`admission.views_of`, made once per row: a row kept across passes (the same object
         while its `rev` stands) keeps its view, so a pass over a long sprint does not rebuild
         hundreds of them. A row read again, or made for the pass, is a new object: a new view."""
-        views, kept = [], self._views
+        views: list[StoryView] = []
+        kept = self._views
         for row in rows:
             hit = kept.get((row.id, stacking))
             if hit is None or hit[0] is not row or hit[2] != settled:  # rules compare by value
@@ -605,7 +634,7 @@ class LaneMemo:
 class Lane:
     """The lane of run `run_id` in this process."""
 
-    def __init__(self, project, tasks, run_id: str):
+    def __init__(self, project: Project, tasks: Tasks, run_id: str) -> None:
         self.project = project
         self.tasks = tasks
         self.run_id = run_id
@@ -616,7 +645,7 @@ class Lane:
         """Does a verification of this run still run here (it wakes the lane when it ends)?"""
         return self.verifications.any()
 
-    def tick(self, holder=None) -> None:
+    def tick(self, holder: LeaseHolder | None = None) -> None:
         """One tick. `holder` is this lane's lease holder (None: unfenced, as in a
         single-process test); a standby or a fenced holder changes nothing."""
         db = self.project.db
@@ -633,10 +662,11 @@ class Lane:
             # It thinks it holds the lease, but another lane took over: fenced, change nothing.
             with db.transaction() as s:
                 record(s, self.run_id, EventKind.LANE_FENCED, reason="lost the lane lease (it expired or "
-                       "another lane took it over); this tick changes nothing", owner=holder.owner)
+                       "another lane took it over); this tick changes nothing",
+                       owner=holder.owner if holder is not None else None)
             return
         try:
-            def one_try():  # a retry reads everything again
+            def one_try() -> None:  # a retry reads everything again
                 LanePass(self, run, policy, holder).loop(first.pop() if first else None)
 
             retrying(one_try, db=db, run_id=self.run_id, story=None, what="lane tick")
@@ -650,7 +680,7 @@ class Lane:
         except Exception as exc:  # no retry can fix it: failed, and `resume` once it is fixed
             self._fail(policy, exc)
 
-    def first_rows(self, s: Session, run: Run) -> tuple:
+    def first_rows(self, s: Session, run: Run) -> FirstRows:
         """What a tick's first pass reads, in one snapshot: the rows for the check against git
         (tick.py), the run, and the lane's rows of its stories."""
         return integrated_rows(s, run.id), (run, lane_rows(s, run.id, self.memo.rows))
@@ -666,7 +696,8 @@ class Lane:
         notify(db, policy, self.run_id, EventKind.RUN_FAILED, reason=str(exc))
 
 
-def tick_once(project, tasks, run_id: str, holder=None) -> None:
+def tick_once(project: Project, tasks: Tasks, run_id: str,
+              holder: LeaseHolder | None = None) -> None:
     """One tick of a lane made for it (nothing kept across ticks): for callers without a
     consumer set. Speculation needs a kept `Lane`: this one forgets its verifications."""
     Lane(project, tasks, run_id).tick(holder)

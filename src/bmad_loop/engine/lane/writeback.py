@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from ...bmad.board import DONE, parse_board, set_status, set_statuses
+from ...bmad.board import DONE, Board, BoardEntry, parse_board, set_status, set_statuses
 from ...git.trees.compose import blob_at, blobs_at
 from ...git.trees.edit import replace_blobs
 from ...errors import ConfigError
@@ -46,7 +46,7 @@ FINISHED_WITHOUT_WORK = ("wont-do", "wont-fix", "cancelled", "canceled", "droppe
 _LETTERS = tuple(re.sub(r"[^a-z]", "", w) for w in FINISHED_WITHOUT_WORK)
 
 
-def _finished(entry) -> bool:
+def _finished(entry: BoardEntry) -> bool:
     """Done (the board's canonical reading: `done ✅ (merged)` is done), or never to be done."""
     if entry.status == DONE:
         return True
@@ -73,7 +73,7 @@ def mark_done_on_board(text: str, key: str, epic: str | None,
     return _move_epic(text, board, str(epic), source)
 
 
-def _move_epic(text: str, board, epic: str, source: str) -> str:
+def _move_epic(text: str, board: Board, epic: str, source: str) -> str:
     epic_entry = board.entry(f"epic-{epic}")
     if epic_entry is None:
         return text

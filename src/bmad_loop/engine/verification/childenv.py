@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -35,6 +36,11 @@ from ...policy import Policy
 from ...sandbox import Box, BoxRequest, decide, make_box, quarantine_has_objects
 from ...sandbox.box import clear_quarantine
 from ...sandbox.programs import outside_code
+
+if TYPE_CHECKING:
+    from ...db.database import Database
+    from ..runpaths import Layout
+    from ..workspace.base import Workspace
 
 __all__ = ["PortBlock", "child_env", "sandbox_vars", "story_verify_env", "without_state_access",
            "block_size", "worker_block", "lane_block", "lane_slot_block", "port_env",
@@ -69,7 +75,35 @@ def _password(url: str) -> str | None:
         return None
 
 
-def sandbox_vars(ctx) -> dict:
+class StorySite(Protocol):
+    """What the story's environment and boxes are made from (a worker's `StoryContext`)."""
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def git(self) -> Git: ...
+
+    @property
+    def db(self) -> Database: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def workspace(self) -> Workspace: ...
+
+    @property
+    def port_block(self) -> PortBlock | None: ...
+
+    @property
+    def guard_hooks(self) -> Path: ...
+
+    @property
+    def scratch(self) -> Path: ...
+
+
+def sandbox_vars(ctx: StorySite) -> dict[str, str]:
     """Per-story scratch state outside the worktree, so parallel agents never share temp files."""
     scratch = ctx.scratch
     (scratch / "state").mkdir(parents=True, exist_ok=True)
@@ -79,7 +113,7 @@ def sandbox_vars(ctx) -> dict:
     return values
 
 
-def story_verify_env(ctx) -> dict:
+def story_verify_env(ctx: StorySite) -> dict[str, str]:
     """What a story's verify commands run with: ours and its sandbox (the target guard, when
     unboxed, is added by `story_verify_setup`)."""
     env = child_env(ctx.policy)
@@ -125,7 +159,8 @@ def worker_block(policy: Policy, index: int | None) -> PortBlock | None:
     if index is None or _range(policy) is None:
         return None
     size = block_size(policy)
-    return {"base": _range(policy)[0] + index * size, "count": size, "index": index}
+    low, _ = _range(policy) or (0, 0)  # a range: checked above
+    return {"base": low + index * size, "count": size, "index": index}
 
 
 def lane_block(policy: Policy) -> PortBlock | None:
@@ -159,7 +194,8 @@ class BoxSite:
     log_path: Path
 
 
-def agent_box(ctx, worktree: Path, log_path: Path, env: dict) -> Box | None:
+def agent_box(ctx: StorySite, worktree: Path, log_path: Path,
+              env: Mapping[str, str]) -> Box | None:
     """The box of one agent session of the story (None: unboxed)."""
     decision = decide(ctx.policy.adapter.sandbox, "[adapter] sandbox")
     site = BoxSite(worktree, ctx.scratch, log_path)
@@ -167,7 +203,7 @@ def agent_box(ctx, worktree: Path, log_path: Path, env: dict) -> Box | None:
                                        ctx.policy, env))
 
 
-def verify_box(policy: Policy, git: Git, state_dir: Path, site: BoxSite, env: dict,
+def verify_box(policy: Policy, git: Git, state_dir: Path, site: BoxSite, env: Mapping[str, str],
                home_state: Path | None = None) -> Box | None:
     """The box of a verify command run in `site.tree` (story or candidate worktree);
     `home_state`: the project's own state folder, when the repository is a clone elsewhere
@@ -176,7 +212,8 @@ def verify_box(policy: Policy, git: Git, state_dir: Path, site: BoxSite, env: di
     return make_box(decision, _request(git, state_dir, home_state, site, policy, env))
 
 
-def story_verify_setup(ctx, worktree: Path, log_path: Path) -> tuple[dict, Box | None]:
+def story_verify_setup(ctx: StorySite, worktree: Path,
+                       log_path: Path) -> tuple[dict[str, str], Box | None]:
     """The environment and box of a story's verify commands; unboxed, the target guard is
     armed in that environment instead."""
     env = story_verify_env(ctx)
@@ -187,7 +224,8 @@ def story_verify_setup(ctx, worktree: Path, log_path: Path) -> tuple[dict, Box |
     return env, box
 
 
-def _request(git: Git, state_dir, home_state, site: BoxSite, policy: Policy, env) -> BoxRequest:
+def _request(git: Git, state_dir: Path, home_state: Path | None, site: BoxSite, policy: Policy,
+             env: Mapping[str, str]) -> BoxRequest:
     # The log stays outside the box (hidden with the state folder): the output reaches it
     # through the pipe bmad-loop reads, capped, and nothing else.
     site.scratch.mkdir(parents=True, exist_ok=True)

@@ -34,13 +34,24 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import GitError
 from ...git.worktrees import clear_flags
 from ...states import Phase
 from ..journal import EventKind, record
 from ...git.runner import Git
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from ...db.database import Database
+    from ...db.models import Story
+    from ...policy import Policy
+    from ..runpaths import Layout
+    from ..workspace.base import Workspace
 
 __all__ = ["RECORD_KEY", "VERIFY_RECORD_NAMESPACE", "record_ref", "verify_record_refs",
            "before_verify", "back_to_record", "forget_record", "keep", "restore", "drop_records",
@@ -89,21 +100,55 @@ def verify_record_refs(run_id: str, story_key: str) -> tuple[str, str]:
     return ref, f"{ref}.replaced"
 
 
-def forget_record(known, values: dict) -> None:
+class RecordingStory(Protocol):
+    """What the verify record needs of a story worker's context (a `StoryContext`)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def git(self) -> Git: ...
+
+    @property
+    def db(self) -> Database: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def workspace(self) -> Workspace: ...
+
+
+class StoryClaim(Protocol):
+    """The worker's claim on the story row: every write it makes is fenced by it."""
+
+    def own(self, session: Session) -> Story: ...
+
+    def write(self, session: Session, known: Story | None, /, **values: Any) -> str: ...
+
+
+def forget_record(known: Story, values: dict[str, Any]) -> None:
     """The worker writes a verify's verdict (`values`, for the row `known`): the row stops
     naming the record in that same write."""
     if (known.feedback or {}).get(RECORD_KEY) and known.phase == Phase.VERIFY:
         values["feedback"] = {**values.get("feedback", known.feedback), RECORD_KEY: None}
 
 
-def drop_records(ctx) -> None:
+def drop_records(ctx: RecordingStory) -> None:
     """The story is ready (its work is committed): its records go."""
     if ctx.policy.verify.commands and ctx.workspace.story_worktrees:
         ctx.git.run("update-ref", "--stdin", input="".join(
             f"delete {ref}\n" for ref in verify_record_refs(ctx.run_id, ctx.key)))
 
 
-def before_verify(ctx, claim, story, worktree: Path) -> str | None:
+def before_verify(ctx: RecordingStory, claim: StoryClaim, story: Story,
+                  worktree: Path) -> str | None:
     """Before the story's verify: keep the worktree as the agent left it, naming the record in
     the row; or, when the row names a record still (this verify repeats one a crash or a stop
     cut short), put the worktree back to it first. The record's SHA; None without verify
@@ -128,7 +173,7 @@ def before_verify(ctx, claim, story, worktree: Path) -> str | None:
     return sha
 
 
-def back_to_record(ctx, key: str, worktree: Path, sha: str) -> None:
+def back_to_record(ctx: RecordingStory, key: str, worktree: Path, sha: str) -> None:
     """A retry of the story's verify (`[verify] retries`) starts from exactly what the agent
     left, as a repeated verify does: the worktree put back to its record `sha`."""
     ref = record_ref(ctx.run_id, key)
@@ -138,7 +183,7 @@ def back_to_record(ctx, key: str, worktree: Path, sha: str) -> None:
     ctx.workspace.reseed(worktree)
 
 
-def keep(git: Git, worktree: Path, ref: str, scratch: Path, seeds=(), *,
+def keep(git: Git, worktree: Path, ref: str, scratch: Path, seeds: Iterable[str] = (), *,
          what: str = "verify record") -> str:
     """Record `worktree` as it is at `ref`; the record's SHA (`what`: its commit message)."""
     sha = _snapshot(git, worktree, scratch, seeds, what)
@@ -146,8 +191,8 @@ def keep(git: Git, worktree: Path, ref: str, scratch: Path, seeds=(), *,
     return sha
 
 
-def restore(git: Git, worktree: Path, sha: str, scratch: Path, *, aside: str, seeds=(),
-            keep_folders=()) -> str | None:
+def restore(git: Git, worktree: Path, sha: str, scratch: Path, *, aside: str,
+            seeds: Iterable[str] = (), keep_folders: Iterable[str] = ()) -> str | None:
     """Put `worktree` back to the record `sha` (the row names it). What the worktree held
     before is kept at the ref `aside` (``<record ref>.replaced``); its SHA is returned (None: git could
     not record it, e.g. the killed verify left a nested repository with no commit, which
@@ -169,7 +214,7 @@ def restore(git: Git, worktree: Path, sha: str, scratch: Path, *, aside: str, se
     return replaced
 
 
-def _snapshot(git: Git, worktree: Path, scratch: Path, seeds, what: str) -> str:
+def _snapshot(git: Git, worktree: Path, scratch: Path, seeds: Iterable[str], what: str) -> str:
     """A commit (parent HEAD) of `worktree`'s tracked and untracked files, seeds left out,
     through a temporary index. (Not ``stash create``: it refuses an intent-to-add entry.)"""
     clear_flags(git, worktree)  # the commit step takes them off too: an edit hidden is an edit
@@ -191,7 +236,7 @@ def _snapshot(git: Git, worktree: Path, scratch: Path, seeds, what: str) -> str:
                    env=git.identity_env())
 
 
-def _clean(git: Git, worktree: Path, keep_folders) -> None:
+def _clean(git: Git, worktree: Path, keep_folders: Iterable[str]) -> None:
     """``clean -ffdx`` but for the kept folders and the session folder; a folder the verify
     made read-only is made writable and the clean run again."""
     args = ["clean", "-q", "-ffdx", "-e", _SESSION_FOLDER]

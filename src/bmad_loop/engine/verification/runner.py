@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, cast
 
 from sqlalchemy.orm import Session
 
@@ -67,7 +67,7 @@ class Flaky:
     exit_code: int | None  # of the failed run
     retry: int  # which retry passed (1: the first)
 
-    def event_data(self) -> dict:
+    def event_data(self) -> dict[str, Any]:
         return {"command": self.command, "failed_log": self.failed_log,
                 "passed_log": self.passed_log, "exit_code": self.exit_code, "retry": self.retry}
 
@@ -77,7 +77,7 @@ class Retry:
     """Run a failing verification again, `times` at most, each on the tree `reset()` puts back."""
 
     times: int
-    reset: Callable[[], None]
+    reset: Callable[[], object]  # what it returns is not read
 
 
 @dataclass(frozen=True)
@@ -95,12 +95,13 @@ class VerifyResult:
     boxed: bool = False  # ran in the OS sandbox (bmad_loop.sandbox)
     flakes: tuple[Flaky, ...] = ()  # failures a retry of the same tree did not repeat
 
-    def event(self) -> tuple[str, dict]:
+    def event(self) -> tuple[EventKind, dict[str, Any]]:
         """The journal event of this verification: `verify.passed` (`command`: the commands
         that ran, joined by ` && `; None when there were none) or `verify.failed` (`command`:
         the one that failed), with `log_truncated` when its log was cut, and `boxed`."""
         ran = " && ".join(self.commands) or None
-        data = {"command": ran if self.ok else self.failed_command, "exit_code": self.exit_code,
+        data: dict[str, Any] = {
+                "command": ran if self.ok else self.failed_command, "exit_code": self.exit_code,
                 "timed_out": self.timed_out, "duration_s": round(self.duration_s, 3),
                 "log": self.log, "boxed": self.boxed}
         if self.log_cut is not None:
@@ -157,11 +158,14 @@ def run_verify(commands: Sequence[str], site: VerifySite, limits: Limits, *,
         if result.ok or result.timed_out or result.interrupted:
             break
         crash_point("verify.before_retry")
+        assert retry is not None  # the loop runs only with one
         retry.reset()
         result = _run_once(commands, replace(site, log_path=retry_log(site.log_path, n)), limits,
                            stop_event, started)
         if result.ok:
-            flaky = Flaky(first.failed_command, first.log, result.log, first.exit_code, n)
+            # A failed run names its command; every run that ran a command, its log.
+            flaky = Flaky(cast(str, first.failed_command), cast(str, first.log),
+                          cast(str, result.log), first.exit_code, n)
             return replace(result, flakes=(flaky,))
     return result
 
@@ -208,7 +212,7 @@ def _summed(cuts: list[LogCut]) -> LogCut | None:
 SITES = ("story", "candidate", "target")  # where the flaky verification ran
 
 
-def record_flakes(s: Session, run_id: str, story: str | None, site: str, flakes, *,
+def record_flakes(s: Session, run_id: str, story: str | None, site: str, flakes: Iterable[Flaky], *,
                   attempt: int | None = None, tree: str | None = None) -> None:
     """Write each of `flakes` (`Flaky`) as a row and a journal event."""
     if site not in SITES:

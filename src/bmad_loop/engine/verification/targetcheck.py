@@ -19,9 +19,9 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence, cast
 
-from sqlalchemy import delete, select
+from sqlalchemy import CursorResult, delete, select
 from sqlalchemy.orm import Session
 
 from ...db.models import TargetCheck, utcnow
@@ -114,5 +114,6 @@ def finish(db: Database, run_id: str, key: CheckKey, result: VerifyResult) -> st
 
 def forget_failed(session: Session, run_id: str) -> int:
     """`resume`: the run's failed target checks are dropped, so a red target is checked again."""
-    return session.execute(delete(TargetCheck).where(
-        TargetCheck.run_id == run_id, TargetCheck.state == FAILED)).rowcount or 0
+    result = session.execute(delete(TargetCheck).where(
+        TargetCheck.run_id == run_id, TargetCheck.state == FAILED))
+    return cast("CursorResult[Any]", result).rowcount or 0  # a DELETE's result is a cursor's

@@ -5,6 +5,7 @@ parked ones), the project's own checkout, and the guard that keeps agents off th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...bmad.install import bmad_seeds
 from .base import Workspace
@@ -15,11 +16,14 @@ from ..runpaths import Layout
 from ...policy import Policy
 from ...git.targets import Target
 
+if TYPE_CHECKING:
+    from ...agents.profiles import Profile
+
 __all__ = ["Workspace", "make_workspace"]
 
 
 def make_workspace(policy: Policy, git: Git, layout: Layout, target: Target, *, root: Path,
-                   profile=None) -> Workspace:
+                   profile: Profile | None = None) -> Workspace:
     """The workspace the policy's `[scm] isolation` asks for."""
     scm = policy.scm
     fixed = list(scm.worktree_seed)

@@ -8,6 +8,11 @@ that edits one of them escalates the story instead of mixing its work with a hum
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import cast
+
+from ...db.models import Story
+from ..runrows import StoryRow
 from ...git.trees.compose import clear_operation_state, dirty_paths
 from ...git.runner import NO_AUTO_MAINTENANCE
 from ..escalation import Escalate
@@ -22,10 +27,10 @@ class InPlaceWorkspace(Workspace):
     def usable(self, worktree: str | None) -> bool:
         return True  # the checkout is always here
 
-    def guard_env(self, worktree, hooks_dir, guard_log) -> dict:
+    def guard_env(self, worktree: Path, hooks_dir: Path, guard_log: Path) -> dict[str, str]:
         return {}  # in place, the agent works on the target checkout by definition
 
-    def prepare(self, story, branch: str, base_sha: str) -> Prepared:
+    def prepare(self, story: Story, branch: str, base_sha: str) -> Prepared:
         current = self.git.current_branch()
         if current == branch:
             return Prepared(self.root, base_sha)  # resumed: already on the story branch
@@ -36,7 +41,7 @@ class InPlaceWorkspace(Workspace):
         self.git.run("checkout", "-q", "-B", branch, base_sha)
         return Prepared(self.root, base_sha, feedback={"pre_dirty": snapshot})
 
-    def agent_paths(self, story) -> list[str]:
+    def agent_paths(self, story: Story) -> list[str]:
         snapshot = story.feedback.get("pre_dirty", {})
         touched = []
         for rel in self._dirty():
@@ -48,7 +53,7 @@ class InPlaceWorkspace(Workspace):
             touched.append(rel)
         return touched
 
-    def commit(self, story, message: str, revert: list[str],
+    def commit(self, story: Story, message: str, revert: list[str],
                merge: list[str] | None = None) -> tuple[str, list[str]]:
         if merge:  # the lane repairs only stories of their own worktree (lane/aftermath.py)
             raise ValueError("a repair merge is made only in a story's own worktree")
@@ -62,12 +67,12 @@ class InPlaceWorkspace(Workspace):
         paths = [p for p in paths if p not in reverted]
         if paths:
             self._commit(paths, message)
-        head = self.git.rev("HEAD")
+        head = cast(str, self.git.rev("HEAD"))  # on the story branch: HEAD resolves
         # Back to the target: the lane composes and advances it like any other story.
         self.git.run("checkout", "-q", self.target.branch)
         return head, reverted
 
-    def leave(self, story, *, rollback: bool, pause_on_escalation: bool) -> str | None:
+    def leave(self, story: Story, *, rollback: bool, pause_on_escalation: bool) -> str | None:
         """Keep the agent's work on the story branch; roll the checkout back or not.
 
         `rollback_on_failure = false` under `on_escalation = "pause"` leaves the checkout on the
@@ -89,7 +94,7 @@ class InPlaceWorkspace(Workspace):
         self.git.run("checkout", "-q", self.target.branch)
         return head
 
-    def discard_landed(self, story, *, delete_branch: bool) -> None:
+    def discard_landed(self, story: StoryRow, *, delete_branch: bool) -> None:
         if delete_branch and story.branch:
             self.target.delete_story_branch(story.branch)
 

@@ -56,8 +56,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import select
 
@@ -74,10 +75,14 @@ from ...git.worktrees import (
     worktree_at,
 )
 from ...git.runner import Git
-from ...policy import Policy
+from ...policy import Policy, ScmPolicy
 from ...db.models import Run, Story
 from ...states import StoryState
+from ..runpaths import Layout
 from ..runrows import run_policy
+
+if TYPE_CHECKING:
+    from ..project import Project
 
 __all__ = ["POOL_DIR", "POOL_ENV", "pool_dir", "pool_size", "parked", "park", "take",
            "announce_park", "drain_pool", "drain_run_pool", "clear_interrupted_take",
@@ -89,13 +94,16 @@ log = logging.getLogger(__name__)
 POOL_DIR = ".pool"
 POOL_ENV = "BMAD_LOOP_WORKTREE_POOL"
 
+# The untracked files every worktree gets, or a callable that lists them on first use.
+Seeds = Iterable[str] | Callable[[], Iterable[str]]
+
 
 def pool_dir(layout: Layout) -> Path:
     """``<state>/worktrees/<run>/.pool``: beside the run's story worktrees."""
     return layout.state_dir / "worktrees" / layout.run_id / POOL_DIR
 
 
-def pool_size(scm) -> int:
+def pool_size(scm: ScmPolicy) -> int:
     """How many worktrees a run may keep parked: ``[scm] max_parallel``, or
     ``BMAD_LOOP_WORKTREE_POOL``; none with ``[scm] reuse_worktrees = false``."""
     if not scm.reuse_worktrees:
@@ -122,7 +130,7 @@ def parked(layout: Layout) -> list[Path]:
 
 
 def park(git: Git, worktree: Path, branch: str, layout: Layout, *, size: int,
-         seeds=()) -> Path | None:
+         seeds: Seeds = ()) -> Path | None:
     """Park the landed story's `worktree` (on `branch`) in the run's pool; its slot, or None
     when it is not safe to keep or the pool is full (the caller then removes it). Never raises
     for git's reasons: a failure is logged and answered None. `seeds` (or a callable giving
@@ -190,7 +198,8 @@ def _await_park(layout: Layout, wait_s: float) -> bool:
     return _await(lambda: parked(layout), wait_s)
 
 
-def take(git: Git, layout: Layout, worktree: Path, branch: str, start_sha: str, keep=()) -> bool:
+def take(git: Git, layout: Layout, worktree: Path, branch: str, start_sha: str,
+         keep: Iterable[str] = ()) -> bool:
     """Make `worktree` (nothing there yet) a checkout of `start_sha` on the new `branch` from a
     parked worktree, exactly what a new worktree would be but for the ignored `keep` folders
     ([scm] reuse_keep). False when the pool is empty (after waiting for a park announced in this
@@ -234,7 +243,7 @@ def take(git: Git, layout: Layout, worktree: Path, branch: str, start_sha: str, 
     return True
 
 
-def _reset_for_next(git: Git, path: Path, start_sha: str, keep) -> None:
+def _reset_for_next(git: Git, path: Path, start_sha: str, keep: Iterable[str]) -> None:
     """Everything of the last story goes: index flags (skip-worktree, assume-unchanged, and
     intent-to-add with them: a plain ``read-tree`` of the next base drops every flag, and the
     ``checkout -f`` that follows writes the files its index now names), then untracked and
@@ -244,7 +253,7 @@ def _reset_for_next(git: Git, path: Path, start_sha: str, keep) -> None:
     git.run("clean", "-q", "-ffdx", *_keep_args(keep), cwd=path)
 
 
-def _keep_args(keep) -> list[str]:
+def _keep_args(keep: Iterable[str]) -> list[str]:
     """``clean -e`` patterns for the kept folders, each anchored at the worktree's root."""
     args = []
     for pattern in keep:
@@ -355,7 +364,7 @@ def _own_state(git: Git, path: Path) -> bool:
                         "refs/bisect/", cwd=path))
 
 
-def _clean(git: Git, path: Path, seeds) -> bool:
+def _clean(git: Git, path: Path, seeds: Seeds) -> bool:
     """`git status` shows nothing but untracked seed files (copied in, never committed)."""
     out = git.run("status", "--porcelain", "-z", "--untracked-files=all", cwd=path).stdout
     records = [r for r in out.split("\0") if r]
@@ -388,10 +397,8 @@ def _quietly_remove(git: Git, path: Path) -> bool:
         return False
 
 
-def drain_run_pool(project, run_id: str, policy: Policy) -> list[str]:
+def drain_run_pool(project: Project, run_id: str, policy: Policy) -> list[str]:
     """`drain_pool` for a run known by id (the lane's error path, which has no lane object)."""
-    from ..runpaths import Layout
-
     try:
         git = project.git(policy)
     except Exception:  # the lane is failing already; cleanup removes what is left
@@ -400,20 +407,21 @@ def drain_run_pool(project, run_id: str, policy: Policy) -> list[str]:
     return drain_pool(git, Layout(project.state_dir, run_id))
 
 
-def sweep_landed(project, run_id: str) -> list[str]:
+def sweep_landed(project: Project, run_id: str) -> list[str]:
     """Remote mode, on a story host: remove this host's worktrees of the run's stories that
     landed (the lane, in another clone, cannot). Returns the paths removed."""
     state = project.state_dir.resolve()
     removed = []
     with project.db.transaction() as s:
         run = s.get(Run, run_id)
+        assert run is not None  # a run's host sweeps only a run it serves
         policy = run_policy(run)
         rows = [(st.worktree, st.branch) for st in s.scalars(select(Story).where(
             Story.run_id == run_id, Story.state.in_((StoryState.INTEGRATED, StoryState.SKIPPED)),
             Story.host == project.host, Story.worktree.is_not(None)))]
     git = project.git(policy)
     for worktree, branch in rows:
-        path = Path(worktree)
+        path = Path(cast(str, worktree))  # the query reads only rows with a worktree
         if not path.is_dir() or not _under(path.resolve(), state):
             continue
         remove_worktree(git, path)

@@ -12,7 +12,10 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import cast
 
+from ...db.models import Story
+from ..runrows import StoryRow
 from ...git.trees.compose import commit_worktree
 from ...errors import GitError
 from ...git.worktrees import ensure_worktree, remove_worktree
@@ -37,7 +40,7 @@ class WorktreeWorkspace(Workspace):
             return False
         return Path(worktree).resolve().is_relative_to(self.layout.state_dir.resolve())
 
-    def prepare(self, story, branch: str, base_sha: str) -> Prepared:
+    def prepare(self, story: Story, branch: str, base_sha: str) -> Prepared:
         worktree = self.layout.story_worktree(story.key, self.scm.branch_per)
         start = base_sha
         existing = self.git.rev(f"refs/heads/{branch}")
@@ -63,17 +66,19 @@ class WorktreeWorkspace(Workspace):
         self._seed(worktree)
         return Prepared(worktree, base_sha)
 
-    def commit(self, story, message: str, revert: list[str],
+    def commit(self, story: Story, message: str, revert: list[str],
                merge: list[str] | None = None) -> tuple[str, list[str]]:
-        return commit_worktree(self.git, Path(story.worktree), message, story.base_sha, revert,
+        # A prepared story's row names its worktree and base.
+        worktree, base_sha = cast(str, story.worktree), cast(str, story.base_sha)
+        return commit_worktree(self.git, Path(worktree), message, base_sha, revert,
                                exclude=self.seeds, parents=merge)
 
-    def leave(self, story, *, rollback: bool, pause_on_escalation: bool) -> str | None:
+    def leave(self, story: Story, *, rollback: bool, pause_on_escalation: bool) -> str | None:
         if story.worktree and Path(story.worktree).exists():
             return self.git.rev("HEAD", cwd=Path(story.worktree))
         return None
 
-    def release_worktree(self, story) -> None:
+    def release_worktree(self, story: StoryRow) -> None:
         # (The shared run branch's worktree serves the next story; a story host removes its own.)
         if self._pooled and story.worktree and Path(story.worktree).exists():
             if not (story.branch and park(self.git, Path(story.worktree), story.branch, self.layout,
@@ -81,7 +86,7 @@ class WorktreeWorkspace(Workspace):
                                           seeds=lambda: self.seeds)):
                 remove_worktree(self.git, Path(story.worktree))
 
-    def restore_worktree(self, story) -> None:
+    def restore_worktree(self, story: StoryRow) -> None:
         if self._pooled and story.worktree and story.branch and story.head_sha \
                 and not Path(story.worktree).exists():
             try:
@@ -91,7 +96,7 @@ class WorktreeWorkspace(Workspace):
                 log.warning("could not give %s its worktree back (%s); its branch %s has its "
                             "work", story.key, exc, story.branch)
 
-    def discard_landed(self, story, *, delete_branch: bool) -> None:
+    def discard_landed(self, story: StoryRow, *, delete_branch: bool) -> None:
         if self.shared_branch:
             return
         self.release_worktree(story)  # nothing to do when the lane released it already
