@@ -24,10 +24,12 @@ __all__ = ["QueueConfig", "make_huey", "BackgroundConsumer", "STORIES", "INTEGRA
 STORIES = "stories"
 INTEGRATION = "integration"
 
-# huey's SQLite consumers poll with a growing back-off; a short maximum keeps a message's wait
-# for an idle consumer well under a second, against agent sessions of minutes.
+# huey's SQLite consumers poll with a growing back-off. Its maximum bounds how long a message
+# waits for an idle consumer: at N = 1 each story passes three messages (to its worker, to the
+# lane, the lane's next dispatch), so 0.5 s cost about 0.2 s a story over the doorbell this
+# replaced (bench/overhead.py pairs); 0.1 s costs an idle consumer ten reads of queue.db a second.
 POLL_INITIAL_S = 0.05
-POLL_MAX_S = 0.5
+POLL_MAX_S = 0.1
 
 
 def make_huey(config: QueueConfig, queue: str) -> Huey:

@@ -25,10 +25,10 @@ __all__ = ["Timeline", "build_timeline", "parse_ts", "PHASES"]
 
 PHASES = tuple(phase.value for phase in Phase if phase is not Phase.INTEGRATE)  # a worker's
 # A story leaves its worker slot with these (its open phase ends there).
-_LEAVES_WORKER = {EventKind.STORY_READY: "ready", EventKind.STORY_ESCALATED: "escalated",
+_LEAVES_WORKER: dict[str, str] = {EventKind.STORY_READY: "ready", EventKind.STORY_ESCALATED: "escalated",
                   EventKind.STORY_INTERRUPTED: "interrupted", EventKind.STORY_RESTACKED: "restacked",
                   EventKind.STORY_RECOVERED: "recovered", EventKind.STORY_SKIPPED: "skipped"}
-_MARKS = {EventKind.STORY_INTEGRATED: "integrated", EventKind.STORY_ESCALATED: "escalated",
+_MARKS: dict[str, str] = {EventKind.STORY_INTEGRATED: "integrated", EventKind.STORY_ESCALATED: "escalated",
           EventKind.STORY_BLOCKED: "blocked", EventKind.STORY_HELD: "held",
           EventKind.STORY_INTERRUPTED: "interrupted", EventKind.STORY_SKIPPED: "skipped"}
 _CANDIDATE_ENDS: dict[str, str] = {
