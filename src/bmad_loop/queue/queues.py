@@ -24,12 +24,13 @@ __all__ = ["QueueConfig", "make_huey", "BackgroundConsumer", "STORIES", "INTEGRA
 STORIES = "stories"
 INTEGRATION = "integration"
 
-# huey's SQLite consumers poll with a growing back-off. Its maximum bounds how long a message
-# waits for an idle consumer: at N = 1 each story passes three messages (to its worker, to the
-# lane, the lane's next dispatch), so 0.5 s cost about 0.2 s a story over the doorbell this
-# replaced (bench/overhead.py pairs); 0.1 s costs an idle consumer ten reads of queue.db a second.
-POLL_INITIAL_S = 0.05
-POLL_MAX_S = 0.1
+# huey's SQLite consumers poll with a growing back-off, which bounds how long a message waits
+# for an idle consumer. At N = 1 each story passes three messages (to its worker, to the lane,
+# the lane's next dispatch): polling from 50 ms up to 0.5 s cost 13-48 % more overhead per story
+# than the doorbell it replaced (bench/overhead.py pairs); 20 ms up to 50 ms costs none, and an
+# idle `worker -w 4` about 4 % of one core (docs/performance.md, "Wake-ups").
+POLL_INITIAL_S = 0.02
+POLL_MAX_S = 0.05
 
 
 def make_huey(config: QueueConfig, queue: str) -> Huey:
