@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from ..runpaths import Layout
     from ..workspace.base import Workspace
 
-__all__ = ["RECORD_KEY", "VERIFY_RECORD_NAMESPACE", "record_ref", "verify_record_refs",
+__all__ = ["put_back", "RECORD_KEY", "VERIFY_RECORD_NAMESPACE", "record_ref", "verify_record_refs",
            "before_verify", "back_to_record", "forget_record", "keep", "restore", "drop_records",
            "kept_evidence", "continue_commands", "continue_lines"]
 
@@ -159,9 +159,7 @@ def before_verify(ctx: RecordingStory, claim: StoryClaim, story: Story,
     named = (story.feedback or {}).get(RECORD_KEY)
     scratch = ctx.layout.scratch(story.key)
     if named and ctx.git.rev(ref) == named:
-        replaced = restore(ctx.git, worktree, named, scratch, aside=f"{ref}.replaced",
-                           seeds=ctx.workspace.seeds, keep_folders=ctx.policy.scm.reuse_keep)
-        ctx.workspace.reseed(worktree)
+        replaced = put_back(ctx, worktree, named, scratch, aside=f"{ref}.replaced")
         with ctx.db.transaction() as s:
             claim.own(s)
             record(s, ctx.run_id, EventKind.VERIFY_RESTORED, story.key, record=named, ref=ref,
@@ -177,10 +175,18 @@ def back_to_record(ctx: RecordingStory, key: str, worktree: Path, sha: str) -> N
     """A retry of the story's verify (`[verify] retries`) starts from exactly what the agent
     left, as a repeated verify does: the worktree put back to its record `sha`."""
     ref = record_ref(ctx.run_id, key)
-    restore(ctx.git, worktree, sha, ctx.layout.scratch(key), aside=f"{ref}.replaced",
-            seeds=ctx.workspace.seeds,
-            keep_folders=ctx.policy.scm.reuse_keep)
+    put_back(ctx, worktree, sha, ctx.layout.scratch(key), aside=f"{ref}.replaced")
+
+
+def put_back(ctx: RecordingStory, worktree: Path, sha: str, scratch: Path, *,
+             aside: str) -> str | None:
+    """`restore` a story's worktree to a record of it (its verify's, a session's start, a
+    repair's merge) the one way: with the workspace's seeds and the policy's kept folders, the
+    seeds laid again after. Returns what `restore` returns."""
+    replaced = restore(ctx.git, worktree, sha, scratch, aside=aside, seeds=ctx.workspace.seeds,
+                       keep_folders=ctx.policy.scm.reuse_keep)
     ctx.workspace.reseed(worktree)
+    return replaced
 
 
 def keep(git: Git, worktree: Path, ref: str, scratch: Path, seeds: Iterable[str] = (), *,

@@ -43,7 +43,7 @@ from ..mergerules import run_merge_rules
 from ..journal import EventKind, record
 from .context import Outcome, StoryContext, Walker
 from ..repairs import MERGE_KEY, REPAIR_KEY, in_repair, repair_markdown, repair_ref
-from ..verification.record import restore
+from ..verification.record import put_back
 
 __all__ = ["Repair", "markers_left", "repair_env", "repair_prompt_text", "EVIDENCE_VAR",
            "CAUSE_VAR"]
@@ -183,12 +183,9 @@ class Repair:
         worktree = Path(story.worktree)
         ref = repair_ref(ctx.run_id, story.key)
         merge = (story.feedback or {}).get(MERGE_KEY)
-        keep = self.policy.scm.reuse_keep
         if merge and git.rev(ref) == merge["record"]:
-            replaced = restore(git, worktree, merge["record"], ctx.layout.scratch(story.key),
-                               aside=f"{ref}.replaced",
-                               seeds=ctx.workspace.seeds, keep_folders=keep)
-            ctx.workspace.reseed(worktree)
+            replaced = put_back(ctx, worktree, merge["record"], ctx.layout.scratch(story.key),
+                                aside=f"{ref}.replaced")
             with ctx.db.transaction() as s:
                 self.worker.claim.own(s)
                 record(s, ctx.run_id, EventKind.REPAIR_STARTED, story.key, number=story.repairs + 1,
@@ -213,9 +210,7 @@ class Repair:
                    old_base=story.base_sha, new_base=target_sha, conflicts=list(conflicts),
                    record=sha)
         crash_point("worker.after_repair_merge")
-        restore(git, worktree, sha, ctx.layout.scratch(story.key), aside=f"{ref}.replaced",
-                seeds=ctx.workspace.seeds, keep_folders=keep)
-        ctx.workspace.reseed(worktree)
+        put_back(ctx, worktree, sha, ctx.layout.scratch(story.key), aside=f"{ref}.replaced")
         return merge
 
     def _compose(self, story: Story, target_sha: str, head: str) -> tuple[str, tuple[str, ...]]:

@@ -79,7 +79,7 @@ from .repair import repair_env, repair_prompt_text
 from ..usage import USAGE_FILE_VAR, budget_set, read_usage_file, usage_file
 from ...git.worktrees import clear_flags
 from ..workspace.base import matches_any
-from ..verification.record import keep, restore
+from ..verification.record import keep, put_back
 from .context import Claim
 from ...git.runner import Git
 from ...policy import Policy
@@ -557,9 +557,7 @@ def before_session(ctx: StoryContext, claim: Claim, story: Story, phase: str, nu
     scratch = ctx.layout.scratch(story.key)
     if (named.get("phase"), named.get("number")) == (phase, number) and sha \
             and ctx.git.rev(ref) == sha:
-        cut = restore(ctx.git, worktree, sha, scratch, aside=f"{ref}{CUT_SUFFIX}",
-                      seeds=ctx.workspace.seeds, keep_folders=ctx.policy.scm.reuse_keep)
-        ctx.workspace.reseed(worktree)
+        cut = put_back(ctx, worktree, sha, scratch, aside=f"{ref}{CUT_SUFFIX}")
         with ctx.db.transaction() as s:
             claim.own(s)
             record(s, ctx.run_id, EventKind.SESSION_RESTORED, story.key, phase=phase, attempt=number,
