@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Mapping
 
 __all__ = ["BoxRequest", "Mount", "plan_mounts", "home_git_files", "REDIRECTING_FILES",
-           "unpinned_ancestors", "writable_in", "server_sockets", "tmux_socket_folder"]
+           "unpinned_ancestors", "writable_in", "server_sockets", "tmux_socket_folder",
+           "box_writable_roots"]
 
 PROTECTED = ("ro", "hide", "mask")  # kinds whose folders above must not be renameable
 # The Docker daemon's socket: whoever connects runs containers as root.
@@ -219,15 +220,21 @@ def admin_entry(tree: Path, git_dir: Path) -> Path | None:
     return entry if entry.parent == worktrees and entry.is_dir() else None
 
 
-def _general_writable(req: BoxRequest) -> list[Path]:
+def box_writable_roots(env: Mapping[str, str]) -> list[Path]:
+    """The folders every box of a process with `env` (its TMPDIR and HOME) may write, before
+    a project's `[adapter] sandbox_writable`: the system temp folders, `$TMPDIR`, the home."""
     paths = [Path(tempfile.gettempdir()), Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")]
-    tmpdir = req.env.get("TMPDIR")
+    tmpdir = env.get("TMPDIR")
     if tmpdir and os.path.isabs(tmpdir):
         paths.append(Path(tmpdir))
-    home = _home(req.env)
+    home = _home(env)
     if home is not None:
         paths.append(home)
-    paths += [_expand(p, req) for p in req.extra_writable]
+    return paths
+
+
+def _general_writable(req: BoxRequest) -> list[Path]:
+    paths = box_writable_roots(req.env) + [_expand(p, req) for p in req.extra_writable]
     seen: list[Path] = []
     for path in paths:
         path = Path(os.path.realpath(path))

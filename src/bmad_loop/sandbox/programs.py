@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..caches import CACHES
+from .plan import box_writable_roots
 
 __all__ = ["trusted_program", "untrusted_reason", "redirectable_folder", "outside_code", "per_user_bins",
            "placeholder_folders", "box_search_path"]
@@ -79,7 +80,8 @@ def untrusted_reason(program: str) -> str | None:
 def redirectable_folder(folder: str) -> str | None:
     """The symlink on the way to `folder` that a box could re-point (one in the home or a temp
     folder, which every box writes), or None."""
-    reach = [Path(os.path.realpath(p)) for p in _box_writable_roots() if os.path.isabs(p)]
+    # The roots as far as this process can tell (`sandbox_writable` is a project's, not known).
+    reach = [Path(os.path.realpath(p)) for p in box_writable_roots(os.environ)]
     path = Path(folder)
     for depth in range(2, len(path.parts) + 1):
         step = Path(*path.parts[:depth])
@@ -89,15 +91,6 @@ def redirectable_folder(folder: str) -> str | None:
         if any(parent == root or parent.is_relative_to(root) for root in reach):
             return str(step)
     return None
-
-
-def _box_writable_roots() -> list[str]:
-    """The folders every box may write, as far as this process can tell: the temp folders and
-    the home (`[adapter] sandbox_writable` is a project's, not known here)."""
-    import tempfile
-
-    return [tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm", os.environ.get("TMPDIR", ""),
-            os.environ.get("HOME", "")]
 
 
 def per_user_bins(env: Mapping[str, str]) -> list[Path]:
