@@ -114,10 +114,15 @@ def plan_mounts(req: BoxRequest) -> list[Mount]:
     return _pinned(mounts)
 
 
-def _covering(mounts: list[Mount], path: Path) -> int | None:
-    """The index of the last mount in `mounts` that shows `path` (it or a folder above it)."""
-    for i in range(len(mounts) - 1, -1, -1):
-        if path == mounts[i].path or path.is_relative_to(mounts[i].path):
+def _covering(mounts: list[Mount], path: Path, before: int | None = None) -> int | None:
+    """The index of the last mount in `mounts` (of the first `before`, when given) that shows
+    `path` (it or a folder above it). A plan has a hundred mounts or more and is asked this a
+    few hundred times per box, so it compares parts (``is_relative_to`` cost 15 ms a plan)."""
+    parts = path.parts
+    end = len(mounts) if before is None else before
+    for i in range(end - 1, -1, -1):
+        folder = mounts[i].path.parts
+        if parts[:len(folder)] == folder:
             return i
     return None
 
@@ -131,7 +136,7 @@ def _pinned(mounts: list[Mount]) -> list[Mount]:
     while i < len(out):
         if out[i].kind in PROTECTED:
             for folder in reversed(out[i].path.parents):
-                at = _covering(out[:i], folder)
+                at = _covering(out, folder, before=i)
                 if at is not None and out[at].kind in ("rw", "pin") and out[at].path != folder:
                     out.insert(at + 1, Mount("pin", folder))
                     i += 1
@@ -154,7 +159,7 @@ def unpinned_ancestors(mounts: list[Mount]) -> list[tuple[Path, Path]]:
         if mount.kind not in PROTECTED:
             continue
         for folder in mount.path.parents:
-            at = _covering(mounts[:i], folder)
+            at = _covering(mounts, folder, before=i)
             if at is not None and mounts[at].kind in ("rw", "pin") and mounts[at].path != folder:
                 found.append((folder, mount.path))
     return found

@@ -229,7 +229,12 @@ def _snapshot(git: Git, worktree: Path, scratch: Path, seeds: Iterable[str], wha
     index.unlink(missing_ok=True)
     env = {"GIT_INDEX_FILE": os.fspath(index.resolve()), "GIT_LITERAL_PATHSPECS": "1"}
     try:
-        git.run("read-tree", "HEAD", cwd=worktree, env=env)
+        # HEAD's tree into the temporary index, with the worktree index's stat data for the
+        # entries that match it, so `add` hashes only what changed (from an empty index it
+        # hashed every file: 35 of 45 ms on 2,000 files). `--reset`: an unmerged entry an agent
+        # left is dropped, not refused; the worktree's own index is read, never written.
+        git.run("read-tree", "--reset", f"--index-output={env['GIT_INDEX_FILE']}", "HEAD",
+                cwd=worktree)
         git.run("add", "-A", cwd=worktree, env=env)
         names = [s.rstrip("/") for s in seeds]
         if names:  # never recorded: copied-in files may hold secrets
