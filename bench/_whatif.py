@@ -11,7 +11,7 @@ shipped. Each prints a banner.
   was done). Not at N = 1 (the sequential
   loop must keep its bases and history), and not once a story is parked.
 - ``poll=SECONDS``: the huey consumers' maximum poll back-off (`POLL_MAX_S` in queue/queues.py, shipped
-  0.5 s), e.g. ``poll=0.05``.
+  0.05 s), e.g. ``poll=0.02``.
 - ``switch=SECONDS``: the interpreter's thread switch interval (``sys.setswitchinterval``, 0.005 s
   by default), to see whether the lane and the workers wait on each other for the GIL.
 """

@@ -27,10 +27,11 @@ INTEGRATION = "integration"
 # huey's SQLite consumers poll with a growing back-off, which bounds how long a message waits
 # for an idle consumer. At N = 1 each story passes three messages (to its worker, to the lane,
 # the lane's next dispatch): polling from 50 ms up to 0.5 s cost up to 48 % more overhead per
-# story than the doorbell it replaced (bench/overhead.py pairs); 20 ms up to 50 ms brings a
-# message's wait back near the doorbell's, for about 5 % of one core in an idle `worker -w 4`
-# (docs/performance.md, "The consolidation").
-POLL_INITIAL_S = 0.02
+# story than the doorbell it replaced (bench/overhead.py pairs). The ceiling sets what an idle
+# consumer costs (50 ms: about 1.3 % of one core for an idle `worker -w 4`, 20 ms: 2.6 %); the
+# start sets how soon the message that usually follows a task is seen (the lane's dispatch
+# after the story it integrated), at no idle cost (docs/performance.md, "The consolidation").
+POLL_INITIAL_S = 0.005
 POLL_MAX_S = 0.05
 
 
