@@ -231,3 +231,35 @@ def test_a_restore_puts_back_exactly_what_was_recorded_whatever_the_verify_did(t
     assert after == {**recorded, "flags": []}
     assert g.rev(f"{ref}.replaced") == replaced
     assert git(wt, "show", f"{replaced}:stray.txt") == "left"
+
+
+def test_a_record_starts_from_the_worktree_index_and_leaves_it_as_it_was(tmp_path):
+    """The record reads the worktree's index for its stat data only: a conflicted merge the agent
+    left (unmerged entries) is recorded as the files stand, not refused; the worktree's index
+    still holds the conflict afterwards (never written); and an edit that keeps the file's size
+    and modification time is recorded all the same (its change time moved)."""
+    from bmad_loop.engine.verification.record import keep
+    from support import git, git_repo, write
+
+    g = git_repo(tmp_path / "repo", {"a.txt": "base\n", "same.txt": "1234\n"})
+    wt = tmp_path / "repo"
+    git(wt, "checkout", "-q", "-b", "other")
+    write(wt / "a.txt", "other side\n")
+    git(wt, "commit", "-qam", "other")
+    git(wt, "checkout", "-q", "main")
+    write(wt / "a.txt", "main side\n")
+    git(wt, "commit", "-qam", "main")
+    git(wt, "merge", "other", check=False)  # conflicts: a.txt unmerged in the index
+    unmerged = git(wt, "ls-files", "-u")
+    assert unmerged.count("a.txt") == 3
+    stat = os.stat(wt / "same.txt")
+    write(wt / "same.txt", "5678\n")  # same size; the old modification time put back
+    os.utime(wt / "same.txt", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+    sha = keep(g, wt, "refs/bmad-loop/verify/r1/1-1-a", tmp_path / "scratch")
+
+    assert git(wt, "show", f"{sha}:a.txt") == (wt / "a.txt").read_text().strip()
+    assert "<<<<<<<" in git(wt, "show", f"{sha}:a.txt")
+    assert git(wt, "show", f"{sha}:same.txt") == "5678"
+    assert git(wt, "ls-files", "-u") == unmerged
+    assert not (wt / ".git" / "index.lock").exists()
