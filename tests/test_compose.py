@@ -20,7 +20,6 @@ from bmad_loop.git.trees.compose import (
     overlapping_dirty,
     path_matches,
     replace_blob,
-    sync_checkout,
 )
 from bmad_loop.git.targets.local import index_path
 from bmad_loop.errors import GitError
@@ -365,27 +364,22 @@ def test_cas_advance_moves_the_ref_refuses_when_it_moved_and_is_idempotent(git, 
     assert git.rev("main") == c.sha
 
 
-def test_sync_checkout_follows_the_advance_and_keeps_unrelated_local_changes(git, story):
+def test_the_held_checkout_follows_a_composed_advance_with_its_board_edit(git, story):
+    target = LocalTarget(git, "main")
     checkout = git.repo_dir  # main is checked out here
     old = git.rev("main")
     branch = commit(git, story, {"src/a.py": a_with(1, "story"), "src/new.py": "n\n",
                                  "src/b.py": None}, "story")
     (checkout / "README").write_text("local edit\n")
-    (checkout / "notes.txt").write_text("staged note\n")
-    git.run("add", "notes.txt")
     c = compose(git, "merge", old, branch, "m", edit=LaneEdit(board_edit(git, "done\n")))
-    assert overlapping_dirty(git, checkout, old, c.sha) == []
-    assert cas_advance(git, "main", c.sha, old)
-    sync_checkout(git, checkout, old, c.sha)
+    with target.checkout_held():
+        assert overlapping_dirty(git, checkout, old, c.sha) == []
+        assert target.advance(c.sha, old)
+        target.sync_checkout(checkout, old, c.sha)
     assert (checkout / "src/a.py").read_text() == a_with(1, "story")
     assert (checkout / "src/new.py").exists() and not (checkout / "src/b.py").exists()
     assert (checkout / BOARD).read_text() == "done\n"
-    assert (checkout / "README").read_text() == "local edit\n"
-    assert git.out("diff", "--cached", "--name-only") == "notes.txt"
-    assert dirty_paths(git, checkout) == {"README", "notes.txt"}
-    sync_checkout(git, checkout, old, c.sha)  # a lane resumed after a crash may sync again
-    assert dirty_paths(git, checkout) == {"README", "notes.txt"}
-    assert (checkout / "src/a.py").read_text() == a_with(1, "story")
+    assert dirty_paths(git, checkout) == {"README"}
 
 
 def test_overlapping_dirty_reports_local_changes_the_advance_would_touch(git, story):
@@ -404,24 +398,13 @@ def test_overlapping_dirty_reports_local_changes_the_advance_would_touch(git, st
     assert overlapping_dirty(git, checkout, old, new) == expected
 
 
-def test_sync_checkout_refuses_and_changes_nothing_when_an_untracked_file_is_in_the_way(git, story):
-    checkout = git.repo_dir
-    old = git.rev("main")
-    new = commit(git, story, {"src/new.py": "n\n", "src/b.py": "changed\n"}, "story")
-    (checkout / "src/new.py").write_text("mine\n")
-    assert overlapping_dirty(git, checkout, old, new) == ["src/new.py"]
-    assert cas_advance(git, "main", new, old)
-    with pytest.raises(GitError):
-        sync_checkout(git, checkout, old, new)
-    assert (checkout / "src/new.py").read_text() == "mine\n"
-    assert (checkout / "src/b.py").read_text() == "b\n"
-
-
-def test_sync_checkout_refuses_a_checkout_that_is_not_on_the_advanced_branch(git, story):
+def test_the_held_checkout_refuses_to_follow_a_branch_that_was_not_advanced(git, story):
+    target = LocalTarget(git, "main")
     old = git.rev("main")
     new = commit(git, story, {"src/b.py": "changed\n"}, "story")
-    with pytest.raises(GitError, match="not on the advanced branch"):
-        sync_checkout(git, git.repo_dir, old, new)  # main was never advanced
+    with target.checkout_held() as checkout:
+        with pytest.raises(GitError, match="not on the advanced branch"):
+            target.sync_checkout(checkout, old, new)  # main was never advanced
     assert (git.repo_dir / "src/b.py").read_text() == "b\n"
 
 

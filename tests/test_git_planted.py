@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from bmad_loop.git.trees.compose import cas_advance, commit_worktree, dirty_paths, sync_checkout
+from bmad_loop.git.trees.compose import commit_worktree, dirty_paths
+from bmad_loop.git.targets.local import LocalTarget
 from bmad_loop.engine.workspace.guard import guard_env
 from bmad_loop.git.runner import Git, clean_env
 from bmad_loop.git.config_guard import (
@@ -83,8 +84,10 @@ def test_planted_hooks_and_fsmonitor_never_run_inside_bmad_loops_own_git(repo, t
     assert dirty_paths(repo, wt) == {"src/b.txt"}
     head, _ = commit_worktree(repo, wt, "story", base)
     assert dirty_paths(repo, repo.repo_dir) == {"planted.txt"}
-    assert cas_advance(repo, "main", head, base)
-    sync_checkout(repo, repo.repo_dir, base, head)
+    target = LocalTarget(repo, "main")
+    with target.checkout_held() as checkout:
+        assert target.advance(head, base)
+        target.sync_checkout(checkout, base, head)
     repo.run("update-index", "--refresh", check=False)
     repo.run("branch", "-q", "other", head)
     repo.run("branch", "-q", "-D", "other")

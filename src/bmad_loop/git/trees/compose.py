@@ -63,7 +63,6 @@ __all__ = [
     "compose",
     "cas_advance",
     "overlapping_dirty",
-    "sync_checkout",
     "SESSION_FOLDER",
     "SessionFolderStaged",
     "refuse_session_folder",
@@ -493,16 +492,3 @@ def overlapping_dirty(git: Git, checkout: Path, old: str, new: str) -> list[str]
                 hits.add(p)
     return sorted(hits)
 
-
-def sync_checkout(git: Git, checkout: Path, old: str, new: str) -> None:
-    """Bring `checkout` along after its branch moved `old` -> `new` (``read-tree -m -u``).
-
-    Index and files follow the advance; unrelated local changes, staged or not, survive. Refuses
-    (GitError, nothing changed) when a local change is in the way — check `overlapping_dirty`
-    before the target moves — or when the checkout's HEAD is not `new` (not on that branch).
-    """
-    head = git.rev("HEAD", cwd=checkout)
-    if head != (new if is_full_sha(new) else git.rev(new)):
-        raise GitError(f"{checkout} is at {head}, not at {new}: it is not on the advanced branch")
-    git.run("update-index", "-q", "--refresh", cwd=checkout, check=False)
-    git.run("read-tree", "-m", "-u", old, new, cwd=checkout)
