@@ -109,7 +109,6 @@ def resume_command(project: Project, run_id: str) -> str:
     from ..policy.load import find_project_root
 
     here = find_project_root(Path.cwd())
-    assert project.home is not None  # a Project always resolves its home
     same = here.resolve() == Path(project.home).resolve()
     return f"bmad-loop resume {run_id}" + ("" if same else f" --project {project.home}")
 

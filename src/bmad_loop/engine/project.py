@@ -13,7 +13,6 @@ consumer never shares its parent's sockets or SQLite handles.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..db.database import Database, check_driver, default_database_url
@@ -41,15 +40,13 @@ def ensure_state_dir(root: Path) -> Path:
     return state
 
 
-@dataclass
 class Project:
-    root: Path
-    policy: Policy
-    home: Path | None = None
+    """`home`: where the policy came from (default: `root`), always resolved once made."""
 
-    def __post_init__(self) -> None:
-        self.root = Path(self.root).resolve()
-        self.home = Path(self.home).resolve() if self.home is not None else self.root
+    def __init__(self, root: Path | str, policy: Policy, home: Path | str | None = None) -> None:
+        self.root = Path(root).resolve()
+        self.policy = policy
+        self.home: Path = Path(home).resolve() if home is not None else self.root
         self._db: Database | None = None
         self._db_pid: int | None = None
         self._remote_url: str | None = None
@@ -66,12 +63,7 @@ class Project:
 
     @property
     def home_state_dir(self) -> Path:
-        return self._home / STATE_DIRNAME
-
-    @property
-    def _home(self) -> Path:
-        assert self.home is not None  # `__post_init__` always sets it
-        return self.home
+        return self.home / STATE_DIRNAME
 
     # ------------------------------------------------------------------ the target
     @property
@@ -80,7 +72,7 @@ class Project:
         if not self.policy.scm.remote:
             return None
         if self._remote_url is None:
-            checkout = self._home if (self._home / ".git").exists() else self.root
+            checkout = self.home if (self.home / ".git").exists() else self.root
             self._remote_url = resolve_remote_url(self.policy.scm.remote, checkout)
         return self._remote_url
 
@@ -112,7 +104,7 @@ class Project:
                           lock_wait_s=self.policy.database.lock_wait_s)
             ensure_state_dir(self.root)
             if not self.policy.database.url:
-                ensure_state_dir(self._home)
+                ensure_state_dir(self.home)
             db.migrate()
             self._db, self._db_pid = db, os.getpid()
         return self._db

@@ -46,7 +46,7 @@ class QueueProject(Protocol):
     def policy(self) -> Policy: ...
 
     @property
-    def home(self) -> Path | None: ...  # None only before `Project` resolves it
+    def home(self) -> Path: ...
 
     @property
     def home_state_dir(self) -> Path: ...
@@ -99,7 +99,6 @@ class SqliteBackend(QueueBackend):
         url = project.policy.queue.url
         if not url:
             return QueueConfig(backend=self.kind, sqlite_path=project.home_state_dir / "queue.db")
-        assert project.home is not None
         path = project.home / url
         return QueueConfig(backend=self.kind, sqlite_path=path)
 

@@ -100,7 +100,6 @@ def resume(project: Project, tasks: Tasks, ref: str | None, *, reload_policy: bo
     db = project.db
     current: Policy | None = None
     if reload_policy:
-        assert project.home is not None  # `Project` always sets it
         current = load_policy(project.home)
     with db.read() as s:
         target_branch = find_run(s, project, ref).target_branch
