@@ -509,11 +509,10 @@ class Composer:
                                    replayed.settled, replayed.regenerate)
             branch_sha, settled = replayed.tip, replayed
             rules = type(rules)()  # the replay settled the story's own change
+        board_edit = self._board_edit(story)  # None: the run has no board and no story file
         comp = compose(git, strategy, target_sha, branch_sha, self._message(story, strategy),
-                       # `_board_edit` is None for a run with neither a board nor a story
-                       # file, which `LaneEdit` does not expect (passed as it always was).
-                       edit=LaneEdit(cast("Callable[[str], str]", self._board_edit(story)),
-                                     f"bmad-loop: mark {story.key} done"),
+                       edit=None if board_edit is None else
+                       LaneEdit(board_edit, f"bmad-loop: mark {story.key} done"),
                        # A repaired story's branch holds its own version of a generator's
                        # paths (the repair merge kept it): regenerate them whatever conflicts.
                        settling=Settling(rules, None if story.stacked_on else story.base_sha,
