@@ -22,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -118,7 +119,9 @@ class OutsideServers:
             server.listen()
             self.listeners.append(server)
             threading.Thread(target=self._serve, args=(server,), daemon=True).start()
-        self.name = f"bmad-loop-hostile-{os.getpid()}"
+        # Its own name each time: a server of an earlier test in this process may still be
+        # going away when the next one starts.
+        self.name = f"bmad-loop-hostile-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._tmux("new-session", "-d", "-s", "user", "sleep", "600")
         uid = user.pw_uid if user else os.geteuid()
         self.tmux = {"another of the user's servers": f"/tmp/tmux-{uid}/{self.name}"}
@@ -129,8 +132,9 @@ class OutsideServers:
 
     def _tmux(self, *args: str) -> None:
         prefix = ["runuser", "-u", self.user.pw_name, "--"] if self.user else []
-        subprocess.run([*prefix, "tmux", "-L", self.name, *args], check=True, cwd="/",
-                       env={**os.environ, "TMUX": ""}, capture_output=True)
+        proc = subprocess.run([*prefix, "tmux", "-L", self.name, *args], cwd="/",
+                              env={**os.environ, "TMUX": ""}, capture_output=True, text=True)
+        assert proc.returncode == 0, f"tmux {' '.join(args)}: {proc.stderr.strip()}"
 
     @staticmethod
     def _serve(server) -> None:
