@@ -371,15 +371,21 @@ def test_the_held_checkout_follows_a_composed_advance_with_its_board_edit(git, s
     branch = commit(git, story, {"src/a.py": a_with(1, "story"), "src/new.py": "n\n",
                                  "src/b.py": None}, "story")
     (checkout / "README").write_text("local edit\n")
+    (checkout / "notes.txt").write_text("staged note\n")
+    git.run("add", "notes.txt")
     c = compose(git, "merge", old, branch, "m", edit=LaneEdit(board_edit(git, "done\n")))
     with target.checkout_held():
         assert overlapping_dirty(git, checkout, old, c.sha) == []
         assert target.advance(c.sha, old)
         target.sync_checkout(checkout, old, c.sha)
+        assert (checkout / "src/a.py").read_text() == a_with(1, "story")
+        assert (checkout / "src/new.py").exists() and not (checkout / "src/b.py").exists()
+        assert (checkout / BOARD).read_text() == "done\n"
+        assert (checkout / "README").read_text() == "local edit\n"
+        assert git.out("diff", "--cached", "--name-only") == "notes.txt"
+        target.sync_checkout(checkout, old, c.sha)  # a lane resumed after a crash may sync again
+    assert dirty_paths(git, checkout) == {"README", "notes.txt"}
     assert (checkout / "src/a.py").read_text() == a_with(1, "story")
-    assert (checkout / "src/new.py").exists() and not (checkout / "src/b.py").exists()
-    assert (checkout / BOARD).read_text() == "done\n"
-    assert dirty_paths(git, checkout) == {"README"}
 
 
 def test_overlapping_dirty_reports_local_changes_the_advance_would_touch(git, story):

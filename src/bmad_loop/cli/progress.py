@@ -109,7 +109,7 @@ def resume_command(project: Project, run_id: str) -> str:
     from ..policy.load import find_project_root
 
     here = find_project_root(Path.cwd())
-    same = here.resolve() == Path(project.home).resolve()
+    same = here.resolve() == project.home  # resolved when the Project was made
     return f"bmad-loop resume {run_id}" + ("" if same else f" --project {project.home}")
 
 
